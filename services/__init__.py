@@ -1,0 +1,1 @@
+"""Tessera's four services. They never import each other; they meet in ``shared`` over NATS."""

@@ -1,0 +1,1 @@
+"""Binder service: the only Kubernetes client; binds pods and explains Pending ones."""

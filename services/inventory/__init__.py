@@ -1,0 +1,1 @@
+"""Inventory service (DaemonSet): NVML telemetry and GPU health, published to NATS."""

@@ -1,0 +1,1 @@
+"""Placer service: decides node and GPUs for each pending pod with a pure placement core."""

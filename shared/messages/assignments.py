@@ -1,0 +1,58 @@
+"""Assignment records, KV bucket ``tessera-assignments`` keyed ``<node>.<pod uid>``.
+
+The single source of truth for the hand-off between placer, binder and device plugin (DESIGN
+section 4). A record only moves forward, each step a compare-and-set on its KV revision:
+
+    reserved -> bound -> allocated -> released
+
+``reserved``: the placer decided and booked it. ``bound``: the binder annotated the pod and bound it
+to the node. ``allocated``: the device plugin answered Allocate for every GPU container.
+``released``: the pod is gone; the GPUs are free again.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from shared.messages.base import ContainerSlices, Message
+
+AssignmentState = Literal["reserved", "bound", "allocated", "released"]
+
+STATE_ORDER: Final[dict[AssignmentState, int]] = {
+    "reserved": 0,
+    "bound": 1,
+    "allocated": 2,
+    "released": 3,
+}
+
+
+def can_advance(current: AssignmentState, new: AssignmentState) -> bool:
+    """True when ``new`` is a legal next state of ``current`` (states never move backward)."""
+    return STATE_ORDER[new] > STATE_ORDER[current]
+
+
+class ContainerAllocation(Message, frozen=True, kw_only=True):
+    """What the device plugin answered for one container of the record."""
+
+    container: str
+    device_ids: tuple[str, ...]
+    allocated_at: float
+
+
+class AssignmentRecord(Message, frozen=True, kw_only=True):
+    """One pod's decided slices on one node and how far the hand-off has come."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str
+    containers: tuple[ContainerSlices, ...]
+    state: AssignmentState
+    decided_at: float
+    placer_id: str
+    bound_at: float | None = None
+    allocated: tuple[ContainerAllocation, ...] = ()
+    """Containers already answered, in container order; the next one is ``containers[len(...)]``
+    among those with GPUs."""
+    allocated_at: float | None = None
+    released_at: float | None = None

@@ -1,0 +1,67 @@
+"""``tessera.pods.pending`` / ``tessera.pods.deleted``: pods to place, pods gone (binder -> placer).
+
+The binder parses the pod spec and the DESIGN section 3 annotations into these typed fields at the
+edge, so the placer never reads raw annotations.
+"""
+
+from __future__ import annotations
+
+from shared.messages.base import GpuPolicy, GpuType, Message, NodePolicy
+
+
+class ContainerRequest(Message, frozen=True, kw_only=True):
+    """What one container asks for. ``gpu_shares`` = 0 means a container without GPU."""
+
+    name: str
+    gpu_shares: int = 0
+    """``tessera.dev/gpu``: shares, each on a distinct physical GPU."""
+    gpu_memory_mib: int | None = None
+    """``tessera.dev/gpu-memory``: MiB per share."""
+    gpu_memory_pct: int | None = None
+    """``tessera.dev/gpu-memory-percentage``: percent of the GPU's memory per share."""
+    gpu_cores: int | None = None
+    """``tessera.dev/gpu-cores``: percent of the GPU's SMs per share (1..100)."""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    resources: dict[str, int] = {}
+    """The raw Tessera extended-resource limits, kept for the device-plugin hand-off."""
+
+
+class PlacementHints(Message, frozen=True, kw_only=True):
+    """The user-settable annotations and labels of DESIGN section 3, parsed and validated."""
+
+    gpu_policy: GpuPolicy | None = None
+    node_policy: NodePolicy | None = None
+    gpu_models: tuple[str, ...] = ()
+    """``tessera.dev/gpu-model``: allowed models (empty = any)."""
+    gpu_models_excluded: tuple[str, ...] = ()
+    gpu_type: GpuType | None = None
+    group: str | None = None
+    tenant: str = ""
+    """``tessera.dev/tenant`` label, else the namespace."""
+    priority_label: int | None = None
+    """``tessera.dev/priority`` label, refining ``priority`` among equals."""
+
+
+class PodPending(Message, frozen=True, kw_only=True):
+    """A pod with ``schedulerName: tessera`` that has no node yet."""
+
+    uid: str
+    namespace: str
+    name: str
+    containers: tuple[ContainerRequest, ...]
+    priority: int = 0
+    hints: PlacementHints = PlacementHints()
+    created_at: float = 0.0
+    """Seconds since the epoch (pod creationTimestamp)."""
+    resource_version: str = ""
+
+
+class PodDeleted(Message, frozen=True, kw_only=True):
+    """A Tessera pod that was deleted or finished: its GPUs are free again."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str | None = None
+    deleted_at: float = 0.0

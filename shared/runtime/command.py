@@ -1,0 +1,75 @@
+"""How a service plugs into the ``tessera`` command line.
+
+A service module exposes a :class:`Command`; ``tessera <name> --help`` lists every setting with its
+environment variable and default (derived from the settings Struct), and ``tessera <name>`` loads
+the settings once, reports a configuration error in one line with exit code 2, or runs the service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from shared.config import ConfigError, Settings, add_settings_arguments, load_settings
+
+EXIT_CONFIG_ERROR = 2
+EXIT_NOT_BUILT = 3
+
+S = TypeVar("S", bound=Settings)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``tessera`` subcommand: how to configure its parser and how to run it."""
+
+    name: str
+    summary: str
+    description: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
+class ServiceCommand(Generic[S]):
+    """Builds the :class:`Command` of a long-running service from its settings type."""
+
+    name: str
+    summary: str
+    description: str
+    settings: type[S]
+    main: Callable[[S], Coroutine[Any, Any, int]] | None
+    """The service's entry point; None while the service's core does not exist yet."""
+
+    def command(self) -> Command:
+        def configure(parser: argparse.ArgumentParser) -> None:
+            add_settings_arguments(parser, self.settings)
+
+        def run(args: argparse.Namespace) -> int:
+            try:
+                settings = load_settings(
+                    self.settings, env=os.environ, cli=vars(args), config_file=args.config
+                )
+                if self.main is None:
+                    print(
+                        f"tessera {self.name}: this service is not built yet (its core does not "
+                        "exist in this release); nothing was started",
+                        file=sys.stderr,
+                    )
+                    return EXIT_NOT_BUILT
+                return asyncio.run(self.main(settings))
+            except ConfigError as error:
+                print(f"tessera {self.name}: configuration error: {error}", file=sys.stderr)
+                return EXIT_CONFIG_ERROR
+
+        return Command(
+            name=self.name,
+            summary=self.summary,
+            description=self.description,
+            configure=configure,
+            run=run,
+        )

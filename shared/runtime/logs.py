@@ -1,0 +1,65 @@
+"""Structured logging on the standard library: one JSON object per line (or readable text).
+
+Fields passed with ``extra={...}`` become top-level keys, so ``log.warning("rejected message",
+extra={"family": "pods", "reason": r})`` prints ``{"level": "warning", "msg": "rejected message",
+"family": "pods", "reason": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON line with its extra fields."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self._service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "service": self._service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **_fields(record),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """Human-readable lines with ``key=value`` extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in _fields(record).items())
+        base = f"{record.levelname.lower():7} {record.name}: {record.getMessage()}"
+        text = f"{base} {extras}" if extras else base
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure_logging(*, service: str, level: str, fmt: str) -> None:
+    """Send every log record to stderr in ``fmt`` (``json`` or ``text``) at ``level``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,143 @@
+"""Every NATS subject, JetStream stream and KV bucket name Tessera uses, in one place.
+
+Services build subjects only through these helpers so that a rename is a one-line change and an
+operator can read the whole map here:
+
+    tessera.inventory.<node>      inventory -> placer, deviceplugin (+ KV ``tessera-inventory``)
+    tessera.nodes.<node>          binder -> placer                (+ KV ``tessera-nodes``)
+    tessera.pods.pending          binder -> placer                (stream ``TESSERA_PODS``)
+    tessera.pods.deleted          binder -> placer                (stream ``TESSERA_PODS``)
+    tessera.assignments.<node>    placer -> binder                (stream ``TESSERA_PLACEMENTS``)
+    tessera.placements.rejected   placer -> binder                (stream ``TESSERA_PLACEMENTS``)
+    tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
+    tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
+    tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
+
+Node names are DNS subdomains and may contain dots, which NATS treats as token separators; every
+node segment therefore goes through :func:`node_token`, which maps ``.`` to ``_`` (a character node
+names cannot contain, so the mapping is reversible).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+ROOT: Final = "tessera"
+
+Family = Literal[
+    "inventory",
+    "nodes",
+    "pods",
+    "assignments",
+    "placements",
+    "allocations",
+    "bindings",
+]
+FAMILIES: Final[tuple[Family, ...]] = (
+    "inventory",
+    "nodes",
+    "pods",
+    "assignments",
+    "placements",
+    "allocations",
+    "bindings",
+)
+
+# --- subjects -------------------------------------------------------------------------------
+
+PODS_PENDING: Final = f"{ROOT}.pods.pending"
+PODS_DELETED: Final = f"{ROOT}.pods.deleted"
+PODS_ALL: Final = f"{ROOT}.pods.>"
+PLACEMENTS_REJECTED: Final = f"{ROOT}.placements.rejected"
+PLACEMENTS_ALL: Final = f"{ROOT}.placements.>"
+INVENTORY_ALL: Final = f"{ROOT}.inventory.*"
+NODES_ALL: Final = f"{ROOT}.nodes.*"
+ASSIGNMENTS_ALL: Final = f"{ROOT}.assignments.*"
+ALLOCATIONS_ALL: Final = f"{ROOT}.allocations.*"
+BINDINGS_ALL: Final = f"{ROOT}.bindings.*"
+DEADLETTER_ALL: Final = f"{ROOT}.deadletter.>"
+
+
+def node_token(node: str) -> str:
+    """Return ``node`` as a single NATS subject token (and KV key token)."""
+    if not node:
+        raise ValueError("node name must not be empty")
+    return node.replace(".", "_")
+
+
+def node_from_token(token: str) -> str:
+    """Invert :func:`node_token`."""
+    return token.replace("_", ".")
+
+
+def inventory(node: str) -> str:
+    """Subject carrying the GPU inventory of ``node``."""
+    return f"{ROOT}.inventory.{node_token(node)}"
+
+
+def nodes(node: str) -> str:
+    """Subject carrying the Kubernetes facts (CPU, memory, labels, readiness) of ``node``."""
+    return f"{ROOT}.nodes.{node_token(node)}"
+
+
+def assignments(node: str) -> str:
+    """Subject carrying placement decisions for pods placed on ``node``."""
+    return f"{ROOT}.assignments.{node_token(node)}"
+
+
+def allocations(node: str) -> str:
+    """Subject carrying device-plugin allocation events on ``node``."""
+    return f"{ROOT}.allocations.{node_token(node)}"
+
+
+def bindings(node: str) -> str:
+    """Subject carrying binder results (bound or failed) for pods on ``node``."""
+    return f"{ROOT}.bindings.{node_token(node)}"
+
+
+def deadletter(family: str) -> str:
+    """Subject where rejected input of ``family`` is republished with its reason."""
+    return f"{ROOT}.deadletter.{family}"
+
+
+# --- JetStream streams ----------------------------------------------------------------------
+
+STREAM_PODS: Final = "TESSERA_PODS"
+STREAM_PLACEMENTS: Final = "TESSERA_PLACEMENTS"
+STREAM_ALLOCATIONS: Final = "TESSERA_ALLOCATIONS"
+STREAM_BINDINGS: Final = "TESSERA_BINDINGS"
+STREAM_DEADLETTER: Final = "TESSERA_DEADLETTER"
+
+#: Stream name -> the subjects it captures. Creation is idempotent (see ``shared.runtime.bus``).
+STREAMS: Final[dict[str, tuple[str, ...]]] = {
+    STREAM_PODS: (PODS_ALL,),
+    STREAM_PLACEMENTS: (ASSIGNMENTS_ALL, PLACEMENTS_ALL),
+    STREAM_ALLOCATIONS: (ALLOCATIONS_ALL,),
+    STREAM_BINDINGS: (BINDINGS_ALL,),
+    STREAM_DEADLETTER: (DEADLETTER_ALL,),
+}
+
+# --- KV buckets -----------------------------------------------------------------------------
+
+KV_INVENTORY: Final = "tessera-inventory"
+KV_NODES: Final = "tessera-nodes"
+KV_LEDGER: Final = "tessera-ledger"
+KV_ASSIGNMENTS: Final = "tessera-assignments"
+
+#: Bucket name -> how many revisions of each key it keeps.
+KV_BUCKETS: Final[dict[str, int]] = {
+    KV_INVENTORY: 1,
+    KV_NODES: 1,
+    KV_LEDGER: 5,
+    KV_ASSIGNMENTS: 5,
+}
+
+
+def assignment_key(node: str, pod_uid: str) -> str:
+    """KV key of the assignment record of pod ``pod_uid`` on ``node``: ``<node>.<uid>``."""
+    return f"{node_token(node)}.{pod_uid}"
+
+
+def assignment_keys_of(node: str) -> str:
+    """KV key filter matching every assignment record on ``node``."""
+    return f"{node_token(node)}.*"

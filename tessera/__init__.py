@@ -1,0 +1,1 @@
+"""The ``tessera`` command line: one subcommand per service and tool."""

@@ -1,0 +1,1 @@
+"""Test harness: real servers and fakes the tests share."""

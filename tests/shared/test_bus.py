@@ -1,0 +1,153 @@
+"""The NATS Bus adapter against a real nats-server: pub/sub, JetStream durability, KV CAS, watch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared import subjects
+from shared.runtime.bus import Delivery, KvEntry, NatsBus
+from tests.harness.nats import NatsServer
+
+
+async def test_core_publish_reaches_subscriber(bus: NatsBus) -> None:
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+
+    async def handler(delivery: Delivery) -> None:
+        await received.put(delivery)
+
+    sub = await bus.subscribe("tessera.test.core", handler)
+    await bus.publish("tessera.test.core", b"hello", headers={"X-Kind": "greeting"})
+    delivery = await asyncio.wait_for(received.get(), timeout=5)
+    assert delivery.subject == "tessera.test.core"
+    assert delivery.data == b"hello"
+    assert delivery.headers["X-Kind"] == "greeting"
+    await sub.unsubscribe()
+
+
+async def test_queue_group_delivers_each_message_once(bus: NatsBus) -> None:
+    seen: list[bytes] = []
+
+    async def handler(delivery: Delivery) -> None:
+        seen.append(delivery.data)
+
+    subs = [await bus.subscribe("tessera.test.q", handler, queue="workers") for _ in range(2)]
+    for i in range(20):
+        await bus.publish("tessera.test.q", str(i).encode())
+    for _ in range(100):
+        if len(seen) == 20:
+            break
+        await asyncio.sleep(0.02)
+    assert sorted(seen, key=int) == [str(i).encode() for i in range(20)]
+    for sub in subs:
+        await sub.unsubscribe()
+
+
+async def test_topology_creation_is_idempotent(nats_server: NatsServer) -> None:
+    first = await NatsBus.connect(nats_server.url, name="first")
+    await first.kv_put(subjects.KV_NODES, "n1", b"kept")
+    second = await NatsBus.connect(nats_server.url, name="second")
+    entry = await second.kv_get(subjects.KV_NODES, "n1")
+    assert entry is not None and entry.value == b"kept"
+    await first.drain()
+    await second.drain()
+
+
+async def test_durable_consumer_redelivers_unacked_then_resumes_after_restart(
+    nats_server: NatsServer,
+) -> None:
+    publisher = await NatsBus.connect(nats_server.url, name="publisher")
+    for i in range(3):
+        await publisher.js_publish(subjects.PODS_PENDING, f"pod-{i}".encode())
+
+    worker = await NatsBus.connect(nats_server.url, name="worker")
+    consumer = await worker.pull_consumer(
+        stream=subjects.STREAM_PODS, durable="placer", subject=subjects.PODS_PENDING, ack_wait=0.5
+    )
+    batch = await consumer.fetch(3, timeout=2)
+    assert [d.data for d in batch] == [b"pod-0", b"pod-1", b"pod-2"]
+    await batch[0].ack()
+    await batch[1].ack()
+    # pod-2 is not acked: after ack_wait it comes back, marked as a second delivery.
+    again = await consumer.fetch(1, timeout=3)
+    assert [d.data for d in again] == [b"pod-2"]
+    assert again[0].num_delivered == 2
+    await again[0].ack()
+    await worker.drain()
+
+    # A new process attaching to the same durable continues after what was acked.
+    await publisher.js_publish(subjects.PODS_PENDING, b"pod-3")
+    restarted = await NatsBus.connect(nats_server.url, name="worker-2")
+    consumer2 = await restarted.pull_consumer(
+        stream=subjects.STREAM_PODS, durable="placer", subject=subjects.PODS_PENDING, ack_wait=0.5
+    )
+    resumed = await consumer2.fetch(5, timeout=2)
+    assert [d.data for d in resumed] == [b"pod-3"]
+    await resumed[0].ack()
+    assert await consumer2.fetch(1, timeout=0.3) == []
+    await restarted.drain()
+    await publisher.drain()
+
+
+async def test_js_publish_deduplicates_by_message_id(bus: NatsBus) -> None:
+    first = await bus.js_publish(subjects.PODS_PENDING, b"x", msg_id="uid-1")
+    second = await bus.js_publish(subjects.PODS_PENDING, b"x", msg_id="uid-1")
+    assert first == second
+
+
+async def test_kv_compare_and_set_conflict_is_data(bus: NatsBus) -> None:
+    bucket = subjects.KV_ASSIGNMENTS
+    key = subjects.assignment_key("gpu-node.example.com", "uid-1")
+    rev1 = await bus.kv_create(bucket, key, b"reserved")
+    assert rev1 is not None
+    assert await bus.kv_create(bucket, key, b"again") is None
+
+    rev2 = await bus.kv_update(bucket, key, b"bound", revision=rev1)
+    assert rev2 is not None and rev2 > rev1
+    # A second writer still holding rev1 loses the race and learns it as data.
+    assert await bus.kv_update(bucket, key, b"bound-by-other", revision=rev1) is None
+    entry = await bus.kv_get(bucket, key)
+    assert entry == KvEntry(key=key, value=b"bound", revision=rev2)
+
+
+async def test_kv_get_delete_and_keys(bus: NatsBus) -> None:
+    bucket = subjects.KV_INVENTORY
+    assert await bus.kv_keys(bucket) == []
+    assert await bus.kv_get(bucket, "missing") is None
+    await bus.kv_put(bucket, "n1", b"a")
+    await bus.kv_put(bucket, "n2", b"b")
+    assert sorted(await bus.kv_keys(bucket)) == ["n1", "n2"]
+    await bus.kv_delete(bucket, "n1")
+    assert await bus.kv_get(bucket, "n1") is None
+    assert await bus.kv_keys(bucket) == ["n2"]
+
+
+async def test_kv_watch_gives_initial_values_marker_then_changes(bus: NatsBus) -> None:
+    bucket = subjects.KV_ASSIGNMENTS
+    await bus.kv_put(bucket, subjects.assignment_key("n1", "a"), b"1")
+    await bus.kv_put(bucket, subjects.assignment_key("n2", "b"), b"other node")
+    watch = bus.kv_watch(bucket, subjects.assignment_keys_of("n1"))
+    first = await asyncio.wait_for(anext(watch), timeout=5)
+    assert first is not None and first.value == b"1"
+    assert await asyncio.wait_for(anext(watch), timeout=5) is None
+    await bus.kv_put(bucket, subjects.assignment_key("n1", "c"), b"2")
+    change = await asyncio.wait_for(anext(watch), timeout=5)
+    assert change is not None and change.key == "n1.c" and change.value == b"2"
+    await bus.kv_delete(bucket, subjects.assignment_key("n1", "c"))
+    deletion = await asyncio.wait_for(anext(watch), timeout=5)
+    assert deletion is not None and deletion.deleted
+    await watch.aclose()
+
+
+@pytest.mark.parametrize(
+    ("node", "token"),
+    [
+        pytest.param("node-1", "node-1", id="plain"),
+        pytest.param("gpu-7.dc1.example.com", "gpu-7_dc1_example_com", id="fqdn"),
+    ],
+)
+def test_node_names_become_single_tokens(node: str, token: str) -> None:
+    assert subjects.node_token(node) == token
+    assert subjects.node_from_token(token) == node
+    assert subjects.inventory(node) == f"tessera.inventory.{token}"

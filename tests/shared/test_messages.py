@@ -1,0 +1,248 @@
+"""Every wire message round-trips through the codec, and evolves additively."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from shared import codec
+from shared.messages.allocations import AllocationEvent
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, can_advance
+from shared.messages.base import ContainerSlices, GpuSlice
+from shared.messages.bindings import BindingResult
+from shared.messages.deadletter import DeadLetter
+from shared.messages.inventory import GpuLink, GpuProcess, GpuTelemetry, NodeInventory
+from shared.messages.nodes import NodeFacts
+from shared.messages.placement import PlacementDecision, PlacementRejected, RejectionReason
+from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
+
+NOW = 1_700_000_000.5
+
+GPU = GpuTelemetry(
+    uuid="GPU-aaaa",
+    index=0,
+    model="A100-SXM4-80GB",
+    memory_total_mib=81920,
+    memory_used_mib=1024,
+    memory_free_mib=80896,
+    utilization_pct=37,
+    temperature_c=55,
+    power_w=212.5,
+    sm_clock_mhz=1410,
+    sm_clock_max_mhz=1410,
+    pci_bus_id="00000000:07:00.0",
+    numa_node=0,
+    nvlink_peers=("GPU-bbbb",),
+    links=(GpuLink(peer_uuid="GPU-bbbb", level="single", nvlinks=12),),
+    mig_enabled=False,
+    processes=(GpuProcess(pid=4242, used_memory_mib=1000),),
+    health="unhealthy",
+    health_reason="XID 79: GPU has fallen off the bus",
+)
+SLICES = (
+    ContainerSlices(
+        container="trainer",
+        gpus=(GpuSlice(uuid="GPU-aaaa", index=0, memory_mib=20480, cores=30),),
+        resources={"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": 20480},
+    ),
+)
+
+EXAMPLES: list[Any] = [
+    GPU,
+    NodeInventory(node="n1", gpus=(GPU,), observed_at=NOW, sequence=7, driver_version="550.54"),
+    NodeFacts(
+        node="n1",
+        cpu_allocatable_milli=64000,
+        memory_allocatable_mib=262144,
+        cpu_requested_milli=1000,
+        memory_requested_mib=2048,
+        labels={"tessera.dev/group": "team-a"},
+        ready=True,
+        schedulable=False,
+        observed_at=NOW,
+    ),
+    PodPending(
+        uid="uid-1",
+        namespace="ml",
+        name="train-0",
+        priority=1000,
+        containers=(
+            ContainerRequest(
+                name="trainer",
+                gpu_shares=2,
+                gpu_memory_mib=20480,
+                gpu_cores=30,
+                cpu_milli=4000,
+                memory_mib=8192,
+                resources={"tessera.dev/gpu": 2},
+            ),
+            ContainerRequest(name="sidecar", cpu_milli=100),
+        ),
+        hints=PlacementHints(
+            gpu_policy="colocate",
+            node_policy="fgd",
+            gpu_models=("A100", "H100"),
+            gpu_models_excluded=("T4",),
+            gpu_type="virtual",
+            group="team-a",
+            tenant="research",
+            priority_label=5,
+        ),
+        created_at=NOW,
+        resource_version="42",
+    ),
+    PodDeleted(uid="uid-1", namespace="ml", name="train-0", node="n1", deleted_at=NOW),
+    PlacementDecision(
+        pod_uid="uid-1",
+        namespace="ml",
+        name="train-0",
+        node="n1",
+        containers=SLICES,
+        score=87.5,
+        scores={"fgd": 60.0, "binpack": 27.5},
+        explanation="fgd: least fragmentation",
+        decided_at=NOW,
+        placer_id="placer-0",
+    ),
+    PlacementRejected(
+        pod_uid="uid-2",
+        namespace="ml",
+        name="big",
+        reasons=(
+            RejectionReason(reason="insufficient GPU memory", nodes=3),
+            RejectionReason(reason="unhealthy GPU", nodes=1),
+        ),
+        message="0/4 nodes fit",
+        decided_at=NOW,
+        placer_id="placer-0",
+    ),
+    AssignmentRecord(
+        pod_uid="uid-1",
+        namespace="ml",
+        name="train-0",
+        node="n1",
+        containers=SLICES,
+        state="allocated",
+        decided_at=NOW,
+        placer_id="placer-0",
+        bound_at=NOW + 1,
+        allocated=(
+            ContainerAllocation(container="trainer", device_ids=("GPU-aaaa::0",),
+                                allocated_at=NOW + 2),
+        ),
+        allocated_at=NOW + 2,
+    ),
+    AllocationEvent(
+        pod_uid="uid-1",
+        namespace="ml",
+        name="train-0",
+        node="n1",
+        container="trainer",
+        device_ids=("GPU-aaaa::0",),
+        gpu_uuids=("GPU-aaaa",),
+        complete=True,
+        allocated_at=NOW,
+        plugin_id="dp-n1",
+    ),
+    BindingResult(
+        pod_uid="uid-1", namespace="ml", name="train-0", node="n1", outcome="bound", at=NOW
+    ),
+    DeadLetter(
+        family="pods",
+        subject="tessera.pods.pending",
+        reason="invalid PodPending: Expected `str`, got `int` - at `$.uid`",
+        service="placer",
+        payload='{"uid": 1}',
+        received_at=NOW,
+    ),
+]
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message: Any) -> None:
+    data = codec.encode(message)
+    assert codec.decode(data, type(message)) == message
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_messages_are_readable_json(message: Any) -> None:
+    as_dict = msgspec.json.decode(codec.encode(message))
+    assert isinstance(as_dict, dict)
+    assert set(as_dict) == set(msgspec.structs.asdict(message))
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_unknown_extra_fields_decode(message: Any) -> None:
+    """A newer producer may add fields; an older consumer ignores them."""
+    as_dict = msgspec.json.decode(codec.encode(message))
+    as_dict["field_from_the_future"] = {"nested": [1, 2, 3]}
+    assert codec.decode(msgspec.json.encode(as_dict), type(message)) == message
+
+
+def test_missing_optional_fields_take_their_defaults() -> None:
+    """An older producer omits fields added later; they decode to their defaults."""
+    minimal = b'{"uid": "u", "namespace": "ns", "name": "p", "containers": [{"name": "c"}]}'
+    pod = codec.decode(minimal, PodPending)
+    assert pod.priority == 0
+    assert pod.hints == PlacementHints()
+    assert pod.containers == (ContainerRequest(name="c"),)
+
+    gpu = codec.decode(
+        b'{"uuid": "GPU-1", "index": 0, "model": "T4", "memory_total_mib": 15360,'
+        b' "memory_used_mib": 0, "memory_free_mib": 15360}',
+        GpuTelemetry,
+    )
+    assert gpu.health == "healthy"
+    assert gpu.numa_node is None
+    assert gpu.links == ()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message_type", "expected"),
+    [
+        pytest.param(b"not json", PodPending, "malformed JSON", id="not-json"),
+        pytest.param(b'{"uid": 5}', PodPending, "Expected `str`, got `int` - at `$.uid`",
+                     id="wrong-type"),
+        pytest.param(b'{"uid": "u"}', PodPending, "missing required field `namespace`",
+                     id="missing-required"),
+        pytest.param(
+            b'{"uid": "u", "namespace": "n", "name": "p", "containers": [],'
+            b' "hints": {"gpu_policy": "sideways"}}',
+            PodPending,
+            "Invalid enum value 'sideways' - at `$.hints.gpu_policy`",
+            id="bad-enum",
+        ),
+        pytest.param(b"[1, 2]", NodeFacts, "Expected `object`, got `array`", id="not-an-object"),
+    ],
+)
+def test_decode_failures_are_typed_errors_with_reasons(
+    payload: bytes, message_type: type[Any], expected: str
+) -> None:
+    with pytest.raises(codec.DecodeError) as caught:
+        codec.decode(payload, message_type)
+    assert expected in caught.value.reason
+    assert caught.value.message_type is message_type
+    assert str(caught.value).startswith(f"invalid {message_type.__name__}: ")
+
+
+def test_messages_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        GPU.index = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("current", "new", "allowed"),
+    [
+        ("reserved", "bound", True),
+        ("bound", "allocated", True),
+        ("allocated", "released", True),
+        ("reserved", "released", True),
+        ("bound", "reserved", False),
+        ("allocated", "bound", False),
+        ("released", "released", False),
+    ],
+)
+def test_assignment_states_only_move_forward(current: Any, new: Any, allowed: bool) -> None:
+    assert can_advance(current, new) is allowed

@@ -1,0 +1,194 @@
+"""The service runtime end to end: dead letters, health/readiness/metrics over HTTP, clean stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from shared import codec, subjects
+from shared.config import Settings
+from shared.messages.deadletter import DeadLetter
+from shared.messages.pods import PodPending
+from shared.runtime.bus import Bus, Delivery, NatsBus
+from shared.runtime.edge import REASON_HEADER
+from shared.runtime.health import Readiness
+from shared.runtime.lifecycle import run_service
+from tests.harness.nats import NatsServer
+from tests.shared.echo_service import ECHO_SUBJECT, echo_body
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _collect(bus: NatsBus, subject: str) -> asyncio.Queue[Delivery]:
+    queue: asyncio.Queue[Delivery] = asyncio.Queue()
+
+    async def handler(delivery: Delivery) -> None:
+        await queue.put(delivery)
+
+    await bus.subscribe(subject, handler)
+    return queue
+
+
+@contextlib.asynccontextmanager
+async def running_echo(
+    nats_server: NatsServer,
+) -> AsyncIterator[tuple[int, asyncio.Event, Readiness]]:
+    """Run the echo service in this process; yields (http port, stop event, readiness)."""
+    stop = asyncio.Event()
+    readiness = Readiness()
+    settings = Settings(nats_url=nats_server.url, http_host="127.0.0.1", http_port=0,
+                        log_format="text")
+    task = asyncio.create_task(
+        run_service(name="echo", settings=settings, body=echo_body, stop=stop,
+                    readiness=readiness)
+    )
+    try:
+        for _ in range(200):
+            if readiness.ready:
+                break
+            await asyncio.sleep(0.02)
+        assert readiness.ready, readiness.report()
+        port = _port_of(readiness)
+        yield port, stop, readiness
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, timeout=10) == 0
+
+
+def _port_of(readiness: Readiness) -> int:
+    port = getattr(readiness, "http_port", None)
+    assert isinstance(port, int)
+    return port
+
+
+async def test_malformed_message_is_dead_lettered_and_service_keeps_serving(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    letters = await _collect(bus, subjects.deadletter("pods"))
+    echoes = await _collect(bus, ECHO_SUBJECT)
+    async with running_echo(nats_server) as (port, _, _):
+        await bus.publish(subjects.PODS_PENDING, b'{"uid": 17, "namespace": "ml"}')
+        letter_delivery = await asyncio.wait_for(letters.get(), timeout=5)
+        letter = codec.decode(letter_delivery.data, DeadLetter)
+        assert letter.family == "pods"
+        assert letter.subject == subjects.PODS_PENDING
+        assert letter.service == "echo"
+        assert "Expected `str`, got `int` - at `$.uid`" in letter.reason
+        assert letter.payload == '{"uid": 17, "namespace": "ml"}'
+        assert letter_delivery.headers[REASON_HEADER] == letter.reason
+
+        # Binary garbage is kept too, base64-encoded.
+        await bus.publish(subjects.PODS_PENDING, b"\xff\xfe\x00")
+        binary = codec.decode((await asyncio.wait_for(letters.get(), timeout=5)).data, DeadLetter)
+        assert (binary.payload, binary.payload_encoding) == ("//4A", "base64")
+
+        # The service is still alive, still serving, and still processing good input.
+        good = PodPending(uid="uid-ok", namespace="ml", name="p", containers=())
+        await bus.publish(subjects.PODS_PENDING, codec.encode(good))
+        assert (await asyncio.wait_for(echoes.get(), timeout=5)).data == b"uid-ok"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+                assert response.status == 200
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                metrics = await response.text()
+        assert re.search(
+            r'tessera_messages_rejected_total\{family="pods",kind="decode"\} 2\.0', metrics
+        )
+        assert re.search(r'tessera_deadletters_published_total\{family="pods"\} 2\.0', metrics)
+        assert re.search(r'tessera_messages_received_total\{family="pods"\} 3\.0', metrics)
+
+
+async def test_readiness_reports_failing_checks_with_reasons(nats_server: NatsServer) -> None:
+    async with running_echo(nats_server) as (port, _, readiness):
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
+                assert response.status == 200
+                body = await response.json()
+            assert body["ready"] is True
+            assert body["checks"]["nats"] == {"ready": True, "reason": ""}
+
+            readiness.set("reader", False, "NVML not initialised")
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
+                assert response.status == 503
+                body = await response.json()
+            assert body["checks"]["reader"] == {"ready": False, "reason": "NVML not initialised"}
+
+
+async def test_not_ready_until_nats_is_reachable() -> None:
+    """With no server, /healthz answers but /readyz says why it is not ready."""
+    stop = asyncio.Event()
+    readiness = Readiness()
+    attempts = 0
+
+    async def refuse(url: str, name: str) -> Bus:
+        nonlocal attempts
+        attempts += 1
+        raise ConnectionRefusedError("connection refused")
+
+    settings = Settings(http_host="127.0.0.1", http_port=0, log_format="text")
+    task = asyncio.create_task(
+        run_service(name="lonely", settings=settings, body=echo_body, stop=stop,
+                    readiness=readiness, connect=refuse)
+    )
+    for _ in range(200):
+        if getattr(readiness, "http_port", None) and attempts:
+            break
+        await asyncio.sleep(0.02)
+    port = _port_of(readiness)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+            assert response.status == 200
+        async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
+            assert response.status == 503
+            assert (await response.json())["checks"]["nats"]["reason"] == "connecting"
+    stop.set()
+    assert await asyncio.wait_for(task, timeout=10) == 0
+
+
+async def test_failing_body_exits_non_zero(nats_server: NatsServer) -> None:
+    async def broken(_: object) -> None:
+        raise RuntimeError("bug")
+
+    settings = Settings(nats_url=nats_server.url, http_host="127.0.0.1", http_port=0,
+                        log_format="text")
+    assert await asyncio.wait_for(run_service(name="broken", settings=settings, body=broken),
+                                  timeout=10) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_signal_stops_a_real_service_process_cleanly(
+    nats_server: NatsServer, bus: NatsBus, signum: signal.Signals
+) -> None:
+    echoes = await _collect(bus, ECHO_SUBJECT)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.shared.echo_service", "--nats-url", nats_server.url,
+        cwd=ROOT, stderr=subprocess.PIPE,
+    )
+    try:
+        # Wait until it processes a message: then it is fully up.
+        good = codec.encode(PodPending(uid="u1", namespace="n", name="p", containers=()))
+        for _ in range(100):
+            await bus.publish(subjects.PODS_PENDING, good)
+            try:
+                await asyncio.wait_for(echoes.get(), timeout=0.2)
+                break
+            except TimeoutError:
+                continue
+        process.send_signal(signum)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+        assert process.stderr is not None
+        log = (await process.stderr.read()).decode()
+        assert "service stopped" in log
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
