@@ -38,13 +38,15 @@ class NatsServer:
         self._dir = Path(tempfile.mkdtemp(prefix="nats-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.port = -1
 
     def start(self, timeout: float = 10.0) -> NatsServer:
+        """Start the server; after :meth:`kill` it comes back on the same port and store."""
         self._proc = subprocess.Popen(
             [
                 nats_server_binary(),
                 "-a", "127.0.0.1",
-                "-p", "-1",
+                "-p", str(self.port),
                 "-js",
                 "-sd", str(self._dir / "js"),
                 "--ports_file_dir", str(self._dir),
@@ -53,6 +55,7 @@ class NatsServer:
             stderr=subprocess.DEVNULL,
         )
         ports_file = self._dir / f"nats-server_{self._proc.pid}.ports"
+        ports_file.unlink(missing_ok=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -60,12 +63,20 @@ class NatsServer:
             if ports_file.exists():
                 try:
                     self.url = json.loads(ports_file.read_text())["nats"][0]
+                    self.port = int(self.url.rsplit(":", 1)[1])
                     return self
                 except (ValueError, KeyError, IndexError):
                     pass  # file still being written
             time.sleep(0.02)
         self.stop()
         raise RuntimeError("nats-server did not report its port in time")
+
+    def kill(self) -> None:
+        """Stop the process abruptly but keep its port and JetStream store for a restart."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -151,3 +151,32 @@ def test_node_names_become_single_tokens(node: str, token: str) -> None:
     assert subjects.node_token(node) == token
     assert subjects.node_from_token(token) == node
     assert subjects.inventory(node) == f"tessera.inventory.{token}"
+
+
+async def test_bus_reconnects_after_a_server_restart_and_keeps_durable_state() -> None:
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="survivor")
+        await bus.js_publish(subjects.PODS_PENDING, b"before")
+        await bus.kv_put(subjects.KV_NODES, "n1", b"facts")
+        server.kill()
+        for _ in range(100):
+            if not bus.connected:
+                break
+            await asyncio.sleep(0.02)
+        assert not bus.connected
+        server.start()
+        for _ in range(300):
+            if bus.connected:
+                break
+            await asyncio.sleep(0.02)
+        assert bus.connected
+        # JetStream and KV state survived on disk; the same client works again.
+        await bus.js_publish(subjects.PODS_PENDING, b"after")
+        consumer = await bus.pull_consumer(
+            stream=subjects.STREAM_PODS, durable="d", subject=subjects.PODS_PENDING
+        )
+        assert [d.data for d in await consumer.fetch(5, timeout=2)] == [b"before", b"after"]
+        entry = await bus.kv_get(subjects.KV_NODES, "n1")
+        assert entry is not None
+        assert entry.value == b"facts"
+        await bus.drain()
