@@ -14,6 +14,7 @@ from services.binder.command import SERVICE as BINDER
 from services.deviceplugin.command import SERVICE as DEVICEPLUGIN
 from services.inventory.command import SERVICE as INVENTORY
 from services.placer.command import SERVICE as PLACER
+from services.placer.sim.command import COMMAND as SIMULATE
 from shared.runtime.command import Command
 
 COMMANDS: tuple[Command, ...] = (
@@ -21,6 +22,7 @@ COMMANDS: tuple[Command, ...] = (
     PLACER.command(),
     BINDER.command(),
     DEVICEPLUGIN.command(),
+    SIMULATE,
 )
 
 

@@ -388,8 +388,9 @@ class NatsBus:
                     deleted=entry.operation in ("DEL", "PURGE"),
                 )
         finally:
-            with contextlib.suppress(*_GONE):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+            # Bounded: a stop that cannot reach the server must not hold up a shutdown.
+            with contextlib.suppress(*_GONE, TimeoutError):
+                await asyncio.wait_for(watcher.stop(), timeout=2.0)  # type: ignore[no-untyped-call]
 
     async def drain(self) -> None:
         for consumer in self._consumers:

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from shared.runtime.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
 
-Connect = Callable[[str, str], Awaitable[Bus]]
+Connect = Callable[[str, str], Coroutine[Any, Any, Bus]]
 """(url, client name) -> a connected Bus; raises OSError-like errors when it cannot."""
 
 
@@ -63,8 +63,17 @@ async def _connect_until_stopped(
 ) -> Bus | None:
     delay = 0.5
     while not stop.is_set():
+        attempt = asyncio.create_task(connect(url, name))
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({attempt, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not attempt.done():  # a stop arrived while connecting: give up the attempt
+            attempt.cancel()
+            with contextlib.suppress(BaseException):
+                await attempt
+            return None
         try:
-            return await connect(url, name)
+            return attempt.result()
         except Exception as error:  # any failure to reach the server is retried
             log.warning(
                 "cannot reach NATS yet; retrying",
@@ -136,17 +145,42 @@ async def run_service(
     return 1 if failed else 0
 
 
-async def _run_body(body: Body, context: ServiceContext, stop: asyncio.Event) -> bool:
+async def _run_body(
+    body: Body, context: ServiceContext, stop: asyncio.Event, grace_s: float = 10.0
+) -> bool:
     """Run the body in a TaskGroup beside a stop watcher; True when the body failed."""
     failed = False
     try:
         async with asyncio.TaskGroup() as group:
             work = group.create_task(body(context), name=f"{context.name}-body")
-            watcher = group.create_task(stop.wait(), name=f"{context.name}-stop")
+            watcher = group.create_task(
+                _cancel_when_stopped(work, stop, grace_s), name=f"{context.name}-stop"
+            )
             work.add_done_callback(lambda _: watcher.cancel())
-            watcher.add_done_callback(lambda _: work.cancel())
     except* Exception as errors:
         for error in errors.exceptions:
             log.error("service failed", exc_info=error)
         failed = True
     return failed
+
+
+class StopTimeoutError(Exception):
+    """The body did not finish within the grace period after a stop was asked."""
+
+
+async def _cancel_when_stopped(
+    work: asyncio.Task[None], stop: asyncio.Event, grace_s: float
+) -> None:
+    """Cancel ``work`` once ``stop`` is set, and keep cancelling until it has finished.
+
+    One cancel is not always enough on Python 3.11: a library's internal ``asyncio.wait_for``
+    that completes at the same moment swallows the cancellation, and the body runs on.
+    """
+    await stop.wait()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while not work.done():
+        if loop.time() > deadline:
+            raise StopTimeoutError(f"service body still running {grace_s:.0f} s after stop")
+        work.cancel()
+        await asyncio.wait({work}, timeout=0.1)

@@ -192,3 +192,53 @@ async def test_signal_stops_a_real_service_process_cleanly(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_stop_is_not_lost_when_the_body_swallows_a_cancellation(
+    nats_server: NatsServer,
+) -> None:
+    """A library may swallow one CancelledError (nats-py's wait_for on 3.11); stop still wins."""
+    swallowed = 0
+
+    async def stubborn(_: object) -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed == 1:
+                    continue  # the first cancellation is lost, as in the library bug
+                raise
+
+    stop = asyncio.Event()
+    settings = Settings(nats_url=nats_server.url, http_host="127.0.0.1", http_port=0,
+                        log_format="text")
+    readiness = Readiness()
+    task = asyncio.create_task(run_service(name="stubborn", settings=settings, body=stubborn,
+                                           stop=stop, readiness=readiness))
+    for _ in range(200):
+        if readiness.ready:
+            break
+        await asyncio.sleep(0.02)
+    stop.set()
+    assert await asyncio.wait_for(task, timeout=5) == 0
+    assert swallowed == 2
+
+
+async def test_stop_interrupts_a_connect_that_hangs() -> None:
+    stop = asyncio.Event()
+    readiness = Readiness()
+    connecting = asyncio.Event()
+
+    async def hang(url: str, name: str) -> Bus:
+        connecting.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    settings = Settings(http_host="127.0.0.1", http_port=0, log_format="text")
+    task = asyncio.create_task(run_service(name="hung", settings=settings, body=echo_body,
+                                           stop=stop, readiness=readiness, connect=hang))
+    await asyncio.wait_for(connecting.wait(), timeout=5)
+    stop.set()
+    assert await asyncio.wait_for(task, timeout=5) == 0

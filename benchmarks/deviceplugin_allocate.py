@@ -1,0 +1,196 @@
+"""Allocate latency of the device plugin over real gRPC (unix socket) and a real nats-server.
+
+    .venv/bin/python benchmarks/deviceplugin_allocate.py [--calls 2000] [--batch 50]
+
+A fake kubelet (the test one) registers the plugin; a real ``nats-server`` holds the assignment
+records. Records are written in batches the way the binder writes them (one bound pod per record,
+one container needing one logical device), the kubelet calls Allocate for each, and the finished
+records are deleted before the next batch, so the plugin's view stays the size of a busy node. Each
+measured call is the full path: gRPC in, pick the record, compare-and-set in the KV bucket, publish
+the allocation event to JetStream, gRPC out. Prints p50/p90/p99/max latency and calls per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.deviceplugin._proto import api_pb2  # noqa: E402
+from services.deviceplugin.command import DevicePluginSettings, build_config  # noqa: E402
+from services.deviceplugin.service import run_plugin  # noqa: E402
+from shared import codec, subjects  # noqa: E402
+from shared.messages.assignments import AssignmentRecord  # noqa: E402
+from shared.messages.base import ContainerSlices, GpuSlice  # noqa: E402
+from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
+from shared.runtime.bus import NatsBus  # noqa: E402
+from shared.runtime.health import Readiness  # noqa: E402
+from shared.runtime.lifecycle import run_service  # noqa: E402
+from tests.deviceplugin.fake_kubelet import FakeKubelet  # noqa: E402
+from tests.harness.nats import NatsServer  # noqa: E402
+
+NODE = "bench-node"
+GPUS = 8
+
+
+def gpu_uuid(index: int) -> str:
+    return f"GPU-{index:08x}-0000-1111-2222-333344445555"
+
+
+def node_inventory() -> NodeInventory:
+    return NodeInventory(
+        node=NODE,
+        gpus=tuple(
+            GpuTelemetry(
+                uuid=gpu_uuid(i),
+                index=i,
+                model="A100",
+                memory_total_mib=81_920,
+                memory_used_mib=0,
+                memory_free_mib=81_920,
+                numa_node=i // 4,
+            )
+            for i in range(GPUS)
+        ),
+        observed_at=time.time(),
+    )
+
+
+def bound_record(n: int) -> AssignmentRecord:
+    index = n % GPUS
+    return AssignmentRecord(
+        pod_uid=f"pod-{n:06d}",
+        namespace="bench",
+        name=f"pod-{n}",
+        node=NODE,
+        containers=(
+            ContainerSlices(
+                container="main",
+                gpus=(GpuSlice(uuid=gpu_uuid(index), index=index, memory_mib=4096, cores=25),),
+                resources={"tessera.dev/gpu": 1},
+            ),
+        ),
+        state="bound",
+        decided_at=1_000_000.0 + n,
+        placer_id="bench",
+        bound_at=1_000_000.5 + n,
+    )
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def measure(calls: int, batch: int, warmup: int) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="dp-bench-", dir="/tmp"))
+    with NatsServer() as nats_server:
+        bus = await NatsBus.connect(nats_server.url, name="bench-writer")
+        await bus.kv_put(
+            subjects.KV_INVENTORY, subjects.node_token(NODE), codec.encode(node_inventory())
+        )
+        settings = DevicePluginSettings(
+            node=NODE,
+            nats_url=nats_server.url,
+            http_host="127.0.0.1",
+            http_port=0,
+            log_level="warning",
+            log_format="text",
+            plugin_dir=str(directory),
+        )
+        config = build_config(settings)
+        readiness, stop = Readiness(), asyncio.Event()
+        async with FakeKubelet(directory) as kubelet:
+            service = asyncio.create_task(
+                run_service(
+                    name="deviceplugin",
+                    settings=settings,
+                    readiness=readiness,
+                    stop=stop,
+                    body=functools.partial(run_plugin, config=config),
+                )
+            )
+            await kubelet.registered(timeout=30)
+            for _ in range(3000):
+                if readiness.ready:
+                    break
+                await asyncio.sleep(0.01)
+            assert readiness.ready, readiness.report()
+            latencies: list[float] = []
+            async with kubelet.plugin(config.endpoint) as stub:
+                started = time.perf_counter()
+                measured_time = 0.0
+                for first in range(0, calls + warmup, batch):
+                    numbers = range(first, min(first + batch, calls + warmup))
+                    keys = []
+                    for n in numbers:
+                        record = bound_record(n)
+                        key = subjects.assignment_key(NODE, record.pod_uid)
+                        await bus.kv_put(subjects.KV_ASSIGNMENTS, key, codec.encode(record))
+                        keys.append(key)
+                    await asyncio.sleep(0.05)  # let the plugin's KV watch catch up
+                    batch_start = time.perf_counter()
+                    for n in numbers:
+                        device = f"{gpu_uuid(n % GPUS)}::{n % 40}"
+                        request = api_pb2.AllocateRequest(
+                            container_requests=[
+                                api_pb2.ContainerAllocateRequest(devices_ids=[device])
+                            ]
+                        )
+                        call_start = time.perf_counter()
+                        response = await stub.Allocate(request, timeout=10)
+                        elapsed = time.perf_counter() - call_start
+                        assert response.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"]
+                        if n >= warmup:
+                            latencies.append(elapsed)
+                    if first >= warmup:
+                        measured_time += time.perf_counter() - batch_start
+                    for key in keys:  # the pods finished: the binder deletes their records
+                        await bus.kv_delete(subjects.KV_ASSIGNMENTS, key)
+                total = time.perf_counter() - started
+            stop.set()
+            await service
+        await bus.drain()
+    shutil.rmtree(directory, ignore_errors=True)
+
+    ms = [v * 1000 for v in latencies]
+    print(
+        f"machine: {platform.machine()}, {platform.python_implementation()} "
+        f"{platform.python_version()}, asyncio event loop"
+    )
+    print(
+        f"Allocate calls measured: {len(ms)} (after {warmup} warm-up), batches of {batch} "
+        f"bound records, {GPUS} GPUs x 40 logical devices"
+    )
+    print(
+        f"latency ms: p50 {percentile(ms, 0.50):.3f}  p90 {percentile(ms, 0.90):.3f}  "
+        f"p99 {percentile(ms, 0.99):.3f}  max {max(ms):.3f}  mean {statistics.fmean(ms):.3f}"
+    )
+    print(
+        f"throughput: {len(ms) / measured_time:.0f} calls/s sequential "
+        f"(wall time {total:.1f} s including record writes)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--batch", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=100)
+    args = parser.parse_args()
+    warmup = -(-args.warmup // args.batch) * args.batch  # whole batches, so timing splits cleanly
+    asyncio.run(measure(args.calls, args.batch, warmup))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Placement speed: decisions per second per policy, a full FGD replay, peak memory.
+
+Prints figures; asserts nothing. Each section runs in its own child process so that its peak
+resident memory (``ru_maxrss``) is its own.
+
+    .venv/bin/python benchmarks/placement_speed.py                 # everything
+    .venv/bin/python benchmarks/placement_speed.py --only synthetic --nodes 10000 --decisions 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+from services.placer.core.framework import decide
+from services.placer.core.index import ClusterIndex
+from services.placer.core.model import Decision
+from services.placer.core.profiles import build_profile
+from services.placer.sim.replay import node_state, pod_request
+from services.placer.sim.synthetic import synthetic_tasks
+from services.placer.sim.trace import TraceNode, load_nodes, load_tasks
+from services.placer.sim.workload import cluster_gpu_milli, node_order, tuned_tasks, typical_tasks
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023" / "csv"
+TRACE_POLICIES = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd", "tessera")
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def trace_cluster(policy: str, seed: int) -> str:
+    """One replay of the default trace: decisions/s over decide() alone and the whole wall time."""
+    started = time.perf_counter()
+    nodes = load_nodes(DATA / "openb_node_list_gpu_node.csv")
+    original = load_tasks(DATA / "openb_pod_list_default.csv")
+    typical = typical_tasks(original)
+    tasks = tuned_tasks(original, cluster_gpu_milli(nodes), seed=seed)
+    from services.placer.sim.replay import replay
+
+    result = replay(
+        nodes,
+        tasks,
+        build_profile(policy, typical_tasks=typical),
+        order=node_order(nodes, seed=seed),
+        typical=typical,
+        seed=seed,
+    )
+    wall = time.perf_counter() - started
+    return (
+        f"trace  {policy:<11} nodes={len(nodes):>6} tasks={result.tasks:>6} "
+        f"decide/s={result.decisions_per_s:>8.0f} replay_wall_s={wall:6.1f} "
+        f"peak_rss_mib={_peak_mib():6.0f}"
+    )
+
+
+def synthetic_cluster(policy: str, nodes: int, decisions: int) -> str:
+    """``nodes`` x 8 GPUs, identical hardware, the built-in task mix: decide() + reserve()."""
+    states = [
+        node_state(
+            TraceNode(
+                name=f"n{i:05d}", cpu_milli=128_000, memory_mib=1_048_576, gpus=8, model="A100"
+            )
+        )
+        for i in range(nodes)
+    ]
+    build_start = time.perf_counter()
+    cluster = ClusterIndex(states)
+    build_s = time.perf_counter() - build_start
+    mix = synthetic_tasks(2_000)
+    profile = build_profile(policy, typical_tasks=typical_tasks(mix))
+    rng = random.Random(5)
+    placed = failed = 0
+    started = time.perf_counter()
+    for i in range(decisions):
+        task = mix[i % len(mix)]
+        outcome = decide(pod_request(task, f"p{i}"), cluster, profile, now=float(i), rng=rng)
+        if isinstance(outcome, Decision):
+            cluster.reserve(outcome.reservation)
+            placed += 1
+        else:
+            failed += 1
+    elapsed = time.perf_counter() - started
+    return (
+        f"synth  {policy:<11} nodes={nodes:>6} gpus={8 * nodes:>6} decisions={decisions:>6} "
+        f"placed={placed:>6} decide+reserve/s={decisions / elapsed:>8.0f} "
+        f"index_build_s={build_s:5.2f} shapes={len(cluster.groups):>5} "
+        f"peak_rss_mib={_peak_mib():6.0f}"
+    )
+
+
+def _child(kind: str, args: tuple[object, ...], queue: multiprocessing.Queue[str]) -> None:
+    if kind == "trace":
+        queue.put(trace_cluster(*args))  # type: ignore[arg-type]
+    else:
+        queue.put(synthetic_cluster(*args))  # type: ignore[arg-type]
+
+
+def run_isolated(kind: str, *args: object) -> str:
+    context = multiprocessing.get_context("spawn")
+    queue: multiprocessing.Queue[str] = context.Queue()
+    child = context.Process(target=_child, args=(kind, args, queue))
+    child.start()
+    line = queue.get()
+    child.join()
+    return line
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--only", choices=("trace", "synthetic"), help="run one section")
+    parser.add_argument("--policies", default=",".join(TRACE_POLICIES))
+    parser.add_argument("--synthetic-policies", default="binpack,spread,fgd,tessera")
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--decisions", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}; cores {multiprocessing.cpu_count()}", flush=True)
+    if args.only in (None, "trace"):
+        for policy in args.policies.split(","):
+            print(run_isolated("trace", policy, args.seed), flush=True)
+    if args.only in (None, "synthetic"):
+        for policy in args.synthetic_policies.split(","):
+            print(run_isolated("synthetic", policy, args.nodes, args.decisions), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

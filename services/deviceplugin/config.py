@@ -1,0 +1,29 @@
+"""The device plugin's configuration, derived once from its settings (``command.build_config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.deviceplugin.allocate import ResponseOptions
+from services.deviceplugin.devices import DeviceConfig
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Everything the device plugin needs to run on one node."""
+
+    node: str
+    devices: DeviceConfig
+    response: ResponseOptions
+    plugin_dir: Path
+    endpoint: str
+    """Socket file name in ``plugin_dir``."""
+    pre_start: bool = False
+    record_wait_s: float = 2.0
+    kubelet_poll_s: float = 1.0
+    plugin_id: str = ""
+
+    @property
+    def resource(self) -> str:
+        return self.devices.resource

@@ -1,0 +1,64 @@
+"""Prometheus metrics of the device plugin (the only module of it that imports prometheus_client).
+
+Registered on the service's own registry (``ServiceContext.registry``), served at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass(frozen=True)
+class PluginMetrics:
+    """Allocate outcomes and latency, advertised devices, kubelet registrations."""
+
+    allocations: Counter
+    allocate_seconds: Histogram
+    cas_conflicts: Counter
+    devices: Gauge
+    registrations: Counter
+    events_unpublished: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> PluginMetrics:
+        return cls(
+            allocations=Counter(
+                "tessera_deviceplugin_allocations_total",
+                "Containers answered by Allocate, by outcome (granted, or the refusal kind).",
+                ["outcome"],
+                registry=registry,
+            ),
+            allocate_seconds=Histogram(
+                "tessera_deviceplugin_allocate_seconds",
+                "Time to answer one Allocate call, record claim and event included.",
+                buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0),
+                registry=registry,
+            ),
+            cas_conflicts=Counter(
+                "tessera_deviceplugin_claim_conflicts_total",
+                "Record claims lost to a concurrent writer (re-read and planned again).",
+                registry=registry,
+            ),
+            devices=Gauge(
+                "tessera_deviceplugin_devices",
+                "Devices advertised to the kubelet, by health.",
+                ["health"],
+                registry=registry,
+            ),
+            registrations=Counter(
+                "tessera_deviceplugin_registrations_total",
+                "Successful registrations with the kubelet (one more after each kubelet restart).",
+                registry=registry,
+            ),
+            events_unpublished=Gauge(
+                "tessera_deviceplugin_allocation_events_pending",
+                "Allocation events committed to a record but not yet acknowledged by JetStream.",
+                registry=registry,
+            ),
+        )
+
+    def count_devices(self, healthy: int, unhealthy: int) -> None:
+        self.devices.labels(health="Healthy").set(healthy)
+        self.devices.labels(health="Unhealthy").set(unhealthy)

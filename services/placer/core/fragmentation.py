@@ -1,0 +1,135 @@
+"""GPU fragmentation of a node for a typical task mix (Weng et al., ATC '23; perf-anchor sec. 4).
+
+For a typical task ``m`` with probability ``p_m``, the fragment ``F_n(m)`` of node ``n`` is the GPU
+milli that ``m`` could not use: all idle GPU milli when ``m`` needs no GPU, may not run on the
+node's model, or does not fit (CPU or GPUs); otherwise the free milli of the GPUs too small for
+it. ``F_n = sum_m p_m F_n(m)``. Memory is ignored, as in the paper.
+
+The value depends only on the node's GPU models, which CPU thresholds its free CPU passes, and the
+multiset of per-GPU free milli, so it is memoised on exactly that key: the FGD score and the
+simulator's cluster metric ask for the same few thousand states again and again.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from services.placer.core.model import GPU_MILLI
+
+
+class TypicalTask(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the typical task mix."""
+
+    cpu_milli: int
+    gpu_count: int
+    gpu_milli: int
+    """Per GPU; 1000 for whole GPUs."""
+    models: tuple[str, ...] = ()
+    """Allowed GPU models; empty = any."""
+    weight: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Task:
+    cpu_milli: int
+    gpu_count: int
+    gpu_milli: int
+    models: frozenset[str] | None
+    weight: float
+
+
+class FragmentationModel:
+    """Expected fragmented GPU milli of a node under a fixed typical task mix (memoised)."""
+
+    def __init__(self, tasks: Iterable[TypicalTask]) -> None:
+        listed = list(tasks)
+        total = sum(t.weight for t in listed)
+        if listed and total <= 0:
+            raise ValueError("typical task weights must add up to more than 0")
+        self.tasks: tuple[TypicalTask, ...] = tuple(listed)
+        self._tasks = tuple(
+            _Task(
+                cpu_milli=t.cpu_milli,
+                gpu_count=t.gpu_count,
+                gpu_milli=t.gpu_milli,
+                models=frozenset(t.models) if t.models else None,
+                weight=t.weight / total,
+            )
+            for t in listed
+        )
+        self._cpu_levels = sorted({t.cpu_milli for t in listed})
+        self._memo: dict[tuple[frozenset[str], int, tuple[int, ...]], float] = {}
+
+    def node(self, models: frozenset[str], cpu_milli_free: int, free_milli: Sequence[int]) -> float:
+        """``F_n`` for a node with these GPU models, free CPU and per-GPU free milli (any order)."""
+        ordered = tuple(sorted(free_milli))
+        key = (models, bisect.bisect_right(self._cpu_levels, cpu_milli_free), ordered)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = self._compute(models, cpu_milli_free, ordered)
+        return value
+
+    def _compute(self, models: frozenset[str], cpu_free: int, free: tuple[int, ...]) -> float:
+        idle = sum(free)
+        if idle == 0:
+            return 0.0
+        total = 0.0
+        for task in self._tasks:
+            if (
+                task.gpu_count == 0
+                or cpu_free < task.cpu_milli
+                or (task.models is not None and not (models & task.models))
+            ):
+                total += task.weight * idle
+                continue
+            need = task.gpu_milli
+            fitting = 0
+            stranded = 0
+            for milli in free:
+                if milli >= need:
+                    fitting += 1
+                else:
+                    stranded += milli
+            total += task.weight * (stranded if fitting >= task.gpu_count else idle)
+        return total
+
+
+def typical_mix(
+    tasks: Iterable[tuple[int, int, int, tuple[str, ...]]], *, coverage: float = 0.95
+) -> tuple[TypicalTask, ...]:
+    """The paper's typical tasks: the most frequent specs covering ``coverage`` of all tasks.
+
+    ``tasks`` yields ``(cpu_milli, gpu_milli, gpu_count, models)`` per task (memory is ignored).
+    Specs are sorted by count, then larger CPU, GPU milli and GPU count first; the kept specs'
+    weights are renormalised to add up to 1.
+    """
+    counts: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
+    for spec in tasks:
+        counts[spec] = counts.get(spec, 0) + 1
+    total = sum(counts.values())
+    if total == 0:
+        return ()
+    ordered = sorted(
+        counts.items(), key=lambda kv: (-kv[1], -kv[0][0], -kv[0][1], -kv[0][2], kv[0][3])
+    )
+    kept: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
+    covered = 0
+    for spec, count in ordered:
+        if covered >= coverage * total:
+            break
+        kept.append((spec, count))
+        covered += count
+    return tuple(
+        TypicalTask(
+            cpu_milli=cpu,
+            gpu_milli=min(gpu_milli, GPU_MILLI),
+            gpu_count=gpu_count,
+            models=models,
+            weight=count / covered,
+        )
+        for (cpu, gpu_milli, gpu_count, models), count in kept
+    )

@@ -1,0 +1,431 @@
+"""The placement framework: extension points, a compiled profile, and ``decide``.
+
+One decision runs, in order (kube-scheduler's shape, DESIGN section 5):
+
+1. **PreFilter** once per pod (validation, quota): a non-success :class:`Status` rejects the pod.
+2. **Filter** per node shape (CPU, memory, GPU fit, health, model, group): ``None`` passes, a
+   string is the reason the shape fails; rejections count reasons over nodes.
+   **GpuFilter** narrows which GPUs a pod may use at all (model, group); the fit filter and the
+   GPU choice both consult it.
+3. **Score** per feasible shape, each 0..100, summed with the profile's weights.
+4. **Select** the highest total; ties go to the best tie-break rank (or a uniform draw among the
+   tied nodes for a ``random`` profile, from the RNG the caller passes).
+5. **GPU choice** inside the chosen node, share by share, on the real node state.
+6. The caller **reserves** the result through the ledger (``ClusterIndex.reserve``).
+
+Filters and scores must be pure functions of ``(PodFacts, NodeShape)``: the framework evaluates
+each distinct shape once per distinct request and memoises the result, which is what makes 10,000
+nodes affordable. Anything a plugin needs beyond that goes in its arguments at profile build time.
+
+Extension points for seed 001 (groups and quotas) and seed 002 (queue order): a quota check is a
+``PreFilter`` (it sees the pod and the ``ClusterIndex``, including the ledger's reservations); a
+group restriction is a ``Filter`` on ``NodeShape.groups`` plus a ``GpuFilter`` on
+``GpuShape.groups``; the shell fills ``NodeState.groups`` / ``GpuState.groups``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from services.placer.core.facts import PodFacts, ShareAsk, pod_facts
+from services.placer.core.index import ClusterIndex
+from services.placer.core.ledger import take_share
+from services.placer.core.model import (
+    GPU_MILLI,
+    ContainerPlacement,
+    Decision,
+    GpuSlice,
+    GpuState,
+    NodeState,
+    PodRequest,
+    Rejection,
+    RejectionReason,
+    Reservation,
+)
+from services.placer.core.shape import GpuShape, NodeShape, gpu_shape
+
+StatusCode = Literal["success", "unschedulable", "unresolvable"]
+
+
+class Status(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of a PreFilter: success, or why not (and whether waiting can help)."""
+
+    code: StatusCode = "success"
+    reason: str = ""
+    plugin: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "success"
+
+
+SUCCESS = Status()
+
+
+class CycleState(dict[str, object]):
+    """Per-decision scratch space a PreFilter may fill for later plugins (keyed by plugin name)."""
+
+
+class PreFilter(Protocol):
+    """Runs once per pod before any node is looked at (validation, tenant quota)."""
+
+    name: str
+
+    def pre_filter(self, pod: PodFacts, cluster: ClusterIndex, state: CycleState) -> Status: ...
+
+
+class Filter(Protocol):
+    """Says whether a node shape can take the pod: None = yes, else the reason it cannot."""
+
+    name: str
+
+    def filter(self, pod: PodFacts, shape: NodeShape) -> str | None: ...
+
+
+class GpuFilter(Protocol):
+    """Says whether the pod may use a GPU at all (model, group), whatever its free capacity."""
+
+    name: str
+
+    def admits_gpu(self, pod: PodFacts, gpu: GpuShape) -> bool: ...
+
+
+class Score(Protocol):
+    """Scores a feasible node shape for the pod, 0 (worst) .. 100 (best)."""
+
+    name: str
+
+    def score(self, pod: PodFacts, shape: NodeShape) -> float: ...
+
+
+@runtime_checkable
+class NormalizingScore(Score, Protocol):
+    """A score whose raw values are rescaled over all feasible nodes before weighting."""
+
+    def normalize(self, raw: Sequence[float]) -> list[float]: ...
+
+
+class GpuChooser(Protocol):
+    """Picks the GPU for one share among ``candidates`` (all fit, none used by this container).
+
+    ``working`` is the node's GPUs with the pod's earlier shares already taken; ``placed`` are
+    those earlier shares. Must be deterministic given ``rng``.
+    """
+
+    name: str
+
+    def pick(
+        self,
+        pod: PodFacts,
+        node: NodeState,
+        working: Sequence[GpuState],
+        candidates: Sequence[GpuState],
+        placed: Sequence[GpuSlice],
+        rng: random.Random,
+    ) -> GpuState: ...
+
+
+TieBreak = Literal["rank", "random"]
+
+
+@dataclass(eq=False)
+class Profile:
+    """A compiled, validated profile (see ``profiles.build_profile``), with its memo."""
+
+    name: str
+    filters: tuple[Filter, ...]
+    gpu_filters: tuple[GpuFilter, ...]
+    scores: tuple[tuple[Score, float], ...]
+    gpu_choice: GpuChooser
+    tie_break: TieBreak = "rank"
+    pre_filters: tuple[PreFilter, ...] = ()
+    gpu_choices: Mapping[str, GpuChooser] = field(default_factory=dict)
+    """Choosers a pod may ask for by its ``gpu_policy`` hint."""
+    node_policies: Mapping[str, Profile] = field(default_factory=dict)
+    """Profiles a pod may ask for by its ``node_policy`` hint."""
+    memo_limit: int = 2_000_000
+    """Memoised (request, shape) evaluations kept per cluster before the memo starts over."""
+    _facts: dict[PodRequest, PodFacts] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._normalizing = len(self.scores) > 1 and any(
+            isinstance(plugin, NormalizingScore) for plugin, _ in self.scores
+        )
+
+    def facts(self, pod: PodRequest, key: PodRequest) -> PodFacts:
+        """``pod``'s facts; ``key`` is ``pod.placement_key()`` (facts are cached by it)."""
+        found = self._facts.get(key)
+        if found is None:
+            if len(self._facts) > 100_000:
+                self._facts.clear()
+            found = self._facts[key] = pod_facts(key)
+        return found if found.request is pod else _with_request(found, pod)
+
+    def for_pod(self, pod: PodRequest) -> Profile:
+        if pod.node_policy is not None and pod.node_policy in self.node_policies:
+            return self.node_policies[pod.node_policy]
+        return self
+
+    def chooser_for(self, pod: PodFacts) -> GpuChooser:
+        policy = pod.request.gpu_policy
+        if policy is not None and policy in self.gpu_choices:
+            return self.gpu_choices[policy]
+        return self.gpu_choice
+
+    def reject_reason(self, pod: PodFacts, shape: NodeShape) -> str | None:
+        for plugin in self.filters:
+            reason = plugin.filter(pod, shape)
+            if reason is not None:
+                return reason
+        return None
+
+    def raw_scores(self, pod: PodFacts, shape: NodeShape) -> list[float]:
+        return [plugin.score(pod, shape) for plugin, _ in self.scores]
+
+    def _evaluate(self, pod: PodFacts, shape: NodeShape) -> float | None:
+        for check in self.filters:
+            if check.filter(pod, shape) is not None:
+                return None
+        total = 0.0
+        for scorer, weight in self.scores:
+            total += weight * scorer.score(pod, shape)
+        return total
+
+    def _memo_for(self, cluster: ClusterIndex, key: PodRequest) -> dict[int, float | None]:
+        """The memo of ``key`` on ``cluster``: shape ids only mean something within one index."""
+        memos = cluster.memos.get(self)
+        if memos is None or cluster.memo_size > self.memo_limit:
+            memos = cluster.memos[self] = {}
+            cluster.memo_size = 0
+        memo = memos.get(key)
+        if memo is None:
+            memo = memos[key] = {}
+        return memo
+
+
+def _with_request(facts: PodFacts, pod: PodRequest) -> PodFacts:
+    return PodFacts(
+        request=pod,
+        cpu_milli=facts.cpu_milli,
+        memory_mib=facts.memory_mib,
+        asks=facts.asks,
+        gpu_count=facts.gpu_count,
+        share_milli=facts.share_milli,
+        gpu_milli_total=facts.gpu_milli_total,
+        fractional=facts.fractional,
+        kind=facts.kind,
+        invalid=facts.invalid,
+    )
+
+
+def _rng_for(pod: PodRequest) -> random.Random:
+    return random.Random(zlib.crc32(pod.uid.encode()))
+
+
+def decide(
+    pod: PodRequest,
+    cluster: ClusterIndex,
+    profile: Profile,
+    *,
+    now: float,
+    rng: random.Random | None = None,
+) -> Decision | Rejection:
+    """Place ``pod`` on ``cluster`` with ``profile``; deterministic for equal inputs and RNG state.
+
+    Nothing is booked: the caller passes ``Decision.reservation`` to ``cluster.reserve``.
+    """
+    profile = profile.for_pod(pod)
+    key = pod.placement_key()
+    facts = profile.facts(pod, key)
+    if facts.invalid:
+        return Rejection(
+            pod_uid=pod.uid,
+            reasons=(
+                RejectionReason(reason=f"invalid request: {facts.invalid}", nodes=len(cluster)),
+            ),
+            unresolvable=True,
+            decided_at=now,
+        )
+    state = CycleState()
+    for pre in profile.pre_filters:
+        status = pre.pre_filter(facts, cluster, state)
+        if not status.ok:
+            return Rejection(
+                pod_uid=pod.uid,
+                reasons=(RejectionReason(reason=status.reason, nodes=len(cluster)),),
+                unresolvable=status.code == "unresolvable",
+                decided_at=now,
+            )
+    if profile._normalizing:
+        picked = _select_normalized(facts, cluster, profile)
+    else:
+        picked = _select(facts, key, cluster, profile)
+    if picked is None:
+        return _rejection(facts, cluster, profile, now)
+    tied, best, feasible = picked
+    if profile.tie_break == "random":
+        rng = rng or _rng_for(pod)
+        total = sum(len(cluster.groups[sid]) for sid in tied)
+        draw = rng.randrange(total)
+        for sid in tied:
+            ranks = cluster.groups[sid]
+            if draw < len(ranks):
+                rank = ranks[draw]
+                break
+            draw -= len(ranks)
+    else:
+        rank = min(cluster.groups[sid][0] for sid in tied)
+    node = cluster.node(cluster.name_at(rank))
+    reservation = place_on_node(facts, node, profile, rng or _rng_for(pod))
+    if reservation is None:  # the fit filter said yes, so this is a plugin bug
+        raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
+    shape = cluster.shape_of(node.name)
+    scores = {
+        plugin.name: weight * value
+        for (plugin, weight), value in zip(
+            profile.scores, profile.raw_scores(facts, shape), strict=True
+        )
+    }
+    return Decision(
+        reservation=reservation, score=best, scores=scores, feasible_nodes=feasible, decided_at=now
+    )
+
+
+def _select(
+    facts: PodFacts, key: PodRequest, cluster: ClusterIndex, profile: Profile
+) -> tuple[list[int], float, int] | None:
+    memo = profile._memo_for(cluster, key)
+    shapes = cluster.shapes
+    evaluate = profile._evaluate
+    best = -math.inf
+    tied: list[int] = []
+    feasible = 0
+    added = 0
+    for sid, ranks in cluster.groups.items():
+        if sid in memo:
+            value = memo[sid]
+        else:
+            value = memo[sid] = evaluate(facts, shapes[sid])
+            added += 1
+        if value is None:
+            continue
+        feasible += len(ranks)
+        if value > best:
+            best = value
+            tied = [sid]
+        elif value == best:
+            tied.append(sid)
+    cluster.memo_size += added
+    if not tied:
+        return None
+    return tied, best, feasible
+
+
+def _select_normalized(
+    facts: PodFacts, cluster: ClusterIndex, profile: Profile
+) -> tuple[list[int], float, int] | None:
+    rows: list[tuple[int, list[float]]] = []
+    feasible = 0
+    for sid, ranks in cluster.groups.items():
+        shape = cluster.shapes[sid]
+        if profile.reject_reason(facts, shape) is None:
+            rows.append((sid, profile.raw_scores(facts, shape)))
+            feasible += len(ranks)
+    if not rows:
+        return None
+    columns: list[list[float]] = [[row[i] for _, row in rows] for i in range(len(profile.scores))]
+    for i, (plugin, _) in enumerate(profile.scores):
+        if isinstance(plugin, NormalizingScore):
+            columns[i] = plugin.normalize(columns[i])
+    totals = [
+        sum(weight * columns[i][r] for i, (_, weight) in enumerate(profile.scores))
+        for r in range(len(rows))
+    ]
+    best = max(totals)
+    return [rows[r][0] for r in range(len(rows)) if totals[r] == best], best, feasible
+
+
+def _rejection(facts: PodFacts, cluster: ClusterIndex, profile: Profile, now: float) -> Rejection:
+    counts: dict[str, int] = {}
+    for sid, ranks in cluster.groups.items():
+        reason = profile.reject_reason(facts, cluster.shapes[sid]) or "no GPUs could be chosen"
+        counts[reason] = counts.get(reason, 0) + len(ranks)
+    reasons = tuple(
+        RejectionReason(reason=reason, nodes=n)
+        for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+    return Rejection(pod_uid=facts.request.uid, reasons=reasons, decided_at=now)
+
+
+def gpu_admitted(facts: PodFacts, gpu: GpuShape, gpu_filters: Sequence[GpuFilter]) -> bool:
+    return all(f.admits_gpu(facts, gpu) for f in gpu_filters)
+
+
+def _slice_for(ask: ShareAsk, gpu: GpuState) -> GpuSlice:
+    if ask.whole:
+        return GpuSlice(
+            index=gpu.index,
+            uuid=gpu.uuid,
+            memory_mib=gpu.memory_free_mib,
+            core_milli=GPU_MILLI,
+            exclusive=True,
+        )
+    return GpuSlice(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        memory_mib=ask.memory_on(gpu.memory_total_mib),
+        core_milli=ask.core_milli,
+    )
+
+
+def place_on_node(
+    facts: PodFacts, node: NodeState, profile: Profile, rng: random.Random
+) -> Reservation | None:
+    """Choose GPUs for every share of ``facts`` on ``node`` with the profile's chooser.
+
+    None when the shares do not fit (the fit filter guarantees they do for a chosen node).
+    """
+    chooser = profile.chooser_for(facts)
+    working = list(node.gpus)
+    position = {g.index: i for i, g in enumerate(working)}
+    admitted = {
+        g.index for g in node.gpus if gpu_admitted(facts, gpu_shape(g), profile.gpu_filters)
+    }
+    placed: list[GpuSlice] = []
+    containers: list[ContainerPlacement] = []
+    for ask in facts.asks:
+        used: set[int] = set()
+        mine: list[GpuSlice] = []
+        for _ in range(ask.shares):
+            candidates = [
+                g
+                for g in working
+                if g.index in admitted and g.index not in used and ask.fits(gpu_shape(g))
+            ]
+            if not candidates:
+                return None
+            gpu = chooser.pick(facts, node, working, candidates, placed, rng)
+            piece = _slice_for(ask, gpu)
+            taken = take_share(gpu, piece, facts.request.uid)
+            if isinstance(taken, str):
+                return None
+            working[position[gpu.index]] = taken
+            used.add(gpu.index)
+            mine.append(piece)
+            placed.append(piece)
+        containers.append(ContainerPlacement(container=ask.container, gpus=tuple(mine)))
+    return Reservation(
+        pod_uid=facts.request.uid,
+        node=node.name,
+        cpu_milli=facts.cpu_milli,
+        memory_mib=facts.memory_mib,
+        containers=tuple(containers),
+        kind=facts.kind,
+    )

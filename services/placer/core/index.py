@@ -1,0 +1,124 @@
+"""The cluster as the framework reads it: nodes grouped by shape, with a tie-break rank each.
+
+Nodes with equal :class:`~.shape.NodeShape` pass the same filters and get the same scores, so the
+framework evaluates each *shape* once per request. A group keeps its nodes' tie-break ranks sorted;
+the group's best rank is the first. Only the node a decision lands on changes shape, so keeping
+the groups current costs one removal and one insertion per decision.
+
+Shapes are interned to small integers (``shape_id``) that never change meaning: the framework's
+per-request memo is keyed by them. The tie-break order is the caller's: node names sorted by
+default (the service), or a seeded permutation (the simulator, as in the FGD methodology).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from services.placer.core.ledger import Ledger
+from services.placer.core.model import NodeState, Reservation
+from services.placer.core.shape import NodeShape, node_shape
+
+
+class ClusterIndex:
+    """Mutable, pure (no I/O) index of node states by shape; see the module docstring."""
+
+    def __init__(self, nodes: Iterable[NodeState], *, order: Sequence[str] | None = None) -> None:
+        self._nodes: dict[str, NodeState] = {}
+        for node in nodes:
+            if node.name in self._nodes:
+                raise ValueError(f"node {node.name!r} appears twice")
+            self._nodes[node.name] = node
+        names = list(order) if order is not None else sorted(self._nodes)
+        if sorted(names) != sorted(self._nodes):
+            raise ValueError("the tie-break order must name every node exactly once")
+        self._names_by_rank: list[str] = names
+        self._rank: dict[str, int] = {name: rank for rank, name in enumerate(names)}
+        self.shapes: list[NodeShape] = []
+        self._shape_ids: dict[NodeShape, int] = {}
+        self._node_shape: dict[str, int] = {}
+        self.groups: dict[int, list[int]] = {}
+        """shape id -> sorted tie-break ranks of the nodes in that shape."""
+        self.ledger = Ledger()
+        self.memos: dict[object, dict[Any, dict[int, float | None]]] = {}
+        """Per profile: the framework's memo of (request, shape id) -> evaluation."""
+        self.memo_size = 0
+        for name in names:
+            self._enter(name, self._nodes[name])
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(self._nodes.values())
+
+    def node(self, name: str) -> NodeState:
+        return self._nodes[name]
+
+    def name_at(self, rank: int) -> str:
+        return self._names_by_rank[rank]
+
+    def rank_of(self, name: str) -> int:
+        return self._rank[name]
+
+    def shape_of(self, name: str) -> NodeShape:
+        return self.shapes[self._node_shape[name]]
+
+    def shape_id_of(self, name: str) -> int:
+        return self._node_shape[name]
+
+    # -- changing --------------------------------------------------------------------------------
+
+    def _intern(self, shape: NodeShape) -> int:
+        sid = self._shape_ids.get(shape)
+        if sid is None:
+            sid = self._shape_ids[shape] = len(self.shapes)
+            self.shapes.append(shape)
+        return sid
+
+    def _enter(self, name: str, node: NodeState) -> None:
+        sid = self._intern(node_shape(node))
+        self._node_shape[name] = sid
+        ranks = self.groups.get(sid)
+        if ranks is None:
+            self.groups[sid] = [self._rank[name]]
+        else:
+            bisect.insort(ranks, self._rank[name])
+
+    def _leave(self, name: str) -> None:
+        sid = self._node_shape.pop(name)
+        ranks = self.groups[sid]
+        del ranks[bisect.bisect_left(ranks, self._rank[name])]
+        if not ranks:
+            del self.groups[sid]
+
+    def put(self, node: NodeState) -> None:
+        """Replace a known node's state (new telemetry, health, cordon, group membership)."""
+        if node.name not in self._nodes:
+            raise KeyError(f"unknown node {node.name!r}")
+        self._leave(node.name)
+        self._nodes[node.name] = node
+        self._enter(node.name, node)
+
+    def reserve(self, reservation: Reservation) -> str | None:
+        """Book ``reservation`` through the ledger; None when booked (or already booked)."""
+        current = self._nodes.get(reservation.node)
+        if current is None:
+            return f"unknown node {reservation.node!r}"
+        booked = self.ledger.reserve(current, reservation)
+        if isinstance(booked, str):
+            return booked
+        if booked is not current:
+            self.put(booked)
+        return None
+
+    def release(self, pod_uid: str) -> bool:
+        """Give back ``pod_uid``'s reservation; False when it held none (idempotent)."""
+        reservation = self.ledger.get(pod_uid)
+        if reservation is None or reservation.node not in self._nodes:
+            return False
+        self.put(self.ledger.release(pod_uid, self._nodes[reservation.node]))
+        return True

@@ -1,0 +1,1 @@
+"""Placement plugins: one module per filter, score or GPU choice (see ``profiles.py`` for names)."""

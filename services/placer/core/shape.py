@@ -1,0 +1,97 @@
+"""Node shapes: the placement-relevant state of a node, without its identity.
+
+Filters and scores see a :class:`NodeShape`, never a :class:`~.model.NodeState`. Two nodes with the
+same shape therefore pass the same filters and get the same scores, which is what lets the
+framework evaluate each distinct shape once per request instead of every node (see ``index.py``);
+at 10,000 mostly similar nodes that is the difference between hundreds and thousands of decisions a
+second. What is *not* in a shape (GPU indices, UUIDs, topology, holders) only matters when choosing
+GPUs inside the node already chosen, which works on the real ``NodeState``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.placer.core.model import GPU_MILLI, GpuState, NodeState
+
+
+class GpuShape(msgspec.Struct, frozen=True, order=True, kw_only=True):
+    """A GPU as filters and scores see it. Ordered by free GPU milli first."""
+
+    free_milli: int
+    """Smaller of free compute and free memory, in thousandths of the GPU; 0 if unusable."""
+    model: str
+    memory_total_mib: int
+    memory_free_mib: int
+    core_milli_free: int
+    slots_free: int
+    """-1 = no slot limit."""
+    idle: bool
+    exclusive: bool
+    healthy: bool
+    utilization_pct: int
+    groups: tuple[str, ...]
+    """Sorted, so that shapes stay totally ordered."""
+
+
+def gpu_free_milli(gpu: GpuState) -> int:
+    """How much of ``gpu`` a new share could still use, in GPU milli (0 when it takes nothing)."""
+    if not gpu.healthy or gpu.exclusive:
+        return 0
+    memory_milli = (
+        gpu.memory_free_mib * GPU_MILLI // gpu.memory_total_mib if gpu.memory_total_mib else 0
+    )
+    return max(0, min(gpu.core_milli_free, memory_milli))
+
+
+def gpu_shape(gpu: GpuState) -> GpuShape:
+    return GpuShape(
+        free_milli=gpu_free_milli(gpu),
+        model=gpu.model,
+        memory_total_mib=gpu.memory_total_mib,
+        memory_free_mib=gpu.memory_free_mib,
+        core_milli_free=gpu.core_milli_free,
+        slots_free=gpu.slots_total - gpu.slots_reserved if gpu.slots_total else -1,
+        idle=gpu.idle,
+        exclusive=gpu.exclusive,
+        healthy=gpu.healthy,
+        utilization_pct=gpu.utilization_pct,
+        groups=tuple(sorted(gpu.groups)),
+    )
+
+
+class NodeShape(msgspec.Struct, frozen=True, kw_only=True):
+    """A node as filters and scores see it: free CPU and memory, its GPUs in canonical order."""
+
+    cpu_milli_free: int
+    memory_mib_free: int
+    cpu_milli_total: int
+    memory_mib_total: int
+    gpus: tuple[GpuShape, ...]
+    """Sorted ascending (least free first), so equal nodes have equal shapes."""
+    schedulable: bool
+    groups: frozenset[str]
+    gpu_task_kinds: tuple[tuple[str, int], ...]
+    free_milli: tuple[int, ...]
+    """``gpus[i].free_milli`` for each GPU, ascending: what the GPU-milli policies read."""
+    models: frozenset[str]
+
+    @property
+    def gpu_free_milli_total(self) -> int:
+        return sum(self.free_milli)
+
+
+def node_shape(node: NodeState) -> NodeShape:
+    gpus = tuple(sorted(gpu_shape(g) for g in node.gpus))
+    return NodeShape(
+        cpu_milli_free=node.cpu_milli_free,
+        memory_mib_free=node.memory_mib_free,
+        cpu_milli_total=node.cpu_milli_total,
+        memory_mib_total=node.memory_mib_total,
+        gpus=gpus,
+        schedulable=node.schedulable,
+        groups=node.groups,
+        gpu_task_kinds=node.gpu_task_kinds,
+        free_milli=tuple(g.free_milli for g in gpus),
+        models=frozenset(g.model for g in gpus),
+    )

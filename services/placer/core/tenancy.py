@@ -1,0 +1,217 @@
+"""Seed 001 put together: the live groups, permissions and quotas the placer decides with.
+
+:class:`Tenancy` holds the operator's current :class:`~.groups.TenancyConfig`, the resolved group
+membership and every tenant's usage. It is pure bookkeeping (no I/O, no clock), like the ledger;
+the service shell owns one and keeps it current:
+
+- ``configure(config, cluster)`` swaps the config *live*: membership is resolved again and written
+  onto the cluster's node states, so the very next decision uses it (no restart);
+- ``annotate(node)`` marks a node's groups before the shell stores new inventory for it;
+- ``decide(pod, cluster, profile, now=...)`` chooses the pod's group (label, best fit, or the
+  tenant's permitted set), runs the framework with the ``group`` filter and the ``quota``
+  PreFilter, and checks the exact quota once GPUs are chosen;
+- ``reserve(pod, decision, cluster)`` / ``release(uid, cluster)`` book and give back the
+  reservation in the ledger *and* the tenant's usage, both idempotent.
+
+``profile(base)`` is how a profile gets the two plugins: ``build_profile(spec,
+**tenancy.plugins())``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import msgspec
+
+from services.placer.core import framework
+from services.placer.core.facts import pod_facts
+from services.placer.core.groups import (
+    GroupChoice,
+    Membership,
+    TenancyConfig,
+    TenantQuota,
+    annotate,
+    choose_group,
+    resolve,
+)
+from services.placer.core.index import ClusterIndex
+from services.placer.core.model import (
+    Decision,
+    NodeState,
+    PodRequest,
+    Rejection,
+    RejectionReason,
+    Reservation,
+)
+from services.placer.core.plugins.groups import GroupFilter
+from services.placer.core.plugins.quota import QuotaPreFilter
+from services.placer.core.quota import TenantUsage, Usage, quota_reason, reservation_usage
+
+
+class _Nodes(Mapping[str, NodeState]):
+    """The cluster's node states as a read-only mapping by name."""
+
+    def __init__(self, cluster: ClusterIndex) -> None:
+        self._cluster = cluster
+
+    def __getitem__(self, name: str) -> NodeState:
+        return self._cluster.node(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (node.name for node in self._cluster)
+
+    def __len__(self) -> int:
+        return len(self._cluster)
+
+
+class Tenancy:
+    """Current groups, permissions and quotas, and each tenant's usage; see the module docstring."""
+
+    def __init__(
+        self,
+        config: TenancyConfig | None = None,
+        *,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        self.config = (config or TenancyConfig()).check()
+        self.node_labels: dict[str, Mapping[str, str]] = dict(node_labels or {})
+        self.usage = TenantUsage()
+        self._members: dict[str, dict[str, frozenset[int]]] = {}
+
+    # -- config ----------------------------------------------------------------------------------
+
+    def configure(
+        self,
+        config: TenancyConfig,
+        cluster: ClusterIndex,
+        *,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> int:
+        """Make ``config`` current and re-mark every node; returns how many nodes changed.
+
+        Usage is kept: a lower quota does not evict anything, it only stops new placements.
+        """
+        self.config = config.check()
+        if node_labels is not None:
+            self.node_labels = dict(node_labels)
+        self._members = {}
+        changed = 0
+        for node in list(cluster):
+            marked = self.annotate(node)
+            if marked is not node:
+                cluster.put(marked)
+                changed += 1
+        return changed
+
+    def annotate(self, node: NodeState, *, labels: Mapping[str, str] | None = None) -> NodeState:
+        """``node`` with its group memberships set from the current config."""
+        if labels is not None:
+            self.node_labels[node.name] = labels
+        for members in self._members.values():
+            members.pop(node.name, None)
+        mine = resolve(self.config, (node,), node_labels=self.node_labels)
+        for group, members in mine.groups.items():
+            self._members.setdefault(group, {}).update(members)
+        return annotate(node, mine)
+
+    @property
+    def membership(self) -> Membership:
+        return Membership(groups=self._members)
+
+    # -- QuotaSource -----------------------------------------------------------------------------
+
+    def quota_of(self, tenant: str) -> TenantQuota | None:
+        return self.config.quota_of(tenant)
+
+    def used(self, tenant: str) -> Usage:
+        return self.usage.used(tenant)
+
+    def plugins(self) -> dict[str, Any]:
+        """Keyword arguments for ``build_profile``: the group filter and the quota PreFilter."""
+        group = GroupFilter()
+        return {
+            "filters": (group,),
+            "gpu_filters": (group,),
+            "pre_filters": (QuotaPreFilter(self),),
+        }
+
+    # -- deciding --------------------------------------------------------------------------------
+
+    def choose(self, pod: PodRequest, cluster: ClusterIndex) -> GroupChoice:
+        return choose_group(pod_facts(pod), self.config, self.membership, _Nodes(cluster))
+
+    def decide(
+        self,
+        pod: PodRequest,
+        cluster: ClusterIndex,
+        profile: framework.Profile,
+        *,
+        now: float,
+        rng: random.Random | None = None,
+    ) -> Decision | Rejection:
+        """Place ``pod`` within its group, permissions and quota (nothing is booked yet).
+
+        ``profile`` must carry this tenancy's plugins (``build_profile(..., **plugins())``).
+        """
+        if pod_facts(pod).invalid:
+            return framework.decide(pod, cluster, profile, now=now, rng=rng)
+        choice = self.choose(pod, cluster)
+        if not choice.ok:
+            return Rejection(
+                pod_uid=pod.uid,
+                reasons=(RejectionReason(reason=choice.reason, nodes=len(cluster)),),
+                unresolvable=choice.unresolvable,
+                decided_at=now,
+            )
+        placed = (
+            pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
+        )
+        decision = framework.decide(placed, cluster, profile, now=now, rng=rng)
+        if isinstance(decision, Rejection):
+            return decision
+        reason = self._over_quota(pod.tenant, decision)
+        if reason:
+            return Rejection(
+                pod_uid=pod.uid,
+                reasons=(RejectionReason(reason=reason, nodes=1),),
+                decided_at=now,
+            )
+        return decision
+
+    def _over_quota(self, tenant: str, decision: Decision) -> str:
+        return quota_reason(
+            self.quota_of(tenant), self.used(tenant), reservation_usage(decision.reservation)
+        )
+
+    # -- booking ---------------------------------------------------------------------------------
+
+    def reserve(self, pod: PodRequest, decision: Decision, cluster: ClusterIndex) -> str | None:
+        """Book ``decision`` in the ledger and the tenant's usage; None when done (or already).
+
+        Either both are booked or neither: a quota refusal books nothing, a ledger refusal gives
+        the usage back.
+        """
+        reservation = decision.reservation
+        reason = self.usage.charge(pod.tenant, reservation, self.quota_of(pod.tenant))
+        if reason:
+            return reason
+        refused = cluster.reserve(reservation)
+        if refused is not None:
+            self.usage.refund(reservation.pod_uid)
+            return refused
+        return None
+
+    def adopt(self, tenant: str, reservation: Reservation) -> None:
+        """Count a reservation that already exists (the ledger after a restart) for ``tenant``.
+
+        No quota check: what is allocated stays allocated, even over a since-lowered quota.
+        """
+        self.usage.charge(tenant, reservation, None)
+
+    def release(self, pod_uid: str, cluster: ClusterIndex) -> bool:
+        """Give back ``pod_uid``'s reservation and usage; False when it held neither."""
+        refunded = self.usage.refund(pod_uid)
+        released = cluster.release(pod_uid)
+        return refunded or released

@@ -1,0 +1,1 @@
+"""``tessera simulate``: replay a pod trace through the placement core (FGD methodology)."""

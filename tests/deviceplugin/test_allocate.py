@@ -1,0 +1,397 @@
+"""Pure: which record an Allocate claims, the record's next state, the response, the refusals."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.deviceplugin import allocate
+from services.deviceplugin.allocate import (
+    Allocation,
+    ContainerGrant,
+    Mount,
+    RecordView,
+    Refusal,
+    ResponseOptions,
+)
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation
+from shared.messages.inventory import GpuTelemetry
+from tests.deviceplugin.builders import (
+    GPU_RESOURCE,
+    MEMORY_RESOURCE,
+    NODE,
+    container,
+    gpu,
+    record,
+    share,
+    uuid,
+)
+
+GPUS = {g.uuid: g for g in (gpu(0, memory_mib=16_384), gpu(1, memory_mib=24_576), gpu(2))}
+NOW = 1_700_000_500.0
+NO_ISOLATION = ResponseOptions()
+
+
+def ids(index: int, *ordinals: int) -> tuple[str, ...]:
+    return tuple(f"{uuid(index)}::{n}" for n in ordinals)
+
+
+ADVERTISED = frozenset(i for index in range(3) for i in ids(index, *range(8)))
+
+
+def views(*records: AssignmentRecord) -> list[RecordView]:
+    return [
+        RecordView(key=f"node.{r.pod_uid}", revision=n + 1, record=r) for n, r in enumerate(records)
+    ]
+
+
+def plan(
+    device_ids: tuple[str, ...],
+    *records: AssignmentRecord,
+    options: ResponseOptions = NO_ISOLATION,
+    gpus: dict[str, GpuTelemetry] = GPUS,
+    resource: str = GPU_RESOURCE,
+    advertised: frozenset[str] = ADVERTISED,
+) -> Allocation | Refusal:
+    return allocate.plan_allocation(
+        device_ids,
+        views(*records),
+        node=NODE,
+        resource=resource,
+        advertised=advertised,
+        gpus=gpus,
+        options=options,
+        now=NOW,
+        plugin_id="dp-test",
+    )
+
+
+def granted(result: Allocation | Refusal) -> Allocation:
+    assert isinstance(result, Allocation), result
+    return result
+
+
+# --- which record -------------------------------------------------------------------------------
+
+
+ONE_GPU = container("main", share(0))
+TWO_GPUS = container("main", share(0), share(1))
+
+
+@pytest.mark.parametrize(
+    ("records", "count", "expected_uid"),
+    [
+        pytest.param([record("a", ONE_GPU)], 1, "a", id="single"),
+        pytest.param(
+            [record("late", ONE_GPU, bound_at=200.0), record("early", ONE_GPU, bound_at=100.0)],
+            1,
+            "early",
+            id="oldest-bound-first",
+        ),
+        pytest.param(
+            [record("pair", TWO_GPUS, bound_at=100.0), record("one", ONE_GPU, bound_at=200.0)],
+            1,
+            "one",
+            id="size-must-match-exactly",
+        ),
+        pytest.param([record("r", ONE_GPU, state="reserved")], 1, None, id="reserved-not-yet"),
+        pytest.param([record("done", ONE_GPU, state="allocated")], 1, None, id="allocated-done"),
+        pytest.param([record("gone", ONE_GPU, state="released")], 1, None, id="released"),
+        pytest.param(
+            [
+                record(
+                    "multi",
+                    container("init", share(0)),
+                    container("main", share(1), share(2)),
+                    allocated=(
+                        ContainerAllocation(
+                            container="init", device_ids=ids(0, 0), allocated_at=1.0
+                        ),
+                    ),
+                )
+            ],
+            2,
+            "multi",
+            id="multi-container-next-is-second",
+        ),
+        pytest.param(
+            [record("cpu-first", container("sidecar"), container("main", share(0)))],
+            1,
+            "cpu-first",
+            id="container-without-devices-skipped",
+        ),
+        pytest.param(
+            [record("mem", container("main", share(0), devices=4096, resource=MEMORY_RESOURCE))],
+            1,
+            None,
+            id="other-resource-not-matched",
+        ),
+    ],
+)
+def test_pick_record(records: list[AssignmentRecord], count: int, expected_uid: str | None) -> None:
+    picked = allocate.pick_record(views(*records), count=count, resource=GPU_RESOURCE)
+    assert (picked.record.pod_uid if picked else None) == expected_uid
+
+
+# --- the next state ---------------------------------------------------------------------------
+
+
+def test_single_container_pod_becomes_allocated_with_event() -> None:
+    result = granted(plan(ids(2, 5), record("a", ONE_GPU)))
+    assert result.record.state == "allocated"
+    assert result.record.allocated_at == NOW
+    assert result.record.allocated == (
+        ContainerAllocation(container="main", device_ids=ids(2, 5), allocated_at=NOW),
+    )
+    assert result.claimed.revision == 1
+    assert result.event.complete and result.event.container == "main"
+    assert result.event.gpu_uuids == (uuid(0),)
+    assert result.event.device_ids == ids(2, 5)
+    assert result.event.plugin_id == "dp-test" and result.event.node == NODE
+
+
+def test_multi_container_pod_stays_bound_until_last_container() -> None:
+    pod = record(
+        "m",
+        container("first", share(0)),
+        container("sidecar"),
+        container("second", share(1), share(2)),
+    )
+    first = granted(plan(ids(0, 0), pod))
+    assert (first.container.container, first.record.state) == ("first", "bound")
+    assert not first.event.complete
+    second = granted(plan(ids(1, 0, 1), first.record))
+    assert (second.container.container, second.record.state) == ("second", "allocated")
+    assert [a.container for a in second.record.allocated] == ["first", "second"]
+    assert second.event.complete
+
+
+# --- the response -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "envs", "mounts"),
+    [
+        pytest.param(ResponseOptions(), {}, (), id="none"),
+        pytest.param(
+            ResponseOptions(isolation="mps", mps_pipe_dir="/run/mps"),
+            {
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{uuid(0)}=4096M,{uuid(1)}=2048M",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20",
+                "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+            },
+            (Mount(container_path="/tmp/nvidia-mps", host_path="/run/mps", read_only=False),),
+            id="mps",
+        ),
+        pytest.param(
+            ResponseOptions(isolation="hami-core", hami_core_library="/opt/hami/libvgpu.so"),
+            {
+                "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+                "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m",
+                "CUDA_DEVICE_SM_LIMIT": "20",
+                "LD_PRELOAD": "/usr/local/vgpu/libvgpu.so",
+            },
+            (Mount(container_path="/usr/local/vgpu/libvgpu.so", host_path="/opt/hami/libvgpu.so"),),
+            id="hami-core",
+        ),
+        pytest.param(
+            ResponseOptions(compat=frozenset({"volcano"})),
+            {"VOLCANO_GPU_ALLOCATED": "6144", "VOLCANO_GPU_MEMORY_TOTAL": "40960"},
+            (),
+            id="volcano-compat",
+        ),
+        pytest.param(
+            ResponseOptions(compat=frozenset({"aliyun"})),
+            {
+                "ALIYUN_COM_GPU_MEM_IDX": "0,1",
+                "ALIYUN_COM_GPU_MEM_POD": str(4096 + 2048 + 1000),
+                "ALIYUN_COM_GPU_MEM_CONTAINER": "6144",
+                "ALIYUN_COM_GPU_MEM_DEV": "16384,24576",
+            },
+            (),
+            id="aliyun-compat",
+        ),
+    ],
+)
+def test_response_per_isolation_provider_and_compat(
+    options: ResponseOptions, envs: dict[str, str], mounts: tuple[Mount, ...]
+) -> None:
+    pod = record(
+        "p",
+        container("main", share(0, memory_mib=4096, cores=30), share(1, memory_mib=2048, cores=20)),
+        container("other", share(2, memory_mib=1000)),
+    )
+    grant = granted(plan(ids(2, 0, 1), pod, options=options)).grant
+    assert grant == ContainerGrant(
+        envs={
+            "NVIDIA_VISIBLE_DEVICES": f"{uuid(0)},{uuid(1)}",
+            "TESSERA_GPU_MEMORY_LIMIT_MIB": "4096,2048",
+            "TESSERA_GPU_MEMORY_TOTAL_MIB": "16384,24576",
+            "TESSERA_GPU_CORES": "30,20",
+            **envs,
+        },
+        mounts=mounts,
+        annotations={"tessera.dev/pod-uid": "p", "tessera.dev/container": "main"},
+    )
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("device_ids", "records", "gpus", "kind", "says"),
+    [
+        pytest.param((), [record("a", ONE_GPU)], GPUS, "invalid", "no device IDs", id="empty"),
+        pytest.param(
+            ids(0, 1) * 2,
+            [record("a", TWO_GPUS)],
+            GPUS,
+            "invalid",
+            f"repeated: {uuid(0)}::1",
+            id="repeated",
+        ),
+        pytest.param(
+            ("GPU-other::9",),
+            [record("a", ONE_GPU)],
+            GPUS,
+            "invalid",
+            "never advertised: GPU-other::9",
+            id="never-advertised",
+        ),
+        pytest.param(
+            ids(0, 1),
+            [],
+            GPUS,
+            "no_record",
+            f"no bound assignment record on node {NODE} has a next container needing "
+            "exactly 1 tessera.dev/gpu device; no pod bound to this node is waiting",
+            id="no-record-at-all",
+        ),
+        pytest.param(
+            ids(0, 0, 1, 2, 3),
+            [record("a", TWO_GPUS)],
+            GPUS,
+            "no_record",
+            "exactly 4 tessera.dev/gpu devices; bound pods waiting: ml/pod-a container "
+            "main needs 2",
+            id="no-record-of-that-size",
+        ),
+        pytest.param(
+            ids(0, 1),
+            [record("a", ONE_GPU)],
+            {},
+            "unavailable",
+            f"names GPU {uuid(0)}, which the inventory of node {NODE} does not list",
+            id="decided-gpu-not-in-inventory",
+        ),
+        pytest.param(
+            ids(0, 1),
+            [record("a", container("main", devices=1))],
+            GPUS,
+            "invalid",
+            "has no GPU slices for container main",
+            id="record-without-slices",
+        ),
+    ],
+)
+def test_refusals_say_what_is_missing(
+    device_ids: tuple[str, ...],
+    records: list[AssignmentRecord],
+    gpus: dict[str, GpuTelemetry],
+    kind: str,
+    says: str,
+) -> None:
+    result = plan(device_ids, *records, gpus=gpus)
+    assert isinstance(result, Refusal)
+    assert result.kind == kind
+    assert says in result.message
+
+
+# --- PreStartContainer --------------------------------------------------------------------------
+
+
+ALLOCATED = record(
+    "s",
+    ONE_GPU,
+    state="allocated",
+    allocated=(ContainerAllocation(container="main", device_ids=ids(2, 3), allocated_at=1.0),),
+)
+
+
+@pytest.mark.parametrize(
+    ("device_ids", "gpus", "says"),
+    [
+        pytest.param(ids(2, 3), GPUS, None, id="healthy"),
+        pytest.param(
+            ids(2, 3),
+            {uuid(0): gpu(0, health="unhealthy", reason="XID 79")},
+            f"was allocated GPU {uuid(0)} (unhealthy: XID 79)",
+            id="gpu-turned-unhealthy",
+        ),
+        pytest.param(ids(2, 3), {}, "(not in the inventory)", id="gpu-gone"),
+        pytest.param(
+            ids(2, 4), GPUS, "no assignment record was allocated the devices", id="unknown-ids"
+        ),
+    ],
+)
+def test_pre_start_check(
+    device_ids: tuple[str, ...], gpus: dict[str, GpuTelemetry], says: str | None
+) -> None:
+    refusal = allocate.pre_start_check(device_ids, views(ALLOCATED), gpus=gpus)
+    if says is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and says in refusal.message
+
+
+# --- properties -------------------------------------------------------------------------------
+
+
+@st.composite
+def bound_records(draw: st.DrawFn) -> list[AssignmentRecord]:
+    count = draw(st.integers(0, 6))
+    records = []
+    for n in range(count):
+        sizes = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
+        containers = [
+            container(f"c{k}", *(share(i % 3) for i in range(size))) for k, size in enumerate(sizes)
+        ]
+        state = draw(st.sampled_from(["reserved", "bound", "bound", "allocated"]))
+        bound_at = draw(st.floats(1.0, 1000.0, allow_nan=False))
+        records.append(record(f"u{n}", *containers, state=state, bound_at=bound_at))
+    return records
+
+
+@given(
+    records=bound_records(),
+    picked_ordinals=st.lists(st.integers(0, 7), min_size=1, max_size=3, unique=True),
+    picked_gpu=st.integers(0, 2),
+)
+def test_any_claim_follows_the_oldest_matching_record(
+    records: list[AssignmentRecord], picked_ordinals: list[int], picked_gpu: int
+) -> None:
+    device_ids = ids(picked_gpu, *picked_ordinals)
+    result = plan(device_ids, *records)
+    matching = [
+        r
+        for r in records
+        if (c := allocate.next_container(r, GPU_RESOURCE)) is not None
+        and allocate.devices_needed(c, GPU_RESOURCE) == len(device_ids)
+    ]
+    if not matching:
+        assert isinstance(result, Refusal) and result.kind == "no_record"
+        return
+    claimed = granted(result)
+    oldest = min(matching, key=lambda r: (r.bound_at, r.decided_at, r.pod_uid))
+    assert claimed.claimed.record == oldest
+    # The response follows the record, whatever IDs the kubelet picked.
+    assert claimed.grant.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(
+        s.uuid for s in claimed.container.gpus
+    )
+    # One more container answered; the state only moves forward.
+    assert len(claimed.record.allocated) == len(oldest.allocated) + 1
+    waiting = allocate.device_containers(oldest, GPU_RESOURCE)
+    complete = len(claimed.record.allocated) == len(waiting)
+    assert claimed.record.state == ("allocated" if complete else "bound")
+    assert claimed.event.complete == complete

@@ -1,0 +1,223 @@
+"""The service shell over the real bus, without gRPC: claims that lose a compare-and-set, and
+device lists that are resent only when they change."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.deviceplugin.allocate import ContainerGrant, Refusal, ResponseOptions
+from services.deviceplugin.config import PluginConfig
+from services.deviceplugin.devices import DeviceConfig
+from services.deviceplugin.metrics import PluginMetrics
+from services.deviceplugin.service import DevicePluginService
+from shared import codec, subjects
+from shared.clock import Clock, SystemClock
+from shared.messages.allocations import AllocationEvent
+from shared.messages.assignments import AssignmentRecord
+from shared.runtime.bus import NatsBus
+from shared.runtime.edge import Edge
+from shared.runtime.health import Readiness
+from shared.runtime.metrics import EdgeMetrics
+from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
+from tests.deviceplugin.conftest import get_record, put_inventory, put_record, until
+from tests.harness.clock import FakeClock
+
+Competitor = Callable[[NatsBus, str, int], Awaitable[None]]
+
+
+class RacingBus:
+    """The real bus, except that another writer gets in just before the first compare-and-set."""
+
+    def __init__(self, bus: NatsBus, competitor: Competitor) -> None:
+        self._bus = bus
+        self._competitor: Competitor | None = competitor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+        competitor, self._competitor = self._competitor, None
+        if competitor is not None:
+            await competitor(self._bus, key, revision)
+        return await self._bus.kv_update(bucket, key, value, revision=revision)
+
+
+async def rewrite_unchanged(bus: NatsBus, key: str, revision: int) -> None:
+    """The binder touching the record (same content, new revision)."""
+    entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+    assert entry is not None
+    assert await bus.kv_update(subjects.KV_ASSIGNMENTS, key, entry.value, revision=revision)
+
+
+async def claim_first(bus: NatsBus, key: str, revision: int) -> None:
+    """A second plugin process claiming the record first."""
+    entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+    assert entry is not None
+    claimed = msgspec.structs.replace(
+        codec.decode(entry.value, AssignmentRecord), state="allocated"
+    )
+    assert await bus.kv_update(
+        subjects.KV_ASSIGNMENTS, key, codec.encode(claimed), revision=revision
+    )
+
+
+@contextlib.asynccontextmanager
+async def service_on(
+    bus: Any, clock: Clock | None = None
+) -> AsyncIterator[tuple[DevicePluginService, CollectorRegistry]]:
+    registry = CollectorRegistry()
+    clock = clock or SystemClock()
+    readiness = Readiness()
+    service = DevicePluginService(
+        config=PluginConfig(
+            node=NODE,
+            devices=DeviceConfig(),
+            response=ResponseOptions(),
+            plugin_dir=Path("/nonexistent"),
+            endpoint="unused.sock",
+            record_wait_s=0.2,
+            plugin_id="svc-test",
+        ),
+        bus=bus,
+        edge=Edge(bus=bus, metrics=EdgeMetrics.create(registry), clock=clock, service="dp"),
+        clock=clock,
+        metrics=PluginMetrics.create(registry),
+        readiness=readiness,
+    )
+    async with asyncio.TaskGroup() as group:
+        tasks = [
+            group.create_task(service.follow_records()),
+            group.create_task(service.follow_inventory()),
+        ]
+        await until(lambda: readiness.ready, what=f"service ready {readiness.report()}")
+        try:
+            yield service, registry
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+@pytest.mark.parametrize(
+    ("competitor", "granted", "state_after"),
+    [
+        pytest.param(rewrite_unchanged, True, "allocated", id="record-touched-then-claimed"),
+        pytest.param(claim_first, False, "allocated", id="other-plugin-won"),
+    ],
+)
+async def test_a_lost_compare_and_set_is_reread_and_planned_again(
+    bus: NatsBus, competitor: Competitor, granted: bool, state_after: str
+) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("raced", container("main", share(0))))
+    async with service_on(RacingBus(bus, competitor)) as (service, registry):
+        result = await service.allocate([(f"{uuid(0)}::0",)])
+    assert registry.get_sample_value("tessera_deviceplugin_claim_conflicts_total") == 1
+    stored = await get_record(bus, "raced")
+    assert stored.state == state_after
+    if granted:
+        assert isinstance(result, list) and isinstance(result[0], ContainerGrant)
+        assert len(stored.allocated) == 1
+    else:
+        assert isinstance(result, Refusal) and result.kind == "no_record"
+        assert stored.allocated == (), "the loser wrote nothing"
+
+
+async def test_device_list_is_resent_only_when_it_changes(bus: NatsBus) -> None:
+    first = inventory(gpu(0, memory_mib=4096))
+    await put_inventory(bus, first)
+    async with service_on(bus) as (service, _):
+        lists = service.device_lists()
+        initial = await anext(lists)
+        assert [d.health for d in initial] == ["Healthy", "Healthy"]
+        following = asyncio.ensure_future(anext(lists))
+        heartbeat = msgspec.structs.replace(first, observed_at=first.observed_at + 10, sequence=2)
+        await bus.publish(subjects.inventory(NODE), codec.encode(heartbeat))
+        await asyncio.sleep(0.3)
+        assert not following.done(), "an unchanged inventory sends no new list"
+        sick = inventory(gpu(0, memory_mib=4096, health="unhealthy"), at=first.observed_at + 20)
+        await bus.publish(subjects.inventory(NODE), codec.encode(sick))
+        changed = await asyncio.wait_for(following, 5)
+        assert [d.health for d in changed] == ["Unhealthy", "Unhealthy"]
+        stale = inventory(gpu(0, memory_mib=4096), at=first.observed_at + 15)
+        await bus.publish(subjects.inventory(NODE), codec.encode(stale))
+        await asyncio.sleep(0.2)
+        assert [d.health for d in service.devices] == ["Unhealthy", "Unhealthy"], (
+            "an older snapshot arriving late is ignored"
+        )
+        await lists.aclose()  # type: ignore[attr-defined]
+
+
+class FlakyPublishBus:
+    """The real bus, except that the first ``failures`` JetStream publishes fail."""
+
+    def __init__(self, bus: NatsBus, failures: int) -> None:
+        self._bus = bus
+        self.failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def js_publish(self, subject: str, data: bytes, **options: Any) -> int:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("JetStream unavailable (test)")
+        return await self._bus.js_publish(subject, data, **options)
+
+
+async def test_an_event_whose_publish_fails_is_retried_until_it_is_stored(
+    bus: NatsBus, clock: FakeClock
+) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("flaky", container("main", share(0))))
+    consumer = await bus.pull_consumer(
+        stream=subjects.STREAM_ALLOCATIONS, durable="flaky", subject=subjects.allocations(NODE)
+    )
+    flaky = FlakyPublishBus(bus, failures=2)
+    pending = "tessera_deviceplugin_allocation_events_pending"
+    async with service_on(flaky, clock) as (service, registry):
+        result = await service.allocate([(f"{uuid(0)}::0",)])
+        assert isinstance(result, list), "the answer does not wait for the event"
+        await until(lambda: flaky.failures == 1, what="the first attempt")
+        assert registry.get_sample_value(pending) == 1
+        await clock.advance(0.5)  # the first retry fails too
+        await until(lambda: flaky.failures == 0, what="the first retry")
+        assert await consumer.fetch(1, timeout=0.2) == []
+        await clock.advance(1.0)  # the second retry (after a doubled delay) is stored
+        [delivery] = await consumer.fetch(1, timeout=5)
+        assert codec.decode(delivery.data, AllocationEvent).pod_uid == "flaky"
+        await until(lambda: registry.get_sample_value(pending) == 0, what="nothing pending")
+    await consumer.close()
+
+
+class UnreachableKvBus:
+    """The real bus, except that compare-and-set fails as when NATS is unreachable."""
+
+    def __init__(self, bus: NatsBus) -> None:
+        self._bus = bus
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+        raise TimeoutError("nats: timeout")
+
+
+async def test_a_bus_failure_during_the_claim_is_a_refusal_not_a_crash(bus: NatsBus) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("down", container("main", share(0))))
+    async with service_on(UnreachableKvBus(bus)) as (service, _):
+        result = await service.allocate([(f"{uuid(0)}::0",)])
+    assert isinstance(result, Refusal) and result.kind == "unavailable"
+    assert result.message == (
+        f"cannot claim the assignment record {subjects.assignment_key(NODE, 'down')}: NATS "
+        "failed (TimeoutError: nats: timeout)"
+    )
+    assert (await get_record(bus, "down")).state == "bound"

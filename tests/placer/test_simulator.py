@@ -1,0 +1,189 @@
+"""The simulator: trace reading, workload tuning, metrics on hand-checked traces, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.placer.core.fragmentation import TypicalTask
+from services.placer.core.profiles import build_profile
+from services.placer.sim.replay import Curves, replay
+from services.placer.sim.trace import TraceError, TraceNode, TraceTask, load_nodes, load_tasks
+from services.placer.sim.workload import node_order, tuned_tasks, typical_tasks
+from tessera.cli import main
+
+
+def share(name: str, milli: int, cpu: int = 1_000) -> TraceTask:
+    return TraceTask(name=name, cpu_milli=cpu, memory_mib=1_000, gpu_count=1, gpu_milli=milli)
+
+
+TWO_NODES = [
+    TraceNode(name="n1", cpu_milli=8_000, memory_mib=64_000, gpus=1, model="A"),
+    TraceNode(name="n2", cpu_milli=8_000, memory_mib=64_000, gpus=1, model="A"),
+]
+ONLY_600 = (TypicalTask(cpu_milli=1_000, gpu_count=1, gpu_milli=600, weight=1),)
+
+
+def test_replay_metrics_by_hand() -> None:
+    # Capacity 2000 milli. Binpack, ties to n1: 600 -> n1, 600 -> n2, 600 fails, 200 -> n1.
+    # Arrived 600/1200/1800/2000 -> buckets 30/60/90/100; allocated 600/1200/1200/1400.
+    # Fragments for a 600 task: n1 400 free (stranded), n2 1000 (fits): 400 -> 800 -> 800 -> 600.
+    tasks = [share("a", 600), share("b", 600), share("c", 600), share("d", 200)]
+    result = replay(
+        TWO_NODES, tasks, build_profile("binpack"), order=["n1", "n2"], typical=ONLY_600, seed=1
+    )
+    assert result.failed == 1
+    assert result.curves.buckets() == [30, 60, 90, 100]
+    assert result.curves.alloc_at(60) == pytest.approx(60)
+    assert result.curves.alloc_at(90) == pytest.approx(60)
+    assert 100 - result.curves.alloc_at(100) == pytest.approx(30)  # type: ignore[operator]
+    assert result.curves.frag_at(30) == pytest.approx(20)
+    assert result.curves.frag_at(100) == pytest.approx(30)
+
+
+def test_curve_falls_back_to_neighbouring_buckets() -> None:
+    curves = Curves()
+    curves.add(30, 10.0, 1.0)
+    curves.add(32, 20.0, 3.0)
+    assert curves.alloc_at(31) == pytest.approx(15)
+    assert curves.frag_at(31) == pytest.approx(2)
+    assert curves.alloc_at(50) is None
+
+
+@pytest.mark.parametrize(
+    ("original", "expected_tasks"),
+    [
+        pytest.param([share("a", 500), share("b", 500)], 2, id="next-clone-would-overshoot"),
+        pytest.param([share("a", 100)], 13, id="clones-up-to-130-percent"),
+        pytest.param(
+            [
+                TraceTask(name=f"w{i}", cpu_milli=1, memory_mib=1, gpu_count=1, gpu_milli=1000)
+                for i in range(3)
+            ],
+            1,
+            id="over-target-drops-tasks",
+        ),
+    ],
+)
+def test_tuning_to_130_percent(original: list[TraceTask], expected_tasks: int) -> None:
+    tasks = tuned_tasks(original, 1_000, seed=3)
+    assert len(tasks) == expected_tasks
+    assert sum(t.total_gpu_milli for t in tasks) <= 1_300
+
+
+def test_shuffle_and_node_order_depend_on_the_seed_only() -> None:
+    original = [share(f"t{i}", 100 + i) for i in range(50)]
+    assert tuned_tasks(original, 10_000, seed=1) == tuned_tasks(original, 10_000, seed=1)
+    assert tuned_tasks(original, 10_000, seed=1) != tuned_tasks(original, 10_000, seed=2)
+    nodes = [
+        TraceNode(name=f"n{i}", cpu_milli=1, memory_mib=1, gpus=1, model="") for i in range(20)
+    ]
+    assert sorted(node_order(nodes, seed=5)) == sorted(n.name for n in nodes)
+    assert node_order(nodes, seed=5) != node_order(nodes, seed=6)
+
+
+def test_typical_tasks_cover_95_percent() -> None:
+    original = [share(f"a{i}", 500) for i in range(90)] + [share(f"b{i}", 300) for i in range(6)]
+    original += [share(f"c{i}", 200) for i in range(4)]
+    mix = typical_tasks(original)
+    # 90 % < 95 %, so the second spec is kept (96 %); the third is not.
+    assert [(t.gpu_milli, round(t.weight, 4)) for t in mix] == [
+        (500, round(90 / 96, 4)),
+        (300, round(6 / 96, 4)),
+    ]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_trace_files_load(tmp_path: Path) -> None:
+    nodes = write(
+        tmp_path / "nodes.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\nb,64000,1000,2,T4\na,32000,1000,0,\n",
+    )
+    pods = write(
+        tmp_path / "pods.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np2,1000,10,1,500,T4|A10\np1,2000,10,0,0,\n",
+    )
+    assert load_nodes(nodes) == [
+        TraceNode(name="b", cpu_milli=64_000, memory_mib=1_000, gpus=2, model="T4")
+    ]
+    first, second = load_tasks(pods)
+    assert first.name == "p1" and first.gpu_count == 0
+    assert second.models == ("T4", "A10")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(
+            "name,cpu_milli\np,1\n",
+            "missing column(s) memory_mib, num_gpu, gpu_milli",
+            id="columns",
+        ),
+        pytest.param(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,lots,1,0,0\n",
+            "pods.csv:2: column 'cpu_milli': 'lots' is not a number",
+            id="number",
+        ),
+        pytest.param(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,2,500\n",
+            "a multi-GPU task must ask for whole GPUs",
+            id="multi-gpu-share",
+        ),
+        pytest.param("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n", "no tasks", id="empty"),
+    ],
+)
+def test_malformed_pod_csv(tmp_path: Path, content: str, message: str) -> None:
+    path = write(tmp_path / "pods.csv", content)
+    with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_tasks(path)
+
+
+def test_cli_json_on_the_builtin_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--policy", "fgd,bestfit", "--seeds", "1-2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fgd = out["policies"]["fgd"]
+    assert fgd["seeds"] == [1, 2]
+    assert set(fgd["unallocated_pct_at_100"]) == {"mean", "median"}
+    assert 0 < fgd["unallocated_pct_at_100"]["mean"] < 20
+    assert fgd["tasks"] > 800
+    assert fgd["wall_s"] > 0
+    assert set(out["policies"]) == {"fgd", "bestfit"}
+
+
+def test_cli_table_and_parallel_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--policy", "packing", "--seeds", "3,4", "--jobs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "packing" in out and "unalloc@100" in out and "seeds 3-4" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--trace", "/nonexistent/pods.csv"], "no such file", id="missing-trace"),
+        pytest.param(["--nodes", "x.csv"], "--nodes needs --trace", id="nodes-without-trace"),
+        pytest.param(["--jobs", "0"], "--jobs must be at least 1", id="jobs"),
+        pytest.param(
+            ["--plot", "out.png"], "--plot needs matplotlib", id="plot-without-matplotlib"
+        ),
+    ],
+)
+def test_cli_clear_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_cli_rejects_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["simulate", "--policy", "fgd,best"])
+    assert stop.value.code == 2
+    assert "unknown policy best" in capsys.readouterr().err
