@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -10,11 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from services.deviceplugin.command import DevicePluginSettings, build_config
+from shared import codec, subjects
 from shared.config import ConfigError
-from shared.runtime.bus import NatsBus
+from shared.messages.deadletter import DeadLetter
+from shared.runtime.bus import Delivery, NatsBus
 from tests.deviceplugin.builders import NODE, gpu, inventory
 from tests.deviceplugin.conftest import put_inventory
 from tests.deviceplugin.fake_kubelet import FakeKubelet
@@ -169,6 +173,26 @@ async def test_the_real_process_registers_and_stops_cleanly_on_sigterm(
             assert line, f"the plugin exited: {b''.join(logged).decode()[-2000:]}"
             logged.append(line)
         assert (plugin_dir / "tessera-logical.sock").exists()
+
+        # A malformed message on the live service's subject is dead-lettered with its reason,
+        # and the service keeps serving /healthz.
+        started = next(json.loads(line) for line in logged if b'"service starting"' in line)
+        letters: asyncio.Queue[Delivery] = asyncio.Queue()
+
+        async def collect(delivery: Delivery) -> None:
+            await letters.put(delivery)
+
+        await bus.subscribe(subjects.deadletter("inventory"), collect)
+        await bus.publish(subjects.inventory(NODE), b'{"node": 7}')
+        letter = codec.decode((await asyncio.wait_for(letters.get(), 10)).data, DeadLetter)
+        assert letter.subject == subjects.inventory(NODE)
+        assert "Expected `str`, got `int` - at `$.node`" in letter.reason
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{started['http_port']}/healthz") as response,
+        ):
+            assert response.status == 200
+        assert process.returncode is None
     finally:
         process.send_signal(signal.SIGTERM)
         try:
