@@ -273,7 +273,7 @@ def _plot(results: Sequence[ReplayResult], policies: Sequence[str], path: Path, 
 COMMAND = Command(
     name="simulate",
     summary="replay a pod trace through the placement core and compare policies",
-    description=__doc__ or "",
+    description=(__doc__ or "").replace("``", ""),
     configure=configure,
     run=run,
 )
