@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
@@ -31,6 +32,22 @@ class TypicalTask(msgspec.Struct, frozen=True, kw_only=True):
     models: tuple[str, ...] = ()
     """Allowed GPU models; empty = any."""
     weight: float
+
+
+Key = TypeVar("Key")
+
+MEMO_LIMIT = 500_000
+"""States memoised before the memo starts over (a long-running placer must not grow without end)."""
+
+
+class BoundedMemo(dict[Key, float]):
+    """Fragmentation values by node state; cleared once it holds :data:`MEMO_LIMIT` states."""
+
+    def put(self, key: Key, value: float) -> float:
+        if len(self) >= MEMO_LIMIT:
+            self.clear()
+        self[key] = value
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +79,7 @@ class FragmentationModel:
             for t in listed
         )
         self._cpu_levels = sorted({t.cpu_milli for t in listed})
-        self._memo: dict[tuple[frozenset[str], int, tuple[int, ...]], float] = {}
+        self._memo = BoundedMemo[tuple[frozenset[str], int, tuple[int, ...]]]()
 
     def node(self, models: frozenset[str], cpu_milli_free: int, free_milli: Sequence[int]) -> float:
         """``F_n`` for a node with these GPU models, free CPU and per-GPU free milli (any order)."""
@@ -70,7 +87,7 @@ class FragmentationModel:
         key = (models, bisect.bisect_right(self._cpu_levels, cpu_milli_free), ordered)
         value = self._memo.get(key)
         if value is None:
-            value = self._memo[key] = self._compute(models, cpu_milli_free, ordered)
+            value = self._memo.put(key, self._compute(models, cpu_milli_free, ordered))
         return value
 
     def _compute(self, models: frozenset[str], cpu_free: int, free: tuple[int, ...]) -> float:

@@ -8,7 +8,7 @@ the known values. Built-in profiles:
 ============ ===================================================== ===========
 profile      node score                                            GPU choice
 ============ ===================================================== ===========
-tessera      FGD (the best measured so far; see the note below)    fgd
+tessera      FGD over CPU-fed fragmentation (``cpu_fgd.py``)       fgd-cpu
 fgd          FGD (integer, as in the paper)                        fgd
 bestfit      BestFit                                               binpack
 dotprod      DotProd                                               binpack
@@ -45,6 +45,7 @@ from services.placer.core.plugins.balance import BalanceArgs, BalanceScore
 from services.placer.core.plugins.bestfit import BestFitScore
 from services.placer.core.plugins.binpack import BinpackScore
 from services.placer.core.plugins.clustering import ClusteringScore
+from services.placer.core.plugins.cpu_fgd import CpuFedFragmentation
 from services.placer.core.plugins.dotprod import DotProdScore
 from services.placer.core.plugins.fgd import FgdScore
 from services.placer.core.plugins.fit import GpuModel, NodeFit
@@ -84,6 +85,8 @@ DEFAULT_TYPICAL_TASKS: tuple[TypicalTask, ...] = (
 @dataclass(frozen=True)
 class BuildContext:
     fragmentation: FragmentationModel
+    cpu_fed: FragmentationModel
+    """The same task mix, counting only GPUs the node's free CPU can feed (``cpu_fgd.py``)."""
     gpu_filters: tuple[GpuFilter, ...]
 
 
@@ -122,6 +125,21 @@ def _fgd(args: Mapping[str, Any], context: BuildContext) -> Score:
     return FgdScore(model, gpu_filters=context.gpu_filters, exact=exact, step=step)
 
 
+def _fgd_cpu(args: Mapping[str, Any], context: BuildContext) -> Score:
+    unknown = set(args) - {"unfed_weight"}
+    if unknown:
+        raise ProfileError(
+            f"unknown argument(s) {', '.join(sorted(unknown))} (known: unfed_weight)"
+        )
+    if "unfed_weight" not in args:
+        return FgdScore(context.cpu_fed, gpu_filters=context.gpu_filters)
+    weight = args["unfed_weight"]
+    if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 <= weight <= 1:
+        raise ProfileError("argument 'unfed_weight' must be a number in 0..1")
+    model = CpuFedFragmentation(context.fragmentation.tasks, unfed_weight=weight)
+    return FgdScore(model, gpu_filters=context.gpu_filters)
+
+
 def _balanced(args: Mapping[str, Any], context: BuildContext) -> Score:
     try:
         parsed = msgspec.convert(dict(args), BalanceArgs)
@@ -141,6 +159,7 @@ SCORES: dict[str, Callable[[Mapping[str, Any], BuildContext], Score]] = {
     "spread": _no_args(SpreadScore),
     "balanced": _balanced,
     "fgd": _fgd,
+    "fgd-cpu": _fgd_cpu,
     "bestfit": _no_args(BestFitScore),
     "dotprod": _no_args(DotProdScore),
     "packing": _no_args(PackingScore),
@@ -148,7 +167,9 @@ SCORES: dict[str, Callable[[Mapping[str, Any], BuildContext], Score]] = {
 }
 
 
-def _choosers(fragmentation: FragmentationModel) -> dict[str, GpuChooser]:
+def _choosers(
+    fragmentation: FragmentationModel, cpu_fed: FragmentationModel
+) -> dict[str, GpuChooser]:
     return {
         "binpack": gpu_choice.Binpack(),
         "spread": gpu_choice.Spread(),
@@ -157,6 +178,7 @@ def _choosers(fragmentation: FragmentationModel) -> dict[str, GpuChooser]:
         "topology": gpu_choice.Topology(),
         "fgd": gpu_choice.Fgd(fragmentation),
         "fgd-exact": gpu_choice.Fgd(fragmentation, exact=True),
+        "fgd-cpu": gpu_choice.Fgd(cpu_fed),
         "random": gpu_choice.Random(),
     }
 
@@ -169,6 +191,7 @@ GPU_CHOICES = (
     "topology",
     "fgd",
     "fgd-exact",
+    "fgd-cpu",
     "random",
 )
 TIE_BREAKS = ("rank", "random")
@@ -181,11 +204,11 @@ def _one(plugin: str, weight: float = 1.0, **args: Any) -> ScoreSpec:
 BUILTIN: dict[str, ProfileSpec] = {
     spec.name: spec
     for spec in (
-        # Tessera's default. Every variant measured so far (exact or coarser FGD scores, packing,
-        # BestFit or spread tie-breaks, demand-weighted task mix, other GPU choices) did worse
-        # than or no better than the paper's FGD on the default trace (benchmarks/RESULTS.md),
-        # so the default is FGD as published until something beats it.
-        ProfileSpec(name="tessera", scores=(_one("fgd"),), gpu_choice="fgd"),
+        # Tessera's default: FGD's integer score and seed-order tie-break, but over the CPU-fed
+        # fragmentation measure (free GPUs count as usable only as far as free CPU can feed
+        # them), for the score and the GPU choice alike. It beats the paper's FGD on the
+        # default trace and every variant (benchmarks/RESULTS.md, with what else was tried).
+        ProfileSpec(name="tessera", scores=(_one("fgd-cpu"),), gpu_choice="fgd-cpu"),
         ProfileSpec(name="fgd", scores=(_one("fgd"),), gpu_choice="fgd"),
         ProfileSpec(name="bestfit", scores=(_one("bestfit"),)),
         ProfileSpec(name="dotprod", scores=(_one("dotprod"),)),
@@ -208,7 +231,8 @@ def _compile(
     filters: tuple[Filter, ...],
     pre_filters: tuple[PreFilter, ...],
 ) -> Profile:
-    context = BuildContext(fragmentation=fragmentation, gpu_filters=gpu_filters)
+    cpu_fed = CpuFedFragmentation(fragmentation.tasks)
+    context = BuildContext(fragmentation=fragmentation, cpu_fed=cpu_fed, gpu_filters=gpu_filters)
     scores: list[tuple[Score, float]] = []
     for entry in spec.scores:
         factory = SCORES.get(entry.plugin)
@@ -235,7 +259,7 @@ def _compile(
         raise ProfileError(
             f"profile {spec.name!r}: unknown tie-break {spec.tie_break!r} (known: rank, random)"
         )
-    choosers = _choosers(fragmentation)
+    choosers = _choosers(fragmentation, cpu_fed)
     tie_break: TieBreak = "random" if spec.tie_break == "random" else "rank"
     return Profile(
         name=spec.name,
