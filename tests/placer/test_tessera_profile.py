@@ -1,4 +1,4 @@
-"""The ``tessera`` profile: FGD over CPU-fed fragmentation, against values worked out by hand."""
+"""CPU-fed fragmentation (``fgd-cpu``, the ``tessera`` profile before ``fgd-fed``), by hand."""
 
 from __future__ import annotations
 
@@ -163,8 +163,9 @@ def test_cpu_only_pod_goes_where_it_strands_no_gpu(profile: str, expected_node: 
     assert outcome.node == expected_node
 
 
-def test_tessera_profile_scores_and_chooses_gpus_on_cpu_fed_fragmentation() -> None:
-    profile = build_profile("tessera", typical_tasks=WHOLE)
+def test_fgd_cpu_profile_scores_and_chooses_gpus_on_cpu_fed_fragmentation() -> None:
+    spec = ProfileSpec(name="p", scores=(ScoreSpec(plugin="fgd-cpu"),), gpu_choice="fgd-cpu")
+    profile = build_profile(spec, typical_tasks=WHOLE)
     [(score, weight)] = profile.scores
     assert (score.name, weight) == ("fgd", 1.0)
     assert isinstance(score, FgdScore)

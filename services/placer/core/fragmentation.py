@@ -13,6 +13,7 @@ simulator's cluster metric ask for the same few thousand states again and again.
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -32,6 +33,8 @@ class TypicalTask(msgspec.Struct, frozen=True, kw_only=True):
     models: tuple[str, ...] = ()
     """Allowed GPU models; empty = any."""
     weight: float
+    memory_mib: int = 0
+    """Typical memory ask, 0 = unknown (read by ``plugins/fed_fgd.py``; FGD ignores it)."""
 
 
 Key = TypeVar("Key")
@@ -149,4 +152,28 @@ def typical_mix(
             weight=count / covered,
         )
         for (cpu, gpu_milli, gpu_count, models), count in kept
+    )
+
+
+def with_median_memory(
+    mix: Iterable[TypicalTask], tasks: Iterable[tuple[int, int, int, tuple[str, ...], int]]
+) -> tuple[TypicalTask, ...]:
+    """``mix`` with each typical task's ``memory_mib`` set to the median (low) memory of its spec.
+
+    ``tasks`` yields ``(cpu_milli, gpu_milli, gpu_count, models, memory_mib)`` per task, the same
+    tasks :func:`typical_mix` counted; GPU milli above a whole GPU is capped as there.
+    """
+    memory: dict[tuple[int, int, int, tuple[str, ...]], list[int]] = {}
+    for cpu, gpu_milli, gpu_count, models, memory_mib in tasks:
+        memory.setdefault((cpu, min(gpu_milli, GPU_MILLI), gpu_count, models), []).append(
+            memory_mib
+        )
+    return tuple(
+        msgspec.structs.replace(
+            t,
+            memory_mib=statistics.median_low(
+                memory.get((t.cpu_milli, t.gpu_milli, t.gpu_count, t.models), [0])
+            ),
+        )
+        for t in mix
     )

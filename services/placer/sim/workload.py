@@ -4,7 +4,8 @@
   GPU capacity by appending uniformly drawn clones until the next one would overshoot (or, for a
   trace above the target, by dropping random tasks until it fits).
 - Node tie-break order: a permutation of the nodes drawn with the seed.
-- Typical tasks: the most frequent specs of the *original* trace covering 95 % of it.
+- Typical tasks: the most frequent specs of the *original* trace covering 95 % of it, each with
+  the median memory of its spec's tasks (read only by the ``fgd-fed`` measure).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from services.placer.core.fragmentation import TypicalTask, typical_mix
+from services.placer.core.fragmentation import TypicalTask, typical_mix, with_median_memory
 from services.placer.sim.trace import TraceNode, TraceTask
 
 
@@ -65,4 +66,7 @@ def node_order(nodes: Sequence[TraceNode], *, seed: int) -> list[str]:
 
 
 def typical_tasks(original: Sequence[TraceTask]) -> tuple[TypicalTask, ...]:
-    return typical_mix((t.cpu_milli, t.gpu_milli, t.gpu_count, t.models) for t in original)
+    mix = typical_mix((t.cpu_milli, t.gpu_milli, t.gpu_count, t.models) for t in original)
+    return with_median_memory(
+        mix, ((t.cpu_milli, t.gpu_milli, t.gpu_count, t.models, t.memory_mib) for t in original)
+    )

@@ -18,8 +18,8 @@ more often; benchmarks/RESULTS.md). With CPU to spare (``k`` at least the number
 the value equals FGD's, and it is never smaller.
 
 The FGD score (``plugins/fgd.py``) and the FGD GPU choice use this model unchanged through the
-:class:`FragmentationModel` interface: profile ``tessera`` = FGD's integer score and
-seed-order tie-break over this measure.
+:class:`FragmentationModel` interface (plugin and GPU choice ``fgd-cpu``). Profile ``tessera``
+used it until ``fed_fgd.py`` (``fgd-fed``) extended it with memory and a fill tie-break.
 """
 
 from __future__ import annotations
