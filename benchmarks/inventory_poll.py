@@ -34,8 +34,11 @@ async def core_per_poll(gpus: int, polls: int = 2000) -> tuple[float, int]:
     readings = []
     for step in range(polls):
         for index in range(gpus):
-            reader.set_load(index, utilization_pct=(step + index) % 7,
-                            memory_used_mib=1000 + (step * 37 + index) % 200)
+            reader.set_load(
+                index,
+                utilization_pct=(step + index) % 7,
+                memory_used_mib=1000 + (step * 37 + index) % 200,
+            )
         readings.append(await reader.read())
     policy = snapshot.Policy()
     state = snapshot.InventoryState()
@@ -43,9 +46,14 @@ async def core_per_poll(gpus: int, polls: int = 2000) -> tuple[float, int]:
     size = 0
     for step, reading in enumerate(readings):
         state = snapshot.apply_reading(state, reading, now=step * 2.0, policy=policy)
-        publication = snapshot.next_publication(state, node="bench-node", backend="fake",
-                                                observed_at=step * 2.0, now=step * 2.0,
-                                                policy=policy)
+        publication = snapshot.next_publication(
+            state,
+            node="bench-node",
+            backend="fake",
+            observed_at=step * 2.0,
+            now=step * 2.0,
+            policy=policy,
+        )
         if publication.reason is not None:
             state = publication.state
             size = len(codec.encode(publication.inventory))
@@ -57,9 +65,15 @@ async def nvml_read(gpus: int, reads: int = 200) -> float:
     directory = Path(tempfile.mkdtemp(prefix="nvml-bench-"))
     stub = NvmlStub(
         library=build_stub(directory),
-        gpus=[StubGpu(uuid=f"GPU-bench-{i}", bus_id=f"00000000:{0x10 + i:02X}:00.0",
-                      nvlinks=tuple((link, (i + 1) % gpus) for link in range(4)),
-                      processes=((1000 + i, 512),)) for i in range(gpus)],
+        gpus=[
+            StubGpu(
+                uuid=f"GPU-bench-{i}",
+                bus_id=f"00000000:{0x10 + i:02X}:00.0",
+                nvlinks=tuple((link, (i + 1) % gpus) for link in range(4)),
+                processes=((1000 + i, 512),),
+            )
+            for i in range(gpus)
+        ],
         topology={(a, b): 10 for a in range(gpus) for b in range(gpus) if a != b},
     )
     stub.write()
@@ -79,8 +93,10 @@ async def main() -> None:
     for gpus in (1, 8, 16):
         rounds = [await core_per_poll(gpus) for _ in range(ROUNDS)]
         per_poll = median_us([seconds for seconds, _ in rounds])
-        print(f"core: {gpus:2d} GPUs: {per_poll:7.1f} us per poll (apply_reading + "
-              f"next_publication); snapshot {rounds[0][1]} bytes")
+        print(
+            f"core: {gpus:2d} GPUs: {per_poll:7.1f} us per poll (apply_reading + "
+            f"next_publication); snapshot {rounds[0][1]} bytes"
+        )
     per_read = median_us([await nvml_read(8) for _ in range(ROUNDS)])
     print(f"nvml adapter over the C stub: 8 GPUs: {per_read / 1000:.2f} ms per read")
 

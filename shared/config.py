@@ -56,9 +56,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     log_level: Annotated[
         Literal["debug", "info", "warning", "error"], msgspec.Meta(description="log level")
     ] = "info"
-    log_format: Annotated[
-        Literal["json", "text"], msgspec.Meta(description="log line format")
-    ] = "json"
+    log_format: Annotated[Literal["json", "text"], msgspec.Meta(description="log line format")] = (
+        "json"
+    )
 
 
 def env_var(field: str) -> str:
@@ -120,15 +120,22 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[Settings])
         )
         if _is_bool(hint):
             parser.add_argument(
-                option(name), dest=name, default=None,
-                action=argparse.BooleanOptionalAction, help=help_text,
+                option(name),
+                dest=name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=help_text,
             )
             continue
         metavar = "A,B,..." if _is_sequence(hint) else name.upper()
         choices = _choices(hint)
         parser.add_argument(
-            option(name), dest=name, default=None, metavar=None if choices else metavar,
-            choices=choices, help=help_text,
+            option(name),
+            dest=name,
+            default=None,
+            metavar=None if choices else metavar,
+            choices=choices,
+            help=help_text,
         )
 
 
@@ -224,7 +231,9 @@ def load_settings(
             continue
         cli_layer[name] = _coerce_text(value, hints[name]) if isinstance(value, str) else value
     _validate_layer(
-        cls, cli_layer, {name: f"{option(name)} (command line)" for name in cli_layer},
+        cls,
+        cli_layer,
+        {name: f"{option(name)} (command line)" for name in cli_layer},
         "the command line",
     )
     merged.update(cli_layer)
@@ -240,8 +249,10 @@ class NodeSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
     node: Annotated[
         str,
-        msgspec.Meta(description="Kubernetes node this process serves (the chart sets NODE_NAME "
-                                 "from spec.nodeName)"),
+        msgspec.Meta(
+            description="Kubernetes node this process serves (the chart sets NODE_NAME "
+            "from spec.nodeName)"
+        ),
     ] = ""
 
 

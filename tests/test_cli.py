@@ -17,7 +17,11 @@ SERVICES = ("inventory", "placer", "binder", "deviceplugin")
 def tessera(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tessera.cli", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
 
 
@@ -50,8 +54,7 @@ def test_configuration_error_is_one_line_and_exit_2() -> None:
     result = tessera("binder", "--http-port", "not-a-port")
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "tessera binder: configuration error: --http-port (command line): "
-        "Expected `int`, got `str`"
+        "tessera binder: configuration error: --http-port (command line): Expected `int`, got `str`"
     )
     assert "Traceback" not in result.stderr
 

@@ -31,38 +31,49 @@ class InventorySettings(NodeSettings, frozen=True, kw_only=True, forbid_unknown_
 
     backend: Annotated[
         Literal["nvml", "fake"],
-        msgspec.Meta(description="where GPU readings come from: nvml (the driver) or fake "
-                                 "(simulated GPUs, see --fake-gpus / --fake-spec)"),
+        msgspec.Meta(
+            description="where GPU readings come from: nvml (the driver) or fake "
+            "(simulated GPUs, see --fake-gpus / --fake-spec)"
+        ),
     ] = "nvml"
     fake_gpus: Annotated[
         str,
-        msgspec.Meta(description="fake GPUs as COUNTxMODEL-MEMORY groups, comma-separated, e.g. "
-                                 "4xA100-80GB or 2xA100-80GB,1xT4-16GB (with --backend fake)"),
+        msgspec.Meta(
+            description="fake GPUs as COUNTxMODEL-MEMORY groups, comma-separated, e.g. "
+            "4xA100-80GB or 2xA100-80GB,1xT4-16GB (with --backend fake)"
+        ),
     ] = ""
     fake_spec: Annotated[
         str,
-        msgspec.Meta(description="TOML or JSON file describing fake GPUs, scripted load and "
-                                 "health events (with --backend fake)"),
+        msgspec.Meta(
+            description="TOML or JSON file describing fake GPUs, scripted load and "
+            "health events (with --backend fake)"
+        ),
     ] = ""
     nvml_library: Annotated[
         str,
-        msgspec.Meta(description="path of libnvidia-ml.so.1 when it is not on the library "
-                                 "path; empty = let the loader find it"),
+        msgspec.Meta(
+            description="path of libnvidia-ml.so.1 when it is not on the library "
+            "path; empty = let the loader find it"
+        ),
     ] = ""
     poll_interval_s: Annotated[
         float, msgspec.Meta(gt=0, description="seconds between two reads of every GPU")
     ] = 2.0
     heartbeat_interval_s: Annotated[
         float,
-        msgspec.Meta(gt=0, description="publish at least this often (seconds) even when "
-                                       "nothing changed beyond the deadbands"),
+        msgspec.Meta(
+            gt=0,
+            description="publish at least this often (seconds) even when "
+            "nothing changed beyond the deadbands",
+        ),
     ] = 30.0
     deadband_memory_mib: Annotated[
         int, msgspec.Meta(ge=0, description="used-memory change (MiB) that is still noise")
     ] = 256
     deadband_utilization_pct: Annotated[
-        int, msgspec.Meta(ge=0, le=100, description="utilisation change (points) that is "
-                                                    "still noise")
+        int,
+        msgspec.Meta(ge=0, le=100, description="utilisation change (points) that is still noise"),
     ] = 5
     deadband_temperature_c: Annotated[
         int, msgspec.Meta(ge=0, description="temperature change (C) that is still noise")
@@ -72,14 +83,21 @@ class InventorySettings(NodeSettings, frozen=True, kw_only=True, forbid_unknown_
     ] = 15.0
     health_probe_period_s: Annotated[
         float,
-        msgspec.Meta(gt=0, description="an unhealthy GPU is probed again this many seconds "
-                                       "after its last fault and is healthy again if it "
-                                       "answers normally"),
+        msgspec.Meta(
+            gt=0,
+            description="an unhealthy GPU is probed again this many seconds "
+            "after its last fault and is healthy again if it "
+            "answers normally",
+        ),
     ] = 60.0
     event_wait_timeout_s: Annotated[
         float,
-        msgspec.Meta(gt=0, le=60, description="longest single wait for an NVML health event "
-                                              "(seconds); bounds how long a stop waits for it"),
+        msgspec.Meta(
+            gt=0,
+            le=60,
+            description="longest single wait for an NVML health event "
+            "(seconds); bounds how long a stop waits for it",
+        ),
     ] = 1.0
 
 

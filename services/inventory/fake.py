@@ -201,8 +201,9 @@ class FakeReader:
         if processes is not None:
             gpu.processes = processes
 
-    def inject(self, index: int, *, kind: Literal["xid", "ecc_double_bit"] = "xid",
-               xid: int = 79) -> None:
+    def inject(
+        self, index: int, *, kind: Literal["xid", "ecc_double_bit"] = "xid", xid: int = 79
+    ) -> None:
         """Deliver a health event for GPU ``index`` through :meth:`wait_event`."""
         code = xid if kind == "xid" else 0
         self._events.put_nowait(HealthEvent(uuid=self._gpus[index].uuid, kind=kind, code=code))

@@ -58,11 +58,13 @@ _LEVELS: Final[dict[int, TopologyLevel]] = {
 
 # A query the GPU or driver does not offer leaves its field at a default; any other error means
 # the GPU did not answer normally.
-_UNAVAILABLE: Final = frozenset({
-    pynvml.NVML_ERROR_NOT_SUPPORTED,
-    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
-    pynvml.NVML_ERROR_NO_PERMISSION,
-})
+_UNAVAILABLE: Final = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+    }
+)
 
 _FAKE_HINT: Final = "run with --backend fake to simulate GPUs"
 
@@ -89,9 +91,7 @@ def normalize_bus_id(bus_id: str) -> str:
     try:
         domain, bus, rest = bus_id.strip().split(":")
         device, function = rest.split(".")
-        return (
-            f"{int(domain, 16):08x}:{int(bus, 16):02x}:{int(device, 16):02x}.{int(function, 16)}"
-        )
+        return f"{int(domain, 16):08x}:{int(bus, 16):02x}:{int(device, 16):02x}.{int(function, 16)}"
     except ValueError:
         return bus_id.strip().lower()
 
@@ -160,8 +160,9 @@ class NvmlReader:
         try:
             self._event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as error:
-            log.warning("NVML events unavailable; health comes from reads only",
-                        extra={"error": str(error)})
+            log.warning(
+                "NVML events unavailable; health comes from reads only", extra={"error": str(error)}
+            )
 
     async def close(self) -> None:
         if self._closed:
@@ -324,8 +325,9 @@ class NvmlReader:
                 -1,
             )
             nvlinks = 1 if status == pynvml.NVML_P2P_STATUS_OK else 0
-        return GpuLink(peer_uuid=peer_uuid, level=_LEVELS.get(level_code, "unknown"),
-                       nvlinks=nvlinks)
+        return GpuLink(
+            peer_uuid=peer_uuid, level=_LEVELS.get(level_code, "unknown"), nvlinks=nvlinks
+        )
 
     # --- health events ------------------------------------------------------------------------
 
@@ -340,8 +342,9 @@ class NvmlReader:
             try:
                 pynvml.nvmlDeviceRegisterEvents(handle, HEALTH_EVENT_TYPES, self._event_set)
             except pynvml.NVMLError as error:
-                log.warning("GPU health events unavailable", extra={"uuid": uuid,
-                                                                     "error": str(error)})
+                log.warning(
+                    "GPU health events unavailable", extra={"uuid": uuid, "error": str(error)}
+                )
         self._registered = present
 
     async def wait_event(self, timeout_s: float) -> HealthEvent | None:
@@ -368,7 +371,9 @@ class NvmlReader:
             try:
                 uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
             except pynvml.NVMLError as error:
-                log.warning("health event from an unknown GPU",
-                            extra={"error": str(error), "event_type": data.eventType})
+                log.warning(
+                    "health event from an unknown GPU",
+                    extra={"error": str(error), "event_type": data.eventType},
+                )
                 return None
         return HealthEvent(uuid=uuid, kind=kind, code=int(data.eventData) if kind == "xid" else 0)

@@ -55,32 +55,51 @@ class InventoryMetrics:
     def create(cls, registry: CollectorRegistry) -> InventoryMetrics:
         gpu = ["uuid", "index", "model"]
         return cls(
-            memory_used_mib=Gauge("tessera_gpu_memory_used_mib", "GPU memory in use (MiB).",
-                                  gpu, registry=registry),
-            memory_total_mib=Gauge("tessera_gpu_memory_total_mib", "GPU memory in all (MiB).",
-                                   gpu, registry=registry),
-            utilization_pct=Gauge("tessera_gpu_utilization_percent",
-                                  "GPU compute utilisation (%).", gpu, registry=registry),
-            temperature_c=Gauge("tessera_gpu_temperature_celsius", "GPU temperature (C).", gpu,
-                                registry=registry),
-            power_w=Gauge("tessera_gpu_power_watts", "GPU power draw (W).", gpu,
-                          registry=registry),
-            health=Gauge("tessera_gpu_health",
-                         "1 for the GPU's current health state (healthy, unhealthy, gone).",
-                         [*gpu, "state"], registry=registry),
-            events=Counter("tessera_gpu_health_events_total",
-                           "Health events from the GPU backend, by kind, code and whether they "
-                           "marked the GPU unhealthy.", ["kind", "code", "outcome"],
-                           registry=registry),
-            publications=Counter("tessera_inventory_publications_total",
-                                 "Inventory snapshots published, by reason.", ["reason"],
-                                 registry=registry),
-            read_failures=Counter("tessera_inventory_read_failures_total",
-                                  "Reads of the node's GPUs that failed as a whole.",
-                                  registry=registry),
-            publish_failures=Counter("tessera_inventory_publish_failures_total",
-                                     "Snapshots that could not be sent to NATS (retried at the "
-                                     "next poll).", registry=registry),
+            memory_used_mib=Gauge(
+                "tessera_gpu_memory_used_mib", "GPU memory in use (MiB).", gpu, registry=registry
+            ),
+            memory_total_mib=Gauge(
+                "tessera_gpu_memory_total_mib", "GPU memory in all (MiB).", gpu, registry=registry
+            ),
+            utilization_pct=Gauge(
+                "tessera_gpu_utilization_percent",
+                "GPU compute utilisation (%).",
+                gpu,
+                registry=registry,
+            ),
+            temperature_c=Gauge(
+                "tessera_gpu_temperature_celsius", "GPU temperature (C).", gpu, registry=registry
+            ),
+            power_w=Gauge("tessera_gpu_power_watts", "GPU power draw (W).", gpu, registry=registry),
+            health=Gauge(
+                "tessera_gpu_health",
+                "1 for the GPU's current health state (healthy, unhealthy, gone).",
+                [*gpu, "state"],
+                registry=registry,
+            ),
+            events=Counter(
+                "tessera_gpu_health_events_total",
+                "Health events from the GPU backend, by kind, code and whether they "
+                "marked the GPU unhealthy.",
+                ["kind", "code", "outcome"],
+                registry=registry,
+            ),
+            publications=Counter(
+                "tessera_inventory_publications_total",
+                "Inventory snapshots published, by reason.",
+                ["reason"],
+                registry=registry,
+            ),
+            read_failures=Counter(
+                "tessera_inventory_read_failures_total",
+                "Reads of the node's GPUs that failed as a whole.",
+                registry=registry,
+            ),
+            publish_failures=Counter(
+                "tessera_inventory_publish_failures_total",
+                "Snapshots that could not be sent to NATS (retried at the next poll).",
+                registry=registry,
+            ),
         )
 
     def show(self, inventory: NodeInventory) -> None:
@@ -174,8 +193,13 @@ class InventoryService:
         log.log(
             logging.WARNING if reason else logging.INFO,
             "GPU health event",
-            extra={"uuid": event.uuid, "kind": event.kind, "code": event.code,
-                   "outcome": outcome, "reason": reason or ""},
+            extra={
+                "uuid": event.uuid,
+                "kind": event.kind,
+                "code": event.code,
+                "outcome": outcome,
+                "reason": reason or "",
+            },
         )
         async with self._lock:
             self._state = snapshot.apply_event(
@@ -207,11 +231,17 @@ class InventoryService:
             await asyncio.shield(self._send(data))
         except Exception as error:  # NATS down or slow: keep reading; decided again next poll
             self._metrics.publish_failures.inc()
-            log.warning("cannot publish the inventory", extra={
-                "error": f"{type(error).__name__}: {error}"})
+            log.warning(
+                "cannot publish the inventory", extra={"error": f"{type(error).__name__}: {error}"}
+            )
             return
         self._state = publication.state
         self._metrics.publications.labels(publication.reason).inc()
-        log.debug("inventory published", extra={
-            "reason": publication.reason, "sequence": publication.inventory.sequence,
-            "gpus": len(publication.inventory.gpus)})
+        log.debug(
+            "inventory published",
+            extra={
+                "reason": publication.reason,
+                "sequence": publication.inventory.sequence,
+                "gpus": len(publication.inventory.gpus),
+            },
+        )

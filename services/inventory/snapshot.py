@@ -262,8 +262,17 @@ def _process_memory(gpu: GpuTelemetry) -> dict[int, int]:
 def gpu_changed(before: GpuTelemetry, after: GpuTelemetry, deadbands: Deadbands) -> bool:
     """True when ``after`` differs from ``before`` by more than noise."""
     discrete = (
-        "index", "model", "memory_total_mib", "sm_clock_max_mhz", "pci_bus_id", "numa_node",
-        "nvlink_peers", "links", "mig_enabled", "health", "health_reason",
+        "index",
+        "model",
+        "memory_total_mib",
+        "sm_clock_max_mhz",
+        "pci_bus_id",
+        "numa_node",
+        "nvlink_peers",
+        "links",
+        "mig_enabled",
+        "health",
+        "health_reason",
     )
     if any(getattr(before, name) != getattr(after, name) for name in discrete):
         return True
@@ -331,8 +340,7 @@ def next_publication(
     candidate = build_inventory(
         state, node=node, backend=backend, observed_at=observed_at, sequence=state.sequence + 1
     )
-    reason = publish_reason(state.published, state.published_at, candidate, now=now,
-                            policy=policy)
+    reason = publish_reason(state.published, state.published_at, candidate, now=now, policy=policy)
     if reason is None:
         return Publication(inventory=candidate, reason=None, state=state)
     after = msgspec.structs.replace(

@@ -8,9 +8,7 @@ from shared.messages.base import Message
 
 GpuHealthState = Literal["healthy", "unhealthy", "gone"]
 
-TopologyLevel = Literal[
-    "internal", "single", "multiple", "hostbridge", "node", "system", "unknown"
-]
+TopologyLevel = Literal["internal", "single", "multiple", "hostbridge", "node", "system", "unknown"]
 """NVML's common-ancestor level between two GPUs, nearest first."""
 
 

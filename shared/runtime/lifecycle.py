@@ -116,14 +116,18 @@ async def run_service(
     bus: Bus | None = None
     failed = False
     try:
-        bus = await _connect_until_stopped(connect, settings.nats_url, f"tessera-{name}", stop,
-                                           clock)
+        bus = await _connect_until_stopped(
+            connect, settings.nats_url, f"tessera-{name}", stop, clock
+        )
         if bus is None:
             return 0
         connected_bus = bus
         readiness.probe(
-            "nats", lambda: (connected_bus.connected, "" if connected_bus.connected else
-                             "disconnected; reconnecting")
+            "nats",
+            lambda: (
+                connected_bus.connected,
+                "" if connected_bus.connected else "disconnected; reconnecting",
+            ),
         )
         context = ServiceContext(
             name=name,

@@ -99,9 +99,11 @@ async def asleep(
         await asyncio.sleep(0.005)
 
 
-POLICY = Policy(heartbeat_s=300.0, probe_after_s=60.0,
-                deadbands=Deadbands(memory_mib=256, utilization_pct=5, temperature_c=3,
-                                    power_w=15.0))
+POLICY = Policy(
+    heartbeat_s=300.0,
+    probe_after_s=60.0,
+    deadbands=Deadbands(memory_mib=256, utilization_pct=5, temperature_c=3, power_w=15.0),
+)
 
 
 def harness(
@@ -116,9 +118,15 @@ def harness(
     registry = CollectorRegistry()
     readiness = Readiness()
     service = InventoryService(
-        reader=reader, bus=bus, clock=clock, node=NODE, policy=policy,
-        poll_interval_s=poll_interval_s, event_wait_timeout_s=event_wait_timeout_s,
-        metrics=InventoryMetrics.create(registry), readiness=readiness,
+        reader=reader,
+        bus=bus,
+        clock=clock,
+        node=NODE,
+        policy=policy,
+        poll_interval_s=poll_interval_s,
+        event_wait_timeout_s=event_wait_timeout_s,
+        metrics=InventoryMetrics.create(registry),
+        readiness=readiness,
     )
     return Harness(service=service, registry=registry, readiness=readiness, clock=clock)
 

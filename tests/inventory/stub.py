@@ -25,8 +25,19 @@ def build_stub(directory: Path) -> Path:
     gcc = shutil.which("gcc") or "/usr/bin/gcc"
     library = directory / SONAME
     subprocess.run(
-        [gcc, "-O1", "-Wall", "-Werror", "-shared", "-fPIC", f"-Wl,-soname,{SONAME}",
-         "-o", str(library), str(SOURCE), "-lpthread"],
+        [
+            gcc,
+            "-O1",
+            "-Wall",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            f"-Wl,-soname,{SONAME}",
+            "-o",
+            str(library),
+            str(SOURCE),
+            "-lpthread",
+        ],
         check=True,
         capture_output=True,
     )
@@ -85,12 +96,19 @@ class NvmlStub:
         lines.extend(f"p2p_nvlink {a} {b}" for a, b in self.p2p_nvlink)
         for index, gpu in enumerate(self.gpus):
             settings: list[tuple[str, object]] = [
-                ("uuid", gpu.uuid), ("name", gpu.name), ("bus_id", gpu.bus_id),
-                ("mem_total_mib", gpu.memory_total_mib), ("mem_used_mib", gpu.memory_used_mib),
-                ("util", gpu.utilization_pct), ("temp", gpu.temperature_c),
-                ("power_mw", gpu.power_mw), ("power_unsupported", int(gpu.power_unsupported)),
-                ("sm_clock", gpu.sm_clock_mhz), ("sm_clock_max", gpu.sm_clock_max_mhz),
-                ("mig", int(gpu.mig)), ("lost", int(gpu.lost)),
+                ("uuid", gpu.uuid),
+                ("name", gpu.name),
+                ("bus_id", gpu.bus_id),
+                ("mem_total_mib", gpu.memory_total_mib),
+                ("mem_used_mib", gpu.memory_used_mib),
+                ("util", gpu.utilization_pct),
+                ("temp", gpu.temperature_c),
+                ("power_mw", gpu.power_mw),
+                ("power_unsupported", int(gpu.power_unsupported)),
+                ("sm_clock", gpu.sm_clock_mhz),
+                ("sm_clock_max", gpu.sm_clock_max_mhz),
+                ("mig", int(gpu.mig)),
+                ("lost", int(gpu.lost)),
             ]
             if gpu.numa_node is not None:
                 settings.append(("numa", gpu.numa_node))

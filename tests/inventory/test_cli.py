@@ -39,13 +39,31 @@ def clean_environment(**extra: str) -> dict[str, str]:
 
 
 def inventory_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tessera.cli", "inventory", "--log-format", "text",
-            "--http-host", "127.0.0.1", "--http-port", "0", *args]
+    return [
+        sys.executable,
+        "-m",
+        "tessera.cli",
+        "inventory",
+        "--log-format",
+        "text",
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        "0",
+        *args,
+    ]
 
 
 def run_to_exit(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(inventory_command(*args), env=clean_environment(**env), cwd=ROOT,
-                          capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run(
+        inventory_command(*args),
+        env=clean_environment(**env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 def stop(process: subprocess.Popen[str]) -> tuple[int, float, str]:
@@ -68,8 +86,14 @@ def started() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def spawn(started: list[subprocess.Popen[str]], *args: str, **env: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen(inventory_command(*args), env=clean_environment(**env), cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        inventory_command(*args),
+        env=clean_environment(**env),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     started.append(process)
     return process
 
@@ -78,12 +102,26 @@ async def test_fake_backend_publishes_heartbeats_and_stops_cleanly_on_sigterm(
     nats_server: NatsServer, bus: NatsBus, started: list[subprocess.Popen[str]]
 ) -> None:
     inbox = await Inbox(bus, NODE).start()
-    process = spawn(started, "--backend", "fake", "--fake-gpus", "2xA100-80GB,1xT4-16GB",
-                    "--nats-url", nats_server.url, "--poll-interval-s", "0.1",
-                    "--heartbeat-interval-s", "0.5", NODE_NAME=NODE)
+    process = spawn(
+        started,
+        "--backend",
+        "fake",
+        "--fake-gpus",
+        "2xA100-80GB,1xT4-16GB",
+        "--nats-url",
+        nats_server.url,
+        "--poll-interval-s",
+        "0.1",
+        "--heartbeat-interval-s",
+        "0.5",
+        NODE_NAME=NODE,
+    )
     first = await inbox.next(timeout=20)
     assert (first.node, first.backend, [g.model for g in first.gpus]) == (
-        NODE, "fake", ["A100-80GB", "A100-80GB", "T4-16GB"])
+        NODE,
+        "fake",
+        ["A100-80GB", "A100-80GB", "T4-16GB"],
+    )
     beat = await inbox.next(timeout=5)  # nothing changes: the next one is the heartbeat
     assert beat.sequence == first.sequence + 1
     assert 0.4 <= beat.observed_at - first.observed_at < 3
@@ -98,16 +136,27 @@ async def test_fake_backend_publishes_heartbeats_and_stops_cleanly_on_sigterm(
 
 
 async def test_nvml_backend_finds_the_library_by_name(
-    nats_server: NatsServer, bus: NatsBus, nvml_stub: NvmlStub,
+    nats_server: NatsServer,
+    bus: NatsBus,
+    nvml_stub: NvmlStub,
     started: list[subprocess.Popen[str]],
 ) -> None:
     """No --nvml-library: pynvml loads libnvidia-ml.so.1 through the library path, as on a node."""
     inbox = await Inbox(bus, NODE).start()
-    process = spawn(started, "--nats-url", nats_server.url, "--node", NODE,
-                    LD_LIBRARY_PATH=str(nvml_stub.directory))
+    process = spawn(
+        started,
+        "--nats-url",
+        nats_server.url,
+        "--node",
+        NODE,
+        LD_LIBRARY_PATH=str(nvml_stub.directory),
+    )
     first = await inbox.next(timeout=20)
     assert (first.backend, first.driver_version, [g.uuid for g in first.gpus]) == (
-        "nvml", "550.54.15", [GPU_A, GPU_B])
+        "nvml",
+        "550.54.15",
+        [GPU_A, GPU_B],
+    )
     code, seconds, stderr = stop(process)
     assert (code, "Traceback" in stderr) == (0, False), stderr
     assert seconds < 5
@@ -147,26 +196,55 @@ def test_no_node_name_is_a_configuration_error() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        pytest.param(["--backend", "fake"], "--backend fake needs exactly one of --fake-gpus "
-                     "(e.g. 4xA100-80GB) or --fake-spec FILE", id="fake-without-gpus"),
-        pytest.param(["--backend", "fake", "--fake-gpus", "1xA100-80GB", "--fake-spec", "x.toml"],
-                     "--backend fake needs exactly one of --fake-gpus (e.g. 4xA100-80GB) or "
-                     "--fake-spec FILE", id="fake-with-both"),
-        pytest.param(["--fake-gpus", "1xA100-80GB"], "--fake-gpus and --fake-spec need "
-                     "--backend fake", id="fake-gpus-without-fake-backend"),
-        pytest.param(["--backend", "fake", "--fake-gpus", "lots"], "--fake-gpus: cannot read "
-                     "'lots': expected COUNTxMODEL-MEMORY, for example 4xA100-80GB or "
-                     "2xA100-80GB,1xT4-16GB", id="bad-shorthand"),
-        pytest.param(["--backend", "fake", "--fake-spec", "/nonexistent/spec.toml"],
-                     "--fake-spec: cannot read /nonexistent/spec.toml: No such file or directory",
-                     id="missing-spec"),
-        pytest.param(["--backend", "fake", "--fake-gpus", "1xA100-80GB", "--poll-interval-s", "5",
-                      "--heartbeat-interval-s", "2"], "--heartbeat-interval-s (2.0) must not be "
-                     "shorter than --poll-interval-s (5.0): the heartbeat is checked at each poll",
-                     id="heartbeat-shorter-than-poll"),
-        pytest.param(["--backend", "fake", "--fake-gpus", "1xA100-80GB", "--poll-interval-s",
-                      "0"], "--poll-interval-s (command line): Expected `float` > 0.0",
-                     id="zero-poll-interval"),
+        pytest.param(
+            ["--backend", "fake"],
+            "--backend fake needs exactly one of --fake-gpus "
+            "(e.g. 4xA100-80GB) or --fake-spec FILE",
+            id="fake-without-gpus",
+        ),
+        pytest.param(
+            ["--backend", "fake", "--fake-gpus", "1xA100-80GB", "--fake-spec", "x.toml"],
+            "--backend fake needs exactly one of --fake-gpus (e.g. 4xA100-80GB) or "
+            "--fake-spec FILE",
+            id="fake-with-both",
+        ),
+        pytest.param(
+            ["--fake-gpus", "1xA100-80GB"],
+            "--fake-gpus and --fake-spec need --backend fake",
+            id="fake-gpus-without-fake-backend",
+        ),
+        pytest.param(
+            ["--backend", "fake", "--fake-gpus", "lots"],
+            "--fake-gpus: cannot read "
+            "'lots': expected COUNTxMODEL-MEMORY, for example 4xA100-80GB or "
+            "2xA100-80GB,1xT4-16GB",
+            id="bad-shorthand",
+        ),
+        pytest.param(
+            ["--backend", "fake", "--fake-spec", "/nonexistent/spec.toml"],
+            "--fake-spec: cannot read /nonexistent/spec.toml: No such file or directory",
+            id="missing-spec",
+        ),
+        pytest.param(
+            [
+                "--backend",
+                "fake",
+                "--fake-gpus",
+                "1xA100-80GB",
+                "--poll-interval-s",
+                "5",
+                "--heartbeat-interval-s",
+                "2",
+            ],
+            "--heartbeat-interval-s (2.0) must not be "
+            "shorter than --poll-interval-s (5.0): the heartbeat is checked at each poll",
+            id="heartbeat-shorter-than-poll",
+        ),
+        pytest.param(
+            ["--backend", "fake", "--fake-gpus", "1xA100-80GB", "--poll-interval-s", "0"],
+            "--poll-interval-s (command line): Expected `float` > 0.0",
+            id="zero-poll-interval",
+        ),
     ],
 )
 def test_configuration_errors(
@@ -178,13 +256,20 @@ def test_configuration_errors(
 
 
 def test_help_documents_every_setting() -> None:
-    result = subprocess.run([sys.executable, "-m", "tessera.cli", "inventory", "--help"],
-                            env=clean_environment(), cwd=ROOT, capture_output=True, text=True,
-                            timeout=30, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "tessera.cli", "inventory", "--help"],
+        env=clean_environment(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     help_text = " ".join(result.stdout.split())
     for option, env in [
         ("--backend {nvml,fake}", "TESSERA_BACKEND"),
-        ("--fake-gpus", "TESSERA_FAKE_GPUS"), ("--fake-spec", "TESSERA_FAKE_SPEC"),
+        ("--fake-gpus", "TESSERA_FAKE_GPUS"),
+        ("--fake-spec", "TESSERA_FAKE_SPEC"),
         ("--nvml-library", "TESSERA_NVML_LIBRARY"),
         ("--poll-interval-s", "TESSERA_POLL_INTERVAL_S"),
         ("--heartbeat-interval-s", "TESSERA_HEARTBEAT_INTERVAL_S"),
@@ -205,4 +290,5 @@ def test_settings_come_from_the_environment_too() -> None:
     result = run_to_exit(NODE_NAME=NODE, TESSERA_BACKEND="fake", TESSERA_FAKE_GPUS="nonsense")
     assert result.returncode == EXIT_CONFIG_ERROR
     assert result.stderr.startswith(
-        "tessera inventory: configuration error: --fake-gpus: cannot read 'nonsense'")
+        "tessera inventory: configuration error: --fake-gpus: cannot read 'nonsense'"
+    )

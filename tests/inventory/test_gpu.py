@@ -35,11 +35,19 @@ asyncio.run(main())
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is None,
-                    reason="no NVIDIA driver (libnvidia-ml) on this machine")
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is None,
+    reason="no NVIDIA driver (libnvidia-ml) on this machine",
+)
 def test_reads_the_real_gpus() -> None:
-    result = subprocess.run([sys.executable, "-c", READ_REAL_GPUS], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", READ_REAL_GPUS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     print(result.stdout)  # quoted in the closing note when a GPU machine runs this
     reading = json.loads(result.stdout)["reading"]

@@ -40,22 +40,43 @@ async def reader(nvml_stub: NvmlStub) -> AsyncIterator[NvmlReader]:
 
 
 EXPECTED_A = GpuReading(
-    uuid=GPU_A, index=0, model="NVIDIA A100-SXM4-80GB",
-    memory_total_mib=81920, memory_used_mib=1024, memory_free_mib=80896,
-    utilization_pct=37, temperature_c=41, power_w=123.456, sm_clock_mhz=1410,
-    sm_clock_max_mhz=1410, pci_bus_id="00000000:07:00.0", numa_node=0,
+    uuid=GPU_A,
+    index=0,
+    model="NVIDIA A100-SXM4-80GB",
+    memory_total_mib=81920,
+    memory_used_mib=1024,
+    memory_free_mib=80896,
+    utilization_pct=37,
+    temperature_c=41,
+    power_w=123.456,
+    sm_clock_mhz=1410,
+    sm_clock_max_mhz=1410,
+    pci_bus_id="00000000:07:00.0",
+    numa_node=0,
     links=(GpuLink(peer_uuid=GPU_B, level="single", nvlinks=2),),
     mig_enabled=True,
-    processes=(GpuProcess(pid=4242, used_memory_mib=2048), GpuProcess(pid=4343,
-                                                                      used_memory_mib=512)),
+    processes=(
+        GpuProcess(pid=4242, used_memory_mib=2048),
+        GpuProcess(pid=4343, used_memory_mib=512),
+    ),
 )
 EXPECTED_B = GpuReading(
-    uuid=GPU_B, index=1, model="NVIDIA A100-SXM4-40GB",
-    memory_total_mib=40960, memory_used_mib=0, memory_free_mib=40960,
-    utilization_pct=0, temperature_c=33, power_w=55.0, sm_clock_mhz=210,
-    sm_clock_max_mhz=1395, pci_bus_id="00000000:0A:00.0", numa_node=1,
+    uuid=GPU_B,
+    index=1,
+    model="NVIDIA A100-SXM4-40GB",
+    memory_total_mib=40960,
+    memory_used_mib=0,
+    memory_free_mib=40960,
+    utilization_pct=0,
+    temperature_c=33,
+    power_w=55.0,
+    sm_clock_mhz=210,
+    sm_clock_max_mhz=1395,
+    pci_bus_id="00000000:0A:00.0",
+    numa_node=1,
     links=(GpuLink(peer_uuid=GPU_A, level="single", nvlinks=2),),
-    mig_enabled=False, processes=(),
+    mig_enabled=False,
+    processes=(),
 )
 
 
@@ -70,7 +91,10 @@ async def test_a_changed_gpu_is_read_again(reader: NvmlReader, nvml_stub: NvmlSt
     nvml_stub.update(0, memory_used_mib=50_000, utilization_pct=99, processes=((7, 48_000),))
     gpu = (await reader.read()).gpus[0]
     assert (gpu.memory_used_mib, gpu.memory_free_mib, gpu.utilization_pct, gpu.processes) == (
-        50_000, 31_920, 99, (GpuProcess(pid=7, used_memory_mib=48_000),)
+        50_000,
+        31_920,
+        99,
+        (GpuProcess(pid=7, used_memory_mib=48_000),),
     )
 
 
@@ -124,7 +148,9 @@ async def test_queries_a_gpu_does_not_offer_keep_their_defaults(nvml_stub: NvmlS
     finally:
         await reader.close()
     assert (gpu_b.power_w, gpu_b.numa_node, gpu_b.links) == (
-        0.0, None, (GpuLink(peer_uuid=GPU_A, level="single", nvlinks=0),)
+        0.0,
+        None,
+        (GpuLink(peer_uuid=GPU_A, level="single", nvlinks=0),),
     )
 
 
@@ -153,8 +179,12 @@ async def test_a_gpu_that_is_no_longer_counted_is_absent(
     [
         pytest.param(XID_EVENT, 79, HealthEvent(uuid=GPU_B, kind="xid", code=79), id="xid-79"),
         pytest.param(XID_EVENT, 13, HealthEvent(uuid=GPU_B, kind="xid", code=13), id="xid-13"),
-        pytest.param(DOUBLE_BIT_ECC_EVENT, 0,
-                     HealthEvent(uuid=GPU_B, kind="ecc_double_bit", code=0), id="double-bit-ecc"),
+        pytest.param(
+            DOUBLE_BIT_ECC_EVENT,
+            0,
+            HealthEvent(uuid=GPU_B, kind="ecc_double_bit", code=0),
+            id="double-bit-ecc",
+        ),
     ],
 )
 async def test_health_events_arrive_through_the_event_set(
@@ -186,13 +216,24 @@ async def test_an_event_from_a_gpu_that_fell_off_the_bus_is_known_by_its_handle(
 @pytest.mark.parametrize(
     ("init_error", "message"),
     [
-        pytest.param(9, "NVIDIA driver not loaded (NVML: Driver Not Loaded): check the driver on "
-                        "this node, or run with --backend fake to simulate GPUs", id="no-driver"),
-        pytest.param(4, "no permission to use NVML (Insufficient Permissions): the inventory "
-                        "needs access to /dev/nvidia*; or run with --backend fake to simulate "
-                        "GPUs", id="no-permission"),
-        pytest.param(999, "NVML failed to start: Unknown Error; run with --backend fake to "
-                          "simulate GPUs", id="unknown"),
+        pytest.param(
+            9,
+            "NVIDIA driver not loaded (NVML: Driver Not Loaded): check the driver on "
+            "this node, or run with --backend fake to simulate GPUs",
+            id="no-driver",
+        ),
+        pytest.param(
+            4,
+            "no permission to use NVML (Insufficient Permissions): the inventory "
+            "needs access to /dev/nvidia*; or run with --backend fake to simulate "
+            "GPUs",
+            id="no-permission",
+        ),
+        pytest.param(
+            999,
+            "NVML failed to start: Unknown Error; run with --backend fake to simulate GPUs",
+            id="unknown",
+        ),
     ],
 )
 async def test_nvml_failing_at_start_is_a_clear_error(
@@ -209,9 +250,12 @@ async def test_nvml_failing_at_start_is_a_clear_error(
 
 async def test_a_library_path_that_does_not_load_is_a_clear_error() -> None:
     reader = NvmlReader(library="/nonexistent/libnvidia-ml.so.1")
-    with pytest.raises(BackendUnavailableError, match=r"^cannot load the NVML library "
-                       r"/nonexistent/libnvidia-ml.so.1: .*; check --nvml-library, or run with "
-                       r"--backend fake to simulate GPUs$"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"^cannot load the NVML library "
+        r"/nonexistent/libnvidia-ml.so.1: .*; check --nvml-library, or run with "
+        r"--backend fake to simulate GPUs$",
+    ):
         await reader.open()
     await reader.close()
 
@@ -236,7 +280,9 @@ async def test_service_marks_a_gpu_unhealthy_on_xid_79_and_recovers_after_the_pr
     async with running(rig):
         first = await inbox.next()
         assert [(gpu.uuid, gpu.health) for gpu in first.gpus] == [
-            (GPU_A, "healthy"), (GPU_B, "healthy")]
+            (GPU_A, "healthy"),
+            (GPU_B, "healthy"),
+        ]
         assert (first.backend, first.driver_version, first.sequence) == ("nvml", "550.54.15", 1)
 
         nvml_stub.inject(1, XID_EVENT, 79)
@@ -245,25 +291,45 @@ async def test_service_marks_a_gpu_unhealthy_on_xid_79_and_recovers_after_the_pr
             (GPU_A, "healthy", ""),
             (GPU_B, "unhealthy", "XID 79: GPU has fallen off the bus"),
         ]
-        assert rig.sample("tessera_gpu_health", uuid=GPU_B, index="1",
-                          model="NVIDIA A100-SXM4-40GB", state="unhealthy") == 1
+        assert (
+            rig.sample(
+                "tessera_gpu_health",
+                uuid=GPU_B,
+                index="1",
+                model="NVIDIA A100-SXM4-40GB",
+                state="unhealthy",
+            )
+            == 1
+        )
 
         nvml_stub.inject(0, XID_EVENT, 13)  # an application fault: the GPU is fine
-        await eventually(lambda: rig.sample("tessera_gpu_health_events_total", kind="xid",
-                                            code="13", outcome="ignored") == 1)
+        await eventually(
+            lambda: (
+                rig.sample(
+                    "tessera_gpu_health_events_total", kind="xid", code="13", outcome="ignored"
+                )
+                == 1
+            )
+        )
         await rig.tick(30)  # a normal answer before the probe time changes nothing
         assert await inbox.settle() == []
 
         await rig.tick(30)  # the probe, 60 s after the XID: it answers normally
         recovered = await inbox.next()
         assert [(gpu.uuid, gpu.health, gpu.health_reason) for gpu in recovered.gpus] == [
-            (GPU_A, "healthy", ""), (GPU_B, "healthy", "")]
+            (GPU_A, "healthy", ""),
+            (GPU_B, "healthy", ""),
+        ]
 
         nvml_stub.visible = 1
         nvml_stub.write()
         await rig.tick(10)
         gone = await inbox.next()
         assert [(gpu.uuid, gpu.health, gpu.health_reason) for gpu in gone.gpus] == [
-            (GPU_A, "healthy", ""), (GPU_B, "gone", "no longer reported by the GPU backend")]
-    assert rig.sample("tessera_gpu_health_events_total", kind="xid", code="79",
-                      outcome="critical") == 1
+            (GPU_A, "healthy", ""),
+            (GPU_B, "gone", "no longer reported by the GPU backend"),
+        ]
+    assert (
+        rig.sample("tessera_gpu_health_events_total", kind="xid", code="79", outcome="critical")
+        == 1
+    )

@@ -45,9 +45,14 @@ async def test_snapshots_reach_subscribers_and_the_kv_bucket(
     async with running(harness(reader=reader, bus=bus, clock=clock)):
         first = await inbox.next()
         assert (first.node, first.sequence, first.backend, first.observed_at) == (
-            NODE, 1, "fake", clock.now())
+            NODE,
+            1,
+            "fake",
+            clock.now(),
+        )
         assert [(g.uuid, g.model, g.memory_total_mib, g.health) for g in first.gpus] == [
-            (uuid, "A100-80GB", 81920, "healthy") for uuid in reader.uuids]
+            (uuid, "A100-80GB", 81920, "healthy") for uuid in reader.uuids
+        ]
         assert await latest_in_kv(bus) == first
 
 
@@ -90,7 +95,9 @@ async def test_a_critical_event_is_published_without_waiting_for_a_poll(
         reader.inject(1, xid=48)
         marked = await inbox.next()
         assert [(g.health, g.health_reason) for g in marked.gpus] == [
-            ("healthy", ""), ("unhealthy", "XID 48: double-bit ECC error")]
+            ("healthy", ""),
+            ("unhealthy", "XID 48: double-bit ECC error"),
+        ]
         assert await latest_in_kv(bus) == marked
         labels = {"uuid": reader.uuids[1], "index": "1", "model": "A100-80GB"}
         assert rig.sample("tessera_gpu_health", **labels, state="unhealthy") == 1
@@ -131,8 +138,7 @@ async def test_readiness_follows_the_reader(
         assert rig.readiness.report()["gpus"] == (True, "")
         flaky.failure = "NVML cannot list GPUs: Driver Not Loaded"
         await rig.tick(10)
-        assert rig.readiness.report()["gpus"] == (
-            False, "NVML cannot list GPUs: Driver Not Loaded")
+        assert rig.readiness.report()["gpus"] == (False, "NVML cannot list GPUs: Driver Not Loaded")
         assert rig.sample("tessera_inventory_read_failures_total") == 1
         flaky.failure = ""
         await rig.tick(10)
@@ -184,19 +190,30 @@ async def test_runs_under_the_service_runtime_with_health_and_metrics_over_http(
 ) -> None:
     """The body as ``tessera inventory`` runs it: run_service, real HTTP, a stop like SIGTERM."""
     inbox = await Inbox(bus, NODE).start()
-    settings = InventorySettings(nats_url=nats_server.url, http_host="127.0.0.1", http_port=0,
-                                 log_format="text", node=NODE, backend="fake",
-                                 fake_gpus="2xA100-80GB")
+    settings = InventorySettings(
+        nats_url=nats_server.url,
+        http_host="127.0.0.1",
+        http_port=0,
+        log_format="text",
+        node=NODE,
+        backend="fake",
+        fake_gpus="2xA100-80GB",
+    )
     stop = asyncio.Event()
     readiness = Readiness()
     await reader.open()
 
     async def body(context: object) -> None:
-        await inventory_body(context, reader=reader, settings=settings,  # type: ignore[arg-type]
-                             node=NODE)
+        await inventory_body(
+            context,
+            reader=reader,
+            settings=settings,  # type: ignore[arg-type]
+            node=NODE,
+        )
 
-    task = asyncio.create_task(run_service(name="inventory", settings=settings, body=body,
-                                           stop=stop, readiness=readiness))
+    task = asyncio.create_task(
+        run_service(name="inventory", settings=settings, body=body, stop=stop, readiness=readiness)
+    )
     try:
         await inbox.next()
         port = readiness.http_port
@@ -208,8 +225,9 @@ async def test_runs_under_the_service_runtime_with_health_and_metrics_over_http(
                 metrics = await response.text()
         assert checks["gpus"] == {"ready": True, "reason": ""}
         uuid = reader.uuids[0]
-        assert (f'tessera_gpu_memory_total_mib{{index="0",model="A100-80GB",uuid="{uuid}"}} '
-                "81920.0") in metrics
+        assert (
+            f'tessera_gpu_memory_total_mib{{index="0",model="A100-80GB",uuid="{uuid}"}} 81920.0'
+        ) in metrics
         assert 'tessera_inventory_publications_total{reason="first"} 1.0' in metrics
     finally:
         stop.set()

@@ -190,8 +190,7 @@ def test_cli_rejects_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_plot_draws_a_png(tmp_path: Path) -> None:
     target = tmp_path / "curves.png"
-    assert main(["simulate", "--policy", "fgd,random", "--plot", str(target),
-                 "--no-progress"]) == 0
+    assert main(["simulate", "--policy", "fgd,random", "--plot", str(target), "--no-progress"]) == 0
     data = target.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(data) > 10_000  # axes, two curves and a legend, not an empty canvas
@@ -203,8 +202,13 @@ def test_cli_plot_without_matplotlib_is_a_clear_error(tmp_path: Path) -> None:
         "import sys; sys.modules['matplotlib'] = None; from tessera.cli import main; "
         f"sys.exit(main(['simulate', '--plot', {str(tmp_path / 'x.png')!r}]))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert result.returncode == 2
     assert "--plot needs matplotlib" in result.stderr
     assert "Traceback" not in result.stderr

@@ -71,25 +71,52 @@ def test_unrelated_tessera_variables_are_ignored() -> None:
 @pytest.mark.parametrize(
     ("env", "cli", "file_text", "message"),
     [
-        pytest.param({"TESSERA_HTTP_PORT": "eighty"}, {}, None,
-                     "TESSERA_HTTP_PORT (environment): Expected `int`, got `str`",
-                     id="env-ill-typed"),
-        pytest.param({"TESSERA_HTTP_PORT": "70000"}, {}, None,
-                     "TESSERA_HTTP_PORT (environment): Expected `int` <= 65535",
-                     id="env-out-of-range"),
-        pytest.param({"TESSERA_INTERVAL_S": "0"}, {}, None,
-                     "TESSERA_INTERVAL_S (environment): Expected `float` > 0.0",
-                     id="env-constraint"),
-        pytest.param({}, {"log_level": "loud"}, None,
-                     "--log-level (command line): Invalid enum value 'loud'",
-                     id="cli-bad-choice"),
-        pytest.param({}, {}, "http_prot = 1\n", "unknown key 'http_prot' in config file",
-                     id="file-unknown-key"),
-        pytest.param({}, {}, 'interval_s = "soon"\n',
-                     "'interval_s' in config file", id="file-ill-typed"),
+        pytest.param(
+            {"TESSERA_HTTP_PORT": "eighty"},
+            {},
+            None,
+            "TESSERA_HTTP_PORT (environment): Expected `int`, got `str`",
+            id="env-ill-typed",
+        ),
+        pytest.param(
+            {"TESSERA_HTTP_PORT": "70000"},
+            {},
+            None,
+            "TESSERA_HTTP_PORT (environment): Expected `int` <= 65535",
+            id="env-out-of-range",
+        ),
+        pytest.param(
+            {"TESSERA_INTERVAL_S": "0"},
+            {},
+            None,
+            "TESSERA_INTERVAL_S (environment): Expected `float` > 0.0",
+            id="env-constraint",
+        ),
+        pytest.param(
+            {},
+            {"log_level": "loud"},
+            None,
+            "--log-level (command line): Invalid enum value 'loud'",
+            id="cli-bad-choice",
+        ),
+        pytest.param(
+            {},
+            {},
+            "http_prot = 1\n",
+            "unknown key 'http_prot' in config file",
+            id="file-unknown-key",
+        ),
+        pytest.param(
+            {}, {}, 'interval_s = "soon"\n', "'interval_s' in config file", id="file-ill-typed"
+        ),
         pytest.param({}, {}, "this is not toml", "is not valid TOML", id="file-not-toml"),
-        pytest.param({"TESSERA_STRICT": "maybe"}, {}, None,
-                     "TESSERA_STRICT (environment): Expected `bool`", id="env-bad-bool"),
+        pytest.param(
+            {"TESSERA_STRICT": "maybe"},
+            {},
+            None,
+            "TESSERA_STRICT (environment): Expected `bool`",
+            id="env-bad-bool",
+        ),
     ],
 )
 def test_bad_configuration_names_the_key_and_expectation(
@@ -120,9 +147,15 @@ def test_arguments_document_every_field_with_env_and_default() -> None:
     add_settings_arguments(parser, ExampleSettings)
     help_text = " ".join(parser.format_help().split())
     for fragment in (
-        "--nats-url", "env TESSERA_NATS_URL", "default: nats://127.0.0.1:4222",
-        "--interval-s", "poll interval", "--models A,B,...", "--strict, --no-strict",
-        "env TESSERA_NODE or NODE_NAME", "--config FILE",
+        "--nats-url",
+        "env TESSERA_NATS_URL",
+        "default: nats://127.0.0.1:4222",
+        "--interval-s",
+        "poll interval",
+        "--models A,B,...",
+        "--strict, --no-strict",
+        "env TESSERA_NODE or NODE_NAME",
+        "--config FILE",
     ):
         assert fragment in help_text
     args = parser.parse_args(["--http-port", "9999", "--no-strict", "--models", "T4,L4"])

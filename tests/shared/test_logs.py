@@ -9,8 +9,9 @@ from shared.runtime.logs import JsonFormatter, TextFormatter
 
 
 def _record(**extra: object) -> logging.LogRecord:
-    record = logging.LogRecord("tessera.test", logging.WARNING, __file__, 1, "rejected %s", ("x",),
-                               None)
+    record = logging.LogRecord(
+        "tessera.test", logging.WARNING, __file__, 1, "rejected %s", ("x",), None
+    )
     record.__dict__.update(extra)
     return record
 

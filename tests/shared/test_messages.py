@@ -129,8 +129,9 @@ EXAMPLES: list[Any] = [
         placer_id="placer-0",
         bound_at=NOW + 1,
         allocated=(
-            ContainerAllocation(container="trainer", device_ids=("GPU-aaaa::0",),
-                                allocated_at=NOW + 2),
+            ContainerAllocation(
+                container="trainer", device_ids=("GPU-aaaa::0",), allocated_at=NOW + 2
+            ),
         ),
         allocated_at=NOW + 2,
     ),
@@ -203,10 +204,12 @@ def test_missing_optional_fields_take_their_defaults() -> None:
     ("payload", "message_type", "expected"),
     [
         pytest.param(b"not json", PodPending, "malformed JSON", id="not-json"),
-        pytest.param(b'{"uid": 5}', PodPending, "Expected `str`, got `int` - at `$.uid`",
-                     id="wrong-type"),
-        pytest.param(b'{"uid": "u"}', PodPending, "missing required field `namespace`",
-                     id="missing-required"),
+        pytest.param(
+            b'{"uid": 5}', PodPending, "Expected `str`, got `int` - at `$.uid`", id="wrong-type"
+        ),
+        pytest.param(
+            b'{"uid": "u"}', PodPending, "missing required field `namespace`", id="missing-required"
+        ),
         pytest.param(
             b'{"uid": "u", "namespace": "n", "name": "p", "containers": [],'
             b' "hints": {"gpu_policy": "sideways"}}',

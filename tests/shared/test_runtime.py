@@ -45,11 +45,11 @@ async def running_echo(
     """Run the echo service in this process; yields (http port, stop event, readiness)."""
     stop = asyncio.Event()
     readiness = Readiness()
-    settings = Settings(nats_url=nats_server.url, http_host="127.0.0.1", http_port=0,
-                        log_format="text")
+    settings = Settings(
+        nats_url=nats_server.url, http_host="127.0.0.1", http_port=0, log_format="text"
+    )
     task = asyncio.create_task(
-        run_service(name="echo", settings=settings, body=echo_body, stop=stop,
-                    readiness=readiness)
+        run_service(name="echo", settings=settings, body=echo_body, stop=stop, readiness=readiness)
     )
     try:
         for _ in range(200):
@@ -136,8 +136,14 @@ async def test_not_ready_until_nats_is_reachable() -> None:
 
     settings = Settings(http_host="127.0.0.1", http_port=0, log_format="text")
     task = asyncio.create_task(
-        run_service(name="lonely", settings=settings, body=echo_body, stop=stop,
-                    readiness=readiness, connect=refuse)
+        run_service(
+            name="lonely",
+            settings=settings,
+            body=echo_body,
+            stop=stop,
+            readiness=readiness,
+            connect=refuse,
+        )
     )
     for _ in range(200):
         if getattr(readiness, "http_port", None) and attempts:
@@ -158,10 +164,15 @@ async def test_failing_body_exits_non_zero(nats_server: NatsServer) -> None:
     async def broken(_: object) -> None:
         raise RuntimeError("bug")
 
-    settings = Settings(nats_url=nats_server.url, http_host="127.0.0.1", http_port=0,
-                        log_format="text")
-    assert await asyncio.wait_for(run_service(name="broken", settings=settings, body=broken),
-                                  timeout=10) == 1
+    settings = Settings(
+        nats_url=nats_server.url, http_host="127.0.0.1", http_port=0, log_format="text"
+    )
+    assert (
+        await asyncio.wait_for(
+            run_service(name="broken", settings=settings, body=broken), timeout=10
+        )
+        == 1
+    )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -170,8 +181,13 @@ async def test_signal_stops_a_real_service_process_cleanly(
 ) -> None:
     echoes = await _collect(bus, ECHO_SUBJECT)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.shared.echo_service", "--nats-url", nats_server.url,
-        cwd=ROOT, stderr=subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "tests.shared.echo_service",
+        "--nats-url",
+        nats_server.url,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
     )
     try:
         # Wait until it processes a message: then it is fully up.
@@ -212,11 +228,15 @@ async def test_stop_is_not_lost_when_the_body_swallows_a_cancellation(
                 raise
 
     stop = asyncio.Event()
-    settings = Settings(nats_url=nats_server.url, http_host="127.0.0.1", http_port=0,
-                        log_format="text")
+    settings = Settings(
+        nats_url=nats_server.url, http_host="127.0.0.1", http_port=0, log_format="text"
+    )
     readiness = Readiness()
-    task = asyncio.create_task(run_service(name="stubborn", settings=settings, body=stubborn,
-                                           stop=stop, readiness=readiness))
+    task = asyncio.create_task(
+        run_service(
+            name="stubborn", settings=settings, body=stubborn, stop=stop, readiness=readiness
+        )
+    )
     for _ in range(200):
         if readiness.ready:
             break
@@ -237,8 +257,16 @@ async def test_stop_interrupts_a_connect_that_hangs() -> None:
         raise AssertionError("unreachable")
 
     settings = Settings(http_host="127.0.0.1", http_port=0, log_format="text")
-    task = asyncio.create_task(run_service(name="hung", settings=settings, body=echo_body,
-                                           stop=stop, readiness=readiness, connect=hang))
+    task = asyncio.create_task(
+        run_service(
+            name="hung",
+            settings=settings,
+            body=echo_body,
+            stop=stop,
+            readiness=readiness,
+            connect=hang,
+        )
+    )
     await asyncio.wait_for(connecting.wait(), timeout=5)
     stop.set()
     assert await asyncio.wait_for(task, timeout=5) == 0
