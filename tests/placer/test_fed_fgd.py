@@ -10,7 +10,6 @@ from services.placer.core.fragmentation import TypicalTask, with_median_memory
 from services.placer.core.framework import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision
-from services.placer.core.plugins.cpu_fgd import CpuFedFragmentation
 from services.placer.core.plugins.fed_fgd import (
     FedFgdChoice,
     FedFgdScore,
@@ -120,7 +119,9 @@ def test_fed_never_below_cpu_fed_and_equal_with_memory_to_spare(
     mix: list[TypicalTask], cpu_free: int, memory_free: int, free: list[int], unfed_weight: float
 ) -> None:
     fed = FedFragmentation(mix, unfed_weight=unfed_weight)
-    cpu_fed = CpuFedFragmentation(mix, unfed_weight=unfed_weight).node(A100, cpu_free, free)
+    cpu_fed = FedFragmentation(mix, unfed_weight=unfed_weight, memory_margin=0).node(
+        A100, cpu_free, free
+    )
     assert cpu_fed - 1e-6 <= fed.fed(A100, cpu_free, memory_free, free) <= sum(free) + 1e-6
     plenty = max(t.memory_mib for t in mix) * 2 * len(free)
     assert fed.fed(A100, cpu_free, plenty, free) == pytest.approx(cpu_fed)

@@ -11,7 +11,7 @@ from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.framework import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, NodeState, PodRequest
-from services.placer.core.plugins.cpu_fgd import CpuFedFragmentation
+from services.placer.core.plugins.fed_fgd import FedFragmentation
 from services.placer.core.plugins.fgd import FgdScore
 from services.placer.core.plugins.gpu_choice import Fgd
 from services.placer.core.profiles import ProfileError, ProfileSpec, ScoreSpec, build_profile
@@ -19,6 +19,12 @@ from services.placer.core.shape import node_shape
 from tests.placer.builders import node, pod
 
 A100 = frozenset({"A100"})
+
+
+def cpu_fed(mix: tuple[TypicalTask, ...], *, unfed_weight: float = 0.5) -> FedFragmentation:
+    """The ``fgd-cpu`` measure: fed fragmentation with memory left out."""
+    return FedFragmentation(mix, unfed_weight=unfed_weight, memory_margin=0)
+
 
 WHOLE = (TypicalTask(cpu_milli=10_000, gpu_count=1, gpu_milli=1_000, weight=1),)
 HALF_SHARE = (TypicalTask(cpu_milli=1_000, gpu_count=1, gpu_milli=500, weight=1),)
@@ -60,7 +66,7 @@ MIXED = CPU_ONLY + HALF_SHARE
 def test_cpu_fed_fragmentation_by_hand(
     mix: tuple[TypicalTask, ...], cpu_free: int, free: tuple[int, ...], expected: float
 ) -> None:
-    model = CpuFedFragmentation(mix, unfed_weight=1)
+    model = cpu_fed(mix, unfed_weight=1)
     assert model.node(A100, cpu_free, free) == pytest.approx(expected)
     # Asked again in another GPU order: the memoised value is the same.
     assert model.node(A100, cpu_free, tuple(reversed(free))) == pytest.approx(expected)
@@ -76,13 +82,13 @@ def test_cpu_fed_fragmentation_by_hand(
     ],
 )
 def test_unfed_weight_scales_the_cpu_stranded_part(unfed_weight: float, expected: float) -> None:
-    model = CpuFedFragmentation(WHOLE, unfed_weight=unfed_weight)
+    model = cpu_fed(WHOLE, unfed_weight=unfed_weight)
     assert model.node(A100, 20_000, (1_000,) * 8) == pytest.approx(expected)
 
 
 def test_unfed_weight_outside_0_to_1_is_refused() -> None:
     with pytest.raises(ValueError, match=r"unfed_weight must be in 0\.\.1"):
-        CpuFedFragmentation(WHOLE, unfed_weight=1.5)
+        cpu_fed(WHOLE, unfed_weight=1.5)
 
 
 TASKS = st.builds(
@@ -103,13 +109,13 @@ TASKS = st.builds(
 def test_cpu_fed_never_below_fgd_and_equal_with_cpu_to_spare(
     mix: list[TypicalTask], cpu_free: int, free: list[int], unfed_weight: float
 ) -> None:
-    fed = CpuFedFragmentation(mix, unfed_weight=unfed_weight).node(A100, cpu_free, free)
+    fed = cpu_fed(mix, unfed_weight=unfed_weight).node(A100, cpu_free, free)
     fgd = FragmentationModel(mix).node(A100, cpu_free, free)
     assert fgd - 1e-6 <= fed <= sum(free) + 1e-6
     plenty = max(t.cpu_milli for t in mix) * len(free)
-    assert CpuFedFragmentation(mix, unfed_weight=unfed_weight).node(
-        A100, plenty, free
-    ) == pytest.approx(FragmentationModel(mix).node(A100, plenty, free))
+    assert cpu_fed(mix, unfed_weight=unfed_weight).node(A100, plenty, free) == pytest.approx(
+        FragmentationModel(mix).node(A100, plenty, free)
+    )
 
 
 # 8 idle GPUs and 20 free cores: room for two 10-core tasks.
@@ -138,7 +144,7 @@ def score_of(model: FragmentationModel, request: PodRequest, state: NodeState) -
 def test_fgd_score_over_cpu_fed_fragmentation(
     request_: PodRequest, state: NodeState, fed_score: float, fgd_score: float
 ) -> None:
-    assert score_of(CpuFedFragmentation(WHOLE), request_, state) == fed_score
+    assert score_of(cpu_fed(WHOLE), request_, state) == fed_score
     assert score_of(FragmentationModel(WHOLE), request_, state) == fgd_score
 
 
@@ -169,9 +175,10 @@ def test_fgd_cpu_profile_scores_and_chooses_gpus_on_cpu_fed_fragmentation() -> N
     [(score, weight)] = profile.scores
     assert (score.name, weight) == ("fgd", 1.0)
     assert isinstance(score, FgdScore)
-    assert isinstance(score.model, CpuFedFragmentation)
+    assert isinstance(score.model, FedFragmentation)
+    assert score.model.memory_margin == 0
     assert isinstance(profile.gpu_choice, Fgd)
-    assert isinstance(profile.gpu_choice.model, CpuFedFragmentation)
+    assert profile.gpu_choice.model is score.model
 
 
 @pytest.mark.parametrize(
@@ -196,5 +203,5 @@ def test_fgd_cpu_unfed_weight_argument_reaches_the_model() -> None:
     spec = ProfileSpec(name="p", scores=(ScoreSpec(plugin="fgd-cpu", args={"unfed_weight": 1}),))
     [(score, _)] = build_profile(spec, typical_tasks=WHOLE).scores
     assert isinstance(score, FgdScore)
-    assert isinstance(score.model, CpuFedFragmentation)
-    assert score.model.unfed_weight == 1
+    assert isinstance(score.model, FedFragmentation)
+    assert (score.model.unfed_weight, score.model.memory_margin) == (1, 0)

@@ -46,7 +46,6 @@ from services.placer.core.plugins.balance import BalanceArgs, BalanceScore
 from services.placer.core.plugins.bestfit import BestFitScore
 from services.placer.core.plugins.binpack import BinpackScore
 from services.placer.core.plugins.clustering import ClusteringScore
-from services.placer.core.plugins.cpu_fgd import CpuFedFragmentation
 from services.placer.core.plugins.dotprod import DotProdScore
 from services.placer.core.plugins.fed_fgd import FedFgdChoice, FedFgdScore, FedFragmentation
 from services.placer.core.plugins.fgd import FgdScore
@@ -87,8 +86,8 @@ DEFAULT_TYPICAL_TASKS: tuple[TypicalTask, ...] = (
 @dataclass(frozen=True)
 class BuildContext:
     fragmentation: FragmentationModel
-    cpu_fed: FragmentationModel
-    """The same task mix, counting only GPUs the node's free CPU can feed (``cpu_fgd.py``)."""
+    cpu_fed: FedFragmentation
+    """The same task mix, counting only GPUs the node's free CPU can feed (``fed_fgd.py``)."""
     fed: FedFragmentation
     """The same, fed by free CPU and memory (``fed_fgd.py``)."""
     gpu_filters: tuple[GpuFilter, ...]
@@ -140,7 +139,7 @@ def _fgd_cpu(args: Mapping[str, Any], context: BuildContext) -> Score:
     weight = args["unfed_weight"]
     if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 <= weight <= 1:
         raise ProfileError("argument 'unfed_weight' must be a number in 0..1")
-    model = CpuFedFragmentation(context.fragmentation.tasks, unfed_weight=weight)
+    model = FedFragmentation(context.fragmentation.tasks, unfed_weight=weight, memory_margin=0)
     return FgdScore(model, gpu_filters=context.gpu_filters)
 
 
@@ -158,9 +157,7 @@ def _fgd_fed(args: Mapping[str, Any], context: BuildContext) -> Score:
     margin = args.get("memory_margin", context.fed.memory_margin)
     if not isinstance(margin, int | float) or isinstance(margin, bool) or margin < 0:
         raise ProfileError("argument 'memory_margin' must be a number >= 0")
-    model = FedFragmentation(
-        context.fragmentation.tasks, unfed_weight=weight, memory_margin=margin
-    )
+    model = FedFragmentation(context.fragmentation.tasks, unfed_weight=weight, memory_margin=margin)
     return FedFgdScore(model, gpu_filters=context.gpu_filters)
 
 
@@ -193,7 +190,7 @@ SCORES: dict[str, Callable[[Mapping[str, Any], BuildContext], Score]] = {
 
 
 def _choosers(
-    fragmentation: FragmentationModel, cpu_fed: FragmentationModel, fed: FedFragmentation
+    fragmentation: FragmentationModel, cpu_fed: FedFragmentation, fed: FedFragmentation
 ) -> dict[str, GpuChooser]:
     return {
         "binpack": gpu_choice.Binpack(),
@@ -260,7 +257,7 @@ def _compile(
     filters: tuple[Filter, ...],
     pre_filters: tuple[PreFilter, ...],
 ) -> Profile:
-    cpu_fed = CpuFedFragmentation(fragmentation.tasks)
+    cpu_fed = FedFragmentation(fragmentation.tasks, memory_margin=0)
     fed = FedFragmentation(fragmentation.tasks)
     context = BuildContext(
         fragmentation=fragmentation, cpu_fed=cpu_fed, fed=fed, gpu_filters=gpu_filters

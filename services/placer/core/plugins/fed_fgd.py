@@ -1,18 +1,31 @@
-"""Fed fragmentation: FGD over GPUs that free CPU *and memory* can feed, with a hole-fill tie-break.
+"""Fed fragmentation: FGD over the GPUs free CPU *and memory* can feed, plus a hole-fill tie-break.
 
-Two changes to the CPU-fed FGD of ``cpu_fgd.py`` (profile ``tessera`` before this plugin), both
-found by looking at where the unallocated GPUs of the Alibaba 2023 trace end up (seed 42, default
-trace, at 100 % arrived; benchmarks/RESULTS.md):
+FGD (``fragmentation.py``) asks, per typical task ``m``, whether *one* more ``m`` fits the node;
+if so, every GPU with enough free milli counts as usable. CPU and memory enter only as that
+one-task threshold, so a node with 8 idle GPUs and 20 free cores looks unfragmented for a task
+asking 11 cores and a GPU, although at most one more such task can ever start there: the other 7
+GPUs are stranded. Found by looking at where the unallocated GPUs of the Alibaba 2023 trace end up
+(seed 42, default trace, at 100 % arrived; benchmarks/RESULTS.md), three changes:
+
+0. **CPU feeds GPUs** (plugin and GPU choice ``fgd-cpu``: this measure with ``memory_margin=0``;
+   profile ``tessera`` before the next two changes). On the trace's 8-GPU nodes (12 cores per GPU
+   against typical asks of 11 to 19 cores per GPU, plus CPU-only tasks that land on GPU nodes) a
+   good part of FGD's unallocated GPUs were idle GPUs no CPU was left for. The copies of ``m`` the
+   node's free CPU can run, ``k = cpu_free // cpu_m``, decide which fitting GPUs are *fed*: the
+   ``k x gpu_count`` with the most free milli. The free milli of the fitting GPUs left unfed is
+   added to FGD's fragment with weight ``unfed_weight``: ``F_n(m) = FGD's F_n(m) + unfed_weight x
+   (free milli of fitting but unfed GPUs)``. At weight 1 a GPU nothing can feed is as lost as one
+   too small; 0.5 (the default) hedges between that and FGD, and measured best (at 1 the 8-GPU
+   tasks of the multigpu20 trace lose the whole nodes they need more often). With CPU and memory
+   to spare the value equals FGD's, and it is never smaller.
 
 1. **Memory feeds GPUs too.** On the trace's G2 nodes (8 GPUs, 384 GiB) a typical whole-GPU task
    asks 48 GiB, exactly an eighth of the node: memory runs out as often as CPU does, and whole
-   GPUs were left idle beside a few hundred MiB of free memory. Here the copies of a typical task
-   ``m`` a node can still start are ``k = min(cpu_free // cpu_m, memory_free // memory_m)``; the
-   free milli of the fitting GPUs beyond the ``k x gpu_count`` most-free ones counts
-   ``unfed_weight`` times as fragmented, and a node without the memory for one copy of ``m``
-   cannot run ``m`` at all (all its idle milli is ``m``'s fragment, as FGD does for CPU). A
-   typical task's memory is the median of its spec's tasks (``TypicalTask.memory_mib``; 0 leaves
-   memory out, so a mix without memory gives exactly ``cpu_fgd.py``'s values). The medians are
+   GPUs were left idle beside a few hundred MiB of free memory. So ``k = min(cpu_free // cpu_m,
+   memory_free // memory_m)``, and a node without the memory for one copy of ``m`` cannot run
+   ``m`` at all (all its idle milli is ``m``'s fragment, as FGD does for CPU). A typical task's
+   memory is the median of its spec's tasks (``TypicalTask.memory_mib``; 0 leaves memory out, as
+   does ``memory_margin=0``, which gives exactly the CPU-fed values of change 0). The medians are
    taken ``memory_margin`` times (1.2 by default): tasks of one spec ask up to 1.6 x the median,
    and a margin that calls memory tight a little early measured better than none (3 seeds:
    1.0 -> 4.36 %, 1.2 -> 4.23 %, 6 quick seeds: 1.1 / 1.3 / 1.5 -> 4.31 / 4.27 / 4.31).
@@ -27,7 +40,9 @@ trace, at 100 % arrived; benchmarks/RESULTS.md):
    common. Whole-GPU and CPU-only pods keep the seed order: every deterministic tie-break tried
    for them (most / least CPU per idle GPU, fewest / most idle GPUs) lost 0.04..0.13 points.
 
-The score is ``int(100 * sigmoid((F_n - F_n') / 1000)) + TIE x (W(before) - W(after))`` with
+The FGD score (``plugins/fgd.py``) and FGD GPU choice can use this model through the plain
+:class:`FragmentationModel` interface (memory to spare); ``fgd-fed`` uses it with the node's free
+memory. The score is ``int(100 * sigmoid((F_n - F_n') / 1000)) + TIE x (W(before) - W(after))`` with
 ``TIE x 1000 < 1``, so the tie-break never overrides a whole point of FGD. It uses only the current
 task, the cluster state and the typical mix, as FGD does. Measured (10 seeds, unallocated GPU % at
 100 % arrived, default trace): FGD 4.78, CPU-fed 4.46, this 4.26; better than FGD on every
@@ -40,10 +55,9 @@ import random
 from collections.abc import Iterable, Sequence
 
 from services.placer.core.facts import PodFacts
-from services.placer.core.fragmentation import BoundedMemo, TypicalTask
+from services.placer.core.fragmentation import BoundedMemo, FragmentationModel, TypicalTask
 from services.placer.core.framework import GpuFilter, gpu_admitted
 from services.placer.core.model import GPU_MILLI, GpuSlice, GpuState, NodeState
-from services.placer.core.plugins.cpu_fgd import CpuFedFragmentation
 from services.placer.core.plugins.fit import fit_gpus
 from services.placer.core.plugins.gpu_choice import sigmoid
 from services.placer.core.shape import GpuShape, NodeShape, gpu_free_milli
@@ -68,8 +82,8 @@ def fill_waste(tasks: Iterable[TypicalTask]) -> tuple[int, ...]:
     return tuple(waste)
 
 
-class FedFragmentation(CpuFedFragmentation):
-    """CPU-fed fragmentation (``cpu_fgd.py``) where free memory limits the fed copies as well."""
+class FedFragmentation(FragmentationModel):
+    """Expected GPU milli a typical task could not use; only GPUs free CPU and memory feed count."""
 
     def __init__(
         self,
@@ -78,11 +92,16 @@ class FedFragmentation(CpuFedFragmentation):
         unfed_weight: float = 0.5,
         memory_margin: float = 1.2,
     ) -> None:
+        if not 0 <= unfed_weight <= 1:
+            raise ValueError("unfed_weight must be in 0..1")
         if memory_margin < 0:
             raise ValueError("memory_margin must be >= 0")
-        super().__init__(tasks, unfed_weight=unfed_weight)
+        super().__init__(tasks)
+        self.unfed_weight = unfed_weight
         self.memory_margin = memory_margin
         self._memory = tuple(int(t.memory_mib * memory_margin) for t in self.tasks)
+        # The value depends on free CPU and memory only through the copies each distinct ask
+        # allows, so those copies (not the free amounts) key the memo.
         self._asks = tuple(
             sorted(
                 {
@@ -92,7 +111,7 @@ class FedFragmentation(CpuFedFragmentation):
                 }
             )
         )
-        self._fed_memo2 = BoundedMemo[tuple[frozenset[str], tuple[int, ...], tuple[int, ...]]]()
+        self._fed_memo = BoundedMemo[tuple[frozenset[str], tuple[int, ...], tuple[int, ...]]]()
 
     def node(self, models: frozenset[str], cpu_milli_free: int, free_milli: Sequence[int]) -> float:
         """The value with memory to spare (the :class:`FragmentationModel` interface)."""
@@ -117,9 +136,9 @@ class FedFragmentation(CpuFedFragmentation):
             for cpu, memory in self._asks
         )
         key = (models, copies, ordered)
-        value = self._fed_memo2.get(key)
+        value = self._fed_memo.get(key)
         if value is None:
-            value = self._fed_memo2.put(
+            value = self._fed_memo.put(
                 key, self._fed_value(models, cpu_milli_free, memory_mib_free, ordered)
             )
         return value

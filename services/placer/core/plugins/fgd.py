@@ -5,7 +5,7 @@ GPU milli under the typical task mix (``fragmentation.py``) and ``F_n'`` the sam
 placed: for a GPU-sharing pod on its best GPU, for whole GPUs on the idle GPUs the fit takes, for a
 CPU-only pod with only the CPU gone. ``exact=True`` drops the integer truncation, so nodes the paper
 scores equal can still be told apart (a profile may ask for it with ``exact: true``; Tessera's own
-profile keeps the truncation and changes the fragmentation measure instead, see ``cpu_fgd.py``).
+profile keeps the truncation and changes the fragmentation measure instead, see ``fed_fgd.py``).
 """
 
 from __future__ import annotations
