@@ -6,16 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.placer.core.fragmentation import TypicalTask, with_median_memory
+from services.placer.core.fragmentation import TypicalTask, fill_waste, with_median_memory
 from services.placer.core.framework import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision
-from services.placer.core.plugins.fed_fgd import (
-    FedFgdChoice,
-    FedFgdScore,
-    FedFragmentation,
-    fill_waste,
-)
+from services.placer.core.plugins.fed_fgd import FedFragmentation
+from services.placer.core.plugins.fgd import FgdScore
+from services.placer.core.plugins.gpu_choice import Fgd
 from services.placer.core.profiles import ProfileError, ProfileSpec, ScoreSpec, build_profile
 from tests.placer.builders import node, pod
 
@@ -68,9 +65,9 @@ def test_fed_fragmentation_by_hand(
     expected: float,
 ) -> None:
     model = FedFragmentation(mix, unfed_weight=1, memory_margin=1)
-    assert model.fed(A100, cpu_free, memory_free, free) == pytest.approx(expected)
+    assert model.node(A100, cpu_free, memory_free, free) == pytest.approx(expected)
     # Asked again in another GPU order: the memoised value is the same.
-    assert model.fed(A100, cpu_free, memory_free, tuple(reversed(free))) == pytest.approx(expected)
+    assert model.node(A100, cpu_free, memory_free, tuple(reversed(free))) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +85,7 @@ def test_memory_margin_and_unfed_weight(
     margin: float, unfed_weight: float, expected: float
 ) -> None:
     model = FedFragmentation(WHOLE_MEM, unfed_weight=unfed_weight, memory_margin=margin)
-    assert model.fed(A100, 200_000, 144_000, EIGHT_IDLE) == pytest.approx(expected)
+    assert model.node(A100, 200_000, 144_000, EIGHT_IDLE) == pytest.approx(expected)
 
 
 def test_bad_model_arguments_are_refused() -> None:
@@ -119,13 +116,13 @@ def test_fed_never_below_cpu_fed_and_equal_with_memory_to_spare(
     mix: list[TypicalTask], cpu_free: int, memory_free: int, free: list[int], unfed_weight: float
 ) -> None:
     fed = FedFragmentation(mix, unfed_weight=unfed_weight)
-    cpu_fed = FedFragmentation(mix, unfed_weight=unfed_weight, memory_margin=0).node(
-        A100, cpu_free, free
-    )
-    assert cpu_fed - 1e-6 <= fed.fed(A100, cpu_free, memory_free, free) <= sum(free) + 1e-6
+    without_memory = FedFragmentation(mix, unfed_weight=unfed_weight, memory_margin=0)
+    cpu_fed = without_memory.node(A100, cpu_free, memory_free, free)
+    assert cpu_fed - 1e-6 <= fed.node(A100, cpu_free, memory_free, free) <= sum(free) + 1e-6
     plenty = max(t.memory_mib for t in mix) * 2 * len(free)
-    assert fed.fed(A100, cpu_free, plenty, free) == pytest.approx(cpu_fed)
-    assert fed.node(A100, cpu_free, free) == pytest.approx(cpu_fed)
+    assert fed.node(A100, cpu_free, plenty, free) == pytest.approx(cpu_fed)
+    # Memory margin 0 leaves memory out: no free memory at all changes nothing.
+    assert without_memory.node(A100, cpu_free, 0, free) == pytest.approx(cpu_fed)
 
 
 def _share(milli: int) -> TypicalTask:
@@ -230,9 +227,13 @@ def test_tessera_profile_uses_the_fed_score_and_gpu_choice() -> None:
     profile = build_profile("tessera", typical_tasks=WHOLE_MEM)
     [(score, weight)] = profile.scores
     assert (score.name, weight) == ("fgd-fed", 1.0)
-    assert isinstance(score, FedFgdScore)
+    assert isinstance(score, FgdScore)
+    assert isinstance(score.model, FedFragmentation)
     assert (score.model.unfed_weight, score.model.memory_margin) == (0.5, 1.2)
-    assert isinstance(profile.gpu_choice, FedFgdChoice)
+    assert score.fill_waste == fill_waste(WHOLE_MEM)
+    assert isinstance(profile.gpu_choice, Fgd)
+    assert profile.gpu_choice.model is score.model
+    assert profile.gpu_choice.fill_waste == fill_waste(WHOLE_MEM)
 
 
 @pytest.mark.parametrize(
@@ -256,7 +257,8 @@ def test_fgd_fed_arguments_reach_the_model() -> None:
     args = {"unfed_weight": 1, "memory_margin": 1.5}
     spec = ProfileSpec(name="p", scores=(ScoreSpec(plugin="fgd-fed", args=args),))
     [(score, _)] = build_profile(spec, typical_tasks=WHOLE_MEM).scores
-    assert isinstance(score, FedFgdScore)
+    assert isinstance(score, FgdScore)
+    assert isinstance(score.model, FedFragmentation)
     assert (score.model.unfed_weight, score.model.memory_margin) == (1, 1.5)
 
 

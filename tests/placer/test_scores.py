@@ -38,9 +38,9 @@ def score_of(plugin: object, request: PodRequest, state: NodeState) -> float:
 def test_fragmentation_by_hand() -> None:
     # idle = 1300. CPU-only task: all 1300 stranded. 0.5 share fits on the free GPU, so only the
     # 300 left on the other is stranded. F = 0.5 * 1300 + 0.5 * 300 = 800.
-    assert MIX.node(frozenset({"A100"}), 32_000, (300, 1000)) == pytest.approx(800)
+    assert MIX.node(frozenset({"A100"}), 32_000, 0, (300, 1000)) == pytest.approx(800)
     # Without CPU for either task, everything idle is a fragment.
-    assert MIX.node(frozenset({"A100"}), 500, (300, 1000)) == pytest.approx(1300)
+    assert MIX.node(frozenset({"A100"}), 500, 0, (300, 1000)) == pytest.approx(1300)
 
 
 @pytest.mark.parametrize(

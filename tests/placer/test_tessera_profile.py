@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,7 +23,7 @@ from tests.placer.builders import node, pod
 A100 = frozenset({"A100"})
 
 
-def cpu_fed(mix: tuple[TypicalTask, ...], *, unfed_weight: float = 0.5) -> FedFragmentation:
+def cpu_fed(mix: Sequence[TypicalTask], *, unfed_weight: float = 0.5) -> FedFragmentation:
     """The ``fgd-cpu`` measure: fed fragmentation with memory left out."""
     return FedFragmentation(mix, unfed_weight=unfed_weight, memory_margin=0)
 
@@ -67,9 +69,9 @@ def test_cpu_fed_fragmentation_by_hand(
     mix: tuple[TypicalTask, ...], cpu_free: int, free: tuple[int, ...], expected: float
 ) -> None:
     model = cpu_fed(mix, unfed_weight=1)
-    assert model.node(A100, cpu_free, free) == pytest.approx(expected)
+    assert model.node(A100, cpu_free, 0, free) == pytest.approx(expected)
     # Asked again in another GPU order: the memoised value is the same.
-    assert model.node(A100, cpu_free, tuple(reversed(free))) == pytest.approx(expected)
+    assert model.node(A100, cpu_free, 0, tuple(reversed(free))) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +85,7 @@ def test_cpu_fed_fragmentation_by_hand(
 )
 def test_unfed_weight_scales_the_cpu_stranded_part(unfed_weight: float, expected: float) -> None:
     model = cpu_fed(WHOLE, unfed_weight=unfed_weight)
-    assert model.node(A100, 20_000, (1_000,) * 8) == pytest.approx(expected)
+    assert model.node(A100, 20_000, 0, (1_000,) * 8) == pytest.approx(expected)
 
 
 def test_unfed_weight_outside_0_to_1_is_refused() -> None:
@@ -109,12 +111,12 @@ TASKS = st.builds(
 def test_cpu_fed_never_below_fgd_and_equal_with_cpu_to_spare(
     mix: list[TypicalTask], cpu_free: int, free: list[int], unfed_weight: float
 ) -> None:
-    fed = cpu_fed(mix, unfed_weight=unfed_weight).node(A100, cpu_free, free)
-    fgd = FragmentationModel(mix).node(A100, cpu_free, free)
+    fed = cpu_fed(mix, unfed_weight=unfed_weight).node(A100, cpu_free, 0, free)
+    fgd = FragmentationModel(mix).node(A100, cpu_free, 0, free)
     assert fgd - 1e-6 <= fed <= sum(free) + 1e-6
     plenty = max(t.cpu_milli for t in mix) * len(free)
-    assert cpu_fed(mix, unfed_weight=unfed_weight).node(A100, plenty, free) == pytest.approx(
-        FragmentationModel(mix).node(A100, plenty, free)
+    assert cpu_fed(mix, unfed_weight=unfed_weight).node(A100, plenty, 0, free) == pytest.approx(
+        FragmentationModel(mix).node(A100, plenty, 0, free)
     )
 
 

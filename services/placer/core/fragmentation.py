@@ -3,7 +3,12 @@
 For a typical task ``m`` with probability ``p_m``, the fragment ``F_n(m)`` of node ``n`` is the GPU
 milli that ``m`` could not use: all idle GPU milli when ``m`` needs no GPU, may not run on the
 node's model, or does not fit (CPU or GPUs); otherwise the free milli of the GPUs too small for
-it. ``F_n = sum_m p_m F_n(m)``. Memory is ignored, as in the paper.
+it. ``F_n = sum_m p_m F_n(m)``. Memory is ignored, as in the paper (the interface passes the
+node's free memory for measures that use it, ``plugins/fed_fgd.py``).
+
+:func:`fill_waste` is a second, per-GPU view of the same mix: how small a hole typical sizes can
+pack a GPU's free milli down to. FGD's score and GPU choice may break ties with it
+(:data:`FILL_TIE`).
 
 The value depends only on the node's GPU models, which CPU thresholds its free CPU passes, and the
 multiset of per-GPU free milli, so it is memoised on exactly that key: the FGD score and the
@@ -84,8 +89,15 @@ class FragmentationModel:
         self._cpu_levels = sorted({t.cpu_milli for t in listed})
         self._memo = BoundedMemo[tuple[frozenset[str], int, tuple[int, ...]]]()
 
-    def node(self, models: frozenset[str], cpu_milli_free: int, free_milli: Sequence[int]) -> float:
-        """``F_n`` for a node with these GPU models, free CPU and per-GPU free milli (any order)."""
+    def node(
+        self,
+        models: frozenset[str],
+        cpu_milli_free: int,
+        memory_mib_free: int,
+        free_milli: Sequence[int],
+    ) -> float:
+        """``F_n`` for a node with these GPU models, free CPU and memory (ignored here) and
+        per-GPU free milli (any order)."""
         ordered = tuple(sorted(free_milli))
         key = (models, bisect.bisect_right(self._cpu_levels, cpu_milli_free), ordered)
         value = self._memo.get(key)
@@ -116,6 +128,21 @@ class FragmentationModel:
                     stranded += milli
             total += task.weight * (stranded if fitting >= task.gpu_count else idle)
         return total
+
+
+FILL_TIE = 1e-4
+"""Weight of a fill-waste tie-break: ``|W(before) - W(after)| <= 1000``, so at most 0.1 point."""
+
+
+def fill_waste(tasks: Iterable[TypicalTask]) -> tuple[int, ...]:
+    """``W[h]`` for ``h`` in 0..1000: the least free milli a GPU with ``h`` free can end up with
+    after packing it with the single-GPU sizes of ``tasks`` (shares and whole GPUs)."""
+    sizes = sorted({t.gpu_milli for t in tasks if t.gpu_count == 1 and t.gpu_milli > 0})
+    waste = [0] * (GPU_MILLI + 1)
+    for h in range(GPU_MILLI + 1):
+        fitting = [s for s in sizes if s <= h]
+        waste[h] = min((waste[h - s] for s in fitting), default=h)
+    return tuple(waste)
 
 
 def typical_mix(

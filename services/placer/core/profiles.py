@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from services.placer.core.fragmentation import FragmentationModel, TypicalTask
+from services.placer.core.fragmentation import FragmentationModel, TypicalTask, fill_waste
 from services.placer.core.framework import (
     Filter,
     GpuChooser,
@@ -47,7 +47,7 @@ from services.placer.core.plugins.bestfit import BestFitScore
 from services.placer.core.plugins.binpack import BinpackScore
 from services.placer.core.plugins.clustering import ClusteringScore
 from services.placer.core.plugins.dotprod import DotProdScore
-from services.placer.core.plugins.fed_fgd import FedFgdChoice, FedFgdScore, FedFragmentation
+from services.placer.core.plugins.fed_fgd import FedFragmentation
 from services.placer.core.plugins.fgd import FgdScore
 from services.placer.core.plugins.fit import GpuModel, NodeFit
 from services.placer.core.plugins.packing import PackingScore
@@ -90,6 +90,8 @@ class BuildContext:
     """The same task mix, counting only GPUs the node's free CPU can feed (``fed_fgd.py``)."""
     fed: FedFragmentation
     """The same, fed by free CPU and memory (``fed_fgd.py``)."""
+    fill_waste: tuple[int, ...]
+    """The mix's fill waste per free milli, for the ``fgd-fed`` tie-break (``fragmentation.py``)."""
     gpu_filters: tuple[GpuFilter, ...]
 
 
@@ -150,7 +152,7 @@ def _fgd_fed(args: Mapping[str, Any], context: BuildContext) -> Score:
             f"unknown argument(s) {', '.join(sorted(unknown))} (known: memory_margin, unfed_weight)"
         )
     if not args:
-        return FedFgdScore(context.fed, gpu_filters=context.gpu_filters)
+        return _fed_score(context.fed, context)
     weight = args.get("unfed_weight", context.fed.unfed_weight)
     if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 <= weight <= 1:
         raise ProfileError("argument 'unfed_weight' must be a number in 0..1")
@@ -158,7 +160,13 @@ def _fgd_fed(args: Mapping[str, Any], context: BuildContext) -> Score:
     if not isinstance(margin, int | float) or isinstance(margin, bool) or margin < 0:
         raise ProfileError("argument 'memory_margin' must be a number >= 0")
     model = FedFragmentation(context.fragmentation.tasks, unfed_weight=weight, memory_margin=margin)
-    return FedFgdScore(model, gpu_filters=context.gpu_filters)
+    return _fed_score(model, context)
+
+
+def _fed_score(model: FedFragmentation, context: BuildContext) -> Score:
+    return FgdScore(
+        model, gpu_filters=context.gpu_filters, fill_waste=context.fill_waste, name="fgd-fed"
+    )
 
 
 def _balanced(args: Mapping[str, Any], context: BuildContext) -> Score:
@@ -189,9 +197,8 @@ SCORES: dict[str, Callable[[Mapping[str, Any], BuildContext], Score]] = {
 }
 
 
-def _choosers(
-    fragmentation: FragmentationModel, cpu_fed: FedFragmentation, fed: FedFragmentation
-) -> dict[str, GpuChooser]:
+def _choosers(context: BuildContext) -> dict[str, GpuChooser]:
+    fragmentation = context.fragmentation
     return {
         "binpack": gpu_choice.Binpack(),
         "spread": gpu_choice.Spread(),
@@ -200,8 +207,8 @@ def _choosers(
         "topology": gpu_choice.Topology(),
         "fgd": gpu_choice.Fgd(fragmentation),
         "fgd-exact": gpu_choice.Fgd(fragmentation, exact=True),
-        "fgd-cpu": gpu_choice.Fgd(cpu_fed),
-        "fgd-fed": FedFgdChoice(FedFgdScore(fed)),
+        "fgd-cpu": gpu_choice.Fgd(context.cpu_fed),
+        "fgd-fed": gpu_choice.Fgd(context.fed, fill_waste=context.fill_waste),
         "random": gpu_choice.Random(),
     }
 
@@ -260,7 +267,11 @@ def _compile(
     cpu_fed = FedFragmentation(fragmentation.tasks, memory_margin=0)
     fed = FedFragmentation(fragmentation.tasks)
     context = BuildContext(
-        fragmentation=fragmentation, cpu_fed=cpu_fed, fed=fed, gpu_filters=gpu_filters
+        fragmentation=fragmentation,
+        cpu_fed=cpu_fed,
+        fed=fed,
+        fill_waste=fill_waste(fragmentation.tasks),
+        gpu_filters=gpu_filters,
     )
     scores: list[tuple[Score, float]] = []
     for entry in spec.scores:
@@ -288,7 +299,7 @@ def _compile(
         raise ProfileError(
             f"profile {spec.name!r}: unknown tie-break {spec.tie_break!r} (known: rank, random)"
         )
-    choosers = _choosers(fragmentation, cpu_fed, fed)
+    choosers = _choosers(context)
     tie_break: TieBreak = "random" if spec.tie_break == "random" else "rank"
     return Profile(
         name=spec.name,

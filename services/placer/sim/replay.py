@@ -120,7 +120,9 @@ def replay(
     frag: dict[str, float] = {}
     for state in states:
         shape = cluster.shape_of(state.name)
-        frag[state.name] = metric.node(shape.models, shape.cpu_milli_free, shape.free_milli)
+        frag[state.name] = metric.node(
+            shape.models, shape.cpu_milli_free, shape.memory_mib_free, shape.free_milli
+        )
     frag_total = sum(frag.values())
     rng = random.Random(seed * 104_729 + 3)
     arrived = 0
@@ -142,7 +144,9 @@ def replay(
             allocated += task.total_gpu_milli
             name = outcome.node
             shape = cluster.shape_of(name)
-            new = metric.node(shape.models, shape.cpu_milli_free, shape.free_milli)
+            new = metric.node(
+                shape.models, shape.cpu_milli_free, shape.memory_mib_free, shape.free_milli
+            )
             frag_total += new - frag[name]
             frag[name] = new
         else:

@@ -40,46 +40,20 @@ GPUs are stranded. Found by looking at where the unallocated GPUs of the Alibaba
    common. Whole-GPU and CPU-only pods keep the seed order: every deterministic tie-break tried
    for them (most / least CPU per idle GPU, fewest / most idle GPUs) lost 0.04..0.13 points.
 
-The FGD score (``plugins/fgd.py``) and FGD GPU choice can use this model through the plain
-:class:`FragmentationModel` interface (memory to spare); ``fgd-fed`` uses it with the node's free
-memory. The score is ``int(100 * sigmoid((F_n - F_n') / 1000)) + TIE x (W(before) - W(after))`` with
-``TIE x 1000 < 1``, so the tie-break never overrides a whole point of FGD. It uses only the current
-task, the cluster state and the typical mix, as FGD does. Measured (10 seeds, unallocated GPU % at
-100 % arrived, default trace): FGD 4.78, CPU-fed 4.46, this 4.26; better than FGD on every
-variant trace too (benchmarks/RESULTS.md).
+Plugin and GPU choice ``fgd-fed`` are FGD's own score and GPU choice (``plugins/fgd.py``,
+``gpu_choice.Fgd``) over this model, with the fill-waste tie-break of ``fragmentation.py``:
+``int(100 * sigmoid((F_n - F_n') / 1000)) + FILL_TIE x (W(before) - W(after))`` with
+``FILL_TIE x 1000 < 1``, so the tie-break never overrides a whole point of FGD. It uses only the
+current task, the cluster state and the typical mix, as FGD does. Measured (10 seeds,
+unallocated GPU % at 100 % arrived, default trace): FGD 4.78, CPU-fed 4.46, this 4.26; better
+than FGD on every variant trace too (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
 
-from services.placer.core.facts import PodFacts
 from services.placer.core.fragmentation import BoundedMemo, FragmentationModel, TypicalTask
-from services.placer.core.framework import GpuFilter, gpu_admitted
-from services.placer.core.model import GPU_MILLI, GpuSlice, GpuState, NodeState
-from services.placer.core.plugins.fit import fit_gpus
-from services.placer.core.plugins.gpu_choice import sigmoid
-from services.placer.core.shape import GpuShape, NodeShape, gpu_free_milli
-
-NAME = "fgd-fed"
-
-TIE = 1e-4
-"""Weight of the fill-waste tie-break: ``|W(before) - W(after)| <= 1000``, so at most 0.1."""
-
-UNLIMITED = 1 << 62
-"""Free memory to assume where a caller knows none (``node()`` of the plain interface)."""
-
-
-def fill_waste(tasks: Iterable[TypicalTask]) -> tuple[int, ...]:
-    """``W[h]`` for ``h`` in 0..1000: the least free milli a GPU with ``h`` free can end up with
-    after packing it with the single-GPU sizes of ``tasks`` (shares and whole GPUs)."""
-    sizes = sorted({t.gpu_milli for t in tasks if t.gpu_count == 1 and t.gpu_milli > 0})
-    waste = [0] * (GPU_MILLI + 1)
-    for h in range(GPU_MILLI + 1):
-        fitting = [s for s in sizes if s <= h]
-        waste[h] = min((waste[h - s] for s in fitting), default=h)
-    return tuple(waste)
 
 
 class FedFragmentation(FragmentationModel):
@@ -113,11 +87,7 @@ class FedFragmentation(FragmentationModel):
         )
         self._fed_memo = BoundedMemo[tuple[frozenset[str], tuple[int, ...], tuple[int, ...]]]()
 
-    def node(self, models: frozenset[str], cpu_milli_free: int, free_milli: Sequence[int]) -> float:
-        """The value with memory to spare (the :class:`FragmentationModel` interface)."""
-        return self.fed(models, cpu_milli_free, UNLIMITED, free_milli)
-
-    def fed(
+    def node(
         self,
         models: frozenset[str],
         cpu_milli_free: int,
@@ -174,105 +144,3 @@ class FedFragmentation(FragmentationModel):
             )
             total += spec.weight * fragment
         return total
-
-
-def _points(before: float, after: float) -> float:
-    return float(int(100.0 * sigmoid((before - after) / 1000.0)))
-
-
-class FedFgdScore:
-    """FGD's integer score over :class:`FedFragmentation`, fill-waste tie-break for shares."""
-
-    name = NAME
-
-    def __init__(self, model: FedFragmentation, *, gpu_filters: Sequence[GpuFilter] = ()) -> None:
-        self.model = model
-        self.gpu_filters = tuple(gpu_filters)
-        self.waste = fill_waste(model.tasks)
-
-    def share_value(
-        self, before: float, after: float, free_before: int, free_after: int
-    ) -> tuple[float, int]:
-        """(FGD points, fill waste removed) of one GPU-sharing placement, compared as a pair."""
-        return _points(before, after), self.waste[free_before] - self.waste[free_after]
-
-    def score(self, pod: PodFacts, shape: NodeShape) -> float:
-        model = self.model
-        free = shape.free_milli
-        before = model.fed(shape.models, shape.cpu_milli_free, shape.memory_mib_free, free)
-        cpu_after = shape.cpu_milli_free - pod.cpu_milli
-        memory_after = shape.memory_mib_free - pod.memory_mib
-        if pod.fractional:
-            ask = pod.asks[0]
-            best: tuple[float, int] | None = None
-            seen: GpuShape | None = None
-            for i, gpu in enumerate(shape.gpus):
-                if gpu == seen or not ask.fits(gpu):
-                    continue
-                if self.gpu_filters and not gpu_admitted(pod, gpu, self.gpu_filters):
-                    continue
-                seen = gpu
-                after = list(free)
-                after[i] = max(0, after[i] - ask.milli_on(gpu.memory_total_mib))
-                value = self.share_value(
-                    before,
-                    model.fed(shape.models, cpu_after, memory_after, after),
-                    free[i],
-                    after[i],
-                )
-                if best is None or value > best:
-                    best = value
-            if best is None:
-                return 0.0
-            return best[0] + TIE * best[1]
-        after = list(free)
-        if pod.asks:
-            admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
-            positions = fit_gpus(pod, shape.gpus, admitted) or []
-            flat = [ask for ask in pod.asks for _ in range(ask.shares)]
-            for ask, i in zip(flat, positions, strict=False):
-                taken = GPU_MILLI if ask.whole else ask.milli_on(shape.gpus[i].memory_total_mib)
-                after[i] = max(0, after[i] - taken)
-        return _points(before, model.fed(shape.models, cpu_after, memory_after, after))
-
-
-class FedFgdChoice:
-    """The GPU the score above valued: best (FGD points, fill waste removed), lowest index on ties;
-    whole GPUs by lowest index (as FGD)."""
-
-    name = NAME
-
-    def __init__(self, score: FedFgdScore) -> None:
-        self.score = score
-
-    def pick(
-        self,
-        pod: PodFacts,
-        node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
-        rng: random.Random,
-    ) -> GpuState:
-        ordered = sorted(candidates, key=lambda g: g.index)
-        if not pod.fractional:
-            return ordered[0]
-        model = self.score.model
-        models = frozenset(g.model for g in working)
-        free = [gpu_free_milli(g) for g in working]
-        before = model.fed(models, node.cpu_milli_free, node.memory_mib_free, free)
-        cpu_after = node.cpu_milli_free - pod.cpu_milli
-        memory_after = node.memory_mib_free - pod.memory_mib
-        position = {g.index: i for i, g in enumerate(working)}
-        best = ordered[0]
-        best_value: tuple[float, int] | None = None
-        for gpu in ordered:
-            i = position[gpu.index]
-            after = list(free)
-            after[i] = max(0, after[i] - pod.share_milli)
-            value = self.score.share_value(
-                before, model.fed(models, cpu_after, memory_after, after), free[i], after[i]
-            )
-            if best_value is None or value > best_value:
-                best, best_value = gpu, value
-        return best

@@ -6,6 +6,7 @@ placed: for a GPU-sharing pod on its best GPU, for whole GPUs on the idle GPUs t
 CPU-only pod with only the CPU gone. ``exact=True`` drops the integer truncation, so nodes the paper
 scores equal can still be told apart (a profile may ask for it with ``exact: true``; Tessera's own
 profile keeps the truncation and changes the fragmentation measure instead, see ``fed_fgd.py``).
+``fill_waste`` adds a tie-break below one point for GPU-sharing pods (``fragmentation.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from services.placer.core.facts import PodFacts
-from services.placer.core.fragmentation import FragmentationModel
+from services.placer.core.fragmentation import FILL_TIE, FragmentationModel
 from services.placer.core.framework import GpuFilter, gpu_admitted
 from services.placer.core.model import GPU_MILLI
 from services.placer.core.plugins.fit import fit_gpus
@@ -24,7 +25,8 @@ NAME = "fgd"
 
 
 class FgdScore:
-    name = NAME
+    """FGD's node score over ``model``; with ``fill_waste`` (integer scores only), GPU-sharing
+    pods break equal points by the fill waste their GPU loses (``fragmentation.fill_waste``)."""
 
     def __init__(
         self,
@@ -33,11 +35,15 @@ class FgdScore:
         gpu_filters: Sequence[GpuFilter] = (),
         exact: bool = False,
         step: int = 1,
+        fill_waste: tuple[int, ...] | None = None,
+        name: str = NAME,
     ) -> None:
         self.model = model
         self.gpu_filters = tuple(gpu_filters)
         self.exact = exact
         self.step = step
+        self.fill_waste = fill_waste
+        self.name = name
 
     def _value(self, delta: float) -> float:
         value = 100.0 * sigmoid(delta / 1000.0)
@@ -47,12 +53,13 @@ class FgdScore:
 
     def score(self, pod: PodFacts, shape: NodeShape) -> float:
         model = self.model
-        before = model.node(shape.models, shape.cpu_milli_free, shape.free_milli)
-        cpu_after = shape.cpu_milli_free - pod.cpu_milli
         free = shape.free_milli
+        before = model.node(shape.models, shape.cpu_milli_free, shape.memory_mib_free, free)
+        cpu_after = shape.cpu_milli_free - pod.cpu_milli
+        memory_after = shape.memory_mib_free - pod.memory_mib
         if pod.fractional:
             ask = pod.asks[0]
-            best = 0.0
+            best: float | None = None
             seen: GpuShape | None = None
             for i, gpu in enumerate(shape.gpus):
                 if gpu == seen or not ask.fits(gpu):
@@ -61,9 +68,15 @@ class FgdScore:
                     continue
                 seen = gpu
                 after = list(free)
-                after[i] -= ask.milli_on(gpu.memory_total_mib)
-                best = max(best, self._value(before - model.node(shape.models, cpu_after, after)))
-            return best
+                after[i] = max(0, after[i] - ask.milli_on(gpu.memory_total_mib))
+                value = self._value(
+                    before - model.node(shape.models, cpu_after, memory_after, after)
+                )
+                if self.fill_waste is not None:
+                    value += FILL_TIE * (self.fill_waste[free[i]] - self.fill_waste[after[i]])
+                if best is None or value > best:
+                    best = value
+            return 0.0 if best is None else best
         after = list(free)
         if pod.asks:
             admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
@@ -72,4 +85,4 @@ class FgdScore:
             for ask, i in zip(flat, positions, strict=False):
                 taken = GPU_MILLI if ask.whole else ask.milli_on(shape.gpus[i].memory_total_mib)
                 after[i] = max(0, after[i] - taken)
-        return self._value(before - model.node(shape.models, cpu_after, after))
+        return self._value(before - model.node(shape.models, cpu_after, memory_after, after))

@@ -12,7 +12,8 @@ returns one of them; ties always end on the lowest GPU index, so choices are det
 - ``topology``: for multi-GPU shares, the GPU with the most NVLinks to the GPUs this pod already
   took, then the same NUMA node as the first of them, then binpack.
 - ``fgd``: the GPU whose use leaves the node least fragmented for the typical task mix (the FGD
-  paper's choice, first index on equal integer scores); whole GPUs by lowest index.
+  paper's choice, first index on equal integer scores, or the fill-waste tie-break first when
+  given); whole GPUs by lowest index.
 - ``random``: a uniformly random candidate (the paper's Random policy), from the caller's RNG.
 """
 
@@ -23,7 +24,7 @@ import random
 from collections.abc import Sequence
 
 from services.placer.core.facts import PodFacts
-from services.placer.core.fragmentation import FragmentationModel
+from services.placer.core.fragmentation import FILL_TIE, FragmentationModel
 from services.placer.core.model import GpuSlice, GpuState, NodeState
 from services.placer.core.shape import gpu_free_milli
 
@@ -137,10 +138,18 @@ class Topology:
 class Fgd:
     name = "fgd"
 
-    def __init__(self, model: FragmentationModel, *, exact: bool = False) -> None:
+    def __init__(
+        self,
+        model: FragmentationModel,
+        *,
+        exact: bool = False,
+        fill_waste: tuple[int, ...] | None = None,
+    ) -> None:
         self.model = model
         self.exact = exact
         """Compare GPUs on the untruncated score (the paper truncates to an integer)."""
+        self.fill_waste = fill_waste
+        """Break equal points by the fill waste the GPU loses (as ``FgdScore`` does)."""
 
     def pick(
         self,
@@ -156,18 +165,22 @@ class Fgd:
             return ordered[0]
         models = frozenset(g.model for g in working)
         free = [gpu_free_milli(g) for g in working]
-        before = self.model.node(models, node.cpu_milli_free, free)
+        before = self.model.node(models, node.cpu_milli_free, node.memory_mib_free, free)
         cpu_after = node.cpu_milli_free - pod.cpu_milli
+        memory_after = node.memory_mib_free - pod.memory_mib
         position = {g.index: i for i, g in enumerate(working)}
         best: GpuState | None = None
         best_score = -1.0
         for gpu in ordered:
+            i = position[gpu.index]
             after_free = list(free)
-            after_free[position[gpu.index]] -= pod.share_milli
-            after = self.model.node(models, cpu_after, after_free)
+            after_free[i] = max(0, after_free[i] - pod.share_milli)
+            after = self.model.node(models, cpu_after, memory_after, after_free)
             score = 100 * sigmoid((before - after) / 1000)
             if not self.exact:
                 score = float(int(score))
+            if self.fill_waste is not None:
+                score += FILL_TIE * (self.fill_waste[free[i]] - self.fill_waste[after_free[i]])
             if score > best_score:
                 best, best_score = gpu, score
         assert best is not None
