@@ -1,0 +1,311 @@
+{{/*
+Names, labels and the pieces every Tessera container shares: its arguments (settings as
+`--<setting>=<value>`), the NATS credential and TLS files, probes and security context.
+*/}}
+
+{{- define "tessera.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tessera.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<fullname>-<component>", for objects of one component. */}}
+{{- define "tessera.componentName" -}}
+{{- printf "%s-%s" (include "tessera.fullname" .root) .component | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tessera.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tessera.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "tessera.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{ include "tessera.selectorLabels" . }}
+app.kubernetes.io/part-of: tessera
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "tessera.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/* Whether the chart runs its own NATS. */}}
+{{- define "tessera.natsEmbedded" -}}
+{{- if not .Values.nats.url }}true{{ end }}
+{{- end }}
+
+{{- define "tessera.natsHost" -}}
+{{- printf "%s.%s.svc" (include "tessera.componentName" (dict "root" . "component" "nats")) .Release.Namespace }}
+{{- end }}
+
+{{/* The URL every service connects to. */}}
+{{- define "tessera.natsUrl" -}}
+{{- if .Values.nats.url }}
+{{- .Values.nats.url }}
+{{- else }}
+{{- printf "%s://%s:4222" (ternary "tls" "nats" .Values.nats.tls.enabled) (include "tessera.natsHost" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the NATS credentials (existing or chart-created). */}}
+{{- define "tessera.natsAuthSecret" -}}
+{{- .Values.nats.auth.existingSecret | default (include "tessera.componentName" (dict "root" . "component" "nats-auth")) }}
+{{- end }}
+
+{{/*
+The one credential file a service reads for nats.auth.type: its Secret key and the setting
+that names the file. user-password also sends the user name (through secretKeyRef).
+*/}}
+{{- define "tessera.natsAuthFile" -}}
+{{- $auth := .Values.nats.auth }}
+{{- if eq $auth.type "user-password" }}
+{{- dict "key" $auth.secretKeys.password "setting" "nats-password-file" | toJson }}
+{{- else if eq $auth.type "token" }}
+{{- dict "key" $auth.secretKeys.token "setting" "nats-token-file" | toJson }}
+{{- else if eq $auth.type "nkey" }}
+{{- dict "key" $auth.secretKeys.nkeySeed "setting" "nats-nkey-seed-file" | toJson }}
+{{- else if eq $auth.type "creds" }}
+{{- dict "key" $auth.secretKeys.creds "setting" "nats-creds-file" | toJson }}
+{{- else }}
+{{- dict | toJson }}
+{{- end }}
+{{- end }}
+
+{{- define "tessera.natsAuthDir" -}}/etc/tessera/nats/auth{{- end }}
+{{- define "tessera.natsCaDir" -}}/etc/tessera/nats/ca{{- end }}
+{{- define "tessera.natsClientCertDir" -}}/etc/tessera/nats/client{{- end }}
+
+{{/*
+Arguments of a Tessera container, as a JSON list: the service name (the image's entrypoint is
+`tessera`), the settings every service has, the NATS credential/TLS files, then the service's own
+("args") and the operator's ("extraArgs"). Only file paths reach the command line, never secrets.
+*/}}
+{{- define "tessera.args" -}}
+{{- $v := .root.Values -}}
+{{- $args := list .service (printf "--nats-url=%s" (include "tessera.natsUrl" .root)) (printf "--http-port=%v" $v.httpPort) (printf "--log-level=%s" $v.logLevel) (printf "--log-format=%s" $v.logFormat) -}}
+{{- $file := include "tessera.natsAuthFile" .root | fromJson -}}
+{{- if $file.setting -}}
+{{- $args = append $args (printf "--%s=%s/%s" $file.setting (include "tessera.natsAuthDir" .root) $file.key) -}}
+{{- end -}}
+{{- if $v.nats.tls.enabled -}}
+{{- $args = append $args (printf "--nats-tls-ca-file=%s/%s" (include "tessera.natsCaDir" .root) $v.nats.tls.caKey) -}}
+{{- if $v.nats.tls.clientSecret -}}
+{{- $args = append $args (printf "--nats-tls-cert-file=%s/tls.crt" (include "tessera.natsClientCertDir" .root)) -}}
+{{- $args = append $args (printf "--nats-tls-key-file=%s/tls.key" (include "tessera.natsClientCertDir" .root)) -}}
+{{- end -}}
+{{- if $v.nats.tls.serverName -}}
+{{- $args = append $args (printf "--nats-tls-server-name=%s" $v.nats.tls.serverName) -}}
+{{- end -}}
+{{- end -}}
+{{- concat $args (.args | default list) (.extraArgs | default list) | toJson -}}
+{{- end }}
+
+{{/* Environment every Tessera container gets, as a JSON list (the NATS user from the Secret). */}}
+{{- define "tessera.natsEnv" -}}
+{{- $env := list -}}
+{{- if eq .Values.nats.auth.type "user-password" -}}
+{{- $ref := dict "name" (include "tessera.natsAuthSecret" .) "key" .Values.nats.auth.secretKeys.user -}}
+{{- $env = append $env (dict "name" "TESSERA_NATS_USER" "valueFrom" (dict "secretKeyRef" $ref)) -}}
+{{- end -}}
+{{- $env | toJson -}}
+{{- end }}
+
+{{- define "tessera.natsVolumeMounts" -}}
+{{- $mounts := list -}}
+{{- $file := include "tessera.natsAuthFile" . | fromJson -}}
+{{- if $file.setting -}}
+{{- $mounts = append $mounts (dict "name" "nats-auth" "mountPath" (include "tessera.natsAuthDir" .) "readOnly" true) -}}
+{{- end -}}
+{{- if .Values.nats.tls.enabled -}}
+{{- $mounts = append $mounts (dict "name" "nats-ca" "mountPath" (include "tessera.natsCaDir" .) "readOnly" true) -}}
+{{- if .Values.nats.tls.clientSecret -}}
+{{- $mounts = append $mounts (dict "name" "nats-client-cert" "mountPath" (include "tessera.natsClientCertDir" .) "readOnly" true) -}}
+{{- end -}}
+{{- end -}}
+{{- $mounts | toJson -}}
+{{- end }}
+
+{{/*
+Volumes of the NATS credential and TLS files. Key files are readable by the pod's group only
+(defaultMode 288 = 0440, group = fsGroup), never world-readable.
+*/}}
+{{- define "tessera.natsVolumes" -}}
+{{- $volumes := list -}}
+{{- $file := include "tessera.natsAuthFile" . | fromJson -}}
+{{- if $file.setting -}}
+{{- $secret := dict "secretName" (include "tessera.natsAuthSecret" .) "defaultMode" 288 "items" (list (dict "key" $file.key "path" $file.key)) -}}
+{{- $volumes = append $volumes (dict "name" "nats-auth" "secret" $secret) -}}
+{{- end -}}
+{{- if .Values.nats.tls.enabled -}}
+{{- $key := .Values.nats.tls.caKey -}}
+{{- $ca := dict "secretName" (include "tessera.natsCaSecret" .) "defaultMode" 292 "items" (list (dict "key" $key "path" $key)) -}}
+{{- $volumes = append $volumes (dict "name" "nats-ca" "secret" $ca) -}}
+{{- if .Values.nats.tls.clientSecret -}}
+{{- $items := list (dict "key" "tls.crt" "path" "tls.crt") (dict "key" "tls.key" "path" "tls.key") -}}
+{{- $client := dict "secretName" .Values.nats.tls.clientSecret "defaultMode" 288 "items" $items -}}
+{{- $volumes = append $volumes (dict "name" "nats-client-cert" "secret" $client) -}}
+{{- end -}}
+{{- end -}}
+{{- $volumes | toJson -}}
+{{- end }}
+
+{{/* The CA the services trust: nats.tls.caSecret, else the embedded server's own Secret. */}}
+{{- define "tessera.natsCaSecret" -}}
+{{- .Values.nats.tls.caSecret | default .Values.nats.embedded.tls.secretName }}
+{{- end }}
+
+{{/*
+One Tessera container. Takes root, service (also the container's name and `tessera` subcommand),
+args, extraArgs, env, ports, volumeMounts, resources and optionally securityContext. Liveness and
+readiness are /healthz and /readyz on the port named http, which is --http-port.
+*/}}
+{{- define "tessera.container" -}}
+{{- $root := .root -}}
+{{- $httpPort := dict "name" "http" "containerPort" (int $root.Values.httpPort) "protocol" "TCP" -}}
+{{- $env := concat (.env | default list) (include "tessera.natsEnv" $root | fromJsonArray) -}}
+{{- $mounts := concat (list (dict "name" "tmp" "mountPath" "/tmp")) (include "tessera.natsVolumeMounts" $root | fromJsonArray) (.volumeMounts | default list) -}}
+- name: {{ .service }}
+  image: {{ include "tessera.image" $root }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  args:
+    {{- include "tessera.args" . | fromJsonArray | toYaml | nindent 4 }}
+  {{- with $env }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    {{- concat (list $httpPort) (.ports | default list) | toYaml | nindent 4 }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: http
+    initialDelaySeconds: 5
+    periodSeconds: 10
+    timeoutSeconds: 3
+    failureThreshold: 6
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: http
+    periodSeconds: 5
+    timeoutSeconds: 3
+    failureThreshold: 3
+  resources:
+    {{- toYaml .resources | nindent 4 }}
+  securityContext:
+    {{- toYaml (.securityContext | default $root.Values.containerSecurityContext) | nindent 4 }}
+  volumeMounts:
+    {{- toYaml $mounts | nindent 4 }}
+{{- end }}
+
+{{/*
+Pod-level settings of a Tessera pod. Takes root, component, values (the component's values:
+nodeSelector, affinity, tolerations, priorityClassName, runtimeClassName), token (whether the
+pod mounts its ServiceAccount token: only the binder's does), optionally securityContext,
+placement (defaults for nodeSelector/affinity/tolerations) and volumes. Service links are off:
+Kubernetes would otherwise inject <SERVICE>_PORT variables, and a Service whose name starts with
+"tessera-" would produce TESSERA_* variables the services read as settings.
+*/}}
+{{- define "tessera.podSpec" -}}
+{{- $root := .root -}}
+{{- $v := .values -}}
+{{- $placement := .placement | default dict -}}
+serviceAccountName: {{ include "tessera.componentName" . }}
+automountServiceAccountToken: {{ .token | default false }}
+enableServiceLinks: false
+{{- with $root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with $v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+securityContext:
+  {{- toYaml (.securityContext | default $root.Values.podSecurityContext) | nindent 2 }}
+{{- with ($v.nodeSelector | default $placement.nodeSelector) }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($v.affinity | default $placement.affinity) }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with ($v.tolerations | default $placement.tolerations) }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+volumes:
+  {{- $tmp := dict "name" "tmp" "emptyDir" (dict "medium" "Memory" "sizeLimit" "16Mi") }}
+  {{- concat (list $tmp) (include "tessera.natsVolumes" $root | fromJsonArray) (.volumes | default list) | toYaml | nindent 2 }}
+{{- end }}
+
+{{/* Spread replicas of a Deployment over nodes when it can (a preference, not a rule). */}}
+{{- define "tessera.spreadAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "tessera.selectorLabels" . | nindent 12 }}
+{{- end }}
+
+{{/* Checks across values that the schema cannot express; each fails with what to change. */}}
+{{- define "tessera.validate" -}}
+{{- $auth := .Values.nats.auth }}
+{{- $embedded := include "tessera.natsEmbedded" . }}
+{{- if and $embedded (eq $auth.type "creds") }}
+{{- fail "nats.auth.type=creds needs an external NATS server (set nats.url): the embedded server has no operator or account resolver" }}
+{{- end }}
+{{- if and $embedded (eq $auth.type "nkey") (not $auth.nkeyPublicKey) }}
+{{- fail "nats.auth.type=nkey with the embedded NATS needs nats.auth.nkeyPublicKey (the U... public key of the seed)" }}
+{{- end }}
+{{- if and (ne $auth.type "none") (not $auth.existingSecret) }}
+{{- if and (eq $auth.type "user-password") (or (not $auth.user) (not $auth.password)) }}
+{{- fail "nats.auth.type=user-password: set nats.auth.existingSecret, or nats.auth.user and nats.auth.password for a chart-created Secret" }}
+{{- end }}
+{{- if and (eq $auth.type "token") (not $auth.token) }}
+{{- fail "nats.auth.type=token: set nats.auth.existingSecret, or nats.auth.token for a chart-created Secret" }}
+{{- end }}
+{{- if and (eq $auth.type "nkey") (not $auth.nkeySeed) }}
+{{- fail "nats.auth.type=nkey: set nats.auth.existingSecret, or nats.auth.nkeySeed for a chart-created Secret" }}
+{{- end }}
+{{- if and (eq $auth.type "creds") (not $auth.creds) }}
+{{- fail "nats.auth.type=creds: set nats.auth.existingSecret, or nats.auth.creds for a chart-created Secret" }}
+{{- end }}
+{{- end }}
+{{- if .Values.nats.tls.enabled }}
+{{- if and $embedded (not .Values.nats.embedded.tls.secretName) }}
+{{- fail "nats.tls.enabled with the embedded NATS needs nats.embedded.tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt for the server)" }}
+{{- end }}
+{{- if and (not $embedded) (not .Values.nats.tls.caSecret) }}
+{{- fail "nats.tls.enabled with an external NATS needs nats.tls.caSecret (the Secret holding the CA certificate that signed the server's)" }}
+{{- end }}
+{{- end }}
+{{- with .Values.binder }}
+{{- if not (and (gt (float64 .leaseDurationS) (float64 .renewDeadlineS)) (gt (float64 .renewDeadlineS) (float64 .retryPeriodS))) }}
+{{- fail (printf "binder: leader election needs leaseDurationS (%v) > renewDeadlineS (%v) > retryPeriodS (%v)" .leaseDurationS .renewDeadlineS .retryPeriodS) }}
+{{- end }}
+{{- end }}
+{{- end }}
