@@ -1,0 +1,89 @@
+"""Values files the chart is rendered with: the default and the variants operators use.
+
+Secrets here are test data. Each variant names what it is for; together they make the chart pass
+every setting its templates can pass (test_settings checks the allow-list against them), which is
+why the dashboard is on wherever NATS credentials are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Chart-created credentials chosen to break naive quoting: digits only, spaces, quotes.
+PASSWORD = 'pa ss"word\\12'
+TOKEN = "12345678901234567890"
+NKEY_SEED = "SUAEL6GG2L2HIF7DUGZJGMRUFKXELGGYFMHF76UO2AYBG3K4YLWR3FKC2Q"
+CREDS = (
+    "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QifQ.test.jwt\n------END NATS USER JWT------\n"
+)
+
+# A tenancy the placer's core accepts (seed 001 groups, permissions, quotas).
+TENANCY: dict[str, Any] = {
+    "groups": [
+        {
+            "name": "training",
+            "tenants": ["ml-team"],
+            "gpus": {"model": "A100"},
+            "gpu_type": "physical",
+        }
+    ],
+    "permissions": [{"tenant": "ml-team"}],
+    "quotas": [{"tenant": "ml-team", "gpus": 16, "gpu_memory_mib": 655360}],
+}
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    # An existing NATS with TLS (mutual, named server) and a .creds file from a managed Secret.
+    "external-nats-tls-creds": {
+        "nats": {
+            "url": "tls://nats.messaging.svc:4222",
+            "auth": {"type": "creds", "existingSecret": "tessera-nats-creds"},
+            "tls": {
+                "enabled": True,
+                "caSecret": "nats-ca",
+                "clientSecret": "tessera-nats-client",
+                "serverName": "nats.messaging.svc",
+            },
+        },
+        "dashboard": {"enabled": True},
+    },
+    "external-nats-nkey": {
+        "nats": {
+            "url": "nats://nats.messaging.svc:4222",
+            "auth": {"type": "nkey", "nkeySeed": NKEY_SEED},
+        },
+        "dashboard": {"enabled": True},
+    },
+    # The chart's NATS as a 3-node JetStream cluster, user and password from a chart Secret.
+    "clustered-nats-user-password": {
+        "nats": {
+            "auth": {"type": "user-password", "user": "tessera", "password": PASSWORD},
+            "embedded": {"replicas": 3},
+        },
+        "dashboard": {"enabled": True},
+    },
+    # The chart's NATS serving TLS to clients with certificates, token from a chart Secret.
+    "embedded-nats-tls-token": {
+        "nats": {
+            "auth": {"type": "token", "token": TOKEN},
+            "tls": {"enabled": True, "clientSecret": "tessera-nats-client"},
+            "embedded": {"tls": {"secretName": "tessera-nats-server"}},
+        },
+        "dashboard": {"enabled": True},
+    },
+    "extender": {"extender": {"enabled": True}},
+    "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
+    "dashboard": {"dashboard": {"enabled": True}},
+    # A demo cluster without GPUs: fake inventory, tenancy and an operator's own profile.
+    "fake-gpus-tenancy-profile": {
+        "inventory": {"backend": "fake", "fakeGpus": "4xA100-80GB"},
+        "deviceplugin": {"mode": "memory-units", "isolation": "mps", "compatEnvs": ["volcano"]},
+        "placer": {
+            "tenancy": TENANCY,
+            "customProfile": {"name": "mine", "scores": [{"plugin": "binpack", "weight": 2}]},
+        },
+    },
+}
+
+# Rendered as if the cluster served the ServiceMonitor API (serviceMonitor.enabled=auto).
+WITH_SERVICE_MONITOR_API = frozenset({"default", "dashboard", "no-servicemonitor"})
