@@ -73,10 +73,6 @@ def test_schema_refuses_bad_values_readably(values: dict[str, Any], expected: li
         ),
         ({"nats": {"tls": {"enabled": True}}}, "needs nats.embedded.tls.secretName"),
         (
-            {"nats": {"url": "tls://nats:4222", "tls": {"enabled": True}}},
-            "needs nats.tls.caSecret",
-        ),
-        (
             {"binder": {"renewDeadlineS": 20}},
             "leaseDurationS (15) > renewDeadlineS (20) > retryPeriodS (2)",
         ),
@@ -138,3 +134,11 @@ def test_an_empty_tenancy_is_a_valid_one() -> None:
     data = named(render({}), "ConfigMap", component("placer"))["data"]
     assert load_config(data["tenancy.json"]) == load_config("{}")
     assert "profile.json" not in data
+
+
+def test_external_tls_without_a_ca_secret_trusts_the_images_store() -> None:
+    objects = render({"nats": {"url": "tls://nats.example.com:4222", "tls": {"enabled": True}}})
+    (placer,) = [c for c in containers(objects) if c.spec["name"] == "placer"]
+    assert option_values(placer.args())["--nats-url"] == "tls://nats.example.com:4222"
+    assert not [a for a in placer.args() if a.startswith("--nats-tls-")]
+    assert not [v for v in placer.pod["volumes"] if v["name"].startswith("nats-")]

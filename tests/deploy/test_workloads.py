@@ -155,3 +155,13 @@ def test_every_service_selects_pods_of_its_own_component() -> None:
         selector = service["spec"]["selector"]
         matching = [name for name, labels in pods.items() if selector.items() <= labels.items()]
         assert len(matching) == 1, (service["metadata"]["name"], matching)
+
+
+def test_per_node_services_can_run_on_every_node() -> None:
+    objects = render(VARIANTS["fake-gpus-tenancy-profile"])
+    for name in ("inventory", "deviceplugin"):
+        pod = named(objects, "DaemonSet", component(name))["spec"]["template"]["spec"]
+        assert "nodeSelector" not in pod and "tolerations" not in pod
+    (inventory,) = [c for c in containers(objects) if c.spec["name"] == "inventory"]
+    assert option_values(inventory.args())["--fake-gpus"] == "4xA100-80GB"
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in inventory.env()}

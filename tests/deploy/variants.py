@@ -74,8 +74,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "extender": {"extender": {"enabled": True}},
     "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
     "dashboard": {"dashboard": {"enabled": True}},
-    # A demo cluster without GPUs: fake inventory, tenancy and an operator's own profile.
+    # A demo cluster without GPUs (per-node services on every node: null drops the defaults):
+    # fake inventory, tenancy and an operator's own profile.
     "fake-gpus-tenancy-profile": {
+        "gpuNodes": {"nodeSelector": None, "tolerations": None},
         "inventory": {"backend": "fake", "fakeGpus": "4xA100-80GB"},
         "deviceplugin": {"mode": "memory-units", "isolation": "mps", "compatEnvs": ["volcano"]},
         "placer": {

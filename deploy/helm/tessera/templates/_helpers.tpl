@@ -105,7 +105,9 @@ Arguments of a Tessera container, as a JSON list: the service name (the image's 
 {{- $args = append $args (printf "--%s=%s/%s" $file.setting (include "tessera.natsAuthDir" .root) $file.key) -}}
 {{- end -}}
 {{- if $v.nats.tls.enabled -}}
+{{- if include "tessera.natsCaSecret" .root -}}
 {{- $args = append $args (printf "--nats-tls-ca-file=%s/%s" (include "tessera.natsCaDir" .root) $v.nats.tls.caKey) -}}
+{{- end -}}
 {{- if $v.nats.tls.clientSecret -}}
 {{- $args = append $args (printf "--nats-tls-cert-file=%s/tls.crt" (include "tessera.natsClientCertDir" .root)) -}}
 {{- $args = append $args (printf "--nats-tls-key-file=%s/tls.key" (include "tessera.natsClientCertDir" .root)) -}}
@@ -134,7 +136,9 @@ Arguments of a Tessera container, as a JSON list: the service name (the image's 
 {{- $mounts = append $mounts (dict "name" "nats-auth" "mountPath" (include "tessera.natsAuthDir" .) "readOnly" true) -}}
 {{- end -}}
 {{- if .Values.nats.tls.enabled -}}
+{{- if include "tessera.natsCaSecret" . -}}
 {{- $mounts = append $mounts (dict "name" "nats-ca" "mountPath" (include "tessera.natsCaDir" .) "readOnly" true) -}}
+{{- end -}}
 {{- if .Values.nats.tls.clientSecret -}}
 {{- $mounts = append $mounts (dict "name" "nats-client-cert" "mountPath" (include "tessera.natsClientCertDir" .) "readOnly" true) -}}
 {{- end -}}
@@ -154,9 +158,11 @@ Volumes of the NATS credential and TLS files. Key files are readable by the pod'
 {{- $volumes = append $volumes (dict "name" "nats-auth" "secret" $secret) -}}
 {{- end -}}
 {{- if .Values.nats.tls.enabled -}}
+{{- if include "tessera.natsCaSecret" . -}}
 {{- $key := .Values.nats.tls.caKey -}}
 {{- $ca := dict "secretName" (include "tessera.natsCaSecret" .) "defaultMode" 292 "items" (list (dict "key" $key "path" $key)) -}}
 {{- $volumes = append $volumes (dict "name" "nats-ca" "secret" $ca) -}}
+{{- end -}}
 {{- if .Values.nats.tls.clientSecret -}}
 {{- $items := list (dict "key" "tls.crt" "path" "tls.crt") (dict "key" "tls.key" "path" "tls.key") -}}
 {{- $client := dict "secretName" .Values.nats.tls.clientSecret "defaultMode" 288 "items" $items -}}
@@ -166,9 +172,16 @@ Volumes of the NATS credential and TLS files. Key files are readable by the pod'
 {{- $volumes | toJson -}}
 {{- end }}
 
-{{/* The CA the services trust: nats.tls.caSecret, else the embedded server's own Secret. */}}
+{{/*
+The Secret with the CA the services trust: nats.tls.caSecret, else the embedded server's own
+Secret; none (the image's trust store) for an external server without nats.tls.caSecret.
+*/}}
 {{- define "tessera.natsCaSecret" -}}
-{{- .Values.nats.tls.caSecret | default .Values.nats.embedded.tls.secretName }}
+{{- if .Values.nats.tls.caSecret }}
+{{- .Values.nats.tls.caSecret }}
+{{- else if include "tessera.natsEmbedded" . }}
+{{- .Values.nats.embedded.tls.secretName }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -298,9 +311,6 @@ podAntiAffinity:
 {{- if .Values.nats.tls.enabled }}
 {{- if and $embedded (not .Values.nats.embedded.tls.secretName) }}
 {{- fail "nats.tls.enabled with the embedded NATS needs nats.embedded.tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt for the server)" }}
-{{- end }}
-{{- if and (not $embedded) (not .Values.nats.tls.caSecret) }}
-{{- fail "nats.tls.enabled with an external NATS needs nats.tls.caSecret (the Secret holding the CA certificate that signed the server's)" }}
 {{- end }}
 {{- end }}
 {{- with .Values.binder }}
