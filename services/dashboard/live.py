@@ -11,6 +11,9 @@ view is rendered again, not a hundred.
 
 A page that cannot keep up (its queue of updates is full) is disconnected; its EventSource
 reconnects by itself and starts again from a fresh snapshot, so it never shows a view with a gap.
+A page gets its snapshot when it connects (or, if it connected before the initial KV values were
+all loaded, at the first push after that); every update after it is relative to the last push,
+which is never older than the snapshot, so replacing the nodes it carries is always correct.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class Page:
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=CLIENT_QUEUE)
+        self.has_snapshot = False
 
     def send(self, chunk: bytes) -> bool:
         """Queue ``chunk``; False (and the stream is ended) when the page fell behind."""
@@ -172,10 +176,11 @@ class LiveView:
         self._changed = asyncio.Event()
         self._pages: set[Page] = set()
         self._views: dict[str, tuple[ViewKey, NodeView]] = {}
-        self._sent_nodes: dict[str, ViewKey] | None = None
-        """What pages were last sent (None until the first snapshot went out)."""
+        self._sent_nodes: dict[str, ViewKey] = {}
+        """The view keys of the nodes in the last update."""
         self._sent_pending_version = -1
         self._sent_connected = False
+        self._sent_status: Status | None = None
         self._sent_fragmentation: tuple[int, bool] = (-1, False)
 
     # --- input ---------------------------------------------------------------------------
@@ -245,7 +250,11 @@ class LiveView:
     def connect_page(self) -> Page:
         """A new page: it gets a snapshot now (or a status until the views are complete)."""
         page = Page()
-        page.send(self._first_event())
+        if self.synced:
+            page.send(self._snapshot(self._clock.now(), None))
+            page.has_snapshot = True
+        else:
+            page.send(sse("status", self._status()))
         self._pages.add(page)
         self._metrics.pages.set(len(self._pages))
         return page
@@ -261,14 +270,14 @@ class LiveView:
         self._pages.clear()
         self._metrics.pages.set(0)
 
-    def _first_event(self) -> bytes:
-        if not self.synced:
-            return sse("status", self._status())
+    def _snapshot(self, now: float, views: list[NodeView] | None) -> bytes:
+        if views is None:
+            views = [view for _, view in self._node_views(now)]
         return sse(
             "snapshot",
             Snapshot(
                 connected=self.connected(),
-                cluster=self.cluster(),
+                cluster=self._cluster(now, views),
                 pending=self.pending(self._pending_limit),
             ),
         )
@@ -276,33 +285,42 @@ class LiveView:
     def _status(self) -> Status:
         return Status(connected=self.connected(), synced=self.synced, message=self.waiting_for())
 
-    def _broadcast(self, chunk: bytes) -> None:
-        for page in list(self._pages):
+    def _send(self, pages: list[Page], chunk: bytes) -> None:
+        for page in pages:
             if not page.send(chunk):
                 self._pages.discard(page)
                 self._metrics.dropped.inc()
         self._metrics.pages.set(len(self._pages))
 
     def push(self) -> None:
-        """Send every page what changed since the last push (nothing when nothing did)."""
-        synced, connected = self.synced, self.connected()
-        if not synced:
-            if connected != self._sent_connected:
-                self._broadcast(sse("status", self._status()))
-                self._sent_connected = connected
+        """Send every page what changed since the last push (nothing when nothing did).
+
+        A page still waiting for its first snapshot (it connected before the views were
+        complete) gets one now; the others get an update.
+        """
+        connected = self.connected()
+        if not self.synced:
+            status = self._status()
+            if status != self._sent_status:  # connected, or another bucket loaded
+                self._send(list(self._pages), sse("status", status))
+                self._sent_status = status
             return
         now = self._clock.now()
         keyed = self._node_views(now)
         views = [view for _, view in keyed]
+        waiting = [page for page in self._pages if not page.has_snapshot]
+        if waiting:
+            self._send(waiting, self._snapshot(now, views))
+            for page in waiting:
+                page.has_snapshot = True
         fragmentation = fragmentation_view(self.state, now=now, policy=self._policy)
         fragmentation_key = (self.state.stats_version, fragmentation.stale)
-        first = self._sent_nodes is None
-        sent = self._sent_nodes or {}
+        sent = self._sent_nodes
         changed = [view for key, view in keyed if sent.get(view.name) != key]
-        order = [view.name for view in views]
         removed = [name for name in sent if name not in self._views]
+        order = [view.name for view in views]
         pending_changed = self.state.pending_version != self._sent_pending_version
-        if not first and not (
+        if not (
             changed
             or removed
             or pending_changed
@@ -314,28 +332,17 @@ class LiveView:
         self._sent_pending_version = self.state.pending_version
         self._sent_connected = connected
         self._sent_fragmentation = fragmentation_key
-        pending = self.pending(self._pending_limit) if first or pending_changed else None
-        if first:  # the first complete view: every page waiting for it gets a snapshot
-            assert pending is not None
-            chunk = sse(
-                "snapshot",
-                Snapshot(connected=connected, cluster=self._cluster(now, views), pending=pending),
-            )
-        else:
-            chunk = sse(
-                "update",
-                Update(
-                    connected=connected,
-                    generated_at=now,
-                    totals=totals(self.state, views),
-                    fragmentation=fragmentation,
-                    nodes=tuple(changed),
-                    removed=tuple(removed),
-                    order=tuple(order) if order != list(sent) else None,
-                    pending=pending,
-                ),
-            )
-        self._broadcast(chunk)
+        update = Update(
+            connected=connected,
+            generated_at=now,
+            totals=totals(self.state, views),
+            fragmentation=fragmentation,
+            nodes=tuple(changed),
+            removed=tuple(removed),
+            order=tuple(order) if order != list(sent) else None,
+            pending=self.pending(self._pending_limit) if pending_changed else None,
+        )
+        self._send([page for page in self._pages if page not in waiting], sse("update", update))
         self._metrics.updates.inc()
 
     async def run(self) -> None:

@@ -104,13 +104,17 @@ async def run_dashboard(
     connect: Connect = connect_nats,
     stop: asyncio.Event | None = None,
     registry: CollectorRegistry | None = None,
+    readiness: Readiness | None = None,
 ) -> int:
-    """Serve the dashboard until a signal (or ``stop``); the exit code (1 when it failed)."""
+    """Serve the dashboard until a signal (or ``stop``); the exit code (1 when it failed).
+
+    ``readiness.http_port`` tells where it listens once HTTP is up (for tests).
+    """
     configure_logging(service=NAME, level=settings.log_level, fmt=settings.log_format)
     clock = clock or SystemClock()
     stop = stop or asyncio.Event()
     registry = registry or CollectorRegistry()
-    readiness = Readiness()
+    readiness = readiness or Readiness()
     readiness.set("nats", False, "connecting")
     live = LiveView(
         clock=clock,
