@@ -190,6 +190,17 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     )
 
 
+def duration(seconds: float) -> str:
+    """A short human duration: ``45 s``, ``12 min``, ``3 h``, ``2 d``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
 def sorted_nodes(state: State) -> list[str]:
     """Every shown node, in natural name order."""
     return sorted(node_names(state), key=natural_key)
@@ -288,7 +299,7 @@ def node_view(state: State, node: str, *, now: float, policy: ViewPolicy) -> Nod
     if inventory is None:
         problems.append("no GPU inventory")
     elif stale:
-        problems.append(f"inventory {now - inventory.observed_at:.0f} s old")
+        problems.append(f"inventory {duration(now - inventory.observed_at)} old")
     unhealthy = [g for g in gpus if g.listed and g.health != "healthy"]
     if unhealthy:
         problems.append(f"{len(unhealthy)} unhealthy GPU{'s' if len(unhealthy) > 1 else ''}")

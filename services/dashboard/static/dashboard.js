@@ -32,8 +32,28 @@
   const $ = (id) => document.getElementById(id);
   const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
   const esc = (value) => String(value).replace(/[&<>"']/g, (c) => ESCAPES[c]);
-  const gib = (mib) => (mib / 1024).toFixed(mib >= 10240 ? 0 : 1);
-  const memory = (mib) => (mib >= 1024 ? `${gib(mib)} GiB` : `${mib} MiB`);
+  // One unit for a pair, chosen by the larger value: "21.9 / 43.7 TiB", "40 / 80 GiB".
+  function unitOf(mib) {
+    if (mib >= 10 * 1024 * 1024) return [1024 * 1024, "TiB", 1];
+    if (mib >= 1024) return [1024, "GiB", mib >= 10240 ? 0 : 1];
+    return [1, "MiB", 0];
+  }
+  function memory(mib, of = mib) {
+    const [scale, unit, digits] = unitOf(of);
+    return `${(mib / scale).toFixed(digits)} ${unit}`;
+  }
+  function memoryPair(part, whole) {
+    const [scale, unit, digits] = unitOf(Math.max(part, whole));
+    return `${(part / scale).toFixed(digits)} / ${(whole / scale).toFixed(digits)} ${unit}`;
+  }
+  function age(seconds) {
+    if (seconds < 90) return `${seconds.toFixed(0)} s`;
+    if (seconds < 5400) return `${(seconds / 60).toFixed(0)} min`;
+    if (seconds < 172800) return `${(seconds / 3600).toFixed(0)} h`;
+    return `${(seconds / 86400).toFixed(0)} d`;
+  }
+  // "NVIDIA A100-SXM4-80GB" -> "A100": the full name is in the GPU's title and details.
+  const shortModel = (model) => model.replace(/^(NVIDIA|Tesla)\s+/i, "").split(/[-\s]/)[0];
   const pct = (part, whole) => (whole > 0 ? Math.min(100, (100 * part) / whole) : 0);
   const clock = (epoch) => (epoch ? new Date(epoch * 1000).toLocaleTimeString() : "");
   const stamp = (epoch) => (epoch ? new Date(epoch * 1000).toLocaleString() : "");
@@ -56,14 +76,13 @@
     const memFree = `${memory(t.gpu_memory_free_mib)} free` +
       (t.gpu_memory_unavailable_mib ? ` · ${memory(t.gpu_memory_unavailable_mib)} on unhealthy GPUs` : "") +
       ` · ${memory(t.gpu_memory_used_mib)} in use now`;
-    const gpuCores = (cores) => (cores / 100).toFixed(cores % 100 ? 2 : 0);
+    const gpuCores = (cores) => (cores / 100).toFixed(cores % 100 ? 1 : 0);
     let frag = card("Fragmentation", "n/a", "no placer has published statistics yet", "", "frag na");
     if (f && f.available) {
-      const age = f.age_s < 90 ? `${f.age_s.toFixed(0)} s ago` : `${(f.age_s / 60).toFixed(0)} min ago`;
       frag = card(
         "Fragmentation",
         `${f.fragmentation_pct.toFixed(2)} %`,
-        `${(f.fragmented_milli / 1000).toFixed(2)} GPUs stranded · ${esc(f.placer_id)}${f.profile ? ` (${esc(f.profile)})` : ""} · ${age}`,
+        `${(f.fragmented_milli / 1000).toFixed(2)} GPUs stranded · ${esc(f.placer_id)}${f.profile ? ` (${esc(f.profile)})` : ""} · ${age(f.age_s)} ago`,
         "",
         `frag${f.stale ? " stale" : ""}`,
       );
@@ -79,7 +98,7 @@
       ),
       card(
         "GPU memory allocated",
-        `${memory(t.gpu_memory_allocated_mib)} / ${memory(t.gpu_memory_total_mib)}`,
+        memoryPair(t.gpu_memory_allocated_mib, t.gpu_memory_total_mib),
         memFree,
         meter(t.gpu_memory_allocated_mib, t.gpu_memory_total_mib, "mem"),
       ),
@@ -135,11 +154,11 @@
     const cls = `gpu${health}${gpu.overcommitted ? " overcommitted" : ""}`;
     const reason = gpu.health === "healthy" ? "" : `<div class="reason">${esc(gpu.health)}${gpu.health_reason ? `: ${esc(gpu.health_reason)}` : ""}</div>`;
     const stats = gpu.listed
-      ? `${gpu.utilization_pct}% util · ${gib(gpu.memory_used_mib)}/${gib(gpu.memory_total_mib)} GiB`
+      ? `${gpu.utilization_pct}% util · ${memoryPair(gpu.memory_used_mib, gpu.memory_total_mib)}`
       : "not in inventory";
     return (
       `<div class="${cls}" data-gpu-uuid="${esc(gpu.uuid)}" data-gpu-index="${gpu.index}" data-node="${esc(node.name)}">` +
-      `<div class="gpu-label" title="${esc(gpu.uuid)}">GPU ${gpu.index} <small>${esc(gpu.model)}</small></div>` +
+      `<div class="gpu-label" title="${esc(gpu.model)} ${esc(gpu.uuid)}">GPU ${gpu.index} <small>${esc(shortModel(gpu.model))}</small></div>` +
       `<div class="bars"><div class="bar mem" title="memory: ${memory(gpu.allocated_memory_mib)} of ${memory(gpu.memory_total_mib)} allocated">${mem.join("")}${used}</div>` +
       `<div class="bar cores" aria-hidden="true" title="compute: ${gpu.allocated_cores}% of SMs allocated">${cores.join("")}</div></div>` +
       `<div class="gpu-stats">${stats}</div>${reason}</div>`
@@ -155,7 +174,7 @@
     const cls = `node${node.problems.length ? " has-problems" : ""}${node.ready === false ? " not-ready" : ""}`;
     return (
       `<article class="${cls}" data-node="${esc(node.name)}">` +
-      `<header><h3>${esc(node.name)}</h3><span class="node-sum">${plural(gpus.length, "GPU")} · ${gib(allocated)}/${gib(total)} GiB${frag}</span>${problems}</header>` +
+      `<header><h3>${esc(node.name)}</h3><span class="node-sum">${plural(gpus.length, "GPU")} · ${memoryPair(allocated, total)}${frag}</span>${problems}</header>` +
       `<div class="gpus">${node.gpus.map((g) => gpuHtml(node, g)).join("") || '<div class="muted">no GPUs</div>'}</div>` +
       `</article>`
     );
