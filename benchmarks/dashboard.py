@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.dashboard.core.state import (  # noqa: E402
+    Event,
     FactsChanged,
     InventoryChanged,
     RecordChanged,
@@ -84,7 +85,7 @@ def quantiles(values: list[float]) -> dict[str, float]:
 
 
 def core_figures(cluster: Cluster, rounds: int = 5) -> dict[str, float]:
-    events = [
+    events: list[Event] = [
         *(InventoryChanged(node=i.node, inventory=i) for i in cluster.inventories),
         *(FactsChanged(node=f.node, facts=f) for f in cluster.facts),
         *(

@@ -105,11 +105,12 @@ def dashboard_process(
 
         line = _wait(started, timeout=timeout, what="the 'service starting' line")
         running = DashboardProcess(process=process, url=line["url"], log=log)
-        _wait(
-            lambda: alive() or running.get_json("/readyz")[0] == 200,
-            timeout=timeout,
-            what="/readyz",
-        )
+
+        def ready() -> bool:
+            alive()
+            return running.get_json("/readyz")[0] == 200
+
+        _wait(ready, timeout=timeout, what="/readyz")
         yield running
     finally:
         if process.poll() is None:

@@ -21,6 +21,7 @@ from shared.runtime.bus import NatsBus
 from tests.dashboard.builders import (
     put_record,
     record,
+    rejection,
     share,
     synthetic_cluster,
     write_cluster,
@@ -84,11 +85,11 @@ def test_the_page_shows_the_records_and_follows_changes_live(
         print(f"\n6 nodes x 4 GPUs: first render {render_ms:.1f} ms")
 
         nodes = browser.execute_script(
-            "return Array.from(document.querySelectorAll('#nodes > .node')).map(e => e.dataset.node)"
+            "return Array.from(document.querySelectorAll('#nodes > .node'), e => e.dataset.node)"
         )
         assert nodes == [inv.node for inv in cluster.inventories]
         gpus = browser.execute_script(
-            "return Array.from(document.querySelectorAll('#nodes .gpu')).map(e => e.dataset.gpuUuid)"
+            "return Array.from(document.querySelectorAll('#nodes .gpu'), e => e.dataset.gpuUuid)"
         )
         assert gpus == [g.uuid for inv in cluster.inventories for g in inv.gpus]
         assert sorted(browser.execute_script(SLICES_IN_PAGE)) == expected_slices(cluster.records)
@@ -100,19 +101,30 @@ def test_the_page_shows_the_records_and_follows_changes_live(
         totals = browser.find_element("id", "totals").text
         assert "Fragmentation" in totals and "%" in totals
 
-        # Pending pods arrive live, with their counted reasons.
+        # Pending pods arrive live, with their counted reasons. Names are text, never markup.
+        hostile = rejection(
+            "hostile",
+            ('<img src=x onerror="window.__owned=1">', 2),
+            name='<b id="owned">x</b>',
+            decided_at=time.time(),
+        )
+
         async def reject(bus: NatsBus) -> None:
-            for rejected in cluster.rejections:
+            for rejected in [*cluster.rejections, hostile]:
                 await bus.js_publish(subjects.PLACEMENTS_REJECTED, codec.encode(rejected))
 
         browser.execute_script("window.__sameDocument = true")
         on_bus(nats_server.url, reject)
         wait_in_page(
-            browser, "document.querySelectorAll('#pending tbody tr[data-pod-uid]').length == 4"
+            browser, "document.querySelectorAll('#pending tbody tr[data-pod-uid]').length == 5"
         )
         first_row = browser.find_element("css selector", "#pending tbody tr").text
         assert "llm-train-0" in first_row
         assert "5 nodes: insufficient GPU memory" in first_row
+        assert '<b id="owned">x</b>' in browser.find_element("id", "pending").text
+        assert browser.execute_script(
+            "return document.getElementById('owned') === null && window.__owned === undefined"
+        )
 
         # A new pod is placed (the Pending one, on a free GPU): its slice appears, its row leaves.
         free_gpu = next(
@@ -145,7 +157,7 @@ def test_the_page_shows_the_records_and_follows_changes_live(
             what="the new slice",
         )
         wait_in_page(
-            browser, "document.querySelectorAll('#pending tbody tr[data-pod-uid]').length == 3"
+            browser, "document.querySelectorAll('#pending tbody tr[data-pod-uid]').length == 4"
         )
         assert sorted(browser.execute_script(SLICES_IN_PAGE)) == expected_slices(
             [*cluster.records, placed]

@@ -1,4 +1,4 @@
-"""The live view pushes a snapshot, then only what changed; slow pages are cut loose, not waited on."""
+"""The live view pushes a snapshot, then only what changed; slow pages are cut loose."""
 
 from __future__ import annotations
 
