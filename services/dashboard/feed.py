@@ -3,7 +3,8 @@
 * one KV watch per bucket (inventory, node facts, assignment records, placer statistics): the
   current values, then every change. When a watch has delivered its initial values the feed
   emits :class:`~services.dashboard.core.state.BucketSynced` with the keys it saw, so keys deleted
-  while a watch was down are dropped; a watch that fails is started again after a back-off.
+  while a watch was down are dropped; a watch that fails is started again after a back-off, and
+  every watch starts again when the connection to NATS comes back.
 * core subscriptions to ``tessera.placements.rejected`` and ``tessera.pods.deleted`` (published
   with JetStream; the dashboard only listens and never takes a consumer from the services).
 
@@ -14,8 +15,10 @@ dead-lettered with the reason, and the dashboard keeps what it had.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
 from services.dashboard.core.state import (
@@ -54,6 +57,15 @@ BUCKET_NAMES: Final[dict[Bucket, str]] = {
     "stats": subjects.KV_STATS,
 }
 MAX_BACKOFF_S: Final = 10.0
+RECONNECT_CHECK_S: Final = 0.5
+
+
+@dataclass
+class Flag:
+    """Set by a watch once it delivered its initial values (a failure after that backs off
+    from the start again)."""
+
+    value: bool = False
 
 
 class Feed:
@@ -90,28 +102,53 @@ class Feed:
             await self._edge.subscribe(subjects.PODS_DELETED, PodDeleted, deleted, family="pods"),
         ]
 
+    async def run(self) -> None:
+        """Watch every bucket until cancelled; after NATS comes back, watch each one again.
+
+        A KV watch is an ordered consumer on the server; when the server restarts, nats-py
+        notices the lost consumer only after missed heartbeats (about 20 s). Starting the
+        watches again at once shows the current values within a second, and the resync that
+        follows drops keys deleted meanwhile.
+        """
+        async with asyncio.TaskGroup() as group:
+            watches = {b: group.create_task(self.watch(b), name=f"watch-{b}") for b in BUCKET_NAMES}
+            was_connected = self._bus.connected
+            while True:
+                await self._clock.sleep(RECONNECT_CHECK_S)
+                connected = self._bus.connected
+                if connected and not was_connected:
+                    log.info("NATS is back; watching every bucket again")
+                    for bucket, task in watches.items():
+                        task.cancel()
+                        watches[bucket] = group.create_task(
+                            self.watch(bucket), name=f"watch-{bucket}"
+                        )
+                was_connected = connected
+
     async def watch(self, bucket: Bucket) -> None:
         """Follow ``bucket`` until cancelled, starting the watch again whenever it fails."""
         backoff = 0.5
         while True:
+            synced = Flag()
             try:
-                await self._watch_once(bucket)
+                await self._watch_once(bucket, synced)
                 log.warning("KV watch ended; watching again", extra={"bucket": bucket})
             except Exception as error:  # the server went away, the bucket was deleted, ...
                 log.warning(
                     "KV watch failed; watching again",
                     extra={"bucket": bucket, "error": f"{type(error).__name__}: {error}"},
                 )
+            backoff = 0.5 if synced.value else min(backoff * 2, MAX_BACKOFF_S)
             await self._clock.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    async def _watch_once(self, bucket: Bucket) -> None:
+    async def _watch_once(self, bucket: Bucket, synced: Flag) -> None:
         initial: set[str] | None = set()
         async for entry in self._bus.kv_watch(BUCKET_NAMES[bucket]):
             if entry is None:
                 if initial is not None:
                     self._sink(BucketSynced(bucket=bucket, keys=frozenset(initial)))
                     self._synced(bucket)
+                    synced.value = True
                     initial = None
                 continue
             if initial is not None:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from services.dashboard.core.views import ViewPolicy
 from services.dashboard.feed import Feed
-from services.dashboard.live import BUCKETS, LiveMetrics, LiveView
+from services.dashboard.live import LiveMetrics, LiveView
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.web import DashboardServer
 from shared.clock import Clock, SystemClock
@@ -83,8 +83,7 @@ async def _serve(
     await feed.subscribe()
     async with asyncio.TaskGroup() as group:
         group.create_task(live.run(), name="dashboard-push")
-        for bucket in BUCKETS:
-            group.create_task(feed.watch(bucket), name=f"dashboard-watch-{bucket}")
+        group.create_task(feed.run(), name="dashboard-feed")
 
 
 async def _stop(work: asyncio.Task[None]) -> None:

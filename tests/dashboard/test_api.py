@@ -222,3 +222,29 @@ async def test_the_event_stream_sends_a_snapshot_then_what_changed(
         update = await next_update(events, lambda u: u["pending"])
         assert update["nodes"] == []
         assert [p["pod_uid"] for p in update["pending"]["pods"]] == ["p1"]
+
+
+async def test_it_follows_nats_through_a_server_restart(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    await bus.kv_put(subjects.KV_INVENTORY, "n1", codec.encode(inventory("n1", gpu("G1"))))
+    async with running_dashboard(nats_server.url) as dashboard:
+        await put_record(bus, record("n1", "before", share("G1", memory=1024)))
+
+        async def allocated(mib: int) -> Any:
+            status, body = await dashboard.get("/api/v1/cluster")
+            return status == 200 and body["totals"]["gpu_memory_allocated_mib"] == mib
+
+        await eventually(lambda: allocated(1024), what="the first record")
+        nats_server.kill()
+
+        async def nats_not_ready() -> bool:
+            status, body = await dashboard.get("/readyz")
+            return status == 503 and not body["checks"]["nats"]["ready"]
+
+        await eventually(nats_not_ready, what="/readyz to notice")
+        nats_server.start()
+        await put_record(bus, record("n1", "after", share("G1", memory=2048)))
+        # The watches start again as soon as the connection is back (not after nats-py's
+        # ordered consumer misses heartbeats, about 20 s): the generous limit is for load only.
+        await eventually(lambda: allocated(3072), timeout=15, what="the record written after")

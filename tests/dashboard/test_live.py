@@ -148,3 +148,21 @@ def test_a_page_that_falls_behind_is_disconnected_and_counted() -> None:
     [(kind, snapshot)] = drain(again)
     assert kind == "snapshot"
     assert len(snapshot["cluster"]["nodes"][0]["gpus"][0]["slices"]) == CLIENT_QUEUE + 2
+
+
+def test_losing_nats_is_pushed_so_the_page_can_say_so() -> None:
+    clock = FakeClock(start=NOW)
+    live = live_view(clock)
+    up = [True]
+    live.connected = lambda: up[0]
+    with_two_nodes(live)
+    synced(live)
+    page = live.connect_page()
+    live.push()
+    drain(page)
+    up[0] = False
+    live.push()
+    [(kind, update)] = drain(page)
+    assert (kind, update["connected"], update["nodes"]) == ("update", False, [])
+    live.push()
+    assert drain(page) == []

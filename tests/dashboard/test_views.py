@@ -128,7 +128,7 @@ def test_slices_on_a_gpu_the_inventory_does_not_list_are_shown_apart() -> None:
                     node="n", inventory=inventory("n", gpu("G"), observed_at=NOW - 75)
                 ),
             ],
-            ("not ready", "cordoned", "inventory 75 s old"),
+            ("not ready", "cordoned", "inventory older than 60 s"),
         ),
         (
             [put(record("n", "u", share("G")))],
@@ -143,7 +143,7 @@ def test_slices_on_a_gpu_the_inventory_does_not_list_are_shown_apart() -> None:
 def test_node_problems_say_what_is_wrong(events: list[Event], problems: tuple[str, ...]) -> None:
     view = node_view(reduce_all(State(), events), "n", now=NOW, policy=POLICY)
     assert view.problems == problems
-    assert view.inventory_stale == ("inventory 75 s old" in problems)
+    assert view.inventory_stale == ("inventory older than 60 s" in problems)
 
 
 def test_nodes_in_natural_order() -> None:

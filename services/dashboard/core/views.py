@@ -299,7 +299,9 @@ def node_view(state: State, node: str, *, now: float, policy: ViewPolicy) -> Nod
     if inventory is None:
         problems.append("no GPU inventory")
     elif stale:
-        problems.append(f"inventory {duration(now - inventory.observed_at)} old")
+        # Not the age itself: a view must not change with every second (the page caches views
+        # by version and staleness); ``inventory_observed_at`` gives the age.
+        problems.append(f"inventory older than {duration(policy.inventory_stale_s)}")
     unhealthy = [g for g in gpus if g.listed and g.health != "healthy"]
     if unhealthy:
         problems.append(f"{len(unhealthy)} unhealthy GPU{'s' if len(unhealthy) > 1 else ''}")

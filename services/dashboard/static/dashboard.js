@@ -174,7 +174,7 @@
     const cls = `node${node.problems.length ? " has-problems" : ""}${node.ready === false ? " not-ready" : ""}`;
     return (
       `<article class="${cls}" data-node="${esc(node.name)}">` +
-      `<header><h3>${esc(node.name)}</h3><span class="node-sum">${plural(gpus.length, "GPU")} · ${memoryPair(allocated, total)}${frag}</span>${problems}</header>` +
+      `<header><h3 title="${node.inventory_observed_at ? `inventory of ${esc(stamp(node.inventory_observed_at))}` : "no inventory"}">${esc(node.name)}</h3><span class="node-sum">${plural(gpus.length, "GPU")} · ${memoryPair(allocated, total)}${frag}</span>${problems}</header>` +
       `<div class="gpus">${node.gpus.map((g) => gpuHtml(node, g)).join("") || '<div class="muted">no GPUs</div>'}</div>` +
       `</article>`
     );
