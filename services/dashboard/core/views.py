@@ -213,48 +213,32 @@ def inventory_stale(state: State, node: str, *, now: float, policy: ViewPolicy) 
 
 
 def _gpu_view(gpu: GpuTelemetry | None, uuid: str, index: int, slices: list[SliceView]) -> GpuView:
+    """The view of a listed GPU, or of one only records name (``gpu`` None: no capacity)."""
     allocated_memory = sum(s.memory_mib for s in slices)
     allocated_cores = sum(s.cores for s in slices)
-    ordered = tuple(sorted(slices, key=lambda s: (s.decided_at, s.namespace, s.name, s.container)))
-    if gpu is None:
-        return GpuView(
-            uuid=uuid,
-            index=index,
-            model="",
-            listed=False,
-            health="unknown",
-            health_reason="not in the node's inventory",
-            memory_total_mib=0,
-            memory_used_mib=0,
-            utilization_pct=0,
-            temperature_c=0,
-            power_w=0.0,
-            allocated_memory_mib=allocated_memory,
-            allocated_cores=allocated_cores,
-            free_memory_mib=0,
-            free_cores=0,
-            overcommitted=False,
-            slices=ordered,
-        )
-    usable = gpu.health == "healthy"
+    total = gpu.memory_total_mib if gpu else 0
+    usable = gpu is not None and gpu.health == "healthy"
     return GpuView(
-        uuid=gpu.uuid,
-        index=gpu.index,
-        model=gpu.model,
-        listed=True,
-        health=gpu.health,
-        health_reason=gpu.health_reason,
-        memory_total_mib=gpu.memory_total_mib,
-        memory_used_mib=gpu.memory_used_mib,
-        utilization_pct=gpu.utilization_pct,
-        temperature_c=gpu.temperature_c,
-        power_w=gpu.power_w,
+        uuid=uuid,
+        index=index,
+        model=gpu.model if gpu else "",
+        listed=gpu is not None,
+        health=gpu.health if gpu else "unknown",
+        health_reason=gpu.health_reason if gpu else "not in the node's inventory",
+        memory_total_mib=total,
+        memory_used_mib=gpu.memory_used_mib if gpu else 0,
+        utilization_pct=gpu.utilization_pct if gpu else 0,
+        temperature_c=gpu.temperature_c if gpu else 0,
+        power_w=gpu.power_w if gpu else 0.0,
         allocated_memory_mib=allocated_memory,
         allocated_cores=allocated_cores,
-        free_memory_mib=max(0, gpu.memory_total_mib - allocated_memory) if usable else 0,
+        free_memory_mib=max(0, total - allocated_memory) if usable else 0,
         free_cores=max(0, FULL_CORES - allocated_cores) if usable else 0,
-        overcommitted=allocated_memory > gpu.memory_total_mib or allocated_cores > FULL_CORES,
-        slices=ordered,
+        overcommitted=gpu is not None
+        and (allocated_memory > total or allocated_cores > FULL_CORES),
+        slices=tuple(
+            sorted(slices, key=lambda s: (s.decided_at, s.namespace, s.name, s.container))
+        ),
     )
 
 
