@@ -12,6 +12,7 @@ operator can read the whole map here:
     tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
     tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
+    KV ``tessera-stats``          placer -> dashboard: each placer's latest ``ClusterStats``
 
 Node names are DNS subdomains and may contain dots, which NATS treats as token separators; every
 node segment therefore goes through :func:`node_token`, which maps ``.`` to ``_`` (a character node
@@ -123,6 +124,7 @@ KV_INVENTORY: Final = "tessera-inventory"
 KV_NODES: Final = "tessera-nodes"
 KV_LEDGER: Final = "tessera-ledger"
 KV_ASSIGNMENTS: Final = "tessera-assignments"
+KV_STATS: Final = "tessera-stats"
 
 #: Bucket name -> how many revisions of each key it keeps.
 KV_BUCKETS: Final[dict[str, int]] = {
@@ -130,6 +132,7 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_NODES: 1,
     KV_LEDGER: 5,
     KV_ASSIGNMENTS: 5,
+    KV_STATS: 1,
 }
 
 
@@ -141,3 +144,14 @@ def assignment_key(node: str, pod_uid: str) -> str:
 def assignment_keys_of(node: str) -> str:
     """KV key filter matching every assignment record on ``node``."""
     return f"{node_token(node)}.*"
+
+
+def stats_key(placer_id: str) -> str:
+    """KV key (bucket ``tessera-stats``) of the cluster statistics placer ``placer_id`` publishes.
+
+    One key per placer replica, so replicas never contend for it; readers take the freshest.
+    Dots become ``_`` as in :func:`node_token`, so the key is a single token.
+    """
+    if not placer_id:
+        raise ValueError("placer id must not be empty")
+    return placer_id.replace(".", "_")

@@ -1,4 +1,5 @@
-"""``tessera``: run a service (``inventory``, ``placer``, ``binder``, ``deviceplugin``) or a tool.
+"""``tessera``: run a service (``inventory``, ``placer``, ``binder``, ``deviceplugin``,
+``dashboard``) or a tool.
 
 Every subcommand has a ``--help`` that lists its settings with their environment variables and
 defaults.
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from services.binder.command import SERVICE as BINDER
+from services.dashboard.command import SERVICE as DASHBOARD
 from services.deviceplugin.command import SERVICE as DEVICEPLUGIN
 from services.inventory.command import SERVICE as INVENTORY
 from services.placer.command import SERVICE as PLACER
@@ -22,6 +24,7 @@ COMMANDS: tuple[Command, ...] = (
     PLACER.command(),
     BINDER.command(),
     DEVICEPLUGIN.command(),
+    DASHBOARD.command(),
     SIMULATE,
 )
 

@@ -11,7 +11,7 @@ import pytest
 from tessera.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVICES = ("inventory", "placer", "binder", "deviceplugin")
+SERVICES = ("inventory", "placer", "binder", "deviceplugin", "dashboard")
 
 
 def tessera(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from shared.messages.inventory import GpuLink, GpuProcess, GpuTelemetry, NodeInv
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected, RejectionReason
 from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
+from shared.messages.stats import ClusterStats
 
 NOW = 1_700_000_000.5
 
@@ -149,6 +150,20 @@ EXAMPLES: list[Any] = [
     ),
     BindingResult(
         pod_uid="uid-1", namespace="ml", name="train-0", node="n1", outcome="bound", at=NOW
+    ),
+    ClusterStats(
+        placer_id="placer-0",
+        computed_at=NOW,
+        profile="tessera",
+        nodes=2,
+        gpus=16,
+        gpu_milli_capacity=16000,
+        gpu_milli_allocated=9500,
+        fragmented_milli=620.5,
+        fragmentation_pct=3.878,
+        node_fragmented_milli={"n1": 400.0, "n2": 220.5},
+        typical_tasks=2000,
+        pending_pods=3,
     ),
     DeadLetter(
         family="pods",

@@ -1,0 +1,1 @@
+"""The dashboard: a read-only live web page and JSON API over what Tessera publishes on NATS."""
