@@ -378,10 +378,17 @@ class NatsBus:
             if bus is not None:
                 bus._on_closed()
 
+        client = NatsClient()
+
         def next_attempt(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+            # nats-py leaves the transport of a refused attempt open and replaces it with the
+            # next one: close it here, or every refused attempt leaks a socket.
+            stale = client._transport
+            if stale is not None:
+                with contextlib.suppress(Exception):
+                    stale.close()
             return None, bus._next_delay() if bus is not None else reconnect_wait
 
-        client = NatsClient()
         try:
             # One attempt only: nats-py would otherwise retry a first connection forever inside
             # connect(), hiding a refused password behind "connecting". Reconnects are switched on
@@ -406,8 +413,9 @@ class NatsBus:
                 tls_hostname=security.tls_server_name or None,
             )
         except Exception as error:
+            # Bounded: closing flushes to a transport a failed TLS handshake may have wedged.
             with contextlib.suppress(Exception):
-                await client.close()
+                await asyncio.wait_for(client.close(), timeout=1.0)
             reason = refusal_of(error)
             if reason is not None:
                 raise NatsRefusedError(reason) from None
@@ -451,9 +459,10 @@ class NatsBus:
         # their callers gave up: drop them, and fail the requests waiting for answers.
         self._nc._pending.clear()
         self._nc._pending_data_size = 0
+        self._failures_in_row = 0  # errors so far were of the lost connection, not attempts
         if not self._lost.done():
             self._lost.set_result(None)
-        if self._state == "connected":
+        if self._state == "connected" and not self._draining:
             self._disconnects += 1
             self._state, self._reason = "reconnecting", "disconnected; reconnecting"
             log.warning("nats disconnected")
