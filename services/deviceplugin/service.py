@@ -165,6 +165,16 @@ class DevicePluginService:
     def devices(self) -> tuple[Device, ...]:
         return self._devices
 
+    @property
+    def inventory(self) -> NodeInventory | None:
+        """The inventory in use (for tests and debugging)."""
+        return self._inventory
+
+    @property
+    def held_records(self) -> tuple[RecordView, ...]:
+        """The records Allocate may serve (for tests and debugging)."""
+        return tuple(self._records.values())
+
     async def device_lists(self) -> AsyncIterator[tuple[Device, ...]]:
         while True:
             version = self._devices_changed.version
