@@ -386,7 +386,7 @@ class NatsBus:
             stale = client._transport
             if stale is not None:
                 with contextlib.suppress(Exception):
-                    stale.close()
+                    stale.close()  # type: ignore[no-untyped-call]
             return None, bus._next_delay() if bus is not None else reconnect_wait
 
         try:

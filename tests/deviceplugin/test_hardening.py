@@ -27,6 +27,7 @@ from tests.deviceplugin.builders import NODE, container, gpu, inventory, record,
 from tests.deviceplugin.conftest import PluginFactory, get_record, put_inventory, put_record, until
 from tests.deviceplugin.fake_kubelet import FakeKubelet
 from tests.deviceplugin.test_service import service_on
+from tests.harness.clock import FakeClock
 
 Letters = asyncio.Queue[DeadLetter]
 
@@ -359,3 +360,27 @@ async def test_grpc_refusals_reach_the_kubelet_with_the_reason(
             )
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "(unhealthy: XID 48)" in (refused.value.details() or "")
+
+
+# --- also: what /metrics says about records and inventory ---------------------------------------
+
+
+async def test_metrics_count_records_held_and_the_inventory_age(
+    bus: NatsBus, clock: FakeClock
+) -> None:
+    observed = clock.now() - 12.0
+    await put_inventory(bus, inventory(gpu(0), at=observed))
+    await put_record(bus, record("a", container("main", share(0))))
+    await put_record(bus, record("b", container("main", share(0)), bound_at=1_700_000_200.0))
+    async with service_on(bus, clock) as (service, registry):
+        held = lambda state: registry.get_sample_value(  # noqa: E731
+            "tessera_deviceplugin_records", {"state": state}
+        )
+        await until(lambda: held("bound") == 2, what="two bound records counted")
+        assert isinstance(await service.allocate([device(0)]), list)
+        assert (held("bound"), held("allocated")) == (1, 1)
+        age = registry.get_sample_value("tessera_deviceplugin_inventory_age_seconds")
+        assert age == pytest.approx(12.0)
+        await clock.advance(30)
+        age = registry.get_sample_value("tessera_deviceplugin_inventory_age_seconds")
+        assert age == pytest.approx(42.0)
