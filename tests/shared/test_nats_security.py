@@ -26,9 +26,11 @@ from shared.config import (
     redact_url,
 )
 from shared.runtime.bus import Bus, NatsBus, NatsRefusedError
+from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
 from shared.runtime.logs import Redactor
+from tessera.cli import main as tessera_main
 from tests.harness import secure
 from tests.harness.nats import NatsServer
 from tests.shared.echo_service import echo_body
@@ -341,3 +343,18 @@ async def test_the_first_connection_refused_ends_the_service_with_exit_code_5(
         False,
         "authorization failed: nats: 'Authorization Violation'",
     )
+
+
+def test_a_secret_on_the_command_line_is_warned_about(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NODE_NAME", "TESSERA_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    code = tessera_main(["deviceplugin", "--nats-password", "on-argv", "--nats-user", "u"])
+    assert code == EXIT_CONFIG_ERROR  # no node: stops before connecting
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "tessera deviceplugin: warning: --nats-password on the command line is visible to every "
+        "user of this host; use TESSERA_NATS_PASSWORD or --nats-password-file\n"
+    )
+    assert "on-argv" not in err
