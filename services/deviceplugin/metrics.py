@@ -5,8 +5,7 @@ Registered on the service's own registry (``ServiceContext.registry``), served a
 
 from __future__ import annotations
 
-from collections import Counter as Counter_
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -75,10 +74,14 @@ class PluginMetrics:
             ),
         )
 
-    def count_records(self, states: Iterable[str]) -> None:
-        counts = Counter_(states)
+    def count_records_with(self, states: Callable[[], Iterable[str]]) -> None:
+        """Count the records held by state when scraped (nothing to do on each change)."""
+
+        def counter(state: str) -> Callable[[], float]:
+            return lambda: float(sum(1 for held in states() if held == state))
+
         for state in ("reserved", "bound", "allocated"):
-            self.records.labels(state=state).set(counts.get(state, 0))
+            self.records.labels(state=state).set_function(counter(state))
 
     def count_devices(self, healthy: int, unhealthy: int) -> None:
         self.devices.labels(health="Healthy").set(healthy)

@@ -154,6 +154,7 @@ class DevicePluginService:
         readiness.set("inventory", False, f"no inventory received for node {config.node} yet")
         readiness.set("records", False, "loading assignment records")
         metrics.inventory_age_seconds.set_function(self._inventory_age)
+        metrics.count_records_with(lambda: [view.record.state for view in self._records.values()])
 
     # --- what the gRPC server asks -------------------------------------------------------------
 
@@ -508,16 +509,12 @@ class DevicePluginService:
             self._records.pop(view.key, None)
         else:
             self._records[view.key] = view
-        await self._records_updated()
+        await self._records_changed.bump()
 
     async def _forget(self, key: str) -> None:
         """Stop serving ``key`` (the last accepted version stays the reference for rewrites)."""
         if self._records.pop(key, None) is not None:
-            await self._records_updated()
-
-    async def _records_updated(self) -> None:
-        self._metrics.count_records(view.record.state for view in self._records.values())
-        await self._records_changed.bump()
+            await self._records_changed.bump()
 
     async def _deleted(self, key: str) -> None:
         """The key is gone from the bucket: forget everything about it."""
