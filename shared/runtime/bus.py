@@ -105,8 +105,12 @@ class ConnectionMonitor(Protocol):
         ...
 
 
-AUTHORIZATION_MARKERS = ("authorization violation", "authentication", "authorization")
-"""Words in a server error that mean the credentials were refused."""
+AUTHORIZATION_MARKERS = (
+    "authorization violation",
+    "authentication expired",
+    "authentication revoked",
+)
+"""Words in a server error that mean the credentials were refused (compared in lower case)."""
 
 MAX_AUTH_BACKOFF_S = 30.0
 QUIET_LOG_S = 30.0
@@ -501,11 +505,6 @@ class NatsBus:
 
     async def wait_closed(self) -> str:
         return await asyncio.shield(self._closed)
-
-    @property
-    def max_payload(self) -> int:
-        """The largest message the server accepts, in bytes."""
-        return int(self._nc.max_payload)
 
     async def _write(self, operation: Callable[[], Awaitable[T]]) -> T:
         """Run one write: refused at once when disconnected, OutcomeUnknownError when the

@@ -236,6 +236,10 @@ async def _run_body(
                     )
                 )
             work.add_done_callback(lambda _: [watcher.cancel() for watcher in watchers])
+    except* BusClosedError as closed:  # not a bug: one line says why
+        for error in closed.exceptions:
+            log.error(f"service stopping: {error}")
+        failed = True
     except* Exception as errors:
         for error in errors.exceptions:
             log.error("service failed", exc_info=error)

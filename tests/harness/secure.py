@@ -164,9 +164,9 @@ class OperatorMode:
     creds: str
 
 
-def operator_mode() -> OperatorMode:
+def operator_mode(*, user_expires_at: float | None = None) -> OperatorMode:
     """Operator -> account (JetStream enabled) -> user, with a memory resolver and the system
-    account JetStream needs."""
+    account JetStream needs; the user's JWT expires at ``user_expires_at`` when given."""
     operator_seed, operator = new_nkey(nkeys.PREFIX_BYTE_OPERATOR)
     account_seed, account = new_nkey(nkeys.PREFIX_BYTE_ACCOUNT)
     user_seed, user = new_nkey(nkeys.PREFIX_BYTE_USER)
@@ -203,15 +203,15 @@ def operator_mode() -> OperatorMode:
         },
         operator_seed,
     )
-    user_jwt = _jwt(
-        {
-            "iss": account,
-            "sub": user,
-            "name": "tessera-service",
-            "nats": {"type": "user", "version": 2, "pub": {}, "sub": {}} | unlimited,
-        },
-        account_seed,
-    )
+    user_claims: dict[str, Any] = {
+        "iss": account,
+        "sub": user,
+        "name": "tessera-service",
+        "nats": {"type": "user", "version": 2, "pub": {}, "sub": {}} | unlimited,
+    }
+    if user_expires_at is not None:
+        user_claims["exp"] = int(user_expires_at)
+    user_jwt = _jwt(user_claims, account_seed)
     system_jwt = _jwt(
         {
             "iss": operator,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,3 +359,28 @@ def test_a_secret_on_the_command_line_is_warned_about(
         "user of this host; use TESSERA_NATS_PASSWORD or --nats-password-file\n"
     )
     assert "on-argv" not in err
+
+
+async def test_a_service_whose_login_expires_while_connected_stops_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user JWT expires: the server closes the client for good (nats-py does not reconnect
+    after that). The service exits 1 saying why, so Kubernetes restarts it with the current
+    Secret instead of leaving it deaf."""
+    operator = secure.operator_mode(user_expires_at=time.time() + 3)
+    creds = _write(tmp_path, "user.creds", operator.creds)
+    with NatsServer(operator.server_config) as server:
+        settings = Settings(
+            nats_url=server.url, nats_creds_file=creds, http_host="127.0.0.1", http_port=0
+        )
+        readiness = Readiness()
+        async with echo_service(settings, readiness) as task:
+            await wait_for(lambda: readiness.ready, "the service to be ready")
+            code = await asyncio.wait_for(asyncio.shield(task), timeout=30)
+    assert code == 1
+    err = capsys.readouterr().err
+    assert (
+        "the NATS client closed for good: authorization failed: nats: user authentication expired"
+        in err
+    ), err
+    assert "Traceback" not in err
