@@ -81,6 +81,10 @@ MAX_CLAIM_ATTEMPTS = 16
 MAX_UNCONFIRMED = 64
 """Unconfirmed claims remembered for the kubelet's retry (the oldest is dropped beyond it)."""
 
+UNCONFIRMED_TTL_S = 30.0
+"""How long an unconfirmed claim answers a retry. A retry comes within seconds; later, the same
+device IDs are more likely another pod's, which must not get this record's slices."""
+
 SAME_NODE_LIMITS = validation.InventoryLimits(max_future_s=60.0)
 """The inventory is produced on this node, by this node's clock: a minute ahead is already a lie."""
 
@@ -138,8 +142,9 @@ class DevicePluginService:
         checked against (kept when a rewrite is refused)."""
         self._rejected: dict[str, int] = {}
         """Key -> the revision last dead-lettered, so a re-read does not dead-letter it twice."""
-        self._unconfirmed: dict[tuple[str, ...], Allocation] = {}
-        """Claims sent whose outcome could not be read back, by their sorted device IDs."""
+        self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
+        """Claims sent whose outcome could not be read back, by their sorted device IDs, with
+        when (monotonic) they were sent."""
         self._records_changed = _Versioned()
         self._inventory: NodeInventory | None = None
         self._gpus: dict[str, GpuTelemetry] = {}
@@ -359,8 +364,11 @@ class DevicePluginService:
             await self._apply_record_entry(entry)
         return None
 
-    def _remember_unconfirmed(self, device_ids: tuple[str, ...], plan: Allocation) -> None:
-        self._unconfirmed[tuple(sorted(device_ids))] = plan
+    def _remember_unconfirmed(
+        self, device_ids: tuple[str, ...], plan: Allocation, sent_at: float | None = None
+    ) -> None:
+        sent = self._clock.monotonic() if sent_at is None else sent_at
+        self._unconfirmed[tuple(sorted(device_ids))] = (plan, sent)
         while len(self._unconfirmed) > MAX_UNCONFIRMED:
             del self._unconfirmed[next(iter(self._unconfirmed))]
 
@@ -368,12 +376,19 @@ class DevicePluginService:
         self, device_ids: tuple[str, ...]
     ) -> ContainerGrant | Refusal | None:
         """The answer to a retry of an unconfirmed claim, or None to plan afresh."""
-        plan = self._unconfirmed.pop(tuple(sorted(device_ids)), None)
-        if plan is None:
+        unconfirmed = self._unconfirmed.pop(tuple(sorted(device_ids)), None)
+        if unconfirmed is None:
+            return None
+        plan, sent_at = unconfirmed
+        if self._clock.monotonic() - sent_at > UNCONFIRMED_TTL_S:
+            log.warning(
+                "an unconfirmed claim expired before a retry",
+                extra={"key": plan.claimed.key, "device_ids": list(device_ids)[:8]},
+            )
             return None
         found = await self._read_back(plan)
         if found == "unknown":
-            self._remember_unconfirmed(device_ids, plan)
+            self._remember_unconfirmed(device_ids, plan, sent_at)
             return Refusal(
                 kind="unavailable",
                 message=f"the earlier claim of the assignment record {plan.claimed.key} for "

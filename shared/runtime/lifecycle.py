@@ -237,8 +237,8 @@ async def _run_body(
                 )
             work.add_done_callback(lambda _: [watcher.cancel() for watcher in watchers])
     except* BusClosedError as closed:  # not a bug: one line says why
-        for error in closed.exceptions:
-            log.error(f"service stopping: {error}")
+        for reason in closed.exceptions:
+            log.error(f"service stopping: {reason}")
         failed = True
     except* Exception as errors:
         for error in errors.exceptions:

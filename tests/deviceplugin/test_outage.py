@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from services.deviceplugin.allocate import ContainerGrant, Refusal
+from services.deviceplugin.service import UNCONFIRMED_TTL_S
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
 from shared.runtime.bus import BusUnavailableError, NatsBus, OutcomeUnknownError
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import get_record, put_inventory, put_record, until
 from tests.deviceplugin.test_service import service_on
+from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
 
 DEVICES = (f"{uuid(0)}::0",)
@@ -108,3 +110,17 @@ async def test_a_claim_whose_answer_was_lost_is_read_back_at_once_when_it_can_be
         granted = await service.allocate([DEVICES])
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
     assert len((await get_record(bus, "readable")).allocated) == 1
+
+
+async def test_an_unconfirmed_claim_does_not_answer_a_retry_that_comes_too_late(
+    bus: NatsBus, clock: FakeClock
+) -> None:
+    """Later, the same device IDs are more likely another pod's: it must not get these slices."""
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("late", container("main", share(0))))
+    async with service_on(LostAnswerBus(bus, lands=True, unreadable=1), clock) as (service, _):
+        first = await service.allocate([DEVICES])
+        assert isinstance(first, Refusal) and first.kind == "unavailable"
+        await clock.advance(UNCONFIRMED_TTL_S + 1)
+        late = await service.allocate([DEVICES])
+    assert isinstance(late, Refusal) and late.kind == "no_record", late
