@@ -34,7 +34,8 @@ Typical reader (the device plugin's shape; the placer and binder do the same)::
 ``transition_problem`` needs the last version the reader accepted for that key (``None`` when it
 holds none). It cannot see rewrites made while the reader was not running, which is why
 :func:`record_problem` also checks that the fields each state implies are consistent (a ``bound``
-record carries no ``allocated_at``, and so on): a careless regression shows there too.
+record carries no ``allocated_at``, only a ``released`` one a ``released_at``, an
+``allocated`` one its ``allocated_at``): a careless regression shows there too.
 """
 
 from __future__ import annotations
@@ -111,8 +112,6 @@ def _slices_problem(container: ContainerSlices) -> str | None:
 
 def _state_problem(record: AssignmentRecord) -> str | None:
     state = record.state
-    if state in ("bound", "allocated") and record.bound_at is None:
-        return f"a {state} record without bound_at"
     if state in ("reserved", "bound") and record.allocated_at is not None:
         return f"a {state} record with allocated_at set (an allocated record moved back?)"
     if state != "released" and record.released_at is not None:
@@ -140,12 +139,13 @@ def _state_problem(record: AssignmentRecord) -> str | None:
 def record_problem(record: AssignmentRecord, *, key: str) -> str | None:
     """Why ``record``, read under KV ``key``, cannot be believed on its own; None when it can.
 
-    Checks: the key names the record's node and pod UID; identity fields are present; container
+    Checks: the key names the record's node and pod UID; the pod's UID, namespace, name and node
+    are present; container
     names are unique; every slice has memory >= 0, cores 0..100, an index >= 0 and a UUID, and no
     GPU twice in one container; a container's ``tessera.dev/gpu`` count equals its slices; the
     fields each state implies are consistent; allocated containers are the record's, in order.
     """
-    for field in ("pod_uid", "namespace", "name", "node", "placer_id"):
+    for field in ("pod_uid", "namespace", "name", "node"):
         if not getattr(record, field):
             return f"the record has an empty {field}"
     try:

@@ -151,6 +151,8 @@ class DevicePluginService:
         self._devices: tuple[Device, ...] = ()
         self._gpu_of: dict[str, str] = {}
         self._advertised: set[str] = set()
+        self._device_problem: str | None = None
+        """Why the inventory's devices cannot be advertised (logged once per new reason)."""
         self._retired: set[str] = set()
         """Device IDs advertised before and no longer (their GPU left the inventory)."""
         self._devices_changed = _Versioned()
@@ -605,13 +607,12 @@ class DevicePluginService:
         await self._revalidate_records(inventory)
         problem = devices.inventory_size_problem(inventory, self._config.devices)
         advertised = () if problem else devices.advertise(inventory, self._config.devices)
-        if advertised == self._devices and problem is None:
+        if advertised == self._devices and problem == self._device_problem:
             return
-        if problem is not None:
+        if problem is not None and problem != self._device_problem:
             log.error(problem)
-            self._readiness.set("devices", False, problem)
-        else:
-            self._readiness.set("devices", True)
+        self._device_problem = problem
+        self._readiness.set("devices", problem is None, problem or "")
         self._devices = advertised
         self._gpu_of = devices.gpu_of(advertised)
         current = set(self._gpu_of)
