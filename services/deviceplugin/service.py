@@ -116,6 +116,11 @@ class _Versioned:
         return True
 
 
+def _record_delivery(key: str, data: bytes) -> Delivery:
+    """A KV entry of the assignments bucket, as the edge sees a delivery."""
+    return Delivery(subject=f"$KV.{subjects.KV_ASSIGNMENTS}.{key}", data=data)
+
+
 class DevicePluginService:
     """The plugin's state and behaviour (implements ``server.PluginCore``)."""
 
@@ -492,30 +497,35 @@ class DevicePluginService:
     async def _apply_record_entry(self, entry: KvEntry) -> None:
         key, revision = entry.key, entry.revision
         known = self._accepted.get(key)
-        if (known is not None and known.revision >= revision) or self._rejected.get(
-            key
-        ) == revision:
-            return  # already taken (our own compare-and-set), or already dead-lettered
-        delivery = Delivery(subject=f"$KV.{subjects.KV_ASSIGNMENTS}.{key}", data=entry.value)
+        if known is not None and known.revision >= revision:
+            return  # already taken (our own compare-and-set stored this revision or a later one)
+        if self._rejected.get(key) == revision:
+            return  # already dead-lettered
+        delivery = _record_delivery(key, entry.value)
         record = await self._edge.accept(delivery, AssignmentRecord, family="assignments")
-        problem: str | None = None
-        if record is not None:
-            problem = validation.assignment_problem(
-                record, key=key, inventory=self._inventory
-            ) or validation.transition_problem(known.record if known else None, record)
-        if record is None or problem:
+        if record is None:
             self._rejected[key] = revision
-            if problem:
-                await self._edge.reject(
-                    delivery,
-                    family="assignments",
-                    reason=f"assignment record {key} revision {revision}: {problem}",
-                    kind="validate",
-                )
             await self._forget(key)
+            return
+        problem = validation.assignment_problem(
+            record, key=key, inventory=self._inventory
+        ) or validation.transition_problem(known.record if known else None, record)
+        if problem:
+            await self._refuse(key, revision, delivery, problem)
             return
         self._rejected.pop(key, None)
         await self._remember(RecordView(key=key, revision=revision, record=record))
+
+    async def _refuse(self, key: str, revision: int, delivery: Delivery, problem: str) -> None:
+        """Dead-letter this revision of ``key`` with ``problem`` and stop serving the key."""
+        self._rejected[key] = revision
+        await self._edge.reject(
+            delivery,
+            family="assignments",
+            reason=f"assignment record {key} revision {revision}: {problem}",
+            kind="validate",
+        )
+        await self._forget(key)
 
     async def _remember(self, view: RecordView) -> None:
         known = self._accepted.get(view.key)
@@ -543,19 +553,9 @@ class DevicePluginService:
         """Dead-letter and forget records the new inventory makes impossible."""
         for key, view in list(self._records.items()):
             problem = validation.record_inventory_problem(view.record, inventory)
-            if problem is None:
-                continue
-            self._rejected[key] = view.revision
-            delivery = Delivery(
-                subject=f"$KV.{subjects.KV_ASSIGNMENTS}.{key}", data=codec.encode(view.record)
-            )
-            await self._edge.reject(
-                delivery,
-                family="assignments",
-                reason=f"assignment record {key} revision {view.revision}: {problem}",
-                kind="validate",
-            )
-            await self._forget(key)
+            if problem is not None:
+                delivery = _record_delivery(key, codec.encode(view.record))
+                await self._refuse(key, view.revision, delivery, problem)
 
     def _inventory_age(self) -> float:
         inventory = self._inventory
