@@ -18,10 +18,12 @@ every container of the namespace.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import tomllib
 import typing
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, TypeVar
@@ -47,6 +49,50 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Settings every service has."""
 
     nats_url: Annotated[str, msgspec.Meta(description="NATS server URL")] = DEFAULT_NATS_URL
+    nats_user: Annotated[str, msgspec.Meta(description="NATS user name (with a password)")] = ""
+    nats_password: Annotated[
+        str,
+        msgspec.Meta(
+            description="NATS password; prefer the environment or --nats-password-file "
+            "(the command line is visible to every user of the host)"
+        ),
+    ] = ""
+    nats_password_file: Annotated[
+        str, msgspec.Meta(description="file holding the NATS password (e.g. a mounted Secret)")
+    ] = ""
+    nats_token: Annotated[
+        str,
+        msgspec.Meta(description="NATS authentication token; prefer the environment or a file"),
+    ] = ""
+    nats_token_file: Annotated[
+        str, msgspec.Meta(description="file holding the NATS authentication token")
+    ] = ""
+    nats_nkey_seed_file: Annotated[
+        str, msgspec.Meta(description="file holding the NATS user NKey seed (SU...)")
+    ] = ""
+    nats_creds_file: Annotated[
+        str, msgspec.Meta(description="NATS .creds file (user JWT and NKey seed, operator mode)")
+    ] = ""
+    nats_tls_ca_file: Annotated[
+        str,
+        msgspec.Meta(
+            description="CA bundle (PEM) that signed the NATS server's certificate; setting any "
+            "TLS option turns TLS on"
+        ),
+    ] = ""
+    nats_tls_cert_file: Annotated[
+        str, msgspec.Meta(description="client certificate (PEM) for NATS mutual TLS")
+    ] = ""
+    nats_tls_key_file: Annotated[
+        str, msgspec.Meta(description="private key (PEM) of --nats-tls-cert-file")
+    ] = ""
+    nats_tls_server_name: Annotated[
+        str,
+        msgspec.Meta(
+            description="name expected in the NATS server's certificate when it differs from "
+            "the host in --nats-url"
+        ),
+    ] = ""
     http_host: Annotated[
         str, msgspec.Meta(description="address for /healthz, /readyz and /metrics")
     ] = "0.0.0.0"
@@ -261,3 +307,169 @@ def require_node(settings: NodeSettings) -> str:
     if not settings.node:
         raise ConfigError("no node name: pass --node, or set NODE_NAME or TESSERA_NODE")
     return settings.node
+
+
+# --- NATS security ---------------------------------------------------------------------------
+
+SECRET_FIELDS: Final = ("nats_password", "nats_token")
+"""Settings whose value is a secret: never logged, and warned about on the command line."""
+
+REDACTED: Final = "***"
+
+
+@dataclasses.dataclass(frozen=True)
+class NatsSecurity:
+    """How to authenticate to NATS and whether to use TLS, resolved from the settings once.
+
+    Secrets are held here, already read from their files; ``repr`` never shows them.
+    """
+
+    user: str = ""
+    password: str = dataclasses.field(default="", repr=False)
+    token: str = dataclasses.field(default="", repr=False)
+    nkey_seed_file: str = ""
+    creds_file: str = ""
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_server_name: str = ""
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(
+            self.tls_ca_file or self.tls_cert_file or self.tls_key_file or self.tls_server_name
+        )
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Values to scrub from any text that leaves the process (logs, /readyz, errors)."""
+        return tuple(secret for secret in (self.password, self.token) if secret)
+
+    def client_options(self) -> dict[str, Any]:
+        """The nats-py ``connect`` keyword arguments for the credentials (none when unset)."""
+        options: dict[str, Any] = {}
+        if self.user:
+            options["user"], options["password"] = self.user, self.password
+        if self.token:
+            options["token"] = self.token
+        if self.nkey_seed_file:
+            options["nkeys_seed"] = self.nkey_seed_file
+        if self.creds_file:
+            options["user_credentials"] = self.creds_file
+        return options
+
+
+def _secret_from(settings: Settings, value_field: str, file_field: str) -> str:
+    value, path = getattr(settings, value_field), getattr(settings, file_field)
+    if value and path:
+        raise ConfigError(f"set {option(value_field)} or {option(file_field)}, not both")
+    if not path:
+        return str(value)
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(
+            f"{option(file_field)} {path}: cannot read it ({error.strerror})"
+        ) from None
+    secret = text.rstrip("\r\n")
+    if not secret:
+        raise ConfigError(f"{option(file_field)} {path} is empty")
+    return secret
+
+
+def _readable(settings: Settings, fields: tuple[str, ...]) -> None:
+    for name in fields:
+        path = getattr(settings, name)
+        if not path:
+            continue
+        try:
+            with Path(path).open("rb") as handle:
+                handle.read(1)
+        except OSError as error:
+            raise ConfigError(f"{option(name)} {path}: cannot read it ({error.strerror})") from None
+
+
+def nats_security(settings: Settings) -> NatsSecurity:
+    """Resolve the NATS credentials and TLS settings, reading secret files; ConfigError names the
+    setting when they cannot be used (a file that cannot be read, two ways to log in at once)."""
+    password = _secret_from(settings, "nats_password", "nats_password_file")
+    token = _secret_from(settings, "nats_token", "nats_token_file")
+    if password and not settings.nats_user:
+        raise ConfigError("--nats-password needs --nats-user")
+    if settings.nats_user and not password:
+        raise ConfigError("--nats-user needs --nats-password or --nats-password-file")
+    methods = [
+        name
+        for name, used in (
+            ("--nats-user", bool(settings.nats_user)),
+            ("--nats-token", bool(token)),
+            ("--nats-nkey-seed-file", bool(settings.nats_nkey_seed_file)),
+            ("--nats-creds-file", bool(settings.nats_creds_file)),
+        )
+        if used
+    ]
+    if len(methods) > 1:
+        raise ConfigError(f"choose one way to log in to NATS, not {' and '.join(methods)}")
+    parts = urllib.parse.urlsplit(settings.nats_url)
+    if methods and (parts.username or parts.password):
+        raise ConfigError(f"credentials are both in --nats-url and in {methods[0]}")
+    if bool(settings.nats_tls_cert_file) != bool(settings.nats_tls_key_file):
+        raise ConfigError("--nats-tls-cert-file and --nats-tls-key-file go together")
+    _readable(
+        settings,
+        (
+            "nats_nkey_seed_file",
+            "nats_creds_file",
+            "nats_tls_ca_file",
+            "nats_tls_cert_file",
+            "nats_tls_key_file",
+        ),
+    )
+    return NatsSecurity(
+        user=settings.nats_user,
+        password=password,
+        token=token,
+        nkey_seed_file=settings.nats_nkey_seed_file,
+        creds_file=settings.nats_creds_file,
+        tls_ca_file=settings.nats_tls_ca_file,
+        tls_cert_file=settings.nats_tls_cert_file,
+        tls_key_file=settings.nats_tls_key_file,
+        tls_server_name=settings.nats_tls_server_name,
+    )
+
+
+def redact_url(url: str) -> str:
+    """``url`` (or comma-separated URLs) with any password or token in it replaced by ``***``."""
+    redacted = []
+    for part in url.split(","):
+        try:
+            parts = urllib.parse.urlsplit(part.strip())
+            if not (parts.username or parts.password):
+                redacted.append(part.strip())
+                continue
+            host = parts.hostname or ""
+            if parts.port is not None:
+                host = f"{host}:{parts.port}"
+        except ValueError:  # unparsable: say nothing of it rather than risk a secret
+            redacted.append(REDACTED)
+            continue
+        userinfo = f"{parts.username}:{REDACTED}" if parts.password else REDACTED
+        redacted.append(urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo}@{host}")))
+    return ",".join(redacted)
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """Passwords and tokens written inside ``url``, for scrubbing."""
+    found = []
+    for part in url.split(","):
+        try:
+            parts = urllib.parse.urlsplit(part.strip())
+        except ValueError:
+            continue
+        if parts.password:
+            found.append(urllib.parse.unquote(parts.password))
+            found.append(parts.password)
+        elif parts.username:  # nats://TOKEN@host
+            found.append(urllib.parse.unquote(parts.username))
+            found.append(parts.username)
+    return tuple(dict.fromkeys(secret for secret in found if secret))

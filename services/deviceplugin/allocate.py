@@ -143,15 +143,21 @@ def _age(view: RecordView) -> tuple[float, float, str]:
     return (bound_at, record.decided_at, record.pod_uid)
 
 
-def pick_record(views: Iterable[RecordView], *, count: int, resource: str) -> RecordView | None:
-    """The oldest bound record whose next container needs exactly ``count`` devices."""
+def matching_records(views: Iterable[RecordView], *, count: int, resource: str) -> list[RecordView]:
+    """Bound records whose next container needs exactly ``count`` devices, oldest first."""
     matching = [
         view
         for view in views
         if (container := next_container(view.record, resource)) is not None
         and devices_needed(container, resource) == count
     ]
-    return min(matching, key=_age, default=None)
+    return sorted(matching, key=_age)
+
+
+def pick_record(views: Iterable[RecordView], *, count: int, resource: str) -> RecordView | None:
+    """The oldest bound record whose next container needs exactly ``count`` devices."""
+    matching = matching_records(views, count=count, resource=resource)
+    return matching[0] if matching else None
 
 
 def describe_missing(views: Iterable[RecordView], *, count: int, resource: str, node: str) -> str:
@@ -177,21 +183,34 @@ def describe_missing(views: Iterable[RecordView], *, count: int, resource: str, 
 # --- checking the kubelet's IDs ----------------------------------------------------------------
 
 
-def check_device_ids(device_ids: Sequence[str], advertised: AbstractSet[str]) -> Refusal | None:
-    """Refuse an empty request, repeated IDs, or IDs this plugin never advertised."""
+def _shown(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+def check_device_ids(
+    device_ids: Sequence[str],
+    advertised: AbstractSet[str],
+    retired: AbstractSet[str] = frozenset(),
+) -> Refusal | None:
+    """Refuse an empty request, repeated IDs, IDs of GPUs the node no longer lists (``retired``:
+    advertised before, not now), or IDs this plugin never advertised."""
     if not device_ids:
         return Refusal(kind="invalid", message="Allocate carried no device IDs")
     repeated = sorted(i for i, n in Counter(device_ids).items() if n > 1)
     if repeated:
         return Refusal(kind="invalid", message=f"device IDs repeated: {', '.join(repeated)}")
     unknown = [i for i in device_ids if i not in advertised]
-    if unknown:
-        shown = ", ".join(unknown[:5]) + (
-            f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        )
+    gone = [i for i in unknown if i in retired]
+    if gone:
         return Refusal(
             kind="invalid",
-            message=f"device IDs this plugin never advertised: {shown}",
+            message=f"device IDs no longer advertised (their GPU left the node's inventory): "
+            f"{_shown(gone)}",
+        )
+    if unknown:
+        return Refusal(
+            kind="invalid",
+            message=f"device IDs this plugin never advertised: {_shown(unknown)}",
         )
     return None
 
@@ -225,6 +244,13 @@ def container_grant(
             kind="unavailable",
             message=f"assignment record of {pod} container {container.container} names GPU "
             f"{', '.join(missing)}, which the inventory of node {record.node} does not list",
+        )
+    sick = [_sickness(s.uuid, gpus) for s in slices if _sickness(s.uuid, gpus)]
+    if sick:
+        return Refusal(
+            kind="unavailable",
+            message=f"assignment record of {pod} container {container.container} was decided "
+            f"on GPU {', '.join(sick)}; it is not granted while the GPU is not healthy",
         )
     totals = [gpus[s.uuid].memory_total_mib for s in slices]
     envs = {
@@ -312,39 +338,52 @@ def plan_allocation(
     options: ResponseOptions,
     now: float,
     plugin_id: str,
+    retired: AbstractSet[str] = frozenset(),
 ) -> Allocation | Refusal:
-    """Decide one container's Allocate: which record, its next state, the response, the event."""
-    refusal = check_device_ids(device_ids, advertised)
+    """Decide one container's Allocate: which record, its next state, the response, the event.
+
+    The oldest matching bound record that can be served now wins; one that cannot (its GPU
+    unhealthy or not listed) never blocks a younger one. When none can, the oldest one's reason
+    is the answer.
+    """
+    refusal = check_device_ids(device_ids, advertised, retired)
     if refusal is not None:
         return refusal
     candidates = list(views)
-    view = pick_record(candidates, count=len(device_ids), resource=resource)
-    if view is None:
+    matching = matching_records(candidates, count=len(device_ids), resource=resource)
+    if not matching:
         return Refusal(
             kind="no_record",
             message=describe_missing(
                 candidates, count=len(device_ids), resource=resource, node=node
             ),
         )
-    container = next_container(view.record, resource)
-    assert container is not None  # pick_record only returns records with a next container
-    grant = container_grant(view.record, container, gpus=gpus, options=options)
-    if isinstance(grant, Refusal):
-        return grant
-    record = advance(view.record, container, device_ids, resource=resource, now=now)
-    event = AllocationEvent(
-        pod_uid=record.pod_uid,
-        namespace=record.namespace,
-        name=record.name,
-        node=node,
-        container=container.container,
-        device_ids=tuple(device_ids),
-        gpu_uuids=tuple(s.uuid for s in container.gpus),
-        complete=record.state == "allocated",
-        allocated_at=now,
-        plugin_id=plugin_id,
-    )
-    return Allocation(claimed=view, record=record, container=container, grant=grant, event=event)
+    first_refusal: Refusal | None = None
+    for view in matching:
+        container = next_container(view.record, resource)
+        assert container is not None  # matching_records only returns records with one
+        grant = container_grant(view.record, container, gpus=gpus, options=options)
+        if isinstance(grant, Refusal):
+            first_refusal = first_refusal or grant
+            continue
+        record = advance(view.record, container, device_ids, resource=resource, now=now)
+        event = AllocationEvent(
+            pod_uid=record.pod_uid,
+            namespace=record.namespace,
+            name=record.name,
+            node=node,
+            container=container.container,
+            device_ids=tuple(device_ids),
+            gpu_uuids=tuple(s.uuid for s in container.gpus),
+            complete=record.state == "allocated",
+            allocated_at=now,
+            plugin_id=plugin_id,
+        )
+        return Allocation(
+            claimed=view, record=record, container=container, grant=grant, event=event
+        )
+    assert first_refusal is not None
+    return first_refusal
 
 
 def _sickness(uuid: str, gpus: Mapping[str, GpuTelemetry]) -> str:

@@ -127,16 +127,18 @@ def advertise(inventory: NodeInventory | None, config: DeviceConfig) -> tuple[De
     return tuple(devices)
 
 
+_DEVICE_OVERHEAD_BYTES: Final = 4 + 2 + 2 + 16
+"""Per device in a ListAndWatch message besides the ID and health text: the Device field tag
+and length (<= 4 bytes), the ID and health fields' tags and lengths, and a topology with one NUMA
+node (<= 16 bytes)."""
+
+
 def estimated_list_bytes(devices: tuple[Device, ...]) -> int:
     """An upper estimate of the encoded ListAndWatch response for ``devices``."""
-    # Per device: the Device field tag and length (<= 4 bytes), the ID and health fields with
-    # their tags and lengths, and a topology with one NUMA node (<= 16 bytes).
-    return sum(4 + 2 + len(d.id) + 2 + len(d.health) + 16 for d in devices)
+    return sum(_DEVICE_OVERHEAD_BYTES + len(d.id) + len(d.health) for d in devices)
 
 
-def list_size_problem(devices: tuple[Device, ...], config: DeviceConfig) -> str | None:
-    """Why the kubelet would refuse this device list (too large a message), or None."""
-    size = estimated_list_bytes(devices)
+def _size_problem(size: int, count: int, config: DeviceConfig) -> str | None:
     if size <= KUBELET_MAX_MESSAGE_BYTES:
         return None
     if config.mode == "memory-units":
@@ -145,9 +147,27 @@ def list_size_problem(devices: tuple[Device, ...], config: DeviceConfig) -> str 
     else:
         advice = "lower --split-count or raise --split-memory-mib"
     return (
-        f"{len(devices)} devices make a ListAndWatch message of about {size} bytes, over the "
+        f"{count} devices make a ListAndWatch message of about {size} bytes, over the "
         f"kubelet's {KUBELET_MAX_MESSAGE_BYTES}-byte limit; {advice}"
     )
+
+
+def list_size_problem(devices: tuple[Device, ...], config: DeviceConfig) -> str | None:
+    """Why the kubelet would refuse this device list (too large a message), or None."""
+    return _size_problem(estimated_list_bytes(devices), len(devices), config)
+
+
+def inventory_size_problem(inventory: NodeInventory, config: DeviceConfig) -> str | None:
+    """:func:`list_size_problem` of ``advertise(inventory, config)`` without building the list:
+    an upper estimate from the device counts alone, so a GPU claiming absurd memory costs
+    nothing (checked before :func:`advertise`)."""
+    size = count = 0
+    for gpu in inventory.gpus:
+        per_gpu = devices_per_gpu(gpu, config)
+        longest_id = len(device_id(gpu, max(per_gpu - 1, 0)))
+        count += per_gpu
+        size += per_gpu * (_DEVICE_OVERHEAD_BYTES + longest_id + len(UNHEALTHY))
+    return _size_problem(size, count, config)
 
 
 def gpu_of(devices: tuple[Device, ...]) -> dict[str, str]:

@@ -5,6 +5,7 @@ Registered on the service's own registry (``ServiceContext.registry``), served a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -12,7 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 @dataclass(frozen=True)
 class PluginMetrics:
-    """Allocate outcomes and latency, advertised devices, kubelet registrations."""
+    """Allocate outcomes and latency, advertised devices, kubelet registrations, records held
+    and the age of the inventory in use."""
 
     allocations: Counter
     allocate_seconds: Histogram
@@ -20,6 +22,8 @@ class PluginMetrics:
     devices: Gauge
     registrations: Counter
     events_unpublished: Gauge
+    records: Gauge
+    inventory_age_seconds: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PluginMetrics:
@@ -57,7 +61,27 @@ class PluginMetrics:
                 "Allocation events committed to a record but not yet acknowledged by JetStream.",
                 registry=registry,
             ),
+            records=Gauge(
+                "tessera_deviceplugin_records",
+                "Assignment records of this node held for Allocate, by state.",
+                ["state"],
+                registry=registry,
+            ),
+            inventory_age_seconds=Gauge(
+                "tessera_deviceplugin_inventory_age_seconds",
+                "Seconds since the inventory in use was observed (NaN before the first).",
+                registry=registry,
+            ),
         )
+
+    def count_records_with(self, states: Callable[[], Iterable[str]]) -> None:
+        """Count the records held by state when scraped (nothing to do on each change)."""
+
+        def counter(state: str) -> Callable[[], float]:
+            return lambda: float(sum(1 for held in states() if held == state))
+
+        for state in ("reserved", "bound", "allocated"):
+            self.records.labels(state=state).set_function(counter(state))
 
     def count_devices(self, healthy: int, unhealthy: int) -> None:
         self.devices.labels(health="Healthy").set(healthy)

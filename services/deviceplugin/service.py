@@ -3,10 +3,15 @@
 Inputs, both kept in memory and fed from NATS:
 
 - the assignment records of this node, from a KV watch on ``tessera-assignments`` (keys
-  ``<node>.*``); a record that does not decode is dead-lettered and ignored;
+  ``<node>.*``). Each revision is decoded and checked with ``shared.validation`` (its key, its
+  values, the node's inventory, and that it only moved forward from the last version accepted);
+  one that fails is dead-lettered with the reason and forgotten: never served, never blocking a
+  valid one. Checks against the inventory run again whenever the inventory changes;
 - this node's inventory, from the ``tessera-inventory`` KV entry (key: the node token) and the
-  ``tessera.inventory.<node>`` subject, the newer winning; decoded at the edge (malformed -> dead
-  letter, never a crash).
+  ``tessera.inventory.<node>`` subject; decoded and bounded at the edge (malformed, another
+  node's, dated ahead of this clock, absurd capacities -> dead letter, never a crash); of one
+  producer the higher sequence wins, across producers the later snapshot. A device list too large
+  for the kubelet is refused before it is built.
 
 Allocate (one container at a time, serialized in this process): plan with
 :func:`allocate.plan_allocation`, commit the next record state by compare-and-set on the revision
@@ -14,9 +19,17 @@ it was read at, answer the kubelet and publish the :class:`AllocationEvent` to
 ``tessera.allocations.<node>`` beside the answer (retried until JetStream acknowledges it, and
 waited for at shutdown). A lost compare-and-set means another writer (a second plugin
 process, the binder) moved the record: re-read it and plan again, so no record is ever claimed
-twice. When no record matches yet, Allocate waits up to ``record_wait_s`` for the binder's write to
-arrive before refusing. The record in the KV bucket is the source of truth, so the kubelet never
-waits for the event, and a publish that fails never fails an Allocate already committed.
+twice. When no record matches yet, Allocate waits up to ``record_wait_s`` for the binder's write
+to arrive before refusing. The record in the KV bucket is the source of truth, so the kubelet
+never waits for the event, and a publish that fails never fails an Allocate already committed.
+A record whose GPU is unhealthy is not granted (the next servable record is), and device IDs of
+GPUs no longer listed are refused.
+
+Claims across NATS outages (issue 9): a claim while disconnected is refused at once and nothing
+of it lands later (the bus never buffers writes). A claim sent whose answer never came is read
+back before answering; when even that is impossible, Allocate is refused and the claim is kept
+as *unconfirmed*: the kubelet's retry with the same device IDs reads the record again and gets
+the answer the claim would have given (granted if it landed, planned afresh if not).
 
 All state lives here, not in the gRPC server, so a kubelet restart (new socket, new registration)
 loses nothing.
@@ -28,10 +41,12 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
+from typing import Literal
 
 from services.deviceplugin import allocate, devices, preferred
-from services.deviceplugin.allocate import ContainerGrant, RecordView, Refusal
+from services.deviceplugin.allocate import Allocation, ContainerGrant, RecordView, Refusal
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.devices import Device
 from services.deviceplugin.kubelet import KubeletLink
@@ -42,12 +57,12 @@ from services.deviceplugin.server import (
     PreferenceRequest,
     register,
 )
-from shared import codec, subjects
+from shared import codec, subjects, validation
 from shared.clock import Clock
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuTelemetry, NodeInventory
-from shared.runtime.bus import Bus, Delivery, KvEntry
+from shared.runtime.bus import Bus, BusUnavailableError, Delivery, KvEntry, OutcomeUnknownError
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
@@ -62,6 +77,19 @@ EVENT_FLUSH_S = 5.0
 
 MAX_CLAIM_ATTEMPTS = 16
 """Lost compare-and-sets in a row before Allocate gives up (each loss means progress elsewhere)."""
+
+MAX_UNCONFIRMED = 64
+"""Unconfirmed claims remembered for the kubelet's retry (the oldest is dropped beyond it)."""
+
+UNCONFIRMED_TTL_S = 30.0
+"""How long an unconfirmed claim answers a retry. A retry comes within seconds; later, the same
+device IDs are more likely another pod's, which must not get this record's slices."""
+
+SAME_NODE_LIMITS = validation.InventoryLimits(max_future_s=60.0)
+"""The inventory is produced on this node, by this node's clock: a minute ahead is already a lie."""
+
+ReadBack = int | None | Literal["unknown"]
+"""What reading a claim back found: its revision (it landed), None (it did not), or "unknown"."""
 
 
 class _Versioned:
@@ -88,6 +116,11 @@ class _Versioned:
         return True
 
 
+def _record_delivery(key: str, data: bytes) -> Delivery:
+    """A KV entry of the assignments bucket, as the edge sees a delivery."""
+    return Delivery(subject=f"$KV.{subjects.KV_ASSIGNMENTS}.{key}", data=data)
+
+
 class DevicePluginService:
     """The plugin's state and behaviour (implements ``server.PluginCore``)."""
 
@@ -108,17 +141,32 @@ class DevicePluginService:
         self._metrics = metrics
         self._readiness = readiness
         self._records: dict[str, RecordView] = {}
+        """Records that may be served (accepted, not released)."""
+        self._accepted: dict[str, RecordView] = {}
+        """The last version accepted of every key, released ones included: what a rewrite is
+        checked against (kept when a rewrite is refused)."""
+        self._rejected: dict[str, int] = {}
+        """Key -> the revision last dead-lettered, so a re-read does not dead-letter it twice."""
+        self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
+        """Claims sent whose outcome could not be read back, by their sorted device IDs, with
+        when (monotonic) they were sent."""
         self._records_changed = _Versioned()
         self._inventory: NodeInventory | None = None
         self._gpus: dict[str, GpuTelemetry] = {}
         self._devices: tuple[Device, ...] = ()
         self._gpu_of: dict[str, str] = {}
         self._advertised: set[str] = set()
+        self._device_problem: str | None = None
+        """Why the inventory's devices cannot be advertised (logged once per new reason)."""
+        self._retired: set[str] = set()
+        """Device IDs advertised before and no longer (their GPU left the inventory)."""
         self._devices_changed = _Versioned()
         self._allocate_lock = asyncio.Lock()
         self._publishing: set[asyncio.Task[None]] = set()
         readiness.set("inventory", False, f"no inventory received for node {config.node} yet")
         readiness.set("records", False, "loading assignment records")
+        metrics.inventory_age_seconds.set_function(self._inventory_age)
+        metrics.count_records_with(lambda: [view.record.state for view in self._records.values()])
 
     # --- what the gRPC server asks -------------------------------------------------------------
 
@@ -129,6 +177,16 @@ class DevicePluginService:
     @property
     def devices(self) -> tuple[Device, ...]:
         return self._devices
+
+    @property
+    def inventory(self) -> NodeInventory | None:
+        """The inventory in use (for tests and debugging)."""
+        return self._inventory
+
+    @property
+    def held_records(self) -> tuple[RecordView, ...]:
+        """The records Allocate may serve (for tests and debugging)."""
+        return tuple(self._records.values())
 
     async def device_lists(self) -> AsyncIterator[tuple[Device, ...]]:
         while True:
@@ -189,6 +247,9 @@ class DevicePluginService:
     # --- Allocate, one container -------------------------------------------------------------
 
     async def _allocate_container(self, device_ids: tuple[str, ...]) -> ContainerGrant | Refusal:
+        answer = await self._resolve_unconfirmed(device_ids)
+        if answer is not None:
+            return answer
         deadline = self._clock.monotonic() + self._config.record_wait_s
         conflicts = 0
         while True:
@@ -199,6 +260,7 @@ class DevicePluginService:
                 node=self._config.node,
                 resource=self._config.resource,
                 advertised=self._advertised,
+                retired=self._retired,
                 gpus=self._gpus,
                 options=self._config.response,
                 now=self._clock.now(),
@@ -213,44 +275,136 @@ class DevicePluginService:
                 if not await self._records_changed.wait_past(seen, timeout=remaining):
                     return plan
                 continue
+            key = plan.claimed.key
             try:
                 revision = await self._bus.kv_update(
                     subjects.KV_ASSIGNMENTS,
-                    plan.claimed.key,
+                    key,
                     codec.encode(plan.record),
                     revision=plan.claimed.revision,
                 )
-                if revision is None:
-                    conflicts += 1
-                    self._metrics.cas_conflicts.inc()
-                    if conflicts >= MAX_CLAIM_ATTEMPTS:
-                        return Refusal(
-                            kind="conflict",
-                            message=f"the assignment record {plan.claimed.key} kept changing "
-                            f"under {conflicts} claims in a row; nothing was claimed",
-                        )
-                    await self._reread(plan.claimed.key)
-                    continue
-            except Exception as error:  # the bus is down or timed out: refuse, never crash
+            except BusUnavailableError:
                 return Refusal(
                     kind="unavailable",
-                    message=f"cannot claim the assignment record {plan.claimed.key}: NATS "
+                    message=f"cannot claim the assignment record {key}: not connected to NATS; "
+                    "nothing was claimed",
+                )
+            except OutcomeUnknownError:
+                found = await self._read_back(plan)
+                if found == "unknown":
+                    self._remember_unconfirmed(device_ids, plan)
+                    return Refusal(
+                        kind="unavailable",
+                        message=f"the claim of the assignment record {key} was sent but NATS "
+                        "did not confirm it and it cannot be read back yet; a retry with the "
+                        "same devices gets the answer",
+                    )
+                revision = found
+                if revision is None:  # it did not land, and never will: plan again
+                    conflicts += 1
+                    if conflicts >= MAX_CLAIM_ATTEMPTS:
+                        return self._gave_up(key, conflicts)
+                    continue
+            except Exception as error:  # the bus failed otherwise: refuse, never crash
+                return Refusal(
+                    kind="unavailable",
+                    message=f"cannot claim the assignment record {key}: NATS "
                     f"failed ({type(error).__name__}: {error})",
                 )
-            await self._remember(
-                RecordView(key=plan.claimed.key, revision=revision, record=plan.record)
+            if revision is None:
+                conflicts += 1
+                self._metrics.cas_conflicts.inc()
+                if conflicts >= MAX_CLAIM_ATTEMPTS:
+                    return self._gave_up(key, conflicts)
+                try:
+                    await self._reread(key)
+                except Exception as error:  # the bus failed: refuse, never crash
+                    return Refusal(
+                        kind="unavailable",
+                        message=f"cannot read the assignment record {key} again: NATS failed "
+                        f"({type(error).__name__}: {error})",
+                    )
+                continue
+            return await self._granted(plan, revision)
+
+    @staticmethod
+    def _gave_up(key: str, conflicts: int) -> Refusal:
+        return Refusal(
+            kind="conflict",
+            message=f"the assignment record {key} kept changing under {conflicts} claims in a "
+            "row; nothing was claimed",
+        )
+
+    async def _granted(self, plan: Allocation, revision: int) -> ContainerGrant:
+        """The claim of ``plan`` is committed at ``revision``: keep it, publish, answer."""
+        await self._remember(
+            RecordView(key=plan.claimed.key, revision=revision, record=plan.record)
+        )
+        self._publish(plan.event)
+        log.info(
+            "allocated",
+            extra={
+                "pod": f"{plan.record.namespace}/{plan.record.name}",
+                "container": plan.container.container,
+                "gpus": list(plan.event.gpu_uuids),
+                "complete": plan.complete,
+            },
+        )
+        return plan.grant
+
+    async def _read_back(self, plan: Allocation) -> ReadBack:
+        """Whether the claim of ``plan`` landed: its revision, None, or "unknown" (NATS down)."""
+        key = plan.claimed.key
+        try:
+            entry = await self._bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        except Exception as error:
+            log.warning(
+                "cannot read a claim back yet",
+                extra={"key": key, "error": f"{type(error).__name__}: {error}"},
             )
-            self._publish(plan.event)
-            log.info(
-                "allocated",
-                extra={
-                    "pod": f"{plan.record.namespace}/{plan.record.name}",
-                    "container": plan.container.container,
-                    "gpus": list(plan.event.gpu_uuids),
-                    "complete": plan.complete,
-                },
+            return "unknown"
+        if entry is not None and entry.value == codec.encode(plan.record):
+            return entry.revision
+        if entry is None:
+            await self._forget(key)
+        else:
+            await self._apply_record_entry(entry)
+        return None
+
+    def _remember_unconfirmed(
+        self, device_ids: tuple[str, ...], plan: Allocation, sent_at: float | None = None
+    ) -> None:
+        sent = self._clock.monotonic() if sent_at is None else sent_at
+        self._unconfirmed[tuple(sorted(device_ids))] = (plan, sent)
+        while len(self._unconfirmed) > MAX_UNCONFIRMED:
+            del self._unconfirmed[next(iter(self._unconfirmed))]
+
+    async def _resolve_unconfirmed(
+        self, device_ids: tuple[str, ...]
+    ) -> ContainerGrant | Refusal | None:
+        """The answer to a retry of an unconfirmed claim, or None to plan afresh."""
+        unconfirmed = self._unconfirmed.pop(tuple(sorted(device_ids)), None)
+        if unconfirmed is None:
+            return None
+        plan, sent_at = unconfirmed
+        if self._clock.monotonic() - sent_at > UNCONFIRMED_TTL_S:
+            log.warning(
+                "an unconfirmed claim expired before a retry",
+                extra={"key": plan.claimed.key, "device_ids": list(device_ids)[:8]},
             )
-            return plan.grant
+            return None
+        found = await self._read_back(plan)
+        if found == "unknown":
+            self._remember_unconfirmed(device_ids, plan, sent_at)
+            return Refusal(
+                kind="unavailable",
+                message=f"the earlier claim of the assignment record {plan.claimed.key} for "
+                "these devices still cannot be read back from NATS",
+            )
+        if found is None:
+            return None
+        log.info("an unconfirmed claim had landed; answering the retry with it")
+        return await self._granted(plan, found)
 
     async def _reread(self, key: str) -> None:
         entry = await self._bus.kv_get(subjects.KV_ASSIGNMENTS, key)
@@ -324,8 +478,8 @@ class DevicePluginService:
         try:
             async for entry in watch:
                 if entry is None:
-                    for key in set(self._records) - (initial or set()):
-                        await self._forget(key)  # gone while no watch was running
+                    for key in set(self._accepted) - (initial or set()):
+                        await self._deleted(key)  # gone while no watch was running
                     initial = None
                     self._readiness.set("records", True)
                     log.info("assignment records loaded", extra={"records": len(self._records)})
@@ -333,7 +487,7 @@ class DevicePluginService:
                 if initial is not None:
                     initial.add(entry.key)
                 if entry.deleted:
-                    await self._forget(entry.key)
+                    await self._deleted(entry.key)
                 else:
                     await self._apply_record_entry(entry)
         finally:
@@ -341,26 +495,43 @@ class DevicePluginService:
                 await watch.aclose()  # type: ignore[attr-defined]
 
     async def _apply_record_entry(self, entry: KvEntry) -> None:
-        delivery = Delivery(subject=f"$KV.{subjects.KV_ASSIGNMENTS}.{entry.key}", data=entry.value)
+        key, revision = entry.key, entry.revision
+        known = self._accepted.get(key)
+        if known is not None and known.revision >= revision:
+            return  # already taken (our own compare-and-set stored this revision or a later one)
+        if self._rejected.get(key) == revision:
+            return  # already dead-lettered
+        delivery = _record_delivery(key, entry.value)
         record = await self._edge.accept(delivery, AssignmentRecord, family="assignments")
         if record is None:
-            await self._forget(entry.key)
+            self._rejected[key] = revision
+            await self._forget(key)
             return
-        if record.node != self._config.node:
-            await self._edge.reject(
-                delivery,
-                family="assignments",
-                reason=f"record under key {entry.key} names node {record.node!r}, "
-                f"not {self._config.node!r}",
-                kind="validate",
-            )
+        problem = validation.assignment_problem(
+            record, key=key, inventory=self._inventory
+        ) or validation.transition_problem(known.record if known else None, record)
+        if problem:
+            await self._refuse(key, revision, delivery, problem)
             return
-        await self._remember(RecordView(key=entry.key, revision=entry.revision, record=record))
+        self._rejected.pop(key, None)
+        await self._remember(RecordView(key=key, revision=revision, record=record))
+
+    async def _refuse(self, key: str, revision: int, delivery: Delivery, problem: str) -> None:
+        """Dead-letter this revision of ``key`` with ``problem`` and stop serving the key."""
+        self._rejected[key] = revision
+        await self._edge.reject(
+            delivery,
+            family="assignments",
+            reason=f"assignment record {key} revision {revision}: {problem}",
+            kind="validate",
+        )
+        await self._forget(key)
 
     async def _remember(self, view: RecordView) -> None:
-        known = self._records.get(view.key)
+        known = self._accepted.get(view.key)
         if known is not None and known.revision >= view.revision:
             return  # our own compare-and-set already stored this revision (or a later one)
+        self._accepted[view.key] = view
         if view.record.state == "released":
             self._records.pop(view.key, None)
         else:
@@ -368,59 +539,85 @@ class DevicePluginService:
         await self._records_changed.bump()
 
     async def _forget(self, key: str) -> None:
+        """Stop serving ``key`` (the last accepted version stays the reference for rewrites)."""
         if self._records.pop(key, None) is not None:
             await self._records_changed.bump()
+
+    async def _deleted(self, key: str) -> None:
+        """The key is gone from the bucket: forget everything about it."""
+        self._accepted.pop(key, None)
+        self._rejected.pop(key, None)
+        await self._forget(key)
+
+    async def _revalidate_records(self, inventory: NodeInventory) -> None:
+        """Dead-letter and forget records the new inventory makes impossible."""
+        for key, view in list(self._records.items()):
+            problem = validation.record_inventory_problem(view.record, inventory)
+            if problem is not None:
+                delivery = _record_delivery(key, codec.encode(view.record))
+                await self._refuse(key, view.revision, delivery, problem)
+
+    def _inventory_age(self) -> float:
+        inventory = self._inventory
+        return self._clock.now() - inventory.observed_at if inventory else math.nan
 
     # --- inventory -----------------------------------------------------------------------------
 
     async def follow_inventory(self) -> None:
         """Take this node's inventory from the subject and the KV bucket, forever."""
         node = self._config.node
-        await self._edge.subscribe(
-            subjects.inventory(node), NodeInventory, self._apply_inventory, family="inventory"
-        )
+        await self._bus.subscribe(subjects.inventory(node), self._on_inventory)
         while True:
             watch = self._bus.kv_watch(subjects.KV_INVENTORY, subjects.node_token(node))
             try:
                 async for entry in watch:
                     if entry is None or entry.deleted:
                         continue
-                    delivery = Delivery(
-                        subject=f"$KV.{subjects.KV_INVENTORY}.{entry.key}", data=entry.value
+                    await self._on_inventory(
+                        Delivery(
+                            subject=f"$KV.{subjects.KV_INVENTORY}.{entry.key}", data=entry.value
+                        )
                     )
-                    inventory = await self._edge.accept(delivery, NodeInventory, family="inventory")
-                    if inventory is not None:
-                        await self._apply_inventory(inventory)
             finally:
                 with contextlib.suppress(Exception):
                     await watch.aclose()  # type: ignore[attr-defined]
             log.warning("inventory watch ended; watching again")
             await self._clock.sleep(WATCH_RETRY_S)
 
-    async def _apply_inventory(self, inventory: NodeInventory) -> None:
-        if inventory.node != self._config.node:
-            log.warning(
-                "ignored the inventory of another node", extra={"inventory_node": inventory.node}
-            )
+    async def _on_inventory(self, delivery: Delivery) -> None:
+        inventory = await self._edge.accept(delivery, NodeInventory, family="inventory")
+        if inventory is None:
             return
-        current = self._inventory
-        if current is not None and inventory.observed_at < current.observed_at:
+        problem = validation.inventory_problem(
+            inventory, node=self._config.node, now=self._clock.now(), limits=SAME_NODE_LIMITS
+        )
+        if problem:
+            await self._edge.reject(delivery, family="inventory", reason=problem, kind="validate")
+            if self._inventory is None:
+                self._readiness.set("inventory", False, f"inventory rejected: {problem}")
+            return
+        await self._apply_inventory(inventory)
+
+    async def _apply_inventory(self, inventory: NodeInventory) -> None:
+        if not validation.supersedes(inventory, self._inventory):
             return  # an older snapshot arriving late (KV and subject race)
         self._inventory = inventory
         self._gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
         self._readiness.set("inventory", True)
-        advertised = devices.advertise(inventory, self._config.devices)
-        if advertised == self._devices:
+        await self._revalidate_records(inventory)
+        problem = devices.inventory_size_problem(inventory, self._config.devices)
+        advertised = () if problem else devices.advertise(inventory, self._config.devices)
+        if advertised == self._devices and problem == self._device_problem:
             return
-        problem = devices.list_size_problem(advertised, self._config.devices)
-        if problem is not None:
+        if problem is not None and problem != self._device_problem:
             log.error(problem)
-            self._readiness.set("devices", False, problem)
-        else:
-            self._readiness.set("devices", True)
+        self._device_problem = problem
+        self._readiness.set("devices", problem is None, problem or "")
         self._devices = advertised
         self._gpu_of = devices.gpu_of(advertised)
-        self._advertised.update(self._gpu_of)
+        current = set(self._gpu_of)
+        self._retired = (self._retired | self._advertised) - current
+        self._advertised = current
         healthy = sum(1 for d in advertised if d.healthy)
         self._metrics.count_devices(healthy, len(advertised) - healthy)
         log.info(

@@ -9,6 +9,7 @@ and the way out (exit code 4), never with a traceback. Then the service runs und
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Final, Literal
@@ -148,6 +149,12 @@ def check(settings: InventorySettings) -> None:
         )
 
 
+def producer_id(started_at: float) -> str:
+    """This process's identity on its snapshots: host, pid and start time (unique per start), so
+    readers order its snapshots by sequence and never confuse them with another process's."""
+    return f"{os.uname().nodename}/{os.getpid()}/{started_at:.6f}"
+
+
 async def inventory_body(
     context: ServiceContext, *, reader: GpuReader, settings: InventorySettings, node: str
 ) -> None:
@@ -162,6 +169,7 @@ async def inventory_body(
         event_wait_timeout_s=settings.event_wait_timeout_s,
         metrics=InventoryMetrics.create(context.registry),
         readiness=context.readiness,
+        producer=producer_id(context.clock.now()),
     )
     await service.run()
 

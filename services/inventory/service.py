@@ -130,8 +130,10 @@ class InventoryService:
         event_wait_timeout_s: float,
         metrics: InventoryMetrics,
         readiness: Readiness,
+        producer: str = "",
     ) -> None:
         self._reader = reader
+        self._producer = producer
         self._bus = bus
         self._clock = clock
         self._node = node
@@ -219,6 +221,7 @@ class InventoryService:
             observed_at=self._clock.now(),
             now=self._clock.monotonic(),
             policy=self._policy,
+            producer=self._producer,
         )
         self._metrics.show(publication.inventory)
         if publication.reason is None:

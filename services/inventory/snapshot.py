@@ -238,15 +238,22 @@ def _telemetry(record: GpuRecord) -> GpuTelemetry:
 
 
 def build_inventory(
-    state: InventoryState, *, node: str, backend: str, observed_at: float, sequence: int
+    state: InventoryState,
+    *,
+    node: str,
+    backend: str,
+    observed_at: float,
+    sequence: int,
+    producer: str = "",
 ) -> NodeInventory:
-    """The inventory message for the current state."""
+    """The inventory message for the current state, signed with this process's ``producer``."""
     records = sorted(state.gpus.values(), key=lambda record: (record.index, record.uuid))
     return NodeInventory(
         node=node,
         gpus=tuple(_telemetry(record) for record in records),
         observed_at=observed_at,
         sequence=sequence,
+        producer=producer,
         backend=backend,
         driver_version=state.driver_version,
     )
@@ -331,6 +338,7 @@ def next_publication(
     observed_at: float,
     now: float,
     policy: Policy,
+    producer: str = "",
 ) -> Publication:
     """Decide whether to publish; when so, the inventory to send and the state to keep after.
 
@@ -338,7 +346,12 @@ def next_publication(
     send is simply decided again at the next poll.
     """
     candidate = build_inventory(
-        state, node=node, backend=backend, observed_at=observed_at, sequence=state.sequence + 1
+        state,
+        node=node,
+        backend=backend,
+        observed_at=observed_at,
+        sequence=state.sequence + 1,
+        producer=producer,
     )
     reason = publish_reason(state.published, state.published_at, candidate, now=now, policy=policy)
     if reason is None:

@@ -62,5 +62,9 @@ class NodeInventory(Message, frozen=True, kw_only=True):
     """Seconds since the epoch when the readings were taken."""
     sequence: int = 0
     """Monotonic per inventory process; a restart starts again at 1."""
+    producer: str = ""
+    """Which inventory process published it (unique per process start): readers order snapshots
+    of one producer by ``sequence`` and snapshots of different producers by ``observed_at``
+    (``shared.validation.supersedes``)."""
     backend: str = "nvml"
     driver_version: str = ""

@@ -3,6 +3,26 @@
 The Bus is deliberately small: core publish/subscribe, JetStream publish and durable pull
 consumers for work that must not be lost, and KV get/put/create/compare-and-set/watch for latest
 state. Compare-and-set conflicts are data (``None``), not exceptions: losing a race is normal.
+
+Writes during a NATS outage (issue 9). nats-py buffers what is published while it reconnects and
+sends it after the reconnect; a KV write is a JetStream publish awaiting an acknowledgement, so a
+compare-and-set that timed out could land long after its caller gave up. The adapter never lets a
+write sit in that buffer:
+
+* a write (publish, JetStream publish, any KV write) while disconnected raises
+  :class:`BusUnavailableError` at once: nothing was sent and nothing will land later;
+* whatever was queued but not yet on the wire when the connection drops is discarded, and a
+  request still waiting for its answer then raises :class:`OutcomeUnknownError` at once (as does
+  one whose answer times out): it may or may not have reached the server, and it will not reach
+  it later, so reading the key back after the reconnect tells what happened.
+
+Security (DESIGN section 11): :meth:`NatsBus.connect` takes a :class:`~shared.config.NatsSecurity`
+(user/password, token, NKey seed, ``.creds`` file, TLS). A first connection the server refuses for
+its credentials or TLS raises :class:`NatsRefusedError` (retrying cannot help); any other first
+failure is an ordinary exception the caller retries. After the first success the adapter
+reconnects forever; failed attempts back off (doubling up to 30 s when the server refuses the
+credentials) and are logged once per back-off step. :class:`ConnectionMonitor` reports the state
+(``/readyz``, ``/metrics``) and when the client closed for good.
 """
 
 from __future__ import annotations
@@ -10,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import nats
 import nats.errors
@@ -24,8 +46,97 @@ from nats.js import api as js_api
 from nats.js.kv import KeyValue
 
 from shared import subjects
+from shared.config import NatsSecurity, redact_url
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class BusUnavailableError(ConnectionError):
+    """Not connected to NATS: the write was not sent, and nothing of it will land later."""
+
+
+class OutcomeUnknownError(TimeoutError):
+    """The write was sent but its answer never came (timeout, or the connection dropped).
+
+    It may or may not have been applied, and it will not be applied later: read the key back
+    (after the reconnect) to learn which.
+    """
+
+
+class NatsRefusedError(Exception):
+    """The server refused the connection for its credentials or TLS; retrying cannot help."""
+
+
+ConnectionState = Literal["connected", "reconnecting", "authorization failed", "closed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStatus:
+    """Where the connection stands, with counts since the process started."""
+
+    state: ConnectionState
+    reason: str = ""
+    """Why it is not connected (secrets never appear here)."""
+    disconnects: int = 0
+    reconnects: int = 0
+    authorization_failures: int = 0
+
+    @property
+    def connected(self) -> bool:
+        return self.state == "connected"
+
+
+@runtime_checkable
+class ConnectionMonitor(Protocol):
+    """What a Bus adapter may report about its connection (``NatsBus`` does; test fakes need not).
+
+    The service runtime uses it for ``/readyz``, ``/metrics`` and to stop a service whose client
+    closed for good.
+    """
+
+    def connection_status(self) -> ConnectionStatus:
+        """The state now."""
+        ...
+
+    async def wait_closed(self) -> str:
+        """Return, with the reason, once the client closed for good (never after ``drain``)."""
+        ...
+
+
+AUTHORIZATION_MARKERS = (
+    "authorization violation",
+    "authentication expired",
+    "authentication revoked",
+)
+"""Words in a server error that mean the credentials were refused (compared in lower case)."""
+
+MAX_AUTH_BACKOFF_S = 30.0
+QUIET_LOG_S = 30.0
+"""Other connection errors repeating every attempt are logged at most this often."""
+
+
+def refusal_of(error: BaseException) -> str | None:
+    """Why ``error`` means the server refused our credentials or TLS, or None when it does not."""
+    if isinstance(error, ssl.SSLError):
+        return f"TLS failed: {error}"
+    text = str(error).lower()
+    if isinstance(error, nats.errors.AuthorizationError) or any(
+        marker in text for marker in AUTHORIZATION_MARKERS
+    ):
+        return f"authorization failed: {str(error) or type(error).__name__}"
+    return None
+
+
+def _tls_context(security: NatsSecurity) -> ssl.SSLContext | None:
+    if not security.uses_tls:
+        return None
+    context = ssl.create_default_context(cafile=security.tls_ca_file or None)
+    if security.tls_cert_file:
+        context.load_cert_chain(security.tls_cert_file, security.tls_key_file or None)
+    return context
+
 
 # Errors that only mean the subscription or connection is already gone.
 _GONE = (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError)
@@ -86,7 +197,13 @@ class PullConsumer(Protocol):
 
 
 class Bus(Protocol):
-    """Messaging and latest-state storage, as the services need them."""
+    """Messaging and latest-state storage, as the services need them.
+
+    Every write (``publish``, ``js_publish``, ``kv_put``/``kv_create``/``kv_update``/
+    ``kv_delete``) raises :class:`BusUnavailableError` at once while disconnected (nothing sent)
+    and :class:`OutcomeUnknownError` when it was sent but no answer came (read the key back).
+    Neither ever lands later. A ``kv_update`` that returns None lost the compare-and-set.
+    """
 
     @property
     def connected(self) -> bool:
@@ -209,13 +326,25 @@ class _NatsPullConsumer:
 
 
 class NatsBus:
-    """The Bus over a real NATS server with JetStream."""
+    """The Bus over a real NATS server with JetStream (implements ``ConnectionMonitor`` too)."""
 
-    def __init__(self, client: NatsClient) -> None:
+    def __init__(self, client: NatsClient, *, request_timeout: float = 5.0) -> None:
         self._nc = client
-        self._js = client.jetstream()
+        self._js = client.jetstream(timeout=request_timeout)
         self._kv: dict[str, KeyValue] = {}
         self._consumers: list[_NatsPullConsumer] = []
+        self._state: ConnectionState = "connected"
+        self._reason = ""
+        self._disconnects = 0
+        self._reconnects = 0
+        self._auth_failures = 0
+        self._failures_in_row = 0
+        self._reconnect_wait = 1.0
+        self._last_quiet_log = 0.0
+        self._draining = False
+        loop = asyncio.get_running_loop()
+        self._lost: asyncio.Future[None] = loop.create_future()
+        self._closed: asyncio.Future[str] = loop.create_future()
 
     @classmethod
     async def connect(
@@ -225,36 +354,186 @@ class NatsBus:
         name: str,
         connect_timeout: float = 2.0,
         reconnect_wait: float = 1.0,
+        security: NatsSecurity | None = None,
+        request_timeout: float = 5.0,
     ) -> NatsBus:
-        """Connect (reconnecting forever after the first success) and create streams and buckets.
+        """Connect once, then reconnect forever after any later loss; ensure streams and buckets.
 
         Raises:
-            OSError, nats.errors.NoServersError: the first connection failed; callers retry.
+            NatsRefusedError: the server refused the credentials or the TLS handshake failed.
+            OSError, TimeoutError, nats.errors.Error: the server could not be reached; retry.
         """
+        security = security or NatsSecurity()
+        bus: NatsBus | None = None
 
         async def on_error(error: Exception) -> None:
-            log.warning("nats error", extra={"error": str(error)})
+            if bus is not None:
+                bus._on_error(error)
 
         async def on_disconnect() -> None:
-            log.warning("nats disconnected")
+            if bus is not None:
+                bus._on_disconnect()
 
         async def on_reconnect() -> None:
-            log.info("nats reconnected")
+            if bus is not None:
+                bus._on_reconnect()
 
-        client = await nats.connect(
-            servers=[url],
-            name=name,
-            connect_timeout=connect_timeout,
-            reconnect_time_wait=reconnect_wait,
-            max_reconnect_attempts=-1,
-            allow_reconnect=True,
-            error_cb=on_error,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-        )
-        bus = cls(client)
+        async def on_closed() -> None:
+            if bus is not None:
+                bus._on_closed()
+
+        client = NatsClient()
+
+        def next_attempt(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
+            # nats-py leaves the transport of a refused attempt open and replaces it with the
+            # next one: close it here, or every refused attempt leaks a socket.
+            stale = client._transport
+            if stale is not None:
+                with contextlib.suppress(Exception):
+                    stale.close()  # type: ignore[no-untyped-call]
+            return None, bus._next_delay() if bus is not None else reconnect_wait
+
+        try:
+            # One attempt only: nats-py would otherwise retry a first connection forever inside
+            # connect(), hiding a refused password behind "connecting". Reconnects are switched on
+            # once connected.
+            await client.connect(
+                servers=[url],
+                name=name,
+                # nats-py annotates these seconds as int but takes floats.
+                connect_timeout=connect_timeout,  # type: ignore[arg-type]
+                reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
+                max_reconnect_attempts=-1,
+                allow_reconnect=False,
+                # 0 = never buffer a publish while disconnected (it raises instead).
+                pending_size=0,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                closed_cb=on_closed,
+                reconnect_to_server_handler=next_attempt,
+                **security.client_options(),
+                tls=_tls_context(security),
+                tls_hostname=security.tls_server_name or None,
+            )
+        except Exception as error:
+            # Bounded: closing flushes to a transport a failed TLS handshake may have wedged.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), timeout=1.0)
+            reason = refusal_of(error)
+            if reason is not None:
+                raise NatsRefusedError(reason) from None
+            raise
+        client.options["allow_reconnect"] = True
+        bus = cls(client, request_timeout=request_timeout)
+        bus._reconnect_wait = reconnect_wait
+        log.info("nats connected", extra={"url": redact_url(url)})
         await bus.ensure_topology()
         return bus
+
+    # --- connection state (callbacks of nats-py) -----------------------------------------------
+
+    def _on_error(self, error: Exception) -> None:
+        refusal = refusal_of(error)
+        if refusal is not None:
+            self._auth_failures += 1
+            self._state, self._reason = "authorization failed", refusal
+        self._failures_in_row += 1
+        delay = self._delay_after(self._failures_in_row)
+        extra = {"error": f"{type(error).__name__}: {error}", "retry_s": delay}
+        if refusal is not None:  # each back-off step, so an operator sees it without a flood
+            log.error("nats refused the credentials", extra=extra)
+            return
+        now = time.monotonic()
+        if now - self._last_quiet_log >= QUIET_LOG_S or self._failures_in_row == 1:
+            self._last_quiet_log = now
+            log.warning("nats error", extra=extra | {"attempts": self._failures_in_row})
+
+    def _delay_after(self, failures: int) -> float:
+        if self._state == "authorization failed":
+            return float(min(self._reconnect_wait * 2 ** max(failures - 1, 0), MAX_AUTH_BACKOFF_S))
+        return self._reconnect_wait
+
+    def _next_delay(self) -> float:
+        """Seconds before the next reconnect attempt: none for the first after a loss."""
+        return 0.0 if self._failures_in_row == 0 else self._delay_after(self._failures_in_row)
+
+    def _on_disconnect(self) -> None:
+        # Commands queued but not yet written would be sent after the reconnect, long after
+        # their callers gave up: drop them, and fail the requests waiting for answers.
+        self._nc._pending.clear()
+        self._nc._pending_data_size = 0
+        self._failures_in_row = 0  # errors so far were of the lost connection, not attempts
+        if not self._lost.done():
+            self._lost.set_result(None)
+        if self._state == "connected" and not self._draining:
+            self._disconnects += 1
+            self._state, self._reason = "reconnecting", "disconnected; reconnecting"
+            log.warning("nats disconnected")
+
+    def _on_reconnect(self) -> None:
+        self._reconnects += 1
+        self._failures_in_row = 0
+        self._state, self._reason = "connected", ""
+        self._lost = asyncio.get_running_loop().create_future()
+        log.info("nats reconnected")
+
+    def _on_closed(self) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+        if self._draining:
+            return
+        error = self._nc.last_error
+        reason = (refusal_of(error) if error else None) or (
+            f"connection closed: {type(error).__name__}: {error}" if error else "connection closed"
+        )
+        self._state, self._reason = "closed", reason
+        if not self._closed.done():
+            self._closed.set_result(reason)
+
+    def connection_status(self) -> ConnectionStatus:
+        state = self._state
+        if state == "connected" and not self._nc.is_connected:
+            state = "reconnecting"
+        return ConnectionStatus(
+            state=state,
+            reason="" if state == "connected" else self._reason or "disconnected; reconnecting",
+            disconnects=self._disconnects,
+            reconnects=self._reconnects,
+            authorization_failures=self._auth_failures,
+        )
+
+    async def wait_closed(self) -> str:
+        return await asyncio.shield(self._closed)
+
+    async def _write(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run one write: refused at once when disconnected, OutcomeUnknownError when the
+        connection drops (or the answer times out) before the answer."""
+        if not self._nc.is_connected:
+            raise BusUnavailableError("not connected to NATS; nothing was sent")
+        lost = self._lost
+        task = asyncio.ensure_future(operation())
+        racing: set[asyncio.Future[Any]] = {task, lost}
+        try:
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not task.done():
+            task.cancel()
+            raise OutcomeUnknownError(
+                "the NATS connection dropped before the answer; the write may or may not have "
+                "been applied (read it back)"
+            )
+        try:
+            return task.result()
+        except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
+            raise BusUnavailableError("not connected to NATS; nothing was sent") from None
+        except nats.errors.TimeoutError:
+            raise OutcomeUnknownError(
+                "no answer from NATS in time; the write may or may not have been applied "
+                "(read it back)"
+            ) from None
 
     async def ensure_topology(self) -> None:
         """Create every stream and KV bucket Tessera uses; existing ones are left as they are."""
@@ -291,7 +570,12 @@ class NatsBus:
     async def publish(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
     ) -> None:
-        await self._nc.publish(subject, data, headers=dict(headers) if headers else None)
+        if not self._nc.is_connected:
+            raise BusUnavailableError("not connected to NATS; nothing was sent")
+        try:
+            await self._nc.publish(subject, data, headers=dict(headers) if headers else None)
+        except nats.errors.OutboundBufferLimitError:
+            raise BusUnavailableError("not connected to NATS; nothing was sent") from None
 
     async def subscribe(self, subject: str, handler: Handler, *, queue: str = "") -> Subscription:
         async def callback(msg: NatsMsg) -> None:
@@ -310,7 +594,9 @@ class NatsBus:
         all_headers = dict(headers or {})
         if msg_id:
             all_headers["Nats-Msg-Id"] = msg_id
-        ack = await self._js.publish(subject, data, headers=all_headers or None)
+        ack = await self._write(
+            lambda: self._js.publish(subject, data, headers=all_headers or None)
+        )
         return int(ack.seq)
 
     async def pull_consumer(
@@ -346,25 +632,25 @@ class NatsBus:
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
         kv = await self._bucket(bucket)
-        return int(await kv.put(key, value))
+        return int(await self._write(lambda: kv.put(key, value)))
 
     async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
         kv = await self._bucket(bucket)
         try:
-            return int(await kv.create(key, value))
+            return int(await self._write(lambda: kv.create(key, value)))
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
     async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
         kv = await self._bucket(bucket)
         try:
-            return int(await kv.update(key, value, last=revision))
+            return int(await self._write(lambda: kv.update(key, value, last=revision)))
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
     async def kv_delete(self, bucket: str, key: str) -> None:
         kv = await self._bucket(bucket)
-        await kv.delete(key)
+        await self._write(lambda: kv.delete(key))
 
     async def kv_keys(self, bucket: str) -> list[str]:
         kv = await self._bucket(bucket)
@@ -393,6 +679,7 @@ class NatsBus:
                 await asyncio.wait_for(watcher.stop(), timeout=2.0)  # type: ignore[no-untyped-call]
 
     async def drain(self) -> None:
+        self._draining = True
         for consumer in self._consumers:
             await consumer.close()
         if self._nc.is_closed:

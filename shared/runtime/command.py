@@ -15,7 +15,15 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from shared.config import ConfigError, Settings, add_settings_arguments, load_settings
+from shared.config import (
+    SECRET_FIELDS,
+    ConfigError,
+    Settings,
+    add_settings_arguments,
+    env_var,
+    load_settings,
+    option,
+)
 
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_BUILT = 3
@@ -50,6 +58,14 @@ class ServiceCommand(Generic[S]):
             add_settings_arguments(parser, self.settings)
 
         def run(args: argparse.Namespace) -> int:
+            for field in SECRET_FIELDS:
+                if getattr(args, field, None):
+                    print(
+                        f"tessera {self.name}: warning: {option(field)} on the command line is "
+                        f"visible to every user of this host; use {env_var(field)} or "
+                        f"{option(field)}-file",
+                        file=sys.stderr,
+                    )
             try:
                 settings = load_settings(
                     self.settings, env=os.environ, cli=vars(args), config_file=args.config

@@ -2,7 +2,8 @@
 
 ``/healthz`` answers while the event loop runs (liveness). ``/readyz`` answers 200 only when every
 registered readiness check passes, and otherwise 503 with the failing checks and their reasons, so
-``kubectl describe`` of a not-ready pod says why. ``/metrics`` serves the service's own registry.
+``kubectl describe`` of a not-ready pod says why (secrets scrubbed). ``/metrics`` serves the
+service's own registry.
 """
 
 from __future__ import annotations
@@ -45,7 +46,15 @@ class Readiness:
 class HealthServer:
     """The HTTP side of a service."""
 
-    def __init__(self, *, readiness: Readiness, registry: CollectorRegistry, service: str) -> None:
+    def __init__(
+        self,
+        *,
+        readiness: Readiness,
+        registry: CollectorRegistry,
+        service: str,
+        redact: Callable[[str], str] = str,
+    ) -> None:
+        self._redact = redact
         self._readiness = readiness
         self._registry = registry
         self._service = service
@@ -65,7 +74,9 @@ class HealthServer:
     async def _readyz(self, _: web.Request) -> web.Response:
         report = self._readiness.report()
         ready = bool(report) and all(ok for ok, _ in report.values())
-        checks = {name: {"ready": ok, "reason": why} for name, (ok, why) in report.items()}
+        checks = {
+            name: {"ready": ok, "reason": self._redact(why)} for name, (ok, why) in report.items()
+        }
         return web.json_response(
             {"ready": ready, "service": self._service, "checks": checks},
             status=200 if ready else 503,

@@ -4,11 +4,16 @@
 
     return await run_service(name="placer", settings=settings, body=placer_body)
 
-Order of events: logging is configured; ``/healthz`` starts answering (``/readyz`` says 503
-until the bus is up); the bus connects, retrying until it succeeds or a signal arrives; the body
-runs. SIGTERM or SIGINT cancels the body, drains the bus (in-flight messages are finished, un-acked
-JetStream messages return to the server for redelivery) and stops the HTTP server. The exit code is
-0 after a signal and 1 when the body failed.
+Order of events: the NATS credentials and TLS files are read (a bad one is a configuration error);
+logging is configured with every secret scrubbed; ``/healthz`` starts answering (``/readyz`` says
+503 until the bus is up; a port already in use stops the service with one line naming
+``--http-port``); the bus connects, retrying until it succeeds or a signal arrives; the body runs.
+SIGTERM or SIGINT cancels the body, drains the bus (in-flight messages are finished, un-acked
+JetStream messages return to the server for redelivery) and stops the HTTP server.
+
+Exit codes: 0 after a signal; 1 when the body failed or the NATS client closed for good; 2 when
+the HTTP port cannot be bound; :data:`EXIT_NATS_REFUSED` when the first connection was refused for
+its credentials or TLS (retrying cannot help: fix the secret, the pod restarts).
 """
 
 from __future__ import annotations
@@ -19,27 +24,36 @@ import logging
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 
 from shared.clock import Clock, SystemClock
-from shared.config import Settings
-from shared.runtime.bus import Bus, NatsBus
+from shared.config import NatsSecurity, Settings, nats_security, option, redact_url, url_secrets
+from shared.runtime.bus import Bus, ConnectionMonitor, ConnectionStatus, NatsBus, NatsRefusedError
+from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, Readiness
-from shared.runtime.logs import configure_logging
-from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.logs import Redactor, configure_logging
+from shared.runtime.metrics import EdgeMetrics, register_runtime_metrics
 
 log = logging.getLogger(__name__)
 
+EXIT_NATS_REFUSED: Final = 5
+"""The first NATS connection was refused for its credentials or TLS."""
+
 Connect = Callable[[str, str], Coroutine[Any, Any, Bus]]
-"""(url, client name) -> a connected Bus; raises OSError-like errors when it cannot."""
+"""(url, client name) -> a connected Bus; raises OSError-like errors when it cannot, and
+:class:`NatsRefusedError` when retrying cannot help."""
 
 
-async def connect_nats(url: str, name: str) -> Bus:
+async def connect_nats(url: str, name: str, security: NatsSecurity | None = None) -> Bus:
     """The real connector: NATS with JetStream streams and KV buckets ensured."""
-    return await NatsBus.connect(url, name=name)
+    return await NatsBus.connect(url, name=name, security=security)
+
+
+class BusClosedError(Exception):
+    """The NATS client closed for good (the server refused it while connected)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,7 @@ Body = Callable[[ServiceContext], Coroutine[Any, Any, None]]
 async def _connect_until_stopped(
     connect: Connect, url: str, name: str, stop: asyncio.Event, clock: Clock
 ) -> Bus | None:
+    """The connected bus, or None when a stop came first. NatsRefusedError is not retried."""
     delay = 0.5
     while not stop.is_set():
         attempt = asyncio.create_task(connect(url, name))
@@ -74,10 +89,16 @@ async def _connect_until_stopped(
             return None
         try:
             return attempt.result()
+        except NatsRefusedError:
+            raise
         except Exception as error:  # any failure to reach the server is retried
             log.warning(
                 "cannot reach NATS yet; retrying",
-                extra={"url": url, "error": f"{type(error).__name__}: {error}", "retry_s": delay},
+                extra={
+                    "url": redact_url(url),
+                    "error": f"{type(error).__name__}: {error}",
+                    "retry_s": delay,
+                },
             )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -91,44 +112,73 @@ async def run_service(
     settings: Settings,
     body: Body,
     clock: Clock | None = None,
-    connect: Connect = connect_nats,
+    connect: Connect | None = None,
     stop: asyncio.Event | None = None,
     registry: CollectorRegistry | None = None,
     readiness: Readiness | None = None,
 ) -> int:
-    """Run ``body`` until it returns, fails, or a signal (or ``stop``) ends it; return exit code."""
-    configure_logging(service=name, level=settings.log_level, fmt=settings.log_format)
+    """Run ``body`` until it returns, fails, or a signal (or ``stop``) ends it; return exit code.
+
+    Raises:
+        ConfigError: a NATS credential or TLS file cannot be used (before anything starts).
+    """
+    security = nats_security(settings)
+    redact = Redactor((*security.secrets, *url_secrets(settings.nats_url)))
+    configure_logging(
+        service=name, level=settings.log_level, fmt=settings.log_format, redact=redact
+    )
+    if connect is None:
+
+        async def connect_securely(url: str, client_name: str) -> Bus:
+            return await connect_nats(url, client_name, security)
+
+        connect = connect_securely
     clock = clock or SystemClock()
     stop = stop or asyncio.Event()
     registry = registry or CollectorRegistry()
     readiness = readiness or Readiness()
     readiness.set("nats", False, "connecting")
+    bus: Bus | None = None
+
+    def nats_status() -> ConnectionStatus | None:
+        return bus.connection_status() if isinstance(bus, ConnectionMonitor) else None
+
+    register_runtime_metrics(registry, nats_status)
+
+    health = HealthServer(readiness=readiness, registry=registry, service=name, redact=redact)
+    try:
+        port = await health.start(settings.http_host, settings.http_port)
+    except OSError as error:
+        log.error(
+            f"cannot serve /healthz, /readyz and /metrics on {settings.http_host}:"
+            f"{settings.http_port} ({option('http_port')}): {error.strerror or error}"
+        )
+        await health.stop()
+        return EXIT_CONFIG_ERROR
+    readiness.http_port = port
+    log.info(
+        "service starting", extra={"http_port": port, "nats_url": redact_url(settings.nats_url)}
+    )
 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-
-    health = HealthServer(readiness=readiness, registry=registry, service=name)
-    port = await health.start(settings.http_host, settings.http_port)
-    readiness.http_port = port
-    log.info("service starting", extra={"http_port": port, "nats_url": settings.nats_url})
-
-    bus: Bus | None = None
     failed = False
     try:
-        bus = await _connect_until_stopped(
-            connect, settings.nats_url, f"tessera-{name}", stop, clock
-        )
+        try:
+            bus = await _connect_until_stopped(
+                connect, settings.nats_url, f"tessera-{name}", stop, clock
+            )
+        except NatsRefusedError as error:
+            readiness.set("nats", False, str(error))
+            log.error(
+                f"NATS refused this service: {error}; check the --nats-* credential and TLS "
+                "settings (exiting: retrying cannot help)"
+            )
+            return EXIT_NATS_REFUSED
         if bus is None:
             return 0
-        connected_bus = bus
-        readiness.probe(
-            "nats",
-            lambda: (
-                connected_bus.connected,
-                "" if connected_bus.connected else "disconnected; reconnecting",
-            ),
-        )
+        readiness.probe("nats", _nats_probe(bus))
         context = ServiceContext(
             name=name,
             bus=bus,
@@ -149,6 +199,23 @@ async def run_service(
     return 1 if failed else 0
 
 
+def _nats_probe(bus: Bus) -> Callable[[], tuple[bool, str]]:
+    if isinstance(bus, ConnectionMonitor):
+        monitor = bus
+
+        def monitored() -> tuple[bool, str]:
+            status = monitor.connection_status()
+            return status.connected, status.reason
+
+        return monitored
+    return lambda: (bus.connected, "" if bus.connected else "disconnected; reconnecting")
+
+
+async def _fail_when_closed(monitor: ConnectionMonitor) -> None:
+    reason = await monitor.wait_closed()
+    raise BusClosedError(f"the NATS client closed for good: {reason}")
+
+
 async def _run_body(
     body: Body, context: ServiceContext, stop: asyncio.Event, grace_s: float = 10.0
 ) -> bool:
@@ -157,10 +224,22 @@ async def _run_body(
     try:
         async with asyncio.TaskGroup() as group:
             work = group.create_task(body(context), name=f"{context.name}-body")
-            watcher = group.create_task(
-                _cancel_when_stopped(work, stop, grace_s), name=f"{context.name}-stop"
-            )
-            work.add_done_callback(lambda _: watcher.cancel())
+            watchers = [
+                group.create_task(
+                    _cancel_when_stopped(work, stop, grace_s), name=f"{context.name}-stop"
+                )
+            ]
+            if isinstance(context.bus, ConnectionMonitor):
+                watchers.append(
+                    group.create_task(
+                        _fail_when_closed(context.bus), name=f"{context.name}-nats-closed"
+                    )
+                )
+            work.add_done_callback(lambda _: [watcher.cancel() for watcher in watchers])
+    except* BusClosedError as closed:  # not a bug: one line says why
+        for reason in closed.exceptions:
+            log.error(f"service stopping: {reason}")
+        failed = True
     except* Exception as errors:
         for error in errors.exceptions:
             log.error("service failed", exc_info=error)

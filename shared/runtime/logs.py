@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Any
+
+from shared.config import REDACTED
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
@@ -56,10 +59,46 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def configure_logging(*, service: str, level: str, fmt: str) -> None:
-    """Send every log record to stderr in ``fmt`` (``json`` or ``text``) at ``level``."""
+class Redactor:
+    """Replaces every known secret in a text by ``***`` (also in its JSON-escaped form)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        forms: set[str] = set()
+        for secret in secrets:
+            if secret:
+                forms.add(secret)
+                forms.add(json.dumps(secret)[1:-1])
+        # Longest first, so a secret containing another is replaced whole.
+        self._forms = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, REDACTED)
+        return text
+
+
+class RedactingFormatter(logging.Formatter):
+    """Formats with ``inner``, then scrubs secrets from the whole line (message, fields and
+    traceback alike): nothing a library puts in an error can carry a password out."""
+
+    def __init__(self, inner: logging.Formatter, redact: Redactor) -> None:
+        super().__init__()
+        self._inner = inner
+        self._redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._redact(self._inner.format(record))
+
+
+def configure_logging(
+    *, service: str, level: str, fmt: str, redact: Redactor | None = None
+) -> None:
+    """Send every log record to stderr in ``fmt`` (``json`` or ``text``) at ``level``, with the
+    secrets ``redact`` knows scrubbed."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter())
+    inner: logging.Formatter = JsonFormatter(service) if fmt == "json" else TextFormatter()
+    handler.setFormatter(RedactingFormatter(inner, redact or Redactor()))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,19 +1,37 @@
-"""Prometheus metrics: one registry per service process, passed down (never the global one)."""
+"""Prometheus metrics: one registry per service process, passed down (never the global one).
+
+Every service's registry also carries, through :func:`register_runtime_metrics`, the process
+metrics (CPU, memory, open files, GC) and the NATS connection's state and counts.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shared.runtime.bus import ConnectionStatus
+
+NATS_STATES = ("connecting", "connected", "reconnecting", "authorization failed", "closed")
 
 
 @dataclass(frozen=True)
 class EdgeMetrics:
-    """Counters of what arrived at a service's edge and what it rejected."""
+    """Counters of what arrived at a service's edge, what it rejected, and dead letters."""
 
     received: Counter
     rejected: Counter
     deadlettered: Counter
+    deadletter_failures: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> EdgeMetrics:
@@ -36,4 +54,58 @@ class EdgeMetrics:
                 ["family"],
                 registry=registry,
             ),
+            deadletter_failures=Counter(
+                "tessera_deadletters_failed_total",
+                "Rejected messages whose dead letter could not be published (still counted as "
+                "rejected; the service goes on).",
+                ["family"],
+                registry=registry,
+            ),
         )
+
+
+class NatsCollector(Collector):
+    """The NATS connection, read at each scrape from ``status`` (None while connecting)."""
+
+    def __init__(self, status: Callable[[], ConnectionStatus | None]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status()
+        state = status.state if status is not None else "connecting"
+        connected = GaugeMetricFamily(
+            "tessera_nats_connected", "1 while the NATS connection is up, else 0."
+        )
+        connected.add_metric([], 1.0 if state == "connected" else 0.0)
+        yield connected
+        states = GaugeMetricFamily(
+            "tessera_nats_connection_state",
+            "1 for the NATS connection's current state.",
+            labels=["state"],
+        )
+        for name in NATS_STATES:
+            states.add_metric([name], 1.0 if name == state else 0.0)
+        yield states
+        for name, documentation, value in (
+            ("tessera_nats_disconnects", "Times the NATS connection was lost.", "disconnects"),
+            ("tessera_nats_reconnects", "Times the NATS connection came back.", "reconnects"),
+            (
+                "tessera_nats_authorization_failures",
+                "NATS connection attempts refused for their credentials or TLS.",
+                "authorization_failures",
+            ),
+        ):
+            counter = CounterMetricFamily(name, documentation)
+            counter.add_metric([], float(getattr(status, value)) if status is not None else 0.0)
+            yield counter
+
+
+def register_runtime_metrics(
+    registry: CollectorRegistry, status: Callable[[], ConnectionStatus | None]
+) -> None:
+    """Process (CPU, memory, file descriptors), Python GC and platform metrics, and the NATS
+    connection, on the service's registry."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(NatsCollector(status))

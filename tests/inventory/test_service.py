@@ -217,18 +217,25 @@ async def test_runs_under_the_service_runtime_with_health_and_metrics_over_http(
     try:
         await inbox.next()
         port = readiness.http_port
+        counted = 'tessera_inventory_publications_total{reason="first"} 1.0'
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
                 assert response.status == 200
                 checks = (await response.json())["checks"]
-            async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
-                metrics = await response.text()
+            # The subject carries the snapshot before the KV put finishes and the publication is
+            # counted: poll for the count rather than race it.
+            for _ in range(500):
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                    metrics = await response.text()
+                if counted in metrics:
+                    break
+                await asyncio.sleep(0.01)
         assert checks["gpus"] == {"ready": True, "reason": ""}
         uuid = reader.uuids[0]
         assert (
             f'tessera_gpu_memory_total_mib{{index="0",model="A100-80GB",uuid="{uuid}"}} 81920.0'
         ) in metrics
-        assert 'tessera_inventory_publications_total{reason="first"} 1.0' in metrics
+        assert counted in metrics
     finally:
         stop.set()
         assert await asyncio.wait_for(task, timeout=10) == 0

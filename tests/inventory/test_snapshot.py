@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from services.inventory import snapshot
 from services.inventory.reader import GpuFault, HealthEvent, NodeReading
 from services.inventory.snapshot import APPLICATION_XIDS, Deadbands, InventoryState, Policy
+from shared import validation
 from shared.messages.inventory import GpuLink, GpuProcess, GpuTelemetry
 from tests.inventory.builders import gpu, node, xid
 
@@ -547,3 +548,26 @@ def test_a_change_beyond_a_deadband_publishes_at_once(
         ).reason
         == "changed"
     )
+
+
+def test_every_snapshot_names_its_producer_so_readers_order_it_by_sequence() -> None:
+    """Readers order one producer's snapshots by sequence (``shared.validation.supersedes``)."""
+    state = snapshot.apply_reading(InventoryState(), node(gpu()), now=0, policy=POLICY)
+    published = []
+    for now in (0.0, 30.0, 60.0):
+        publication = snapshot.next_publication(
+            state,
+            node="n1",
+            backend="nvml",
+            observed_at=1_700_000_000 - now,  # a clock stepped backwards changes nothing
+            now=now,
+            policy=POLICY,
+            producer="host/42/1.0",
+        )
+        assert publication.reason is not None
+        state = publication.state
+        published.append(publication.inventory)
+    assert {p.producer for p in published} == {"host/42/1.0"}
+    assert [p.sequence for p in published] == [1, 2, 3]
+    assert validation.supersedes(published[2], published[1])
+    assert not validation.supersedes(published[1], published[2])

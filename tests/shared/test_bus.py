@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
 from shared import subjects
-from shared.runtime.bus import Delivery, KvEntry, NatsBus
+from shared.runtime.bus import (
+    BusUnavailableError,
+    Delivery,
+    KvEntry,
+    NatsBus,
+    OutcomeUnknownError,
+)
 from tests.harness.nats import NatsServer
 
 
@@ -179,4 +187,74 @@ async def test_bus_reconnects_after_a_server_restart_and_keeps_durable_state() -
         entry = await bus.kv_get(subjects.KV_NODES, "n1")
         assert entry is not None
         assert entry.value == b"facts"
+        await bus.drain()
+
+
+async def test_writes_while_disconnected_are_refused_at_once_and_never_land() -> None:
+    """nats-py would buffer these and send them after the reconnect, long after the caller gave
+    up (issue 9, item 2): the bus refuses them instead, and nothing of them lands later."""
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="outage")
+        key = subjects.assignment_key("n1", "uid-1")
+        revision = await bus.kv_put(subjects.KV_ASSIGNMENTS, key, b"bound")
+        server.kill()
+        for _ in range(500):
+            if not bus.connected:
+                break
+            await asyncio.sleep(0.01)
+        writes = {
+            "kv_update": bus.kv_update(subjects.KV_ASSIGNMENTS, key, b"claimed", revision=revision),
+            "kv_put": bus.kv_put(subjects.KV_ASSIGNMENTS, key, b"overwritten"),
+            "kv_create": bus.kv_create(subjects.KV_ASSIGNMENTS, "n1.uid-2", b"new"),
+            "kv_delete": bus.kv_delete(subjects.KV_ASSIGNMENTS, key),
+            "js_publish": bus.js_publish(subjects.PODS_PENDING, b"late"),
+            "publish": bus.publish("tessera.test.late", b"late"),
+        }
+        for write in writes.values():
+            with pytest.raises(BusUnavailableError, match="nothing was sent"):
+                await asyncio.wait_for(write, timeout=1)  # at once, not after a timeout
+        assert bus.connection_status().state == "reconnecting"
+        server.start()
+        for _ in range(1000):
+            if bus.connected:
+                break
+            await asyncio.sleep(0.01)
+        assert bus.connected
+        entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        assert entry == KvEntry(key=key, value=b"bound", revision=revision)
+        assert await bus.kv_get(subjects.KV_ASSIGNMENTS, "n1.uid-2") is None
+        consumer = await bus.pull_consumer(
+            stream=subjects.STREAM_PODS, durable="late", subject=subjects.PODS_PENDING
+        )
+        assert await consumer.fetch(1, timeout=0.5) == []
+        status = bus.connection_status()
+        assert (status.state, status.disconnects, status.reconnects) == ("connected", 1, 1)
+        await bus.drain()
+
+
+async def test_a_write_whose_answer_never_comes_has_an_unknown_outcome_at_once() -> None:
+    """The server stops answering, then dies: the waiting compare-and-set says its outcome is
+    unknown as soon as the connection drops, instead of timing out seconds later."""
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="in-flight", request_timeout=30.0)
+        key = subjects.assignment_key("n1", "uid-1")
+        revision = await bus.kv_put(subjects.KV_ASSIGNMENTS, key, b"bound")
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            write = asyncio.ensure_future(
+                bus.kv_update(subjects.KV_ASSIGNMENTS, key, b"claimed", revision=revision)
+            )
+            await asyncio.sleep(0.2)
+            assert not write.done(), "a stopped server cannot answer"
+        finally:
+            server.kill()
+        with pytest.raises(OutcomeUnknownError, match="may or may not have been applied"):
+            await asyncio.wait_for(write, timeout=10)
+        server.start()
+        for _ in range(1000):
+            if bus.connected:
+                break
+            await asyncio.sleep(0.01)
+        entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        assert entry is not None and entry.value == b"bound", "read back: it did not land"
         await bus.drain()

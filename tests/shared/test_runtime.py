@@ -13,15 +13,18 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from shared import codec, subjects
 from shared.config import Settings
 from shared.messages.deadletter import DeadLetter
 from shared.messages.pods import PodPending
-from shared.runtime.bus import Bus, Delivery, NatsBus
-from shared.runtime.edge import REASON_HEADER
+from shared.runtime.bus import Bus, BusUnavailableError, Delivery, NatsBus
+from shared.runtime.edge import REASON_HEADER, Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
+from shared.runtime.metrics import EdgeMetrics
+from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
 from tests.shared.echo_service import ECHO_SUBJECT, echo_body
 
@@ -270,3 +273,47 @@ async def test_stop_interrupts_a_connect_that_hangs() -> None:
     await asyncio.wait_for(connecting.wait(), timeout=5)
     stop.set()
     assert await asyncio.wait_for(task, timeout=5) == 0
+
+
+class _DownBus:
+    """A bus whose every publish fails as while NATS is down (only publish is used by reject)."""
+
+    async def publish(self, subject: str, data: bytes, **_: object) -> None:
+        raise BusUnavailableError("not connected to NATS; nothing was sent")
+
+
+async def test_a_dead_letter_that_cannot_be_published_is_counted_never_raised() -> None:
+    registry = CollectorRegistry()
+    edge = Edge(
+        bus=_DownBus(),  # type: ignore[arg-type]
+        metrics=EdgeMetrics.create(registry),
+        clock=FakeClock(),
+        service="test",
+    )
+    await edge.reject(
+        Delivery(subject=subjects.PODS_PENDING, data=b"garbage"),
+        family="pods",
+        reason="bad",
+        kind="decode",
+    )
+    sample = registry.get_sample_value
+    assert sample("tessera_deadletters_failed_total", {"family": "pods"}) == 1
+    assert sample("tessera_messages_rejected_total", {"family": "pods", "kind": "decode"}) == 1
+    assert sample("tessera_deadletters_published_total", {"family": "pods"}) is None
+
+
+async def test_metrics_show_the_nats_connection_and_the_process(nats_server: NatsServer) -> None:
+    async with running_echo(nats_server) as (port, _, _):
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                metrics = await response.text()
+    for line in (
+        "tessera_nats_connected 1.0",
+        'tessera_nats_connection_state{state="connected"} 1.0',
+        'tessera_nats_connection_state{state="reconnecting"} 0.0',
+        "tessera_nats_disconnects_total 0.0",
+        "tessera_nats_authorization_failures_total 0.0",
+    ):
+        assert line in metrics
+    for family in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):
+        assert re.search(rf"^{family}(\{{.*\}})? \S+$", metrics, re.MULTILINE), family

@@ -1,0 +1,126 @@
+"""Issue 9, item 2: an Allocate answered with an error leaves no claim behind, and a claim whose
+outcome the plugin could not observe is resolved by reading the record back (the kubelet's retry
+with the same devices gets the answer). Over a real nats-server that really goes away."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.deviceplugin.allocate import ContainerGrant, Refusal
+from services.deviceplugin.service import UNCONFIRMED_TTL_S
+from shared import codec, subjects
+from shared.messages.allocations import AllocationEvent
+from shared.runtime.bus import BusUnavailableError, NatsBus, OutcomeUnknownError
+from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
+from tests.deviceplugin.conftest import get_record, put_inventory, put_record, until
+from tests.deviceplugin.test_service import service_on
+from tests.harness.clock import FakeClock
+from tests.harness.nats import NatsServer
+
+DEVICES = (f"{uuid(0)}::0",)
+
+
+async def test_a_claim_refused_during_an_outage_never_lands_and_the_retry_is_granted(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("outage", container("main", share(0))))
+    events = await bus.pull_consumer(
+        stream=subjects.STREAM_ALLOCATIONS, durable="outage", subject=subjects.allocations(NODE)
+    )
+    async with service_on(bus) as (service, _):
+        nats_server.kill()
+        await until(lambda: not bus.connected, what="the outage")
+        refused = await service.allocate([DEVICES])
+        assert isinstance(refused, Refusal) and refused.kind == "unavailable"
+        assert refused.message == (
+            f"cannot claim the assignment record {subjects.assignment_key(NODE, 'outage')}: not "
+            "connected to NATS; nothing was claimed"
+        )
+        nats_server.start()
+        await until(lambda: bus.connected, timeout=30, what="the reconnect")
+        stored = await get_record(bus, "outage")
+        assert (stored.state, stored.allocated) == ("bound", ()), "the refused claim never landed"
+        granted = await service.allocate([DEVICES])
+        assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+    stored = await get_record(bus, "outage")
+    assert stored.state == "allocated" and len(stored.allocated) == 1
+    [delivery] = await events.fetch(5, timeout=5)
+    assert codec.decode(delivery.data, AllocationEvent).pod_uid == "outage"
+    await events.close()
+
+
+class LostAnswerBus:
+    """The real bus, except that the first compare-and-set's answer is lost (it lands or not, as
+    told) and the next ``unreadable`` reads fail as when NATS is still unreachable."""
+
+    def __init__(self, bus: NatsBus, *, lands: bool, unreadable: int) -> None:
+        self._bus = bus
+        self._lands = lands
+        self._lose_next = True
+        self.unreadable = unreadable
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+        if self._lose_next:
+            self._lose_next = False
+            if self._lands:
+                await self._bus.kv_update(bucket, key, value, revision=revision)
+            raise OutcomeUnknownError("the answer was lost (test)")
+        return await self._bus.kv_update(bucket, key, value, revision=revision)
+
+    async def kv_get(self, bucket: str, key: str) -> Any:
+        if self.unreadable > 0:
+            self.unreadable -= 1
+            raise BusUnavailableError("not connected to NATS (test)")
+        return await self._bus.kv_get(bucket, key)
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["claim-landed", "claim-lost"])
+async def test_an_unconfirmed_claim_is_answered_on_the_kubelets_retry(
+    bus: NatsBus, lands: bool
+) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("unsure", container("main", share(0))))
+    lossy = LostAnswerBus(bus, lands=lands, unreadable=2)
+    async with service_on(lossy) as (service, _):
+        first = await service.allocate([DEVICES])
+        assert isinstance(first, Refusal) and first.kind == "unavailable"
+        assert "did not confirm it and it cannot be read back yet" in first.message
+        still = await service.allocate([DEVICES])  # NATS still unreachable for the read-back
+        assert isinstance(still, Refusal) and "still cannot be read back" in still.message
+        retried = await service.allocate([DEVICES])
+        assert isinstance(retried, list) and isinstance(retried[0], ContainerGrant), retried
+        assert retried[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuid(0)
+    stored = await get_record(bus, "unsure")
+    assert stored.state == "allocated"
+    assert [a.device_ids for a in stored.allocated] == [DEVICES], "claimed exactly once"
+
+
+async def test_a_claim_whose_answer_was_lost_is_read_back_at_once_when_it_can_be(
+    bus: NatsBus,
+) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("readable", container("main", share(0))))
+    async with service_on(LostAnswerBus(bus, lands=True, unreadable=0)) as (service, _):
+        granted = await service.allocate([DEVICES])
+    assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+    assert len((await get_record(bus, "readable")).allocated) == 1
+
+
+async def test_an_unconfirmed_claim_does_not_answer_a_retry_that_comes_too_late(
+    bus: NatsBus, clock: FakeClock
+) -> None:
+    """Later, the same device IDs are more likely another pod's: it must not get these slices."""
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("late", container("main", share(0))))
+    async with service_on(LostAnswerBus(bus, lands=True, unreadable=1), clock) as (service, _):
+        first = await service.allocate([DEVICES])
+        assert isinstance(first, Refusal) and first.kind == "unavailable"
+        await clock.advance(UNCONFIRMED_TTL_S + 1)
+        late = await service.allocate([DEVICES])
+    assert isinstance(late, Refusal) and late.kind == "no_record", late

@@ -1,0 +1,270 @@
+"""``shared.validation``: what a record or an inventory snapshot may say (issue 9, items 3-6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared import subjects, validation
+from shared.messages.assignments import AssignmentRecord, AssignmentState, ContainerAllocation
+from shared.messages.base import ContainerSlices, GpuSlice
+from shared.messages.inventory import GpuTelemetry, NodeInventory
+
+NODE = "gpu-1.example"
+NOW = 1_700_000_000.0
+
+
+def gpu(index: int, *, memory_mib: int = 81_920, **fields: Any) -> GpuTelemetry:
+    return GpuTelemetry(
+        uuid=f"GPU-{index}",
+        index=index,
+        model="A100",
+        memory_total_mib=memory_mib,
+        memory_used_mib=fields.pop("used", 0),
+        memory_free_mib=fields.pop("free", memory_mib),
+        **fields,
+    )
+
+
+def node_inventory(*gpus: GpuTelemetry, **fields: Any) -> NodeInventory:
+    return NodeInventory(
+        node=fields.pop("node", NODE),
+        gpus=gpus or (gpu(0), gpu(1)),
+        observed_at=fields.pop("observed_at", NOW),
+        **fields,
+    )
+
+
+def piece(gpu_index: int = 0, **fields: Any) -> GpuSlice:
+    """A slice of GPU ``gpu_index``; ``fields`` override (a wrong index, memory, cores)."""
+    values = {"uuid": f"GPU-{gpu_index}", "index": gpu_index, "memory_mib": 4096, "cores": 30}
+    values |= fields
+    return GpuSlice(**values)
+
+
+def slices(*pieces: GpuSlice, name: str = "main", count: int | None = None) -> ContainerSlices:
+    shares = len(pieces) if count is None else count
+    return ContainerSlices(
+        container=name, gpus=pieces, resources={"tessera.dev/gpu": shares} if shares else {}
+    )
+
+
+def assignment(*containers: ContainerSlices, **fields: Any) -> AssignmentRecord:
+    state: AssignmentState = fields.pop("state", "bound")
+    values: dict[str, Any] = {
+        "pod_uid": "uid-1",
+        "namespace": "ml",
+        "name": "train",
+        "node": NODE,
+        "containers": containers or (slices(piece()),),
+        "state": state,
+        "decided_at": NOW,
+        "placer_id": "placer-0",
+        "bound_at": None if state == "reserved" else NOW + 1,
+    } | fields
+    return AssignmentRecord(**values)
+
+
+KEY = subjects.assignment_key(NODE, "uid-1")
+
+
+@pytest.mark.parametrize(
+    ("record", "key", "says"),
+    [
+        pytest.param(assignment(), KEY, None, id="valid"),
+        pytest.param(assignment(state="reserved"), KEY, None, id="valid-reserved"),
+        pytest.param(
+            assignment(), subjects.assignment_key(NODE, "uid-2"), "does not match", id="uid"
+        ),
+        pytest.param(assignment(node="gpu-2"), KEY, "does not match the record", id="node"),
+        pytest.param(assignment(pod_uid=""), KEY, "empty pod_uid", id="empty-uid"),
+        pytest.param(assignment(slices(piece(memory_mib=-1))), KEY, "-1 MiB", id="negative-mib"),
+        pytest.param(assignment(slices(piece(cores=101))), KEY, "101 % of the SMs", id="cores"),
+        pytest.param(assignment(slices(piece(index=-2))), KEY, "index -2", id="index"),
+        pytest.param(assignment(slices(piece(), piece())), KEY, "more than once", id="twice"),
+        pytest.param(assignment(slices(piece(), count=3)), KEY, "asks for 3", id="count"),
+        pytest.param(
+            assignment(ContainerSlices(container="c", gpus=(), resources={"tessera.dev/gpu": 1})),
+            KEY,
+            "asks for 1 tessera.dev/gpu but the record gives it 0",
+            id="devices-without-slices",
+        ),
+        pytest.param(
+            assignment(slices(piece(0)), slices(piece(1))),
+            KEY,
+            "container names are empty or repeated",
+            id="same-container-name",
+        ),
+        pytest.param(assignment(allocated_at=NOW), KEY, "allocated_at set", id="bound-allocated"),
+        pytest.param(assignment(released_at=NOW), KEY, "released_at set", id="bound-released"),
+        pytest.param(assignment(state="allocated"), KEY, "without allocated_at", id="allocated"),
+        pytest.param(
+            assignment(
+                allocated=(ContainerAllocation(container="x", device_ids=("a",), allocated_at=1),)
+            ),
+            KEY,
+            "allocated container 'x' is not one of the record's containers",
+            id="unknown-allocated",
+        ),
+        pytest.param(
+            assignment(
+                allocated=(
+                    ContainerAllocation(container="main", device_ids=("a", "a"), allocated_at=1),
+                )
+            ),
+            KEY,
+            "allocated a device ID twice",
+            id="device-twice",
+        ),
+    ],
+)
+def test_record_problem(record: AssignmentRecord, key: str, says: str | None) -> None:
+    problem = validation.record_problem(record, key=key)
+    if says is None:
+        assert problem is None
+    else:
+        assert problem is not None and says in problem
+
+
+@pytest.mark.parametrize(
+    ("record", "says"),
+    [
+        pytest.param(assignment(), None, id="valid"),
+        pytest.param(assignment(slices(piece(7))), "names GPU GPU-7, which node", id="unlisted"),
+        pytest.param(
+            assignment(slices(piece(0, index=1))), "at index 1, but it is index 0", id="index"
+        ),
+        pytest.param(
+            assignment(slices(piece(memory_mib=10_000_000))),
+            "holds 10000000 MiB of GPU GPU-0, which has 81920 MiB",
+            id="memory",
+        ),
+    ],
+)
+def test_record_inventory_problem(record: AssignmentRecord, says: str | None) -> None:
+    problem = validation.assignment_problem(record, key=KEY, inventory=node_inventory())
+    assert problem == says or (says is not None and problem is not None and says in problem)
+
+
+def test_a_released_record_is_not_checked_against_the_inventory() -> None:
+    gone = assignment(slices(piece(7)), state="released", released_at=NOW + 9)
+    assert validation.assignment_problem(gone, key=KEY, inventory=node_inventory()) is None
+
+
+BOUND = assignment()
+ANSWERED = ContainerAllocation(container="main", device_ids=("d0",), allocated_at=NOW + 2)
+ALLOCATED = msgspec.structs.replace(
+    BOUND, state="allocated", allocated=(ANSWERED,), allocated_at=NOW + 2
+)
+RELEASED = msgspec.structs.replace(ALLOCATED, state="released", released_at=NOW + 3)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "says"),
+    [
+        pytest.param(None, BOUND, None, id="first-version"),
+        pytest.param(BOUND, BOUND, None, id="touched"),
+        pytest.param(BOUND, ALLOCATED, None, id="allocated"),
+        pytest.param(ALLOCATED, RELEASED, None, id="released"),
+        pytest.param(ALLOCATED, BOUND, "state moved backwards: allocated -> bound", id="back"),
+        pytest.param(RELEASED, BOUND, "state moved backwards: released -> bound", id="revived"),
+        pytest.param(
+            BOUND,
+            msgspec.structs.replace(BOUND, containers=(slices(piece(1, index=1)),)),
+            "containers changed",
+            id="slices-swapped",
+        ),
+        pytest.param(
+            msgspec.structs.replace(BOUND, allocated=(ANSWERED,)),
+            BOUND,
+            "dropped or changed containers already allocated",
+            id="forgot-an-answer",
+        ),
+    ],
+)
+def test_transition_problem(
+    before: AssignmentRecord | None, after: AssignmentRecord, says: str | None
+) -> None:
+    problem = validation.transition_problem(before, after)
+    assert problem == says or (says is not None and problem is not None and says in problem)
+
+
+@pytest.mark.parametrize(
+    ("inventory", "says"),
+    [
+        pytest.param(node_inventory(), None, id="valid"),
+        pytest.param(node_inventory(node="other"), "inventory of node 'other'", id="node"),
+        pytest.param(node_inventory(observed_at=NOW + 3600), "3600 s ahead", id="future"),
+        pytest.param(node_inventory(observed_at=float("nan")), "is not a time", id="nan"),
+        pytest.param(node_inventory(sequence=-1), "sequence -1", id="sequence"),
+        pytest.param(node_inventory(gpu(0, memory_mib=10**12)), "1000000000000 MiB", id="memory"),
+        pytest.param(node_inventory(gpu(0, memory_mib=0)), "0 MiB of memory", id="no-memory"),
+        pytest.param(node_inventory(gpu(0, used=90_000)), "memory_used_mib 90000", id="used"),
+        pytest.param(node_inventory(gpu(0), gpu(0)), "UUID GPU-0 listed more than once", id="dup"),
+        pytest.param(node_inventory(gpu(300)), "index 300 outside", id="index"),
+        pytest.param(node_inventory(*(gpu(i) for i in range(257))), "257 GPUs", id="too-many-gpus"),
+        pytest.param(
+            node_inventory(gpu(0, utilization_pct=250)), "utilization 250 %", id="utilization"
+        ),
+    ],
+)
+def test_inventory_problem(inventory: NodeInventory, says: str | None) -> None:
+    problem = validation.inventory_problem(inventory, node=NODE, now=NOW)
+    assert problem == says or (says is not None and problem is not None and says in problem)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "current", "wins"),
+    [
+        pytest.param(node_inventory(), None, True, id="first"),
+        pytest.param(
+            node_inventory(producer="a", sequence=5, observed_at=NOW - 10),
+            node_inventory(producer="a", sequence=4, observed_at=NOW),
+            True,
+            id="same-producer-by-sequence",
+        ),
+        pytest.param(
+            node_inventory(producer="a", sequence=3, observed_at=NOW + 10),
+            node_inventory(producer="a", sequence=4, observed_at=NOW),
+            False,
+            id="same-producer-replay",
+        ),
+        pytest.param(
+            node_inventory(producer="b", sequence=1, observed_at=NOW + 1),
+            node_inventory(producer="a", sequence=900, observed_at=NOW),
+            True,
+            id="restarted-producer",
+        ),
+        pytest.param(
+            node_inventory(producer="b", sequence=1, observed_at=NOW - 1),
+            node_inventory(producer="a", sequence=900, observed_at=NOW),
+            False,
+            id="older-other-producer",
+        ),
+    ],
+)
+def test_supersedes(candidate: NodeInventory, current: NodeInventory | None, wins: bool) -> None:
+    assert validation.supersedes(candidate, current) is wins
+
+
+@given(
+    memory=st.integers(-(2**20), 2**24),
+    cores=st.integers(-50, 200),
+    index=st.integers(-2, 4),
+    uuid_index=st.integers(0, 4),
+)
+def test_a_record_that_passes_never_exceeds_its_gpu(
+    memory: int, cores: int, index: int, uuid_index: int
+) -> None:
+    inventory = node_inventory(gpu(0, memory_mib=40_960), gpu(1))
+    record = assignment(slices(piece(uuid_index, index=index, memory_mib=memory, cores=cores)))
+    if validation.assignment_problem(record, key=KEY, inventory=inventory) is None:
+        listed = {g.uuid: g for g in inventory.gpus}
+        [share] = record.containers[0].gpus
+        assert share.uuid in listed and listed[share.uuid].index == share.index
+        assert 0 <= share.memory_mib <= listed[share.uuid].memory_total_mib
+        assert 0 <= share.cores <= 100
