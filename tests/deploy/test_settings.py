@@ -24,52 +24,36 @@ from tessera.cli import build_parser
 from tests.deploy.chart import Container, containers, option_values, render
 from tests.deploy.variants import VARIANTS
 
-# Settings the chart passes that a service does not have yet. Each is a name fixed by the team
-# brief (decision 8) for work landing in parallel with the chart: the NATS credential and TLS
-# settings (hardening), the placer's and the binder's settings, the placer's extender port
-# (issue 14). The chart is templated
-# against those names; test_not_yet_implemented_is_current fails as soon as one of them lands,
-# so that this list is emptied when the branches are merged, never left stale.
-NATS_CLIENT = frozenset(
-    {
-        "nats_user",
-        "nats_password_file",
-        "nats_token_file",
-        "nats_nkey_seed_file",
-        "nats_creds_file",
-        "nats_tls_ca_file",
-        "nats_tls_cert_file",
-        "nats_tls_key_file",
-        "nats_tls_server_name",
-    }
-)
+# Settings the chart passes that a service does not have yet: the placer's and the binder's
+# settings fixed by the team brief (decision 8) for work landing in parallel with the chart, and
+# the placer's extender port (issue 14). test_not_yet_implemented_is_current fails as soon as one
+# of them lands, so that this list is emptied when the branches are merged, never left stale.
 NOT_YET_IMPLEMENTED: dict[str, frozenset[str]] = {
-    "inventory": NATS_CLIENT,
-    "deviceplugin": NATS_CLIENT,
-    "placer": NATS_CLIENT
-    | {
-        "tenancy_file",
-        "reserve_timeout_s",
-        "release_retention_s",
-        "inventory_stale_s",
-        "max_commit_retries",
-        "task_mix_window",
-        "extender_port",
-    },
-    "binder": NATS_CLIENT
-    | {
-        "leader_elect",
-        "lease_name",
-        "lease_namespace",
-        "lease_duration_s",
-        "renew_deadline_s",
-        "retry_period_s",
-        "identity",
-        "api_timeout_s",
-        "gate_timeout_s",
-        "allocation_warning_s",
-    },
-    "dashboard": NATS_CLIENT,
+    "placer": frozenset(
+        {
+            "tenancy_file",
+            "reserve_timeout_s",
+            "release_retention_s",
+            "inventory_stale_s",
+            "max_commit_retries",
+            "task_mix_window",
+            "extender_port",
+        }
+    ),
+    "binder": frozenset(
+        {
+            "leader_elect",
+            "lease_name",
+            "lease_namespace",
+            "lease_duration_s",
+            "renew_deadline_s",
+            "retry_period_s",
+            "identity",
+            "api_timeout_s",
+            "gate_timeout_s",
+            "allocation_warning_s",
+        }
+    ),
 }
 
 SETTINGS: dict[str, type[Settings]] = {
