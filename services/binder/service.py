@@ -1,0 +1,1010 @@
+"""The binder's shell: Kubernetes in, NATS out; decisions in, Bindings out; Pending explained.
+
+Always running (leader or standby), so a standby is warm when it takes over:
+
+- a pod informer over every non-terminated pod (``status.phase!=Succeeded,status.phase!=Failed``,
+  the selector kube-scheduler uses): Tessera's pods (``spec.schedulerName``) and the CPU and
+  memory every pod requests on its node;
+- a node informer; a mirror of the assignment records (KV watch);
+- leader election on a Lease (``--leader-elect``).
+
+Only the leader writes (to Kubernetes and to NATS), every write fenced by the Lease
+(:class:`FencedGateway`, and a check before each record compare-and-set). On becoming leader it
+reconciles (records whose pod is gone -> ``PodDeleted``; a ``reserved`` record whose pod is
+already bound there -> ``bound``; a ``bound`` record whose pod is not bound yet -> bound now),
+republishes every pending pod and node's facts, and starts:
+
+- pod and node workers: informer changes mark a pod uid or node name dirty; a worker publishes
+  ``PodPending`` (when what the placer reads changed), ``PodDeleted`` (pod gone or finished), or
+  explains an invalid pod (``PodScheduled=False`` + Warning Event, nothing published), and
+  ``NodeFacts`` on change (subject + KV);
+- the durable consumers ``binder-decisions``, ``binder-rejections`` and ``binder-allocations``:
+  each message is handled in its own task (up to ``max_in_flight``), kept alive while it works
+  (the ambiguity gate may hold it), acked when done, nak'ed for redelivery when the API or NATS
+  is unavailable; malformed messages are dead-lettered by the edge;
+- the Event writer and the bound-but-not-allocated watch.
+
+A decision: plan with :func:`plan.plan_bind` under the node's lock (so two decisions on one node
+never pass the ambiguity gate together), move the record ``reserved -> bound`` by compare-and-set
+(a CAS that times out is read back: its outcome is unknown), create the Binding (the assignment
+annotations ride on it, so they land with ``spec.nodeName`` in one write; 409 "already on this
+node" counts as done), publish ``BindingResult``. Failures after the CAS publish ``failed`` or
+``gone`` so the placer releases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+import msgspec
+
+from services.binder import explain
+from services.binder.config import BinderConfig, default_identity
+from services.binder.events import EventRecorder
+from services.binder.gateway import (
+    Answer,
+    ApiUnavailableError,
+    Body,
+    ClusterGateway,
+    Kind,
+    Listing,
+    NotLeaderError,
+    WatchEvent,
+)
+from services.binder.informer import Informer
+from services.binder.leader import LeaderElector
+from services.binder.metrics import BinderMetrics
+from services.binder.nodefacts import (
+    Requested,
+    extended_allocatable,
+    gone_facts,
+    node_facts,
+    pod_requested,
+    same_facts,
+)
+from services.binder.objects import Lease, Node, Pod
+from services.binder.plan import (
+    Advance,
+    Bind,
+    BindPlan,
+    Drop,
+    ObservedPod,
+    RecordView,
+    Report,
+    Wait,
+    claim_of,
+    decision_of,
+    gate_resources,
+    observe,
+    plan_bind,
+)
+from services.binder.podspec import InvalidPod, parse_pending
+from services.binder.records import RecordMirror
+from services.binder.workqueue import WorkQueue
+from shared import annotations as names
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.messages.allocations import AllocationEvent
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.bindings import BindingResult, BindOutcome
+from shared.messages.nodes import NodeFacts
+from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.pods import PodDeleted, PodPending
+from shared.runtime.bus import Bus, Delivery
+from shared.runtime.edge import Edge
+from shared.runtime.health import Readiness
+from shared.runtime.lifecycle import ServiceContext
+
+log = logging.getLogger(__name__)
+
+NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
+DURABLE_DECISIONS: Final = "binder-decisions"
+DURABLE_REJECTIONS: Final = "binder-rejections"
+DURABLE_ALLOCATIONS: Final = "binder-allocations"
+ACK_WAIT_S: Final = 15.0
+"""JetStream redelivers a message not acked (nor kept alive) this long after delivery: what a
+killed leader's in-flight messages wait before the new leader gets them."""
+RETRY_S: Final = 1.0
+"""Delay before a message the API or NATS could not serve is delivered again."""
+FETCH_BATCH: Final = 64
+MAX_CAS_ATTEMPTS: Final = 16
+T = TypeVar("T")
+
+
+class FencedGateway:
+    """The cluster gateway for writers: every write first checks that this binder leads."""
+
+    def __init__(self, gateway: ClusterGateway, is_leader: Callable[[], bool]) -> None:
+        self._gateway = gateway
+        self._is_leader = is_leader
+
+    def _fence(self, verb: str) -> None:
+        if not self._is_leader():
+            raise NotLeaderError(verb)
+
+    async def list_objects(
+        self, kind: type[Kind], *, field_selector: str = "", label_selector: str = ""
+    ) -> Listing[Kind]:
+        return await self._gateway.list_objects(
+            kind, field_selector=field_selector, label_selector=label_selector
+        )
+
+    def watch_objects(
+        self,
+        kind: type[Kind],
+        *,
+        resource_version: str,
+        field_selector: str = "",
+        label_selector: str = "",
+    ) -> AsyncGenerator[WatchEvent[Kind], None]:
+        return self._gateway.watch_objects(
+            kind,
+            resource_version=resource_version,
+            field_selector=field_selector,
+            label_selector=label_selector,
+        )
+
+    async def read_pod(self, namespace: str, name: str) -> Pod | None:
+        return await self._gateway.read_pod(namespace, name)
+
+    async def bind_pod(
+        self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
+    ) -> Answer:
+        self._fence("create pods/binding")
+        return await self._gateway.bind_pod(
+            namespace, name, uid=uid, node=node, annotations=annotations
+        )
+
+    async def patch_pod(self, namespace: str, name: str, patch: Body) -> Answer:
+        self._fence("patch pods")
+        return await self._gateway.patch_pod(namespace, name, patch)
+
+    async def patch_pod_status(self, namespace: str, name: str, patch: Body) -> Answer:
+        self._fence("patch pods/status")
+        return await self._gateway.patch_pod_status(namespace, name, patch)
+
+    async def create_event(self, namespace: str, event: Body) -> Answer:
+        self._fence("create events")
+        return await self._gateway.create_event(namespace, event)
+
+    async def patch_event(self, namespace: str, name: str, patch: Body) -> Answer:
+        self._fence("patch events")
+        return await self._gateway.patch_event(namespace, name, patch)
+
+    async def read_lease(self, namespace: str, name: str) -> Lease | None:
+        return await self._gateway.read_lease(namespace, name)
+
+    async def create_lease(self, namespace: str, lease: Body) -> Answer:
+        self._fence("create leases")
+        return await self._gateway.create_lease(namespace, lease)
+
+    async def replace_lease(self, namespace: str, name: str, lease: Body) -> Answer:
+        self._fence("update leases")
+        return await self._gateway.replace_lease(namespace, name, lease)
+
+    async def close(self) -> None:
+        await self._gateway.close()
+
+
+class _LostLeadershipError(Exception):
+    """Raised inside the leader's task group to stop every leader-only task."""
+
+
+@dataclass(frozen=True)
+class _PodRef:
+    namespace: str
+    name: str
+    node: str | None
+
+
+class Binder:
+    """The binder's state and behaviour (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        config: BinderConfig,
+        gateway: ClusterGateway,
+        bus: Bus,
+        edge: Edge,
+        clock: Clock,
+        metrics: BinderMetrics,
+        readiness: Readiness,
+    ) -> None:
+        self.config = config
+        self.identity = config.identity or default_identity()
+        self._gateway = gateway
+        self._bus = bus
+        self._edge = edge
+        self._clock = clock
+        self._metrics = metrics
+        self._readiness = readiness
+        self.pods: Informer[Pod] = Informer(
+            name="pods",
+            kind=Pod,
+            gateway=gateway,
+            on_change=self._pod_changed,
+            clock=clock,
+            metrics=metrics,
+            field_selector=NON_TERMINATED,
+        )
+        self.nodes: Informer[Node] = Informer(
+            name="nodes",
+            kind=Node,
+            gateway=gateway,
+            on_change=self._node_changed,
+            clock=clock,
+            metrics=metrics,
+        )
+        self.records = RecordMirror(bus=bus, edge=edge, clock=clock)
+        self.elector = (
+            LeaderElector(
+                gateway=gateway,
+                clock=clock,
+                namespace=config.lease_namespace,
+                name=config.lease_name,
+                identity=self.identity,
+                lease_duration_s=config.lease_duration_s,
+                renew_deadline_s=config.renew_deadline_s,
+                retry_period_s=config.retry_period_s,
+                on_change=lambda leading: metrics.leader.set(1 if leading else 0),
+            )
+            if config.leader_elect
+            else None
+        )
+        self.writer = FencedGateway(gateway, self.is_leader)
+        self.recorder = EventRecorder(
+            gateway=self.writer, clock=clock, metrics=metrics, instance=self.identity
+        )
+        # Tessera's pods: uid -> informer key; those that left, until PodDeleted is out.
+        self._ours: dict[str, str] = {}
+        self._gone: dict[str, _PodRef] = {}
+        self._published_pending: dict[str, PodPending] = {}
+        # CPU and memory requested per node, and each bound pod's share of it.
+        self._requested: dict[str, Requested] = {}
+        self._contribution: dict[str, tuple[str, Requested]] = {}
+        self._published_facts: dict[str, NodeFacts] = {}
+        self.pod_queue: WorkQueue[str] = WorkQueue()
+        self.node_queue: WorkQueue[str] = WorkQueue()
+        self._binding: set[str] = set()
+        self._node_locks: dict[str, asyncio.Lock] = {}
+        self._warned: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        readiness.probe("kubernetes", self._synced)
+        readiness.probe("leadership", self._leadership_report)
+        if self.elector is None:
+            metrics.leader.set(1)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader()
+
+    def _synced(self) -> tuple[bool, str]:
+        waiting = [
+            what
+            for what, done in (
+                ("pods", self.pods.synced),
+                ("nodes", self.nodes.synced),
+                ("assignment records", self.records.loaded),
+            )
+            if not done
+        ]
+        if waiting:
+            return False, f"loading {', '.join(waiting)}"
+        return True, ""
+
+    def _leadership_report(self) -> tuple[bool, str]:
+        if self.is_leader():
+            return True, "leader"
+        holder = self.elector.holder if self.elector is not None else ""
+        return True, f"standby (leader: {holder or 'none yet'})"
+
+    def pod_of(self, uid: str) -> Pod | None:
+        key = self._ours.get(uid)
+        return self.pods.get(key) if key is not None else None
+
+    def requested_on(self, node: str) -> Requested:
+        return self._requested.get(node, Requested())
+
+    # --- informer handlers (synchronous, quick) --------------------------------------------------
+
+    def _pod_changed(self, old: Pod | None, new: Pod | None) -> None:
+        pod = new or old
+        assert pod is not None
+        key = pod.metadata.key
+        before = self._contribution.pop(key, None)
+        after = (
+            (new.node, pod_requested(new, scheduler_name=self.config.scheduler_name))
+            if new is not None and new.node
+            else None
+        )
+        if before != after:
+            if before is not None:
+                self._requested[before[0]] = self.requested_on(before[0]) - before[1]
+                self.node_queue.add(before[0])
+            if after is not None:
+                self._requested[after[0]] = self.requested_on(after[0]) + after[1]
+                self.node_queue.add(after[0])
+        if after is not None:
+            self._contribution[key] = after
+        if pod.spec.scheduler_name != self.config.scheduler_name:
+            return
+        uid = pod.metadata.uid
+        if new is None:
+            self._ours.pop(uid, None)
+            self._gone[uid] = _PodRef(pod.metadata.namespace, pod.metadata.name, pod.node or None)
+        else:
+            self._ours[uid] = key
+        self.pod_queue.add(uid)
+
+    def _node_changed(self, old: Node | None, new: Node | None) -> None:
+        node = new or old
+        assert node is not None
+        self.node_queue.add(node.metadata.name)
+
+    # --- run ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Watch, elect, and lead when elected, until cancelled."""
+        log.info(
+            "binder starting",
+            extra={
+                "identity": self.identity,
+                "scheduler_name": self.config.scheduler_name,
+                "leader_elect": self.config.leader_elect,
+                "lease": f"{self.config.lease_namespace}/{self.config.lease_name}",
+            },
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self.pods.run(), name="pod-informer")
+                group.create_task(self.nodes.run(), name="node-informer")
+                group.create_task(self.records.run(), name="records")
+                if self.elector is not None:
+                    group.create_task(self.elector.run(), name="leader-election")
+                group.create_task(self._serve(), name="serve")
+        finally:
+            for task in self._background:
+                task.cancel()
+            await asyncio.shield(self._stop())
+
+    async def _stop(self) -> None:
+        """Write the Events still queued, then give the Lease up for a standby to take."""
+        if self.is_leader():
+            await self.recorder.flush()
+        if self.elector is not None:
+            await self.elector.release()
+
+    async def _serve(self) -> None:
+        while not self._synced()[0]:
+            await self._clock.sleep(0.05)
+        log.info(
+            "caches synced",
+            extra={
+                "pods": len(self.pods.cache),
+                "nodes": len(self.nodes.cache),
+                "records": len(self.records.views()),
+            },
+        )
+        while True:
+            while not self.is_leader():
+                await self._clock.sleep(0.05)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._lead(), name="lead")
+                    group.create_task(self._until_not_leader(), name="leadership")
+            except* _LostLeadershipError:
+                log.warning("no longer the leader: stopped every write; standing by")
+
+    async def _until_not_leader(self) -> None:
+        step = min(0.25, self.config.retry_period_s / 4)
+        while self.is_leader():
+            await self._clock.sleep(step)
+        raise _LostLeadershipError
+
+    async def _lead(self) -> None:
+        log.info("leading: reconciling, then binding", extra={"identity": self.identity})
+        self._resync()
+        for key in await self._bus.kv_keys(subjects.KV_NODES):
+            self.node_queue.add(subjects.node_from_token(key))  # facts of nodes gone meanwhile
+        await self._reconcile()
+        async with asyncio.TaskGroup() as group:
+            for i in range(self.config.workers):
+                group.create_task(self._work(self.pod_queue, self._sync_pod), name=f"pods-{i}")
+                group.create_task(self._work(self.node_queue, self._sync_node), name=f"nodes-{i}")
+            group.create_task(
+                self._consume(
+                    durable=DURABLE_DECISIONS,
+                    stream=subjects.STREAM_PLACEMENTS,
+                    subject=subjects.ASSIGNMENTS_ALL,
+                    message_type=PlacementDecision,
+                    family="assignments",
+                    handler=self.handle_decision,
+                ),
+                name="decisions",
+            )
+            group.create_task(
+                self._consume(
+                    durable=DURABLE_REJECTIONS,
+                    stream=subjects.STREAM_PLACEMENTS,
+                    subject=subjects.PLACEMENTS_REJECTED,
+                    message_type=PlacementRejected,
+                    family="placements",
+                    handler=self.handle_rejection,
+                ),
+                name="rejections",
+            )
+            group.create_task(
+                self._consume(
+                    durable=DURABLE_ALLOCATIONS,
+                    stream=subjects.STREAM_ALLOCATIONS,
+                    subject=subjects.ALLOCATIONS_ALL,
+                    message_type=AllocationEvent,
+                    family="allocations",
+                    handler=self.handle_allocation,
+                ),
+                name="allocations",
+            )
+            group.create_task(self.recorder.run(), name="events")
+            group.create_task(self._watch_allocation_delays(), name="allocation-delays")
+
+    def _resync(self) -> None:
+        """Publish everything again (the previous leader's last messages may be missing)."""
+        self._published_pending.clear()
+        self._published_facts.clear()
+        for uid in [*self._ours, *self._gone]:
+            self.pod_queue.add(uid)
+        for name in [*self.nodes.cache, *self._requested]:
+            self.node_queue.add(name)
+
+    # --- workers ---------------------------------------------------------------------------------
+
+    async def _work(self, queue: WorkQueue[str], sync: Callable[[str], Awaitable[None]]) -> None:
+        while True:
+            item = await queue.get()
+            try:
+                await sync(item)
+            except (ApiUnavailableError, OSError, TimeoutError) as error:
+                log.warning("will retry", extra={"item": item, "error": str(error)})
+                self._later(RETRY_S, queue.add, item)
+            except Exception as error:
+                log.warning("will retry", extra={"item": item, "error": repr(error)})
+                self._later(RETRY_S, queue.add, item)
+            finally:
+                queue.done(item)
+
+    def _later(self, delay: float, action: Callable[[str], None], item: str) -> None:
+        async def run() -> None:
+            await self._clock.sleep(delay)
+            action(item)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _sync_pod(self, uid: str) -> None:
+        pod = self.pod_of(uid)
+        if pod is None or (pod.terminating and not pod.node):
+            ref = self._gone.get(uid) or (
+                _PodRef(pod.metadata.namespace, pod.metadata.name, None) if pod else None
+            )
+            if ref is not None:
+                await self._publish_deleted(uid, ref)
+            self._gone.pop(uid, None)
+            self._published_pending.pop(uid, None)
+            return
+        if pod.node:
+            self._published_pending.pop(uid, None)
+            return
+        parsed = parse_pending(pod)
+        if isinstance(parsed, InvalidPod):
+            if self._published_pending.pop(uid, None) is not None:
+                await self._publish_deleted(
+                    uid, _PodRef(pod.metadata.namespace, pod.metadata.name, None)
+                )
+            await self._explain(pod, explain.invalid_message(parsed), cause="invalid")
+            return
+        fingerprint = msgspec.structs.replace(parsed, resource_version="")
+        if self._published_pending.get(uid) == fingerprint:
+            return
+        self._fence("publish PodPending")
+        await self._bus.js_publish(
+            subjects.PODS_PENDING,
+            codec.encode(parsed),
+            msg_id=f"pending.{uid}.{parsed.resource_version}",
+        )
+        self._published_pending[uid] = fingerprint
+        self._metrics.pods_published.labels(kind="pending").inc()
+
+    async def _publish_deleted(self, uid: str, ref: _PodRef) -> None:
+        self._fence("publish PodDeleted")
+        message = PodDeleted(
+            uid=uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            node=ref.node,
+            deleted_at=self._clock.now(),
+        )
+        await self._bus.js_publish(
+            subjects.PODS_DELETED, codec.encode(message), msg_id=f"deleted.{uid}"
+        )
+        self._metrics.pods_published.labels(kind="deleted").inc()
+
+    async def _sync_node(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            entry = await self._bus.kv_get(subjects.KV_NODES, subjects.node_token(name))
+            known = self._published_facts.pop(name, None)
+            if entry is None and known is None:
+                return
+            if entry is not None and known is None:
+                with contextlib.suppress(codec.DecodeError):
+                    if codec.decode(entry.value, NodeFacts).deleted:
+                        return
+            await self._publish_facts(gone_facts(name, now=self._clock.now()))
+            return
+        facts = node_facts(node, self.requested_on(name), now=self._clock.now())
+        if same_facts(self._published_facts.get(name), facts):
+            return
+        await self._publish_facts(facts)
+        self._published_facts[name] = facts
+
+    async def _publish_facts(self, facts: NodeFacts) -> None:
+        self._fence("publish NodeFacts")
+        data = codec.encode(facts)
+        await self._bus.kv_put(subjects.KV_NODES, subjects.node_token(facts.node), data)
+        await self._bus.publish(subjects.nodes(facts.node), data)
+        self._metrics.node_facts.inc()
+
+    def _fence(self, what: str) -> None:
+        if not self.is_leader():
+            raise NotLeaderError(what)
+
+    # --- consumers -------------------------------------------------------------------------------
+
+    async def _consume(
+        self,
+        *,
+        durable: str,
+        stream: str,
+        subject: str,
+        message_type: type[T],
+        family: str,
+        handler: Callable[[T], Awaitable[None]],
+    ) -> None:
+        consumer = await self._bus.pull_consumer(
+            stream=stream, durable=durable, subject=subject, ack_wait=ACK_WAIT_S
+        )
+        in_flight = 0
+        freed = asyncio.Event()
+
+        def finished(_: asyncio.Task[None]) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            freed.set()
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                while True:
+                    while in_flight >= self.config.max_in_flight:
+                        freed.clear()
+                        await freed.wait()
+                    try:
+                        batch = await consumer.fetch(
+                            min(FETCH_BATCH, self.config.max_in_flight - in_flight), timeout=1.0
+                        )
+                    except Exception as error:
+                        log.warning(
+                            "fetch failed", extra={"consumer": durable, "error": repr(error)}
+                        )
+                        await self._clock.sleep(RETRY_S)
+                        continue
+                    for delivery in batch:
+                        in_flight += 1
+                        task = group.create_task(
+                            self._handle(delivery, message_type, family, handler)
+                        )
+                        task.add_done_callback(finished)
+        finally:
+            await consumer.close()
+
+    async def _handle(
+        self,
+        delivery: Delivery,
+        message_type: type[T],
+        family: str,
+        handler: Callable[[T], Awaitable[None]],
+    ) -> None:
+        message = await self._edge.accept(delivery, message_type, family=family)
+        if message is None:
+            return
+        keepalive = asyncio.create_task(self._keep_alive(delivery))
+        try:
+            await handler(message)
+        except _BusyError:
+            return  # the delivery already being handled will ack the message
+        except Exception as error:
+            unexpected = not isinstance(error, (ApiUnavailableError, OSError, TimeoutError))
+            log.log(
+                logging.ERROR if unexpected else logging.WARNING,
+                "message not handled yet; it will be delivered again",
+                extra={"family": family, "error": repr(error)},
+                exc_info=error if unexpected else None,
+            )
+            with contextlib.suppress(Exception):
+                await delivery.nak(RETRY_S)
+            return
+        finally:
+            keepalive.cancel()
+        with contextlib.suppress(Exception):
+            await delivery.ack()
+
+    async def _keep_alive(self, delivery: Delivery) -> None:
+        while True:
+            await self._clock.sleep(ACK_WAIT_S / 3)
+            with contextlib.suppress(Exception):
+                await delivery.in_progress()
+
+    # --- decisions -----------------------------------------------------------------------------
+
+    async def handle_decision(self, decision: PlacementDecision) -> None:
+        """Bind one decided pod (idempotent: a redelivery finds the work done)."""
+        if decision.pod_uid in self._binding:
+            raise _BusyError(decision.pod_uid)
+        self._binding.add(decision.pod_uid)
+        try:
+            await self._bind(decision)
+        finally:
+            self._binding.discard(decision.pod_uid)
+
+    def _node_lock(self, node: str) -> asyncio.Lock:
+        lock = self._node_locks.get(node)
+        if lock is None:
+            lock = self._node_locks[node] = asyncio.Lock()
+        return lock
+
+    async def _observe(self, decision: PlacementDecision) -> ObservedPod | None:
+        pod = self.pod_of(decision.pod_uid)
+        if pod is None:  # not (or no longer) in the cache: ask the API server
+            pod = await self._gateway.read_pod(decision.namespace, decision.name)
+        if pod is None or pod.metadata.uid != decision.pod_uid:
+            return None
+        return observe(pod)
+
+    def _gate_resources(self, node_name: str, record: AssignmentRecord) -> frozenset[str]:
+        node = self.nodes.get(node_name)
+        advertised = extended_allocatable(node) if node is not None else {}
+        return gate_resources(advertised, record)
+
+    async def _plan(self, decision: PlacementDecision) -> tuple[BindPlan, int]:
+        """Plan under the node's lock and carry out the record compare-and-set it asks for.
+        Returns the plan and the mirror's version it was made at."""
+        key = subjects.assignment_key(decision.node, decision.pod_uid)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            pod = await self._observe(decision)
+            async with self._node_lock(decision.node):
+                version = self.records.changed.version
+                record = await self.records.read(key)
+                plan = plan_bind(
+                    decision=decision,
+                    pod=pod,
+                    record=record,
+                    node_records=self.records.on_node(decision.node),
+                    resources=self._gate_resources(decision.node, record.record)
+                    if record is not None
+                    else frozenset(),
+                    now=self._clock.now(),
+                )
+                step = claim_of(plan)
+                if step is not None and not await self._claim(*step):
+                    continue  # someone wrote the record meanwhile: read it and plan again
+                return plan, version
+        raise ApiUnavailableError(
+            "update assignment record", f"{key} kept changing under {MAX_CAS_ATTEMPTS} claims"
+        )
+
+    async def _claim(self, claim: RecordView, record: AssignmentRecord) -> bool:
+        """Compare-and-set ``claim`` -> ``record``; False when someone else wrote first."""
+        self._fence("update assignment record")
+        data = codec.encode(record)
+        try:
+            revision = await self._bus.kv_update(
+                subjects.KV_ASSIGNMENTS, claim.key, data, revision=claim.revision
+            )
+        except Exception as error:
+            log.warning(
+                "record update outcome unknown; reading it back",
+                extra={"key": claim.key, "error": repr(error)},
+            )
+            current = await self.records.read(claim.key)
+            return current is not None and current.record == record
+        if revision is None:
+            return False
+        await self.records.remember(RecordView(key=claim.key, revision=revision, record=record))
+        return True
+
+    async def _bind(self, decision: PlacementDecision) -> None:
+        gate_deadline: float | None = None
+        while True:
+            plan, version = await self._plan(decision)
+            if isinstance(plan, Wait):
+                now = self._clock.monotonic()
+                if gate_deadline is None:
+                    gate_deadline = now + self.config.gate_timeout_s
+                    log.info(
+                        "held by the ambiguity gate",
+                        extra={
+                            "pod": f"{decision.namespace}/{decision.name}",
+                            "reason": plan.reason,
+                        },
+                    )
+                if now >= gate_deadline:
+                    self._metrics.gate_waits.labels(outcome="timed_out").inc()
+                    await self._report(
+                        decision,
+                        "failed",
+                        f"{plan.reason}; gave up after {self.config.gate_timeout_s:g} s",
+                    )
+                    return
+                await self.records.changed.wait_past(version, min(1.0, gate_deadline - now))
+                continue
+            if gate_deadline is not None:
+                self._metrics.gate_waits.labels(outcome="passed").inc()
+            break
+        if isinstance(plan, Drop):
+            self._metrics.binds.labels(outcome="dropped").inc()
+            log.info(
+                "decision dropped",
+                extra={"pod": f"{decision.namespace}/{decision.name}", "reason": plan.reason},
+            )
+        elif isinstance(plan, Report):
+            await self._report(decision, plan.outcome, plan.reason)
+        elif isinstance(plan, Advance):
+            await self._report(decision, "bound", "the pod was already bound to this node")
+        elif isinstance(plan, Bind):
+            outcome, reason = await self._create_binding(decision, plan)
+            await self._report(decision, outcome, reason, record=plan.record)
+
+    async def _create_binding(
+        self, decision: PlacementDecision, plan: Bind
+    ) -> tuple[BindOutcome, str]:
+        answer = await self.writer.bind_pod(
+            decision.namespace,
+            decision.name,
+            uid=decision.pod_uid,
+            node=decision.node,
+            annotations=plan.annotations,
+        )
+        if answer.ok:
+            return "bound", ""
+        if answer.code == 404:
+            return "gone", "the pod no longer exists"
+        if answer.code == 409:
+            pod = await self._gateway.read_pod(decision.namespace, decision.name)
+            if pod is None or pod.metadata.uid != decision.pod_uid:
+                return "gone", "the pod no longer exists (its name now belongs to another pod)"
+            if pod.node == decision.node:
+                return "bound", "already bound to this node"
+            if pod.node:
+                return "failed", f"the pod is already bound to node {pod.node}"
+            if pod.terminating:
+                return "gone", "the pod is being deleted"
+        return (
+            "failed",
+            f"the API refused the Binding: HTTP {answer.code} {answer.reason}: {answer.message}",
+        )
+
+    async def _report(
+        self,
+        decision: PlacementDecision,
+        outcome: BindOutcome,
+        reason: str,
+        *,
+        record: AssignmentRecord | None = None,
+    ) -> None:
+        """Publish the BindingResult (and count it, log it, and tell the pod's Events)."""
+        self._fence("publish BindingResult")
+        result = BindingResult(
+            pod_uid=decision.pod_uid,
+            namespace=decision.namespace,
+            name=decision.name,
+            node=decision.node,
+            outcome=outcome,
+            reason=reason,
+            at=self._clock.now(),
+        )
+        await self._bus.js_publish(
+            subjects.bindings(decision.node),
+            codec.encode(result),
+            msg_id=f"binding.{decision.pod_uid}.{subjects.node_token(decision.node)}."
+            f"{decision.decided_at!r}.{outcome}",
+        )
+        self._metrics.binds.labels(outcome=outcome).inc()
+        pod = f"{decision.namespace}/{decision.name}"
+        if outcome != "bound":
+            log.warning(
+                "not bound",
+                extra={"pod": pod, "node": decision.node, "outcome": outcome, "reason": reason},
+            )
+            return
+        if record is None:
+            return  # a redelivery of work already done
+        self._metrics.bind_seconds.observe(max(0.0, self._clock.now() - decision.decided_at))
+        log.info("bound", extra={"pod": pod, "node": decision.node})
+        self.recorder.emit(
+            regarding=explain.regarding_pod(
+                namespace=decision.namespace, name=decision.name, uid=decision.pod_uid
+            ),
+            event_type="Normal",
+            reason="Scheduled",
+            action="Binding",
+            note=explain.scheduled_note(record),
+        )
+
+    # --- rejections and allocations ------------------------------------------------------------
+
+    async def _explain(self, pod: Pod, message: str, *, cause: str) -> None:
+        meta = pod.metadata
+        if not explain.reports_unschedulable(pod, message):
+            if cause == "invalid":
+                self._metrics.invalid_pods.inc()
+            answer = await self.writer.patch_pod_status(
+                meta.namespace,
+                meta.name,
+                explain.unschedulable_patch(
+                    uid=meta.uid, message=message, now=_seconds(self._clock.now())
+                ),
+            )
+            if not answer.ok:
+                log.info(
+                    "pending pod not explained",
+                    extra={"pod": meta.key, "code": answer.code, "message": answer.message},
+                )
+                return
+            self._metrics.explained.labels(cause=cause).inc()
+        self.recorder.emit(
+            regarding=explain.regarding_pod(namespace=meta.namespace, name=meta.name, uid=meta.uid),
+            event_type="Warning",
+            reason="FailedScheduling",
+            action="Scheduling",
+            note=message,
+        )
+
+    async def handle_rejection(self, rejected: PlacementRejected) -> None:
+        """Explain on the pod why it is Pending."""
+        pod = self.pod_of(rejected.pod_uid)
+        if pod is None or pod.node:
+            return  # gone, or placed since
+        await self._explain(pod, explain.unschedulable_message(rejected), cause="rejected")
+
+    async def handle_allocation(self, event: AllocationEvent) -> None:
+        """Mark a pod whose GPUs the device plugin has allocated."""
+        if not event.complete:
+            return
+        pod = self.pod_of(event.pod_uid)
+        if pod is None:
+            pod = await self._gateway.read_pod(event.namespace, event.name)
+            if pod is None or pod.metadata.uid != event.pod_uid:
+                return
+        if (pod.metadata.annotations or {}).get(names.ASSIGNED) == "true":
+            return
+        answer = await self.writer.patch_pod(
+            event.namespace, event.name, explain.assigned_patch(uid=event.pod_uid)
+        )
+        if not answer.ok:  # gone or replaced meanwhile (404, 422): nothing left to mark
+            log.info(
+                "allocated pod not marked",
+                extra={
+                    "pod": f"{event.namespace}/{event.name}",
+                    "code": answer.code,
+                    "message": answer.message,
+                },
+            )
+
+    async def _watch_allocation_delays(self) -> None:
+        period = max(0.2, min(5.0, self.config.allocation_warning_s / 4))
+        while True:
+            await self._clock.sleep(period)
+            now = self._clock.now()
+            live = set()
+            for view in self.records.views():
+                record = view.record
+                live.add(view.key)
+                if record.state != "bound" or record.bound_at is None or view.key in self._warned:
+                    continue
+                waited = now - record.bound_at
+                if waited < self.config.allocation_warning_s:
+                    continue
+                self._warned.add(view.key)
+                if self.pod_of(record.pod_uid) is None:
+                    continue
+                log.warning(
+                    "bound but not allocated",
+                    extra={
+                        "pod": f"{record.namespace}/{record.name}",
+                        "node": record.node,
+                        "waited_s": round(waited),
+                    },
+                )
+                self.recorder.emit(
+                    regarding=explain.regarding_pod(
+                        namespace=record.namespace, name=record.name, uid=record.pod_uid
+                    ),
+                    event_type="Warning",
+                    reason="AllocationDelayed",
+                    action="Allocating",
+                    note=explain.allocation_delayed_note(record, waited),
+                )
+            self._warned &= live
+
+    # --- reconcile ---------------------------------------------------------------------------
+
+    async def _reconcile(self) -> None:
+        """Finish what a previous leader left half done (module docstring)."""
+        work = []
+        for view in self.records.views():
+            record = view.record
+            pod = self.pod_of(record.pod_uid)
+            if pod is None:
+                work.append(
+                    self._publish_deleted(
+                        record.pod_uid, _PodRef(record.namespace, record.name, record.node)
+                    )
+                )
+            elif (record.state == "reserved" and pod.node) or (
+                record.state == "bound" and not pod.node
+            ):
+                work.append(self.handle_decision(decision_of(record)))
+        if not work:
+            return
+        log.info("reconciling assignment records", extra={"actions": len(work)})
+        limit = asyncio.Semaphore(32)
+
+        async def bounded(action: Awaitable[None]) -> None:
+            async with limit:
+                try:
+                    await action
+                except Exception as error:
+                    log.warning("reconcile step failed", extra={"error": repr(error)})
+
+        await asyncio.gather(*(bounded(a) for a in work))
+
+
+class _BusyError(Exception):
+    """This pod's decision is already being handled (a duplicate delivery): leave it un-acked."""
+
+
+def _seconds(at: float) -> str:
+    return names.time_value(at)[:19] + "Z"
+
+
+async def run_binder(
+    context: ServiceContext,
+    *,
+    config: BinderConfig,
+    connect: Callable[[BinderMetrics], ClusterGateway],
+) -> None:
+    """The service body: build the binder around the context's bus and run it."""
+    metrics = BinderMetrics.create(context.registry)
+    gateway = connect(metrics)
+    binder = Binder(
+        config=config,
+        gateway=gateway,
+        bus=context.bus,
+        edge=context.edge,
+        clock=context.clock,
+        metrics=metrics,
+        readiness=context.readiness,
+    )
+    try:
+        await binder.run()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(binder.recorder.flush())
+        await gateway.close()
