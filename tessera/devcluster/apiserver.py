@@ -567,7 +567,7 @@ class ApiServer:
             if fault.reset:
                 if request.transport is not None:
                     request.transport.abort()
-                raise ConnectionResetError("injected connection reset")
+                return web.Response(status=500)  # never sent: the connection is gone
             if fault.status:
                 reason = {429: "TooManyRequests", 503: "ServiceUnavailable", 504: "Timeout"}.get(
                     fault.status, "InternalError"

@@ -136,7 +136,9 @@ def start_binder(nats_server: NatsServer, kubeconfig: Path) -> BinderFactory:
     on entry, stopped with SIGTERM semantics on exit."""
 
     @contextlib.asynccontextmanager
-    async def running(*, wait_leader: bool = True, **overrides: Any) -> AsyncIterator[RunningBinder]:
+    async def running(
+        *, wait_leader: bool = True, **overrides: Any
+    ) -> AsyncIterator[RunningBinder]:
         settings = test_settings(nats_server, kubeconfig, **overrides)
         config = build_config(settings, environ=os.environ)
         configuration = new_configuration()
@@ -151,7 +153,9 @@ def start_binder(nats_server: NatsServer, kubeconfig: Path) -> BinderFactory:
             retry=FAST_RETRY,
         )
         binder = RunningBinder(
-            readiness=Readiness(), registry=CollectorRegistry(), stop=asyncio.Event(),
+            readiness=Readiness(),
+            registry=CollectorRegistry(),
+            stop=asyncio.Event(),
             task=None,  # type: ignore[arg-type]
         )
         binder.task = asyncio.create_task(
