@@ -237,7 +237,6 @@ class ApiServer:
         self.requests: Counter[tuple[str, str]] = Counter()
         """(verb, resource label) -> requests received over HTTP."""
         self._runner: web.AppRunner | None = None
-        self._streams: set[web.StreamResponse] = set()
         self.url = ""
         for namespace in DEFAULT_NAMESPACES:
             self._ensure_namespace(namespace)
@@ -722,12 +721,11 @@ class ApiServer:
         response = web.StreamResponse(status=200)
         response.content_type = "application/json"
         response.enable_chunked_encoding()
-        await response.prepare(request)
 
         async def send(kind: str, obj: Obj) -> None:
             await response.write(_ENCODER.encode({"type": kind, "object": obj}) + b"\n")
 
-        try:
+        try:  # registered before the answer starts, so a client that has it misses nothing
             initial, watcher = self.store.watch(
                 resource,
                 namespace=target.namespace,
@@ -735,12 +733,13 @@ class ApiServer:
                 since=None if since_text in ("", "0") else int(since_text),
             )
         except ApiError as error:  # too old: an ERROR event, as the watch cache answers
+            await response.prepare(request)
             await send("ERROR", error.status())
             await response.write_eof()
             return response
-        self._streams.add(response)
         abrupt = False
         try:
+            await response.prepare(request)
             for kind, obj in initial:
                 await send(kind, resource.to_view(obj))
             loop = asyncio.get_running_loop()
@@ -773,7 +772,6 @@ class ApiServer:
             abrupt = True
         finally:
             self.store.stop_watch(watcher)
-            self._streams.discard(response)
         if abrupt:
             if request.transport is not None:
                 request.transport.abort()

@@ -422,8 +422,6 @@ async def test_dropped_watches_end_cleanly_or_abruptly(k8s: Clients, api: ApiSer
         response = await k8s.core.list_pod_for_all_namespaces(
             watch=True, resource_version=str(api.store.revision), _preload_content=False
         )
-        while not api.watchers(POD):
-            await asyncio.sleep(0.01)
         assert api.drop_watches(POD, abrupt=abrupt) == 1
         try:
             if abrupt:
