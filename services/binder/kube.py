@@ -104,7 +104,7 @@ async def load_configuration(
         return f"kubeconfig {path}"
     except ConfigError:
         raise
-    except (config.ConfigException, OSError, ValueError, TypeError, KeyError) as error:
+    except Exception as error:  # YAML, I/O, missing keys: any failure is a config error
         source = kubeconfig or "the in-cluster service account / KUBECONFIG"
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: {error}") from None
 
