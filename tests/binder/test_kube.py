@@ -143,12 +143,10 @@ async def test_watch_yields_changes_and_bookmarks_and_expires_on_410(
                     break
         assert seen[0] == "ADDED"
         api.compact()
+        expired = gateway.watch_objects(Pod, resource_version=start)
         with pytest.raises(WatchExpiredError, match="too old resource version"):
-            async with contextlib.aclosing(
-                gateway.watch_objects(Pod, resource_version=start)
-            ) as stream:
-                async for _ in stream:
-                    pass
+            await anext(expired)
+        await expired.aclose()
 
 
 async def test_a_dropped_watch_just_ends(api: ApiServer, kubeconfig: Path) -> None:
