@@ -265,6 +265,8 @@ class Binder:
         self._ours: dict[str, str] = {}
         self._gone: dict[str, _PodRef] = {}
         self._published_pending: dict[str, PodPending] = {}
+        self._explained: dict[str, str] = {}
+        """The PodScheduled=False message last written per pending pod (the informer may lag)."""
         # CPU and memory requested per node, and each bound pod's share of it.
         self._requested: dict[str, Requested] = {}
         self._contribution: dict[str, tuple[str, Requested]] = {}
@@ -457,6 +459,7 @@ class Binder:
     def _resync(self) -> None:
         """Publish everything again (the previous leader's last messages may be missing)."""
         self._published_pending.clear()
+        self._explained.clear()
         self._published_facts.clear()
         for uid in [*self._ours, *self._gone]:
             self.pod_queue.add(uid)
@@ -498,9 +501,11 @@ class Binder:
                 await self._publish_deleted(uid, ref)
             self._gone.pop(uid, None)
             self._published_pending.pop(uid, None)
+            self._explained.pop(uid, None)
             return
         if pod.node:
             self._published_pending.pop(uid, None)
+            self._explained.pop(uid, None)
             return
         parsed = parse_pending(pod)
         if isinstance(parsed, InvalidPod):
@@ -851,17 +856,24 @@ class Binder:
 
     async def _explain(self, pod: Pod, message: str, *, cause: str) -> None:
         meta = pod.metadata
-        if not explain.reports_unschedulable(pod, message):
+        said = self._explained.get(meta.uid) == message
+        if not said and not explain.reports_unschedulable(pod, message):
             if cause == "invalid":
                 self._metrics.invalid_pods.inc()
-            answer = await self.writer.patch_pod_status(
-                meta.namespace,
-                meta.name,
-                explain.unschedulable_patch(
-                    uid=meta.uid, message=message, now=_seconds(self._clock.now())
-                ),
-            )
+            self._explained[meta.uid] = message  # before the write: repeats meanwhile skip it
+            try:
+                answer = await self.writer.patch_pod_status(
+                    meta.namespace,
+                    meta.name,
+                    explain.unschedulable_patch(
+                        uid=meta.uid, message=message, now=_seconds(self._clock.now())
+                    ),
+                )
+            except BaseException:
+                self._explained.pop(meta.uid, None)
+                raise
             if not answer.ok:
+                self._explained.pop(meta.uid, None)
                 log.info(
                     "pending pod not explained",
                     extra={"pod": meta.key, "code": answer.code, "message": answer.message},
