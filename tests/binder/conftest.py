@@ -7,11 +7,13 @@ import asyncio
 import contextlib
 import functools
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import kubernetes_validate
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -85,10 +87,43 @@ async def get_record(bus: Bus, uid: str, node: str = NODE) -> AssignmentRecord |
     return None if entry is None else codec.decode(entry.value, AssignmentRecord)
 
 
+K8S_VERSION = kubernetes_validate.utils.latest_version()
+SAMPLES_PER_KIND = 3
+
+
+def validate_writes(api: ApiServer) -> int:
+    """Validate what clients wrote to ``api`` with ``kubernetes-validate --strict`` against the
+    newest Kubernetes it knows: the bodies of creates and updates (what was sent) and the
+    objects that patches, creates and bindings produced; a few of each kind of write. Returns
+    how many objects were checked."""
+    checked: Counter[tuple[str, str]] = Counter()
+    total = 0
+    for write in api.writes:
+        kind = (write.verb, write.resource)
+        if write.code >= 300 or checked[kind] >= SAMPLES_PER_KIND:
+            continue
+        checked[kind] += 1
+        objects = [write.result] if write.result is not None else []
+        if write.verb in ("create", "update") and isinstance(write.body, dict):
+            objects.append(write.body)
+        for obj in objects:
+            try:
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                raise AssertionError(
+                    f"{write.verb} {write.resource} wrote an invalid {obj.get('kind')}: "
+                    f"{error.message} at {list(error.absolute_path)}"
+                ) from None
+            total += 1
+    return total
+
+
 @pytest.fixture
 async def api() -> AsyncIterator[ApiServer]:
+    """The API test double; every object written to it is validated after the test."""
     async with ApiServer(bookmark_interval_s=0.2) as server:
         yield server
+    validate_writes(server)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from tests.binder.conftest import (
     eventually,
     get_record,
     put_record,
+    validate_writes,
 )
 
 MERGE = "application/merge-patch+json"
@@ -417,3 +418,124 @@ async def test_node_facts_follow_nodes_and_the_pods_on_them(
 
         await eventually(deleted, what="deleted facts")
         assert published.decoded(NodeFacts)[-1].deleted
+
+
+async def test_a_new_leader_finishes_what_the_last_one_left_half_done(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """Restart safety: records whose bind was cut short are completed, records of pods that
+    are gone are released (through the placer), and nothing is bound twice."""
+    api.create(NODE, node())
+    # Crashed after its compare-and-set, before the Binding: record bound, pod not.
+    half = record(uid_of(api.create(POD, pod("half"))), "half", state="bound", bound_at=1.0)
+    # Bound in the cluster, record still reserved.
+    already = record(
+        uid_of(api.create(POD, pod("already", node="gpu-1"))),
+        "already",
+        slices("main", (1, 4096, 25), devices=2),
+    )
+    # Its pod was deleted while no binder ran.
+    orphan = record("no-such-pod", "orphan", slices("main", (2, 4096, 25), devices=3))
+    for rec in (half, already, orphan):
+        await put_record(bus, rec)
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    deleted = await collect(bus, subjects.PODS_DELETED)
+    async with start_binder():
+        await eventually(lambda: len(results.deliveries) == 2, what="two results")
+        await eventually(lambda: deleted.deliveries, what="the orphan's PodDeleted")
+        assert api.get(POD, "default", "half")["spec"]["nodeName"] == "gpu-1"
+        advanced = await get_record(bus, already.pod_uid)
+        assert advanced is not None and advanced.state == "bound"
+    assert {r.name: r.outcome for r in results.decoded(BindingResult)} == {
+        "half": "bound",
+        "already": "bound",
+    }
+    assert [(m.uid, m.node) for m in deleted.decoded(PodDeleted)] == [("no-such-pod", "gpu-1")]
+    assert [w.code for w in api.writes_to("pods/binding")] == [201]
+
+
+async def test_dropped_watches_and_410_lose_no_pod(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    pending = await collect(bus, subjects.PODS_PENDING)
+    deleted = await collect(bus, subjects.PODS_DELETED)
+    async with start_binder():
+        kept = [uid_of(api.create(POD, pod(f"before-{i}"))) for i in range(3)]
+        await eventually(lambda: len(pending.deliveries) == 3, what="the first pods")
+        for abrupt in (False, True):
+            api.faults.add(verb="watch", resource="pods", status=503, times=None)
+            api.drop_watches(POD, abrupt=abrupt)
+            kept += [uid_of(api.create(POD, pod(f"during-{int(abrupt)}-{i}"))) for i in range(3)]
+            api.delete(POD, "default", f"before-{int(abrupt)}")
+            brief = uid_of(api.create(POD, pod(f"brief-{int(abrupt)}")))
+            api.delete(POD, "default", f"brief-{int(abrupt)}")
+            api.compact()
+            api.faults.clear()
+            expected = 1 + int(abrupt)
+            await eventually(
+                lambda expected=expected: len(deleted.deliveries) == expected, what="deletions"
+            )
+        await eventually(lambda: len(pending.deliveries) == 9, what="every pod published")
+    published = [m.uid for m in pending.decoded(PodPending)]
+    assert sorted(published) == sorted(kept), "each pod once, none lost"
+    assert brief not in published
+    assert sorted(m.uid for m in deleted.decoded(PodDeleted)) == sorted(kept[:2])
+
+
+async def test_every_kind_of_object_the_binder_writes_is_valid_kubernetes(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """One flow through every write (the ``api`` fixture validates writes after every test;
+    this one makes sure each kind occurs and was checked)."""
+    api.create(NODE, node())
+    async with start_binder(allocation_warning_s=0.3):
+        uid = uid_of(api.create(POD, pod("p")))
+        rec = record(uid, "p")
+        await put_record(bus, rec)
+        await publish_decision(bus, rec)
+        await eventually(
+            lambda: api.find(POD, "default", "p")["spec"].get("nodeName"),  # type: ignore[index]
+            what="bound",
+        )
+        await bus.js_publish(
+            subjects.allocations("gpu-1"),
+            codec.encode(
+                AllocationEvent(
+                    pod_uid=uid,
+                    namespace="default",
+                    name="p",
+                    node="gpu-1",
+                    container="main",
+                    device_ids=("d",),
+                    gpu_uuids=("GPU-0000",),
+                    complete=True,
+                    allocated_at=1.0,
+                )
+            ),
+        )
+        waiting = uid_of(api.create(POD, pod("w", container(gpu=64))))
+        for _ in range(2):
+            await bus.js_publish(
+                subjects.PLACEMENTS_REJECTED,
+                codec.encode(rejection(waiting, "w", (1, "not enough idle GPUs"))),
+            )
+        api.create(POD, pod("bad", annotations={names.NODE_POLICY: "best"}))
+        await eventually(
+            lambda: (
+                condition(api, "w")
+                and condition(api, "bad")
+                and events_about(api, "p", "AllocationDelayed")
+            ),
+            what="every write",
+        )
+    kinds = {(w.verb, w.resource) for w in api.writes if w.code < 300}
+    assert kinds >= {
+        ("create", "pods/binding"),
+        ("patch", "pods"),
+        ("patch", "pods/status"),
+        ("create", "events"),
+        ("patch", "events"),
+        ("create", "leases"),
+        ("update", "leases"),
+    }
+    assert validate_writes(api) >= 10
