@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -83,6 +84,9 @@ async def load_configuration(
     configuration: Any, *, kubeconfig: str, environ: Mapping[str, str]
 ) -> str:
     """Fill ``configuration`` from the first source that applies; returns which it was."""
+    missing = _missing_files(kubeconfig or environ.get("KUBECONFIG", ""))
+    if missing:
+        raise ConfigError(f"cannot load Kubernetes configuration: no such file: {missing}")
     try:
         if kubeconfig:
             await config.load_kube_config(
@@ -107,6 +111,14 @@ async def load_configuration(
     except Exception as error:  # YAML, I/O, missing keys: any failure is a config error
         source = kubeconfig or "the in-cluster service account / KUBECONFIG"
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: {error}") from None
+
+
+def _missing_files(paths: str) -> str:
+    """The first of the ``os.pathsep``-separated kubeconfig ``paths`` that does not exist."""
+    for path in filter(None, paths.split(os.pathsep)):
+        if not Path(path).expanduser().is_file():
+            return path
+    return ""
 
 
 def _home_kubeconfig(environ: Mapping[str, str]) -> str:
