@@ -9,7 +9,8 @@ Always running (leader or standby), so a standby is warm when it takes over:
 - leader election on a Lease (``--leader-elect``).
 
 Only the leader writes (to Kubernetes and to NATS), every write fenced by the Lease
-(:class:`FencedGateway`, and a check before each record compare-and-set). On becoming leader it
+(:class:`~services.binder.fenced.FencedGateway`, and a check before each record
+compare-and-set and each NATS publish). On becoming leader it
 reconciles (records whose pod is gone -> ``PodDeleted``; a ``reserved`` record whose pod is
 already bound there -> ``bound``; a ``bound`` record whose pod is not bound yet -> bound now),
 republishes every pending pod and node's facts, and starts:
@@ -18,18 +19,11 @@ republishes every pending pod and node's facts, and starts:
   ``PodPending`` (when what the placer reads changed), ``PodDeleted`` (pod gone or finished), or
   explains an invalid pod (``PodScheduled=False`` + Warning Event, nothing published), and
   ``NodeFacts`` on change (subject + KV);
-- the durable consumers ``binder-decisions``, ``binder-rejections`` and ``binder-allocations``:
-  each message is handled in its own task (up to ``max_in_flight``), kept alive while it works
-  (the ambiguity gate may hold it), acked when done, nak'ed for redelivery when the API or NATS
-  is unavailable; malformed messages are dead-lettered by the edge;
+- the durable consumers ``binder-decisions`` (:mod:`~services.binder.binding`),
+  ``binder-rejections`` (``PodScheduled=False`` + aggregated Warning Event) and
+  ``binder-allocations`` (``tessera.dev/assigned: "true"``), each through
+  :func:`~services.binder.consumer.consume`;
 - the Event writer and the bound-but-not-allocated watch.
-
-A decision: plan with :func:`plan.plan_bind` under the node's lock (so two decisions on one node
-never pass the ambiguity gate together), move the record ``reserved -> bound`` by compare-and-set
-(a CAS that times out is read back: its outcome is unknown), create the Binding (the assignment
-annotations ride on it, so they land with ``spec.nodeName`` in one write; 409 "already on this
-node" counts as done), publish ``BindingResult``. Failures after the CAS publish ``failed`` or
-``gone`` so the placer releases.
 """
 
 from __future__ import annotations
@@ -37,52 +31,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import msgspec
 
 from services.binder import explain
+from services.binder.binding import DecisionBinder
 from services.binder.config import BinderConfig, default_identity
+from services.binder.consumer import RETRY_S, consume
 from services.binder.events import EventRecorder
-from services.binder.gateway import (
-    Answer,
-    ApiUnavailableError,
-    Body,
-    ClusterGateway,
-    Kind,
-    Listing,
-    NotLeaderError,
-    WatchEvent,
-)
+from services.binder.fenced import FencedGateway
+from services.binder.gateway import ApiUnavailableError, ClusterGateway, NotLeaderError
 from services.binder.informer import Informer
 from services.binder.leader import LeaderElector
 from services.binder.metrics import BinderMetrics
-from services.binder.nodefacts import (
-    Requested,
-    extended_allocatable,
-    gone_facts,
-    node_facts,
-    pod_requested,
-    same_facts,
-)
-from services.binder.objects import Lease, Node, Pod
-from services.binder.plan import (
-    Advance,
-    Bind,
-    BindPlan,
-    Drop,
-    ObservedPod,
-    RecordView,
-    Report,
-    Wait,
-    claim_of,
-    decision_of,
-    gate_resources,
-    observe,
-    plan_bind,
-)
+from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
+from services.binder.objects import Node, Pod
+from services.binder.plan import decision_of
 from services.binder.podspec import InvalidPod, parse_pending
 from services.binder.records import RecordMirror
 from services.binder.workqueue import WorkQueue
@@ -90,12 +57,10 @@ from shared import annotations as names
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.allocations import AllocationEvent
-from shared.messages.assignments import AssignmentRecord
-from shared.messages.bindings import BindingResult, BindOutcome
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.pods import PodDeleted, PodPending
-from shared.runtime.bus import Bus, Delivery
+from shared.runtime.bus import Bus
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
@@ -106,89 +71,7 @@ NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
 DURABLE_DECISIONS: Final = "binder-decisions"
 DURABLE_REJECTIONS: Final = "binder-rejections"
 DURABLE_ALLOCATIONS: Final = "binder-allocations"
-ACK_WAIT_S: Final = 15.0
-"""JetStream redelivers a message not acked (nor kept alive) this long after delivery: what a
-killed leader's in-flight messages wait before the new leader gets them."""
-RETRY_S: Final = 1.0
-"""Delay before a message the API or NATS could not serve is delivered again."""
-FETCH_BATCH: Final = 64
-MAX_CAS_ATTEMPTS: Final = 16
 T = TypeVar("T")
-
-
-class FencedGateway:
-    """The cluster gateway for writers: every write first checks that this binder leads."""
-
-    def __init__(self, gateway: ClusterGateway, is_leader: Callable[[], bool]) -> None:
-        self._gateway = gateway
-        self._is_leader = is_leader
-
-    def _fence(self, verb: str) -> None:
-        if not self._is_leader():
-            raise NotLeaderError(verb)
-
-    async def list_objects(
-        self, kind: type[Kind], *, field_selector: str = "", label_selector: str = ""
-    ) -> Listing[Kind]:
-        return await self._gateway.list_objects(
-            kind, field_selector=field_selector, label_selector=label_selector
-        )
-
-    def watch_objects(
-        self,
-        kind: type[Kind],
-        *,
-        resource_version: str,
-        field_selector: str = "",
-        label_selector: str = "",
-    ) -> AsyncGenerator[WatchEvent[Kind], None]:
-        return self._gateway.watch_objects(
-            kind,
-            resource_version=resource_version,
-            field_selector=field_selector,
-            label_selector=label_selector,
-        )
-
-    async def read_pod(self, namespace: str, name: str) -> Pod | None:
-        return await self._gateway.read_pod(namespace, name)
-
-    async def bind_pod(
-        self, namespace: str, name: str, *, uid: str, node: str, annotations: dict[str, str]
-    ) -> Answer:
-        self._fence("create pods/binding")
-        return await self._gateway.bind_pod(
-            namespace, name, uid=uid, node=node, annotations=annotations
-        )
-
-    async def patch_pod(self, namespace: str, name: str, patch: Body) -> Answer:
-        self._fence("patch pods")
-        return await self._gateway.patch_pod(namespace, name, patch)
-
-    async def patch_pod_status(self, namespace: str, name: str, patch: Body) -> Answer:
-        self._fence("patch pods/status")
-        return await self._gateway.patch_pod_status(namespace, name, patch)
-
-    async def create_event(self, namespace: str, event: Body) -> Answer:
-        self._fence("create events")
-        return await self._gateway.create_event(namespace, event)
-
-    async def patch_event(self, namespace: str, name: str, patch: Body) -> Answer:
-        self._fence("patch events")
-        return await self._gateway.patch_event(namespace, name, patch)
-
-    async def read_lease(self, namespace: str, name: str) -> Lease | None:
-        return await self._gateway.read_lease(namespace, name)
-
-    async def create_lease(self, namespace: str, lease: Body) -> Answer:
-        self._fence("create leases")
-        return await self._gateway.create_lease(namespace, lease)
-
-    async def replace_lease(self, namespace: str, name: str, lease: Body) -> Answer:
-        self._fence("update leases")
-        return await self._gateway.replace_lease(namespace, name, lease)
-
-    async def close(self) -> None:
-        await self._gateway.close()
 
 
 class _LostLeadershipError(Exception):
@@ -273,8 +156,19 @@ class Binder:
         self._published_facts: dict[str, NodeFacts] = {}
         self.pod_queue: WorkQueue[str] = WorkQueue()
         self.node_queue: WorkQueue[str] = WorkQueue()
-        self._binding: set[str] = set()
-        self._node_locks: dict[str, asyncio.Lock] = {}
+        self.decisions = DecisionBinder(
+            bus=bus,
+            reader=gateway,
+            writer=self.writer,
+            records=self.records,
+            recorder=self.recorder,
+            clock=clock,
+            metrics=metrics,
+            gate_timeout_s=config.gate_timeout_s,
+            pod_of=self.pod_of,
+            node_of=self.nodes.get,
+            fence=self._fence,
+        )
         self._warned: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
         readiness.probe("kubernetes", self._synced)
@@ -427,7 +321,7 @@ class Binder:
                     subject=subjects.ASSIGNMENTS_ALL,
                     message_type=PlacementDecision,
                     family="assignments",
-                    handler=self.handle_decision,
+                    handler=self.decisions.handle,
                 ),
                 name="decisions",
             )
@@ -571,8 +465,6 @@ class Binder:
         if not self.is_leader():
             raise NotLeaderError(what)
 
-    # --- consumers -------------------------------------------------------------------------------
-
     async def _consume(
         self,
         *,
@@ -583,273 +475,17 @@ class Binder:
         family: str,
         handler: Callable[[T], Awaitable[None]],
     ) -> None:
-        consumer = await self._bus.pull_consumer(
-            stream=stream, durable=durable, subject=subject, ack_wait=ACK_WAIT_S
-        )
-        in_flight = 0
-        freed = asyncio.Event()
-
-        def finished(_: asyncio.Task[None]) -> None:
-            nonlocal in_flight
-            in_flight -= 1
-            freed.set()
-
-        try:
-            async with asyncio.TaskGroup() as group:
-                while True:
-                    while in_flight >= self.config.max_in_flight:
-                        freed.clear()
-                        await freed.wait()
-                    try:
-                        batch = await consumer.fetch(
-                            min(FETCH_BATCH, self.config.max_in_flight - in_flight), timeout=1.0
-                        )
-                    except Exception as error:
-                        log.warning(
-                            "fetch failed", extra={"consumer": durable, "error": repr(error)}
-                        )
-                        await self._clock.sleep(RETRY_S)
-                        continue
-                    for delivery in batch:
-                        in_flight += 1
-                        task = group.create_task(
-                            self._handle(delivery, message_type, family, handler)
-                        )
-                        task.add_done_callback(finished)
-        finally:
-            await consumer.close()
-
-    async def _handle(
-        self,
-        delivery: Delivery,
-        message_type: type[T],
-        family: str,
-        handler: Callable[[T], Awaitable[None]],
-    ) -> None:
-        message = await self._edge.accept(delivery, message_type, family=family)
-        if message is None:
-            return
-        keepalive = asyncio.create_task(self._keep_alive(delivery))
-        try:
-            await handler(message)
-        except _BusyError:
-            return  # the delivery already being handled will ack the message
-        except Exception as error:
-            unexpected = not isinstance(error, (ApiUnavailableError, OSError, TimeoutError))
-            log.log(
-                logging.ERROR if unexpected else logging.WARNING,
-                "message not handled yet; it will be delivered again",
-                extra={"family": family, "error": repr(error)},
-                exc_info=error if unexpected else None,
-            )
-            with contextlib.suppress(Exception):
-                await delivery.nak(RETRY_S)
-            return
-        finally:
-            keepalive.cancel()
-        with contextlib.suppress(Exception):
-            await delivery.ack()
-
-    async def _keep_alive(self, delivery: Delivery) -> None:
-        while True:
-            await self._clock.sleep(ACK_WAIT_S / 3)
-            with contextlib.suppress(Exception):
-                await delivery.in_progress()
-
-    # --- decisions -----------------------------------------------------------------------------
-
-    async def handle_decision(self, decision: PlacementDecision) -> None:
-        """Bind one decided pod (idempotent: a redelivery finds the work done)."""
-        if decision.pod_uid in self._binding:
-            raise _BusyError(decision.pod_uid)
-        self._binding.add(decision.pod_uid)
-        try:
-            await self._bind(decision)
-        finally:
-            self._binding.discard(decision.pod_uid)
-
-    def _node_lock(self, node: str) -> asyncio.Lock:
-        lock = self._node_locks.get(node)
-        if lock is None:
-            lock = self._node_locks[node] = asyncio.Lock()
-        return lock
-
-    async def _observe(self, decision: PlacementDecision) -> ObservedPod | None:
-        pod = self.pod_of(decision.pod_uid)
-        if pod is None:  # not (or no longer) in the cache: ask the API server
-            pod = await self._gateway.read_pod(decision.namespace, decision.name)
-        if pod is None or pod.metadata.uid != decision.pod_uid:
-            return None
-        return observe(pod)
-
-    def _gate_resources(self, node_name: str, record: AssignmentRecord) -> frozenset[str]:
-        node = self.nodes.get(node_name)
-        advertised = extended_allocatable(node) if node is not None else {}
-        return gate_resources(advertised, record)
-
-    async def _plan(self, decision: PlacementDecision) -> tuple[BindPlan, int]:
-        """Plan under the node's lock and carry out the record compare-and-set it asks for.
-        Returns the plan and the mirror's version it was made at."""
-        key = subjects.assignment_key(decision.node, decision.pod_uid)
-        for _ in range(MAX_CAS_ATTEMPTS):
-            pod = await self._observe(decision)
-            async with self._node_lock(decision.node):
-                version = self.records.changed.version
-                record = await self.records.read(key)
-                plan = plan_bind(
-                    decision=decision,
-                    pod=pod,
-                    record=record,
-                    node_records=self.records.on_node(decision.node),
-                    resources=self._gate_resources(decision.node, record.record)
-                    if record is not None
-                    else frozenset(),
-                    now=self._clock.now(),
-                )
-                step = claim_of(plan)
-                if step is not None and not await self._claim(*step):
-                    continue  # someone wrote the record meanwhile: read it and plan again
-                return plan, version
-        raise ApiUnavailableError(
-            "update assignment record", f"{key} kept changing under {MAX_CAS_ATTEMPTS} claims"
-        )
-
-    async def _claim(self, claim: RecordView, record: AssignmentRecord) -> bool:
-        """Compare-and-set ``claim`` -> ``record``; False when someone else wrote first."""
-        self._fence("update assignment record")
-        data = codec.encode(record)
-        try:
-            revision = await self._bus.kv_update(
-                subjects.KV_ASSIGNMENTS, claim.key, data, revision=claim.revision
-            )
-        except Exception as error:
-            log.warning(
-                "record update outcome unknown; reading it back",
-                extra={"key": claim.key, "error": repr(error)},
-            )
-            current = await self.records.read(claim.key)
-            return current is not None and current.record == record
-        if revision is None:
-            return False
-        await self.records.remember(RecordView(key=claim.key, revision=revision, record=record))
-        return True
-
-    async def _bind(self, decision: PlacementDecision) -> None:
-        gate_deadline: float | None = None
-        while True:
-            plan, version = await self._plan(decision)
-            if isinstance(plan, Wait):
-                now = self._clock.monotonic()
-                if gate_deadline is None:
-                    gate_deadline = now + self.config.gate_timeout_s
-                    log.info(
-                        "held by the ambiguity gate",
-                        extra={
-                            "pod": f"{decision.namespace}/{decision.name}",
-                            "reason": plan.reason,
-                        },
-                    )
-                if now >= gate_deadline:
-                    self._metrics.gate_waits.labels(outcome="timed_out").inc()
-                    await self._report(
-                        decision,
-                        "failed",
-                        f"{plan.reason}; gave up after {self.config.gate_timeout_s:g} s",
-                    )
-                    return
-                await self.records.changed.wait_past(version, min(1.0, gate_deadline - now))
-                continue
-            if gate_deadline is not None:
-                self._metrics.gate_waits.labels(outcome="passed").inc()
-            break
-        if isinstance(plan, Drop):
-            self._metrics.binds.labels(outcome="dropped").inc()
-            log.info(
-                "decision dropped",
-                extra={"pod": f"{decision.namespace}/{decision.name}", "reason": plan.reason},
-            )
-        elif isinstance(plan, Report):
-            await self._report(decision, plan.outcome, plan.reason)
-        elif isinstance(plan, Advance):
-            await self._report(decision, "bound", "the pod was already bound to this node")
-        elif isinstance(plan, Bind):
-            outcome, reason = await self._create_binding(decision, plan)
-            await self._report(decision, outcome, reason, record=plan.record)
-
-    async def _create_binding(
-        self, decision: PlacementDecision, plan: Bind
-    ) -> tuple[BindOutcome, str]:
-        answer = await self.writer.bind_pod(
-            decision.namespace,
-            decision.name,
-            uid=decision.pod_uid,
-            node=decision.node,
-            annotations=plan.annotations,
-        )
-        if answer.ok:
-            return "bound", ""
-        if answer.code == 404:
-            return "gone", "the pod no longer exists"
-        if answer.code == 409:
-            pod = await self._gateway.read_pod(decision.namespace, decision.name)
-            if pod is None or pod.metadata.uid != decision.pod_uid:
-                return "gone", "the pod no longer exists (its name now belongs to another pod)"
-            if pod.node == decision.node:
-                return "bound", "already bound to this node"
-            if pod.node:
-                return "failed", f"the pod is already bound to node {pod.node}"
-            if pod.terminating:
-                return "gone", "the pod is being deleted"
-        return (
-            "failed",
-            f"the API refused the Binding: HTTP {answer.code} {answer.reason}: {answer.message}",
-        )
-
-    async def _report(
-        self,
-        decision: PlacementDecision,
-        outcome: BindOutcome,
-        reason: str,
-        *,
-        record: AssignmentRecord | None = None,
-    ) -> None:
-        """Publish the BindingResult (and count it, log it, and tell the pod's Events)."""
-        self._fence("publish BindingResult")
-        result = BindingResult(
-            pod_uid=decision.pod_uid,
-            namespace=decision.namespace,
-            name=decision.name,
-            node=decision.node,
-            outcome=outcome,
-            reason=reason,
-            at=self._clock.now(),
-        )
-        await self._bus.js_publish(
-            subjects.bindings(decision.node),
-            codec.encode(result),
-            msg_id=f"binding.{decision.pod_uid}.{subjects.node_token(decision.node)}."
-            f"{decision.decided_at!r}.{outcome}",
-        )
-        self._metrics.binds.labels(outcome=outcome).inc()
-        pod = f"{decision.namespace}/{decision.name}"
-        if outcome != "bound":
-            log.warning(
-                "not bound",
-                extra={"pod": pod, "node": decision.node, "outcome": outcome, "reason": reason},
-            )
-            return
-        if record is None:
-            return  # a redelivery of work already done
-        self._metrics.bind_seconds.observe(max(0.0, self._clock.now() - decision.decided_at))
-        log.info("bound", extra={"pod": pod, "node": decision.node})
-        self.recorder.emit(
-            regarding=explain.regarding_pod(
-                namespace=decision.namespace, name=decision.name, uid=decision.pod_uid
-            ),
-            event_type="Normal",
-            reason="Scheduled",
-            action="Binding",
-            note=explain.scheduled_note(record),
+        await consume(
+            bus=self._bus,
+            edge=self._edge,
+            clock=self._clock,
+            max_in_flight=self.config.max_in_flight,
+            durable=durable,
+            stream=stream,
+            subject=subject,
+            message_type=message_type,
+            family=family,
+            handler=handler,
         )
 
     # --- rejections and allocations ------------------------------------------------------------
@@ -972,7 +608,7 @@ class Binder:
             elif (record.state == "reserved" and pod.node) or (
                 record.state == "bound" and not pod.node
             ):
-                work.append(self.handle_decision(decision_of(record)))
+                work.append(self.decisions.handle(decision_of(record)))
         if not work:
             return
         log.info("reconciling assignment records", extra={"actions": len(work)})
@@ -986,10 +622,6 @@ class Binder:
                     log.warning("reconcile step failed", extra={"error": repr(error)})
 
         await asyncio.gather(*(bounded(a) for a in work))
-
-
-class _BusyError(Exception):
-    """This pod's decision is already being handled (a duplicate delivery): leave it un-acked."""
 
 
 def _seconds(at: float) -> str:
