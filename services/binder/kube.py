@@ -84,9 +84,14 @@ async def load_configuration(
     configuration: Any, *, kubeconfig: str, environ: Mapping[str, str]
 ) -> str:
     """Fill ``configuration`` from the first source that applies; returns which it was."""
-    missing = _missing_files(kubeconfig or environ.get("KUBECONFIG", ""))
-    if missing:
-        raise ConfigError(f"cannot load Kubernetes configuration: no such file: {missing}")
+    if kubeconfig and not _is_file(kubeconfig):
+        raise ConfigError(f"cannot load Kubernetes configuration: no such file: {kubeconfig}")
+    listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if not kubeconfig and listed and not any(_is_file(p) for p in listed):
+        raise ConfigError(
+            "cannot load Kubernetes configuration: no file of KUBECONFIG exists: "
+            + ", ".join(listed)
+        )
     try:
         if kubeconfig:
             await config.load_kube_config(
@@ -113,12 +118,8 @@ async def load_configuration(
         raise ConfigError(f"cannot load Kubernetes configuration from {source}: {error}") from None
 
 
-def _missing_files(paths: str) -> str:
-    """The first of the ``os.pathsep``-separated kubeconfig ``paths`` that does not exist."""
-    for path in filter(None, paths.split(os.pathsep)):
-        if not Path(path).expanduser().is_file():
-            return path
-    return ""
+def _is_file(path: str) -> bool:
+    return Path(path).expanduser().is_file()
 
 
 def _home_kubeconfig(environ: Mapping[str, str]) -> str:

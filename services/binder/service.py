@@ -40,7 +40,7 @@ import msgspec
 from services.binder import explain
 from services.binder.binding import DecisionBinder
 from services.binder.config import BinderConfig, default_identity
-from services.binder.consumer import RETRY_S, consume
+from services.binder.consumer import RETRY_S, AlreadyHandlingError, consume
 from services.binder.events import EventRecorder
 from services.binder.fenced import FencedGateway
 from services.binder.gateway import ApiUnavailableError, ClusterGateway, NotLeaderError
@@ -71,6 +71,7 @@ NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
 DURABLE_DECISIONS: Final = "binder-decisions"
 DURABLE_REJECTIONS: Final = "binder-rejections"
 DURABLE_ALLOCATIONS: Final = "binder-allocations"
+STOP_STEP_S: Final = 3.0
 T = TypeVar("T")
 
 
@@ -271,11 +272,14 @@ class Binder:
             await asyncio.shield(self._stop())
 
     async def _stop(self) -> None:
-        """Write the Events still queued, then give the Lease up for a standby to take."""
+        """Write the Events still queued, then give the Lease up for a standby to take (each
+        bounded: an unreachable API server must not hold up the shutdown)."""
         if self.is_leader():
-            await self.recorder.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.recorder.flush(), STOP_STEP_S)
         if self.elector is not None:
-            await self.elector.release()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.elector.release(), STOP_STEP_S)
 
     async def _serve(self) -> None:
         while not self._synced()[0]:
@@ -618,6 +622,8 @@ class Binder:
             async with limit:
                 try:
                     await action
+                except AlreadyHandlingError:
+                    pass  # its decision message is being handled right now
                 except Exception as error:
                     log.warning("reconcile step failed", extra={"error": repr(error)})
 
@@ -649,6 +655,4 @@ async def run_binder(
     try:
         await binder.run()
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(binder.recorder.flush())
         await gateway.close()
