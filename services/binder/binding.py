@@ -40,6 +40,7 @@ from services.binder.plan import (
     plan_bind,
 )
 from services.binder.records import RecordMirror
+from services.binder.tasks import checkpoint
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
@@ -72,7 +73,7 @@ class DecisionBinder:
     ) -> None:
         self._bus = bus
         self._gateway = reader
-        self.writer = writer
+        self._writer = writer
         self._records = records
         self._recorder = recorder
         self._clock = clock
@@ -163,6 +164,7 @@ class DecisionBinder:
     async def _bind(self, decision: PlacementDecision) -> None:
         gate_deadline: float | None = None
         while True:
+            checkpoint()
             plan, version = await self._plan(decision)
             if isinstance(plan, Wait):
                 now = self._clock.monotonic()
@@ -200,12 +202,15 @@ class DecisionBinder:
             await self._report(decision, "bound", "the pod was already bound to this node")
         elif isinstance(plan, Bind):
             outcome, reason = await self._create_binding(decision, plan)
-            await self._report(decision, outcome, reason, record=plan.record)
+            done_now = outcome == "bound" and not reason
+            await self._report(decision, outcome, reason, record=plan.record if done_now else None)
 
     async def _create_binding(
         self, decision: PlacementDecision, plan: Bind
     ) -> tuple[BindOutcome, str]:
-        answer = await self.writer.bind_pod(
+        """Create the Binding: ("bound", "") when this call bound the pod, else the outcome
+        and why."""
+        answer = await self._writer.bind_pod(
             decision.namespace,
             decision.name,
             uid=decision.pod_uid,
@@ -239,7 +244,8 @@ class DecisionBinder:
         *,
         record: AssignmentRecord | None = None,
     ) -> None:
-        """Publish the BindingResult (and count it, log it, and tell the pod's Events)."""
+        """Publish the BindingResult and count it; for a pod this call bound (``record``),
+        observe the latency and write the Scheduled Event."""
         self._fence("publish BindingResult")
         result = BindingResult(
             pod_uid=decision.pod_uid,

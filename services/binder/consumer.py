@@ -5,7 +5,7 @@ malformed one is dead-lettered and terminated). While its handler works, the mes
 alive (``in_progress`` every third of the ack wait), so a handler held at the ambiguity gate is
 not redelivered meanwhile; a binder killed mid-way leaves its messages to be redelivered one ack
 wait later. The handler's outcome decides the rest: returned -> ack; raised ``ApiUnavailable``
-(or any failure) -> nak, delivered again after ``RETRY_S``; raised
+(or any failure) -> nak, delivered again after a delay that doubles per delivery; raised
 :class:`AlreadyHandlingError` -> nothing (a duplicate delivery of a message already being
 handled, whose first delivery will ack it).
 """
@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from services.binder.gateway import ApiUnavailableError
+from services.binder.tasks import checkpoint
 from shared.clock import Clock
 from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
@@ -29,9 +30,16 @@ ACK_WAIT_S: Final = 15.0
 """JetStream redelivers a message not acked (nor kept alive) this long after delivery: what a
 killed leader's in-flight messages wait before the new leader gets them."""
 RETRY_S: Final = 1.0
-"""Delay before a message the API or NATS could not serve is delivered again."""
+"""Delay before a message the API or NATS could not serve is delivered again (doubling with each
+delivery, up to ``RETRY_MAX_S``)."""
+RETRY_MAX_S: Final = 30.0
 FETCH_BATCH: Final = 64
 T = TypeVar("T")
+
+
+def retry_delay(deliveries: int) -> float:
+    """How long to wait before delivering again a message delivered ``deliveries`` times."""
+    return min(RETRY_MAX_S, RETRY_S * float(2 ** max(0, min(deliveries - 1, 8))))
 
 
 class AlreadyHandlingError(Exception):
@@ -53,9 +61,18 @@ async def consume(
 ) -> None:
     """Fetch from the durable consumer and handle each message in its own task, up to
     ``max_in_flight`` at once, until cancelled (see the module docstring)."""
-    consumer = await bus.pull_consumer(
-        stream=stream, durable=durable, subject=subject, ack_wait=ACK_WAIT_S
-    )
+    while True:
+        try:
+            consumer = await bus.pull_consumer(
+                stream=stream, durable=durable, subject=subject, ack_wait=ACK_WAIT_S
+            )
+            break
+        except Exception as error:  # NATS away: try again shortly
+            log.warning(
+                "cannot attach the consumer yet", extra={"consumer": durable, "error": repr(error)}
+            )
+            await clock.sleep(RETRY_S)
+            checkpoint()
     in_flight = 0
     freed = asyncio.Event()
 
@@ -67,6 +84,7 @@ async def consume(
     try:
         async with asyncio.TaskGroup() as group:
             while True:
+                checkpoint()
                 while in_flight >= max_in_flight:
                     freed.clear()
                     await freed.wait()
@@ -97,7 +115,11 @@ async def _handle(
     edge: Edge,
     clock: Clock,
 ) -> None:
-    message = await edge.accept(delivery, message_type, family=family)
+    try:
+        message = await edge.accept(delivery, message_type, family=family)
+    except Exception as error:  # the dead letter could not go out: leave it for redelivery
+        log.warning("message not decoded yet", extra={"family": family, "error": repr(error)})
+        return
     if message is None:
         return
     keepalive = asyncio.create_task(_keep_alive(delivery, clock))
@@ -114,7 +136,7 @@ async def _handle(
             exc_info=error if unexpected else None,
         )
         with contextlib.suppress(Exception):
-            await delivery.nak(RETRY_S)
+            await delivery.nak(retry_delay(delivery.num_delivered))
         return
     finally:
         keepalive.cancel()
@@ -125,5 +147,6 @@ async def _handle(
 async def _keep_alive(delivery: Delivery, clock: Clock) -> None:
     while True:
         await clock.sleep(ACK_WAIT_S / 3)
+        checkpoint()
         with contextlib.suppress(Exception):
             await delivery.in_progress()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from services.binder import explain
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
 from services.binder.metrics import BinderMetrics
+from services.binder.tasks import checkpoint
 from shared import annotations as names
 from shared.clock import Clock
 
@@ -95,11 +96,13 @@ class EventRecorder:
     async def _write_queued(self) -> None:
         while True:
             await self._record(await self._queue.get())
+            checkpoint()
 
     async def _write_series(self) -> None:
         while True:
             await self.clock.sleep(min(1.0, self.series_interval_s))
             await self._flush_series(force=False)
+            checkpoint()
 
     async def flush(self) -> None:
         """Write everything queued and every unwritten series count now."""

@@ -25,6 +25,7 @@ from typing import Generic
 
 from services.binder.gateway import ApiUnavailableError, ClusterGateway, Kind, WatchExpiredError
 from services.binder.metrics import BinderMetrics
+from services.binder.tasks import checkpoint
 from shared.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Informer(Generic[Kind]):
         """List and watch forever."""
         delay = BACKOFF_INITIAL_S
         while True:
+            checkpoint()
             try:
                 listing = await self._gateway.list_objects(
                     self._kind,
@@ -100,6 +102,7 @@ class Informer(Generic[Kind]):
         """Watch from ``resource_version`` until a 410 asks for a new list."""
         delay = BACKOFF_INITIAL_S
         while True:
+            checkpoint()
             events = 0
             try:
                 stream = self._gateway.watch_objects(
@@ -110,6 +113,7 @@ class Informer(Generic[Kind]):
                 )
                 async with contextlib.aclosing(stream):
                     async for event in stream:
+                        checkpoint()
                         events += 1
                         if event.object is not None:
                             self._apply(event.type, event.object)

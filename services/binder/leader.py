@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from services.binder.gateway import ApiUnavailableError, Body, ClusterGateway
 from services.binder.objects import Lease, LeaseSpec
+from services.binder.tasks import checkpoint
 from shared import annotations as names
 from shared.clock import Clock
 
@@ -88,6 +89,7 @@ class LeaderElector:
     async def _campaign(self) -> None:
         while not await self._try_acquire_or_renew():
             await self._clock.sleep(self._retry_s * random.uniform(1.0, JITTER))
+            checkpoint()
         self._set_leading(True)
         log.info(
             "became the leader",
@@ -97,6 +99,7 @@ class LeaderElector:
     async def _lead(self) -> None:
         while True:
             await self._clock.sleep(self._retry_s)
+            checkpoint()
             if await self._try_acquire_or_renew():
                 continue
             renewed = self._renewed_at or 0.0

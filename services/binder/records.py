@@ -14,6 +14,7 @@ import logging
 from collections import OrderedDict
 
 from services.binder.plan import RecordView
+from services.binder.tasks import checkpoint
 from shared import subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
@@ -44,9 +45,8 @@ class Changes:
         """True once the version moved past ``version``; False when ``timeout`` ran out."""
         async with self._condition:
             try:
-                await asyncio.wait_for(
-                    self._condition.wait_for(lambda: self.version != version), timeout
-                )
+                async with asyncio.timeout(timeout):  # never loses a cancellation (wait_for can)
+                    await self._condition.wait_for(lambda: self.version != version)
             except TimeoutError:
                 return False
         return True
@@ -146,6 +146,7 @@ class RecordMirror:
             initial: set[str] | None = set()
             try:
                 async for entry in watch:
+                    checkpoint()
                     if entry is None:
                         for key in set(self._views) - (initial or set()):
                             await self.forget(key)  # gone while no watch was running

@@ -52,6 +52,7 @@ from services.binder.objects import Node, Pod
 from services.binder.plan import decision_of
 from services.binder.podspec import InvalidPod, parse_pending
 from services.binder.records import RecordMirror
+from services.binder.tasks import checkpoint
 from services.binder.workqueue import WorkQueue
 from shared import annotations as names
 from shared import codec, subjects
@@ -107,7 +108,6 @@ class Binder:
         self._edge = edge
         self._clock = clock
         self._metrics = metrics
-        self._readiness = readiness
         self.pods: Informer[Pod] = Informer(
             name="pods",
             kind=Pod,
@@ -311,8 +311,11 @@ class Binder:
     async def _lead(self) -> None:
         log.info("leading: reconciling, then binding", extra={"identity": self.identity})
         self._resync()
-        for key in await self._bus.kv_keys(subjects.KV_NODES):
-            self.node_queue.add(subjects.node_from_token(key))  # facts of nodes gone meanwhile
+        try:
+            for key in await self._bus.kv_keys(subjects.KV_NODES):
+                self.node_queue.add(subjects.node_from_token(key))  # facts of nodes gone meanwhile
+        except Exception as error:  # NATS away: the node watch will publish as nodes change
+            log.warning("cannot list published node facts", extra={"error": repr(error)})
         await self._reconcile()
         async with asyncio.TaskGroup() as group:
             for i in range(self.config.workers):
@@ -370,6 +373,7 @@ class Binder:
         while True:
             item = await queue.get()
             try:
+                checkpoint()
                 await sync(item)
             except (ApiUnavailableError, OSError, TimeoutError) as error:
                 log.warning("will retry", extra={"item": item, "error": str(error)})
