@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ import msgspec
 from services.binder import explain
 from services.binder.binding import DecisionBinder
 from services.binder.config import BinderConfig, default_identity
-from services.binder.consumer import RETRY_S, AlreadyHandlingError, consume
+from services.binder.consumer import RETRY_S, AlreadyHandlingError, consume, retry_delay
 from services.binder.events import EventRecorder
 from services.binder.fenced import FencedGateway
 from services.binder.gateway import ApiUnavailableError, ClusterGateway, NotLeaderError
@@ -309,15 +311,15 @@ class Binder:
         raise _LostLeadershipError
 
     async def _lead(self) -> None:
-        log.info("leading: reconciling, then binding", extra={"identity": self.identity})
+        log.info("leading: reconciling and binding", extra={"identity": self.identity})
         self._resync()
         try:
             for key in await self._bus.kv_keys(subjects.KV_NODES):
                 self.node_queue.add(subjects.node_from_token(key))  # facts of nodes gone meanwhile
         except Exception as error:  # NATS away: the node watch will publish as nodes change
             log.warning("cannot list published node facts", extra={"error": repr(error)})
-        await self._reconcile()
         async with asyncio.TaskGroup() as group:
+            group.create_task(self._reconcile(), name="reconcile")
             for i in range(self.config.workers):
                 group.create_task(self._work(self.pod_queue, self._sync_pod), name=f"pods-{i}")
                 group.create_task(self._work(self.node_queue, self._sync_node), name=f"nodes-{i}")
@@ -602,36 +604,41 @@ class Binder:
     # --- reconcile ---------------------------------------------------------------------------
 
     async def _reconcile(self) -> None:
-        """Finish what a previous leader left half done (module docstring)."""
-        work = []
+        """Finish what a previous leader left half done (module docstring). Runs beside the
+        consumers; a step that fails (API or NATS away) is tried again until it succeeds."""
+        work: list[Callable[[], Awaitable[None]]] = []
         for view in self.records.views():
             record = view.record
             pod = self.pod_of(record.pod_uid)
             if pod is None:
-                work.append(
-                    self._publish_deleted(
-                        record.pod_uid, _PodRef(record.namespace, record.name, record.node)
-                    )
-                )
+                ref = _PodRef(record.namespace, record.name, record.node)
+                work.append(functools.partial(self._publish_deleted, record.pod_uid, ref))
             elif (record.state == "reserved" and pod.node) or (
                 record.state == "bound" and not pod.node
             ):
-                work.append(self.decisions.handle(decision_of(record)))
+                work.append(functools.partial(self.decisions.handle, decision_of(record)))
         if not work:
             return
         log.info("reconciling assignment records", extra={"actions": len(work)})
         limit = asyncio.Semaphore(32)
 
-        async def bounded(action: Awaitable[None]) -> None:
-            async with limit:
-                try:
-                    await action
-                except AlreadyHandlingError:
-                    pass  # its decision message is being handled right now
-                except Exception as error:
-                    log.warning("reconcile step failed", extra={"error": repr(error)})
+        async def until_done(step: Callable[[], Awaitable[None]]) -> None:
+            for attempt in itertools.count(1):
+                async with limit:
+                    try:
+                        await step()
+                        return
+                    except AlreadyHandlingError:
+                        return  # its decision message is being handled right now
+                    except Exception as error:
+                        log.warning(
+                            "reconcile step failed; will retry",
+                            extra={"error": repr(error), "attempt": attempt},
+                        )
+                await self._clock.sleep(retry_delay(attempt))
+                checkpoint()
 
-        await asyncio.gather(*(bounded(a) for a in work))
+        await asyncio.gather(*(until_done(step) for step in work))
 
 
 def _seconds(at: float) -> str:

@@ -454,6 +454,21 @@ async def test_a_new_leader_finishes_what_the_last_one_left_half_done(
     assert [w.code for w in api.writes_to("pods/binding")] == [201]
 
 
+async def test_a_reconcile_step_the_api_refuses_is_tried_again(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    half = record(uid_of(api.create(POD, pod("half"))), "half", state="bound", bound_at=1.0)
+    await put_record(bus, half)
+    outage = api.faults.add(verb="create", resource="pods/binding", status=500, times=None)
+    async with start_binder():
+        await eventually(lambda: outage.hits >= 4, what="the first attempt to fail")
+        api.faults.clear()
+        await eventually(
+            lambda: api.get(POD, "default", "half")["spec"].get("nodeName"),
+            what="bound on a later attempt",
+        )
+
+
 async def test_dropped_watches_and_410_lose_no_pod(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
