@@ -44,6 +44,7 @@ from shared.messages.assignments import AssignmentRecord  # noqa: E402
 from shared.messages.base import ContainerSlices, GpuSlice  # noqa: E402
 from shared.messages.bindings import BindingResult  # noqa: E402
 from shared.messages.placement import PlacementDecision  # noqa: E402
+from shared.messages.pods import PodPending  # noqa: E402
 from shared.runtime.bus import Delivery, NatsBus  # noqa: E402
 from tessera.devcluster.apiserver import ApiServer  # noqa: E402
 from tessera.devcluster.resources import LEASE, NODE, POD  # noqa: E402
@@ -80,15 +81,24 @@ def pod_body(name: str, gpus: int) -> dict[str, object]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 class Results:
+    """Binding results (and, to know the binder is idle before a phase, pending pods)."""
+
     def __init__(self) -> None:
         self.at: dict[str, float] = {}
         self.outcomes: dict[str, str] = {}
+        self.pending: set[str] = set()
         self.changed = asyncio.Event()
 
     async def __call__(self, delivery: Delivery) -> None:
@@ -96,6 +106,19 @@ class Results:
         self.at.setdefault(result.pod_uid, result.at)
         self.outcomes[result.pod_uid] = result.outcome
         self.changed.set()
+
+    async def on_pending(self, delivery: Delivery) -> None:
+        self.pending.add(codec.decode(delivery.data, PodPending).uid)
+
+    async def published(self, uids: set[str], timeout: float = 120) -> None:
+        """Wait until the binder has published every pod in ``uids`` as pending, then a little
+        more, so that a phase starts with the binder idle."""
+        deadline = time.monotonic() + timeout
+        while not uids <= self.pending:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {len(uids & self.pending)} of {len(uids)} published")
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
 
     async def wait_for(self, uids: set[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -193,6 +216,7 @@ async def measure(pods: int, nodes: int, rate: float) -> None:
             bus = await NatsBus.connect(nats_server.url, name="bench-placer")
             results = Results()
             await bus.subscribe(subjects.BINDINGS_ALL, results)
+            await bus.subscribe(subjects.PODS_PENDING, results.on_pending)
             burst = await prepare(api, bus, "burst", pods, nodes)
             binder = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -220,10 +244,17 @@ async def measure(pods: int, nodes: int, rate: float) -> None:
                     if lease and api.watchers(POD):
                         break
                     await asyncio.sleep(0.05)
-                await asyncio.sleep(1.0)  # the new leader republishes pending pods first
+                await results.published({d.pod_uid for d in burst})
+                cpu_before = (cpu_seconds(binder.pid), cpu_seconds(os.getpid()))
+                wall_before = time.monotonic()
                 burst_ms, burst_rate = await run_phase(bus, results, burst, 0)
+                wall = time.monotonic() - wall_before
+                cpu = (
+                    (cpu_seconds(binder.pid) - cpu_before[0]) / wall,
+                    (cpu_seconds(os.getpid()) - cpu_before[1]) / wall,
+                )
                 paced = await prepare(api, bus, "paced", pods, nodes)
-                await asyncio.sleep(1.0)
+                await results.published({d.pod_uid for d in paced})
                 paced_ms, paced_rate = await run_phase(bus, results, paced, rate)
             finally:
                 binder.send_signal(signal.SIGTERM)
@@ -241,6 +272,10 @@ async def measure(pods: int, nodes: int, rate: float) -> None:
         f"(no gate waits); {bindings} Bindings and {events} Events written"
     )
     print(summary("burst (all decisions at once)", burst_ms, burst_rate))
+    print(
+        f"burst CPU use (cores): binder {cpu[0]:.2f}, API test double + placer stand-in "
+        f"{cpu[1]:.2f}"
+    )
     print(summary(f"paced ({rate:g} decisions/s)", paced_ms, paced_rate))
     if binder.returncode != 0:
         print(errors.decode()[-2000:])

@@ -6,6 +6,7 @@ it, so both agree with the API server on what a quantity means.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from decimal import Decimal, InvalidOperation
@@ -46,7 +47,15 @@ def parse_quantity(value: str | int | float) -> Fraction:
         if not math.isfinite(value):
             raise QuantityError(f"{value!r} is not a quantity")
         return Fraction(Decimal(repr(value)))
-    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    if not isinstance(value, str):
+        raise QuantityError(f"{value!r} is not a quantity")
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
+    """Parse a quantity's text (cached: clusters repeat a few hundred distinct quantities)."""
+    match = _QUANTITY.match(value.strip())
     if match is None:
         raise QuantityError(f"{value!r} is not a quantity")
     number, suffix, exponent = match.groups()
