@@ -44,7 +44,7 @@ import json
 import random
 import string
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,7 +224,8 @@ class ApiServer:
         token: str = DEFAULT_TOKEN,
         bookmark_interval_s: float = 1.0,
         graceful_deletion: bool = False,
-        history_limit: int = 100_000,
+        history_limit: int = 20_000,
+        journal_limit: int = 10_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.token = token
@@ -233,7 +234,8 @@ class ApiServer:
         self.clock = clock
         self.store = Store(history_limit=history_limit)
         self.faults = Faults()
-        self.writes: list[Write] = []
+        self.writes: deque[Write] = deque(maxlen=journal_limit)
+        """The last ``journal_limit`` writes received over HTTP (0 keeps none)."""
         self.requests: Counter[tuple[str, str]] = Counter()
         """(verb, resource label) -> requests received over HTTP."""
         self._runner: web.AppRunner | None = None

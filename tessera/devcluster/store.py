@@ -116,7 +116,7 @@ class Collection:
 class Store:
     """Every collection, one revision counter."""
 
-    def __init__(self, *, history_limit: int = 100_000, snapshot_limit: int = 32) -> None:
+    def __init__(self, *, history_limit: int = 20_000, snapshot_limit: int = 32) -> None:
         self.revision = 1
         self._collections: dict[str, Collection] = {}
         self._history_limit = history_limit
