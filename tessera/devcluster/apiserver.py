@@ -404,7 +404,8 @@ class ApiServer:
         except patches.PatchError as error:
             reason = {400: "BadRequest", 415: "UnsupportedMediaType"}.get(error.status, "Invalid")
             raise ApiError(error.status, reason, error.message) from None
-        return self._replace(resource, current, resource.from_view(patched), subresource)
+        # A patch result shares untouched parts with the stored object: work on a copy.
+        return self._replace(resource, current, clone(resource.from_view(patched)), subresource)
 
     def _replace(self, resource: ResourceType, current: Obj, new: Obj, subresource: str) -> Obj:
         name = current["metadata"]["name"]
@@ -649,7 +650,7 @@ class ApiServer:
                     resource_version=preconditions.get("resourceVersion"),
                 )
                 result = self.find(resource, namespace, name)
-                answer = resource.to_view(deleted if resource is POD else _status(200))
+                answer = resource.to_view(deleted) if resource is POD else _status(200)
         except ApiError as error:
             self.writes.append(
                 Write(verb, target.label, namespace, name, content_type, body, error.code, None)
