@@ -45,7 +45,7 @@ from services.binder.config import BinderConfig, default_identity
 from services.binder.consumer import RETRY_S, AlreadyHandlingError, consume, retry_delay
 from services.binder.events import EventRecorder
 from services.binder.fenced import FencedGateway
-from services.binder.gateway import ApiUnavailableError, ClusterGateway, NotLeaderError
+from services.binder.gateway import ClusterGateway, NotLeaderError
 from services.binder.informer import Informer
 from services.binder.leader import LeaderElector
 from services.binder.metrics import BinderMetrics
@@ -377,10 +377,7 @@ class Binder:
             try:
                 checkpoint()
                 await sync(item)
-            except (ApiUnavailableError, OSError, TimeoutError) as error:
-                log.warning("will retry", extra={"item": item, "error": str(error)})
-                self._later(RETRY_S, queue.add, item)
-            except Exception as error:
+            except Exception as error:  # the API or NATS away: try the item again shortly
                 log.warning("will retry", extra={"item": item, "error": repr(error)})
                 self._later(RETRY_S, queue.add, item)
             finally:
@@ -501,9 +498,16 @@ class Binder:
     # --- rejections and allocations ------------------------------------------------------------
 
     async def _explain(self, pod: Pod, message: str, *, cause: str) -> None:
+        """``PodScheduled=False`` with ``message`` (unless the pod says so already) and a Warning
+        Event. A placer rejection is an occurrence each time (repeats count into the Event's
+        series); an invalid request is one occurrence until the message changes."""
         meta = pod.metadata
         said = self._explained.get(meta.uid) == message
-        if not said and not explain.reports_unschedulable(pod, message):
+        if said and cause == "invalid":
+            return
+        if not said and explain.reports_unschedulable(pod, message):
+            self._explained[meta.uid] = message  # written before (a previous leader)
+        elif not said:
             if cause == "invalid":
                 self._metrics.invalid_pods.inc()
             self._explained[meta.uid] = message  # before the write: repeats meanwhile skip it

@@ -111,7 +111,7 @@ async def test_one_leader_then_a_standby_takes_over_from_one_that_cannot_renew(
                 taken_at = loop.time()
             await asyncio.sleep(0.005)
         assert not overlap, "two binders wrote at once"
-        assert stopped_at is not None and stopped_at - cut_at <= DEADLINE + 0.2
+        assert stopped_at is not None and stopped_at - cut_at <= DEADLINE + 0.5
         # From the leader's last renew (at most one retry period before the cut): one lease
         # duration, plus a retry period to notice, plus scheduling slack on a loaded machine.
         assert taken_at - cut_at <= DURATION + 2 * RETRY + 1.0
