@@ -49,7 +49,7 @@ ASSIGNMENT: Final = "tessera.dev/assignment"
 BIND_TIME: Final = "tessera.dev/bind-time"
 """RFC 3339 UTC time (microseconds) the binder bound the pod."""
 ASSIGNED: Final = "tessera.dev/assigned"
-""" ``"true"`` once the device plugin has allocated every GPU container of the pod."""
+"""``"true"`` once the device plugin has allocated every GPU container of the pod."""
 WRITTEN: Final = (ASSIGNMENT, BIND_TIME, ASSIGNED)
 
 
