@@ -12,12 +12,22 @@ class NodeFacts(Message, frozen=True, kw_only=True):
     cpu_allocatable_milli: int
     memory_allocatable_mib: int
     cpu_requested_milli: int = 0
+    """Summed over every non-terminated pod bound to the node (any scheduler), as
+    kube-scheduler counts requests."""
     memory_requested_mib: int = 0
     labels: dict[str, str] = {}
-    """Only the labels placement reads (GPU model, groups, tenants, topology)."""
+    """The node's labels (group and permission selectors may name any of them)."""
     ready: bool = True
     schedulable: bool = True
     """False when the node is cordoned."""
     observed_at: float = 0.0
     deleted: bool = False
     """True when the node left the cluster: forget it."""
+    extended_allocatable: dict[str, int] = {}
+    """The node's ``status.allocatable`` entries for ``tessera.dev/*`` resources: what the device
+    plugin advertised through the kubelet (``tessera.dev/gpu`` = logical devices)."""
+    tessera_cpu_requested_milli: int = 0
+    """The part of ``cpu_requested_milli`` held by pods with Tessera's scheduler name (bound and
+    not terminated): the placer's own bookings already count these, so it subtracts them."""
+    tessera_memory_requested_mib: int = 0
+    """The part of ``memory_requested_mib`` held by Tessera's pods (see above)."""

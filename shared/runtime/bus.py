@@ -152,7 +152,8 @@ async def _noop_delay(delay: float | None = None) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """A received message. ``ack``/``nak``/``term`` act on JetStream messages only."""
+    """A received message. ``ack``/``nak``/``term``/``in_progress`` act on JetStream messages
+    only."""
 
     subject: str
     data: bytes
@@ -161,6 +162,8 @@ class Delivery:
     ack: Callable[[], Awaitable[None]] = _noop
     nak: Callable[[float | None], Awaitable[None]] = _noop_delay
     term: Callable[[], Awaitable[None]] = _noop
+    in_progress: Callable[[], Awaitable[None]] = _noop
+    """Tell JetStream the message is still being worked on (restarts its ack wait)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +299,7 @@ def _delivery(msg: NatsMsg, *, jetstream: bool) -> Delivery:
         ack=msg.ack,
         nak=nak,
         term=msg.term,
+        in_progress=msg.in_progress,
     )
 
 

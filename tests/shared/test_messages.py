@@ -63,6 +63,9 @@ EXAMPLES: list[Any] = [
         ready=True,
         schedulable=False,
         observed_at=NOW,
+        extended_allocatable={"tessera.dev/gpu": 16},
+        tessera_cpu_requested_milli=500,
+        tessera_memory_requested_mib=1024,
     ),
     PodPending(
         uid="uid-1",

@@ -1,0 +1,285 @@
+"""Carrying out placement decisions: record ``reserved -> bound``, Binding, BindingResult.
+
+For each decision (:meth:`DecisionBinder.handle`): plan with :func:`plan.plan_bind` under the
+node's lock, so two decisions on one node never pass the ambiguity gate together; move the record
+``reserved -> bound`` by compare-and-set (a lost race is read again and planned again; one that
+times out has an unknown outcome and is read back); create the Binding (the assignment
+annotations ride on it and land with ``spec.nodeName`` in one write; 409 with the pod already on
+this node counts as done); publish the ``BindingResult``. A decision held at the gate waits for the
+record it waits on to move, at most ``gate_timeout_s``, then fails back to the placer. Failures
+after the compare-and-set publish ``failed`` or ``gone`` so the placer releases the booking; an
+API or NATS outage raises, and the message is delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from services.binder import explain
+from services.binder.consumer import AlreadyHandlingError
+from services.binder.events import EventRecorder
+from services.binder.gateway import ApiUnavailableError, ClusterGateway
+from services.binder.metrics import BinderMetrics
+from services.binder.nodefacts import extended_allocatable
+from services.binder.objects import Node, Pod
+from services.binder.plan import (
+    Advance,
+    Bind,
+    BindPlan,
+    Drop,
+    ObservedPod,
+    RecordView,
+    Report,
+    Wait,
+    claim_of,
+    gate_resources,
+    observe,
+    plan_bind,
+)
+from services.binder.records import RecordMirror
+from services.binder.tasks import checkpoint
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.bindings import BindingResult, BindOutcome
+from shared.messages.placement import PlacementDecision
+from shared.runtime.bus import Bus
+
+log = logging.getLogger(__name__)
+
+MAX_CAS_ATTEMPTS: Final = 16
+
+
+class DecisionBinder:
+    """Binds decided pods (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        reader: ClusterGateway,
+        writer: ClusterGateway,
+        records: RecordMirror,
+        recorder: EventRecorder,
+        clock: Clock,
+        metrics: BinderMetrics,
+        gate_timeout_s: float,
+        pod_of: Callable[[str], Pod | None],
+        node_of: Callable[[str], Node | None],
+        fence: Callable[[str], None],
+    ) -> None:
+        self._bus = bus
+        self._gateway = reader
+        self._writer = writer
+        self._records = records
+        self._recorder = recorder
+        self._clock = clock
+        self._metrics = metrics
+        self._gate_timeout_s = gate_timeout_s
+        self._pod_of = pod_of
+        self._node_of = node_of
+        self._fence = fence
+        self._binding: set[str] = set()
+        self._node_locks: dict[str, asyncio.Lock] = {}
+
+    async def handle(self, decision: PlacementDecision) -> None:
+        """Bind one decided pod (idempotent: a redelivery finds the work done)."""
+        if decision.pod_uid in self._binding:
+            raise AlreadyHandlingError(decision.pod_uid)
+        self._binding.add(decision.pod_uid)
+        try:
+            await self._bind(decision)
+        finally:
+            self._binding.discard(decision.pod_uid)
+
+    def _node_lock(self, node: str) -> asyncio.Lock:
+        lock = self._node_locks.get(node)
+        if lock is None:
+            lock = self._node_locks[node] = asyncio.Lock()
+        return lock
+
+    async def _observe(self, decision: PlacementDecision) -> ObservedPod | None:
+        pod = self._pod_of(decision.pod_uid)
+        if pod is None:  # not (or no longer) in the cache: ask the API server
+            pod = await self._gateway.read_pod(decision.namespace, decision.name)
+        if pod is None or pod.metadata.uid != decision.pod_uid:
+            return None
+        return observe(pod)
+
+    def _gate_resources(self, node_name: str, record: AssignmentRecord) -> frozenset[str]:
+        node = self._node_of(node_name)
+        advertised = extended_allocatable(node) if node is not None else {}
+        return gate_resources(advertised, record)
+
+    async def _plan(self, decision: PlacementDecision) -> tuple[BindPlan, int]:
+        """Plan under the node's lock and carry out the record compare-and-set it asks for.
+        Returns the plan and the mirror's version it was made at."""
+        key = subjects.assignment_key(decision.node, decision.pod_uid)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            pod = await self._observe(decision)
+            async with self._node_lock(decision.node):
+                version = self._records.changed.version
+                record = await self._records.read(key)
+                plan = plan_bind(
+                    decision=decision,
+                    pod=pod,
+                    record=record,
+                    node_records=self._records.on_node(decision.node),
+                    resources=self._gate_resources(decision.node, record.record)
+                    if record is not None
+                    else frozenset(),
+                    now=self._clock.now(),
+                )
+                step = claim_of(plan)
+                if step is not None and not await self._claim(*step):
+                    continue  # someone wrote the record meanwhile: read it and plan again
+                return plan, version
+        raise ApiUnavailableError(
+            "update assignment record", f"{key} kept changing under {MAX_CAS_ATTEMPTS} claims"
+        )
+
+    async def _claim(self, claim: RecordView, record: AssignmentRecord) -> bool:
+        """Compare-and-set ``claim`` -> ``record``; False when someone else wrote first."""
+        self._fence("update assignment record")
+        data = codec.encode(record)
+        try:
+            revision = await self._bus.kv_update(
+                subjects.KV_ASSIGNMENTS, claim.key, data, revision=claim.revision
+            )
+        except Exception as error:
+            log.warning(
+                "record update outcome unknown; reading it back",
+                extra={"key": claim.key, "error": repr(error)},
+            )
+            current = await self._records.read(claim.key)
+            return current is not None and current.record == record
+        if revision is None:
+            return False
+        await self._records.remember(RecordView(key=claim.key, revision=revision, record=record))
+        return True
+
+    async def _bind(self, decision: PlacementDecision) -> None:
+        gate_deadline: float | None = None
+        while True:
+            checkpoint()
+            plan, version = await self._plan(decision)
+            if isinstance(plan, Wait):
+                now = self._clock.monotonic()
+                if gate_deadline is None:
+                    gate_deadline = now + self._gate_timeout_s
+                    log.info(
+                        "held by the ambiguity gate",
+                        extra={
+                            "pod": f"{decision.namespace}/{decision.name}",
+                            "reason": plan.reason,
+                        },
+                    )
+                if now >= gate_deadline:
+                    self._metrics.gate_waits.labels(outcome="timed_out").inc()
+                    await self._report(
+                        decision,
+                        "failed",
+                        f"{plan.reason}; gave up after {self._gate_timeout_s:g} s",
+                    )
+                    return
+                await self._records.changed.wait_past(version, min(1.0, gate_deadline - now))
+                continue
+            if gate_deadline is not None:
+                self._metrics.gate_waits.labels(outcome="passed").inc()
+            break
+        if isinstance(plan, Drop):
+            self._metrics.binds.labels(outcome="dropped").inc()
+            log.info(
+                "decision dropped",
+                extra={"pod": f"{decision.namespace}/{decision.name}", "reason": plan.reason},
+            )
+        elif isinstance(plan, Report):
+            await self._report(decision, plan.outcome, plan.reason)
+        elif isinstance(plan, Advance):
+            await self._report(decision, "bound", "the pod was already bound to this node")
+        elif isinstance(plan, Bind):
+            outcome, reason = await self._create_binding(decision, plan)
+            done_now = outcome == "bound" and not reason
+            await self._report(decision, outcome, reason, record=plan.record if done_now else None)
+
+    async def _create_binding(
+        self, decision: PlacementDecision, plan: Bind
+    ) -> tuple[BindOutcome, str]:
+        """Create the Binding: ("bound", "") when this call bound the pod, else the outcome
+        and why."""
+        answer = await self._writer.bind_pod(
+            decision.namespace,
+            decision.name,
+            uid=decision.pod_uid,
+            node=decision.node,
+            annotations=plan.annotations,
+        )
+        if answer.ok:
+            return "bound", ""
+        if answer.code == 404:
+            return "gone", "the pod no longer exists"
+        if answer.code == 409:
+            pod = await self._gateway.read_pod(decision.namespace, decision.name)
+            if pod is None or pod.metadata.uid != decision.pod_uid:
+                return "gone", "the pod no longer exists (its name now belongs to another pod)"
+            if pod.node == decision.node:
+                return "bound", "already bound to this node"
+            if pod.node:
+                return "failed", f"the pod is already bound to node {pod.node}"
+            if pod.terminating:
+                return "gone", "the pod is being deleted"
+        return (
+            "failed",
+            f"the API refused the Binding: HTTP {answer.code} {answer.reason}: {answer.message}",
+        )
+
+    async def _report(
+        self,
+        decision: PlacementDecision,
+        outcome: BindOutcome,
+        reason: str,
+        *,
+        record: AssignmentRecord | None = None,
+    ) -> None:
+        """Publish the BindingResult and count it; for a pod this call bound (``record``),
+        observe the latency and write the Scheduled Event."""
+        self._fence("publish BindingResult")
+        result = BindingResult(
+            pod_uid=decision.pod_uid,
+            namespace=decision.namespace,
+            name=decision.name,
+            node=decision.node,
+            outcome=outcome,
+            reason=reason,
+            at=self._clock.now(),
+        )
+        await self._bus.js_publish(
+            subjects.bindings(decision.node),
+            codec.encode(result),
+            msg_id=f"binding.{decision.pod_uid}.{subjects.node_token(decision.node)}."
+            f"{decision.decided_at!r}.{outcome}",
+        )
+        self._metrics.binds.labels(outcome=outcome).inc()
+        pod = f"{decision.namespace}/{decision.name}"
+        if outcome != "bound":
+            log.warning(
+                "not bound",
+                extra={"pod": pod, "node": decision.node, "outcome": outcome, "reason": reason},
+            )
+            return
+        if record is None:
+            return  # a redelivery of work already done
+        self._metrics.bind_seconds.observe(max(0.0, self._clock.now() - decision.decided_at))
+        log.info("bound", extra={"pod": pod, "node": decision.node})
+        self._recorder.emit(
+            regarding=explain.regarding_pod(
+                namespace=decision.namespace, name=decision.name, uid=decision.pod_uid
+            ),
+            event_type="Normal",
+            reason="Scheduled",
+            action="Binding",
+            note=explain.scheduled_note(record),
+        )

@@ -1,0 +1,152 @@
+"""A durable JetStream consumer whose messages are handled concurrently, acked when done.
+
+Each message gets its own task (up to ``max_in_flight`` at once) and is decoded at the edge (a
+malformed one is dead-lettered and terminated). While its handler works, the message is kept
+alive (``in_progress`` every third of the ack wait), so a handler held at the ambiguity gate is
+not redelivered meanwhile; a binder killed mid-way leaves its messages to be redelivered one ack
+wait later. The handler's outcome decides the rest: returned -> ack; raised ``ApiUnavailable``
+(or any failure) -> nak, delivered again after a delay that doubles per delivery; raised
+:class:`AlreadyHandlingError` -> nothing (a duplicate delivery of a message already being
+handled, whose first delivery will ack it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
+
+from services.binder.gateway import ApiUnavailableError
+from services.binder.tasks import checkpoint
+from shared.clock import Clock
+from shared.runtime.bus import Bus, Delivery
+from shared.runtime.edge import Edge
+
+log = logging.getLogger(__name__)
+
+ACK_WAIT_S: Final = 15.0
+"""JetStream redelivers a message not acked (nor kept alive) this long after delivery: what a
+killed leader's in-flight messages wait before the new leader gets them."""
+RETRY_S: Final = 1.0
+"""Delay before a message the API or NATS could not serve is delivered again (doubling with each
+delivery, up to ``RETRY_MAX_S``)."""
+RETRY_MAX_S: Final = 30.0
+FETCH_BATCH: Final = 64
+T = TypeVar("T")
+
+
+def retry_delay(deliveries: int) -> float:
+    """How long to wait before delivering again a message delivered ``deliveries`` times."""
+    return min(RETRY_MAX_S, RETRY_S * float(2 ** max(0, min(deliveries - 1, 8))))
+
+
+class AlreadyHandlingError(Exception):
+    """Raised by a handler for a message it is already handling (a duplicate delivery)."""
+
+
+async def consume(
+    *,
+    bus: Bus,
+    edge: Edge,
+    clock: Clock,
+    max_in_flight: int,
+    durable: str,
+    stream: str,
+    subject: str,
+    message_type: type[T],
+    family: str,
+    handler: Callable[[T], Awaitable[None]],
+) -> None:
+    """Fetch from the durable consumer and handle each message in its own task, up to
+    ``max_in_flight`` at once, until cancelled (see the module docstring)."""
+    while True:
+        try:
+            consumer = await bus.pull_consumer(
+                stream=stream, durable=durable, subject=subject, ack_wait=ACK_WAIT_S
+            )
+            break
+        except Exception as error:  # NATS away: try again shortly
+            log.warning(
+                "cannot attach the consumer yet", extra={"consumer": durable, "error": repr(error)}
+            )
+            await clock.sleep(RETRY_S)
+            checkpoint()
+    in_flight = 0
+    freed = asyncio.Event()
+
+    def finished(_: asyncio.Task[None]) -> None:
+        nonlocal in_flight
+        in_flight -= 1
+        freed.set()
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            while True:
+                checkpoint()
+                while in_flight >= max_in_flight:
+                    freed.clear()
+                    await freed.wait()
+                try:
+                    batch = await consumer.fetch(
+                        min(FETCH_BATCH, max_in_flight - in_flight), timeout=1.0
+                    )
+                except Exception as error:
+                    log.warning("fetch failed", extra={"consumer": durable, "error": repr(error)})
+                    await clock.sleep(RETRY_S)
+                    continue
+                for delivery in batch:
+                    in_flight += 1
+                    task = group.create_task(
+                        _handle(delivery, message_type, family, handler, edge=edge, clock=clock)
+                    )
+                    task.add_done_callback(finished)
+    finally:
+        await consumer.close()
+
+
+async def _handle(
+    delivery: Delivery,
+    message_type: type[T],
+    family: str,
+    handler: Callable[[T], Awaitable[None]],
+    *,
+    edge: Edge,
+    clock: Clock,
+) -> None:
+    try:
+        message = await edge.accept(delivery, message_type, family=family)
+    except Exception as error:  # the dead letter could not go out: leave it for redelivery
+        log.warning("message not decoded yet", extra={"family": family, "error": repr(error)})
+        return
+    if message is None:
+        return
+    keepalive = asyncio.create_task(_keep_alive(delivery, clock))
+    try:
+        await handler(message)
+    except AlreadyHandlingError:
+        return  # the delivery already being handled will ack the message
+    except Exception as error:
+        unexpected = not isinstance(error, (ApiUnavailableError, OSError, TimeoutError))
+        log.log(
+            logging.ERROR if unexpected else logging.WARNING,
+            "message not handled yet; it will be delivered again",
+            extra={"family": family, "error": repr(error)},
+            exc_info=error if unexpected else None,
+        )
+        with contextlib.suppress(Exception):
+            await delivery.nak(retry_delay(delivery.num_delivered))
+        return
+    finally:
+        keepalive.cancel()
+    with contextlib.suppress(Exception):
+        await delivery.ack()
+
+
+async def _keep_alive(delivery: Delivery, clock: Clock) -> None:
+    while True:
+        await clock.sleep(ACK_WAIT_S / 3)
+        checkpoint()
+        with contextlib.suppress(Exception):
+            await delivery.in_progress()

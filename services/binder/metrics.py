@@ -1,0 +1,97 @@
+"""Prometheus metrics of the binder (registered on the service's own registry, at ``/metrics``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclass(frozen=True)
+class BinderMetrics:
+    """Binds by outcome and their latency, API errors, watch restarts, leadership, and the
+    traffic the binder publishes and explains."""
+
+    binds: Counter
+    bind_seconds: Histogram
+    api_errors: Counter
+    watch_restarts: Counter
+    leader: Gauge
+    gate_waits: Counter
+    pods_published: Counter
+    invalid_pods: Counter
+    explained: Counter
+    node_facts: Counter
+    events: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> BinderMetrics:
+        return cls(
+            binds=Counter(
+                "tessera_binder_binds_total",
+                "Placement decisions handled, by outcome (bound, failed, gone, dropped).",
+                ["outcome"],
+                registry=registry,
+            ),
+            bind_seconds=Histogram(
+                "tessera_binder_bind_latency_seconds",
+                "From the placer's decision to the pod bound (Binding created, record bound).",
+                buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
+                registry=registry,
+            ),
+            api_errors=Counter(
+                "tessera_binder_api_errors_total",
+                "Kubernetes API calls that failed, by verb and HTTP code (or timeout/connection).",
+                ["verb", "code"],
+                registry=registry,
+            ),
+            watch_restarts=Counter(
+                "tessera_binder_watch_restarts_total",
+                "Watches started again, by resource and reason (closed, expired = 410 re-list, "
+                "error).",
+                ["resource", "reason"],
+                registry=registry,
+            ),
+            leader=Gauge(
+                "tessera_binder_leader",
+                "1 while this binder holds the leader lease and writes, else 0.",
+                registry=registry,
+            ),
+            gate_waits=Counter(
+                "tessera_binder_gate_waits_total",
+                "Decisions held back by the ambiguity gate, by how the wait ended.",
+                ["outcome"],
+                registry=registry,
+            ),
+            pods_published=Counter(
+                "tessera_binder_pods_published_total",
+                "Pod messages published to the placer, by kind (pending, deleted).",
+                ["kind"],
+                registry=registry,
+            ),
+            invalid_pods=Counter(
+                "tessera_binder_invalid_pods_total",
+                "Tessera pods whose request is invalid (explained on the pod, never published).",
+                registry=registry,
+            ),
+            explained=Counter(
+                "tessera_binder_pending_explained_total",
+                "PodScheduled=False conditions written, by cause (rejected, invalid).",
+                ["cause"],
+                registry=registry,
+            ),
+            node_facts=Counter(
+                "tessera_binder_node_facts_published_total",
+                "NodeFacts published (on change).",
+                registry=registry,
+            ),
+            events=Counter(
+                "tessera_binder_events_total",
+                "Kubernetes Events by outcome (created, series, dropped, failed).",
+                ["outcome"],
+                registry=registry,
+            ),
+        )
+
+    def api_error(self, verb: str, code: str) -> None:
+        self.api_errors.labels(verb=verb, code=code).inc()

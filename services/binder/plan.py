@@ -1,0 +1,235 @@
+"""Pure: what to do with one placement decision, given the pod and the assignment records.
+
+``plan_bind(decision, pod, record, node_records, ...)`` returns one of:
+
+- :class:`Drop`: nothing to do and nothing to tell the placer (no record, a released record, or a
+  record that no longer matches this decision: a stale or duplicate message). Publishing
+  ``failed`` here could release a *newer* booking of the same pod, so the binder stays silent.
+- :class:`Report`: tell the placer ``bound`` (already done: a redelivery), ``gone`` (the pod was
+  deleted or replaced) or ``failed`` (bound elsewhere by someone else).
+- :class:`Advance`: the pod is already on the decided node but the record still says
+  ``reserved``: move the record to ``bound``.
+- :class:`Wait`: the ambiguity gate (DESIGN section 4) holds this pod back (see below).
+- :class:`Bind`: move the record ``reserved -> bound`` by compare-and-set (``claim``; None when
+  the record is already ``bound``: a binder that crashed after its compare-and-set continues),
+  then create the Binding with ``annotations``.
+
+The ambiguity gate. The kubelet's Allocate names no pod; the device plugin takes the oldest
+``bound`` record on its node whose next device-holding container asks for exactly as many
+devices. Two bound, not yet allocated records on one node whose containers ask for the same
+number of devices of a resource the node's plugin hands out, with different GPU slices, are
+ambiguous: the kubelet may admit them in either order. So a record may only become ``bound``
+when no container of it has the same device count as a not yet allocated container of another
+bound record on the node (with different slices); otherwise it waits until that record is
+allocated (or released). Comparing every remaining container, not only the next one, keeps the
+rule true while multi-container pods are being allocated one container at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+
+import msgspec
+
+from services.binder.objects import Pod
+from shared import annotations as names
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.bindings import BindOutcome
+from shared.messages.placement import PlacementDecision
+
+
+class RecordView(msgspec.Struct, frozen=True, kw_only=True):
+    """An assignment record with the KV key and revision it was read at."""
+
+    key: str
+    revision: int
+    record: AssignmentRecord
+
+
+class ObservedPod(msgspec.Struct, frozen=True, kw_only=True):
+    """What the binder knows of the pod a decision is for."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    terminating: bool = False
+
+
+def observe(pod: Pod) -> ObservedPod:
+    return ObservedPod(
+        uid=pod.metadata.uid,
+        namespace=pod.metadata.namespace,
+        name=pod.metadata.name,
+        node=pod.node,
+        terminating=pod.terminating,
+    )
+
+
+class Drop(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    reason: str
+
+
+class Report(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    outcome: BindOutcome
+    reason: str = ""
+
+
+class Advance(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    claim: RecordView
+    record: AssignmentRecord
+
+
+class Wait(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    blocker: RecordView
+    reason: str
+
+
+class Bind(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    claim: RecordView | None
+    record: AssignmentRecord
+    annotations: dict[str, str]
+
+
+BindPlan = Drop | Report | Advance | Wait | Bind
+
+
+def claim_of(plan: BindPlan) -> tuple[RecordView, AssignmentRecord] | None:
+    """The record compare-and-set a plan needs before its API work: (read at, write)."""
+    if isinstance(plan, (Advance, Bind)) and plan.claim is not None:
+        return plan.claim, plan.record
+    return None
+
+
+def matches(record: AssignmentRecord, decision: PlacementDecision) -> bool:
+    """Whether ``record`` is the booking ``decision`` announced."""
+    return (
+        record.pod_uid == decision.pod_uid
+        and record.node == decision.node
+        and record.containers == decision.containers
+    )
+
+
+def decision_of(record: AssignmentRecord) -> PlacementDecision:
+    """The decision a record carries (to finish a bind from the record alone, on restart)."""
+    return PlacementDecision(
+        pod_uid=record.pod_uid,
+        namespace=record.namespace,
+        name=record.name,
+        node=record.node,
+        containers=record.containers,
+        decided_at=record.decided_at,
+        placer_id=record.placer_id,
+    )
+
+
+def gate_resources(
+    extended_allocatable: Mapping[str, int], record: AssignmentRecord
+) -> frozenset[str]:
+    """The resources whose device counts the kubelet hands to Allocate on this node: those the
+    node advertises; every Tessera resource the record names while that is not known."""
+    advertised = frozenset(
+        r for r, n in extended_allocatable.items() if n > 0 and r.startswith(names.PREFIX)
+    )
+    if advertised:
+        return advertised
+    return frozenset(r for c in record.containers for r, n in c.resources.items() if n > 0)
+
+
+Slices = tuple[tuple[str, int, int], ...]
+
+
+def _device_containers(
+    record: AssignmentRecord, resource: str, *, remaining: bool
+) -> list[tuple[int, Slices]]:
+    containers = [c for c in record.containers if c.resources.get(resource, 0) > 0]
+    if remaining:
+        containers = containers[len(record.allocated) :]
+    return [
+        (c.resources[resource], tuple((g.uuid, g.memory_mib, g.cores) for g in c.gpus))
+        for c in containers
+    ]
+
+
+def ambiguous(
+    record: AssignmentRecord,
+    other: AssignmentRecord,
+    resources: Collection[str],
+) -> bool:
+    """Whether binding ``record`` beside the bound ``other`` could let Allocate confuse them."""
+    if other.state != "bound" or other.pod_uid == record.pod_uid:
+        return False
+    for resource in resources:
+        mine = _device_containers(record, resource, remaining=False)
+        theirs = _device_containers(other, resource, remaining=True)
+        if any(n == m and a != b for n, a in mine for m, b in theirs):
+            return True
+    return False
+
+
+def blocker(
+    record: AssignmentRecord, node_records: Iterable[RecordView], resources: Collection[str]
+) -> RecordView | None:
+    """The earliest bound record on the node that ``record`` would be ambiguous with."""
+    candidates = [v for v in node_records if ambiguous(record, v.record, resources)]
+    return min(
+        candidates,
+        key=lambda v: (v.record.bound_at or v.record.decided_at, v.record.pod_uid),
+        default=None,
+    )
+
+
+def binding_annotations(record: AssignmentRecord, *, now: float) -> dict[str, str]:
+    """``tessera.dev/assignment`` and ``tessera.dev/bind-time`` for the Binding."""
+    return {
+        names.ASSIGNMENT: names.assignment_value(
+            node=record.node,
+            containers=record.containers,
+            decided_at=record.decided_at,
+            placer_id=record.placer_id,
+        ),
+        names.BIND_TIME: names.time_value(now),
+    }
+
+
+def plan_bind(
+    *,
+    decision: PlacementDecision,
+    pod: ObservedPod | None,
+    record: RecordView | None,
+    node_records: Iterable[RecordView],
+    resources: Collection[str],
+    now: float,
+) -> BindPlan:
+    """The next step for ``decision`` (see the module docstring)."""
+    if record is None:
+        return Drop(reason="no assignment record for this decision")
+    current = record.record
+    if current.state == "released":
+        return Drop(reason="the assignment record was released before the pod was bound")
+    if not matches(current, decision):
+        return Drop(reason="the assignment record no longer matches this decision")
+    if pod is None or pod.uid != decision.pod_uid:
+        return Report(outcome="gone", reason="the pod no longer exists")
+    if pod.node and pod.node != decision.node:
+        return Report(outcome="failed", reason=f"the pod is already bound to node {pod.node}")
+    if pod.node:
+        if current.state == "reserved":
+            bound = msgspec.structs.replace(current, state="bound", bound_at=now)
+            return Advance(claim=record, record=bound)
+        return Report(outcome="bound", reason="already bound")
+    if pod.terminating:
+        return Report(outcome="gone", reason="the pod is being deleted")
+    if current.state != "reserved":
+        return Bind(claim=None, record=current, annotations=binding_annotations(current, now=now))
+    held = blocker(current, node_records, resources)
+    if held is not None:
+        other = held.record
+        return Wait(
+            blocker=held,
+            reason=f"waits for {other.namespace}/{other.name} on node {other.node} to be "
+            "allocated first: their containers ask for the same number of devices with "
+            "different GPU slices",
+        )
+    bound = msgspec.structs.replace(current, state="bound", bound_at=now)
+    return Bind(claim=record, record=bound, annotations=binding_annotations(bound, now=now))

@@ -1,0 +1,321 @@
+"""Pure: a pod's spec, annotations and labels (DESIGN section 3) into a ``PodPending``, or the
+field-precise reasons it cannot be one.
+
+Every problem names the field as ``kubectl explain`` would (``spec.containers[0].resources.limits
+[tessera.dev/gpu-cores]``, ``metadata.annotations[tessera.dev/gpu-policy]``) and says what is
+allowed, so the Pending message tells the user exactly what to change. All problems are reported at
+once. An invalid pod is never published; the binder explains it on the pod instead.
+
+Rules beyond the placer's own checks (the binder refuses these so the placer never sees them):
+unknown ``tessera.dev/`` resources or annotations (a typo must not be silently ignored), Tessera
+resources on init containers (the device plugin hands devices to app containers only), a slice
+(memory or cores) on a ``gpu-type: physical`` pod, and a ``gpu-type: virtual`` container without
+one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, cast, get_args
+
+import msgspec
+
+from services.binder.objects import Container, Pod, Quantity, epoch
+from shared import annotations as names
+from shared.messages.base import GpuPolicy, GpuType, NodePolicy
+from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
+from shared.quantity import QuantityError, mebibytes, milli, parse_quantity
+
+GPU_POLICIES: Final[tuple[str, ...]] = get_args(GpuPolicy)
+NODE_POLICIES: Final[tuple[str, ...]] = get_args(NodePolicy)
+GPU_TYPES: Final[tuple[str, ...]] = get_args(GpuType)
+MODEL_SEPARATORS: Final = ("|", ",")
+
+
+class FieldError(msgspec.Struct, frozen=True, kw_only=True):
+    """One problem: the field, and what is wrong with it and what is allowed."""
+
+    field: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.problem}"
+
+
+class InvalidPod(msgspec.Struct, frozen=True, kw_only=True):
+    """A Tessera pod whose request cannot be placed as written."""
+
+    uid: str
+    namespace: str
+    name: str
+    errors: tuple[FieldError, ...]
+
+    @property
+    def message(self) -> str:
+        return "; ".join(str(e) for e in self.errors)
+
+
+def _allowed(values: tuple[str, ...]) -> str:
+    return ", ".join(values)
+
+
+def _count(
+    value: Quantity, field: str, errors: list[FieldError], *, low: int, high: int | None = None
+) -> int | None:
+    try:
+        number = parse_quantity(value)
+    except QuantityError:
+        errors.append(FieldError(field=field, problem=f"{value!r} is not a quantity"))
+        return None
+    allowed = f"{low}..{high}" if high is not None else f"a whole number >= {low}"
+    if number.denominator != 1 or number < low or (high is not None and number > high):
+        errors.append(FieldError(field=field, problem=f"{value} is not allowed; use {allowed}"))
+        return None
+    return int(number)
+
+
+def _tessera_limits(container: Container) -> Mapping[str, Quantity]:
+    limits = container.resources.limits or {}
+    requests = container.resources.requests or {}
+    merged = {k: v for k, v in requests.items() if k.startswith(names.PREFIX)}
+    merged.update({k: v for k, v in limits.items() if k.startswith(names.PREFIX)})
+    return merged
+
+
+def _base_request(container: Container, resource: str) -> Quantity | None:
+    requests = container.resources.requests or {}
+    limits = container.resources.limits or {}
+    return requests.get(resource, limits.get(resource))
+
+
+def _container(
+    container: Container, index: int, gpu_type: str | None, errors: list[FieldError]
+) -> ContainerRequest:
+    path = f"spec.containers[{index}]"
+    limits = _tessera_limits(container)
+
+    def where(resource: str) -> str:
+        return f"{path}.resources.limits[{resource}] (container {container.name!r})"
+
+    for resource in limits:
+        if resource not in names.RESOURCES:
+            errors.append(
+                FieldError(
+                    field=where(resource),
+                    problem=f"unknown Tessera resource; known: {_allowed(names.RESOURCES)}",
+                )
+            )
+    counts: dict[str, int] = {}
+    bounds = {
+        names.GPU: (0, None),
+        names.GPU_MEMORY: (1, None),
+        names.GPU_MEMORY_PERCENTAGE: (1, 100),
+        names.GPU_CORES: (1, 100),
+    }
+    for resource, (low, high) in bounds.items():
+        if resource in limits:
+            count = _count(limits[resource], where(resource), errors, low=low, high=high)
+            if count is not None:
+                counts[resource] = count
+    shares = counts.get(names.GPU, 0)
+    slice_given = [r for r in names.RESOURCES[1:] if r in limits]
+    if slice_given and names.GPU not in limits:
+        errors.append(
+            FieldError(
+                field=where(slice_given[0]),
+                problem=f"needs {names.GPU} (the number of GPU shares) in the same container",
+            )
+        )
+    elif slice_given and names.GPU in counts and shares == 0:
+        errors.append(
+            FieldError(
+                field=where(names.GPU),
+                problem=f"must be at least 1 when {', '.join(slice_given)} is set",
+            )
+        )
+    if names.GPU_MEMORY in limits and names.GPU_MEMORY_PERCENTAGE in limits:
+        errors.append(
+            FieldError(
+                field=where(names.GPU_MEMORY_PERCENTAGE),
+                problem=f"give GPU memory either as {names.GPU_MEMORY} (MiB) or as "
+                f"{names.GPU_MEMORY_PERCENTAGE}, not both",
+            )
+        )
+    if shares and gpu_type == "physical" and slice_given:
+        errors.append(
+            FieldError(
+                field=where(slice_given[0]),
+                problem=f"{names.GPU_TYPE}: physical takes whole GPUs; remove "
+                f"{', '.join(slice_given)} or use {names.GPU_TYPE}: virtual",
+            )
+        )
+    if shares and gpu_type == "virtual" and not slice_given:
+        errors.append(
+            FieldError(
+                field=where(names.GPU),
+                problem=f"{names.GPU_TYPE}: virtual needs a slice per share: set "
+                f"{names.GPU_MEMORY}, {names.GPU_MEMORY_PERCENTAGE} or {names.GPU_CORES}",
+            )
+        )
+    cpu_milli = memory_mib = 0
+    for resource, convert in (("cpu", milli), ("memory", mebibytes)):
+        value = _base_request(container, resource)
+        if value is None:
+            continue
+        try:
+            amount = convert(value)
+        except QuantityError:
+            errors.append(
+                FieldError(
+                    field=f"{path}.resources.requests[{resource}]",
+                    problem=f"{value!r} is not a quantity",
+                )
+            )
+            continue
+        if resource == "cpu":
+            cpu_milli = amount
+        else:
+            memory_mib = amount
+    return ContainerRequest(
+        name=container.name,
+        gpu_shares=shares,
+        gpu_memory_mib=counts.get(names.GPU_MEMORY),
+        gpu_memory_pct=counts.get(names.GPU_MEMORY_PERCENTAGE),
+        gpu_cores=counts.get(names.GPU_CORES),
+        cpu_milli=cpu_milli,
+        memory_mib=memory_mib,
+        resources=dict(counts),
+    )
+
+
+def _choice(
+    annotations: Mapping[str, str], key: str, allowed: tuple[str, ...], errors: list[FieldError]
+) -> str | None:
+    if key not in annotations:
+        return None
+    value = annotations[key].strip()
+    if value not in allowed:
+        errors.append(
+            FieldError(
+                field=f"metadata.annotations[{key}]",
+                problem=f"{annotations[key]!r} is not one of {_allowed(allowed)}",
+            )
+        )
+        return None
+    return value
+
+
+def _models(annotations: Mapping[str, str], key: str, errors: list[FieldError]) -> tuple[str, ...]:
+    if key not in annotations:
+        return ()
+    text = annotations[key]
+    for separator in MODEL_SEPARATORS[1:]:
+        text = text.replace(separator, MODEL_SEPARATORS[0])
+    models = tuple(m.strip() for m in text.split(MODEL_SEPARATORS[0]))
+    if not models or any(not m for m in models):
+        errors.append(
+            FieldError(
+                field=f"metadata.annotations[{key}]",
+                problem=f"{annotations[key]!r} must list GPU models separated by '|' "
+                '(for example "A100|H100"), with no empty entry',
+            )
+        )
+        return ()
+    return models
+
+
+def _hints(pod: Pod, errors: list[FieldError]) -> PlacementHints:
+    meta = pod.metadata
+    annotations = meta.annotations or {}
+    labels = meta.labels or {}
+    known = (*names.USER_ANNOTATIONS, *names.WRITTEN)
+    for key in sorted(annotations):
+        if key.startswith(names.PREFIX) and key not in known:
+            errors.append(
+                FieldError(
+                    field=f"metadata.annotations[{key}]",
+                    problem=f"unknown Tessera annotation; known: "
+                    f"{_allowed(names.USER_ANNOTATIONS)}",
+                )
+            )
+    included = _models(annotations, names.GPU_MODEL, errors)
+    excluded = _models(annotations, names.GPU_MODEL_EXCLUDE, errors)
+    both = sorted(set(included) & set(excluded))
+    if both:
+        errors.append(
+            FieldError(
+                field=f"metadata.annotations[{names.GPU_MODEL_EXCLUDE}]",
+                problem=f"excludes {', '.join(both)}, which {names.GPU_MODEL} requires",
+            )
+        )
+    group: str | None = None
+    if names.GROUP in annotations:
+        group = annotations[names.GROUP].strip()
+        if not group:
+            errors.append(
+                FieldError(
+                    field=f"metadata.annotations[{names.GROUP}]",
+                    problem="must name a resource group",
+                )
+            )
+            group = None
+    gpu_type = cast(GpuType | None, _choice(annotations, names.GPU_TYPE, GPU_TYPES, errors))
+    priority_label: int | None = None
+    if names.PRIORITY_LABEL in labels:
+        try:
+            priority_label = int(labels[names.PRIORITY_LABEL])
+        except ValueError:
+            errors.append(
+                FieldError(
+                    field=f"metadata.labels[{names.PRIORITY_LABEL}]",
+                    problem=f"{labels[names.PRIORITY_LABEL]!r} is not an integer",
+                )
+            )
+    return PlacementHints(
+        gpu_policy=cast(
+            GpuPolicy | None, _choice(annotations, names.GPU_POLICY, GPU_POLICIES, errors)
+        ),
+        node_policy=cast(
+            NodePolicy | None, _choice(annotations, names.NODE_POLICY, NODE_POLICIES, errors)
+        ),
+        gpu_models=included,
+        gpu_models_excluded=excluded,
+        gpu_type=gpu_type,
+        group=group,
+        tenant=labels.get(names.TENANT_LABEL) or meta.namespace,
+        priority_label=priority_label,
+    )
+
+
+def parse_pending(pod: Pod) -> PodPending | InvalidPod:
+    """The pod as the placer's input, or every reason it cannot be placed as written."""
+    errors: list[FieldError] = []
+    hints = _hints(pod, errors)
+    for index, container in enumerate(pod.spec.init_containers or ()):
+        for resource in _tessera_limits(container):
+            errors.append(
+                FieldError(
+                    field=f"spec.initContainers[{index}].resources.limits[{resource}] "
+                    f"(container {container.name!r})",
+                    problem="init containers cannot ask for Tessera GPUs; move the request to "
+                    "an app container",
+                )
+            )
+    containers = tuple(
+        _container(c, i, hints.gpu_type, errors) for i, c in enumerate(pod.spec.containers)
+    )
+    meta = pod.metadata
+    if errors:
+        return InvalidPod(
+            uid=meta.uid, namespace=meta.namespace, name=meta.name, errors=tuple(errors)
+        )
+    return PodPending(
+        uid=meta.uid,
+        namespace=meta.namespace,
+        name=meta.name,
+        containers=containers,
+        priority=pod.spec.priority or 0,
+        hints=hints,
+        created_at=epoch(meta.creation_timestamp),
+        resource_version=meta.resource_version,
+    )

@@ -1,0 +1,308 @@
+"""The bind plan: what a decision leads to, and the ambiguity gate as a property."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.binder.plan import (
+    Advance,
+    Bind,
+    Drop,
+    ObservedPod,
+    RecordView,
+    Report,
+    Wait,
+    claim_of,
+    gate_resources,
+    plan_bind,
+)
+from shared import annotations as names
+from shared import codec
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation
+from shared.messages.base import ContainerSlices, GpuSlice
+from tests.binder.builders import NODE, decision, record, slices
+
+NOW = 1_700_000_100.0
+GPU = frozenset({"tessera.dev/gpu"})
+
+
+def view(of: AssignmentRecord, revision: int = 1) -> RecordView:
+    return RecordView(key=f"{NODE}.{of.pod_uid}", revision=revision, record=of)
+
+
+def seen(uid: str = "u1", node: str = "", terminating: bool = False) -> ObservedPod:
+    return ObservedPod(uid=uid, namespace="default", name="p", node=node, terminating=terminating)
+
+
+def plan(
+    mine: AssignmentRecord | None,
+    pod: ObservedPod | None,
+    *others: AssignmentRecord,
+    decided: AssignmentRecord | None = None,
+) -> object:
+    wanted = decided or mine or record("u1", "p")
+    return plan_bind(
+        decision=decision(wanted),
+        pod=pod,
+        record=view(mine) if mine else None,
+        node_records=[view(o) for o in others],
+        resources=GPU,
+        now=NOW,
+    )
+
+
+MINE = record("u1", "p", slices("main", (0, 4096, 25)))
+
+
+@pytest.mark.parametrize(
+    ("mine", "pod", "expected"),
+    [
+        pytest.param(
+            None, seen(), Drop(reason="no assignment record for this decision"), id="no-record"
+        ),
+        pytest.param(
+            msgspec.structs.replace(MINE, state="released"),
+            seen(),
+            Drop(reason="the assignment record was released before the pod was bound"),
+            id="released",
+        ),
+        pytest.param(
+            MINE, None, Report(outcome="gone", reason="the pod no longer exists"), id="pod-gone"
+        ),
+        pytest.param(
+            MINE,
+            seen(uid="other"),
+            Report(outcome="gone", reason="the pod no longer exists"),
+            id="pod-replaced",
+        ),
+        pytest.param(
+            MINE,
+            seen(node="gpu-9"),
+            Report(outcome="failed", reason="the pod is already bound to node gpu-9"),
+            id="bound-elsewhere",
+        ),
+        pytest.param(
+            msgspec.structs.replace(MINE, state="bound"),
+            seen(node=NODE),
+            Report(outcome="bound", reason="already bound"),
+            id="redelivered",
+        ),
+        pytest.param(
+            MINE,
+            seen(terminating=True),
+            Report(outcome="gone", reason="the pod is being deleted"),
+            id="terminating",
+        ),
+    ],
+)
+def test_plans_without_binding(
+    mine: AssignmentRecord | None, pod: ObservedPod | None, expected: object
+) -> None:
+    assert plan(mine, pod) == expected
+
+
+def test_a_stale_decision_is_dropped_silently() -> None:
+    newer = record("u1", "p", slices("main", (3, 4096, 25)))
+    assert plan(newer, seen(), decided=MINE) == Drop(
+        reason="the assignment record no longer matches this decision"
+    )
+
+
+def test_a_reserved_record_of_a_pod_already_on_its_node_advances() -> None:
+    result = plan(MINE, seen(node=NODE))
+    assert isinstance(result, Advance)
+    assert (result.record.state, result.record.bound_at) == ("bound", NOW)
+    assert claim_of(result) == (view(MINE), result.record)
+
+
+def test_bind_claims_the_record_and_carries_the_annotations() -> None:
+    result = plan(MINE, seen())
+    assert isinstance(result, Bind)
+    assert result.claim == view(MINE)
+    assert result.record == msgspec.structs.replace(MINE, state="bound", bound_at=NOW)
+    annotation = codec.decode(result.annotations[names.ASSIGNMENT], names.AssignmentAnnotation)
+    assert annotation.node == NODE and annotation.placer_id == "placer-test"
+    assert annotation.containers[0].gpus == (
+        GpuSlice(uuid="GPU-0000", index=0, memory_mib=4096, cores=25),
+    )
+    assert result.annotations[names.BIND_TIME] == "2023-11-14T22:15:00.000000Z"
+
+
+def test_a_bound_record_continues_without_a_new_claim() -> None:
+    bound = msgspec.structs.replace(MINE, state="bound", bound_at=NOW - 5)
+    result = plan(bound, seen())
+    assert isinstance(result, Bind) and result.claim is None and claim_of(result) is None
+
+
+def other(
+    uid: str, *containers: ContainerSlices, state: str = "bound", allocated: int = 0
+) -> AssignmentRecord:
+    made = record(uid, uid, *containers, state=state, bound_at=NOW - 1)
+    return msgspec.structs.replace(
+        made,
+        allocated=tuple(
+            ContainerAllocation(container=c.container, device_ids=("d",), allocated_at=NOW)
+            for c in made.containers[:allocated]
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("others", "waits"),
+    [
+        pytest.param(
+            [other("b", slices("main", (1, 4096, 25)))], True, id="same-size-other-gpu-waits"
+        ),
+        pytest.param(
+            [other("b", slices("main", (0, 4096, 25)))],
+            False,
+            id="identical-slices-are-not-ambiguous",
+        ),
+        pytest.param(
+            [other("b", slices("main", (1, 4096, 25), (2, 4096, 25)))], False, id="different-size"
+        ),
+        pytest.param(
+            [other("b", slices("main", (1, 4096, 25)), state="allocated")],
+            False,
+            id="other-allocated",
+        ),
+        pytest.param(
+            [other("b", slices("main", (1, 4096, 25)), state="reserved")],
+            False,
+            id="other-only-reserved",
+        ),
+        pytest.param(
+            [other("b", slices("a", (1, 1, 1), (2, 1, 1)), slices("b", (3, 1, 1)))],
+            True,
+            id="a-later-container-of-the-other-pod",
+        ),
+        pytest.param(
+            [other("b", slices("a", (1, 1, 1)), slices("b", (2, 1, 1), (3, 1, 1)), allocated=1)],
+            False,
+            id="the-other-pods-matching-container-is-already-allocated",
+        ),
+    ],
+)
+def test_the_ambiguity_gate(others: list[AssignmentRecord], waits: bool) -> None:
+    result = plan(MINE, seen(), *others)
+    if waits:
+        assert isinstance(result, Wait)
+        assert result.blocker.record.pod_uid == "b"
+        assert "waits for default/b on node gpu-1 to be allocated first" in result.reason
+    else:
+        assert isinstance(result, Bind)
+
+
+def test_gate_resources_follow_what_the_node_advertises() -> None:
+    mine = record(
+        "u1",
+        "p",
+        ContainerSlices(
+            container="main",
+            gpus=(GpuSlice(uuid="GPU-0000", index=0, memory_mib=4096, cores=0),),
+            resources={"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": 4096},
+        ),
+    )
+    theirs = other(
+        "b",
+        ContainerSlices(
+            container="main",
+            gpus=(GpuSlice(uuid="GPU-0001", index=1, memory_mib=8192, cores=0),),
+            resources={"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": 8192},
+        ),
+    )
+    memory_units = gate_resources({"tessera.dev/gpu-memory": 81920}, mine)
+    unknown = gate_resources({}, mine)
+    assert memory_units == {"tessera.dev/gpu-memory"}
+    assert unknown == {"tessera.dev/gpu", "tessera.dev/gpu-memory"}
+    for resources, waits in ((memory_units, False), (unknown, True)):
+        result = plan_bind(
+            decision=decision(mine),
+            pod=seen(),
+            record=view(mine),
+            node_records=[view(theirs)],
+            resources=resources,
+            now=NOW,
+        )
+        assert isinstance(result, Wait) == waits
+
+
+# --- the gate as a property -----------------------------------------------------------------
+
+
+def sizes_left(rec: AssignmentRecord) -> list[tuple[int, tuple[str, ...]]]:
+    waiting = [c for c in rec.containers if c.resources.get("tessera.dev/gpu", 0) > 0]
+    return [
+        (c.resources["tessera.dev/gpu"], tuple(g.uuid for g in c.gpus))
+        for c in waiting[len(rec.allocated) :]
+    ]
+
+
+def allocate_could_confuse(bound: Iterable[AssignmentRecord]) -> bool:
+    """The device plugin's view: for some device count, two bound records wait for a container
+    of that size with different GPUs, so Allocate could answer the wrong one."""
+    by_size: dict[int, set[tuple[str, tuple[str, ...]]]] = {}
+    for rec in bound:
+        for size, gpus in sizes_left(rec):
+            by_size.setdefault(size, set()).add((rec.pod_uid, gpus))
+    return any(
+        len({g for _, g in entries}) > 1 and len({u for u, _ in entries}) > 1
+        for entries in by_size.values()
+    )
+
+
+container_plans = st.lists(
+    st.lists(st.integers(0, 3), min_size=1, max_size=2, unique=True), min_size=1, max_size=2
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pods=st.lists(container_plans, min_size=2, max_size=8))
+def test_no_two_bound_records_on_a_node_are_ever_ambiguous(pods: list[list[list[int]]]) -> None:
+    records = {
+        f"p{i}": record(
+            f"p{i}",
+            f"p{i}",
+            *(slices(f"c{j}", *((g, 1024, 10) for g in gpus)) for j, gpus in enumerate(plan_)),
+        )
+        for i, plan_ in enumerate(pods)
+    }
+    waiting = list(records)
+    steps = 0
+    while waiting:
+        steps += 1
+        assert steps < 200, "the gate must never deadlock"
+        uid = waiting.pop(0)
+        mine = records[uid]
+        result = plan_bind(
+            decision=decision(mine),
+            pod=seen(uid=uid),
+            record=view(mine),
+            node_records=[view(r) for r in records.values()],
+            resources=GPU,
+            now=NOW,
+        )
+        if isinstance(result, Wait):
+            # The device plugin allocates the blocker's next container meanwhile.
+            blocker = records[result.blocker.record.pod_uid]
+            done = len(blocker.allocated) + 1
+            allocated = tuple(
+                ContainerAllocation(container=c.container, device_ids=("d",), allocated_at=NOW)
+                for c in blocker.containers[:done]
+            )
+            records[blocker.pod_uid] = msgspec.structs.replace(
+                blocker,
+                allocated=allocated,
+                state="allocated" if done >= len(blocker.containers) else "bound",
+            )
+            waiting.append(uid)
+        else:
+            assert isinstance(result, Bind)
+            records[uid] = result.record
+        bound = [r for r in records.values() if r.state == "bound"]
+        assert not allocate_could_confuse(bound), bound

@@ -1,0 +1,556 @@
+"""The binder service over real NATS and the real kubernetes-asyncio client against the API test
+double; the test plays the placer (records, decisions, rejections) and the device plugin."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import msgspec
+
+from shared import annotations as names
+from shared import codec, subjects
+from shared.messages.allocations import AllocationEvent
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation
+from shared.messages.bindings import BindingResult
+from shared.messages.nodes import NodeFacts
+from shared.messages.pods import PodDeleted, PodPending
+from shared.runtime.bus import NatsBus
+from tessera.devcluster.apiserver import ApiServer
+from tessera.devcluster.resources import EVENT, NODE, POD
+from tests.binder.builders import container, decision, node, pod, record, rejection, slices
+from tests.binder.conftest import (
+    BinderFactory,
+    collect,
+    eventually,
+    get_record,
+    put_record,
+    validate_writes,
+)
+
+MERGE = "application/merge-patch+json"
+
+
+def condition(api: ApiServer, name: str, kind: str = "PodScheduled") -> dict[str, Any] | None:
+    found = api.find(POD, "default", name)
+    conditions = (found or {}).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)
+
+
+def events_about(api: ApiServer, name: str, reason: str) -> list[dict[str, Any]]:
+    return [
+        e for e in api.objects(EVENT) if e["regarding"]["name"] == name and e["reason"] == reason
+    ]
+
+
+async def publish_decision(bus: NatsBus, rec: AssignmentRecord) -> None:
+    await bus.js_publish(subjects.assignments(rec.node), codec.encode(decision(rec)))
+
+
+def uid_of(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["uid"])
+
+
+async def test_pending_pods_are_published_once_per_change_and_finished_ones_released(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    api.create(NODE, node())
+    pending = await collect(bus, subjects.PODS_PENDING)
+    deleted = await collect(bus, subjects.PODS_DELETED)
+    async with start_binder():
+        a = api.create(POD, pod("a", container(gpu=1, memory=4096)))
+        b = api.create(POD, pod("b"))
+        api.create(POD, pod("other", scheduler="default-scheduler"))
+        await eventually(
+            lambda: {m.name for m in pending.decoded(PodPending)} == {"a", "b"},
+            what="both Tessera pods published",
+        )
+        first = next(m for m in pending.decoded(PodPending) if m.name == "a")
+        assert first.uid == uid_of(a) and first.containers[0].gpu_memory_mib == 4096
+        # A change the placer does not read is not published; one it reads is.
+        api.patch(POD, "default", "a", {"metadata": {"labels": {"team": "x"}}}, MERGE)
+        api.patch(
+            POD, "default", "a", {"metadata": {"annotations": {names.GPU_POLICY: "spread"}}}, MERGE
+        )
+        await eventually(lambda: len(pending.deliveries) == 3, what="the hint change")
+        assert pending.decoded(PodPending)[-1].hints.gpu_policy == "spread"
+        # Deleted, or finished after running: the placer releases them.
+        api.delete(POD, "default", "b")
+        api.bind("default", "a", {"metadata": {"name": "a"}, "target": {"name": "gpu-1"}})
+        api.patch(POD, "default", "a", {"status": {"phase": "Succeeded"}}, MERGE, "status")
+        api.delete(POD, "default", "other")
+        await eventually(lambda: len(deleted.deliveries) == 2, what="two PodDeleted")
+        gone = {m.name: m for m in deleted.decoded(PodDeleted)}
+        assert gone["b"].uid == uid_of(b) and gone["b"].node is None
+        assert gone["a"].node == "gpu-1"
+    assert len(pending.deliveries) == 3
+
+
+async def test_an_invalid_request_is_explained_and_never_published(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    pending = await collect(bus, subjects.PODS_PENDING)
+    async with start_binder() as binder:
+        api.create(
+            POD,
+            pod("bad", container(gpu=1, memory=4096), annotations={names.GPU_POLICY: "fastest"}),
+        )
+        api.create(POD, pod("good"))
+        await eventually(lambda: condition(api, "bad"), what="the condition")
+        explained = condition(api, "bad")
+        assert explained is not None
+        assert (explained["status"], explained["reason"]) == ("False", "Unschedulable")
+        assert explained["message"] == (
+            "Tessera cannot place this pod as written: "
+            "metadata.annotations[tessera.dev/gpu-policy]: 'fastest' is not one of binpack, "
+            "spread, colocate"
+        )
+        await eventually(lambda: events_about(api, "bad", "FailedScheduling"), what="event")
+        assert events_about(api, "bad", "FailedScheduling")[0]["type"] == "Warning"
+        await eventually(lambda: pending.deliveries, what="the good pod")
+        assert [m.name for m in pending.decoded(PodPending)] == ["good"]
+        assert binder.metric("tessera_binder_invalid_pods_total") == 1
+        # Fixed by its owner, it is published.
+        api.patch(
+            POD,
+            "default",
+            "bad",
+            {"metadata": {"annotations": {names.GPU_POLICY: "spread"}}},
+            MERGE,
+        )
+        await eventually(lambda: len(pending.deliveries) == 2, what="the fixed pod")
+
+
+async def test_a_decision_binds_the_pod_and_a_redelivery_changes_nothing(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    api.create(NODE, node())
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    async with start_binder() as binder:
+        uid = uid_of(api.create(POD, pod("train")))
+        rec = record(uid, "train", slices("main", (3, 8192, 30)))
+        await put_record(bus, rec)
+        await publish_decision(bus, rec)
+        await eventually(lambda: results.deliveries, what="the binding result")
+        result = results.decoded(BindingResult)[0]
+        assert (result.pod_uid, result.node, result.outcome) == (uid, "gpu-1", "bound")
+        bound = api.get(POD, "default", "train")
+        assert bound["spec"]["nodeName"] == "gpu-1"
+        assignment = codec.decode(
+            bound["metadata"]["annotations"][names.ASSIGNMENT], names.AssignmentAnnotation
+        )
+        assert assignment.containers[0].gpus[0].uuid == "GPU-0003"
+        assert bound["metadata"]["annotations"][names.BIND_TIME].endswith("Z")
+        assert condition(api, "train") is not None
+        assert condition(api, "train")["status"] == "True"  # type: ignore[index]
+        stored = await get_record(bus, uid)
+        assert stored is not None and stored.state == "bound" and stored.bound_at
+        await eventually(lambda: events_about(api, "train", "Scheduled"), what="Scheduled")
+        assert (
+            "with GPU 3 GPU-0003 (8192 MiB, 30% SMs)"
+            in (events_about(api, "train", "Scheduled")[0]["note"])
+        )
+        assert binder.metric("tessera_binder_bind_latency_seconds_count") == 1
+        await publish_decision(bus, rec)
+        await eventually(lambda: len(results.deliveries) == 2, what="the redelivery's result")
+        assert results.decoded(BindingResult)[1].outcome == "bound"
+        accepted = [w for w in api.writes_to("pods/binding") if w.code == 201]
+        assert len(accepted) == 1, "bound once"
+        assert binder.metric("tessera_binder_bind_latency_seconds_count") == 1
+
+
+async def test_gone_pods_and_stale_decisions(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    async with start_binder() as binder:
+        uid = uid_of(api.create(POD, pod("brief")))
+        rec = record(uid, "brief")
+        await put_record(bus, rec)
+        api.delete(POD, "default", "brief")
+        await publish_decision(bus, rec)
+        await eventually(lambda: results.deliveries, what="a result for the gone pod")
+        assert results.decoded(BindingResult)[0].outcome == "gone"
+        stale = record(uid_of(api.create(POD, pod("late"))), "late", state="released")
+        await put_record(bus, stale)
+        await publish_decision(bus, stale)
+        await eventually(
+            lambda: binder.metric("tessera_binder_binds_total", outcome="dropped"),
+            what="the stale decision dropped",
+        )
+        assert len(results.deliveries) == 1, "nothing told to the placer for a stale decision"
+        assert not api.find(POD, "default", "late")["spec"].get("nodeName")  # type: ignore[index]
+
+
+async def test_rejections_are_explained_once_and_their_events_aggregated(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    async with start_binder() as binder:
+        uid = uid_of(api.create(POD, pod("big", container(gpu=8))))
+        rejected = rejection(
+            uid, "big", (9, "GPU model not allowed"), (3, "insufficient GPU memory")
+        )
+        for _ in range(5):
+            await bus.js_publish(subjects.PLACEMENTS_REJECTED, codec.encode(rejected))
+        await eventually(
+            lambda: binder.metric("tessera_messages_received_total", family="placements") == 5,
+            what="5 rejections",
+        )
+        await eventually(lambda: events_about(api, "big", "FailedScheduling"), what="the event")
+        explained = condition(api, "big")
+        assert explained is not None and explained["message"] == (
+            "0/12 nodes are available: 3 insufficient GPU memory, 9 GPU model not allowed."
+        )
+        assert len(api.writes_to("pods/status")) == 1, "the same condition is written once"
+    events = events_about(api, "big", "FailedScheduling")
+    assert len(events) == 1
+    assert events[0]["series"]["count"] == 5, "repeats are a series, written on the way out"
+
+
+async def test_allocation_marks_the_pod_and_a_slow_one_gets_a_warning(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    api.create(NODE, node())
+    async with start_binder(allocation_warning_s=0.5):
+        uids = {}
+        for name in ("fast", "slow"):
+            uids[name] = uid_of(api.create(POD, pod(name)))
+            gpu = 0 if name == "fast" else 1
+            rec = record(uids[name], name, slices("main", (gpu, 4096, 25), devices=2 - gpu))
+            await put_record(bus, rec)
+            await publish_decision(bus, rec)
+        await eventually(
+            lambda: all(api.get(POD, "default", n)["spec"].get("nodeName") for n in uids),
+            what="both bound",
+        )
+        event = AllocationEvent(
+            pod_uid=uids["fast"],
+            namespace="default",
+            name="fast",
+            node="gpu-1",
+            container="main",
+            device_ids=("d0",),
+            gpu_uuids=("GPU-0000",),
+            complete=False,
+            allocated_at=1.0,
+        )
+        await bus.js_publish(subjects.allocations("gpu-1"), codec.encode(event))
+        await bus.js_publish(
+            subjects.allocations("gpu-1"),
+            codec.encode(msgspec.structs.replace(event, complete=True)),
+        )
+        await eventually(
+            lambda: (
+                api.get(POD, "default", "fast")["metadata"]["annotations"].get(names.ASSIGNED)
+                == "true"
+            ),
+            what="the assigned annotation",
+        )
+        # The test's records stay "bound" (no device plugin moves them): both get the warning,
+        # naming the node.
+        await eventually(lambda: events_about(api, "slow", "AllocationDelayed"), what="warning")
+        warning = events_about(api, "slow", "AllocationDelayed")[0]
+        assert warning["type"] == "Warning" and "node gpu-1" in warning["note"]
+        assert names.ASSIGNED not in api.get(POD, "default", "slow")["metadata"]["annotations"]
+
+
+async def test_api_faults_are_retried(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    api.create(NODE, node())
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    async with start_binder() as binder:
+        uid = uid_of(api.create(POD, pod("p")))
+        rec = record(uid, "p")
+        await put_record(bus, rec)
+        api.faults.add(verb="create", resource="pods/binding", status=503, times=2)
+        await publish_decision(bus, rec)
+        await eventually(lambda: results.deliveries, what="bound despite two 503s")
+        assert results.decoded(BindingResult)[0].outcome == "bound"
+        assert (
+            binder.metric("tessera_binder_api_errors_total", verb="create pods/binding", code="503")
+            == 2
+        )
+        # Down for longer than the client retries: the message comes back until it works.
+        uid2 = uid_of(api.create(POD, pod("q")))
+        rec2 = record(uid2, "q", slices("main", (1, 4096, 25), devices=2))
+        await put_record(bus, rec2)
+        outage = api.faults.add(verb="create", resource="pods/binding", status=500, times=None)
+        await publish_decision(bus, rec2)
+        await eventually(lambda: outage.hits >= 8, what="the outage to be retried a few times")
+        api.faults.clear()
+        await eventually(lambda: len(results.deliveries) == 2, what="bound after the outage")
+        assert results.decoded(BindingResult)[1].outcome == "bound"
+
+
+async def test_the_ambiguity_gate_holds_under_parallel_same_size_decisions(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    api.create(NODE, node())
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    count = 16
+    states: dict[str, AssignmentRecord] = {}
+    most_bound = 0
+    violations: list[list[str]] = []
+
+    async def device_plugin() -> None:
+        """Allocate each bound record a moment after it is bound; watch every KV change."""
+        nonlocal most_bound
+        watch = bus.kv_watch(subjects.KV_ASSIGNMENTS)
+        async for entry in watch:
+            if entry is None or entry.deleted:
+                continue
+            current = codec.decode(entry.value, AssignmentRecord)
+            states[current.pod_uid] = current
+            bound = [r for r in states.values() if r.state == "bound"]
+            most_bound = max(most_bound, len(bound))
+            if len({r.containers[0].gpus for r in bound}) > 1:
+                violations.append([r.name for r in bound])
+            if current.state == "bound":
+                await asyncio.sleep(0.02)
+                allocated = msgspec.structs.replace(
+                    current,
+                    state="allocated",
+                    allocated=(
+                        ContainerAllocation(container="main", device_ids=("d",), allocated_at=1.0),
+                    ),
+                )
+                assert await bus.kv_update(
+                    subjects.KV_ASSIGNMENTS,
+                    entry.key,
+                    codec.encode(allocated),
+                    revision=entry.revision,
+                )
+
+    plugin = asyncio.create_task(device_plugin())
+    try:
+        async with start_binder(max_in_flight=64) as binder:
+            recs = []
+            for i in range(count):
+                uid = uid_of(api.create(POD, pod(f"p{i}")))
+                recs.append(record(uid, f"p{i}", slices("main", (i % 8, 1024 * (1 + i % 3), 10))))
+            for rec in recs:
+                await put_record(bus, rec)
+            await asyncio.gather(*(publish_decision(bus, rec) for rec in recs))
+            await eventually(
+                lambda: len(results.deliveries) == count,
+                timeout=60,
+                what=f"all {count} bound ({len(results.deliveries)} so far)",
+            )
+            assert {r.outcome for r in results.decoded(BindingResult)} == {"bound"}
+            await eventually(
+                lambda: (
+                    len(states) == count and all(r.state == "allocated" for r in states.values())
+                ),
+                what="every record allocated",
+            )
+            waited = binder.metric("tessera_binder_gate_waits_total", outcome="passed")
+    finally:
+        plugin.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await plugin
+    assert not violations, f"ambiguous bound records at once: {violations[:3]}"
+    assert most_bound == 1
+    assert waited > 0, "decisions did meet at the gate"
+
+
+async def test_a_pod_held_at_the_gate_too_long_fails_back_to_the_placer(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    async with start_binder(gate_timeout_s=0.5):
+        first = record(uid_of(api.create(POD, pod("first"))), "first", slices("main", (0, 1, 1)))
+        second = record(uid_of(api.create(POD, pod("second"))), "second", slices("main", (1, 1, 1)))
+        for rec in (first, second):
+            await put_record(bus, rec)
+            await publish_decision(bus, rec)
+        await eventually(lambda: len(results.deliveries) == 2, what="two results")
+    outcomes = {r.name: r for r in results.decoded(BindingResult)}
+    assert outcomes["first"].outcome == "bound"
+    assert outcomes["second"].outcome == "failed"
+    assert "waits for default/first on node gpu-1 to be allocated first" in (
+        outcomes["second"].reason
+    )
+    assert (await get_record(bus, second.pod_uid)).state == "reserved"  # type: ignore[union-attr]
+
+
+async def test_node_facts_follow_nodes_and_the_pods_on_them(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    api.create(NODE, node("gpu-1", cpu="32", memory="128Gi", gpus=4))
+    api.create(
+        POD, pod("web", container(cpu="2", ram="4Gi"), scheduler="default-scheduler", node="gpu-1")
+    )
+
+    async def facts(name: str = "gpu-1") -> NodeFacts | None:
+        entry = await bus.kv_get(subjects.KV_NODES, subjects.node_token(name))
+        return None if entry is None else codec.decode(entry.value, NodeFacts)
+
+    published = await collect(bus, subjects.NODES_ALL)
+    async with start_binder():
+        await eventually(facts, what="facts in KV")
+        first = await facts()
+        assert first is not None
+        assert (first.cpu_allocatable_milli, first.memory_allocatable_mib) == (32000, 131072)
+        assert (first.cpu_requested_milli, first.tessera_cpu_requested_milli) == (2000, 0)
+        assert first.extended_allocatable == {"tessera.dev/gpu": 4}
+        api.create(POD, pod("train", container(gpu=1, cpu="1", ram="1Gi"), node="gpu-1"))
+
+        async def counted() -> bool:
+            now = await facts()
+            return now is not None and now.cpu_requested_milli == 3000
+
+        await eventually(counted, what="the Tessera pod counted")
+        assert (await facts()).tessera_cpu_requested_milli == 1000  # type: ignore[union-attr]
+        api.patch(NODE, "", "gpu-1", {"spec": {"unschedulable": True}}, MERGE)
+
+        async def cordoned() -> bool:
+            now = await facts()
+            return now is not None and not now.schedulable
+
+        await eventually(cordoned, what="cordoned")
+        api.delete(NODE, "", "gpu-1")
+
+        async def deleted() -> bool:
+            now = await facts()
+            return now is not None and now.deleted
+
+        await eventually(deleted, what="deleted facts")
+        assert published.decoded(NodeFacts)[-1].deleted
+
+
+async def test_a_new_leader_finishes_what_the_last_one_left_half_done(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """Restart safety: records whose bind was cut short are completed, records of pods that
+    are gone are released (through the placer), and nothing is bound twice."""
+    api.create(NODE, node())
+    # Crashed after its compare-and-set, before the Binding: record bound, pod not.
+    half = record(uid_of(api.create(POD, pod("half"))), "half", state="bound", bound_at=1.0)
+    # Bound in the cluster, record still reserved.
+    already = record(
+        uid_of(api.create(POD, pod("already", node="gpu-1"))),
+        "already",
+        slices("main", (1, 4096, 25), devices=2),
+    )
+    # Its pod was deleted while no binder ran.
+    orphan = record("no-such-pod", "orphan", slices("main", (2, 4096, 25), devices=3))
+    for rec in (half, already, orphan):
+        await put_record(bus, rec)
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    deleted = await collect(bus, subjects.PODS_DELETED)
+    async with start_binder():
+        await eventually(lambda: len(results.deliveries) == 2, what="two results")
+        await eventually(lambda: deleted.deliveries, what="the orphan's PodDeleted")
+        assert api.get(POD, "default", "half")["spec"]["nodeName"] == "gpu-1"
+        advanced = await get_record(bus, already.pod_uid)
+        assert advanced is not None and advanced.state == "bound"
+    assert {r.name: r.outcome for r in results.decoded(BindingResult)} == {
+        "half": "bound",
+        "already": "bound",
+    }
+    assert [(m.uid, m.node) for m in deleted.decoded(PodDeleted)] == [("no-such-pod", "gpu-1")]
+    assert [w.code for w in api.writes_to("pods/binding")] == [201]
+
+
+async def test_a_reconcile_step_the_api_refuses_is_tried_again(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    half = record(uid_of(api.create(POD, pod("half"))), "half", state="bound", bound_at=1.0)
+    await put_record(bus, half)
+    outage = api.faults.add(verb="create", resource="pods/binding", status=500, times=None)
+    async with start_binder():
+        await eventually(lambda: outage.hits >= 4, what="the first attempt to fail")
+        api.faults.clear()
+        await eventually(
+            lambda: api.get(POD, "default", "half")["spec"].get("nodeName"),
+            what="bound on a later attempt",
+        )
+
+
+async def test_dropped_watches_and_410_lose_no_pod(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    pending = await collect(bus, subjects.PODS_PENDING)
+    deleted = await collect(bus, subjects.PODS_DELETED)
+    async with start_binder():
+        kept = [uid_of(api.create(POD, pod(f"before-{i}"))) for i in range(3)]
+        await eventually(lambda: len(pending.deliveries) == 3, what="the first pods")
+        for abrupt in (False, True):
+            api.faults.add(verb="watch", resource="pods", status=503, times=None)
+            api.drop_watches(POD, abrupt=abrupt)
+            kept += [uid_of(api.create(POD, pod(f"during-{int(abrupt)}-{i}"))) for i in range(3)]
+            api.delete(POD, "default", f"before-{int(abrupt)}")
+            brief = uid_of(api.create(POD, pod(f"brief-{int(abrupt)}")))
+            api.delete(POD, "default", f"brief-{int(abrupt)}")
+            api.compact()
+            api.faults.clear()
+            expected = 1 + int(abrupt)
+            await eventually(
+                lambda expected=expected: len(deleted.deliveries) == expected, what="deletions"
+            )
+        await eventually(lambda: len(pending.deliveries) == 9, what="every pod published")
+    published = [m.uid for m in pending.decoded(PodPending)]
+    assert sorted(published) == sorted(kept), "each pod once, none lost"
+    assert brief not in published
+    assert sorted(m.uid for m in deleted.decoded(PodDeleted)) == sorted(kept[:2])
+
+
+async def test_every_kind_of_object_the_binder_writes_is_valid_kubernetes(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """One flow through every write (the ``api`` fixture validates writes after every test;
+    this one makes sure each kind occurs and was checked)."""
+    api.create(NODE, node())
+    async with start_binder(allocation_warning_s=0.3):
+        uid = uid_of(api.create(POD, pod("p")))
+        rec = record(uid, "p")
+        await put_record(bus, rec)
+        await publish_decision(bus, rec)
+        await eventually(
+            lambda: api.find(POD, "default", "p")["spec"].get("nodeName"),  # type: ignore[index]
+            what="bound",
+        )
+        await bus.js_publish(
+            subjects.allocations("gpu-1"),
+            codec.encode(
+                AllocationEvent(
+                    pod_uid=uid,
+                    namespace="default",
+                    name="p",
+                    node="gpu-1",
+                    container="main",
+                    device_ids=("d",),
+                    gpu_uuids=("GPU-0000",),
+                    complete=True,
+                    allocated_at=1.0,
+                )
+            ),
+        )
+        waiting = uid_of(api.create(POD, pod("w", container(gpu=64))))
+        for _ in range(2):
+            await bus.js_publish(
+                subjects.PLACEMENTS_REJECTED,
+                codec.encode(rejection(waiting, "w", (1, "not enough idle GPUs"))),
+            )
+        api.create(POD, pod("bad", annotations={names.NODE_POLICY: "best"}))
+        await eventually(
+            lambda: (
+                condition(api, "w")
+                and condition(api, "bad")
+                and events_about(api, "p", "AllocationDelayed")
+            ),
+            what="every write",
+        )
+    kinds = {(w.verb, w.resource) for w in api.writes if w.code < 300}
+    assert kinds >= {
+        ("create", "pods/binding"),
+        ("patch", "pods"),
+        ("patch", "pods/status"),
+        ("create", "events"),
+        ("patch", "events"),
+        ("create", "leases"),
+        ("update", "leases"),
+    }
+    assert validate_writes(api) >= 10
