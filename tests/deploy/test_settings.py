@@ -24,9 +24,9 @@ from tessera.cli import build_parser
 from tests.deploy.chart import Container, containers, option_values, render
 from tests.deploy.variants import VARIANTS
 
-# Settings the chart passes that a service does not have yet: the placer's and the binder's
-# settings fixed by the team brief (decision 8) for work landing in parallel with the chart, and
-# the placer's extender port (issue 14). test_not_yet_implemented_is_current fails as soon as one
+# Settings the chart passes that a service does not have yet: the placer's settings fixed by the
+# team brief (decision 8) for work landing in parallel with the chart, and the placer's extender
+# port (issue 14). test_not_yet_implemented_is_current fails as soon as one
 # of them lands, so that this list is emptied when the branches are merged, never left stale.
 NOT_YET_IMPLEMENTED: dict[str, frozenset[str]] = {
     "placer": frozenset(
@@ -38,20 +38,6 @@ NOT_YET_IMPLEMENTED: dict[str, frozenset[str]] = {
             "max_commit_retries",
             "task_mix_window",
             "extender_port",
-        }
-    ),
-    "binder": frozenset(
-        {
-            "leader_elect",
-            "lease_name",
-            "lease_namespace",
-            "lease_duration_s",
-            "renew_deadline_s",
-            "retry_period_s",
-            "identity",
-            "api_timeout_s",
-            "gate_timeout_s",
-            "allocation_warning_s",
         }
     ),
 }
