@@ -50,8 +50,9 @@ class NatsServer:
         """The server's private directory (store, ports file, config): removed by :meth:`stop`."""
         return self._dir
 
-    def start(self, timeout: float = 10.0) -> NatsServer:
-        """Start the server; after :meth:`kill` it comes back on the same port and store."""
+    def start(self, timeout: float = 30.0) -> NatsServer:
+        """Start the server (a loaded CI machine can take seconds to spawn it, hence the generous
+        timeout); after :meth:`kill` it comes back on the same port and store."""
         options: list[str] = []
         if self.config:
             config_file = self._dir / "nats.conf"
