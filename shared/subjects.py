@@ -13,6 +13,11 @@ operator can read the whole map here:
     tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
 
+KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
+``tessera-ledger`` (placer: one entry per node holding its bookings, updated by compare-and-set);
+``tessera-claims`` (placer: one entry per pod UID naming the one commit that placed it);
+``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record).
+
 Node names are DNS subdomains and may contain dots, which NATS treats as token separators; every
 node segment therefore goes through :func:`node_token`, which maps ``.`` to ``_`` (a character node
 names cannot contain, so the mapping is reversible).
@@ -122,6 +127,7 @@ STREAMS: Final[dict[str, tuple[str, ...]]] = {
 KV_INVENTORY: Final = "tessera-inventory"
 KV_NODES: Final = "tessera-nodes"
 KV_LEDGER: Final = "tessera-ledger"
+KV_CLAIMS: Final = "tessera-claims"
 KV_ASSIGNMENTS: Final = "tessera-assignments"
 
 #: Bucket name -> how many revisions of each key it keeps.
@@ -129,6 +135,7 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_INVENTORY: 1,
     KV_NODES: 1,
     KV_LEDGER: 5,
+    KV_CLAIMS: 5,
     KV_ASSIGNMENTS: 5,
 }
 
@@ -141,3 +148,15 @@ def assignment_key(node: str, pod_uid: str) -> str:
 def assignment_keys_of(node: str) -> str:
     """KV key filter matching every assignment record on ``node``."""
     return f"{node_token(node)}.*"
+
+
+def ledger_key(node: str) -> str:
+    """KV key of ``node``'s entry in ``tessera-ledger`` (every booking on the node)."""
+    return node_token(node)
+
+
+def claim_key(pod_uid: str) -> str:
+    """KV key of pod ``pod_uid``'s claim in ``tessera-claims`` (which commit placed it)."""
+    if not pod_uid:
+        raise ValueError("pod uid must not be empty")
+    return pod_uid

@@ -21,3 +21,6 @@ class NodeFacts(Message, frozen=True, kw_only=True):
     observed_at: float = 0.0
     deleted: bool = False
     """True when the node left the cluster: forget it."""
+    extended_allocatable: dict[str, int] = {}
+    """The node's ``status.allocatable`` entries for ``tessera.dev/*`` resources (what the device
+    plugin advertised through the kubelet)."""

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -27,7 +27,7 @@ from shared.clock import Clock, SystemClock
 from shared.config import Settings
 from shared.runtime.bus import Bus, NatsBus
 from shared.runtime.edge import Edge
-from shared.runtime.health import HealthServer, Readiness
+from shared.runtime.health import HealthServer, HttpRoutes, Readiness
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import EdgeMetrics
 
@@ -53,6 +53,8 @@ class ServiceContext:
     registry: CollectorRegistry
     readiness: Readiness
     http_port: int
+    routes: HttpRoutes = field(default_factory=HttpRoutes)
+    """Extra GET endpoints the body serves on ``http_port`` beside /healthz, /readyz, /metrics."""
 
 
 Body = Callable[[ServiceContext], Coroutine[Any, Any, None]]
@@ -108,7 +110,8 @@ async def run_service(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    health = HealthServer(readiness=readiness, registry=registry, service=name)
+    routes = HttpRoutes()
+    health = HealthServer(readiness=readiness, registry=registry, service=name, routes=routes)
     port = await health.start(settings.http_host, settings.http_port)
     readiness.http_port = port
     log.info("service starting", extra={"http_port": port, "nats_url": settings.nats_url})
@@ -137,6 +140,7 @@ async def run_service(
             registry=registry,
             readiness=readiness,
             http_port=port,
+            routes=routes,
         )
         failed = await _run_body(body, context, stop)
     finally:

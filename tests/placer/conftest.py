@@ -1,0 +1,106 @@
+"""Fixtures for placer service tests: a placer body running over the test's nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.placer.command import PlacerSettings, build_config
+from services.placer.metrics import PlacerMetrics
+from services.placer.service import PlacerService
+from shared.runtime.health import Readiness
+from shared.runtime.lifecycle import ServiceContext, run_service
+from tests.harness.nats import NatsServer
+
+
+async def until(condition: Callable[[], bool], *, timeout: float = 20.0, what: str = "") -> None:
+    """Wait (polling) until ``condition()`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class RunningPlacer:
+    readiness: Readiness
+    registry: CollectorRegistry
+    stop: asyncio.Event
+    task: asyncio.Task[int]
+    service: PlacerService | None = None
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+PlacerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningPlacer]]
+
+
+@pytest.fixture
+def start_placer(nats_server: NatsServer) -> PlacerFactory:
+    """``async with start_placer(placer_id="a", ...) as placer:`` runs the placer service body
+    (run_service + run_placer) against the test's nats-server, ready on entry."""
+
+    @contextlib.asynccontextmanager
+    async def running(*, wait_ready: bool = True, **overrides: Any) -> AsyncIterator[RunningPlacer]:
+        fields: dict[str, Any] = {
+            "nats_url": nats_server.url,
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+            "log_format": "text",
+            "placer_id": "placer-test",
+            "ack_wait_s": 5.0,
+        }
+        settings = PlacerSettings(**(fields | overrides))
+        config = build_config(settings)
+        readiness = Readiness()
+        registry = CollectorRegistry()
+        stop = asyncio.Event()
+        holder: dict[str, PlacerService] = {}
+
+        async def body(context: ServiceContext) -> None:
+            # run_placer's body, keeping the service object for the test to look into.
+            service = PlacerService(
+                config=config,
+                bus=context.bus,
+                edge=context.edge,
+                clock=context.clock,
+                metrics=PlacerMetrics.create(context.registry),
+                readiness=context.readiness,
+            )
+            holder["service"] = service
+            await service.run(context.routes)
+
+        task = asyncio.create_task(
+            run_service(
+                name="placer",
+                settings=settings,
+                body=body,
+                stop=stop,
+                readiness=readiness,
+                registry=registry,
+            )
+        )
+        placer = RunningPlacer(readiness=readiness, registry=registry, stop=stop, task=task)
+        try:
+            if wait_ready:
+                await until(
+                    lambda: readiness.ready or task.done(),
+                    what=f"placer readiness {readiness.report()}",
+                )
+                assert not task.done(), "the placer stopped while starting"
+            placer.service = holder.get("service")
+            yield placer
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, timeout=15) == 0
+
+    return running
