@@ -74,7 +74,7 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from services.placer import commit, decider, translate
+from services.placer import decider, translate
 from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.framework import Profile
 from services.placer.core.groups import TenancyConfig
@@ -83,8 +83,9 @@ from services.placer.core.profiles import ProfileSpec, build_profile
 from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
 from services.placer.decider import Waiting
 from services.placer.metrics import PlacerMetrics
+from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
-from services.placer.store import ConflictError, GaveUpError, Store
+from services.placer.store import ConflictError, Store
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
@@ -180,6 +181,10 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     request: PodRequest | None = None
 
 
+def _keep(key: str) -> None:
+    """Ledger entries are never deleted by Tessera: one that vanished is not forgotten."""
+
+
 class PlacerService:
     """See the module docstring."""
 
@@ -205,6 +210,14 @@ class PlacerService:
             tenancy=config.tenancy,
         )
         self.store = Store(bus=bus, edge=edge, view=self.view, clock=clock, metrics=metrics)
+        self.protocol = CommitProtocol(
+            store=self.store,
+            bus=bus,
+            view=self.view,
+            clock=clock,
+            metrics=metrics,
+            profile_name=self._profile_name,
+        )
         self.profile: Profile | None = None
         self._typical: tuple[Any, ...] | None = None
         self._queue = PlacementQueue()
@@ -232,24 +245,47 @@ class PlacerService:
         loaded = {name: asyncio.Event() for name in buckets}
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(
-                    self._follow(subjects.KV_INVENTORY, self._on_inventory, loaded["inventory"])
+                view = self.view
+                follows = (
+                    (
+                        subjects.KV_INVENTORY,
+                        self._on_inventory,
+                        "inventory",
+                        view.inventory_keys,
+                        view.forget_inventory,
+                    ),
+                    (
+                        subjects.KV_NODES,
+                        self._on_facts,
+                        "nodes",
+                        view.facts_keys,
+                        view.forget_facts,
+                    ),
+                    (subjects.KV_LEDGER, self._on_ledger, "ledger", set, _keep),
+                    (
+                        subjects.KV_CLAIMS,
+                        self._on_claim,
+                        "claims",
+                        lambda: set(view.claims),
+                        view.forget_claim,
+                    ),
+                    (
+                        subjects.KV_ASSIGNMENTS,
+                        self._on_record,
+                        "records",
+                        lambda: set(view.records),
+                        view.forget_record,
+                    ),
                 )
-                group.create_task(self._follow(subjects.KV_NODES, self._on_facts, loaded["nodes"]))
-                group.create_task(
-                    self._follow(subjects.KV_LEDGER, self._on_ledger, loaded["ledger"])
-                )
-                group.create_task(
-                    self._follow(subjects.KV_CLAIMS, self._on_claim, loaded["claims"])
-                )
-                group.create_task(
-                    self._follow(subjects.KV_ASSIGNMENTS, self._on_record, loaded["records"])
-                )
+                for bucket, apply, name, held, forget in follows:
+                    group.create_task(
+                        self._follow(bucket, apply, loaded[name], held=held, forget=forget)
+                    )
                 await asyncio.gather(*(event.wait() for event in loaded.values()))
                 self.view.finish_load(self.clock.now())
                 self._queue = PlacementQueue(reference=self._reference())
                 self._rebuild_profile()
-                await self.reconcile()
+                await self.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
                 log.info(
                     "placer ready",
                     extra={
@@ -318,21 +354,40 @@ class PlacerService:
         bucket: str,
         apply: Callable[[KvEntry], Awaitable[None]],
         loaded: asyncio.Event,
+        *,
+        held: Callable[[], set[str]],
+        forget: Callable[[str], None],
     ) -> None:
-        """Apply every value of ``bucket`` to the view, forever (a dropped watch is restarted)."""
+        """Apply every value of ``bucket`` to the view, forever.
+
+        A watch that ends or fails is started again; its initial values then also tell which
+        keys were deleted while no watch ran (``held`` keys it no longer lists are forgotten).
+        """
         while True:
             watch = self.bus.kv_watch(bucket)
+            seen: set[str] | None = set()
             try:
                 async for entry in watch:
                     if entry is None:
+                        if seen is not None and loaded.is_set():
+                            for key in held() - seen:
+                                forget(key)
+                        seen = None
                         loaded.set()
                         continue
+                    if seen is not None:
+                        seen.add(entry.key)
                     await apply(entry)
                     self._poke()
+                log.warning("KV watch ended; watching again", extra={"bucket": bucket})
+            except Exception as error:  # NATS trouble: the view stays as it is meanwhile
+                log.warning(
+                    "KV watch failed; watching again",
+                    extra={"bucket": bucket, "error": f"{type(error).__name__}: {error}"},
+                )
             finally:
                 with contextlib.suppress(Exception):
                     await watch.aclose()  # type: ignore[attr-defined]
-            log.warning("KV watch ended; watching again", extra={"bucket": bucket})
             await self.clock.sleep(WATCH_RETRY_S)
 
     def _poke(self) -> None:
@@ -609,7 +664,8 @@ class PlacerService:
                 self.view.drop_tentative(booking.node, uid)
                 self._retry(item, refused)
                 return
-            outcome, placed = await self._finish(booking, item.pod, item.deliveries, decision)
+            outcome, placed = await self.protocol.finish(booking, item.pod, decision)
+            await self._ack(item.deliveries)
             if self._items.get(uid) is item:
                 del self._items[uid]
             self._answered(item, outcome, placed, decision if placed is booking else None)
@@ -655,57 +711,10 @@ class PlacerService:
             with contextlib.suppress(Exception):
                 await delivery.nak(delay)
 
-    async def _finish(
-        self,
-        booking: Booking,
-        request: PodPending | None,
-        deliveries: list[Delivery],
-        decision: Decision | None,
-    ) -> tuple[str, Booking]:
-        """Claim, record, publish, ack, for a booking already in the ledger.
-
-        Returns the outcome and the booking that places the pod (another replica's, when this
-        one lost the claim).
-        """
-        verdict, claim = await self.store.claim(booking, request)
-        if verdict == "lost":
-            await self.store.unbook(booking)
-            assert claim is not None and claim.booking is not None
-            await self._republish(claim.booking, deliveries)
-            return "duplicate", claim.booking
-        if verdict == "deleted":
-            await self.store.unbook(booking)
-            await self._ack(deliveries)
-            return "deleted", booking
-        action = await self.store.ensure_record(booking)
-        if action == "released":  # released while we committed: nothing to publish
-            await self._ack(deliveries)
-            return "deleted", booking
-        if action == "blocked":
-            raise GaveUpError(
-                f"a live record of another commit holds {booking.node}/{booking.pod_uid}; "
-                "reconciliation will sort it out"
-            )
-        await self._publish_decision(booking, decision)
-        await self._ack(deliveries)
-        return "placed", booking
-
     async def _republish(self, booking: Booking, deliveries: list[Delivery]) -> None:
-        """The pod was placed already (a redelivery, or another replica won): make sure its
-        record exists and its decision is out, then ack."""
+        """Finish a pod placed already (by ``booking``), then ack its messages."""
         try:
-            if booking.commit not in {b.commit for b in self.view.bookings_of(booking.pod_uid)}:
-                refused = await self.store.rebook(booking)
-                if refused:
-                    log.error(
-                        "a placed pod's booking is missing and cannot be booked again",
-                        extra={"pod_uid": booking.pod_uid, "node": booking.node, "reason": refused},
-                    )
-            action = await self.store.ensure_record(booking)
-            if action == "done":
-                await self._publish_decision(booking, None)
-            self.metrics.decisions.labels(outcome="duplicate").inc()
-            await self._ack(deliveries)
+            await self.protocol.republish(booking)
         except Exception as error:
             log.warning(
                 "cannot finish an already placed pod yet; its message comes back",
@@ -714,21 +723,9 @@ class PlacerService:
             for delivery in deliveries:
                 with contextlib.suppress(Exception):
                     await delivery.nak(1.0)
-
-    async def _publish_decision(self, booking: Booking, decision: Decision | None) -> None:
-        message = translate.decision_message(
-            booking,
-            score=decision.score if decision else 0.0,
-            scores=decision.scores if decision else None,
-            explanation=translate.explanation_of(decision, self._profile_name)
-            if decision
-            else "published again for a placement committed earlier",
-        )
-        await self.bus.js_publish(
-            subjects.assignments(booking.node),
-            codec.encode(message),
-            msg_id=commit.decision_msg_id(booking),
-        )
+            return
+        self.metrics.decisions.labels(outcome="duplicate").inc()
+        await self._ack(deliveries)
 
     async def _ack(self, deliveries: list[Delivery]) -> None:
         for delivery in deliveries:
@@ -938,6 +935,7 @@ class PlacerService:
                     cause="failed",
                     reason=result.reason or "binding failed",
                     only_reserved=False,
+                    reported_at=result.at,
                 )
         except Exception as error:
             log.warning(
@@ -950,25 +948,8 @@ class PlacerService:
         await self._ack([delivery])
 
     async def release_deleted(self, pod_uid: str, *, cause: str, reason: str) -> None:
-        """The pod is gone: claim -> deleted, record fenced released, bookings removed."""
-        now = self.clock.now()
-
-        def tombstone(claim: PodClaim | None) -> PodClaim | None:
-            if claim is not None and claim.state == "deleted":
-                return None
-            return commit.deleted_claim(pod_uid, claim, reason=reason, now=now)
-
-        entry = await self.store.update_claim(pod_uid, tombstone)
-        claim = entry.value
-        given_back = [claim.booking] if claim is not None and claim.booking is not None else []
-        given_back += [
-            b
-            for b in self.view.bookings_of(pod_uid)
-            if not given_back or b.commit != given_back[0].commit
-        ]
-        for booking in given_back:
-            await self.store.fence(booking)
-            await self.store.unbook(booking)
+        """The pod is gone (deleted, or the binder found it gone): give everything back."""
+        given_back = await self.protocol.release_deleted(pod_uid, reason=reason)
         item = self._items.get(pod_uid)
         if item is not None and item.stage != "committing":
             del self._items[pod_uid]
@@ -976,7 +957,9 @@ class PlacerService:
             self._queue.remove(pod_uid)
             await self._ack(item.deliveries)
         self.metrics.releases.labels(cause=cause).inc()
-        self._remember(Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=now))
+        self._remember(
+            Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=self.clock.now())
+        )
         log.info(
             "pod released",
             extra={
@@ -987,102 +970,26 @@ class PlacerService:
         )
 
     async def release_requeue(
-        self, pod_uid: str, node: str, *, cause: str, reason: str, only_reserved: bool
+        self,
+        pod_uid: str,
+        node: str,
+        *,
+        cause: str,
+        reason: str,
+        only_reserved: bool,
+        reported_at: float = 0.0,
     ) -> bool:
-        """Give the placement on ``node`` back and put the pod back in the queue.
-
-        ``only_reserved``: the reserve timeout, which loses to the binder's bind. False when
-        there was nothing (or no longer anything) to release.
-        """
-        claim = (await self.store.read(self.store.claims, subjects.claim_key(pod_uid))).value
-        if (
-            claim is None
-            or claim.state != "placed"
-            or claim.booking is None
-            or claim.booking.node != node
-        ):
-            return False  # a result about an older placement: nothing of it is held any more
-        booking = claim.booking
-        now = self.clock.now()
-        kept = False
-
-        def release(record: AssignmentRecord | None) -> AssignmentRecord | None:
-            nonlocal kept
-            kept = False
-            if record is None:
-                return commit.released_record(None, booking, now=now)
-            if record.commit not in ("", booking.commit):
-                kept = True
-                return None
-            if record.state == "released":
-                return None
-            if only_reserved and record.state != "reserved":
-                kept = True  # the binder bound it first
-                return None
-            return msgspec.structs.replace(record, state="released", released_at=now)
-
-        await self.store.update_record(subjects.assignment_key(node, pod_uid), release)
-        if kept:
-            return False
-        await self._finish_requeue(booking, reason)
-        self.metrics.releases.labels(cause=cause).inc()
-        log.info(
-            "pod released for another placement",
-            extra={"pod_uid": pod_uid, "node": node, "cause": cause, "reason": reason},
+        """Give the placement on ``node`` back and place the pod again (see the protocol)."""
+        released = await self.protocol.release_requeue(
+            pod_uid, node, reason=reason, only_reserved=only_reserved, reported_at=reported_at
         )
-        return True
-
-    async def _finish_requeue(self, booking: Booking, reason: str) -> None:
-        """After the record of ``booking`` was released: claim -> requeued, unbook, requeue."""
-        now = self.clock.now()
-
-        def requeue(claim: PodClaim | None) -> PodClaim | None:
-            if claim is None or claim.state != "placed" or claim.booking is None:
-                return None
-            if claim.booking.commit != booking.commit:
-                return None
-            return commit.requeued_claim(claim, reason=reason, now=now)
-
-        entry = await self.store.update_claim(booking.pod_uid, requeue)
-        await self.store.unbook(booking)
-        claim = entry.value
-        if (
-            claim is not None
-            and claim.state == "requeued"
-            and claim.booking is not None
-            and claim.booking.commit == booking.commit
-            and not claim.requeue_published
-        ):
-            await self._publish_requeue(claim)
-
-    async def _publish_requeue(self, claim: PodClaim) -> None:
-        booking = claim.booking
-        assert booking is not None
-        if claim.request is None:
-            log.warning(
-                "a requeued pod cannot be put back: its request was never recorded; the binder "
-                "sends it again when the pod changes",
-                extra={"pod_uid": claim.pod_uid},
+        if released:
+            self.metrics.releases.labels(cause=cause).inc()
+            log.info(
+                "pod released to be placed again",
+                extra={"pod_uid": pod_uid, "node": node, "cause": cause, "reason": reason},
             )
-            return
-        await self.bus.js_publish(
-            subjects.PODS_PENDING,
-            codec.encode(claim.request),
-            msg_id=commit.requeue_msg_id(booking),
-        )
-
-        def published(current: PodClaim | None) -> PodClaim | None:
-            if (
-                current is None
-                or current.state != "requeued"
-                or current.booking is None
-                or current.booking.commit != booking.commit
-                or current.requeue_published
-            ):
-                return None
-            return msgspec.structs.replace(current, requeue_published=True)
-
-        await self.store.update_claim(claim.pod_uid, published)
+        return released
 
     # --- timers --------------------------------------------------------------------------------
 
@@ -1137,104 +1044,17 @@ class PlacerService:
         while True:
             await self.clock.sleep(period)
             try:
-                await self.purge()
+                await self.protocol.purge(retention_s=self.config.release_retention_s)
             except Exception as error:
                 log.warning("purge failed; tried again", extra={"error": str(error)})
-
-    async def purge(self) -> int:
-        now = self.clock.now()
-        retention = self.config.release_retention_s
-        purged = 0
-        for record in list(self.view.records.values()):
-            expired = record.state == "released" and now - (record.released_at or now) >= retention
-            if expired and await self.store.delete_if(
-                self.store.records, record.key, record.revision
-            ):
-                self.metrics.purged.labels(entry="record").inc()
-                purged += 1
-        for uid, claim in list(self.view.claims.items()):
-            if claim.state == "deleted" and now - claim.updated_at >= retention:
-                revision = self.view.claim_revisions.get(uid, 0)
-                if revision and await self.store.delete_if(self.store.claims, uid, revision):
-                    self.metrics.purged.labels(entry="claim").inc()
-                    purged += 1
-        return purged
 
     async def _reconcile_loop(self) -> None:
         while True:
             await self.clock.sleep(self.config.reconcile_interval_s)
             try:
-                await self.reconcile()
+                await self.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
             except Exception as error:
                 log.warning("reconciliation failed; tried again", extra={"error": str(error)})
-
-    async def reconcile(self) -> int:
-        """Repair half-done commits and releases (``commit.plan_repairs``); how many."""
-        repairs = commit.plan_repairs(
-            self.view.ledgers(),
-            self.view.claims,
-            self.view.records.values(),
-            now=self.clock.now(),
-            grace_s=self.config.reconcile_interval_s / 2,
-        )
-        done = 0
-        for repair in repairs:
-            try:
-                await self._repair(repair)
-            except Exception as error:
-                log.warning(
-                    "repair failed; tried again at the next pass",
-                    extra={"kind": repair.kind, "pod_uid": repair.pod_uid, "error": str(error)},
-                )
-                continue
-            done += 1
-            self.metrics.repairs.labels(kind=repair.kind).inc()
-            log.info("repaired", extra={"kind": repair.kind, "pod_uid": repair.pod_uid})
-        return done
-
-    async def _repair(self, repair: commit.Repair) -> None:
-        booking = repair.booking
-        if repair.kind == "roll-forward" and booking is not None:
-            await self._finish(booking, None, [], None)
-        elif repair.kind == "create-record" and booking is not None:
-            if await self.store.ensure_record(booking) == "done":
-                await self._publish_decision(booking, None)
-        elif repair.kind == "unbook-stale" and booking is not None:
-            await self.store.fence(booking)
-            await self.store.unbook(booking)
-        elif repair.kind == "rebook" and booking is not None:
-            refused = await self.store.rebook(booking)
-            if refused:
-                log.error(
-                    "a live record's booking cannot be booked again",
-                    extra={"pod_uid": booking.pod_uid, "node": booking.node, "reason": refused},
-                )
-        elif repair.kind == "finish-requeue" and booking is not None:
-            await self._finish_requeue(booking, "released record found by reconciliation")
-        elif repair.kind == "publish-requeue":
-            claim = self.view.claim(repair.pod_uid)
-            if claim is not None and claim.state == "requeued" and not claim.requeue_published:
-                await self._publish_requeue(claim)
-        elif repair.kind == "requeue-lost" and booking is not None:
-            await self.store.fence(booking)
-            await self._finish_requeue(booking, "booking missing from the ledger")
-        elif repair.kind == "release-record":
-            await self._release_orphan(repair.record_key, repair.pod_uid)
-
-    async def _release_orphan(self, key: str, pod_uid: str) -> None:
-        claim = (await self.store.read(self.store.claims, subjects.claim_key(pod_uid))).value
-        named = claim.booking.commit if claim is not None and claim.booking else None
-        placed = claim is not None and claim.state == "placed"
-        now = self.clock.now()
-
-        def release(record: AssignmentRecord | None) -> AssignmentRecord | None:
-            if record is None or record.state == "released":
-                return None
-            if placed and record.commit == named:
-                return None  # the claim names it again
-            return msgspec.structs.replace(record, state="released", released_at=now)
-
-        await self.store.update_record(key, release)
 
     async def _mix_loop(self) -> None:
         while True:

@@ -41,7 +41,7 @@ from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from shared.messages.nodes import NodeFacts
-from shared.subjects import assignment_key
+from shared.subjects import assignment_key, node_from_token, node_token
 
 UNREADABLE = "ledger entry unreadable"
 
@@ -331,6 +331,29 @@ class ClusterView:
                 pod_uid, task_spec(claim.booking, self.gpu_memory), claim.booking.decided_at
             )
         return True
+
+    # --- keys deleted while no watch ran -------------------------------------------------------
+
+    def inventory_keys(self) -> set[str]:
+        return {node_token(n) for n, e in self._nodes.items() if e.inventory is not None}
+
+    def facts_keys(self) -> set[str]:
+        return {node_token(n) for n, e in self._nodes.items() if e.facts is not None}
+
+    def forget_inventory(self, key: str) -> None:
+        self.drop_inventory(node_from_token(key))
+
+    def forget_facts(self, key: str) -> None:
+        self.drop_facts(node_from_token(key))
+
+    def forget_claim(self, pod_uid: str) -> None:
+        self.claims.pop(pod_uid, None)
+        self.mix.forget(pod_uid)
+
+    def forget_record(self, key: str) -> None:
+        known = self.records.pop(key, None)
+        if known is not None:
+            self._recount(known.node, known.pod_uid, None)
 
     # --- tenancy -------------------------------------------------------------------------------
 
