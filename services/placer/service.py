@@ -135,6 +135,10 @@ class PlacerConfig:
     task_mix_window: int = 2000
     ack_wait_s: float = 30.0
     reconcile_interval_s: float = 30.0
+    mix_check_s: float = MIX_CHECK_S
+    """How often the learned task mix is compared with the one the profile was compiled with."""
+    tenancy_check_s: float = TENANCY_CHECK_S
+    """How often the tenancy file is read for a new version."""
 
 
 Stage = Literal["queued", "committing", "waiting"]
@@ -1058,7 +1062,7 @@ class PlacerService:
 
     async def _mix_loop(self) -> None:
         while True:
-            await self.clock.sleep(MIX_CHECK_S)
+            await self.clock.sleep(self.config.mix_check_s)
             self._rebuild_profile()
 
     def _rebuild_profile(self) -> None:
@@ -1090,7 +1094,7 @@ class PlacerService:
         if not path:
             return
         while True:
-            await self.clock.sleep(TENANCY_CHECK_S)
+            await self.clock.sleep(self.config.tenancy_check_s)
             self.check_tenancy_file()
 
     def check_tenancy_file(self) -> bool:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
 from services.placer.command import PlacerSettings, build_config
 from services.placer.metrics import PlacerMetrics
 from services.placer.service import PlacerService
+from shared.runtime.bus import NatsBus
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext, run_service
 from tests.harness.nats import NatsServer
@@ -50,7 +54,9 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
     (run_service + run_placer) against the test's nats-server, ready on entry."""
 
     @contextlib.asynccontextmanager
-    async def running(*, wait_ready: bool = True, **overrides: Any) -> AsyncIterator[RunningPlacer]:
+    async def running(
+        *, wait_ready: bool = True, tuning: dict[str, Any] | None = None, **overrides: Any
+    ) -> AsyncIterator[RunningPlacer]:
         fields: dict[str, Any] = {
             "nats_url": nats_server.url,
             "http_host": "127.0.0.1",
@@ -58,9 +64,10 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
             "log_format": "text",
             "placer_id": "placer-test",
             "ack_wait_s": 5.0,
+            "reconcile_interval_s": 2.0,
         }
         settings = PlacerSettings(**(fields | overrides))
-        config = build_config(settings)
+        config = dataclasses.replace(build_config(settings), **(tuning or {}))
         readiness = Readiness()
         registry = CollectorRegistry()
         stop = asyncio.Event()
@@ -104,3 +111,33 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
             assert await asyncio.wait_for(task, timeout=15) == 0
 
     return running
+
+
+async def stream_messages(bus: NatsBus, stream: str, subject: str) -> list[bytes]:
+    """Every message on ``subject`` in ``stream`` so far (read by a fresh durable consumer)."""
+    consumer = await bus.pull_consumer(
+        stream=stream, durable=f"test-{uuid.uuid4().hex[:8]}", subject=subject
+    )
+    found: list[bytes] = []
+    try:
+        while True:
+            try:
+                batch = await consumer.fetch(256, 0.5)
+            except TimeoutError:  # nats-py sometimes raises the plain asyncio one: none left
+                break
+            if not batch:
+                break
+            found.extend(d.data for d in batch)
+            for delivery in batch:
+                await delivery.ack()
+    finally:
+        await consumer.close()
+    return found
+
+
+async def http_get(port: int, path: str) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
+        return response.status, await response.json()

@@ -7,6 +7,7 @@ pod; ``cluster_state(bus)`` reads every ledger entry, claim and record back for 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -123,12 +124,19 @@ async def put_facts(bus: Bus, value: NodeFacts) -> None:
     await bus.kv_put(subjects.KV_NODES, subjects.node_token(value.node), codec.encode(value))
 
 
-async def put_node(bus: Bus, node: str, gpus: int = 4, **options: object) -> None:
-    """Inventory and facts for ``node`` (``at`` applies to both)."""
-    at = float(options.pop("at", NOW))  # type: ignore[arg-type]
-    memory = int(options.pop("memory_mib", GPU_MIB))  # type: ignore[call-overload]
-    await put_inventory(bus, inventory(node, gpus, memory_mib=memory, at=at))
-    await put_facts(bus, facts(node, at=at, **options))  # type: ignore[arg-type]
+async def put_node(
+    bus: Bus,
+    node: str,
+    gpus: int = 4,
+    *,
+    at: float | None = None,
+    memory_mib: int = GPU_MIB,
+    slots: int | None = None,
+) -> None:
+    """Inventory and facts for ``node``, observed ``at`` (default: now, so they are fresh)."""
+    when = time.time() if at is None else at
+    await put_inventory(bus, inventory(node, gpus, memory_mib=memory_mib, at=when))
+    await put_facts(bus, facts(node, at=when, slots=slots))
 
 
 async def publish_pod(bus: Bus, pod: PodPending) -> None:
@@ -160,27 +168,84 @@ class ClusterState:
 
 
 async def cluster_state(bus: Bus) -> ClusterState:
+    """Read back what the placer wrote, records first: a commit writes the ledger, the claim,
+    then the record, so a record read here has its booking read after it."""
     state = ClusterState()
-    for key in await bus.kv_keys(subjects.KV_LEDGER):
-        entry = await bus.kv_get(subjects.KV_LEDGER, key)
-        if entry is not None:
-            state.ledgers[key] = codec.decode(entry.value, NodeLedger)
-    for key in await bus.kv_keys(subjects.KV_CLAIMS):
-        entry = await bus.kv_get(subjects.KV_CLAIMS, key)
-        if entry is not None:
-            state.claims[key] = codec.decode(entry.value, PodClaim)
     for key in await bus.kv_keys(subjects.KV_ASSIGNMENTS):
         entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
         if entry is not None:
             state.records[key] = codec.decode(entry.value, AssignmentRecord)
+    for key in await bus.kv_keys(subjects.KV_CLAIMS):
+        entry = await bus.kv_get(subjects.KV_CLAIMS, key)
+        if entry is not None:
+            state.claims[key] = codec.decode(entry.value, PodClaim)
+    for key in await bus.kv_keys(subjects.KV_LEDGER):
+        entry = await bus.kv_get(subjects.KV_LEDGER, key)
+        if entry is not None:
+            state.ledgers[key] = codec.decode(entry.value, NodeLedger)
     return state
+
+
+Piece = tuple[int, int, int, bool]
+"""(GPU index, MiB, core milli, exclusive) of one share."""
+
+
+def _check_pieces(
+    pieces: dict[str, list[Piece]],
+    inventories: dict[str, NodeInventory],
+    slots: dict[str, int] | None,
+    what: str,
+) -> None:
+    for node, inv in inventories.items():
+        memory: dict[int, int] = {}
+        cores: dict[int, int] = {}
+        shares: dict[int, int] = {}
+        exclusive: dict[int, int] = {}
+        for index, mib, core_milli, whole in pieces.get(node, []):
+            memory[index] = memory.get(index, 0) + mib
+            cores[index] = cores.get(index, 0) + core_milli
+            shares[index] = shares.get(index, 0) + 1
+            exclusive[index] = exclusive.get(index, 0) + int(whole)
+        for gpu in inv.gpus:
+            i = gpu.index
+            assert memory.get(i, 0) <= gpu.memory_total_mib, f"{what}: {node} GPU {i} memory"
+            assert cores.get(i, 0) <= 1000, f"{what}: {node} GPU {i} cores"
+            if exclusive.get(i, 0):
+                assert shares[i] == 1, f"{what}: {node} GPU {i} held whole and shared"
+        total = (slots or {}).get(node)
+        if total is not None:
+            assert sum(shares.values()) <= total, f"{what}: {node} logical devices"
+
+
+def check_capacity(
+    state: ClusterState, inventories: dict[str, NodeInventory], slots: dict[str, int] | None = None
+) -> None:
+    """No GPU over-committed (memory, cores, logical slots, exclusivity), counting the ledger's
+    bookings and, separately, the live assignment records (what the device plugin hands out)."""
+    booked: dict[str, list[Piece]] = {}
+    for booking in state.bookings():
+        for container in booking.containers:
+            for p in container.gpus:
+                booked.setdefault(booking.node, []).append(
+                    (p.index, p.memory_mib, p.core_milli, p.exclusive)
+                )
+    _check_pieces(booked, inventories, slots, "ledger")
+    recorded: dict[str, list[Piece]] = {}
+    for record in state.live_records():
+        for slices in record.containers:
+            for g in slices.gpus:
+                recorded.setdefault(record.node, []).append(
+                    (g.index, g.memory_mib, g.cores * 10, False)
+                )
+    _check_pieces(recorded, inventories, slots, "records")
 
 
 def check_invariants(
     state: ClusterState, inventories: dict[str, NodeInventory], slots: dict[str, int] | None = None
 ) -> None:
-    """No GPU over-committed (memory, cores, slots, exclusivity), one live record per pod, every
-    live record booked and every booking recorded (raises AssertionError naming the fault)."""
+    """Nothing over-committed, one live record per pod, every live record booked and every
+    booking recorded, every placed claim booked (raises AssertionError naming the fault)."""
+    check_capacity(state, inventories, slots)
     live = state.live_records()
     pods = [r.pod_uid for r in live]
     twice = sorted({p for p in pods if pods.count(p) > 1})
@@ -193,26 +258,6 @@ def check_invariants(
         if claim.state == "placed":
             assert claim.booking is not None
             assert (claim.booking.node, uid, claim.booking.commit) in booked, uid
-    for node, inv in inventories.items():
-        memory: dict[int, int] = {}
-        cores: dict[int, int] = {}
-        shares: dict[int, int] = {}
-        exclusive: dict[int, int] = {}
-        for booking in state.bookings():
-            if booking.node != node:
-                continue
-            for container in booking.containers:
-                for piece in container.gpus:
-                    memory[piece.index] = memory.get(piece.index, 0) + piece.memory_mib
-                    cores[piece.index] = cores.get(piece.index, 0) + piece.core_milli
-                    shares[piece.index] = shares.get(piece.index, 0) + 1
-                    exclusive[piece.index] = exclusive.get(piece.index, 0) + int(piece.exclusive)
-        total_slots = (slots or {}).get(node)
-        for gpu in inv.gpus:
-            i = gpu.index
-            assert memory.get(i, 0) <= gpu.memory_total_mib, f"{node} GPU {i}: memory"
-            assert cores.get(i, 0) <= 1000, f"{node} GPU {i}: cores"
-            if exclusive.get(i, 0):
-                assert shares[i] == 1, f"{node} GPU {i}: exclusive GPU shared"
-        if total_slots is not None:
-            assert sum(shares.values()) <= total_slots, f"{node}: logical devices"
+        else:
+            held = claim.booking
+            assert held is None or (held.node, uid, held.commit) not in booked, uid
