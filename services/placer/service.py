@@ -79,7 +79,7 @@ from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.framework import Profile
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.model import ClusterSnapshot, Decision, PodRequest, Rejection
-from services.placer.core.profiles import ProfileSpec, build_profile
+from services.placer.core.profiles import BUILTIN, ProfileSpec, build_profile
 from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
 from services.placer.decider import Waiting
 from services.placer.metrics import PlacerMetrics
@@ -183,6 +183,18 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     message: str = ""
     at: float = 0.0
     request: PodRequest | None = None
+
+
+def service_profile(profile: ProfileSpec | str) -> ProfileSpec:
+    """The profile as the service runs it: a built-in one breaks ties by a draw seeded by the
+    pod's UID instead of by node name, so replicas (and this replica's commits in flight) that
+    decide different pods at once spread over equally good nodes instead of all racing for the
+    first one; deterministic for a pod, and as good as the simulator's seeded node order. A
+    profile file's own ``tie_break`` is kept."""
+    if isinstance(profile, ProfileSpec):
+        return profile
+    spec = BUILTIN[profile]
+    return msgspec.structs.replace(spec, tie_break="random")
 
 
 def _keep(key: str) -> None:
@@ -508,6 +520,8 @@ class PlacerService:
             try:
                 batch = await fetch(FETCH_BATCH, 1.0)
                 delay = 0.5
+            except TimeoutError:  # nats-py's way, at times, of saying "no message yet"
+                continue
             except Exception as error:  # NATS down or slow: try again, the messages stay
                 log.warning(
                     "cannot fetch; retrying", extra={"error": f"{type(error).__name__}: {error}"}
@@ -629,12 +643,13 @@ class PlacerService:
         if self._failed_at != item.seen:
             self._failed_at, self._failed_keys = item.seen, {}
         known = self._failed_keys.get(key) if item.rejections else None
-        if item.only_node is not None:
-            outcome: Decision | Waiting = decider.decide_on(
-                self.view, self.profile, item.request, item.only_node, now=now
-            )
-        else:
-            outcome = known or decider.decide(self.view, self.profile, item.request, now=now)
+        try:
+            outcome = self._decide(item, known, now)
+        except Exception:  # a bug in the core must not stop the placer for every pod
+            log.exception("deciding a pod failed", extra={"pod_uid": uid})
+            self.metrics.commit_failures.labels(cause="bug").inc()
+            self._spawn(self._give_back(item, delay=BACKOFF_MAX_S), f"giveback-{uid}")
+            return
         if isinstance(outcome, Waiting):
             self._failed_keys[key] = outcome
             item.stage = "waiting"
@@ -652,6 +667,12 @@ class PlacerService:
         item.stage = "committing"
         self._in_flight += 1
         self._spawn(self._commit(item, booking, outcome), f"commit-{uid}")
+
+    def _decide(self, item: _Item, known: Waiting | None, now: float) -> Decision | Waiting:
+        assert self.profile is not None
+        if item.only_node is not None:
+            return decider.decide_on(self.view, self.profile, item.request, item.only_node, now=now)
+        return known or decider.decide(self.view, self.profile, item.request, now=now)
 
     async def _commit(
         self, item: _Item, booking: Booking, decision: Decision | None, *, book: bool = True
@@ -1072,7 +1093,9 @@ class PlacerService:
             return
         old = self.profile
         self.profile = build_profile(
-            self.config.profile, typical_tasks=typical, **self.view.tenancy.plugins()
+            service_profile(self.config.profile),
+            typical_tasks=typical,
+            **self.view.tenancy.plugins(),
         )
         self._typical = typical
         self._failed_keys = {}
