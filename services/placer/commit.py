@@ -63,6 +63,50 @@ def check_booking(committed: NodeState, booking: Booking) -> str:
     return booked if isinstance(booked, str) else ""
 
 
+def book_all(
+    ledger: NodeLedger | None,
+    committed: NodeState | None,
+    bookings: Sequence[Booking],
+    *,
+    now: float,
+) -> tuple[NodeLedger | None, dict[str, str]]:
+    """The node's ledger with every booking of ``bookings`` that fits, one after the other, on
+    the node as the ledger holds it (``committed``); None when there is nothing to write.
+
+    Also returns why each refused booking (by commit id) does not fit. A booking already in the
+    ledger counts as booked (a retry). Several decisions for one node are committed by one
+    compare-and-set this way (a group commit).
+    """
+    refused: dict[str, str] = {}
+    accepted: list[Booking] = []
+    state = committed
+    held = {b.pod_uid: b.commit for b in (ledger.bookings if ledger else ())}
+    for booking in bookings:
+        if booking.pod_uid in held:
+            if held[booking.pod_uid] != booking.commit:
+                refused[booking.commit] = (
+                    f"pod already booked on {booking.node} by commit {held[booking.pod_uid]}"
+                )
+            continue
+        if state is None:
+            refused[booking.commit] = "node left the cluster"
+            continue
+        booked = book(state, reservation_of(booking))
+        if isinstance(booked, str):
+            refused[booking.commit] = booked
+            continue
+        state = booked
+        held[booking.pod_uid] = booking.commit
+        accepted.append(booking)
+    if not accepted:
+        return None, refused
+    kept = ledger.bookings if ledger else ()
+    return (
+        NodeLedger(node=accepted[0].node, bookings=(*kept, *accepted), updated_at=now),
+        refused,
+    )
+
+
 def with_booking(ledger: NodeLedger | None, booking: Booking, *, now: float) -> NodeLedger:
     """The node's ledger with ``booking`` added (replacing an older booking of the same pod)."""
     kept = tuple(b for b in (ledger.bookings if ledger else ()) if b.pod_uid != booking.pod_uid)

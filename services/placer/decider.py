@@ -16,7 +16,7 @@ go through the same profile, tenancy and, in the shell, the same commit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,9 +43,18 @@ class Waiting:
 
 
 def decide(
-    view: ClusterView, profile: Profile, pod: PodRequest, *, now: float
+    view: ClusterView,
+    profile: Profile,
+    pod: PodRequest,
+    *,
+    now: float,
+    avoid: Collection[str] = (),
 ) -> Decision | Waiting:
-    """Place ``pod`` on the view's cluster (nothing is booked), or say how it waits."""
+    """Place ``pod`` on the view's cluster (nothing is booked), or say how it waits.
+
+    ``avoid``: nodes where this pod's commit just lost to another replica's; they are chosen
+    only when nothing else fits (then the pod is decided as if none were avoided).
+    """
     facts = pod_facts(pod)
     if facts.invalid:
         return Waiting(
@@ -62,7 +71,9 @@ def decide(
             final=True,
             wake="grown",
         )
-    outcome = view.tenancy.decide(pod, view.index, profile, now=now)
+    outcome = view.tenancy.decide(pod, view.index, profile, now=now, avoid=avoid)
+    if avoid and not isinstance(outcome, Decision):
+        outcome = view.tenancy.decide(pod, view.index, profile, now=now)
     if isinstance(outcome, Decision):
         return outcome
     too_large = view.too_large(facts)

@@ -63,11 +63,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import random
 import secrets
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,6 +112,8 @@ BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
 SAFETY_RETRY_S = 60.0
 """A waiting pod is tried again at least this often, even when nothing seemed to change."""
+RETRY_LATER_S = 0.5
+"""Delay before a pod whose commit kept losing comes back (doubled at most, at random)."""
 MIX_CHECK_S = 5.0
 TENANCY_CHECK_S = 2.0
 REFRESH_S = 1.0
@@ -167,6 +171,8 @@ class _Item:
     result: asyncio.Future[Outcome] | None = None
     """Set for a pod placed through :meth:`PlacerService.place` (answered, never held)."""
     only_node: str | None = None
+    avoid: set[str] = field(default_factory=set)
+    """Nodes where a commit of this pod lost to another writer: decided away from them."""
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -311,6 +317,11 @@ class PlacerService:
                         "profile": self._profile_name,
                     },
                 )
+                # Everything loaded so far lives as long as the placer: keep the garbage
+                # collector from walking it again and again (its full passes are the main
+                # source of pauses in a process holding a large cluster).
+                gc.collect()
+                gc.freeze()
                 self.readiness.set("state", True)
                 if routes is not None:
                     routes.get("/v1/pods/{uid}", self._explain)
@@ -443,6 +454,8 @@ class PlacerService:
 
     async def _on_ledger(self, entry: KvEntry) -> None:
         node = subjects.node_from_token(entry.key)
+        if entry.revision <= self.view.ledger(node)[1]:
+            return  # our own write coming back (or older): nothing new, nothing to decode
         if entry.deleted:
             self.view.set_ledger(node, None, entry.revision)
             return
@@ -453,6 +466,8 @@ class PlacerService:
             self.view.set_ledger_unreadable(node, entry.revision)
 
     async def _on_claim(self, entry: KvEntry) -> None:
+        if entry.revision <= self.view.claim_revisions.get(entry.key, 0):
+            return
         if entry.deleted:
             self.view.set_claim(entry.key, None, entry.revision)
             return
@@ -463,6 +478,9 @@ class PlacerService:
                 self._drop_held(claim.pod_uid, claim)
 
     async def _on_record(self, entry: KvEntry) -> None:
+        known = self.view.records.get(entry.key)
+        if known is not None and entry.revision <= known.revision:
+            return
         if entry.deleted:
             self.view.set_record(entry.key, None, entry.revision)
             return
@@ -672,7 +690,9 @@ class PlacerService:
         assert self.profile is not None
         if item.only_node is not None:
             return decider.decide_on(self.view, self.profile, item.request, item.only_node, now=now)
-        return known or decider.decide(self.view, self.profile, item.request, now=now)
+        return known or decider.decide(
+            self.view, self.profile, item.request, now=now, avoid=item.avoid
+        )
 
     async def _commit(
         self, item: _Item, booking: Booking, decision: Decision | None, *, book: bool = True
@@ -687,6 +707,7 @@ class PlacerService:
                     refused = "the node's ledger changed"
             if refused:
                 self.view.drop_tentative(booking.node, uid)
+                item.avoid.add(booking.node)
                 self._retry(item, refused)
                 return
             outcome, placed = await self.protocol.finish(booking, item.pod, decision)
@@ -719,7 +740,8 @@ class PlacerService:
                 "commit retries exhausted; the pod message comes back later",
                 extra={"pod_uid": item.pod.uid, "attempts": item.attempts, "reason": why},
             )
-            self._spawn(self._give_back(item, delay=BACKOFF_MAX_S), f"giveback-{item.pod.uid}")
+            delay = RETRY_LATER_S * (1 + random.random())  # jittered: replicas fall out of step
+            self._spawn(self._give_back(item, delay=delay), f"giveback-{item.pod.uid}")
             return
         if self._items.get(item.pod.uid) is item:
             self._enqueue(item)

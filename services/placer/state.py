@@ -54,6 +54,7 @@ class _Node:
 
     __slots__ = (
         "charged",
+        "counted",
         "deleted",
         "facts",
         "inventory",
@@ -61,6 +62,7 @@ class _Node:
         "ledger_revision",
         "reason",
         "records",
+        "shown",
         "signature",
         "tentative",
         "unreadable",
@@ -80,6 +82,11 @@ class _Node:
         """Pod UIDs whose booking here is counted in tenant usage."""
         self.deleted = False
         """The binder said the node left the cluster (its inventory may linger in KV)."""
+        self.shown: frozenset[tuple[str, str]] | None = None
+        """(pod UID, commit) of the bookings the index's state of this node was derived from:
+        a tentative booking that becomes committed changes nothing, so it is not derived again."""
+        self.counted: set[str] = set()
+        """Booked pods the node facts already count (see ``translate.node_state``)."""
         self.unreadable = False
         """The node's ledger entry does not decode: its bookings are unknown, so nothing more
         is placed on it until a readable entry arrives."""
@@ -92,6 +99,10 @@ class _Node:
         committed = list(self.ledger.bookings) if self.ledger else []
         held = {b.pod_uid for b in committed}
         return committed + [b for uid, b in self.tentative.items() if uid not in held]
+
+
+def _shown(bookings: list[Booking]) -> frozenset[tuple[str, str]]:
+    return frozenset((b.pod_uid, b.commit) for b in bookings)
 
 
 def _signature(node: NodeState) -> Signature:
@@ -272,7 +283,8 @@ class ClusterView:
             self._committed.setdefault(uid, set()).add(node)
         for uid in after:
             entry.tentative.pop(uid, None)  # committed now (by us or by another replica)
-        self._rebuild(node)
+        if entry.shown != _shown(entry.bookings()):
+            self._rebuild(node)
         return True
 
     def set_ledger_unreadable(self, node: str, revision: int) -> None:
@@ -314,7 +326,9 @@ class ClusterView:
             entry.records.discard(pod_uid)
         else:
             entry.records.add(pod_uid)
-        if entry.facts is not None and any(b.pod_uid == pod_uid for b in entry.bookings()):
+        if entry.facts is not None and (pod_uid in entry.counted) != self._counts(
+            node, entry, pod_uid
+        ):
             self._rebuild(node)
 
     def set_claim(self, pod_uid: str, claim: PodClaim | None, revision: int) -> bool:
@@ -400,21 +414,20 @@ class ClusterView:
             entry.inventory, entry.facts, now=self._now, stale_s=self.inventory_stale_s
         )
 
-    def _counted_by_facts(self, node: str, entry: _Node) -> set[str]:
+    def _counts(self, node: str, entry: _Node, pod_uid: str) -> bool:
+        """Whether the node facts already count ``pod_uid``'s requests (bound before observed)."""
         if entry.facts is None:
-            return set()
-        observed = entry.facts.observed_at
-        counted = set()
-        for uid in entry.records:
-            record = self.records.get(assignment_key(node, uid))
-            if (
-                record is not None
-                and record.state in ("bound", "allocated")
-                and record.bound_at is not None
-                and record.bound_at <= observed
-            ):
-                counted.add(uid)
-        return counted
+            return False
+        record = self.records.get(assignment_key(node, pod_uid))
+        return (
+            record is not None
+            and record.state in ("bound", "allocated")
+            and record.bound_at is not None
+            and record.bound_at <= entry.facts.observed_at
+        )
+
+    def _counted_by_facts(self, node: str, entry: _Node) -> set[str]:
+        return {uid for uid in entry.records if self._counts(node, entry, uid)}
 
     def _state(
         self, name: str, entry: _Node, bookings: tuple[Booking, ...] | list[Booking]
@@ -424,7 +437,7 @@ class ClusterView:
             entry.inventory,
             entry.facts,
             bookings,
-            counted_by_facts=self._counted_by_facts(name, entry),
+            counted_by_facts=entry.counted,
             placeable=not entry.reason,
         )
         labels = entry.facts.labels if entry.facts is not None else {}
@@ -446,6 +459,8 @@ class ClusterView:
                 del self._nodes[name]
             return
         entry.reason = self._reason(entry)
+        entry.counted = self._counted_by_facts(name, entry)
+        entry.shown = _shown(bookings)
         state = self._state(name, entry, bookings)
         if old is None:
             self.index.add(state)

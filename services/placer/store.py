@@ -89,6 +89,8 @@ class Store:
         self._clock = clock
         self._metrics = metrics
         self._locks: dict[str, asyncio.Lock] = {}
+        self._queued: dict[str, list[tuple[Booking, asyncio.Future[str]]]] = {}
+        """Bookings per node waiting for the node's lock (written together)."""
         self.ledgers = _Kind(subjects.KV_LEDGER, "ledger", NodeLedger, self._apply_ledger)
         self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, view.set_claim)
         self.records = _Kind(
@@ -184,33 +186,54 @@ class Store:
         Returns "" when booked (or already booked by this commit), else why not: the node as the
         ledger holds it cannot take it. Raises :class:`ConflictError` when the entry changed first
         (the view then holds the new entry: decide again).
+
+        Bookings for one node that wait for each other here are written together, by one
+        compare-and-set (``commit.book_all``): under load a packing profile sends many pods to
+        the same node, and each would otherwise wait for the one before.
         """
-        refused = ""
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(booking.node, []).append((booking, waiter))
+        try:
+            async with self.node_lock(booking.node):
+                if not waiter.done():
+                    await self._book_queued(booking.node)
+        except BaseException:
+            waiter.cancel()  # stopped while waiting: not written (or already decided)
+            raise
+        return waiter.result()
+
+    async def _book_queued(self, node: str) -> None:
+        batch = [(b, w) for b, w in self._queued.pop(node, []) if not w.done()]
+        if not batch:
+            return
+        refused: dict[str, str] = {}
 
         def change(ledger: NodeLedger | None) -> NodeLedger | None:
             nonlocal refused
-            held = commit.booking_in(ledger, booking.pod_uid)
-            if held is not None:
-                if held.commit != booking.commit:
-                    refused = f"pod already booked on {booking.node} by commit {held.commit}"
-                return None
-            state = self._view.committed_state(booking.node)
-            refused = "node left the cluster" if state is None else ""
-            if state is not None:
-                refused = commit.check_booking(state, booking)
-            if refused:
-                return None
-            return commit.with_booking(ledger, booking, now=self._clock.now())
+            written, refused = commit.book_all(
+                ledger,
+                self._view.committed_state(node),
+                [b for b, _ in batch],
+                now=self._clock.now(),
+            )
+            return written
 
-        async with self.node_lock(booking.node):
+        try:
             await self.transact(
                 self.ledgers,
-                subjects.ledger_key(booking.node),
+                subjects.ledger_key(node),
                 change,
-                start=self._cached_ledger(booking.node),
+                start=self._cached_ledger(node),
                 attempts=1,
             )
-        return refused
+        except Exception as error:
+            for _, waiter in batch:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        for booking, waiter in batch:
+            if not waiter.done():
+                waiter.set_result(refused.get(booking.commit, ""))
 
     async def rebook(self, booking: Booking) -> str:
         """Book ``booking`` again (its record is live); retried through conflicts."""
