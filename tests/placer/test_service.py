@@ -15,9 +15,10 @@ import msgspec
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult
+from shared.messages.deadletter import DeadLetter
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
 from shared.messages.placement import PlacementDecision, PlacementRejected
-from shared.runtime.bus import NatsBus
+from shared.runtime.bus import Delivery, NatsBus
 from tests.harness.nats import NatsServer
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory, http_get, stream_messages, until
@@ -423,3 +424,22 @@ async def test_a_pod_deleted_before_its_pending_message_is_never_placed(
             what="the pending message answered",
         )
         assert (await wire.cluster_state(bus)).live_records() == []
+
+
+async def test_a_malformed_pod_message_is_dead_lettered_and_the_placer_keeps_placing(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    letters: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def collect(delivery: Delivery) -> None:
+        await letters.put(delivery.data)
+
+    await bus.subscribe(subjects.deadletter("pods"), collect)
+    async with start_placer():
+        await bus.js_publish(subjects.PODS_PENDING, b'{"uid": 7}')
+        letter = codec.decode(await asyncio.wait_for(letters.get(), 10), DeadLetter)
+        assert letter.service == "placer"
+        assert "Expected `str`, got `int` - at `$.uid`" in letter.reason
+        await wire.publish_pod(bus, wire.pending("fine"))
+        await settled(bus, placed("fine"), what="the next pod placed")
