@@ -106,7 +106,8 @@ def decide_on(
     outcome = view.tenancy.decide(pod, single, profile, now=now)
     if isinstance(outcome, Decision):
         return outcome
-    reasons = translate.refine_reasons(outcome.reasons, {view.reason(node): 1})
+    why = view.reason(node)
+    reasons = translate.refine_reasons(outcome.reasons, {why: 1} if why else {})
     return Waiting(
         rejection=translate.rejection_of(outcome, reasons),
         final=bool(pod_facts(pod).invalid),

@@ -25,6 +25,7 @@ LATENCY_BUCKETS = (
 @dataclass(frozen=True)
 class PlacerMetrics:
     decisions: Counter
+    tries: Counter
     latency: Histogram
     conflicts: Counter
     retries: Counter
@@ -47,6 +48,12 @@ class PlacerMetrics:
                 "Pods decided, by outcome: placed, rejected (waits), unresolvable, duplicate "
                 "(already placed: the decision was published again).",
                 ["outcome"],
+                registry=registry,
+            ),
+            tries=Counter(
+                "tessera_placer_tries_total",
+                "Times a pod was decided: first tries, retries after a conflict, and waiting "
+                "pods tried again after a change.",
                 registry=registry,
             ),
             latency=Histogram(

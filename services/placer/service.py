@@ -661,6 +661,7 @@ class PlacerService:
         if self._failed_at != item.seen:
             self._failed_at, self._failed_keys = item.seen, {}
         known = self._failed_keys.get(key) if item.rejections else None
+        self.metrics.tries.inc()
         try:
             outcome = self._decide(item, known, now)
         except Exception:  # a bug in the core must not stop the placer for every pod

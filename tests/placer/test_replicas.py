@@ -55,10 +55,13 @@ def workload(seed: int = 7) -> list[PodPending]:
     return pods
 
 
-async def start(nats_url: str, number: int, logs: Path) -> tuple[asyncio.subprocess.Process, int]:
+async def start(
+    nats_url: str, number: int, logs: Path, *options: str
+) -> tuple[asyncio.subprocess.Process, int]:
+    """A ``tessera placer`` process logging to ``logs``; its HTTP port once it started."""
     log_file = logs / f"placer-{number}.log"
     with log_file.open("wb") as stderr:  # the child keeps its own copy of the descriptor
-        process = await _spawn(nats_url, number, stderr)
+        process = await _spawn(nats_url, number, stderr, *options)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for line in log_file.read_text().splitlines():
@@ -69,7 +72,9 @@ async def start(nats_url: str, number: int, logs: Path) -> tuple[asyncio.subproc
     raise AssertionError(f"placer {number} did not start: {log_file.read_text()[-2000:]}")
 
 
-async def _spawn(nats_url: str, number: int, stderr: BinaryIO) -> asyncio.subprocess.Process:
+async def _spawn(
+    nats_url: str, number: int, stderr: BinaryIO, *options: str
+) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -89,6 +94,7 @@ async def _spawn(nats_url: str, number: int, stderr: BinaryIO) -> asyncio.subpro
         "2",
         "--inventory-stale-s",
         "3600",
+        *options,
         cwd=ROOT,
         env=environment_without_proxies(),
         stdout=asyncio.subprocess.DEVNULL,
@@ -153,6 +159,13 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         assert len(recorded) == len(state.live_records())
         assert recorded | rejected >= uids
         assert 500 < len(recorded) < PODS, f"{len(recorded)} placed: the cluster must fill up"
+        logged = [
+            json.loads(line)
+            for line in (tmp_path / "placer-0.log").read_text().splitlines()
+            if '"pod placed"' in line
+        ]
+        assert logged, "one structured line per decision"
+        assert {"pod", "pod_uid", "node", "gpus", "score", "latency_ms", "commit"} <= set(logged[0])
     finally:
         for process, _ in placers:
             if process.returncode is None:

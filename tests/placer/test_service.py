@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from shared.runtime.bus import Delivery, NatsBus
 from tests.harness.nats import NatsServer
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory, http_get, stream_messages, until
+from tests.placer.test_replicas import start as start_process
 
 
 async def settled(
@@ -211,7 +213,9 @@ async def test_an_unschedulable_pod_waits_and_is_placed_when_capacity_is_freed(
         assert not rejected.unresolvable
         assert [(r.reason, r.nodes) for r in rejected.reasons] == [("not enough idle GPUs", 1)]
         assert rejected.message == "0/1 nodes are available: 1 not enough idle GPUs."
-        await asyncio.sleep(1.0)  # nothing changed: it is not tried again and again
+        tries = placer.metric("tessera_placer_tries_total")
+        await asyncio.sleep(1.5)  # nothing changed: it is not tried again and again
+        assert placer.metric("tessera_placer_tries_total") == tries
         assert placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1
         assert placer.metric("tessera_placer_pending_pods", reason="not enough idle GPUs") == 1
 
@@ -443,3 +447,51 @@ async def test_a_malformed_pod_message_is_dead_lettered_and_the_placer_keeps_pla
         assert "Expected `str`, got `int` - at `$.uid`" in letter.reason
         await wire.publish_pod(bus, wire.pending("fine"))
         await settled(bus, placed("fine"), what="the next pod placed")
+
+
+async def test_a_waiting_pod_held_by_a_killed_placer_is_placed_by_another(
+    nats_server: NatsServer, bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    whole = {"shares": 1, "memory_mib": None, "cores": None}
+    async with start_placer():
+        await wire.publish_pod(bus, wire.pending("blocker", **whole))  # type: ignore[arg-type]
+        await settled(bus, placed("blocker"), what="blocker placed")
+    process, _ = await start_process(nats_server.url, 0, tmp_path, "--ack-wait-s", "2")
+    try:
+        await wire.publish_pod(bus, wire.pending("waiting", **whole))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 30
+        while not await rejections(bus):
+            assert time.monotonic() < deadline, "the process never rejected the pod"
+            await asyncio.sleep(0.1)
+        process.send_signal(signal.SIGKILL)  # it held the waiting pod's message
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    async with start_placer(placer_id="survivor") as survivor:
+        await until(
+            lambda: survivor.metric("tessera_placer_decisions_total", outcome="rejected") >= 1,
+            what="the waiting pod's message back, at the survivor",
+        )
+        await wire.delete_pod(bus, "blocker")
+        state = await settled(bus, placed("waiting"), what="the waiting pod placed")
+        assert state.claims["waiting"].booking is not None
+        assert state.claims["waiting"].booking.placer_id == "survivor"
+
+
+async def test_the_extender_entry_point_places_a_pod_on_the_node_it_is_given(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    for name in ("a", "b"):
+        await wire.put_node(bus, name, 1)
+    async with start_placer() as placer:
+        assert placer.service is not None
+        outcome = await placer.service.place(wire.pending("e1"), node="b")
+        assert (outcome.outcome, outcome.node) == ("placed", "b")
+        assert live_of(await wire.cluster_state(bus), "e1")[0].node == "b"
+        whole = wire.pending("e2", memory_mib=None, cores=None)
+        refused = await placer.service.place(whole, node="b")
+        assert refused.outcome == "waiting"
+        assert refused.reasons == (("not enough idle GPUs", 1),)
