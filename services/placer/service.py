@@ -112,6 +112,8 @@ BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
 SAFETY_RETRY_S = 60.0
 """A waiting pod is tried again at least this often, even when nothing seemed to change."""
+CONTENDED_S = 0.5
+"""How long this replica keeps new decisions off a node after losing a commit on it."""
 RETRY_LATER_S = 0.5
 """Delay before a pod whose commit kept losing comes back (doubled at most, at random)."""
 MIX_CHECK_S = 5.0
@@ -255,6 +257,8 @@ class PlacerService:
         self._failed_keys: dict[PodRequest, Waiting] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._releasing: set[str] = set()
+        self._contended: dict[str, float] = {}
+        """Node -> until when (monotonic) decisions avoid it after a lost commit there."""
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
         self._tenancy_text: bytes | None = None
         readiness.set("state", False, "loading inventory, nodes, ledger, claims and records")
@@ -692,8 +696,17 @@ class PlacerService:
         if item.only_node is not None:
             return decider.decide_on(self.view, self.profile, item.request, item.only_node, now=now)
         return known or decider.decide(
-            self.view, self.profile, item.request, now=now, avoid=item.avoid
+            self.view, self.profile, item.request, now=now, avoid=self._avoided(item)
         )
+
+    def _avoided(self, item: _Item) -> set[str]:
+        """Nodes this pod lost a commit on, and nodes where this replica lost one lately: while
+        another replica is packing a node, deciding other pods onto it only loses again."""
+        now = self.clock.monotonic()
+        if self._contended and len(self._contended) > 64:
+            self._contended = {n: t for n, t in self._contended.items() if t > now}
+        recent = {n for n, until in self._contended.items() if until > now}
+        return item.avoid | recent if recent else item.avoid
 
     async def _commit(
         self, item: _Item, booking: Booking, decision: Decision | None, *, book: bool = True
@@ -709,6 +722,7 @@ class PlacerService:
             if refused:
                 self.view.drop_tentative(booking.node, uid)
                 item.avoid.add(booking.node)
+                self._contended[booking.node] = self.clock.monotonic() + CONTENDED_S
                 self._retry(item, refused)
                 return
             outcome, placed = await self.protocol.finish(booking, item.pod, decision)
