@@ -3,8 +3,9 @@
 A decision for pod P on node N is committed in three writes, each a compare-and-set or a
 create-only write, then published, then the pod message is acked:
 
-1. **Book** (``tessera-ledger``, N's entry, compare-and-set at the revision the decision saw): the
-   booking takes the capacity. Before the write, :func:`check_booking` books it on N's state as
+1. **Book** (``tessera-ledger``, N's entry, compare-and-set at the revision the decision saw; the
+   bookings of several decisions for N may go in one write, :func:`book_all`): the booking takes
+   the capacity. Before the write, :func:`check_booking` books it on N's state as
    the ledger holds it (never on this replica's guesses), so a write that would over-commit a
    GPU's memory, cores, logical slots or exclusivity is never attempted. A lost compare-and-set
    means another replica booked on N first: refresh N and decide P again.

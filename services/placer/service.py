@@ -15,10 +15,13 @@ node's ledger entry by compare-and-set at the revision the decision saw, claim t
 ``tessera.assignments.<node>`` (JetStream, de-duplicated by commit id), and only then ack the pod
 message (``commit.py`` has the protocol and why each step is safe). While a commit is in flight
 its booking counts as *tentative* in the view, so the next decision does not count on the same
-room. A lost compare-and-set re-reads the node and decides the pod again, at most
-``max_commit_retries`` times (counted); after that, or when NATS fails mid-commit, the message is
-nak'ed and comes back later: whatever was written is found again (a booking without a claim is
-finished, never decided twice).
+room; bookings for one node waiting on each other are written by one compare-and-set (a group
+commit). A lost compare-and-set re-reads the node and decides the pod again, away from that node
+(and, for ``CONTENDED_S``, this replica keeps other pods off it too: another replica is packing
+it), at most ``max_commit_retries`` times (counted); after that, or when NATS fails mid-commit, the
+message is nak'ed and comes back later: whatever was written is found again (a booking without a
+claim is finished, never decided twice). Built-in profiles break score ties by a draw seeded by
+the pod UID (``service_profile``), so concurrent decisions spread over equally good nodes.
 
 **Pods that fit nowhere** are published on ``tessera.placements.rejected`` with counted reasons
 (again only when the reasons change) and *kept*: the replica holds the JetStream message un-acked

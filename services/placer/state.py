@@ -334,11 +334,12 @@ class ClusterView:
     def set_claim(self, pod_uid: str, claim: PodClaim | None, revision: int) -> bool:
         if revision <= self.claim_revisions.get(pod_uid, 0):
             return False
-        self.claim_revisions[pod_uid] = revision
-        if claim is None:
+        if claim is None:  # purged: forget the pod altogether (its revision too)
             self.claims.pop(pod_uid, None)
+            self.claim_revisions.pop(pod_uid, None)
             self.mix.forget(pod_uid)
             return True
+        self.claim_revisions[pod_uid] = revision
         self.claims[pod_uid] = claim
         if claim.booking is not None:
             self.mix.observe(
@@ -362,6 +363,7 @@ class ClusterView:
 
     def forget_claim(self, pod_uid: str) -> None:
         self.claims.pop(pod_uid, None)
+        self.claim_revisions.pop(pod_uid, None)
         self.mix.forget(pod_uid)
 
     def forget_record(self, key: str) -> None:

@@ -495,3 +495,24 @@ async def test_the_extender_entry_point_places_a_pod_on_the_node_it_is_given(
         refused = await placer.service.place(whole, node="b")
         assert refused.outcome == "waiting"
         assert refused.reasons == (("not enough idle GPUs", 1),)
+
+
+async def test_released_records_and_deleted_pods_claims_are_purged_after_retention(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    async with start_placer(release_retention_s=1.0) as placer:
+        await wire.publish_pod(bus, wire.pending("short"))
+        await wire.publish_pod(bus, wire.pending("long"))
+        await settled(bus, placed("short", "long"), what="both placed")
+        await wire.delete_pod(bus, "short")
+        state = await settled(
+            bus,
+            lambda s: (
+                "short" not in s.claims and subjects.assignment_key("n1", "short") not in s.records
+            ),
+            what="the released record and the tombstone purged",
+        )
+        assert placed("long")(state)  # what is live stays
+        assert placer.metric("tessera_placer_purged_total", entry="record") == 1
+        assert placer.metric("tessera_placer_purged_total", entry="claim") == 1
