@@ -402,8 +402,7 @@ async def main(args: argparse.Namespace) -> None:
         cpu = r["cpu"]
         assert isinstance(cpu, dict)
         print(
-            "  CPU ms per pod at the rate: "
-            + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
+            "  CPU ms per pod at the rate: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
             flush=True,
         )
     if args.rss_nodes:
