@@ -1262,8 +1262,13 @@ class PlacerService:
         return answer
 
 
-async def run_placer(context: ServiceContext, config: PlacerConfig) -> None:
-    """The service body: run the placer until cancelled."""
+async def run_placer(
+    context: ServiceContext,
+    config: PlacerConfig,
+    *,
+    started: Callable[[PlacerService], None] | None = None,
+) -> None:
+    """The service body: run the placer until cancelled (``started`` sees the service first)."""
     service = PlacerService(
         config=config,
         bus=context.bus,
@@ -1272,6 +1277,8 @@ async def run_placer(context: ServiceContext, config: PlacerConfig) -> None:
         metrics=PlacerMetrics.create(context.registry),
         readiness=context.readiness,
     )
+    if started is not None:
+        started(service)
     log.info(
         "placer starting",
         extra={

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -15,11 +16,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.placer.command import PlacerSettings, build_config
-from services.placer.metrics import PlacerMetrics
-from services.placer.service import PlacerService
+from services.placer.service import PlacerService, run_placer
 from shared.runtime.bus import NatsBus
 from shared.runtime.health import Readiness
-from shared.runtime.lifecycle import ServiceContext, run_service
+from shared.runtime.lifecycle import run_service
 from tests.harness.nats import NatsServer
 
 
@@ -73,18 +73,9 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
         stop = asyncio.Event()
         holder: dict[str, PlacerService] = {}
 
-        async def body(context: ServiceContext) -> None:
-            # run_placer's body, keeping the service object for the test to look into.
-            service = PlacerService(
-                config=config,
-                bus=context.bus,
-                edge=context.edge,
-                clock=context.clock,
-                metrics=PlacerMetrics.create(context.registry),
-                readiness=context.readiness,
-            )
-            holder["service"] = service
-            await service.run(context.routes)
+        body = functools.partial(
+            run_placer, config=config, started=lambda service: holder.update(service=service)
+        )
 
         task = asyncio.create_task(
             run_service(
