@@ -247,16 +247,8 @@ def reservation_of(booking: Booking) -> Reservation:
         containers=tuple(
             ContainerPlacement(
                 container=c.container,
-                gpus=tuple(
-                    GpuSlice(
-                        index=s.index,
-                        uuid=s.uuid,
-                        memory_mib=s.memory_mib,
-                        core_milli=s.core_milli,
-                        exclusive=s.exclusive,
-                    )
-                    for s in c.gpus
-                ),
+                # The same five fields on both sides: the ledger's copy of the core's slice.
+                gpus=tuple(GpuSlice(**msgspec.structs.asdict(s)) for s in c.gpus),
             )
             for c in booking.containers
         ),
@@ -282,16 +274,7 @@ def booking_of(
         containers=tuple(
             BookedContainer(
                 container=c.container,
-                gpus=tuple(
-                    BookedSlice(
-                        index=g.index,
-                        uuid=g.uuid,
-                        memory_mib=g.memory_mib,
-                        core_milli=g.core_milli,
-                        exclusive=g.exclusive,
-                    )
-                    for g in c.gpus
-                ),
+                gpus=tuple(BookedSlice(**msgspec.structs.asdict(g)) for g in c.gpus),
                 resources=dict(resources.get(c.container, {})),
             )
             for c in reservation.containers
