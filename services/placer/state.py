@@ -41,7 +41,7 @@ from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from shared.messages.nodes import NodeFacts
-from shared.subjects import assignment_key, node_from_token, node_token
+from shared.subjects import node_from_token, node_token
 
 UNREADABLE = "ledger entry unreadable"
 
@@ -54,7 +54,6 @@ class _Node:
 
     __slots__ = (
         "charged",
-        "counted",
         "deleted",
         "facts",
         "inventory",
@@ -85,8 +84,6 @@ class _Node:
         self.shown: frozenset[tuple[str, str]] | None = None
         """(pod UID, commit) of the bookings the index's state of this node was derived from:
         a tentative booking that becomes committed changes nothing, so it is not derived again."""
-        self.counted: set[str] = set()
-        """Booked pods the node facts already count (see ``translate.node_state``)."""
         self.unreadable = False
         """The node's ledger entry does not decode: its bookings are unknown, so nothing more
         is placed on it until a readable entry arrives."""
@@ -326,10 +323,6 @@ class ClusterView:
             entry.records.discard(pod_uid)
         else:
             entry.records.add(pod_uid)
-        if entry.facts is not None and (pod_uid in entry.counted) != self._counts(
-            node, entry, pod_uid
-        ):
-            self._rebuild(node)
 
     def set_claim(self, pod_uid: str, claim: PodClaim | None, revision: int) -> bool:
         if revision <= self.claim_revisions.get(pod_uid, 0):
@@ -416,21 +409,6 @@ class ClusterView:
             entry.inventory, entry.facts, now=self._now, stale_s=self.inventory_stale_s
         )
 
-    def _counts(self, node: str, entry: _Node, pod_uid: str) -> bool:
-        """Whether the node facts already count ``pod_uid``'s requests (bound before observed)."""
-        if entry.facts is None:
-            return False
-        record = self.records.get(assignment_key(node, pod_uid))
-        return (
-            record is not None
-            and record.state in ("bound", "allocated")
-            and record.bound_at is not None
-            and record.bound_at <= entry.facts.observed_at
-        )
-
-    def _counted_by_facts(self, node: str, entry: _Node) -> set[str]:
-        return {uid for uid in entry.records if self._counts(node, entry, uid)}
-
     def _state(
         self, name: str, entry: _Node, bookings: tuple[Booking, ...] | list[Booking]
     ) -> NodeState:
@@ -439,7 +417,6 @@ class ClusterView:
             entry.inventory,
             entry.facts,
             bookings,
-            counted_by_facts=entry.counted,
             placeable=not entry.reason,
         )
         labels = entry.facts.labels if entry.facts is not None else {}
@@ -461,7 +438,6 @@ class ClusterView:
                 del self._nodes[name]
             return
         entry.reason = self._reason(entry)
-        entry.counted = self._counted_by_facts(name, entry)
         entry.shown = _shown(bookings)
         state = self._state(name, entry, bookings)
         if old is None:

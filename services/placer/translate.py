@@ -24,10 +24,10 @@ Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
   the device plugin advertised through the kubelet), each GPU's slot limit is that total split
   over the GPUs in proportion to their memory (largest remainder), which is how the device
   plugin's logical mode splits them; shares booked on a GPU never exceed its slots.
-- **CPU and memory.** ``NodeFacts`` counts the requests of every pod on the node, Tessera's bound
-  pods included once the binder has seen them bound. The node's reservation is therefore the
-  requests of the other pods (facts minus the Tessera pods the facts already count, i.e. bound
-  no later than the facts were observed) plus every Tessera booking.
+- **CPU and memory.** ``NodeFacts`` counts the requests of every non-terminated pod on the node
+  and, apart, the part of it held by Tessera's pods. The node's reservation is the requests of
+  the other pods (the difference) plus every Tessera booking, so a Tessera pod is counted once
+  whether the binder has seen it bound yet or not.
 - **Live readings.** GPU utilisation is rounded to :data:`UTILIZATION_STEP_PCT` (it only orders
   GPUs; finer readings would make every node a shape of its own and defeat the shape memo).
 """
@@ -35,7 +35,7 @@ Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -198,13 +198,11 @@ def node_state(
     facts: NodeFacts | None,
     bookings: Sequence[Booking],
     *,
-    counted_by_facts: Set[str] = frozenset(),
     placeable: bool,
 ) -> NodeState:
     """The core's state of node ``name`` (see the module docstring for each rule).
 
-    ``counted_by_facts``: UIDs of the booked pods ``facts`` already counts (bound before the facts
-    were observed). ``placeable``: :func:`placement_reason` found nothing against the node.
+    ``placeable``: :func:`placement_reason` found nothing against the node.
     """
     gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
     total_slots = (facts.extended_allocatable.get(GPU_RESOURCE) if facts else None) or None
@@ -212,9 +210,8 @@ def node_state(
     cpu_booked = sum(b.cpu_milli for b in bookings)
     memory_booked = sum(b.memory_mib for b in bookings)
     if facts is not None:
-        counted = [b for b in bookings if b.pod_uid in counted_by_facts]
-        other_cpu = max(0, facts.cpu_requested_milli - sum(b.cpu_milli for b in counted))
-        other_memory = max(0, facts.memory_requested_mib - sum(b.memory_mib for b in counted))
+        other_cpu = max(0, facts.cpu_requested_milli - facts.tessera_cpu_requested_milli)
+        other_memory = max(0, facts.memory_requested_mib - facts.tessera_memory_requested_mib)
         cpu_total, memory_total = facts.cpu_allocatable_milli, facts.memory_allocatable_mib
     else:
         other_cpu = other_memory = cpu_total = memory_total = 0

@@ -16,7 +16,11 @@ NOW = wire.NOW
 
 
 def booking(
-    uid: str, *pieces: tuple[int, int, int], cpu: int = 1000, whole: bool = False
+    uid: str,
+    *pieces: tuple[int, int, int],
+    cpu: int = 1000,
+    memory: int = 512,
+    whole: bool = False,
 ) -> Booking:
     """A booking of (GPU index, MiB, core milli) pieces on node n1."""
     return Booking(
@@ -27,7 +31,7 @@ def booking(
         commit=f"c-{uid}",
         tenant="ml",
         cpu_milli=cpu,
-        memory_mib=512,
+        memory_mib=memory,
         kind="share",
         containers=(
             BookedContainer(
@@ -180,13 +184,19 @@ def test_facts_count_bound_pods_so_their_cpu_is_not_counted_twice() -> None:
         msgspec.structs.replace(
             wire.facts("n1", **facts),  # type: ignore[arg-type]
             cpu_requested_milli=3000,
+            tessera_cpu_requested_milli=2000,
+            memory_requested_mib=700,
+            tessera_memory_requested_mib=500,
         ),
-        [booking("bound", (0, 10, 10), cpu=2000), booking("new", (0, 10, 10), cpu=1000)],
-        counted_by_facts={"bound"},
+        [
+            booking("bound", (0, 10, 10), cpu=2000, memory=500),
+            booking("new", (0, 10, 10), cpu=1000, memory=100),
+        ],
         placeable=True,
     )
     # facts' 3000 include the bound pod's 2000: others hold 1000, Tessera 2000 + 1000.
     assert counted.cpu_milli_reserved == 1000 + 3000
+    assert counted.memory_mib_reserved == 200 + 600
 
 
 def test_a_booking_round_trips_through_the_reservation_and_into_the_record() -> None:
