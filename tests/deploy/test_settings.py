@@ -24,23 +24,10 @@ from tessera.cli import build_parser
 from tests.deploy.chart import Container, containers, option_values, render
 from tests.deploy.variants import VARIANTS
 
-# Settings the chart passes that a service does not have yet: the placer's settings fixed by the
-# team brief (decision 8) for work landing in parallel with the chart, and the placer's extender
-# port (issue 14). test_not_yet_implemented_is_current fails as soon as one
-# of them lands, so that this list is emptied when the branches are merged, never left stale.
-NOT_YET_IMPLEMENTED: dict[str, frozenset[str]] = {
-    "placer": frozenset(
-        {
-            "tenancy_file",
-            "reserve_timeout_s",
-            "release_retention_s",
-            "inventory_stale_s",
-            "max_commit_retries",
-            "task_mix_window",
-            "extender_port",
-        }
-    ),
-}
+# Settings the chart passes that a service does not have yet: the placer's extender port
+# (issue 14, landing in parallel with the chart). test_not_yet_implemented_is_current fails as
+# soon as one of them lands, so that this list is emptied when the branches are merged.
+NOT_YET_IMPLEMENTED: dict[str, frozenset[str]] = {"placer": frozenset({"extender_port"})}
 
 SETTINGS: dict[str, type[Settings]] = {
     service.name: service.settings
