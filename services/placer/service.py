@@ -79,12 +79,18 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from services.placer import decider, translate
+from services.placer import decider, stats, translate
 from services.placer.config import ConfigFileError, parse_tenancy
+from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.framework import Profile
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.model import ClusterSnapshot, Decision, PodRequest, Rejection
-from services.placer.core.profiles import BUILTIN, ProfileSpec, build_profile
+from services.placer.core.profiles import (
+    BUILTIN,
+    DEFAULT_TYPICAL_TASKS,
+    ProfileSpec,
+    build_profile,
+)
 from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
 from services.placer.decider import Waiting
 from services.placer.metrics import PlacerMetrics
@@ -126,6 +132,7 @@ WATCH_RETRY_S = 1.0
 EXPLAINED_PODS = 10_000
 """Last outcomes kept for ``GET /v1/pods/{uid}``."""
 VERDICTS_SHOWN = 20
+STATS_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,8 @@ class PlacerConfig:
     """How often the learned task mix is compared with the one the profile was compiled with."""
     tenancy_check_s: float = TENANCY_CHECK_S
     """How often the tenancy file is read for a new version."""
+    stats_interval_s: float = STATS_INTERVAL_S
+    """How often the cluster statistics (``ClusterStats``, for the dashboard) are published."""
 
 
 Stage = Literal["queued", "committing", "waiting"]
@@ -247,6 +256,7 @@ class PlacerService:
         )
         self.profile: Profile | None = None
         self._typical: tuple[Any, ...] | None = None
+        self._stats_model: tuple[tuple[TypicalTask, ...], FragmentationModel] | None = None
         self._queue = PlacementQueue()
         self._direct: list[_Item] = []
         """Pods the queue refused to order (invalid): decided at once, to be rejected."""
@@ -344,6 +354,7 @@ class PlacerService:
                     self._reconcile_loop,
                     self._mix_loop,
                     self._tenancy_loop,
+                    self._stats_loop,
                 ):
                     group.create_task(loop(), name=loop.__name__)
         finally:
@@ -1151,6 +1162,29 @@ class PlacerService:
                 "typical_tasks": len(typical),
             },
         )
+
+    async def _stats_loop(self) -> None:
+        """Publish this replica's ``ClusterStats`` (fragmentation as the core measures it) to
+        KV ``tessera-stats`` for the dashboard; one key per replica, so none contend."""
+        key = subjects.stats_key(self.config.placer_id)
+        while True:
+            typical = self._typical or DEFAULT_TYPICAL_TASKS
+            if self._stats_model is None or self._stats_model[0] != typical:
+                self._stats_model = (typical, FragmentationModel(typical))
+            figures = stats.cluster_stats(
+                self.view.index,
+                self._stats_model[1],
+                placer_id=self.config.placer_id,
+                profile=self._profile_name,
+                typical_tasks=len(typical),
+                pending_pods=len(self._waiting),
+                now=self.clock.now(),
+            )
+            try:
+                await self.bus.kv_put(subjects.KV_STATS, key, codec.encode(figures))
+            except Exception as error:  # NATS away: the next round tries again
+                log.warning("cluster statistics not published", extra={"error": str(error)})
+            await self.clock.sleep(self.config.stats_interval_s)
 
     async def _tenancy_loop(self) -> None:
         path = self.config.tenancy_file
