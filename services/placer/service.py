@@ -556,8 +556,6 @@ class PlacerService:
             try:
                 batch = await fetch(FETCH_BATCH, 1.0)
                 delay = 0.5
-            except TimeoutError:  # nats-py's way, at times, of saying "no message yet"
-                continue
             except Exception as error:  # NATS down or slow: try again, the messages stay
                 log.warning(
                     "cannot fetch; retrying", extra={"error": f"{type(error).__name__}: {error}"}

@@ -332,7 +332,7 @@ class _NatsPullConsumer:
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
         try:
             msgs = await self._sub.fetch(batch, timeout=timeout)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats-py's TimeoutError, and at times a bare asyncio one: no message
             return []
         return [_delivery(m, jetstream=True) for m in msgs]
 
