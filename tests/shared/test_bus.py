@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -232,6 +233,20 @@ async def test_writes_while_disconnected_are_refused_at_once_and_never_land() ->
         await bus.drain()
 
 
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (``T`` = stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def stopped(pid: int) -> None:
+    """Wait until the kernel has really stopped ``pid`` (SIGSTOP is delivered asynchronously)."""
+    for _ in range(500):
+        if process_state(pid) in ("T", "t"):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 async def test_a_write_whose_answer_never_comes_has_an_unknown_outcome_at_once() -> None:
     """The server stops answering, then dies: the waiting compare-and-set says its outcome is
     unknown as soon as the connection drops, instead of timing out seconds later."""
@@ -240,6 +255,7 @@ async def test_a_write_whose_answer_never_comes_has_an_unknown_outcome_at_once()
         key = subjects.assignment_key("n1", "uid-1")
         revision = await bus.kv_put(subjects.KV_ASSIGNMENTS, key, b"bound")
         os.kill(server.pid, signal.SIGSTOP)
+        await stopped(server.pid)
         try:
             write = asyncio.ensure_future(
                 bus.kv_update(subjects.KV_ASSIGNMENTS, key, b"claimed", revision=revision)
