@@ -14,6 +14,11 @@ operator can read the whole map here:
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
     KV ``tessera-stats``          placer -> dashboard: each placer's latest ``ClusterStats``
 
+KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
+``tessera-ledger`` (placer: one entry per node holding its bookings, updated by compare-and-set);
+``tessera-claims`` (placer: one entry per pod UID naming the one commit that placed it);
+``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record).
+
 Node names are DNS subdomains and may contain dots, which NATS treats as token separators; every
 node segment therefore goes through :func:`node_token`, which maps ``.`` to ``_`` (a character node
 names cannot contain, so the mapping is reversible).
@@ -123,6 +128,7 @@ STREAMS: Final[dict[str, tuple[str, ...]]] = {
 KV_INVENTORY: Final = "tessera-inventory"
 KV_NODES: Final = "tessera-nodes"
 KV_LEDGER: Final = "tessera-ledger"
+KV_CLAIMS: Final = "tessera-claims"
 KV_ASSIGNMENTS: Final = "tessera-assignments"
 KV_STATS: Final = "tessera-stats"
 
@@ -131,6 +137,7 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_INVENTORY: 1,
     KV_NODES: 1,
     KV_LEDGER: 5,
+    KV_CLAIMS: 5,
     KV_ASSIGNMENTS: 5,
     KV_STATS: 1,
 }
@@ -155,3 +162,15 @@ def stats_key(placer_id: str) -> str:
     if not placer_id:
         raise ValueError("placer id must not be empty")
     return placer_id.replace(".", "_")
+
+
+def ledger_key(node: str) -> str:
+    """KV key of ``node``'s entry in ``tessera-ledger`` (every booking on the node)."""
+    return node_token(node)
+
+
+def claim_key(pod_uid: str) -> str:
+    """KV key of pod ``pod_uid``'s claim in ``tessera-claims`` (which commit placed it)."""
+    if not pod_uid:
+        raise ValueError("pod uid must not be empty")
+    return pod_uid

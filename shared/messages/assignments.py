@@ -56,3 +56,6 @@ class AssignmentRecord(Message, frozen=True, kw_only=True):
     among those with GPUs."""
     allocated_at: float | None = None
     released_at: float | None = None
+    commit: str = ""
+    """The placer commit that made this record (its ledger booking and pod claim carry the same
+    id); empty in records written before the placer recorded it."""

@@ -163,7 +163,9 @@ class Delivery:
     nak: Callable[[float | None], Awaitable[None]] = _noop_delay
     term: Callable[[], Awaitable[None]] = _noop
     in_progress: Callable[[], Awaitable[None]] = _noop
-    """Tell JetStream the message is still being worked on (restarts its ack wait)."""
+    """Tell JetStream the message is still being worked on: its ``ack_wait`` starts again."""
+    sequence: int = 0
+    """The message's stream sequence (JetStream messages only; 0 otherwise)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,8 +244,13 @@ class Bus(Protocol):
         subject: str,
         ack_wait: float = 30.0,
         max_deliver: int = -1,
+        max_ack_pending: int | None = None,
     ) -> PullConsumer:
-        """Create or attach to the durable consumer ``durable`` on ``stream``."""
+        """Create or attach to the durable consumer ``durable`` on ``stream``.
+
+        ``max_ack_pending`` caps the messages delivered and not yet acked (None: the server's
+        default, 1,000); settings apply when the consumer is created.
+        """
         ...
 
     async def kv_get(self, bucket: str, key: str) -> KvEntry | None:
@@ -264,6 +271,10 @@ class Bus(Protocol):
 
     async def kv_delete(self, bucket: str, key: str) -> None:
         """Delete the key (a delete marker stays in history)."""
+        ...
+
+    async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
+        """Delete the key only if it is still at ``revision``; False when it moved on."""
         ...
 
     async def kv_keys(self, bucket: str) -> list[str]:
@@ -291,15 +302,17 @@ def _delivery(msg: NatsMsg, *, jetstream: bool) -> Delivery:
     async def nak(delay: float | None = None) -> None:
         await msg.nak(delay=delay)
 
+    metadata = msg.metadata
     return Delivery(
         subject=msg.subject,
         data=msg.data,
         headers=headers,
-        num_delivered=msg.metadata.num_delivered or 1,
+        num_delivered=metadata.num_delivered or 1,
         ack=msg.ack,
         nak=nak,
         term=msg.term,
         in_progress=msg.in_progress,
+        sequence=int(metadata.sequence.stream or 0) if metadata.sequence else 0,
     )
 
 
@@ -611,6 +624,7 @@ class NatsBus:
         subject: str,
         ack_wait: float = 30.0,
         max_deliver: int = -1,
+        max_ack_pending: int | None = None,
     ) -> PullConsumer:
         sub = await self._js.pull_subscribe(
             subject,
@@ -620,6 +634,7 @@ class NatsBus:
                 ack_policy=js_api.AckPolicy.EXPLICIT,
                 ack_wait=ack_wait,
                 max_deliver=max_deliver,
+                max_ack_pending=max_ack_pending,
             ),
         )
         consumer = _NatsPullConsumer(sub)
@@ -655,6 +670,16 @@ class NatsBus:
     async def kv_delete(self, bucket: str, key: str) -> None:
         kv = await self._bucket(bucket)
         await self._write(lambda: kv.delete(key))
+
+    async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
+        kv = await self._bucket(bucket)
+        try:
+            await self._write(lambda: kv.delete(key, last=revision))
+        except nats.js.errors.APIError as error:
+            if error.err_code in (10071, 10164):  # wrong last sequence: the key moved on
+                return False
+            raise
+        return True
 
     async def kv_keys(self, bucket: str) -> list[str]:
         kv = await self._bucket(bucket)

@@ -4,11 +4,16 @@
 registered readiness check passes, and otherwise 503 with the failing checks and their reasons, so
 ``kubectl describe`` of a not-ready pod says why (secrets scrubbed). ``/metrics`` serves the
 service's own registry.
+
+A service body may serve its own read-only GET endpoints on the same port through
+:class:`HttpRoutes` (the server is already listening when the body starts, so routes are matched
+at request time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -43,6 +48,34 @@ class Readiness:
         return bool(report) and all(ok for ok, _ in report.values())
 
 
+RouteHandler = Callable[[web.Request, Mapping[str, str]], Awaitable[web.StreamResponse]]
+"""A service's GET handler: the request and the values of the path's ``{name}`` segments."""
+
+
+@dataclass
+class HttpRoutes:
+    """GET endpoints a service body adds to its health server while it runs."""
+
+    _routes: list[tuple[re.Pattern[str], RouteHandler]] = field(default_factory=list)
+
+    def get(self, path: str, handler: RouteHandler) -> None:
+        """Serve GET ``path``; a ``{name}`` segment matches one path segment, passed by name."""
+        parts = []
+        for segment in path.strip("/").split("/"):
+            if segment.startswith("{") and segment.endswith("}"):
+                parts.append(f"(?P<{segment[1:-1]}>[^/]+)")
+            else:
+                parts.append(re.escape(segment))
+        self._routes.append((re.compile("^/" + "/".join(parts) + "$"), handler))
+
+    def match(self, path: str) -> tuple[RouteHandler, dict[str, str]] | None:
+        for pattern, handler in self._routes:
+            found = pattern.match(path)
+            if found is not None:
+                return handler, found.groupdict()
+        return None
+
+
 class HealthServer:
     """The HTTP side of a service."""
 
@@ -53,11 +86,13 @@ class HealthServer:
         registry: CollectorRegistry,
         service: str,
         redact: Callable[[str], str] = str,
+        routes: HttpRoutes | None = None,
     ) -> None:
         self._redact = redact
         self._readiness = readiness
         self._registry = registry
         self._service = service
+        self._routes = routes or HttpRoutes()
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -66,7 +101,15 @@ class HealthServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/{path:.*}", self._service_route)
         return app
+
+    async def _service_route(self, request: web.Request) -> web.StreamResponse:
+        found = self._routes.match(request.path)
+        if found is None:
+            return web.json_response({"error": f"no endpoint {request.path}"}, status=404)
+        handler, params = found
+        return await handler(request, params)
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "service": self._service})

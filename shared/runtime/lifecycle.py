@@ -23,7 +23,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
@@ -33,7 +33,7 @@ from shared.config import NatsSecurity, Settings, nats_security, option, redact_
 from shared.runtime.bus import Bus, ConnectionMonitor, ConnectionStatus, NatsBus, NatsRefusedError
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.edge import Edge
-from shared.runtime.health import HealthServer, Readiness
+from shared.runtime.health import HealthServer, HttpRoutes, Readiness
 from shared.runtime.logs import Redactor, configure_logging
 from shared.runtime.metrics import EdgeMetrics, register_runtime_metrics
 
@@ -67,6 +67,8 @@ class ServiceContext:
     registry: CollectorRegistry
     readiness: Readiness
     http_port: int
+    routes: HttpRoutes = field(default_factory=HttpRoutes)
+    """Extra GET endpoints the body serves on ``http_port`` beside /healthz, /readyz, /metrics."""
 
 
 Body = Callable[[ServiceContext], Coroutine[Any, Any, None]]
@@ -145,7 +147,10 @@ async def run_service(
 
     register_runtime_metrics(registry, nats_status)
 
-    health = HealthServer(readiness=readiness, registry=registry, service=name, redact=redact)
+    routes = HttpRoutes()
+    health = HealthServer(
+        readiness=readiness, registry=registry, service=name, redact=redact, routes=routes
+    )
     try:
         port = await health.start(settings.http_host, settings.http_port)
     except OSError as error:
@@ -187,6 +192,7 @@ async def run_service(
             registry=registry,
             readiness=readiness,
             http_port=port,
+            routes=routes,
         )
         failed = await _run_body(body, context, stop)
     finally:

@@ -8,6 +8,7 @@ rejected as data by the framework before any node is looked at.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from services.placer.core.model import GPU_MILLI, ContainerRequest, PodRequest
@@ -132,8 +133,10 @@ def _invalid(request: PodRequest) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=4096)
 def pod_facts(request: PodRequest) -> PodFacts:
-    """Work out the facts of ``request`` (pure; cheap enough to call once per decision)."""
+    """Work out the facts of ``request`` (pure). Cached: deciding one pod asks for its facts in
+    several places (queue order, tenancy, validation), and equal requests have equal facts."""
     physical = request.gpu_type == "physical"
     asks = tuple(_ask(c, physical) for c in request.containers if c.shares > 0)
     gpu_count = sum(a.shares for a in asks)

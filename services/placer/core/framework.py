@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -236,11 +236,15 @@ def decide(
     *,
     now: float,
     rng: random.Random | None = None,
+    avoid: Collection[str] = (),
 ) -> Decision | Rejection:
     """Place ``pod`` on ``cluster`` with ``profile``; deterministic for equal inputs and RNG state.
 
-    Nothing is booked: the caller passes ``Decision.reservation`` to ``cluster.reserve``.
+    ``avoid``: nodes not to choose (the service's replicas just lost a compare-and-set on them);
+    they are judged as usual, only never picked. Nothing is booked: the caller passes
+    ``Decision.reservation`` to ``cluster.reserve``.
     """
+    excluded = frozenset(cluster.rank_of(name) for name in avoid if name in cluster)
     profile = profile.for_pod(pod)
     key = pod.placement_key()
     facts = profile.facts(pod, key)
@@ -264,24 +268,24 @@ def decide(
                 decided_at=now,
             )
     if profile._normalizing:
-        picked = _select_normalized(facts, cluster, profile)
+        picked = _select_normalized(facts, cluster, profile, excluded)
     else:
-        picked = _select(facts, key, cluster, profile)
+        picked = _select(facts, key, cluster, profile, excluded)
     if picked is None:
         return _rejection(facts, cluster, profile, now)
     tied, best, feasible = picked
     if profile.tie_break == "random":
         rng = rng or _rng_for(pod)
-        total = sum(len(cluster.groups[sid]) for sid in tied)
+        total = sum(len(_usable(cluster.groups[sid], excluded)) for sid in tied)
         draw = rng.randrange(total)
         for sid in tied:
-            ranks = cluster.groups[sid]
+            ranks = _usable(cluster.groups[sid], excluded)
             if draw < len(ranks):
                 rank = ranks[draw]
                 break
             draw -= len(ranks)
     else:
-        rank = min(cluster.groups[sid][0] for sid in tied)
+        rank = min(_usable(cluster.groups[sid], excluded)[0] for sid in tied)
     node = cluster.node(cluster.name_at(rank))
     reservation = place_on_node(facts, node, profile, rng or _rng_for(pod))
     if reservation is None:  # the fit filter said yes, so this is a plugin bug
@@ -298,8 +302,16 @@ def decide(
     )
 
 
+def _usable(ranks: list[int], excluded: frozenset[int]) -> list[int]:
+    return [r for r in ranks if r not in excluded] if excluded else ranks
+
+
 def _select(
-    facts: PodFacts, key: PodRequest, cluster: ClusterIndex, profile: Profile
+    facts: PodFacts,
+    key: PodRequest,
+    cluster: ClusterIndex,
+    profile: Profile,
+    excluded: frozenset[int] = frozenset(),
 ) -> tuple[list[int], float, int] | None:
     memo = profile._memo_for(cluster, key)
     shapes = cluster.shapes
@@ -316,7 +328,10 @@ def _select(
             added += 1
         if value is None:
             continue
-        feasible += len(ranks)
+        usable = len(_usable(ranks, excluded))
+        if not usable:
+            continue
+        feasible += usable
         if value > best:
             best = value
             tied = [sid]
@@ -329,15 +344,19 @@ def _select(
 
 
 def _select_normalized(
-    facts: PodFacts, cluster: ClusterIndex, profile: Profile
+    facts: PodFacts,
+    cluster: ClusterIndex,
+    profile: Profile,
+    excluded: frozenset[int] = frozenset(),
 ) -> tuple[list[int], float, int] | None:
     rows: list[tuple[int, list[float]]] = []
     feasible = 0
     for sid, ranks in cluster.groups.items():
         shape = cluster.shapes[sid]
-        if profile.reject_reason(facts, shape) is None:
+        usable = len(_usable(ranks, excluded))
+        if usable and profile.reject_reason(facts, shape) is None:
             rows.append((sid, profile.raw_scores(facts, shape)))
-            feasible += len(ranks)
+            feasible += usable
     if not rows:
         return None
     columns: list[list[float]] = [[row[i] for _, row in rows] for i in range(len(profile.scores))]

@@ -5,9 +5,13 @@ framework evaluates each *shape* once per request. A group keeps its nodes' tie-
 the group's best rank is the first. Only the node a decision lands on changes shape, so keeping
 the groups current costs one removal and one insertion per decision.
 
-Shapes are interned to small integers (``shape_id``) that never change meaning: the framework's
-per-request memo is keyed by them. The tie-break order is the caller's: node names sorted by
-default (the service), or a seeded permutation (the simulator, as in the FGD methodology).
+Shapes are interned to small integers (``shape_id``): the framework's per-request memo is keyed by
+them. An id keeps its meaning until the index compacts: a long-running service sees new shapes all
+the time (live telemetry), so once more than :attr:`ClusterIndex.shape_limit` shapes were interned
+the table is rebuilt from the nodes' current shapes and every memo is dropped with it. The
+tie-break order is the caller's: node names sorted by default (the service), or a seeded
+permutation (the simulator, as in the FGD methodology). Nodes added later (``add``) take their
+place in name order; with an explicit order they go last.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ class ClusterIndex:
         self.memos: dict[object, dict[Any, dict[int, float | None]]] = {}
         """Per profile: the framework's memo of (request, shape id) -> evaluation."""
         self.memo_size = 0
+        self._sorted = order is None
+        self.shape_limit = 4 * len(names) + 4096
+        """Interned shapes kept before the table is rebuilt (see the module docstring)."""
         for name in names:
             self._enter(name, self._nodes[name])
 
@@ -72,12 +79,30 @@ class ClusterIndex:
 
     # -- changing --------------------------------------------------------------------------------
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._nodes
+
     def _intern(self, shape: NodeShape) -> int:
         sid = self._shape_ids.get(shape)
         if sid is None:
             sid = self._shape_ids[shape] = len(self.shapes)
             self.shapes.append(shape)
         return sid
+
+    def _compact(self) -> None:
+        """Intern the current shapes afresh; shape ids change, so every memo goes too."""
+        current = {name: self.shapes[sid] for name, sid in self._node_shape.items()}
+        self.shapes = []
+        self._shape_ids = {}
+        self._node_shape = {}
+        self.groups = {}
+        self.memos.clear()
+        self.memo_size = 0
+        for name in self._names_by_rank:
+            sid = self._intern(current[name])
+            self._node_shape[name] = sid
+            self.groups.setdefault(sid, []).append(self._rank[name])
+        self.shape_limit = 4 * len(self._nodes) + 4096
 
     def _enter(self, name: str, node: NodeState) -> None:
         sid = self._intern(node_shape(node))
@@ -102,6 +127,40 @@ class ClusterIndex:
         self._leave(node.name)
         self._nodes[node.name] = node
         self._enter(node.name, node)
+        if len(self.shapes) > self.shape_limit:
+            self._compact()
+
+    def _renumber(self, start: int, delta: int) -> None:
+        """Shift every rank at or after ``start`` by ``delta`` (order is kept)."""
+        for name in self._names_by_rank[start:]:
+            self._rank[name] += delta
+        for ranks in self.groups.values():
+            for i in range(bisect.bisect_left(ranks, start), len(ranks)):
+                ranks[i] += delta
+
+    def add(self, node: NodeState) -> None:
+        """Add a new node: in name order when the index sorts by name, else last."""
+        if node.name in self._nodes:
+            raise ValueError(f"node {node.name!r} appears twice")
+        if self._sorted:
+            position = bisect.bisect_left(self._names_by_rank, node.name)
+        else:
+            position = len(self._names_by_rank)
+        self._renumber(position, +1)
+        self._names_by_rank.insert(position, node.name)
+        self._rank[node.name] = position
+        self._nodes[node.name] = node
+        self._enter(node.name, node)
+
+    def remove(self, name: str) -> NodeState:
+        """Forget node ``name`` (it left the cluster); its ledger reservations stay recorded."""
+        node = self._nodes[name]
+        self._leave(name)
+        position = self._rank.pop(name)
+        del self._nodes[name]
+        del self._names_by_rank[position]
+        self._renumber(position, -1)
+        return node
 
     def reserve(self, reservation: Reservation) -> str | None:
         """Book ``reservation`` through the ledger; None when booked (or already booked)."""

@@ -51,7 +51,9 @@ def gpu_shape(gpu: GpuState) -> GpuShape:
         memory_total_mib=gpu.memory_total_mib,
         memory_free_mib=gpu.memory_free_mib,
         core_milli_free=gpu.core_milli_free,
-        slots_free=gpu.slots_total - gpu.slots_reserved if gpu.slots_total else -1,
+        # Clamped: a view may briefly count more shares than slots (a replica's own decision in
+        # flight beside another replica's commit), and -1 means "no limit".
+        slots_free=max(0, gpu.slots_total - gpu.slots_reserved) if gpu.slots_total else -1,
         idle=gpu.idle,
         exclusive=gpu.exclusive,
         healthy=gpu.healthy,

@@ -20,7 +20,7 @@ the service shell owns one and keeps it current:
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -150,8 +150,11 @@ class Tenancy:
         *,
         now: float,
         rng: random.Random | None = None,
+        avoid: Collection[str] = (),
     ) -> Decision | Rejection:
         """Place ``pod`` within its group, permissions and quota (nothing is booked yet).
+
+        ``avoid``: nodes not to choose (see ``framework.decide``).
 
         ``profile`` must carry this tenancy's plugins (``build_profile(..., **plugins())``).
         """
@@ -168,7 +171,7 @@ class Tenancy:
         placed = (
             pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
         )
-        decision = framework.decide(placed, cluster, profile, now=now, rng=rng)
+        decision = framework.decide(placed, cluster, profile, now=now, rng=rng, avoid=avoid)
         if isinstance(decision, Rejection):
             return decision
         reason = self._over_quota(pod.tenant, decision)

@@ -102,14 +102,17 @@ class NodeFit:
             return "insufficient memory"
         if not pod.asks:
             return None
-        admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
         if len(pod.asks) == 1 and pod.asks[0].shares == 1:
             ask = pod.asks[0]
-            for ok, gpu in zip(admitted, shape.gpus, strict=True):
-                if ok and ask.fits(gpu):
+            # Capacity first: it rules most GPUs out and costs less than the GPU filters.
+            for gpu in shape.gpus:
+                if ask.fits(gpu) and gpu_admitted(pod, gpu, self.gpu_filters):
                     return None
-        elif fit_gpus(pod, shape.gpus, admitted) is not None:
-            return None
+            admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
+        else:
+            admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
+            if fit_gpus(pod, shape.gpus, admitted) is not None:
+                return None
         return self._why_not(pod, shape, admitted)
 
     def _why_not(self, pod: PodFacts, shape: NodeShape, admitted: Sequence[bool]) -> str:

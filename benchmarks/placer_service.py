@@ -1,0 +1,428 @@
+"""The placer service end to end: real ``tessera placer`` processes over a real nats-server.
+
+    .venv/bin/python benchmarks/placer_service.py [--nodes 1000] [--gpus 8] [--rate 500]
+        [--seconds 10] [--replicas 1,3] [--burst 3000] [--rss-nodes 10000]
+
+For each replica count: a fresh nats-server; every node's inventory and node facts written into KV
+(as the inventory and the binder do); that many placer processes started and waited for (ready =
+everything loaded); then pods published on ``tessera.pods.pending`` through JetStream, the way the
+binder publishes them.
+
+- **Latency at a rate**: pods paced at ``--rate`` per second for ``--seconds``; for each pod, the
+  time from the start of its publish to the arrival of its ``PlacementDecision`` (a core
+  subscription on ``tessera.assignments.*``: the decision is committed and published by then).
+  The first second is warm-up and not counted. The placers' own histogram (message received to
+  decision published) is read from ``/metrics`` as well.
+- **Saturation**: ``--burst`` pods published at once; decisions per second from the first publish
+  to the last decision.
+- **Memory**: one placer with ``--rss-nodes`` nodes of ``--gpus`` GPUs loaded; its resident set
+  size (``VmRSS``) once ready, and again after placing ``--burst`` pods on them.
+
+The pods are GPU shares (2-8 GiB, 10-40 % of the SMs) and a few whole GPUs; the cluster never
+fills, so every pod is placed and nothing waits. Prints what it measures, target met or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+
+from shared import codec, subjects  # noqa: E402
+from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
+from shared.messages.nodes import NodeFacts  # noqa: E402
+from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
+from shared.runtime.bus import Delivery, NatsBus  # noqa: E402
+from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
+
+GPU_MIB = 81_920
+PROFILE = bool(os.environ.get("PLACER_BENCH_PROFILE"))
+"""Run the placers under cProfile (``placer-N.prof`` beside their logs) to see where time goes."""
+
+
+def node_name(i: int) -> str:
+    return f"gpu-{i:05d}.zone-{i % 3}"
+
+
+def inventory(node: str, gpus: int, now: float) -> NodeInventory:
+    return NodeInventory(
+        node=node,
+        gpus=tuple(
+            GpuTelemetry(
+                uuid=f"GPU-{node}-{i}",
+                index=i,
+                model="A100-SXM4-80GB",
+                memory_total_mib=GPU_MIB,
+                memory_used_mib=0,
+                memory_free_mib=GPU_MIB,
+                numa_node=i // 4,
+            )
+            for i in range(gpus)
+        ),
+        observed_at=now,
+        sequence=1,
+        backend="fake",
+    )
+
+
+def facts(node: str, now: float) -> NodeFacts:
+    return NodeFacts(
+        node=node,
+        cpu_allocatable_milli=128_000,
+        memory_allocatable_mib=1024 * 1024,
+        labels={"nvidia.com/gpu.product": "A100-SXM4-80GB"},
+        observed_at=now,
+    )
+
+
+def pod(n: int, rng: random.Random) -> PodPending:
+    whole = rng.random() < 0.1
+    return PodPending(
+        uid=f"bench-{n:06d}",
+        namespace="bench",
+        name=f"pod-{n}",
+        containers=(
+            ContainerRequest(
+                name="main",
+                gpu_shares=1,
+                gpu_memory_mib=None if whole else rng.choice((2048, 4096, 8192)),
+                gpu_cores=None if whole else rng.choice((10, 20, 30, 40)),
+                cpu_milli=rng.choice((500, 1000, 2000)),
+                memory_mib=rng.choice((1024, 4096)),
+                resources={"tessera.dev/gpu": 1},
+            ),
+        ),
+        created_at=time.time(),
+        resource_version="1",
+    )
+
+
+async def load_cluster(bus: NatsBus, nodes: int, gpus: int) -> None:
+    now = time.time()
+    for first in range(0, nodes, 250):
+        writes = []
+        for i in range(first, min(nodes, first + 250)):
+            name = node_name(i)
+            token = subjects.node_token(name)
+            writes.append(
+                bus.kv_put(subjects.KV_INVENTORY, token, codec.encode(inventory(name, gpus, now)))
+            )
+            writes.append(bus.kv_put(subjects.KV_NODES, token, codec.encode(facts(name, now))))
+        await asyncio.gather(*writes)
+
+
+@dataclass
+class Placer:
+    process: asyncio.subprocess.Process
+    port: int
+    log: Path
+
+
+async def start_placer(url: str, number: int, directory: Path) -> Placer:
+    log = directory / f"placer-{number}.log"
+    with log.open("wb") as stderr:
+        profiler = ["-m", "cProfile", "-o", str(directory / f"placer-{number}.prof")]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *(profiler if PROFILE else []),
+            "-m",
+            "tessera.cli",
+            "placer",
+            "--nats-url",
+            url,
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--placer-id",
+            f"bench-{number}",
+            "--inventory-stale-s",
+            "3600",
+            cwd=ROOT,
+            env=environment_without_proxies(),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if '"service starting"' in line:
+                return Placer(process, int(json.loads(line)["http_port"]), log)
+        if process.returncode is not None:
+            raise RuntimeError(log.read_text()[-2000:])
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"placer {number} did not start")
+
+
+async def http(port: int, path: str) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
+        return response.status, await response.text()
+
+
+async def wait_ready(placers: list[Placer], timeout: float = 600) -> float:
+    started = time.monotonic()
+    for placer in placers:
+        while True:
+            try:
+                status, _ = await http(placer.port, "/readyz")
+                if status == 200:
+                    break
+            except aiohttp.ClientError:
+                pass
+            if placer.process.returncode is not None:
+                raise RuntimeError(placer.log.read_text()[-2000:])
+            if time.monotonic() - started > timeout:
+                raise RuntimeError("placers not ready")
+            await asyncio.sleep(0.1)
+    return time.monotonic() - started
+
+
+async def stop(placers: list[Placer]) -> None:
+    for placer in placers:
+        if placer.process.returncode is None:
+            placer.process.send_signal(signal.SIGTERM)
+    for placer in placers:
+        try:
+            await asyncio.wait_for(placer.process.wait(), 30)
+        except TimeoutError:
+            placer.process.kill()
+            await placer.process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+@dataclass
+class Clocked:
+    sent: dict[str, float] = field(default_factory=dict)
+    decided: dict[str, float] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    expected: int = 0
+
+
+async def follow_decisions(bus: NatsBus, clocked: Clocked) -> None:
+    pattern = re.compile(rb'"pod_uid":"([^"]+)"')
+
+    async def on_decision(delivery: Delivery) -> None:
+        found = pattern.search(delivery.data)
+        if found is not None:
+            uid = found.group(1).decode()
+            clocked.decided.setdefault(uid, time.perf_counter())
+            if len(clocked.decided) >= clocked.expected:
+                clocked.done.set()
+
+    await bus.subscribe(subjects.ASSIGNMENTS_ALL, on_decision)
+
+
+async def publish(bus: NatsBus, message: PodPending, clocked: Clocked) -> None:
+    clocked.sent[message.uid] = time.perf_counter()
+    await bus.js_publish(
+        subjects.PODS_PENDING,
+        codec.encode(message),
+        msg_id=f"pending.{message.uid}.{message.resource_version}",
+    )
+
+
+async def histogram(placers: list[Placer]) -> dict[float, float]:
+    """Summed cumulative buckets of tessera_placer_decision_seconds over the placers."""
+    buckets: dict[float, float] = {}
+    for placer in placers:
+        _, text = await http(placer.port, "/metrics")
+        for line in text.splitlines():
+            found = re.match(r'tessera_placer_decision_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
+            if found:
+                le = float(found.group(1))
+                buckets[le] = buckets.get(le, 0.0) + float(found.group(2))
+    return buckets
+
+
+def bucket_quantile(buckets: dict[float, float], fraction: float) -> str:
+    total = buckets.get(float("inf"), 0.0)
+    if not total:
+        return "-"
+    for le in sorted(buckets):
+        if buckets[le] >= fraction * total:
+            return f"<= {le * 1000:g} ms" if le != float("inf") else "> 5 s"
+    return "-"
+
+
+async def run_cluster(
+    replicas: int, args: argparse.Namespace, directory: Path
+) -> dict[str, object]:
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="bench-driver")
+        try:
+            await load_cluster(bus, args.nodes, args.gpus)
+            placers = [await start_placer(server.url, n, directory) for n in range(replicas)]
+            try:
+                ready_s = await wait_ready(placers)
+                rng = random.Random(replicas)
+                # Latency at a fixed rate.
+                count = int(args.rate * args.seconds)
+                clocked = Clocked(expected=count)
+                await follow_decisions(bus, clocked)
+                pods = [pod(n, rng) for n in range(count)]
+                tasks = []
+                pids = {
+                    "placers": [p.process.pid for p in placers],
+                    "nats-server": [server.pid],
+                    "driver": [os.getpid()],
+                }
+                cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+                start = time.perf_counter()
+                for n, message in enumerate(pods):
+                    delay = start + n / args.rate - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    tasks.append(asyncio.create_task(publish(bus, message, clocked)))
+                await asyncio.gather(*tasks)
+                await asyncio.wait_for(clocked.done.wait(), 120)
+                warm = set(p.uid for p in pods[: int(args.rate)])
+                latencies = [
+                    (clocked.decided[uid] - clocked.sent[uid]) * 1000
+                    for uid in clocked.decided
+                    if uid not in warm
+                ]
+                achieved = count / (time.perf_counter() - start)
+                cpu_per_pod = {
+                    k: (sum(cpu_seconds(p) for p in v) - cpu_before[k]) * 1000 / count
+                    for k, v in pids.items()
+                }
+                buckets = await histogram(placers)
+                # Saturation.
+                burst = [pod(count + n, rng) for n in range(args.burst)]
+                clocked = Clocked(expected=args.burst)
+                await follow_decisions(bus, clocked)
+                start = time.perf_counter()
+                await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
+                await asyncio.wait_for(clocked.done.wait(), 300)
+                saturated = args.burst / (max(clocked.decided.values()) - start)
+                return {
+                    "replicas": replicas,
+                    "ready_s": ready_s,
+                    "measured": len(latencies),
+                    "rate": achieved,
+                    "p50": percentile(latencies, 0.5),
+                    "p90": percentile(latencies, 0.9),
+                    "p99": percentile(latencies, 0.99),
+                    "max": max(latencies),
+                    "own_p50": bucket_quantile(buckets, 0.5),
+                    "own_p99": bucket_quantile(buckets, 0.99),
+                    "saturation": saturated,
+                    "cpu": cpu_per_pod,
+                }
+            finally:
+                await stop(placers)
+        finally:
+            await bus.drain()
+
+
+async def measure_rss(args: argparse.Namespace, directory: Path) -> dict[str, float]:
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="bench-driver")
+        try:
+            await load_cluster(bus, args.rss_nodes, args.gpus)
+            placers = [await start_placer(server.url, 9, directory)]
+            try:
+                ready_s = await wait_ready(placers)
+                await asyncio.sleep(2)
+                loaded = rss_mib(placers[0].process.pid)
+                rng = random.Random(9)
+                clocked = Clocked(expected=args.burst)
+                await follow_decisions(bus, clocked)
+                pods = [pod(n, rng) for n in range(args.burst)]
+                await asyncio.gather(*(publish(bus, message, clocked) for message in pods))
+                await asyncio.wait_for(clocked.done.wait(), 600)
+                await asyncio.sleep(2)
+                placed = rss_mib(placers[0].process.pid)
+                return {"ready_s": ready_s, "loaded": loaded, "placed": placed}
+            finally:
+                await stop(placers)
+        finally:
+            await bus.drain()
+
+
+async def main(args: argparse.Namespace) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="placer-bench-"))
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+        f"{platform.python_implementation()} {platform.python_version()}; nats-server, "
+        "the placers and this driver share the machine"
+    )
+    print(
+        f"cluster: {args.nodes} nodes x {args.gpus} GPUs; {args.rate:g} pods/s for "
+        f"{args.seconds:g} s (first second not counted); burst of {args.burst}"
+    )
+    print(
+        "| replicas | pods/s sent | p50 | p90 | p99 | max | placers' own p50 / p99 "
+        "| decisions/s at saturation | ready after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for replicas in [int(r) for r in args.replicas.split(",")]:
+        r = await run_cluster(replicas, args, directory)
+        print(
+            f"| {r['replicas']} | {r['rate']:.0f} | {r['p50']:.1f} ms | {r['p90']:.1f} ms "
+            f"| {r['p99']:.1f} ms | {r['max']:.1f} ms | {r['own_p50']} / {r['own_p99']} "
+            f"| {r['saturation']:.0f} | {r['ready_s']:.1f} s |",
+            flush=True,
+        )
+        cpu = r["cpu"]
+        assert isinstance(cpu, dict)
+        print(
+            "  CPU ms per pod at the rate: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
+            flush=True,
+        )
+    if args.rss_nodes:
+        m = await measure_rss(args, directory)
+        print(
+            f"memory, one placer, {args.rss_nodes} nodes x {args.gpus} GPUs: "
+            f"RSS {m['loaded']:.0f} MiB once ready ({m['ready_s']:.1f} s to load), "
+            f"{m['placed']:.0f} MiB after placing {args.burst} pods "
+            f"(target < 300 MB = 286 MiB)"
+        )
+    print(f"placer logs: {directory}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=500)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--replicas", default="1,3")
+    parser.add_argument("--burst", type=int, default=3000)
+    parser.add_argument("--rss-nodes", type=int, default=10_000)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,378 @@
+"""The commit protocol as pure functions: what to write to KV, and what to repair (no I/O).
+
+A decision for pod P on node N is committed in three writes, each a compare-and-set or a
+create-only write, then published, then the pod message is acked:
+
+1. **Book** (``tessera-ledger``, N's entry, compare-and-set at the revision the decision saw; the
+   bookings of several decisions for N may go in one write, :func:`book_all`): the booking takes
+   the capacity. Before the write, :func:`check_booking` books it on N's state as
+   the ledger holds it (never on this replica's guesses), so a write that would over-commit a
+   GPU's memory, cores, logical slots or exclusivity is never attempted. A lost compare-and-set
+   means another replica booked on N first: refresh N and decide P again.
+2. **Claim** (``tessera-claims``, P's entry, create-only; or compare-and-set from ``requeued``):
+   the claim names the one booking that places P. Two replicas that decided P at the same moment on
+   two nodes both book, but only one claim is created: :func:`claim_verdict` tells the other that
+   it lost, and it gives its booking back. This is what makes "one pod, one record" hold.
+3. **Record** (``tessera-assignments``, ``<N>.<P>``, create-only): the ``reserved`` record the
+   binder and the device plugin read, carrying the same commit id. A released record of an older
+   commit at that key may be overwritten (P placed on N again after a requeue).
+
+A release moves the other way and leaves a **fence**: the record of the released commit ends in
+state ``released`` (written ``released`` when it did not exist yet), so a commit still on its way
+cannot create its record afterwards (:func:`record_action`). Order of the writes:
+
+- pod deleted, or the binder says ``gone``: claim -> ``deleted``, fence the record, unbook;
+- binder ``failed``, or a ``reserved`` record never bound within the reserve timeout: record ->
+  ``released`` (for the timeout, only from ``reserved``: the binder's ``reserved -> bound``
+  compare-and-set fences the timeout), claim -> ``requeued``, unbook, put the pod back on
+  ``tessera.pods.pending``.
+
+Every step is idempotent and every later step can be redone from what the earlier ones wrote, so a
+placer killed between two writes leaves a state :func:`plan_repairs` recognises (it runs at start,
+before the placer is ready, and then periodically); and the un-acked pod message comes back to a
+replica that finds P's booking and finishes the commit instead of deciding again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from services.placer.core.ledger import book
+from services.placer.core.model import NodeState
+from services.placer.translate import record_of, reservation_of
+from shared.messages.assignments import AssignmentRecord, AssignmentState
+from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.pods import PodPending
+from shared.subjects import assignment_key
+
+# --- ledger ----------------------------------------------------------------------------------
+
+
+def booking_in(ledger: NodeLedger | None, pod_uid: str) -> Booking | None:
+    """``pod_uid``'s booking on the ledger's node, if any."""
+    if ledger is None:
+        return None
+    return next((b for b in ledger.bookings if b.pod_uid == pod_uid), None)
+
+
+def check_booking(committed: NodeState, booking: Booking) -> str:
+    """Empty when ``booking`` fits on the node as the ledger holds it, else why it does not."""
+    booked = book(committed, reservation_of(booking))
+    return booked if isinstance(booked, str) else ""
+
+
+def book_all(
+    ledger: NodeLedger | None,
+    committed: NodeState | None,
+    bookings: Sequence[Booking],
+    *,
+    now: float,
+) -> tuple[NodeLedger | None, dict[str, str]]:
+    """The node's ledger with every booking of ``bookings`` that fits, one after the other, on
+    the node as the ledger holds it (``committed``); None when there is nothing to write.
+
+    Also returns why each refused booking (by commit id) does not fit. A booking already in the
+    ledger counts as booked (a retry). Several decisions for one node are committed by one
+    compare-and-set this way (a group commit).
+    """
+    refused: dict[str, str] = {}
+    accepted: list[Booking] = []
+    state = committed
+    held = {b.pod_uid: b.commit for b in (ledger.bookings if ledger else ())}
+    for booking in bookings:
+        if booking.pod_uid in held:
+            if held[booking.pod_uid] != booking.commit:
+                refused[booking.commit] = (
+                    f"pod already booked on {booking.node} by commit {held[booking.pod_uid]}"
+                )
+            continue
+        if state is None:
+            refused[booking.commit] = "node left the cluster"
+            continue
+        booked = book(state, reservation_of(booking))
+        if isinstance(booked, str):
+            refused[booking.commit] = booked
+            continue
+        state = booked
+        held[booking.pod_uid] = booking.commit
+        accepted.append(booking)
+    if not accepted:
+        return None, refused
+    kept = ledger.bookings if ledger else ()
+    return (
+        NodeLedger(node=accepted[0].node, bookings=(*kept, *accepted), updated_at=now),
+        refused,
+    )
+
+
+def with_booking(ledger: NodeLedger | None, booking: Booking, *, now: float) -> NodeLedger:
+    """The node's ledger with ``booking`` added (replacing an older booking of the same pod)."""
+    kept = tuple(b for b in (ledger.bookings if ledger else ()) if b.pod_uid != booking.pod_uid)
+    return NodeLedger(node=booking.node, bookings=(*kept, booking), updated_at=now)
+
+
+def without_booking(
+    ledger: NodeLedger | None, pod_uid: str, *, commit: str | None, now: float
+) -> NodeLedger | None:
+    """The ledger without ``pod_uid``'s booking (of ``commit``, when given); None: unchanged."""
+    if ledger is None:
+        return None
+    kept = tuple(
+        b
+        for b in ledger.bookings
+        if not (b.pod_uid == pod_uid and (commit is None or b.commit == commit))
+    )
+    if len(kept) == len(ledger.bookings):
+        return None
+    return NodeLedger(node=ledger.node, bookings=kept, updated_at=now)
+
+
+# --- claims ----------------------------------------------------------------------------------
+
+ClaimVerdict = Literal["create", "take", "mine", "lost", "deleted"]
+"""What to do about P's claim when committing a booking of P:
+
+- ``create``: no claim yet; create it (create-only);
+- ``take``: the claim is ``requeued``; take it by compare-and-set at its revision;
+- ``mine``: the claim already names this booking (a retry, or a repair got there first);
+- ``lost``: the claim names another booking: give this one back;
+- ``deleted``: the pod is gone: give this booking back."""
+
+
+def claim_verdict(claim: PodClaim | None, booking: Booking) -> ClaimVerdict:
+    if claim is None:
+        return "create"
+    if claim.state == "deleted":
+        return "deleted"
+    if claim.state == "requeued":
+        return "take"
+    if claim.booking is not None and claim.booking.commit == booking.commit:
+        return "mine"
+    return "lost"
+
+
+def placed_claim(booking: Booking, request: PodPending | None, *, now: float) -> PodClaim:
+    return PodClaim(
+        pod_uid=booking.pod_uid, state="placed", booking=booking, request=request, updated_at=now
+    )
+
+
+def requeued_claim(claim: PodClaim, *, reason: str, now: float) -> PodClaim:
+    return msgspec.structs.replace(
+        claim, state="requeued", reason=reason, updated_at=now, requeue_published=False
+    )
+
+
+def deleted_claim(pod_uid: str, claim: PodClaim | None, *, reason: str, now: float) -> PodClaim:
+    """The tombstone: keeps the last booking so the release steps can still be redone."""
+    return PodClaim(
+        pod_uid=pod_uid,
+        state="deleted",
+        booking=claim.booking if claim is not None else None,
+        request=None,
+        updated_at=now,
+        reason=reason,
+    )
+
+
+# --- records ---------------------------------------------------------------------------------
+
+RecordAction = Literal["write", "done", "released", "blocked"]
+"""For creating the ``reserved`` record of a booking: ``write`` it (create-only when the key is
+empty, else compare-and-set over a released record of an older commit); ``done``: it exists;
+``released``: this commit was already released (a fence): do not publish; ``blocked``: a live
+record of another commit holds the key (a repair must sort it out first)."""
+
+
+def record_action(current: AssignmentRecord | None, commit: str) -> RecordAction:
+    if current is None:
+        return "write"
+    if current.commit == commit:
+        return "released" if current.state == "released" else "done"
+    return "write" if current.state == "released" else "blocked"
+
+
+FenceAction = Literal["write", "done", "blocked"]
+
+
+def fence_action(current: AssignmentRecord | None, commit: str) -> FenceAction:
+    """For releasing the record of ``commit``: ``write`` the released record (create it, or
+    compare-and-set over the live one or over a released one of an older commit); ``done``;
+    ``blocked``: a live record of another commit (not this commit's to release)."""
+    if current is None:
+        return "write"
+    if current.commit == commit or not current.commit:
+        return "done" if current.state == "released" else "write"
+    return "write" if current.state == "released" else "blocked"
+
+
+def released_record(
+    current: AssignmentRecord | None, booking: Booking, *, now: float
+) -> AssignmentRecord:
+    """The fence for ``booking``: its record (or a fresh one) in state ``released``."""
+    base = current if current is not None and current.commit == booking.commit else None
+    base = base or record_of(booking)
+    return msgspec.structs.replace(base, state="released", released_at=now)
+
+
+# --- message ids -----------------------------------------------------------------------------
+
+
+def decision_msg_id(booking: Booking) -> str:
+    """JetStream de-duplication id of a decision: every replica that publishes the same commit
+    (a retry, a repair) publishes the same id."""
+    return f"decision.{booking.pod_uid}.{booking.commit}"
+
+
+def requeue_msg_id(booking: Booking) -> str:
+    return f"requeue.{booking.pod_uid}.{booking.commit}"
+
+
+# --- reconciliation --------------------------------------------------------------------------
+
+
+class RecordFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What reconciliation needs of one assignment record (the cache keeps only this)."""
+
+    key: str
+    node: str
+    pod_uid: str
+    state: AssignmentState
+    commit: str
+    decided_at: float
+    bound_at: float | None = None
+    released_at: float | None = None
+    revision: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.state != "released"
+
+
+def record_facts(key: str, record: AssignmentRecord, revision: int) -> RecordFacts:
+    return RecordFacts(
+        key=key,
+        node=record.node,
+        pod_uid=record.pod_uid,
+        state=record.state,
+        commit=record.commit,
+        decided_at=record.decided_at,
+        bound_at=record.bound_at,
+        released_at=record.released_at,
+        revision=revision,
+    )
+
+
+RepairKind = Literal[
+    "roll-forward",
+    "create-record",
+    "unbook-stale",
+    "rebook",
+    "finish-requeue",
+    "publish-requeue",
+    "release-record",
+    "requeue-lost",
+]
+
+
+class Repair(msgspec.Struct, frozen=True, kw_only=True):
+    """One repair :func:`plan_repairs` asks the shell to carry out with the usual primitives.
+
+    - ``roll-forward``: a booking no claim names yet (a placer stopped after booking): create the
+      claim for it (create-only: if another claim won, the booking is given back), then its record;
+    - ``create-record``: the claim names the booking but its record is missing: create it;
+    - ``unbook-stale``: a booking the claim does not name (lost claim, requeued, deleted): fence
+      its record and give it back;
+    - ``rebook``: a live record whose booking is missing from the ledger: book it again;
+    - ``finish-requeue``: the record of the claimed booking was released (failed binding, reserve
+      timeout) but the claim still says placed: requeue the pod;
+    - ``publish-requeue``: a requeued pod that was not put back on ``tessera.pods.pending`` yet;
+    - ``release-record``: a live record whose commit the claim no longer names;
+    - ``requeue-lost``: a placed claim with neither booking nor live record: requeue the pod.
+    """
+
+    kind: RepairKind
+    pod_uid: str
+    booking: Booking | None = None
+    record_key: str = ""
+
+
+def plan_repairs(
+    ledgers: Mapping[str, Sequence[Booking]],
+    claims: Mapping[str, PodClaim],
+    records: Iterable[RecordFacts],
+    *,
+    now: float,
+    grace_s: float,
+) -> list[Repair]:
+    """Repairs that bring ledgers, claims and records back to agreement (see :class:`Repair`).
+
+    Only states older than ``grace_s`` are repaired, so a commit or a release still in flight in
+    some replica is not raced (racing would be safe, only wasted work).
+    """
+
+    def settled(*stamps: float) -> bool:
+        return now - max(stamps) >= grace_s
+
+    repairs: list[Repair] = []
+    by_key: dict[str, RecordFacts] = {}
+    for facts in records:
+        by_key[facts.key] = facts
+    booked: dict[str, set[str]] = {}
+    for node, bookings in sorted(ledgers.items()):
+        for b in bookings:
+            booked.setdefault(b.pod_uid, set()).add(b.commit)
+            claim = claims.get(b.pod_uid)
+            if claim is None:
+                if settled(b.decided_at):
+                    repairs.append(Repair(kind="roll-forward", pod_uid=b.pod_uid, booking=b))
+                continue
+            named = claim.booking
+            if claim.state == "placed" and named is not None and named.commit == b.commit:
+                record = by_key.get(assignment_key(node, b.pod_uid))
+                if record is None or record.commit != b.commit:
+                    if settled(b.decided_at, claim.updated_at):
+                        repairs.append(Repair(kind="create-record", pod_uid=b.pod_uid, booking=b))
+                elif not record.live and settled(claim.updated_at, record.released_at or 0.0):
+                    repairs.append(Repair(kind="finish-requeue", pod_uid=b.pod_uid, booking=b))
+                continue
+            if settled(b.decided_at, claim.updated_at):
+                repairs.append(Repair(kind="unbook-stale", pod_uid=b.pod_uid, booking=b))
+    for uid, claim in sorted(claims.items()):
+        named = claim.booking
+        if named is None:
+            continue
+        key = assignment_key(named.node, uid)
+        record = by_key.get(key)
+        live_here = record is not None and record.live and record.commit == named.commit
+        if claim.state == "placed":
+            if named.commit in booked.get(uid, ()):
+                continue
+            if live_here:
+                repairs.append(Repair(kind="rebook", pod_uid=uid, booking=named))
+            elif settled(claim.updated_at):
+                repairs.append(Repair(kind="requeue-lost", pod_uid=uid, booking=named))
+            continue
+        if live_here and settled(claim.updated_at):
+            repairs.append(Repair(kind="release-record", pod_uid=uid, record_key=key))
+        if (
+            claim.state == "requeued"
+            and not claim.requeue_published
+            and claim.request is not None
+            and settled(claim.updated_at)
+        ):
+            repairs.append(Repair(kind="publish-requeue", pod_uid=uid, booking=named))
+    for record in sorted(by_key.values(), key=lambda r: r.key):
+        if not record.live or not record.commit:
+            continue
+        claim = claims.get(record.pod_uid)
+        if claim is None or claim.booking is None:
+            continue
+        if claim.booking.commit != record.commit and settled(record.decided_at, claim.updated_at):
+            repairs.append(
+                Repair(kind="release-record", pod_uid=record.pod_uid, record_key=record.key)
+            )
+    return repairs

@@ -1,0 +1,178 @@
+"""Deciding one pod on the current :class:`~.state.ClusterView` (pure: no I/O, time passed in).
+
+:func:`decide` runs the placement core for a pod (tenancy's group choice and quota, then the
+profile), and when nothing fits says how the pod should wait:
+
+- an **invalid** request is final: rejected as unresolvable and never tried again;
+- a pod **too large for every node** (or refused by the tenancy config: unknown group, no
+  permission) is rejected as unresolvable but kept, and tried again only when the largest node
+  shapes or the tenancy config change (``wake="grown"``);
+- any other pod waits for capacity to be given back (``wake="freed"``).
+
+The same view serves the scheduler extender (issue 14): :func:`decide_on` places a pod on the one
+node kube-scheduler chose, and :func:`verdicts` is filter and prioritize over a list of nodes. Both
+go through the same profile, tenancy and, in the shell, the same commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from services.placer import translate
+from services.placer.core.facts import pod_facts
+from services.placer.core.framework import Profile
+from services.placer.core.index import ClusterIndex
+from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
+from services.placer.state import ClusterView
+
+Wake = Literal["freed", "grown"]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A pod that did not fit, with the reasons to publish and how it waits."""
+
+    rejection: Rejection
+    final: bool
+    """Invalid: never tried again."""
+    wake: Wake
+
+
+def decide(
+    view: ClusterView,
+    profile: Profile,
+    pod: PodRequest,
+    *,
+    now: float,
+    avoid: Collection[str] = (),
+) -> Decision | Waiting:
+    """Place ``pod`` on the view's cluster (nothing is booked), or say how it waits.
+
+    ``avoid``: nodes where this pod's commit just lost to another replica's; they are chosen
+    only when nothing else fits (then the pod is decided as if none were avoided).
+    """
+    facts = pod_facts(pod)
+    if facts.invalid:
+        return Waiting(
+            rejection=Rejection(
+                pod_uid=pod.uid,
+                reasons=(
+                    RejectionReason(
+                        reason=f"invalid request: {facts.invalid}", nodes=len(view.index)
+                    ),
+                ),
+                unresolvable=True,
+                decided_at=now,
+            ),
+            final=True,
+            wake="grown",
+        )
+    outcome = view.tenancy.decide(pod, view.index, profile, now=now, avoid=avoid)
+    if avoid and not isinstance(outcome, Decision):
+        outcome = view.tenancy.decide(pod, view.index, profile, now=now)
+    if isinstance(outcome, Decision):
+        return outcome
+    too_large = view.too_large(facts)
+    if too_large:
+        rejection = Rejection(
+            pod_uid=pod.uid,
+            reasons=(RejectionReason(reason=too_large, nodes=len(view.index)),),
+            unresolvable=True,
+            decided_at=now,
+        )
+        return Waiting(rejection=rejection, final=False, wake="grown")
+    reasons = translate.refine_reasons(outcome.reasons, view.unplaceable())
+    rejection = translate.rejection_of(outcome, reasons)
+    wake: Wake = "grown" if outcome.unresolvable else "freed"
+    return Waiting(rejection=rejection, final=False, wake=wake)
+
+
+def decide_on(
+    view: ClusterView, profile: Profile, pod: PodRequest, node: str, *, now: float
+) -> Decision | Waiting:
+    """Place ``pod`` on ``node`` only (the node kube-scheduler chose), or say why not."""
+    if node not in view.index:
+        rejection = Rejection(
+            pod_uid=pod.uid,
+            reasons=(RejectionReason(reason=f"unknown node {node!r}", nodes=1),),
+            decided_at=now,
+        )
+        return Waiting(rejection=rejection, final=False, wake="freed")
+    single = ClusterIndex([view.index.node(node)])
+    outcome = view.tenancy.decide(pod, single, profile, now=now)
+    if isinstance(outcome, Decision):
+        return outcome
+    why = view.reason(node)
+    reasons = translate.refine_reasons(outcome.reasons, {why: 1} if why else {})
+    return Waiting(
+        rejection=translate.rejection_of(outcome, reasons),
+        final=bool(pod_facts(pod).invalid),
+        wake="freed",
+    )
+
+
+class NodeVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """One node judged for one pod: the reason it does not fit, or its score."""
+
+    node: str
+    fits: bool
+    reason: str = ""
+    score: float = 0.0
+    scores: dict[str, float] = {}
+
+
+def verdicts(
+    view: ClusterView, profile: Profile, pod: PodRequest, nodes: Iterable[str] | None = None
+) -> list[NodeVerdict]:
+    """Every node of ``nodes`` (default: all) judged for ``pod`` as :func:`decide` would.
+
+    Scores are the profile's weighted plugin scores before any normalisation over candidates.
+    """
+    names = sorted(n.name for n in view.index) if nodes is None else list(nodes)
+    facts = pod_facts(pod)
+    if facts.invalid:
+        why = f"invalid request: {facts.invalid}"
+        return [NodeVerdict(node=n, fits=False, reason=why) for n in names]
+    choice = view.tenancy.choose(pod, view.index)
+    if not choice.ok:
+        return [NodeVerdict(node=n, fits=False, reason=choice.reason) for n in names]
+    placed = pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
+    chosen = profile.for_pod(placed)
+    facts = chosen.facts(placed, placed.placement_key())
+    found: list[NodeVerdict] = []
+    for name in names:
+        if name not in view.index:
+            found.append(NodeVerdict(node=name, fits=False, reason="unknown node"))
+            continue
+        shape = view.index.shape_of(name)
+        reason = chosen.reject_reason(facts, shape)
+        if reason is not None:
+            if reason == translate.UNSCHEDULABLE:
+                reason = view.reason(name) or reason
+            found.append(NodeVerdict(node=name, fits=False, reason=reason))
+            continue
+        scores = {
+            plugin.name: weight * value
+            for (plugin, weight), value in zip(
+                chosen.scores, chosen.raw_scores(facts, shape), strict=True
+            )
+        }
+        found.append(NodeVerdict(node=name, fits=True, score=sum(scores.values()), scores=scores))
+    return found
+
+
+def quota_status(view: ClusterView, pod: PodRequest) -> str:
+    """The pod's tenant quota as it stands (empty when the tenant has none)."""
+    quota = view.tenancy.quota_of(pod.tenant)
+    if quota is None:
+        return ""
+    used = view.tenancy.used(pod.tenant)
+    return (
+        f"tenant {pod.tenant}: {used.gpus} of {quota.gpus if quota.gpus is not None else 'any'} "
+        f"GPUs, {used.gpu_memory_mib} of "
+        f"{quota.gpu_memory_mib if quota.gpu_memory_mib is not None else 'any'} MiB GPU memory"
+    )

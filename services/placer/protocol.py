@@ -1,0 +1,348 @@
+"""The commit protocol's steps over KV (``commit.py`` has the rules and why they are safe).
+
+:class:`CommitProtocol` carries out, with :class:`~.store.Store`'s certain-outcome writes, every
+multi-write step of the protocol: finishing a booked decision (claim, record, publish), giving a
+placement back (deleted or requeued), the repairs reconciliation plans, and purging what is past
+its retention. It knows nothing of pod messages: the service acks or naks them by what these
+steps return, so the same steps serve a decision, a redelivery, a repair and the extender, and a
+test can drive several replicas' steps in any interleaving
+(``tests/placer/test_protocol_model.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import msgspec
+
+from services.placer import commit, translate
+from services.placer.core.model import Decision
+from services.placer.metrics import PlacerMetrics
+from services.placer.state import ClusterView
+from services.placer.store import GaveUpError, Store
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.ledger import Booking, PodClaim
+from shared.messages.pods import PodPending
+from shared.runtime.bus import Bus
+
+log = logging.getLogger(__name__)
+
+STALE_REPORT_S = 30.0
+"""Clock difference between binder and placer tolerated when telling a stale binding result."""
+
+FinishOutcome = Literal["placed", "duplicate", "deleted"]
+
+
+class CommitProtocol:
+    """The protocol's steps for one replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        bus: Bus,
+        view: ClusterView,
+        clock: Clock,
+        metrics: PlacerMetrics,
+        profile_name: str = "",
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.view = view
+        self.clock = clock
+        self.metrics = metrics
+        self.profile_name = profile_name
+
+    # --- committing ----------------------------------------------------------------------------
+
+    async def finish(
+        self, booking: Booking, request: PodPending | None, decision: Decision | None
+    ) -> tuple[FinishOutcome, Booking]:
+        """Claim, record and publish a booking already in the ledger.
+
+        Returns the outcome and the booking that places the pod: another replica's when this
+        one lost the claim (this booking is then given back, and the winner's finished).
+        """
+        verdict, claim = await self.store.claim(booking, request)
+        if verdict == "lost":
+            await self.store.unbook(booking)
+            assert claim is not None and claim.booking is not None
+            await self.republish(claim.booking)
+            return "duplicate", claim.booking
+        if verdict == "deleted":
+            await self.store.unbook(booking)
+            return "deleted", booking
+        action = await self.store.ensure_record(booking)
+        if action == "released":  # released while we committed: nothing to publish
+            return "deleted", booking
+        if action == "blocked":
+            raise GaveUpError(
+                f"a live record of another commit holds {booking.node}/{booking.pod_uid}; "
+                "reconciliation sorts it out"
+            )
+        await self.publish_decision(booking, decision)
+        return "placed", booking
+
+    async def republish(self, booking: Booking) -> None:
+        """The pod is placed by ``booking`` already (a redelivery, another replica won): make
+        sure it is booked and recorded and its decision is out."""
+        if booking.commit not in {b.commit for b in self.view.bookings_of(booking.pod_uid)}:
+            refused = await self.store.rebook(booking)
+            if refused:
+                log.error(
+                    "a placed pod's booking is missing and cannot be booked again",
+                    extra={"pod_uid": booking.pod_uid, "node": booking.node, "reason": refused},
+                )
+        if await self.store.ensure_record(booking) == "done":
+            await self.publish_decision(booking, None)
+
+    async def publish_decision(self, booking: Booking, decision: Decision | None) -> None:
+        """Publish the decision (JetStream de-duplicates a commit published twice)."""
+        explanation = (
+            translate.explanation_of(decision, self.profile_name)
+            if decision is not None
+            else "published again for a placement committed earlier"
+        )
+        message = translate.decision_message(
+            booking,
+            score=decision.score if decision else 0.0,
+            scores=decision.scores if decision else None,
+            explanation=explanation,
+        )
+        await self.bus.js_publish(
+            subjects.assignments(booking.node),
+            codec.encode(message),
+            msg_id=commit.decision_msg_id(booking),
+        )
+
+    # --- releasing -----------------------------------------------------------------------------
+
+    async def release_deleted(self, pod_uid: str, *, reason: str) -> list[Booking]:
+        """The pod is gone: claim -> deleted, records fenced released, bookings removed.
+
+        Returns the bookings given back.
+        """
+        now = self.clock.now()
+
+        def tombstone(claim: PodClaim | None) -> PodClaim | None:
+            if claim is not None and claim.state == "deleted":
+                return None
+            return commit.deleted_claim(pod_uid, claim, reason=reason, now=now)
+
+        claim = (await self.store.update_claim(pod_uid, tombstone)).value
+        given_back = [claim.booking] if claim is not None and claim.booking is not None else []
+        given_back += [
+            b
+            for b in self.view.bookings_of(pod_uid)
+            if not given_back or b.commit != given_back[0].commit
+        ]
+        for booking in given_back:
+            await self.store.fence(booking)
+            await self.store.unbook(booking)
+        return given_back
+
+    async def release_requeue(
+        self,
+        pod_uid: str,
+        node: str,
+        *,
+        reason: str,
+        only_reserved: bool,
+        reported_at: float = 0.0,
+    ) -> bool:
+        """Give the placement on ``node`` back and put the pod back in the queue.
+
+        ``only_reserved``: the reserve timeout, which loses to the binder's bind.
+        ``reported_at``: when the binder saw the failure; a report from well before the current
+        placement was decided is about an older one (a redelivered result) and changes nothing.
+        False when there was nothing (or no longer anything) to release.
+        """
+        claim = (await self.store.read(self.store.claims, subjects.claim_key(pod_uid))).value
+        if (
+            claim is None
+            or claim.state != "placed"
+            or claim.booking is None
+            or claim.booking.node != node
+        ):
+            return False  # about an older placement: nothing of it is held any more
+        booking = claim.booking
+        if reported_at and reported_at + STALE_REPORT_S < booking.decided_at:
+            return False
+        now = self.clock.now()
+        kept = False
+
+        def release(record: AssignmentRecord | None) -> AssignmentRecord | None:
+            nonlocal kept
+            kept = False
+            if record is None:
+                return commit.released_record(None, booking, now=now)
+            if record.commit not in ("", booking.commit):
+                kept = True
+                return None
+            if record.state == "released":
+                return None
+            if only_reserved and record.state != "reserved":
+                kept = True  # the binder bound it first
+                return None
+            return msgspec.structs.replace(record, state="released", released_at=now)
+
+        await self.store.update_record(subjects.assignment_key(node, pod_uid), release)
+        if kept:
+            return False
+        await self.finish_requeue(booking, reason)
+        return True
+
+    async def finish_requeue(self, booking: Booking, reason: str) -> None:
+        """After the record of ``booking`` was released: claim -> requeued, unbook, requeue."""
+        now = self.clock.now()
+
+        def requeue(claim: PodClaim | None) -> PodClaim | None:
+            if claim is None or claim.state != "placed" or claim.booking is None:
+                return None
+            if claim.booking.commit != booking.commit:
+                return None
+            return commit.requeued_claim(claim, reason=reason, now=now)
+
+        claim = (await self.store.update_claim(booking.pod_uid, requeue)).value
+        await self.store.unbook(booking)
+        if (
+            claim is not None
+            and claim.state == "requeued"
+            and claim.booking is not None
+            and claim.booking.commit == booking.commit
+            and not claim.requeue_published
+        ):
+            await self.publish_requeue(claim)
+
+    async def publish_requeue(self, claim: PodClaim) -> None:
+        """Put a requeued pod back on ``tessera.pods.pending`` and note it in the claim."""
+        booking = claim.booking
+        assert booking is not None
+        if claim.request is None:
+            log.warning(
+                "a requeued pod cannot be put back: its request was never recorded; the binder "
+                "sends it again when the pod changes",
+                extra={"pod_uid": claim.pod_uid},
+            )
+            return
+        await self.bus.js_publish(
+            subjects.PODS_PENDING,
+            codec.encode(claim.request),
+            msg_id=commit.requeue_msg_id(booking),
+        )
+
+        def published(current: PodClaim | None) -> PodClaim | None:
+            if (
+                current is None
+                or current.state != "requeued"
+                or current.booking is None
+                or current.booking.commit != booking.commit
+                or current.requeue_published
+            ):
+                return None
+            return msgspec.structs.replace(current, requeue_published=True)
+
+        await self.store.update_claim(claim.pod_uid, published)
+
+    # --- reconciling ---------------------------------------------------------------------------
+
+    async def reconcile(self, *, grace_s: float) -> int:
+        """Carry out :func:`~.commit.plan_repairs` over the view; how many repairs succeeded."""
+        repairs = commit.plan_repairs(
+            self.view.ledgers(),
+            self.view.claims,
+            self.view.records.values(),
+            now=self.clock.now(),
+            grace_s=grace_s,
+        )
+        done = 0
+        for repair in repairs:
+            try:
+                await self.repair(repair)
+            except Exception as error:
+                log.warning(
+                    "repair failed; tried again at the next pass",
+                    extra={
+                        "kind": repair.kind,
+                        "pod_uid": repair.pod_uid,
+                        "error": f"{type(error).__name__}: {error}",
+                    },
+                )
+                continue
+            done += 1
+            self.metrics.repairs.labels(kind=repair.kind).inc()
+            log.info("repaired", extra={"kind": repair.kind, "pod_uid": repair.pod_uid})
+        return done
+
+    async def repair(self, repair: commit.Repair) -> None:
+        booking = repair.booking
+        if repair.kind == "release-record":
+            await self.release_orphan(repair.record_key, repair.pod_uid)
+            return
+        if repair.kind == "publish-requeue":
+            claim = self.view.claim(repair.pod_uid)
+            if claim is not None and claim.state == "requeued" and not claim.requeue_published:
+                await self.publish_requeue(claim)
+            return
+        assert booking is not None, repair
+        if repair.kind == "roll-forward":
+            await self.finish(booking, None, None)
+        elif repair.kind == "create-record":
+            if await self.store.ensure_record(booking) == "done":
+                await self.publish_decision(booking, None)
+        elif repair.kind == "unbook-stale":
+            await self.store.fence(booking)
+            await self.store.unbook(booking)
+        elif repair.kind == "rebook":
+            refused = await self.store.rebook(booking)
+            if refused:
+                log.error(
+                    "a live record's booking cannot be booked again",
+                    extra={"pod_uid": booking.pod_uid, "node": booking.node, "reason": refused},
+                )
+        elif repair.kind == "finish-requeue":
+            await self.finish_requeue(booking, "released record found by reconciliation")
+        elif repair.kind == "requeue-lost":
+            await self.store.fence(booking)
+            await self.finish_requeue(booking, "booking missing from the ledger")
+
+    async def release_orphan(self, key: str, pod_uid: str) -> None:
+        """Release a live record whose commit the pod's claim does not name."""
+        claim = (await self.store.read(self.store.claims, subjects.claim_key(pod_uid))).value
+        named = claim.booking.commit if claim is not None and claim.booking else None
+        placed = claim is not None and claim.state == "placed"
+        now = self.clock.now()
+
+        def release(record: AssignmentRecord | None) -> AssignmentRecord | None:
+            if record is None or record.state == "released":
+                return None
+            if placed and record.commit == named:
+                return None  # the claim names it after all
+            return msgspec.structs.replace(record, state="released", released_at=now)
+
+        await self.store.update_record(key, release)
+
+    # --- purging -------------------------------------------------------------------------------
+
+    async def purge(self, *, retention_s: float) -> int:
+        """Delete released records and deleted pods' claims older than ``retention_s``."""
+        now = self.clock.now()
+        purged = 0
+        for record in list(self.view.records.values()):
+            age = now - (record.released_at or now)
+            expired = record.state == "released" and age >= retention_s
+            if expired and await self.store.delete_if(
+                self.store.records, record.key, record.revision
+            ):
+                self.metrics.purged.labels(entry="record").inc()
+                purged += 1
+        for uid, claim in list(self.view.claims.items()):
+            if claim.state == "deleted" and now - claim.updated_at >= retention_s:
+                revision = self.view.claim_revisions.get(uid, 0)
+                if revision and await self.store.delete_if(self.store.claims, uid, revision):
+                    self.metrics.purged.labels(entry="claim").inc()
+                    purged += 1
+        return purged

@@ -1,0 +1,1290 @@
+"""The placer's shell: NATS in, the pure core, KV commits and NATS out (issue 10).
+
+**Inputs.** Pending and deleted pods come from the ``TESSERA_PODS`` stream through the one durable
+consumer ``placer`` that every replica shares (explicit ack); binding results through the durable
+consumer ``placer-bindings``. Inventory, node facts, ledger entries, pod claims and assignment
+records come from KV watches into one :class:`~.state.ClusterView`. On start every watch delivers
+its bucket's current values first; only when all five have, and a reconciliation pass
+(:func:`~.commit.plan_repairs`) has run over them, does ``/readyz`` turn ready and the pod
+consumer start: a restarted or added replica decides from exactly what the others see.
+
+**Deciding and committing.** Pods are decided one at a time in seed 002's queue order
+(``core/queue.py``) on the view, and committed concurrently (up to ``MAX_IN_FLIGHT``): book in the
+node's ledger entry by compare-and-set at the revision the decision saw, claim the pod
+(create-only), create its ``reserved`` record, publish the ``PlacementDecision`` on
+``tessera.assignments.<node>`` (JetStream, de-duplicated by commit id), and only then ack the pod
+message (``commit.py`` has the protocol and why each step is safe). While a commit is in flight
+its booking counts as *tentative* in the view, so the next decision does not count on the same
+room; bookings for one node waiting on each other are written by one compare-and-set (a group
+commit). A lost compare-and-set re-reads the node and decides the pod again, away from that node
+(and, for ``CONTENDED_S``, this replica keeps other pods off it too: another replica is packing
+it), at most ``max_commit_retries`` times (counted); after that, or when NATS fails mid-commit, the
+message is nak'ed and comes back later: whatever was written is found again (a booking without a
+claim is finished, never decided twice). Built-in profiles break score ties by a draw seeded by
+the pod UID (``service_profile``), so concurrent decisions spread over equally good nodes.
+
+**Pods that fit nowhere** are published on ``tessera.placements.rejected`` with counted reasons
+(again only when the reasons change) and *kept*: the replica holds the JetStream message un-acked
+and tells the server it is still in progress every third of ``ack_wait``. This is the backlog's
+durability, chosen over a copy in KV: JetStream already gives each message exactly one holder and
+hands it to another replica when the holder stops sending progress (killed, partitioned) or naks
+it (stopping cleanly), so no waiting pod lives only in one replica's memory and there is no second
+copy of the backlog to keep consistent. The consumer is created with a large ``max_ack_pending`` so
+that waiting pods never block the delivery of new ones. A waiting pod is tried again when
+something that could let it fit changed (``ClusterView.freed``: capacity given back, a node added
+or made schedulable, a GPU healthy again, the tenancy config), with a per-pod backoff from
+``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``, and at the latest every ``SAFETY_RETRY_S``; waiting pods
+whose request is equal to one that just failed on the same cluster state are not decided again. A
+pod too large for every node (or refused by the tenancy config) waits only for the node shapes or
+the config to change; an invalid request is rejected as unresolvable and acked.
+
+**Releases.** ``PodDeleted`` and a ``gone`` binding result: claim -> ``deleted``, record
+released, booking removed. A ``failed`` binding result and a ``reserved`` record not bound within
+``reserve_timeout_s``: record -> ``released`` (the timeout only from ``reserved``: the binder's
+``reserved -> bound`` compare-and-set wins or loses against it), claim -> ``requeued``, booking
+removed, and the pod put back on ``tessera.pods.pending`` so it is placed again. Each is acked
+only once durable; each is idempotent (exactly once in effect). Released records and the claims of
+deleted pods are purged after ``release_retention_s``.
+
+**Telemetry, policy, tenancy.** A node whose inventory is older than ``inventory_stale_s`` is not
+placed on, nor one without node facts; foreign GPU memory and unhealthy GPUs count as the
+translation says (``translate.py``). The profile (``--profile``) is compiled with the task mix
+learned from the claims (``mix.py``) and compiled again when the mix moves (checked every
+``MIX_CHECK_S``). ``--tenancy-file`` is read every ``TENANCY_CHECK_S``; a version that does not
+parse or check is refused (logged, counted) and the last good one stays.
+
+**Observability.** ``/metrics`` (``metrics.py``); ``GET /v1/pods/{uid}`` explains one pod: its
+last outcome here, its claim and record, and every node's verdict for it now; one structured log
+line per decision.
+
+**Extender (issue 14).** :meth:`PlacerService.place` decides a given pod (on a given node, when
+kube-scheduler chose one) and commits it through the same path, returning the outcome;
+``decider.verdicts`` answers filter and prioritize from the same view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import random
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+from aiohttp import web
+
+from services.placer import decider, translate
+from services.placer.config import ConfigFileError, parse_tenancy
+from services.placer.core.framework import Profile
+from services.placer.core.groups import TenancyConfig
+from services.placer.core.model import ClusterSnapshot, Decision, PodRequest, Rejection
+from services.placer.core.profiles import BUILTIN, ProfileSpec, build_profile
+from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
+from services.placer.decider import Waiting
+from services.placer.metrics import PlacerMetrics
+from services.placer.protocol import CommitProtocol
+from services.placer.state import ClusterView
+from services.placer.store import ConflictError, Store
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.bindings import BindingResult
+from shared.messages.inventory import NodeInventory
+from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.nodes import NodeFacts
+from shared.messages.pods import PodDeleted, PodPending
+from shared.runtime.bus import Bus, Delivery, KvEntry
+from shared.runtime.edge import Edge
+from shared.runtime.health import HttpRoutes, Readiness
+from shared.runtime.lifecycle import ServiceContext
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 64
+"""Commits one replica runs at once."""
+FETCH_BATCH = 64
+MAX_HELD = 100_000
+"""The pod consumer's ``max_ack_pending``: pods held (deciding or waiting) across replicas."""
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 10.0
+SAFETY_RETRY_S = 60.0
+"""A waiting pod is tried again at least this often, even when nothing seemed to change."""
+CONTENDED_S = 0.5
+"""How long this replica keeps new decisions off a node after losing a commit on it."""
+RETRY_LATER_S = 0.5
+"""Delay before a pod whose commit kept losing comes back (doubled at most, at random)."""
+MIX_CHECK_S = 5.0
+TENANCY_CHECK_S = 2.0
+REFRESH_S = 1.0
+WATCH_RETRY_S = 1.0
+EXPLAINED_PODS = 10_000
+"""Last outcomes kept for ``GET /v1/pods/{uid}``."""
+VERDICTS_SHOWN = 20
+
+
+@dataclass(frozen=True)
+class PlacerConfig:
+    """The placer's settings, checked (see ``command.py``)."""
+
+    placer_id: str
+    profile: ProfileSpec | str = "tessera"
+    tenancy_file: str = ""
+    tenancy: TenancyConfig | None = None
+    """The tenancy file's content at start (already parsed and checked)."""
+    reserve_timeout_s: float = 120.0
+    release_retention_s: float = 3600.0
+    inventory_stale_s: float = 30.0
+    max_commit_retries: int = 8
+    task_mix_window: int = 2000
+    ack_wait_s: float = 30.0
+    reconcile_interval_s: float = 30.0
+    mix_check_s: float = MIX_CHECK_S
+    """How often the learned task mix is compared with the one the profile was compiled with."""
+    tenancy_check_s: float = TENANCY_CHECK_S
+    """How often the tenancy file is read for a new version."""
+
+
+Stage = Literal["queued", "committing", "waiting"]
+
+
+@dataclass
+class _Item:
+    """A pod this replica holds, with every message of it it received."""
+
+    pod: PodPending
+    request: PodRequest
+    deliveries: list[Delivery]
+    received: float
+    """Monotonic time the first message arrived (decision latency starts here)."""
+    stage: Stage = "queued"
+    attempts: int = 0
+    wake: decider.Wake = "freed"
+    seen: tuple[int, int] = (0, 0)
+    """The view's (freed, grown) counters when it was last tried."""
+    tried: float = 0.0
+    backoff: float = BACKOFF_MIN_S
+    last_message: str = ""
+    rejections: int = 0
+    answered: bool = False
+    """A decision or rejection was published (latency observed)."""
+    result: asyncio.Future[Outcome] | None = None
+    """Set for a pod placed through :meth:`PlacerService.place` (answered, never held)."""
+    only_node: str | None = None
+    avoid: set[str] = field(default_factory=set)
+    """Nodes where a commit of this pod lost to another writer: decided away from them."""
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What became of a pod (``GET /v1/pods/{uid}`` and the extender's answer)."""
+
+    pod_uid: str
+    outcome: str
+    """placed, waiting, unresolvable, duplicate, deleted, failed."""
+    node: str = ""
+    booking: Booking | None = None
+    score: float = 0.0
+    scores: dict[str, float] = {}
+    reasons: tuple[tuple[str, int], ...] = ()
+    message: str = ""
+    at: float = 0.0
+    request: PodRequest | None = None
+
+
+def service_profile(profile: ProfileSpec | str) -> ProfileSpec:
+    """The profile as the service runs it: a built-in one breaks ties by a draw seeded by the
+    pod's UID instead of by node name, so replicas (and this replica's commits in flight) that
+    decide different pods at once spread over equally good nodes instead of all racing for the
+    first one; deterministic for a pod, and as good as the simulator's seeded node order. A
+    profile file's own ``tie_break`` is kept."""
+    if isinstance(profile, ProfileSpec):
+        return profile
+    spec = BUILTIN[profile]
+    return msgspec.structs.replace(spec, tie_break="random")
+
+
+def _keep(key: str) -> None:
+    """Ledger entries are never deleted by Tessera: one that vanished is not forgotten."""
+
+
+class PlacerService:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        config: PlacerConfig,
+        bus: Bus,
+        edge: Edge,
+        clock: Clock,
+        metrics: PlacerMetrics,
+        readiness: Readiness,
+    ) -> None:
+        self.config = config
+        self.bus = bus
+        self.edge = edge
+        self.clock = clock
+        self.metrics = metrics
+        self.readiness = readiness
+        self.view = ClusterView(
+            inventory_stale_s=config.inventory_stale_s,
+            task_mix_window=config.task_mix_window,
+            tenancy=config.tenancy,
+        )
+        self.store = Store(bus=bus, edge=edge, view=self.view, clock=clock, metrics=metrics)
+        self.protocol = CommitProtocol(
+            store=self.store,
+            bus=bus,
+            view=self.view,
+            clock=clock,
+            metrics=metrics,
+            profile_name=self._profile_name,
+        )
+        self.profile: Profile | None = None
+        self._typical: tuple[Any, ...] | None = None
+        self._queue = PlacementQueue()
+        self._direct: list[_Item] = []
+        """Pods the queue refused to order (invalid): decided at once, to be rejected."""
+        self._items: dict[str, _Item] = {}
+        self._waiting: dict[str, _Item] = {}
+        self._in_flight = 0
+        self._work = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._seen_change = (0, 0)
+        self._failed_at: tuple[int, int] = (-1, -1)
+        self._failed_keys: dict[PodRequest, Waiting] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._releasing: set[str] = set()
+        self._contended: dict[str, float] = {}
+        """Node -> until when (monotonic) decisions avoid it after a lost commit there."""
+        self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
+        self._tenancy_text: bytes | None = None
+        readiness.set("state", False, "loading inventory, nodes, ledger, claims and records")
+
+    # --- running -------------------------------------------------------------------------------
+
+    async def run(self, routes: HttpRoutes | None = None) -> None:
+        """Load, reconcile, then serve until cancelled."""
+        buckets = ("inventory", "nodes", "ledger", "claims", "records")
+        loaded = {name: asyncio.Event() for name in buckets}
+        try:
+            async with asyncio.TaskGroup() as group:
+                view = self.view
+                follows = (
+                    (
+                        subjects.KV_INVENTORY,
+                        self._on_inventory,
+                        "inventory",
+                        view.inventory_keys,
+                        view.forget_inventory,
+                    ),
+                    (
+                        subjects.KV_NODES,
+                        self._on_facts,
+                        "nodes",
+                        view.facts_keys,
+                        view.forget_facts,
+                    ),
+                    (subjects.KV_LEDGER, self._on_ledger, "ledger", set, _keep),
+                    (
+                        subjects.KV_CLAIMS,
+                        self._on_claim,
+                        "claims",
+                        lambda: set(view.claims),
+                        view.forget_claim,
+                    ),
+                    (
+                        subjects.KV_ASSIGNMENTS,
+                        self._on_record,
+                        "records",
+                        lambda: set(view.records),
+                        view.forget_record,
+                    ),
+                )
+                for bucket, apply, name, held, forget in follows:
+                    group.create_task(
+                        self._follow(bucket, apply, loaded[name], held=held, forget=forget)
+                    )
+                await asyncio.gather(*(event.wait() for event in loaded.values()))
+                self.view.finish_load(self.clock.now())
+                self._queue = PlacementQueue(reference=self._reference())
+                self._rebuild_profile()
+                await self.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
+                log.info(
+                    "placer ready",
+                    extra={
+                        "nodes": self.view.node_count(),
+                        "claims": len(self.view.claims),
+                        "records": len(self.view.records),
+                        "profile": self._profile_name,
+                    },
+                )
+                # Everything loaded so far lives as long as the placer: keep the garbage
+                # collector from walking it again and again (its full passes are the main
+                # source of pauses in a process holding a large cluster).
+                gc.collect()
+                gc.freeze()
+                self.readiness.set("state", True)
+                if routes is not None:
+                    routes.get("/v1/pods/{uid}", self._explain)
+                for loop in (
+                    self._consume_pods,
+                    self._consume_bindings,
+                    self._place_loop,
+                    self._retry_loop,
+                    self._heartbeat_loop,
+                    self._refresh_loop,
+                    self._timeout_loop,
+                    self._purge_loop,
+                    self._reconcile_loop,
+                    self._mix_loop,
+                    self._tenancy_loop,
+                ):
+                    group.create_task(loop(), name=loop.__name__)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.shield(self._give_back_held())
+
+    @property
+    def _profile_name(self) -> str:
+        spec = self.config.profile
+        return spec if isinstance(spec, str) else spec.name
+
+    def _reference(self) -> ReferenceNode:
+        return reference_node(ClusterSnapshot(nodes=tuple(self.view.index)))
+
+    def _spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("placer task failed", exc_info=task.exception())
+
+    async def _give_back_held(self) -> None:
+        """On stop: nak every held pod message so another replica takes it at once."""
+        held = [d for item in self._items.values() for d in item.deliveries]
+        self._items.clear()
+        self._waiting.clear()
+        if held:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    asyncio.gather(*(d.nak(None) for d in held), return_exceptions=True), 3.0
+                )
+            log.info("handed back held pods", extra={"messages": len(held)})
+
+    # --- KV watches ----------------------------------------------------------------------------
+
+    async def _follow(
+        self,
+        bucket: str,
+        apply: Callable[[KvEntry], Awaitable[None]],
+        loaded: asyncio.Event,
+        *,
+        held: Callable[[], set[str]],
+        forget: Callable[[str], None],
+    ) -> None:
+        """Apply every value of ``bucket`` to the view, forever.
+
+        A watch that ends or fails is started again; its initial values then also tell which
+        keys were deleted while no watch ran (``held`` keys it no longer lists are forgotten).
+        """
+        while True:
+            watch = self.bus.kv_watch(bucket)
+            seen: set[str] | None = set()
+            try:
+                async for entry in watch:
+                    if entry is None:
+                        if seen is not None and loaded.is_set():
+                            for key in held() - seen:
+                                forget(key)
+                        seen = None
+                        loaded.set()
+                        continue
+                    if seen is not None:
+                        seen.add(entry.key)
+                    await apply(entry)
+                    self._poke()
+                log.warning("KV watch ended; watching again", extra={"bucket": bucket})
+            except Exception as error:  # NATS trouble: the view stays as it is meanwhile
+                log.warning(
+                    "KV watch failed; watching again",
+                    extra={"bucket": bucket, "error": f"{type(error).__name__}: {error}"},
+                )
+            finally:
+                with contextlib.suppress(Exception):
+                    await watch.aclose()  # type: ignore[attr-defined]
+            await self.clock.sleep(WATCH_RETRY_S)
+
+    def _poke(self) -> None:
+        """Wake the retry loop when the view's change counters moved."""
+        seen = (self.view.freed, self.view.grown)
+        if seen != self._seen_change:
+            self._seen_change = seen
+            self._changed.set()
+
+    async def _decode(self, entry: KvEntry, bucket: str, message: type[Any], family: str) -> Any:
+        delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
+        return await self.edge.accept(delivery, message, family=family)
+
+    async def _on_inventory(self, entry: KvEntry) -> None:
+        node = subjects.node_from_token(entry.key)
+        if entry.deleted:
+            self.view.drop_inventory(node)
+            return
+        inventory = await self._decode(entry, subjects.KV_INVENTORY, NodeInventory, "inventory")
+        if isinstance(inventory, NodeInventory):
+            if subjects.node_token(inventory.node) != entry.key:
+                await self._reject_entry(entry, subjects.KV_INVENTORY, "inventory", inventory.node)
+                return
+            self.view.set_inventory(inventory)
+
+    async def _on_facts(self, entry: KvEntry) -> None:
+        node = subjects.node_from_token(entry.key)
+        if entry.deleted:
+            self.view.drop_facts(node)
+            return
+        facts = await self._decode(entry, subjects.KV_NODES, NodeFacts, "nodes")
+        if isinstance(facts, NodeFacts):
+            if subjects.node_token(facts.node) != entry.key:
+                await self._reject_entry(entry, subjects.KV_NODES, "nodes", facts.node)
+                return
+            self.view.set_facts(facts)
+
+    async def _on_ledger(self, entry: KvEntry) -> None:
+        node = subjects.node_from_token(entry.key)
+        if entry.revision <= self.view.ledger(node)[1]:
+            return  # our own write coming back (or older): nothing new, nothing to decode
+        if entry.deleted:
+            self.view.set_ledger(node, None, entry.revision)
+            return
+        ledger = await self._decode(entry, subjects.KV_LEDGER, NodeLedger, "ledger")
+        if isinstance(ledger, NodeLedger):
+            self.view.set_ledger(ledger.node, ledger, entry.revision)
+        else:
+            self.view.set_ledger_unreadable(node, entry.revision)
+
+    async def _on_claim(self, entry: KvEntry) -> None:
+        if entry.revision <= self.view.claim_revisions.get(entry.key, 0):
+            return
+        if entry.deleted:
+            self.view.set_claim(entry.key, None, entry.revision)
+            return
+        claim = await self._decode(entry, subjects.KV_CLAIMS, PodClaim, "claims")
+        if isinstance(claim, PodClaim):
+            self.view.set_claim(claim.pod_uid, claim, entry.revision)
+            if claim.state != "requeued":
+                self._drop_held(claim.pod_uid, claim)
+
+    async def _on_record(self, entry: KvEntry) -> None:
+        known = self.view.records.get(entry.key)
+        if known is not None and entry.revision <= known.revision:
+            return
+        if entry.deleted:
+            self.view.set_record(entry.key, None, entry.revision)
+            return
+        record = await self._decode(entry, subjects.KV_ASSIGNMENTS, AssignmentRecord, "assignments")
+        if isinstance(record, AssignmentRecord):
+            self.view.set_record(entry.key, record, entry.revision)
+
+    async def _reject_entry(self, entry: KvEntry, bucket: str, family: str, named: str) -> None:
+        delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
+        await self.edge.reject(
+            delivery,
+            family=family,
+            reason=f"entry under key {entry.key} names node {named!r}",
+            kind="validate",
+        )
+
+    # --- pods in -------------------------------------------------------------------------------
+
+    async def _consume_pods(self) -> None:
+        consumer = await self.bus.pull_consumer(
+            stream=subjects.STREAM_PODS,
+            durable="placer",
+            subject=subjects.PODS_ALL,
+            ack_wait=self.config.ack_wait_s,
+            max_ack_pending=MAX_HELD,
+        )
+        try:
+            async for delivery in self._deliveries(consumer.fetch, backpressure=True):
+                if delivery.subject == subjects.PODS_DELETED:
+                    deleted = await self.edge.accept(delivery, PodDeleted, family="pods")
+                    if deleted is not None:
+                        self._spawn(self._on_deleted(deleted, delivery), f"deleted-{deleted.uid}")
+                elif delivery.subject == subjects.PODS_PENDING:
+                    pod = await self.edge.accept(delivery, PodPending, family="pods")
+                    if pod is not None:
+                        await self._on_pending(pod, delivery)
+                else:
+                    await self.edge.reject(
+                        delivery,
+                        family="pods",
+                        reason=f"no pod message is published on {delivery.subject}",
+                        kind="subject",
+                    )
+        finally:
+            await consumer.close()
+
+    async def _deliveries(
+        self, fetch: Callable[[int, float], Awaitable[list[Delivery]]], *, backpressure: bool
+    ) -> AsyncIterator[Delivery]:
+        delay = 0.5
+        while True:
+            while backpressure and self._busy():
+                self._work.set()
+                await asyncio.sleep(0.005)
+            try:
+                batch = await fetch(FETCH_BATCH, 1.0)
+                delay = 0.5
+            except TimeoutError:  # nats-py's way, at times, of saying "no message yet"
+                continue
+            except Exception as error:  # NATS down or slow: try again, the messages stay
+                log.warning(
+                    "cannot fetch; retrying", extra={"error": f"{type(error).__name__}: {error}"}
+                )
+                await self.clock.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            for delivery in batch:
+                yield delivery
+
+    def _busy(self) -> bool:
+        return len(self._items) - len(self._waiting) >= 4 * MAX_IN_FLIGHT
+
+    async def _on_pending(self, pod: PodPending, delivery: Delivery) -> None:
+        item = self._items.get(pod.uid)
+        if item is not None:  # another message of a pod already held here
+            item.deliveries.append(delivery)
+            if item.stage == "waiting":  # it may have changed: try it again now
+                item.pod, item.request = pod, translate.pod_request(pod)
+                self._enqueue(item)
+            return
+        claim = self.view.claim(pod.uid)
+        if claim is not None and claim.state == "deleted":
+            self.metrics.decisions.labels(outcome="duplicate").inc()
+            await self._ack([delivery])
+            return
+        item = _Item(
+            pod=pod,
+            request=translate.pod_request(pod),
+            deliveries=[delivery],
+            received=self.clock.monotonic(),
+        )
+        self._items[pod.uid] = item
+        self._enqueue(item)
+
+    def _enqueue(self, item: _Item) -> None:
+        self._waiting.pop(item.pod.uid, None)
+        item.stage = "queued"
+        queued = self._queue.push(
+            item.request,
+            priority_label=item.pod.hints.priority_label,
+            created_at=item.pod.created_at,
+        )
+        if isinstance(queued, Rejection):
+            self._direct.append(item)
+        self._work.set()
+
+    async def _on_deleted(self, deleted: PodDeleted, delivery: Delivery) -> None:
+        try:
+            await self.release_deleted(deleted.uid, cause="deleted", reason="pod deleted")
+        except Exception as error:
+            log.warning(
+                "release of a deleted pod failed; it comes back",
+                extra={"pod_uid": deleted.uid, "error": f"{type(error).__name__}: {error}"},
+            )
+            with contextlib.suppress(Exception):
+                await delivery.nak(1.0)
+            return
+        await self._ack([delivery])
+
+    def _drop_held(self, pod_uid: str, claim: PodClaim) -> None:
+        """A claim appeared for a pod held waiting here: it was placed or deleted elsewhere."""
+        item = self._items.get(pod_uid)
+        if item is None or item.stage != "waiting":
+            return
+        del self._items[pod_uid]
+        self._waiting.pop(pod_uid, None)
+        self._queue.remove(pod_uid)
+        if claim.state == "placed" and claim.booking is not None:
+            # Finish it like a redelivery: the placing replica may have stopped before publishing.
+            self._spawn(self._republish(claim.booking, item.deliveries), f"republish-{pod_uid}")
+        else:
+            self._spawn(self._ack(item.deliveries), f"ack-{pod_uid}")
+
+    # --- deciding ------------------------------------------------------------------------------
+
+    async def _place_loop(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            while self._direct:
+                invalid = self._direct.pop()
+                if self._items.get(invalid.pod.uid) is invalid and invalid.stage == "queued":
+                    self._start(invalid)
+            while len(self._queue) and self._in_flight < MAX_IN_FLIGHT:
+                entry = self._queue.pop()
+                if entry is None:
+                    break
+                item = self._items.get(entry.uid)
+                if item is None or item.stage != "queued":
+                    continue
+                self._start(item)
+                await asyncio.sleep(0)  # let commits and deliveries progress
+
+    def _start(self, item: _Item) -> None:
+        """Decide ``item`` now (synchronously, on the view) and set its commit going."""
+        uid = item.pod.uid
+        claim = self.view.claim(uid)
+        if claim is not None and claim.state == "placed" and claim.booking is not None:
+            del self._items[uid]
+            self._spawn(self._republish(claim.booking, item.deliveries), f"republish-{uid}")
+            return
+        if claim is not None and claim.state == "deleted":
+            del self._items[uid]
+            self._spawn(self._ack(item.deliveries), f"ack-{uid}")
+            return
+        booked = self.view.bookings_of(uid)
+        if booked and claim is None:
+            # Booked by a commit that stopped before its claim: finish that one.
+            item.stage = "committing"
+            self._in_flight += 1
+            self._spawn(self._commit(item, booked[0], None, book=False), f"finish-{uid}")
+            return
+        assert self.profile is not None
+        now = self.clock.now()
+        item.tried = self.clock.monotonic()
+        item.seen = (self.view.freed, self.view.grown)
+        key = item.request.placement_key()
+        if self._failed_at != item.seen:
+            self._failed_at, self._failed_keys = item.seen, {}
+        known = self._failed_keys.get(key) if item.rejections else None
+        self.metrics.tries.inc()
+        try:
+            outcome = self._decide(item, known, now)
+        except Exception:  # a bug in the core must not stop the placer for every pod
+            log.exception("deciding a pod failed", extra={"pod_uid": uid})
+            self.metrics.commit_failures.labels(cause="bug").inc()
+            self._spawn(self._give_back(item, delay=BACKOFF_MAX_S), f"giveback-{uid}")
+            return
+        if isinstance(outcome, Waiting):
+            self._failed_keys[key] = outcome
+            item.stage = "waiting"
+            self._waiting[uid] = item
+            self._spawn(self._reject(item, outcome), f"reject-{uid}")
+            return
+        booking = translate.booking_of(
+            outcome.reservation,
+            item.pod,
+            commit=f"{self.config.placer_id}.{secrets.token_hex(6)}",
+            decided_at=now,
+            placer_id=self.config.placer_id,
+        )
+        self.view.add_tentative(booking)
+        item.stage = "committing"
+        self._in_flight += 1
+        self._spawn(self._commit(item, booking, outcome), f"commit-{uid}")
+
+    def _decide(self, item: _Item, known: Waiting | None, now: float) -> Decision | Waiting:
+        assert self.profile is not None
+        if item.only_node is not None:
+            return decider.decide_on(self.view, self.profile, item.request, item.only_node, now=now)
+        return known or decider.decide(
+            self.view, self.profile, item.request, now=now, avoid=self._avoided(item)
+        )
+
+    def _avoided(self, item: _Item) -> set[str]:
+        """Nodes this pod lost a commit on, and nodes where this replica lost one lately: while
+        another replica is packing a node, deciding other pods onto it only loses again."""
+        now = self.clock.monotonic()
+        if self._contended and len(self._contended) > 64:
+            self._contended = {n: t for n, t in self._contended.items() if t > now}
+        recent = {n for n, until in self._contended.items() if until > now}
+        return item.avoid | recent if recent else item.avoid
+
+    async def _commit(
+        self, item: _Item, booking: Booking, decision: Decision | None, *, book: bool = True
+    ) -> None:
+        uid = booking.pod_uid
+        try:
+            refused = ""
+            if book:
+                try:
+                    refused = await self.store.book(booking)
+                except ConflictError:
+                    refused = "the node's ledger changed"
+            if refused:
+                self.view.drop_tentative(booking.node, uid)
+                item.avoid.add(booking.node)
+                self._contended[booking.node] = self.clock.monotonic() + CONTENDED_S
+                self._retry(item, refused)
+                return
+            outcome, placed = await self.protocol.finish(booking, item.pod, decision)
+            await self._ack(item.deliveries)
+            if self._items.get(uid) is item:
+                del self._items[uid]
+            self._answered(item, outcome, placed, decision if placed is booking else None)
+        except Exception as error:  # NATS failed mid-commit: what landed is found again later
+            self.view.drop_tentative(booking.node, uid)
+            self.metrics.commit_failures.labels(cause="nats").inc()
+            log.warning(
+                "commit interrupted; the pod message comes back",
+                extra={
+                    "pod_uid": uid,
+                    "node": booking.node,
+                    "error": f"{type(error).__name__}: {error}",
+                },
+            )
+            await self._give_back(item, delay=1.0)
+        finally:
+            self._in_flight -= 1
+            self._work.set()
+
+    def _retry(self, item: _Item, why: str) -> None:
+        item.attempts += 1
+        self.metrics.retries.inc()
+        if item.attempts > self.config.max_commit_retries:
+            self.metrics.commit_failures.labels(cause="retries").inc()
+            log.warning(
+                "commit retries exhausted; the pod message comes back later",
+                extra={"pod_uid": item.pod.uid, "attempts": item.attempts, "reason": why},
+            )
+            delay = RETRY_LATER_S * (1 + random.random())  # jittered: replicas fall out of step
+            self._spawn(self._give_back(item, delay=delay), f"giveback-{item.pod.uid}")
+            return
+        if self._items.get(item.pod.uid) is item:
+            self._enqueue(item)
+
+    async def _give_back(self, item: _Item, *, delay: float) -> None:
+        if self._items.get(item.pod.uid) is item:
+            del self._items[item.pod.uid]
+        self._waiting.pop(item.pod.uid, None)
+        if item.result is not None and not item.result.done():
+            item.result.set_result(
+                Outcome(pod_uid=item.pod.uid, outcome="failed", at=self.clock.now())
+            )
+        for delivery in item.deliveries:
+            with contextlib.suppress(Exception):
+                await delivery.nak(delay)
+
+    async def _republish(self, booking: Booking, deliveries: list[Delivery]) -> None:
+        """Finish a pod placed already (by ``booking``), then ack its messages."""
+        try:
+            await self.protocol.republish(booking)
+        except Exception as error:
+            log.warning(
+                "cannot finish an already placed pod yet; its message comes back",
+                extra={"pod_uid": booking.pod_uid, "error": f"{type(error).__name__}: {error}"},
+            )
+            for delivery in deliveries:
+                with contextlib.suppress(Exception):
+                    await delivery.nak(1.0)
+            return
+        self.metrics.decisions.labels(outcome="duplicate").inc()
+        await self._ack(deliveries)
+
+    async def _ack(self, deliveries: list[Delivery]) -> None:
+        for delivery in deliveries:
+            with contextlib.suppress(Exception):  # an ack that is lost means a harmless redelivery
+                await delivery.ack()
+
+    def _answered(
+        self, item: _Item, outcome: str, booking: Booking, decision: Decision | None
+    ) -> None:
+        elapsed = self.clock.monotonic() - item.received
+        if not item.answered:
+            item.answered = True
+            self.metrics.latency.observe(elapsed)
+        self.metrics.decisions.labels(outcome=outcome).inc()
+        gpus = [
+            f"{s.uuid}:{s.memory_mib}MiB:{s.core_milli // 10}%"
+            for c in booking.containers
+            for s in c.gpus
+        ]
+        log.info(
+            "pod placed" if outcome == "placed" else f"pod {outcome}",
+            extra={
+                "pod": f"{item.pod.namespace}/{item.pod.name}",
+                "pod_uid": item.pod.uid,
+                "node": booking.node,
+                "gpus": gpus,
+                "score": round(decision.score, 3) if decision else None,
+                "feasible_nodes": decision.feasible_nodes if decision else None,
+                "attempts": item.attempts + 1,
+                "latency_ms": round(elapsed * 1000, 2),
+                "commit": booking.commit,
+            },
+        )
+        self._remember(
+            Outcome(
+                pod_uid=item.pod.uid,
+                outcome=outcome,
+                node=booking.node,
+                booking=booking,
+                score=decision.score if decision else 0.0,
+                scores=dict(decision.scores) if decision else {},
+                at=self.clock.now(),
+                request=item.request,
+            )
+        )
+        if item.result is not None and not item.result.done():
+            item.result.set_result(self._outcomes[item.pod.uid])
+
+    def _remember(self, outcome: Outcome) -> None:
+        self._outcomes[outcome.pod_uid] = outcome
+        self._outcomes.move_to_end(outcome.pod_uid)
+        while len(self._outcomes) > EXPLAINED_PODS:
+            self._outcomes.popitem(last=False)
+
+    async def _reject(self, item: _Item, waiting: Waiting) -> None:
+        """Publish why the pod does not fit (when that changed); keep it waiting or let it go."""
+        pod = item.pod
+        rejection = waiting.rejection
+        message = translate.rejection_message(
+            pod,
+            rejection.reasons,
+            nodes=len(self.view.index),
+            unresolvable=rejection.unresolvable,
+            decided_at=self.clock.now(),
+            placer_id=self.config.placer_id,
+        )
+        try:
+            if message.message != item.last_message:
+                sequence = item.deliveries[0].sequence if item.deliveries else 0
+                await self.bus.js_publish(
+                    subjects.PLACEMENTS_REJECTED,
+                    codec.encode(message),
+                    msg_id=f"rejected.{pod.uid}.{sequence}.{item.rejections}",
+                )
+                item.rejections += 1
+                item.last_message = message.message
+                outcome = "unresolvable" if rejection.unresolvable else "rejected"
+                self.metrics.decisions.labels(outcome=outcome).inc()
+                log.info(
+                    "pod rejected",
+                    extra={
+                        "pod": f"{pod.namespace}/{pod.name}",
+                        "pod_uid": pod.uid,
+                        "reasons": message.message,
+                        "unresolvable": rejection.unresolvable,
+                        "waits_for": "nothing" if waiting.final else waiting.wake,
+                    },
+                )
+            if not item.answered:
+                item.answered = True
+                self.metrics.latency.observe(self.clock.monotonic() - item.received)
+        except Exception as error:
+            log.warning(
+                "cannot publish a rejection; the pod message comes back",
+                extra={"pod_uid": pod.uid, "error": f"{type(error).__name__}: {error}"},
+            )
+            await self._give_back(item, delay=1.0)
+            return
+        self._remember(
+            Outcome(
+                pod_uid=pod.uid,
+                outcome="unresolvable" if rejection.unresolvable else "waiting",
+                reasons=tuple((r.reason, r.nodes) for r in rejection.reasons),
+                message=message.message,
+                at=self.clock.now(),
+                request=item.request,
+            )
+        )
+        if item.result is not None and not item.result.done():
+            item.result.set_result(self._outcomes[pod.uid])
+        if waiting.final or item.result is not None:
+            if self._items.get(pod.uid) is item:
+                del self._items[pod.uid]
+            self._waiting.pop(pod.uid, None)
+            await self._ack(item.deliveries)
+            return
+        item.wake = waiting.wake
+        item.backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, item.backoff * 2))
+
+    async def _retry_loop(self) -> None:
+        """Put waiting pods back in the queue when something that could let them fit changed."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=REFRESH_S)
+            self._changed.clear()
+            now = self.clock.monotonic()
+            freed, grown = self.view.freed, self.view.grown
+            for item in list(self._waiting.values()):
+                changed = grown != item.seen[1] or (item.wake == "freed" and freed != item.seen[0])
+                due = now - item.tried >= item.backoff
+                if (changed and due) or now - item.tried >= SAFETY_RETRY_S:
+                    self._enqueue(item)
+            self._count_pending()
+
+    def _count_pending(self) -> None:
+        by_reason: dict[str, int] = {}
+        for item in self._waiting.values():
+            outcome = self._outcomes.get(item.pod.uid)
+            reason = outcome.reasons[0][0] if outcome and outcome.reasons else "unknown"
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        self.metrics.pending.clear()
+        for reason, count in by_reason.items():
+            self.metrics.pending.labels(reason=reason).set(count)
+        self.metrics.queue_depth.labels(stage="waiting").set(len(self._waiting))
+        self.metrics.queue_depth.labels(stage="deciding").set(len(self._items) - len(self._waiting))
+
+    async def _heartbeat_loop(self) -> None:
+        """Keep every held message in progress so JetStream does not hand it to another replica."""
+        while True:
+            await self.clock.sleep(max(0.2, self.config.ack_wait_s / 3))
+            held = [d for item in list(self._items.values()) for d in item.deliveries]
+            for start in range(0, len(held), 500):
+                await asyncio.gather(
+                    *(d.in_progress() for d in held[start : start + 500]), return_exceptions=True
+                )
+
+    # --- the extender's entry point ------------------------------------------------------------
+
+    async def place(self, pod: PodPending, *, node: str | None = None) -> Outcome:
+        """Decide ``pod`` now (on ``node`` only, when given) and commit it like any other pod.
+
+        For the scheduler extender (issue 14): the answer comes once the decision is committed
+        and published, or the rejection published; a pod that does not fit is not kept.
+        """
+        if pod.uid in self._items:
+            raise ValueError(f"pod {pod.uid} is already being placed")
+        item = _Item(
+            pod=pod,
+            request=translate.pod_request(pod),
+            deliveries=[],
+            received=self.clock.monotonic(),
+            result=asyncio.get_running_loop().create_future(),
+            only_node=node,
+        )
+        self._items[pod.uid] = item
+        self._enqueue(item)
+        assert item.result is not None
+        return await item.result
+
+    # --- releases ------------------------------------------------------------------------------
+
+    async def _consume_bindings(self) -> None:
+        consumer = await self.bus.pull_consumer(
+            stream=subjects.STREAM_BINDINGS,
+            durable="placer-bindings",
+            subject=subjects.BINDINGS_ALL,
+            ack_wait=self.config.ack_wait_s,
+        )
+        try:
+            async for delivery in self._deliveries(consumer.fetch, backpressure=False):
+                result = await self.edge.accept(delivery, BindingResult, family="bindings")
+                if result is not None:
+                    self._spawn(self._on_binding(result, delivery), f"binding-{result.pod_uid}")
+        finally:
+            await consumer.close()
+
+    async def _on_binding(self, result: BindingResult, delivery: Delivery) -> None:
+        try:
+            if result.outcome == "gone":
+                await self.release_deleted(
+                    result.pod_uid, cause="gone", reason=result.reason or "pod gone before binding"
+                )
+            elif result.outcome == "failed":
+                await self.release_requeue(
+                    result.pod_uid,
+                    result.node,
+                    cause="failed",
+                    reason=result.reason or "binding failed",
+                    only_reserved=False,
+                    reported_at=result.at,
+                )
+        except Exception as error:
+            log.warning(
+                "cannot act on a binding result yet; it comes back",
+                extra={"pod_uid": result.pod_uid, "error": f"{type(error).__name__}: {error}"},
+            )
+            with contextlib.suppress(Exception):
+                await delivery.nak(1.0)
+            return
+        await self._ack([delivery])
+
+    async def release_deleted(self, pod_uid: str, *, cause: str, reason: str) -> None:
+        """The pod is gone (deleted, or the binder found it gone): give everything back."""
+        given_back = await self.protocol.release_deleted(pod_uid, reason=reason)
+        item = self._items.get(pod_uid)
+        if item is not None and item.stage != "committing":
+            del self._items[pod_uid]
+            self._waiting.pop(pod_uid, None)
+            self._queue.remove(pod_uid)
+            await self._ack(item.deliveries)
+        self.metrics.releases.labels(cause=cause).inc()
+        self._remember(
+            Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=self.clock.now())
+        )
+        log.info(
+            "pod released",
+            extra={
+                "pod_uid": pod_uid,
+                "cause": cause,
+                "nodes": sorted({b.node for b in given_back}),
+            },
+        )
+
+    async def release_requeue(
+        self,
+        pod_uid: str,
+        node: str,
+        *,
+        cause: str,
+        reason: str,
+        only_reserved: bool,
+        reported_at: float = 0.0,
+    ) -> bool:
+        """Give the placement on ``node`` back and place the pod again (see the protocol)."""
+        released = await self.protocol.release_requeue(
+            pod_uid, node, reason=reason, only_reserved=only_reserved, reported_at=reported_at
+        )
+        if released:
+            self.metrics.releases.labels(cause=cause).inc()
+            log.info(
+                "pod released to be placed again",
+                extra={"pod_uid": pod_uid, "node": node, "cause": cause, "reason": reason},
+            )
+        return released
+
+    # --- timers --------------------------------------------------------------------------------
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await self.clock.sleep(REFRESH_S)
+            self.view.refresh(self.clock.now())
+            self._poke()
+            unplaceable = self.view.unplaceable()
+            self.metrics.nodes.clear()
+            self.metrics.nodes.labels(state="placeable").set(
+                self.view.node_count() - sum(unplaceable.values())
+            )
+            for reason, count in unplaceable.items():
+                self.metrics.nodes.labels(state=reason).set(count)
+
+    async def _timeout_loop(self) -> None:
+        """Release ``reserved`` records the binder did not bind within the reserve timeout."""
+        period = max(0.5, min(5.0, self.config.reserve_timeout_s / 4))
+        while True:
+            await self.clock.sleep(period)
+            now = self.clock.now()
+            for record in list(self.view.records.values()):
+                if (
+                    record.state == "reserved"
+                    and now - record.decided_at >= self.config.reserve_timeout_s
+                    and record.key not in self._releasing
+                ):
+                    self._releasing.add(record.key)
+                    self._spawn(self._time_out(record.key, record.pod_uid, record.node), "timeout")
+
+    async def _time_out(self, key: str, pod_uid: str, node: str) -> None:
+        try:
+            await self.release_requeue(
+                pod_uid,
+                node,
+                cause="timeout",
+                reason=f"not bound within {self.config.reserve_timeout_s:g} s",
+                only_reserved=True,
+            )
+        except Exception as error:
+            log.warning(
+                "reserve timeout release failed; tried again",
+                extra={"pod_uid": pod_uid, "error": f"{type(error).__name__}: {error}"},
+            )
+        finally:
+            self._releasing.discard(key)
+
+    async def _purge_loop(self) -> None:
+        """Delete released records and deleted pods' claims after the retention period."""
+        period = max(1.0, min(60.0, self.config.release_retention_s / 4))
+        while True:
+            await self.clock.sleep(period)
+            try:
+                await self.protocol.purge(retention_s=self.config.release_retention_s)
+            except Exception as error:
+                log.warning("purge failed; tried again", extra={"error": str(error)})
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.reconcile_interval_s)
+            try:
+                await self.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
+            except Exception as error:
+                log.warning("reconciliation failed; tried again", extra={"error": str(error)})
+
+    async def _mix_loop(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.mix_check_s)
+            self._rebuild_profile()
+
+    def _rebuild_profile(self) -> None:
+        """Compile the profile with the learned task mix, when the mix moved."""
+        typical = self.view.mix.typical()
+        if typical == self._typical and self.profile is not None:
+            return
+        old = self.profile
+        self.profile = build_profile(
+            service_profile(self.config.profile),
+            typical_tasks=typical,
+            **self.view.tenancy.plugins(),
+        )
+        self._typical = typical
+        self._failed_keys = {}
+        self.metrics.profile_builds.inc()
+        if old is not None:  # its memo is of no use any more
+            for stale in (old, *old.node_policies.values()):
+                self.view.index.memos.pop(stale, None)
+        log.info(
+            "profile compiled",
+            extra={
+                "profile": self._profile_name,
+                "pods_seen": len(self.view.mix),
+                "typical_tasks": len(typical),
+            },
+        )
+
+    async def _tenancy_loop(self) -> None:
+        path = self.config.tenancy_file
+        if not path:
+            return
+        while True:
+            await self.clock.sleep(self.config.tenancy_check_s)
+            self.check_tenancy_file()
+
+    def check_tenancy_file(self) -> bool:
+        """Apply the tenancy file when it changed and checks; True when a new version applied."""
+        path = Path(self.config.tenancy_file)
+        try:
+            text = path.read_bytes()
+        except OSError as error:
+            if self._tenancy_text is not None:
+                log.error(
+                    "cannot read the tenancy file; keeping the last good config",
+                    extra={"path": str(path), "error": error.strerror},
+                )
+                self._tenancy_text = None
+            return False
+        if text == self._tenancy_text:
+            return False
+        self._tenancy_text = text
+        try:
+            config = parse_tenancy(text, source=str(path))
+        except ConfigFileError as error:
+            self.metrics.tenancy_reloads.labels(outcome="refused").inc()
+            log.error(
+                "tenancy file refused; keeping the last good config", extra={"reason": str(error)}
+            )
+            return False
+        if config == self.view.tenancy.config:
+            return False
+        self.view.configure_tenancy(config)
+        self._failed_keys = {}
+        self._poke()
+        self.metrics.tenancy_reloads.labels(outcome="applied").inc()
+        log.info(
+            "tenancy config applied",
+            extra={
+                "groups": len(config.groups),
+                "permissions": len(config.permissions),
+                "quotas": len(config.quotas),
+            },
+        )
+        return True
+
+    # --- explanation ---------------------------------------------------------------------------
+
+    async def _explain(self, request: web.Request, params: Mapping[str, str]) -> web.StreamResponse:
+        return web.json_response(self.explain(params["uid"]))
+
+    def explain(self, pod_uid: str) -> dict[str, Any]:
+        """Everything this replica knows about one pod, and every node's verdict for it now."""
+        outcome = self._outcomes.get(pod_uid)
+        item = self._items.get(pod_uid)
+        claim = self.view.claim(pod_uid)
+        request = (
+            item.request
+            if item is not None
+            else outcome.request
+            if outcome is not None and outcome.request is not None
+            else translate.pod_request(claim.request)
+            if claim is not None and claim.request is not None
+            else None
+        )
+        answer: dict[str, Any] = {"pod_uid": pod_uid, "replica": self.config.placer_id}
+        if item is not None:
+            answer["held_here"] = item.stage
+        if outcome is not None:
+            answer["last_outcome"] = msgspec.to_builtins(
+                msgspec.structs.replace(outcome, request=None)
+            )
+        if claim is not None:
+            answer["claim"] = {
+                "state": claim.state,
+                "node": claim.booking.node if claim.booking else None,
+                "commit": claim.booking.commit if claim.booking else None,
+                "gpus": msgspec.to_builtins(claim.booking.containers) if claim.booking else [],
+                "reason": claim.reason,
+                "placer_id": claim.booking.placer_id if claim.booking else None,
+            }
+            if claim.booking is not None:
+                record = self.view.records.get(subjects.assignment_key(claim.booking.node, pod_uid))
+                answer["record"] = msgspec.to_builtins(record) if record else None
+        if request is None or self.profile is None:
+            answer["nodes"] = []
+            if outcome is None and claim is None:
+                answer["error"] = "this replica has not seen the pod"
+            return answer
+        judged = decider.verdicts(self.view, self.profile, request)
+        fitting = sorted((v for v in judged if v.fits), key=lambda v: (-v.score, v.node))
+        reasons: dict[str, int] = {}
+        for verdict in judged:
+            if not verdict.fits:
+                reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
+        answer["nodes_total"] = len(judged)
+        answer["nodes_fitting"] = len(fitting)
+        answer["best_nodes"] = [msgspec.to_builtins(v) for v in fitting[:VERDICTS_SHOWN]]
+        answer["not_fitting"] = dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
+        answer["not_fitting_nodes"] = [
+            {"node": v.node, "reason": v.reason} for v in judged if not v.fits
+        ][:VERDICTS_SHOWN]
+        quota = decider.quota_status(self.view, request)
+        if quota:
+            answer["quota"] = quota
+        return answer
+
+
+async def run_placer(
+    context: ServiceContext,
+    config: PlacerConfig,
+    *,
+    started: Callable[[PlacerService], None] | None = None,
+) -> None:
+    """The service body: run the placer until cancelled (``started`` sees the service first)."""
+    service = PlacerService(
+        config=config,
+        bus=context.bus,
+        edge=context.edge,
+        clock=context.clock,
+        metrics=PlacerMetrics.create(context.registry),
+        readiness=context.readiness,
+    )
+    if started is not None:
+        started(service)
+    log.info(
+        "placer starting",
+        extra={
+            "placer_id": config.placer_id,
+            "profile": service._profile_name,
+            "tenancy_file": config.tenancy_file or None,
+        },
+    )
+    await service.run(context.routes)

@@ -1,0 +1,527 @@
+"""The placer's picture of the cluster, kept current from KV (pure: no I/O, time passed in).
+
+:class:`ClusterView` holds the latest value of every KV entry the placer reads (inventory, node
+facts, ledger entries, pod claims, assignment records), each with its KV revision, and from them
+one :class:`~.core.index.ClusterIndex` of node states that decisions run on. Updates come from the
+shell's KV watches and from the shell's own writes (a write's revision is applied at once; the
+watch event for it arrives later and is ignored, as is anything older than what is held).
+
+Besides the committed ledger, a node's state counts this replica's *tentative* bookings: decisions
+taken and not yet committed (the shell commits several at once), so the next decision does not
+count on capacity a commit in flight is about to take. :meth:`committed_state` is the node as the
+ledger alone holds it, which is what a compare-and-set is checked against.
+
+Also kept here, because they follow the same inputs:
+
+- tenant usage for quotas (every booking, committed or tentative, counted once per pod);
+- the task mix (:class:`~.mix.TaskMix`) from the claims;
+- why each unschedulable node is (``unplaceable``), for rejection messages;
+- two change counters the backoff queue waits on: ``freed`` moves when something that could let
+  a waiting pod fit changed (capacity given back, a node added, made schedulable, a GPU healthy
+  again, the tenancy config), ``grown`` when the largest node shapes changed (a node or GPU
+  added), which is all a pod too large for every node waits for;
+- the capacity signatures of all nodes (totals, GPU models and memories), for "too large for any
+  node" (:meth:`too_large`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from services.placer import translate
+from services.placer.commit import RecordFacts, record_facts
+from services.placer.core.facts import PodFacts
+from services.placer.core.groups import TenancyConfig
+from services.placer.core.index import ClusterIndex
+from services.placer.core.model import NodeState
+from services.placer.core.tenancy import Tenancy
+from services.placer.mix import TaskMix, task_spec
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.inventory import NodeInventory
+from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.nodes import NodeFacts
+from shared.subjects import assignment_key, node_from_token, node_token
+
+UNREADABLE = "ledger entry unreadable"
+
+Signature = tuple[int, int, tuple[tuple[str, int], ...]]
+"""A node's capacity when empty: CPU, memory, and (model, memory) of each GPU."""
+
+
+class _Node:
+    """Everything known about one node."""
+
+    __slots__ = (
+        "charged",
+        "counted",
+        "deleted",
+        "facts",
+        "inventory",
+        "ledger",
+        "ledger_revision",
+        "reason",
+        "records",
+        "shown",
+        "signature",
+        "tentative",
+        "unreadable",
+    )
+
+    def __init__(self) -> None:
+        self.inventory: NodeInventory | None = None
+        self.facts: NodeFacts | None = None
+        self.ledger: NodeLedger | None = None
+        self.ledger_revision = 0
+        self.tentative: dict[str, Booking] = {}
+        self.records: set[str] = set()
+        """Pod UIDs with a record on this node."""
+        self.reason = ""
+        self.signature: Signature | None = None
+        self.charged: set[str] = set()
+        """Pod UIDs whose booking here is counted in tenant usage."""
+        self.deleted = False
+        """The binder said the node left the cluster (its inventory may linger in KV)."""
+        self.shown: frozenset[tuple[str, str]] | None = None
+        """(pod UID, commit) of the bookings the index's state of this node was derived from:
+        a tentative booking that becomes committed changes nothing, so it is not derived again."""
+        self.counted: set[str] = set()
+        """Booked pods the node facts already count (see ``translate.node_state``)."""
+        self.unreadable = False
+        """The node's ledger entry does not decode: its bookings are unknown, so nothing more
+        is placed on it until a readable entry arrives."""
+
+    @property
+    def known(self) -> bool:
+        return not self.deleted and (self.inventory is not None or self.facts is not None)
+
+    def bookings(self) -> list[Booking]:
+        committed = list(self.ledger.bookings) if self.ledger else []
+        held = {b.pod_uid for b in committed}
+        return committed + [b for uid, b in self.tentative.items() if uid not in held]
+
+
+def _shown(bookings: list[Booking]) -> frozenset[tuple[str, str]]:
+    return frozenset((b.pod_uid, b.commit) for b in bookings)
+
+
+def _signature(node: NodeState) -> Signature:
+    return (
+        node.cpu_milli_total,
+        node.memory_mib_total,
+        tuple(sorted((g.model, g.memory_total_mib) for g in node.gpus)),
+    )
+
+
+def _freed(old: NodeState | None, new: NodeState) -> bool:
+    """Whether ``new`` could take a pod that ``old`` could not (capacity given back)."""
+    if not new.schedulable:
+        return False
+    if old is None or not old.schedulable:
+        return True
+    if new.cpu_milli_free > old.cpu_milli_free or new.memory_mib_free > old.memory_mib_free:
+        return True
+    before = {g.index: g for g in old.gpus}
+    for gpu in new.gpus:
+        was = before.get(gpu.index)
+        if was is None:
+            return True
+        if gpu.healthy and not was.healthy:
+            return True
+        if gpu.healthy and (
+            gpu.memory_free_mib > was.memory_free_mib
+            or gpu.core_milli_free > was.core_milli_free
+            or gpu.slots_reserved < was.slots_reserved
+            or (was.exclusive and not gpu.exclusive)
+            or gpu.groups != was.groups
+        ):
+            return True
+    return new.groups != old.groups
+
+
+class ClusterView:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        inventory_stale_s: float,
+        task_mix_window: int,
+        tenancy: TenancyConfig | None = None,
+    ) -> None:
+        self.inventory_stale_s = inventory_stale_s
+        self.tenancy = Tenancy(tenancy)
+        self.mix = TaskMix(window=task_mix_window)
+        self.index = ClusterIndex(())
+        self.loaded = False
+        self.freed = 0
+        self.grown = 0
+        self.claims: dict[str, PodClaim] = {}
+        self.claim_revisions: dict[str, int] = {}
+        self.records: dict[str, RecordFacts] = {}
+        self._nodes: dict[str, _Node] = {}
+        self._pod_nodes: dict[str, set[str]] = {}
+        """Pod UID -> nodes holding a booking of it (committed or tentative)."""
+        self._committed: dict[str, set[str]] = {}
+        """Pod UID -> nodes whose committed ledger books it."""
+        self._signatures: Counter[Signature] = Counter()
+        self._now = 0.0
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def nodes(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def node_count(self) -> int:
+        return len(self.index)
+
+    def inventory(self, node: str) -> NodeInventory | None:
+        entry = self._nodes.get(node)
+        return entry.inventory if entry else None
+
+    def facts(self, node: str) -> NodeFacts | None:
+        entry = self._nodes.get(node)
+        return entry.facts if entry else None
+
+    def ledger(self, node: str) -> tuple[NodeLedger | None, int]:
+        """The committed ledger of ``node`` and its revision (0: no entry yet)."""
+        entry = self._nodes.get(node)
+        if entry is None:
+            return None, 0
+        return entry.ledger, entry.ledger_revision
+
+    def ledgers(self) -> dict[str, tuple[Booking, ...]]:
+        return {name: entry.ledger.bookings for name, entry in self._nodes.items() if entry.ledger}
+
+    def bookings_of(self, pod_uid: str) -> list[Booking]:
+        """``pod_uid``'s committed bookings (normally at most one)."""
+        found: list[Booking] = []
+        for name in sorted(self._committed.get(pod_uid, ())):
+            ledger = self._nodes[name].ledger
+            found.extend(b for b in (ledger.bookings if ledger else ()) if b.pod_uid == pod_uid)
+        return found
+
+    def tentative(self, node: str, pod_uid: str) -> Booking | None:
+        entry = self._nodes.get(node)
+        return entry.tentative.get(pod_uid) if entry else None
+
+    def committed_state(self, node: str) -> NodeState | None:
+        """``node`` as its committed ledger alone has it (what a compare-and-set is checked on)."""
+        entry = self._nodes.get(node)
+        if entry is None or not entry.known:
+            return None
+        return self._state(node, entry, entry.ledger.bookings if entry.ledger else ())
+
+    def unplaceable(self) -> dict[str, int]:
+        """How many known nodes cannot be placed on now, per reason."""
+        return dict(Counter(e.reason for e in self._nodes.values() if e.known and e.reason))
+
+    def reason(self, node: str) -> str:
+        entry = self._nodes.get(node)
+        return entry.reason if entry else "unknown node"
+
+    def gpu_memory(self, node: str, index: int) -> int | None:
+        entry = self._nodes.get(node)
+        if entry is None or entry.inventory is None:
+            return None
+        return next((g.memory_total_mib for g in entry.inventory.gpus if g.index == index), None)
+
+    def claim(self, pod_uid: str) -> PodClaim | None:
+        return self.claims.get(pod_uid)
+
+    # --- node inputs ---------------------------------------------------------------------------
+
+    def _entry(self, node: str) -> _Node:
+        entry = self._nodes.get(node)
+        if entry is None:
+            entry = self._nodes[node] = _Node()
+        return entry
+
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        entry = self._entry(inventory.node)
+        if entry.inventory is not None and inventory.observed_at < entry.inventory.observed_at:
+            return  # an older snapshot arriving late
+        entry.inventory = inventory
+        self._rebuild(inventory.node)
+
+    def drop_inventory(self, node: str) -> None:
+        entry = self._nodes.get(node)
+        if entry is not None and entry.inventory is not None:
+            entry.inventory = None
+            self._rebuild(node)
+
+    def set_facts(self, facts: NodeFacts) -> None:
+        entry = self._entry(facts.node)
+        entry.deleted = facts.deleted
+        entry.facts = None if facts.deleted else facts
+        self._rebuild(facts.node)
+
+    def drop_facts(self, node: str) -> None:
+        entry = self._nodes.get(node)
+        if entry is not None and entry.facts is not None:
+            entry.facts = None
+            self._rebuild(node)
+
+    def set_ledger(self, node: str, ledger: NodeLedger | None, revision: int) -> bool:
+        """Take ``node``'s ledger at ``revision`` (None: the entry was deleted); False when a
+        newer revision is already held."""
+        entry = self._entry(node)
+        if revision <= entry.ledger_revision:
+            return False
+        before = {b.pod_uid for b in entry.ledger.bookings} if entry.ledger else set()
+        entry.ledger = ledger
+        entry.ledger_revision = revision
+        entry.unreadable = False
+        after = {b.pod_uid for b in ledger.bookings} if ledger else set()
+        for uid in before - after:
+            nodes = self._committed.get(uid)
+            if nodes is not None:
+                nodes.discard(node)
+                if not nodes:
+                    del self._committed[uid]
+        for uid in after - before:
+            self._committed.setdefault(uid, set()).add(node)
+        for uid in after:
+            entry.tentative.pop(uid, None)  # committed now (by us or by another replica)
+        if entry.shown != _shown(entry.bookings()):
+            self._rebuild(node)
+        return True
+
+    def set_ledger_unreadable(self, node: str, revision: int) -> None:
+        """``node``'s ledger entry at ``revision`` does not decode: stop placing on the node."""
+        entry = self._entry(node)
+        if revision > entry.ledger_revision:
+            entry.ledger_revision = revision
+            entry.unreadable = True
+            self._rebuild(node)
+
+    def add_tentative(self, booking: Booking) -> None:
+        self._entry(booking.node).tentative[booking.pod_uid] = booking
+        self._rebuild(booking.node)
+
+    def drop_tentative(self, node: str, pod_uid: str) -> None:
+        entry = self._nodes.get(node)
+        if entry is not None and entry.tentative.pop(pod_uid, None) is not None:
+            self._rebuild(node)
+
+    # --- records and claims --------------------------------------------------------------------
+
+    def set_record(self, key: str, record: AssignmentRecord | None, revision: int) -> bool:
+        known = self.records.get(key)
+        if known is not None and revision <= known.revision:
+            return False
+        if record is None:
+            if known is not None:
+                del self.records[key]
+                self._recount(known.node, known.pod_uid, None)
+            return True
+        facts = record_facts(key, record, revision)
+        self.records[key] = facts
+        self._recount(record.node, record.pod_uid, facts)
+        return True
+
+    def _recount(self, node: str, pod_uid: str, facts: RecordFacts | None) -> None:
+        entry = self._entry(node)
+        if facts is None:
+            entry.records.discard(pod_uid)
+        else:
+            entry.records.add(pod_uid)
+        if entry.facts is not None and (pod_uid in entry.counted) != self._counts(
+            node, entry, pod_uid
+        ):
+            self._rebuild(node)
+
+    def set_claim(self, pod_uid: str, claim: PodClaim | None, revision: int) -> bool:
+        if revision <= self.claim_revisions.get(pod_uid, 0):
+            return False
+        if claim is None:  # purged: forget the pod altogether (its revision too)
+            self.claims.pop(pod_uid, None)
+            self.claim_revisions.pop(pod_uid, None)
+            self.mix.forget(pod_uid)
+            return True
+        self.claim_revisions[pod_uid] = revision
+        self.claims[pod_uid] = claim
+        if claim.booking is not None:
+            self.mix.observe(
+                pod_uid, task_spec(claim.booking, self.gpu_memory), claim.booking.decided_at
+            )
+        return True
+
+    # --- keys deleted while no watch ran -------------------------------------------------------
+
+    def inventory_keys(self) -> set[str]:
+        return {node_token(n) for n, e in self._nodes.items() if e.inventory is not None}
+
+    def facts_keys(self) -> set[str]:
+        return {node_token(n) for n, e in self._nodes.items() if e.facts is not None}
+
+    def forget_inventory(self, key: str) -> None:
+        self.drop_inventory(node_from_token(key))
+
+    def forget_facts(self, key: str) -> None:
+        self.drop_facts(node_from_token(key))
+
+    def forget_claim(self, pod_uid: str) -> None:
+        self.claims.pop(pod_uid, None)
+        self.claim_revisions.pop(pod_uid, None)
+        self.mix.forget(pod_uid)
+
+    def forget_record(self, key: str) -> None:
+        known = self.records.pop(key, None)
+        if known is not None:
+            self._recount(known.node, known.pod_uid, None)
+
+    # --- tenancy -------------------------------------------------------------------------------
+
+    def configure_tenancy(self, config: TenancyConfig) -> None:
+        """Make ``config`` current: group membership is resolved again for every node."""
+        labels = {
+            name: dict(e.facts.labels) for name, e in self._nodes.items() if e.facts is not None
+        }
+        self.tenancy.configure(config, self.index, node_labels=labels)
+        self.freed += 1
+        self.grown += 1
+
+    # --- time ----------------------------------------------------------------------------------
+
+    def refresh(self, now: float) -> None:
+        """Re-judge every node's inventory freshness at ``now``."""
+        self._now = now
+        if not self.loaded:
+            return
+        for name, entry in self._nodes.items():
+            if not entry.known:
+                continue
+            if self._reason(entry) != entry.reason:
+                self._rebuild(name)
+
+    def finish_load(self, now: float) -> None:
+        """Build the index from everything loaded (called once, when every watch caught up)."""
+        self._now = now
+        self.loaded = True
+        for name in sorted(self._nodes):
+            self._rebuild(name)
+        for uid, claim in self.claims.items():  # now that every GPU's size is known
+            if claim.booking is not None:
+                self.mix.observe(
+                    uid, task_spec(claim.booking, self.gpu_memory), claim.booking.decided_at
+                )
+
+    # --- deriving node states ------------------------------------------------------------------
+
+    def _reason(self, entry: _Node) -> str:
+        if entry.unreadable:
+            return UNREADABLE
+        return translate.placement_reason(
+            entry.inventory, entry.facts, now=self._now, stale_s=self.inventory_stale_s
+        )
+
+    def _counts(self, node: str, entry: _Node, pod_uid: str) -> bool:
+        """Whether the node facts already count ``pod_uid``'s requests (bound before observed)."""
+        if entry.facts is None:
+            return False
+        record = self.records.get(assignment_key(node, pod_uid))
+        return (
+            record is not None
+            and record.state in ("bound", "allocated")
+            and record.bound_at is not None
+            and record.bound_at <= entry.facts.observed_at
+        )
+
+    def _counted_by_facts(self, node: str, entry: _Node) -> set[str]:
+        return {uid for uid in entry.records if self._counts(node, entry, uid)}
+
+    def _state(
+        self, name: str, entry: _Node, bookings: tuple[Booking, ...] | list[Booking]
+    ) -> NodeState:
+        state = translate.node_state(
+            name,
+            entry.inventory,
+            entry.facts,
+            bookings,
+            counted_by_facts=entry.counted,
+            placeable=not entry.reason,
+        )
+        labels = entry.facts.labels if entry.facts is not None else {}
+        return self.tenancy.annotate(state, labels=labels)
+
+    def _rebuild(self, name: str) -> None:
+        """Derive node ``name``'s state again and store it in the index (after the load)."""
+        entry = self._nodes[name]
+        bookings = entry.bookings()
+        self._charge(name, entry, bookings)
+        if not self.loaded:
+            return
+        old = self.index.node(name) if name in self.index else None
+        if not entry.known:
+            if old is not None:
+                self.index.remove(name)
+                self._forget_signature(entry)
+            if not (entry.deleted or entry.ledger or entry.tentative or entry.records):
+                del self._nodes[name]
+            return
+        entry.reason = self._reason(entry)
+        entry.counted = self._counted_by_facts(name, entry)
+        entry.shown = _shown(bookings)
+        state = self._state(name, entry, bookings)
+        if old is None:
+            self.index.add(state)
+        elif state != old:
+            self.index.put(state)
+        else:
+            return
+        signature = _signature(state)
+        if signature != entry.signature:
+            self._forget_signature(entry)
+            entry.signature = signature
+            self._signatures[signature] += 1
+            self.grown += 1
+        if _freed(old, state):
+            self.freed += 1
+
+    def _forget_signature(self, entry: _Node) -> None:
+        if entry.signature is not None:
+            self._signatures[entry.signature] -= 1
+            if self._signatures[entry.signature] <= 0:
+                del self._signatures[entry.signature]
+            entry.signature = None
+
+    def _charge(self, name: str, entry: _Node, bookings: list[Booking]) -> None:
+        """Keep tenant usage equal to the bookings (each pod counted once, wherever booked)."""
+        here = {b.pod_uid: b for b in bookings}
+        for uid in entry.charged - here.keys():
+            nodes = self._pod_nodes.get(uid)
+            if nodes is not None:
+                nodes.discard(name)
+                if not nodes:
+                    del self._pod_nodes[uid]
+                    self.tenancy.usage.refund(uid)
+        for uid in here.keys() - entry.charged:
+            nodes = self._pod_nodes.setdefault(uid, set())
+            if not nodes:
+                self.tenancy.adopt(here[uid].tenant, translate.reservation_of(here[uid]))
+            nodes.add(name)
+        entry.charged = set(here)
+
+    # --- capacity ------------------------------------------------------------------------------
+
+    def too_large(self, pod: PodFacts) -> str:
+        """Why no known node could hold ``pod`` even with nothing on it; empty when one could."""
+        if not self._signatures:
+            return ""
+        request = pod.request
+        for cpu, memory, gpus in self._signatures:
+            if cpu < pod.cpu_milli or memory < pod.memory_mib:
+                continue
+            allowed = [
+                mib
+                for model, mib in gpus
+                if (not request.gpu_models or model in request.gpu_models)
+                and model not in request.gpu_models_excluded
+            ]
+            if all(
+                sum(1 for mib in allowed if ask.memory_on(mib) <= mib) >= ask.shares
+                for ask in pod.asks
+            ):
+                return ""
+        return "larger than any node can hold (CPU, memory, or GPUs of an allowed model)"

@@ -1,0 +1,352 @@
+"""The placer's KV writes: each a compare-and-set (or create-only) with its outcome made certain.
+
+Every write goes through :meth:`Store.transact`: read the entry (or take the cached value), let a
+pure ``change`` function say what the entry should become (``None``: nothing to write, it already
+is what it should be), write it at the revision read, and
+
+- on a **conflict** (another writer got there first) read the entry again and ask ``change``
+  again, or give up at once when the caller wants to decide anew (the ledger: the node changed
+  under the decision, so the pod is decided again);
+- on an **unknown outcome** (the write timed out, or the connection dropped while it was in
+  flight: it may or may not have landed) read the entry back and ask ``change`` again, which
+  finds its own write when it landed (and then has nothing to write) and writes again when it
+  did not. Nothing is ever assumed from a write whose answer was lost.
+
+Every value read or written here is applied to the :class:`~.state.ClusterView` at once, so the
+index reflects this replica's own writes without waiting for the watch to echo them.
+
+Ledger writes for one node are serialised inside a replica (a lock per node): the replica's
+concurrent commits do not conflict with each other, only with other replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from services.placer import commit, translate
+from services.placer.metrics import PlacerMetrics
+from services.placer.state import ClusterView
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.pods import PodPending
+from shared.runtime.bus import Bus, Delivery
+from shared.runtime.edge import Edge
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 16
+"""Writes of one entry in a row that lose to another writer before the step gives up (each loss
+means another writer made progress, so this is only reached under a storm)."""
+
+
+class GaveUpError(Exception):
+    """An entry kept changing under ``MAX_ATTEMPTS`` writes (or stayed unreadable)."""
+
+
+class ConflictError(Exception):
+    """A single-attempt write lost to another writer (the caller decides anew)."""
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """An entry's value (None: absent or deleted) at a revision (0: never written)."""
+
+    value: T | None
+    revision: int
+
+
+@dataclass(frozen=True)
+class _Kind(Generic[T]):
+    bucket: str
+    family: str
+    message: type[T]
+    apply: Callable[[str, T | None, int], bool]
+
+
+class Store:
+    """KV reads and writes of ledger entries, pod claims and assignment records."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        edge: Edge,
+        view: ClusterView,
+        clock: Clock,
+        metrics: PlacerMetrics,
+    ) -> None:
+        self._bus = bus
+        self._edge = edge
+        self._view = view
+        self._clock = clock
+        self._metrics = metrics
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._queued: dict[str, list[tuple[Booking, asyncio.Future[str]]]] = {}
+        """Bookings per node waiting for the node's lock (written together)."""
+        self.ledgers = _Kind(subjects.KV_LEDGER, "ledger", NodeLedger, self._apply_ledger)
+        self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, view.set_claim)
+        self.records = _Kind(
+            subjects.KV_ASSIGNMENTS, "assignments", AssignmentRecord, view.set_record
+        )
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _apply_ledger(self, key: str, ledger: NodeLedger | None, revision: int) -> bool:
+        node = ledger.node if ledger is not None else subjects.node_from_token(key)
+        return self._view.set_ledger(node, ledger, revision)
+
+    async def decode(self, kind: _Kind[T], key: str, data: bytes) -> T | None:
+        """Decode a KV value at the edge (a value that does not decode is dead-lettered)."""
+        delivery = Delivery(subject=f"$KV.{kind.bucket}.{key}", data=data)
+        return await self._edge.accept(delivery, kind.message, family=kind.family)
+
+    async def read(self, kind: _Kind[T], key: str) -> Entry[T]:
+        """The entry as the server has it now (and applied to the view)."""
+        entry = await self._bus.kv_get(kind.bucket, key)
+        if entry is None:
+            return Entry(None, 0)
+        value = await self.decode(kind, key, entry.value)
+        if value is None:
+            raise GaveUpError(f"{kind.bucket} entry {key} does not decode; see the dead letter")
+        kind.apply(key, value, entry.revision)
+        return Entry(value, entry.revision)
+
+    # --- writing -------------------------------------------------------------------------------
+
+    async def transact(
+        self,
+        kind: _Kind[T],
+        key: str,
+        change: Callable[[T | None], T | None],
+        *,
+        start: Entry[T] | None = None,
+        attempts: int = MAX_ATTEMPTS,
+    ) -> Entry[T]:
+        """Bring entry ``key`` to what ``change`` says (see the module docstring).
+
+        ``start``: the cached entry to try first (saves a read on the fast path). Raises
+        :class:`ConflictError` when ``attempts`` writes lost, :class:`GaveUpError` when it kept
+        changing.
+        """
+        current = start if start is not None else await self.read(kind, key)
+        for _ in range(attempts):
+            wanted = change(current.value)
+            if wanted is None:
+                return current
+            data = codec.encode(wanted)
+            try:
+                if current.revision == 0 or current.value is None:
+                    revision = await self._bus.kv_create(kind.bucket, key, data)
+                else:
+                    revision = await self._bus.kv_update(
+                        kind.bucket, key, data, revision=current.revision
+                    )
+            except Exception as error:
+                # The write may have landed or not: only a read can tell.
+                self._metrics.unknown_outcomes.labels(entry=kind.family).inc()
+                log.warning(
+                    "KV write outcome unknown; reading it back",
+                    extra={"bucket": kind.bucket, "key": key, "error": type(error).__name__},
+                )
+                current = await self.read(kind, key)
+                continue
+            if revision is None:
+                self._metrics.conflicts.labels(entry=kind.family).inc()
+                current = await self.read(kind, key)
+                continue
+            kind.apply(key, wanted, revision)
+            return Entry(wanted, revision)
+        if attempts < MAX_ATTEMPTS:
+            raise ConflictError(f"{kind.bucket} entry {key} changed under the write")
+        raise GaveUpError(f"{kind.bucket} entry {key} kept changing under {attempts} writes")
+
+    def node_lock(self, node: str) -> asyncio.Lock:
+        lock = self._locks.get(node)
+        if lock is None:
+            lock = self._locks[node] = asyncio.Lock()
+        return lock
+
+    # --- the ledger ----------------------------------------------------------------------------
+
+    def _cached_ledger(self, node: str) -> Entry[NodeLedger]:
+        ledger, revision = self._view.ledger(node)
+        return Entry(ledger, revision)
+
+    async def book(self, booking: Booking) -> str:
+        """Add ``booking`` to its node's ledger at the revision the view holds.
+
+        Returns "" when booked (or already booked by this commit), else why not: the node as the
+        ledger holds it cannot take it. Raises :class:`ConflictError` when the entry changed first
+        (the view then holds the new entry: decide again).
+
+        Bookings for one node that wait for each other here are written together, by one
+        compare-and-set (``commit.book_all``): under load a packing profile sends many pods to
+        the same node, and each would otherwise wait for the one before.
+        """
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(booking.node, []).append((booking, waiter))
+        try:
+            async with self.node_lock(booking.node):
+                if not waiter.done():
+                    await self._book_queued(booking.node)
+        except BaseException:
+            waiter.cancel()  # stopped while waiting: not written (or already decided)
+            raise
+        return waiter.result()
+
+    async def _book_queued(self, node: str) -> None:
+        batch = [(b, w) for b, w in self._queued.pop(node, []) if not w.done()]
+        if not batch:
+            return
+        refused: dict[str, str] = {}
+
+        def change(ledger: NodeLedger | None) -> NodeLedger | None:
+            nonlocal refused
+            written, refused = commit.book_all(
+                ledger,
+                self._view.committed_state(node),
+                [b for b, _ in batch],
+                now=self._clock.now(),
+            )
+            return written
+
+        try:
+            await self.transact(
+                self.ledgers,
+                subjects.ledger_key(node),
+                change,
+                start=self._cached_ledger(node),
+                attempts=1,
+            )
+        except Exception as error:
+            for _, waiter in batch:
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        for booking, waiter in batch:
+            if not waiter.done():
+                waiter.set_result(refused.get(booking.commit, ""))
+
+    async def rebook(self, booking: Booking) -> str:
+        """Book ``booking`` again (its record is live); retried through conflicts."""
+        refused = ""
+
+        def change(ledger: NodeLedger | None) -> NodeLedger | None:
+            nonlocal refused
+            if commit.booking_in(ledger, booking.pod_uid) is not None:
+                return None
+            state = self._view.committed_state(booking.node)
+            refused = "node unknown" if state is None else commit.check_booking(state, booking)
+            if refused:
+                return None
+            return commit.with_booking(ledger, booking, now=self._clock.now())
+
+        async with self.node_lock(booking.node):
+            await self.transact(self.ledgers, subjects.ledger_key(booking.node), change)
+        return refused
+
+    async def unbook(self, booking: Booking) -> None:
+        """Take ``booking`` (this commit's, not a newer one) off its node's ledger."""
+
+        def change(ledger: NodeLedger | None) -> NodeLedger | None:
+            return commit.without_booking(
+                ledger, booking.pod_uid, commit=booking.commit, now=self._clock.now()
+            )
+
+        async with self.node_lock(booking.node):
+            await self.transact(
+                self.ledgers,
+                subjects.ledger_key(booking.node),
+                change,
+                start=self._cached_ledger(booking.node),
+            )
+        self._view.drop_tentative(booking.node, booking.pod_uid)
+
+    # --- claims --------------------------------------------------------------------------------
+
+    def _cached_claim(self, pod_uid: str) -> Entry[PodClaim]:
+        return Entry(self._view.claim(pod_uid), self._view.claim_revisions.get(pod_uid, 0))
+
+    async def claim(
+        self, booking: Booking, request: PodPending | None
+    ) -> tuple[commit.ClaimVerdict, PodClaim | None]:
+        """Make the pod's claim name ``booking`` if nothing else does.
+
+        Returns ``mine`` (the claim names it now), ``lost`` (another booking's claim, returned),
+        or ``deleted`` (the pod is gone).
+        """
+        verdict: commit.ClaimVerdict = "create"
+
+        def change(claim: PodClaim | None) -> PodClaim | None:
+            nonlocal verdict
+            verdict = commit.claim_verdict(claim, booking)
+            if verdict in ("create", "take"):
+                return commit.placed_claim(booking, request, now=self._clock.now())
+            if verdict == "mine" and claim is not None and claim.request is None and request:
+                return commit.placed_claim(booking, request, now=claim.updated_at)
+            return None
+
+        written = await self.transact(
+            self.claims,
+            subjects.claim_key(booking.pod_uid),
+            change,
+            start=self._cached_claim(booking.pod_uid),
+        )
+        if verdict in ("create", "take"):
+            verdict = "mine"
+        return verdict, written.value
+
+    async def update_claim(
+        self, pod_uid: str, change: Callable[[PodClaim | None], PodClaim | None]
+    ) -> Entry[PodClaim]:
+        """Bring the pod's claim to what ``change`` says, from a fresh read."""
+        return await self.transact(self.claims, subjects.claim_key(pod_uid), change)
+
+    # --- records -------------------------------------------------------------------------------
+
+    async def ensure_record(self, booking: Booking) -> commit.RecordAction:
+        """Write the ``reserved`` record of ``booking`` (create-only first, the fast path).
+
+        Returns ``done`` (the record of this commit exists), ``released`` (this commit was
+        released already: do not publish) or ``blocked`` (a live record of another commit).
+        """
+        key = subjects.assignment_key(booking.node, booking.pod_uid)
+        action: commit.RecordAction = "write"
+
+        def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
+            nonlocal action
+            action = commit.record_action(record, booking.commit)
+            return translate.record_of(booking) if action == "write" else None
+
+        await self.transact(self.records, key, change, start=Entry(None, 0))
+        return "done" if action == "write" else action
+
+    async def fence(self, booking: Booking) -> None:
+        """Leave ``booking``'s record released (writing a released one if there is none)."""
+        key = subjects.assignment_key(booking.node, booking.pod_uid)
+        now = self._clock.now()
+
+        def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
+            if commit.fence_action(record, booking.commit) != "write":
+                return None
+            return commit.released_record(record, booking, now=now)
+
+        await self.transact(self.records, key, change)
+
+    async def update_record(
+        self, key: str, change: Callable[[AssignmentRecord | None], AssignmentRecord | None]
+    ) -> Entry[AssignmentRecord]:
+        return await self.transact(self.records, key, change)
+
+    async def delete_if(self, kind: _Kind[T], key: str, revision: int) -> bool:
+        """Delete ``key`` only if still at ``revision`` (purging after retention)."""
+        deleted = await self._bus.kv_delete_if(kind.bucket, key, revision=revision)
+        return deleted

@@ -1,0 +1,407 @@
+"""Wire messages to the placement core's values and back (pure: no I/O, time passed in).
+
+In: ``PodPending`` -> :class:`PodRequest`; a node's ``NodeInventory`` + ``NodeFacts`` + ledger
+bookings -> :class:`NodeState`. Out: a core :class:`Decision` -> :class:`Booking` (what the ledger
+holds) -> ``AssignmentRecord`` and ``PlacementDecision``; a core :class:`Rejection` ->
+``PlacementRejected``.
+
+Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
+
+- **Placeable or not.** A node is placed on only when it has node facts (else "no node facts yet"),
+  is ready and not cordoned, and its GPU inventory is fresh: an inventory older than
+  ``inventory_stale_s`` means its heartbeat was missed ("GPU inventory stale"). A node without an
+  inventory is a node without GPUs (it can still take pods that ask for none). A node that is not
+  placeable stays in the index as unschedulable, and :func:`refine_reasons` puts these reasons in
+  place of the core's generic "node unschedulable" count.
+- **Foreign memory.** Memory the GPU reports in use beyond what Tessera reserved on it is held by
+  processes Tessera did not place, and is not free: ``foreign = used - reserved`` (at least 0),
+  rounded *up* to :data:`FOREIGN_STEP_MIB`, so a GPU's free memory is never more than what it
+  reports free. (Tessera pods that have not yet touched their reservation make this an
+  underestimate; their reservation is still counted in full.)
+- **Health.** A GPU the inventory reports ``unhealthy`` or ``gone`` takes no new work; what is
+  booked on it stays booked until released.
+- **Logical devices.** When the binder reports the node's ``tessera.dev/gpu`` allocatable (what
+  the device plugin advertised through the kubelet), each GPU's slot limit is that total split
+  over the GPUs in proportion to their memory (largest remainder), which is how the device
+  plugin's logical mode splits them; shares booked on a GPU never exceed its slots.
+- **CPU and memory.** ``NodeFacts`` counts the requests of every pod on the node, Tessera's bound
+  pods included once the binder has seen them bound. The node's reservation is therefore the
+  requests of the other pods (facts minus the Tessera pods the facts already count, i.e. bound
+  no later than the facts were observed) plus every Tessera booking.
+- **Live readings.** GPU utilisation is rounded to :data:`UTILIZATION_STEP_PCT` (it only orders
+  GPUs; finer readings would make every node a shape of its own and defeat the shape memo).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence, Set
+
+import msgspec
+
+from services.placer.core.model import (
+    GPU_MILLI,
+    ContainerPlacement,
+    ContainerRequest,
+    Decision,
+    GpuSlice,
+    GpuState,
+    NodeState,
+    PodRequest,
+    Rejection,
+    RejectionReason,
+    Reservation,
+)
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.base import ContainerSlices
+from shared.messages.base import GpuSlice as WireSlice
+from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.ledger import BookedContainer, BookedSlice, Booking
+from shared.messages.nodes import NodeFacts
+from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.placement import RejectionReason as WireReason
+from shared.messages.pods import PodPending
+
+FOREIGN_STEP_MIB = 256
+UTILIZATION_STEP_PCT = 10
+GPU_RESOURCE = "tessera.dev/gpu"
+
+NO_FACTS = "no node facts yet"
+NOT_READY = "node not ready"
+CORDONED = "node cordoned"
+STALE = "GPU inventory stale (heartbeat missed)"
+UNSCHEDULABLE = "node unschedulable"
+"""The core's reason for a node that is not schedulable (``plugins/fit.py``)."""
+
+
+# --- pods ------------------------------------------------------------------------------------
+
+
+def pod_request(pod: PodPending) -> PodRequest:
+    """The core's view of a pending pod (hints were validated by the binder at its edge)."""
+    hints = pod.hints
+    return PodRequest(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        containers=tuple(
+            ContainerRequest(
+                name=c.name,
+                shares=c.gpu_shares,
+                share_memory_mib=c.gpu_memory_mib,
+                share_memory_pct=c.gpu_memory_pct,
+                share_core_milli=None if c.gpu_cores is None else c.gpu_cores * GPU_MILLI // 100,
+                cpu_milli=c.cpu_milli,
+                memory_mib=c.memory_mib,
+            )
+            for c in pod.containers
+        ),
+        gpu_models=hints.gpu_models,
+        gpu_models_excluded=hints.gpu_models_excluded,
+        gpu_type=hints.gpu_type,
+        gpu_policy=hints.gpu_policy,
+        node_policy=hints.node_policy,
+        group=hints.group,
+        tenant=hints.tenant or pod.namespace,
+        priority=pod.priority,
+    )
+
+
+# --- nodes -----------------------------------------------------------------------------------
+
+
+def placement_reason(
+    inventory: NodeInventory | None, facts: NodeFacts | None, *, now: float, stale_s: float
+) -> str:
+    """Why nothing new may be placed on the node now; empty when it may."""
+    if facts is None:
+        return NO_FACTS
+    if not facts.ready:
+        return NOT_READY
+    if not facts.schedulable:
+        return CORDONED
+    if inventory is not None and now - inventory.observed_at > stale_s:
+        return STALE
+    return ""
+
+
+def slot_limits(memory_mib: Sequence[int], total: int) -> list[int]:
+    """``total`` logical devices split over GPUs of ``memory_mib`` (largest remainder)."""
+    if not memory_mib:
+        return []
+    weights = [max(1, m) for m in memory_mib]
+    whole = sum(weights)
+    exact = [total * w / whole for w in weights]
+    slots = [math.floor(x) for x in exact]
+    left = total - sum(slots)
+    by_remainder = sorted(range(len(exact)), key=lambda i: (slots[i] - exact[i], i))
+    for i in by_remainder[:left]:
+        slots[i] += 1
+    return slots
+
+
+def _slices(booking: Booking) -> Iterable[BookedSlice]:
+    for container in booking.containers:
+        yield from container.gpus
+
+
+def _gpu_states(
+    gpus: Sequence[GpuTelemetry], bookings: Sequence[Booking], slots: Sequence[int] | None
+) -> tuple[GpuState, ...]:
+    memory: dict[int, int] = {}
+    cores: dict[int, int] = {}
+    shares: dict[int, int] = {}
+    exclusive: set[int] = set()
+    holders: dict[int, set[str]] = {}
+    for booking in bookings:
+        for piece in _slices(booking):
+            memory[piece.index] = memory.get(piece.index, 0) + piece.memory_mib
+            cores[piece.index] = cores.get(piece.index, 0) + piece.core_milli
+            shares[piece.index] = shares.get(piece.index, 0) + 1
+            holders.setdefault(piece.index, set()).add(booking.pod_uid)
+            if piece.exclusive:
+                exclusive.add(piece.index)
+    index_of = {gpu.uuid: gpu.index for gpu in gpus}
+    states = []
+    for position, gpu in enumerate(gpus):
+        reserved = memory.get(gpu.index, 0)
+        foreign = max(0, gpu.memory_used_mib - reserved)
+        foreign = -(-foreign // FOREIGN_STEP_MIB) * FOREIGN_STEP_MIB
+        utilization = min(100, max(0, gpu.utilization_pct))
+        states.append(
+            GpuState(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                model=gpu.model,
+                memory_total_mib=gpu.memory_total_mib,
+                memory_reserved_mib=reserved,
+                memory_foreign_mib=foreign,
+                core_milli_reserved=cores.get(gpu.index, 0),
+                slots_total=slots[position] if slots is not None else 0,
+                slots_reserved=shares.get(gpu.index, 0) if slots is not None else 0,
+                exclusive=gpu.index in exclusive,
+                healthy=gpu.health == "healthy",
+                utilization_pct=utilization // UTILIZATION_STEP_PCT * UTILIZATION_STEP_PCT,
+                numa_node=-1 if gpu.numa_node is None else gpu.numa_node,
+                nvlink_peers=tuple(
+                    sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of)
+                ),
+                holders=tuple(sorted(holders.get(gpu.index, ()))),
+            )
+        )
+    return tuple(states)
+
+
+def node_state(
+    name: str,
+    inventory: NodeInventory | None,
+    facts: NodeFacts | None,
+    bookings: Sequence[Booking],
+    *,
+    counted_by_facts: Set[str] = frozenset(),
+    placeable: bool,
+) -> NodeState:
+    """The core's state of node ``name`` (see the module docstring for each rule).
+
+    ``counted_by_facts``: UIDs of the booked pods ``facts`` already counts (bound before the facts
+    were observed). ``placeable``: :func:`placement_reason` found nothing against the node.
+    """
+    gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
+    total_slots = (facts.extended_allocatable.get(GPU_RESOURCE) if facts else None) or None
+    slots = slot_limits([g.memory_total_mib for g in gpus], total_slots) if total_slots else None
+    cpu_booked = sum(b.cpu_milli for b in bookings)
+    memory_booked = sum(b.memory_mib for b in bookings)
+    if facts is not None:
+        counted = [b for b in bookings if b.pod_uid in counted_by_facts]
+        other_cpu = max(0, facts.cpu_requested_milli - sum(b.cpu_milli for b in counted))
+        other_memory = max(0, facts.memory_requested_mib - sum(b.memory_mib for b in counted))
+        cpu_total, memory_total = facts.cpu_allocatable_milli, facts.memory_allocatable_mib
+    else:
+        other_cpu = other_memory = cpu_total = memory_total = 0
+    kinds: dict[str, int] = {}
+    for booking in bookings:
+        if booking.kind:
+            kinds[booking.kind] = kinds.get(booking.kind, 0) + 1
+    return NodeState(
+        name=name,
+        cpu_milli_total=cpu_total,
+        memory_mib_total=memory_total,
+        cpu_milli_reserved=other_cpu + cpu_booked,
+        memory_mib_reserved=other_memory + memory_booked,
+        gpus=_gpu_states(gpus, bookings, slots),
+        schedulable=placeable,
+        gpu_task_kinds=tuple(sorted(kinds.items())),
+    )
+
+
+# --- reservations and bookings ---------------------------------------------------------------
+
+
+def reservation_of(booking: Booking) -> Reservation:
+    """The core's reservation a booking stands for."""
+    return Reservation(
+        pod_uid=booking.pod_uid,
+        node=booking.node,
+        cpu_milli=booking.cpu_milli,
+        memory_mib=booking.memory_mib,
+        containers=tuple(
+            ContainerPlacement(
+                container=c.container,
+                # The same five fields on both sides: the ledger's copy of the core's slice.
+                gpus=tuple(GpuSlice(**msgspec.structs.asdict(s)) for s in c.gpus),
+            )
+            for c in booking.containers
+        ),
+        kind=booking.kind,
+    )
+
+
+def booking_of(
+    reservation: Reservation, pod: PodPending, *, commit: str, decided_at: float, placer_id: str
+) -> Booking:
+    """The ledger booking of a decided reservation for ``pod``."""
+    resources = {c.name: c.resources for c in pod.containers}
+    return Booking(
+        pod_uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        node=reservation.node,
+        commit=commit,
+        tenant=pod.hints.tenant or pod.namespace,
+        cpu_milli=reservation.cpu_milli,
+        memory_mib=reservation.memory_mib,
+        kind=reservation.kind,
+        containers=tuple(
+            BookedContainer(
+                container=c.container,
+                gpus=tuple(BookedSlice(**msgspec.structs.asdict(g)) for g in c.gpus),
+                resources=dict(resources.get(c.container, {})),
+            )
+            for c in reservation.containers
+        ),
+        decided_at=decided_at,
+        placer_id=placer_id,
+    )
+
+
+def _container_slices(booking: Booking) -> tuple[ContainerSlices, ...]:
+    return tuple(
+        ContainerSlices(
+            container=c.container,
+            gpus=tuple(
+                WireSlice(
+                    uuid=s.uuid,
+                    index=s.index,
+                    memory_mib=s.memory_mib,
+                    cores=-(-s.core_milli * 100 // GPU_MILLI),
+                )
+                for s in c.gpus
+            ),
+            resources=c.resources,
+        )
+        for c in booking.containers
+    )
+
+
+def record_of(booking: Booking) -> AssignmentRecord:
+    """The ``reserved`` assignment record a committed booking hands to the binder."""
+    return AssignmentRecord(
+        pod_uid=booking.pod_uid,
+        namespace=booking.namespace,
+        name=booking.name,
+        node=booking.node,
+        containers=_container_slices(booking),
+        state="reserved",
+        decided_at=booking.decided_at,
+        placer_id=booking.placer_id,
+        commit=booking.commit,
+    )
+
+
+def decision_message(
+    booking: Booking,
+    *,
+    score: float = 0.0,
+    scores: Mapping[str, float] | None = None,
+    explanation: str = "",
+) -> PlacementDecision:
+    """What the binder reads on ``tessera.assignments.<node>``."""
+    return PlacementDecision(
+        pod_uid=booking.pod_uid,
+        namespace=booking.namespace,
+        name=booking.name,
+        node=booking.node,
+        containers=_container_slices(booking),
+        score=score,
+        scores=dict(scores or {}),
+        explanation=explanation,
+        decided_at=booking.decided_at,
+        placer_id=booking.placer_id,
+    )
+
+
+def explanation_of(decision: Decision, profile: str) -> str:
+    """One line saying how the node was chosen."""
+    return (
+        f"profile {profile}: score {decision.score:.2f}, best of "
+        f"{decision.feasible_nodes} feasible node{'s' if decision.feasible_nodes != 1 else ''}"
+    )
+
+
+# --- rejections ------------------------------------------------------------------------------
+
+
+def refine_reasons(
+    reasons: Sequence[RejectionReason], unplaceable: Mapping[str, int]
+) -> tuple[RejectionReason, ...]:
+    """``reasons`` with the core's "node unschedulable" count replaced by why each node is.
+
+    ``unplaceable``: how many unschedulable nodes the shell knows of per reason. Whatever the
+    breakdown does not cover keeps the core's wording.
+    """
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        if reason.reason == UNSCHEDULABLE:
+            left = reason.nodes
+            for why, n in unplaceable.items():
+                taken = min(n, left)
+                if taken:
+                    counts[why] = counts.get(why, 0) + taken
+                    left -= taken
+            if left:
+                counts[UNSCHEDULABLE] = counts.get(UNSCHEDULABLE, 0) + left
+        else:
+            counts[reason.reason] = counts.get(reason.reason, 0) + reason.nodes
+    return tuple(
+        RejectionReason(reason=why, nodes=n)
+        for why, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+
+
+def rejection_message(
+    pod: PodPending,
+    reasons: Sequence[RejectionReason],
+    *,
+    nodes: int,
+    unresolvable: bool,
+    decided_at: float,
+    placer_id: str,
+) -> PlacementRejected:
+    """What the binder reads on ``tessera.placements.rejected``."""
+    parts = ", ".join(f"{r.nodes} {r.reason}" for r in reasons)
+    message = f"0/{nodes} nodes are available" + (f": {parts}." if parts else ".")
+    return PlacementRejected(
+        pod_uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        reasons=tuple(WireReason(reason=r.reason, nodes=r.nodes) for r in reasons),
+        message=message,
+        unresolvable=unresolvable,
+        decided_at=decided_at,
+        placer_id=placer_id,
+    )
+
+
+def rejection_of(rejection: Rejection, reasons: Sequence[RejectionReason]) -> Rejection:
+    """``rejection`` with its reasons replaced (after :func:`refine_reasons`)."""
+    return msgspec.structs.replace(rejection, reasons=tuple(reasons))

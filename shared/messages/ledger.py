@@ -1,0 +1,92 @@
+"""The placer's commit state in KV: ``tessera-ledger`` (per node) and ``tessera-claims`` (per pod).
+
+Every placer replica reads these; only placers write them, and every write is a compare-and-set
+(or a create-only write) on the entry's KV revision, so replicas that decide at the same moment
+cannot both win.
+
+``tessera-ledger``, key ``subjects.ledger_key(node)``: a :class:`NodeLedger` listing every
+:class:`Booking` on the node. A decision is committed by adding its booking at the revision the
+decision was made on; a booking is what makes capacity taken, so no GPU is ever over-committed
+whatever the replicas do.
+
+``tessera-claims``, key ``subjects.claim_key(uid)``: a :class:`PodClaim` naming the one booking
+(by its ``commit`` id) that places the pod. It is created create-only, so two replicas that booked
+the same pod on two different nodes cannot both go on to write an assignment record: the loser
+gives its booking back. States: ``placed`` (the booking is the pod's placement), ``requeued`` (the
+placement was given back after a failed binding or a reserve timeout; the pod may be placed again
+by a compare-and-set from this state), ``deleted`` (the pod is gone; terminal, purged after the
+retention period).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from shared.messages.base import Message
+from shared.messages.pods import PodPending
+
+
+class BookedSlice(Message, frozen=True, kw_only=True):
+    """One share booked on one GPU, in the placement core's units."""
+
+    index: int
+    uuid: str
+    memory_mib: int
+    core_milli: int
+    """Thousandths of the GPU's SMs (``tessera.dev/gpu-cores: 30`` is 300)."""
+    exclusive: bool = False
+    """A whole GPU, held by this share alone."""
+
+
+class BookedContainer(Message, frozen=True, kw_only=True):
+    """The shares one container holds, and its Tessera resource limits (for the record)."""
+
+    container: str
+    gpus: tuple[BookedSlice, ...]
+    resources: dict[str, int] = {}
+
+
+class Booking(Message, frozen=True, kw_only=True):
+    """Everything one placed pod holds on its node; enough to write its assignment record."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str
+    commit: str
+    """Unique id of the commit that made this booking (claim and record carry the same id)."""
+    tenant: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    kind: str = ""
+    """GPU task kind ("share", "<k>-gpu", "" for none), as the placement core counts it."""
+    containers: tuple[BookedContainer, ...] = ()
+    decided_at: float
+    placer_id: str
+
+
+class NodeLedger(Message, frozen=True, kw_only=True):
+    """Every booking on one node (``tessera-ledger``)."""
+
+    node: str
+    bookings: tuple[Booking, ...] = ()
+    updated_at: float = 0.0
+
+
+ClaimState = Literal["placed", "requeued", "deleted"]
+
+
+class PodClaim(Message, frozen=True, kw_only=True):
+    """Which booking places a pod (``tessera-claims``); see the module docstring for states."""
+
+    pod_uid: str
+    state: ClaimState
+    booking: Booking | None = None
+    """The placement (``placed``) or the one given back (``requeued``, ``deleted``)."""
+    request: PodPending | None = None
+    """The pod as last seen pending, to place it again after a requeue."""
+    updated_at: float
+    reason: str = ""
+    """Why the claim is in its state (for ``requeued`` and ``deleted``)."""
+    requeue_published: bool = False
+    """``requeued`` only: the pod was put back on ``tessera.pods.pending``."""

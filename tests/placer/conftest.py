@@ -1,0 +1,134 @@
+"""Fixtures for placer service tests: a placer body running over the test's nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.placer.command import PlacerSettings, build_config
+from services.placer.service import PlacerService, run_placer
+from shared.runtime.bus import NatsBus
+from shared.runtime.health import Readiness
+from shared.runtime.lifecycle import run_service
+from tests.harness.nats import NatsServer
+
+
+async def until(condition: Callable[[], bool], *, timeout: float = 20.0, what: str = "") -> None:
+    """Wait (polling) until ``condition()`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        await asyncio.sleep(0.01)
+
+
+@dataclass
+class RunningPlacer:
+    readiness: Readiness
+    registry: CollectorRegistry
+    stop: asyncio.Event
+    task: asyncio.Task[int]
+    service: PlacerService | None = None
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+PlacerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningPlacer]]
+
+
+@pytest.fixture
+def start_placer(nats_server: NatsServer) -> PlacerFactory:
+    """``async with start_placer(placer_id="a", ...) as placer:`` runs the placer service body
+    (run_service + run_placer) against the test's nats-server, ready on entry."""
+
+    @contextlib.asynccontextmanager
+    async def running(
+        *, wait_ready: bool = True, tuning: dict[str, Any] | None = None, **overrides: Any
+    ) -> AsyncIterator[RunningPlacer]:
+        fields: dict[str, Any] = {
+            "nats_url": nats_server.url,
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+            "log_format": "text",
+            "placer_id": "placer-test",
+            "ack_wait_s": 5.0,
+            "reconcile_interval_s": 2.0,
+        }
+        settings = PlacerSettings(**(fields | overrides))
+        config = dataclasses.replace(build_config(settings), **(tuning or {}))
+        readiness = Readiness()
+        registry = CollectorRegistry()
+        stop = asyncio.Event()
+        holder: dict[str, PlacerService] = {}
+
+        body = functools.partial(
+            run_placer, config=config, started=lambda service: holder.update(service=service)
+        )
+
+        task = asyncio.create_task(
+            run_service(
+                name="placer",
+                settings=settings,
+                body=body,
+                stop=stop,
+                readiness=readiness,
+                registry=registry,
+            )
+        )
+        placer = RunningPlacer(readiness=readiness, registry=registry, stop=stop, task=task)
+        try:
+            if wait_ready:
+                await until(
+                    lambda: readiness.ready or task.done(),
+                    what=f"placer readiness {readiness.report()}",
+                )
+                assert not task.done(), "the placer stopped while starting"
+            placer.service = holder.get("service")
+            yield placer
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, timeout=15) == 0
+
+    return running
+
+
+async def stream_messages(bus: NatsBus, stream: str, subject: str) -> list[bytes]:
+    """Every message on ``subject`` in ``stream`` so far (read by a fresh durable consumer)."""
+    consumer = await bus.pull_consumer(
+        stream=stream, durable=f"test-{uuid.uuid4().hex[:8]}", subject=subject
+    )
+    found: list[bytes] = []
+    try:
+        while True:
+            try:
+                batch = await consumer.fetch(256, 0.5)
+            except TimeoutError:  # nats-py sometimes raises the plain asyncio one: none left
+                break
+            if not batch:
+                break
+            found.extend(d.data for d in batch)
+            for delivery in batch:
+                await delivery.ack()
+    finally:
+        await consumer.close()
+    return found
+
+
+async def http_get(port: int, path: str) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}{path}") as response,
+    ):
+        return response.status, await response.json()

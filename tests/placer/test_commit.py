@@ -1,0 +1,192 @@
+"""The commit protocol's pure rules (``services/placer/commit.py``), table-driven."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from services.placer import commit, translate
+from services.placer.commit import RecordFacts, Repair
+from shared.messages.assignments import AssignmentRecord, AssignmentState
+from shared.messages.ledger import NodeLedger, PodClaim
+from tests.placer import wire
+from tests.placer.test_translate import NOW, booking
+
+A = booking("a", (0, 8192, 500))
+A2 = msgspec.structs.replace(A, commit="c-a-2", node="n2")
+
+
+def claim(state: str, held: object = A, request: bool = False) -> PodClaim:
+    return PodClaim(
+        pod_uid="a",
+        state=state,  # type: ignore[arg-type]
+        booking=held,  # type: ignore[arg-type]
+        request=wire.pending("a") if request else None,
+        updated_at=NOW,
+    )
+
+
+@pytest.mark.parametrize(
+    ("current", "verdict"),
+    [
+        pytest.param(None, "create", id="no-claim"),
+        pytest.param(claim("placed"), "mine", id="this-booking"),
+        pytest.param(claim("placed", A2), "lost", id="another-booking"),
+        pytest.param(claim("requeued", A2), "take", id="requeued"),
+        pytest.param(claim("deleted", None), "deleted", id="deleted-before-placed"),
+        pytest.param(claim("deleted"), "deleted", id="deleted-after"),
+    ],
+)
+def test_claim_verdicts(current: PodClaim | None, verdict: str) -> None:
+    assert commit.claim_verdict(current, A) == verdict
+
+
+def record(state: AssignmentState, commit_id: str = A.commit) -> AssignmentRecord:
+    return msgspec.structs.replace(translate.record_of(A), state=state, commit=commit_id)
+
+
+@pytest.mark.parametrize(
+    ("current", "create", "fence"),
+    [
+        pytest.param(None, "write", "write", id="absent"),
+        pytest.param(record("reserved"), "done", "write", id="this-commit-live"),
+        pytest.param(record("bound"), "done", "write", id="this-commit-bound"),
+        pytest.param(record("released"), "released", "done", id="this-commit-released"),
+        pytest.param(record("released", "old"), "write", "write", id="older-released"),
+        pytest.param(record("reserved", "other"), "blocked", "blocked", id="another-live"),
+    ],
+)
+def test_record_creation_and_fencing(
+    current: AssignmentRecord | None, create: str, fence: str
+) -> None:
+    assert commit.record_action(current, A.commit) == create
+    assert commit.fence_action(current, A.commit) == fence
+
+
+def test_the_fence_is_a_released_record_of_the_commit() -> None:
+    fenced = commit.released_record(None, A, now=NOW + 5)
+    assert (fenced.state, fenced.commit, fenced.released_at) == ("released", A.commit, NOW + 5)
+    bound = record("bound")
+    assert commit.released_record(bound, A, now=NOW).containers == bound.containers
+
+
+def test_a_group_commit_books_what_fits_one_after_the_other() -> None:
+    inventory = wire.inventory("n1", 1)
+    held = booking("held", (0, 8192, 500))
+    ledger = NodeLedger(node="n1", bookings=(held,))
+    state = translate.node_state("n1", inventory, wire.facts("n1"), [held], placeable=True)
+    fits = booking("fits", (0, 4096, 300))
+    no_room = booking("no-room", (0, 8192, 300))  # fits alone, not after "fits"
+    retry = held  # already booked: nothing to do, no refusal
+    twice = msgspec.structs.replace(fits, commit="c-other")
+    written, refused = commit.book_all(ledger, state, [fits, no_room, retry, twice], now=NOW)
+    assert written is not None
+    assert [b.pod_uid for b in written.bookings] == ["held", "fits"]
+    assert set(refused) == {no_room.commit, twice.commit}
+    assert refused[no_room.commit] == "GPU 0: 8192 MiB asked, 4096 free"
+    assert "already booked" in refused[twice.commit]
+    assert commit.book_all(ledger, state, [retry], now=NOW) == (None, {})
+    assert commit.book_all(ledger, None, [fits], now=NOW)[1] == {
+        fits.commit: "node left the cluster"
+    }
+
+
+def test_unbooking_takes_only_the_named_commit() -> None:
+    ledger = NodeLedger(node="n1", bookings=(A, booking("b", (0, 1, 1))))
+    assert commit.without_booking(ledger, "a", commit="c-other", now=NOW) is None
+    left = commit.without_booking(ledger, "a", commit=A.commit, now=NOW)
+    assert left is not None
+    assert [b.pod_uid for b in left.bookings] == ["b"]
+
+
+def facts_of(state: AssignmentState, commit_id: str = A.commit, node: str = "n1") -> RecordFacts:
+    return RecordFacts(
+        key=f"{node}.a",
+        node=node,
+        pod_uid="a",
+        state=state,
+        commit=commit_id,
+        decided_at=NOW,
+        released_at=NOW if state == "released" else None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("ledgers", "claims", "records", "expected"),
+    [
+        pytest.param({"n1": (A,)}, {}, [], [("roll-forward", A)], id="booked-not-claimed"),
+        pytest.param(
+            {"n1": (A,)}, {"a": claim("placed")}, [], [("create-record", A)], id="not-recorded"
+        ),
+        pytest.param(
+            {"n1": (A,)},
+            {"a": claim("placed")},
+            [facts_of("reserved")],
+            [],
+            id="complete",
+        ),
+        pytest.param(
+            {"n1": (A,)},
+            {"a": claim("placed")},
+            [facts_of("released")],
+            [("finish-requeue", A)],
+            id="record-released-claim-placed",
+        ),
+        pytest.param(
+            {"n1": (A,)},
+            {"a": claim("placed", A2)},
+            [],
+            [("unbook-stale", A), ("requeue-lost", A2)],
+            id="lost-claim-booking-left",
+        ),
+        pytest.param(
+            {"n1": (A,)},
+            {"a": claim("deleted")},
+            [facts_of("reserved")],
+            [("unbook-stale", A), ("release-record", None)],
+            id="deleted-half-released",
+        ),
+        pytest.param(
+            {},
+            {"a": claim("placed")},
+            [facts_of("bound")],
+            [("rebook", A)],
+            id="record-without-booking",
+        ),
+        pytest.param(
+            {},
+            {"a": claim("requeued", A, request=True)},
+            [],
+            [("publish-requeue", A)],
+            id="requeue-not-published",
+        ),
+        pytest.param(
+            {"n2": (A2,)},
+            {"a": claim("placed", A2)},
+            [facts_of("reserved", "c-a-2", "n2"), facts_of("reserved")],
+            [("release-record", None)],
+            id="older-generation-record-live",
+        ),
+    ],
+)
+def test_reconciliation_plans_one_repair_per_half_done_state(
+    ledgers: dict[str, tuple[object, ...]],
+    claims: dict[str, PodClaim],
+    records: list[RecordFacts],
+    expected: list[tuple[str, object]],
+) -> None:
+    planned = commit.plan_repairs(ledgers, claims, records, now=NOW + 60, grace_s=10)  # type: ignore[arg-type]
+    assert [(r.kind, r.booking) for r in planned] == expected
+
+
+def test_reconciliation_leaves_what_may_still_be_in_flight() -> None:
+    planned = commit.plan_repairs({"n1": (A,)}, {}, [], now=NOW + 1, grace_s=10)
+    assert planned == []
+    assert commit.plan_repairs({"n1": (A,)}, {}, [], now=NOW + 10, grace_s=10) == [
+        Repair(kind="roll-forward", pod_uid="a", booking=A)
+    ]
+
+
+def test_message_ids_name_the_commit() -> None:
+    assert commit.decision_msg_id(A) == f"decision.a.{A.commit}"
+    assert commit.requeue_msg_id(A) == f"requeue.a.{A.commit}"

@@ -1,0 +1,503 @@
+"""The commit protocol under every interleaving hypothesis finds: a state machine over replicas.
+
+Three placer replicas run the *real* protocol code (``Store`` and ``CommitProtocol``, deciding with
+the real core) against one in-memory KV whose every operation waits at a gate. The machine picks
+which waiting operation runs next and how it ends: it lands, it lands but the answer is lost (a
+timeout: the writer must read back), or it is lost on the way. Each replica's view of the KV
+follows by watch events the machine delivers late and in bulk, so decisions are taken on stale
+views as in a real cluster. Replicas decide pods (two may decide the same pod at once), delete
+them, see bindings fail, time reservations out, run reconciliation, and are killed mid-step and
+restarted from KV. The binder binds reserved records by compare-and-set at any moment.
+
+After every step: no GPU is over-committed in the ledger or by live records (memory, cores,
+logical slots, exclusivity), no pod has two live records, every live record is booked. When the
+machine ends, everything in flight is let through, every replica reconciles, and then every
+booking is recorded and claimed, every placed claim booked and recorded: nothing lost, nothing
+left half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from prometheus_client import CollectorRegistry
+
+from services.placer import decider, translate
+from services.placer.core.model import Decision
+from services.placer.core.profiles import build_profile
+from services.placer.metrics import PlacerMetrics
+from services.placer.protocol import CommitProtocol
+from services.placer.state import ClusterView
+from services.placer.store import ConflictError, Store
+from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.pods import PodPending
+from shared.runtime.bus import Handler, KvEntry, PullConsumer, Subscription
+from shared.runtime.edge import Edge
+from shared.runtime.metrics import EdgeMetrics
+from tests.harness.clock import FakeClock
+from tests.placer import wire
+
+NODES = {"a": 2, "b": 2}
+SLOTS = 3
+"""Logical devices per node (fewer than two GPUs could take shares, so slots bind too)."""
+PODS: dict[str, PodPending] = {
+    "p0": wire.pending("p0", memory_mib=9000, cores=40),
+    "p1": wire.pending("p1", memory_mib=9000, cores=40),
+    "p2": wire.pending("p2", shares=1, memory_mib=None, cores=None),  # a whole GPU
+    "p3": wire.pending("p3", memory_mib=4000, cores=70),
+    "p4": wire.pending("p4", shares=2, memory_mib=6000, cores=30),
+}
+INVENTORIES = {name: wire.inventory(name, gpus) for name, gpus in NODES.items()}
+REPLICAS = 3
+
+Fate = Literal["land", "land-lost", "lost"]
+
+
+# --- the gated KV ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Op:
+    replica: int
+    what: str
+    done: asyncio.Future[Fate]
+
+
+class Kv:
+    """One in-memory JetStream: KV buckets with revisions and a de-duplicating publish."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, tuple[bytes | None, int]]] = {}
+        self.revision = 0
+        self.published: list[tuple[str, bytes]] = []
+        self._msg_ids: set[str] = set()
+        self.listeners: list[Callable[[str, str, bytes | None, int], None]] = []
+
+    def get(self, bucket: str, key: str) -> KvEntry | None:
+        value, revision = self.values.get(bucket, {}).get(key, (None, 0))
+        return None if value is None else KvEntry(key=key, value=value, revision=revision)
+
+    def _write(self, bucket: str, key: str, value: bytes | None) -> int:
+        self.revision += 1
+        self.values.setdefault(bucket, {})[key] = (value, self.revision)
+        for listener in self.listeners:
+            listener(bucket, key, value, self.revision)
+        return self.revision
+
+    def create(self, bucket: str, key: str, value: bytes) -> int | None:
+        return None if self.get(bucket, key) is not None else self._write(bucket, key, value)
+
+    def update(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
+        current = self.values.get(bucket, {}).get(key, (None, 0))[1]
+        return self._write(bucket, key, value) if current == revision else None
+
+    def delete_if(self, bucket: str, key: str, revision: int) -> bool:
+        current = self.values.get(bucket, {}).get(key, (None, 0))[1]
+        if current != revision:
+            return False
+        self._write(bucket, key, None)
+        return True
+
+    def publish(self, subject: str, data: bytes, msg_id: str | None) -> int:
+        if msg_id is None or msg_id not in self._msg_ids:
+            self.published.append((subject, data))
+        if msg_id is not None:
+            self._msg_ids.add(msg_id)
+        return len(self.published)
+
+    def entries(self, bucket: str) -> dict[str, tuple[bytes, int]]:
+        return {
+            key: (value, rev)
+            for key, (value, rev) in self.values.get(bucket, {}).items()
+            if value is not None
+        }
+
+
+class Gates:
+    """Every KV operation of a replica waits here until the machine lets it through."""
+
+    def __init__(self) -> None:
+        self.pending: list[_Op] = []
+        self.open = False
+        """Settling at the end: every operation lands at once."""
+
+    async def wait(self, replica: int, what: str) -> Fate:
+        if self.open:
+            return "land"
+        op = _Op(replica, what, asyncio.get_running_loop().create_future())
+        self.pending.append(op)
+        return await op.done
+
+
+class GatedBus:
+    """The Bus port over :class:`Kv`, each operation gated (reads always land)."""
+
+    def __init__(self, kv: Kv, gates: Gates, replica: int) -> None:
+        self.kv = kv
+        self.gates = gates
+        self.replica = replica
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    async def _through(self, what: str, apply: Callable[[], Any], *, read: bool = False) -> Any:
+        fate = await self.gates.wait(self.replica, what)
+        if read or fate == "land":
+            return apply()
+        if fate == "land-lost":
+            apply()
+        raise TimeoutError(f"{what}: no answer")
+
+    async def kv_get(self, bucket: str, key: str) -> KvEntry | None:
+        entry: KvEntry | None = await self._through(
+            f"get {bucket}/{key}", lambda: self.kv.get(bucket, key), read=True
+        )
+        return entry
+
+    async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
+        return await self._through(  # type: ignore[no-any-return]
+            f"create {bucket}/{key}", lambda: self.kv.create(bucket, key, value)
+        )
+
+    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+        return await self._through(  # type: ignore[no-any-return]
+            f"update {bucket}/{key}@{revision}",
+            lambda: self.kv.update(bucket, key, value, revision),
+        )
+
+    async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
+        return await self._through(  # type: ignore[no-any-return]
+            f"delete {bucket}/{key}", lambda: self.kv.delete_if(bucket, key, revision)
+        )
+
+    async def js_publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> int:
+        return await self._through(  # type: ignore[no-any-return]
+            f"publish {subject}", lambda: self.kv.publish(subject, data, msg_id)
+        )
+
+    # Not used by the protocol's steps.
+    async def publish(
+        self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
+    ) -> None:
+        return None
+
+    async def subscribe(self, subject: str, handler: Handler, *, queue: str = "") -> Subscription:
+        raise NotImplementedError
+
+    async def pull_consumer(
+        self,
+        *,
+        stream: str,
+        durable: str,
+        subject: str,
+        ack_wait: float = 30.0,
+        max_deliver: int = -1,
+        max_ack_pending: int | None = None,
+    ) -> PullConsumer:
+        raise NotImplementedError
+
+    async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
+        raise NotImplementedError
+
+    async def kv_delete(self, bucket: str, key: str) -> None:
+        raise NotImplementedError
+
+    async def kv_keys(self, bucket: str) -> list[str]:
+        raise NotImplementedError
+
+    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+        raise NotImplementedError
+
+    async def drain(self) -> None:
+        return None
+
+
+# --- replicas --------------------------------------------------------------------------------
+
+
+def apply_entry(
+    view: ClusterView, bucket: str, key: str, data: bytes | None, revision: int
+) -> None:
+    """What the service's KV watch handlers do with one entry."""
+    if bucket == subjects.KV_LEDGER:
+        ledger = codec.decode(data, NodeLedger) if data is not None else None
+        view.set_ledger(subjects.node_from_token(key), ledger, revision)
+    elif bucket == subjects.KV_CLAIMS:
+        view.set_claim(key, codec.decode(data, PodClaim) if data is not None else None, revision)
+    elif bucket == subjects.KV_ASSIGNMENTS:
+        record = codec.decode(data, AssignmentRecord) if data is not None else None
+        view.set_record(key, record, revision)
+
+
+@dataclass
+class Replica:
+    number: int
+    view: ClusterView
+    store: Store
+    protocol: CommitProtocol
+    inbox: list[tuple[str, str, bytes | None, int]] = field(default_factory=list)
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+PROFILE = build_profile("binpack")
+
+
+# --- the machine -----------------------------------------------------------------------------
+
+
+class ProtocolMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.kv = Kv()
+        self.gates = Gates()
+        self.clock = FakeClock()
+        self.replicas = [self._replica(n) for n in range(REPLICAS)]
+        self.kv.listeners.append(self._fan_out)
+
+    def _fan_out(self, bucket: str, key: str, data: bytes | None, revision: int) -> None:
+        for replica in self.replicas:
+            replica.inbox.append((bucket, key, data, revision))
+
+    def _replica(self, number: int) -> Replica:
+        view = ClusterView(inventory_stale_s=1e9, task_mix_window=100)
+        for name, inventory in INVENTORIES.items():
+            view.set_inventory(msgspec.structs.replace(inventory, observed_at=self.clock.now()))
+            view.set_facts(wire.facts(name, slots=SLOTS, at=self.clock.now()))
+        for bucket in (subjects.KV_LEDGER, subjects.KV_CLAIMS, subjects.KV_ASSIGNMENTS):
+            for key, (data, revision) in self.kv.entries(bucket).items():
+                apply_entry(view, bucket, key, data, revision)
+        view.finish_load(self.clock.now())
+        registry = CollectorRegistry()
+        bus = GatedBus(self.kv, self.gates, number)
+        metrics = PlacerMetrics.create(registry)
+        edge = Edge(
+            bus=bus, metrics=EdgeMetrics.create(registry), clock=self.clock, service="model"
+        )
+        store = Store(bus=bus, edge=edge, view=view, clock=self.clock, metrics=metrics)
+        protocol = CommitProtocol(
+            store=store, bus=bus, view=view, clock=self.clock, metrics=metrics
+        )
+        return Replica(number=number, view=view, store=store, protocol=protocol)
+
+    def _run(self, work: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(work)
+
+    async def _settle(self) -> None:
+        for _ in range(40):
+            await asyncio.sleep(0)
+
+    def _spawn(self, replica: Replica, work: Coroutine[Any, Any, Any]) -> None:
+        async def guarded() -> None:
+            with contextlib.suppress(Exception):  # a failed step is retried by a later rule
+                await work
+
+        async def start() -> None:
+            task = asyncio.get_running_loop().create_task(guarded())
+            replica.tasks.add(task)
+            task.add_done_callback(replica.tasks.discard)
+            await self._settle()
+
+        self._run(start())
+
+    # --- rules ---------------------------------------------------------------------------------
+
+    @rule(replica=st.integers(0, REPLICAS - 1), pod=st.sampled_from(sorted(PODS)))
+    def decide(self, replica: int, pod: str) -> None:
+        """A replica takes a pod message: decide on its view, book, finish."""
+        r = self.replicas[replica]
+        request = translate.pod_request(PODS[pod])
+        claim = r.view.claim(pod)
+        if claim is not None and claim.state in ("placed", "deleted"):
+            if claim.state == "placed" and claim.booking is not None:
+                self._spawn(r, r.protocol.republish(claim.booking))
+            return
+        outcome = decider.decide(r.view, PROFILE, request, now=self.clock.now())
+        if not isinstance(outcome, Decision):
+            return
+        booking = translate.booking_of(
+            outcome.reservation,
+            PODS[pod],
+            commit=f"r{replica}.{random.getrandbits(32):08x}",
+            decided_at=self.clock.now(),
+            placer_id=f"r{replica}",
+        )
+        r.view.add_tentative(booking)
+
+        async def commit() -> None:
+            try:
+                try:
+                    refused = await r.store.book(booking)
+                except ConflictError:
+                    refused = "conflict"
+                if not refused:
+                    await r.protocol.finish(booking, PODS[pod], outcome)
+            finally:
+                r.view.drop_tentative(booking.node, booking.pod_uid)
+
+        self._spawn(r, commit())
+
+    @rule(
+        replica=st.integers(0, REPLICAS - 1),
+        pod=st.sampled_from(sorted(PODS)),
+        really=st.integers(0, 2),
+    )
+    def delete(self, replica: int, pod: str, really: int) -> None:
+        if really:  # deletions a third as often as the other rules: pods must get placed
+            return
+        r = self.replicas[replica]
+        self._spawn(r, r.protocol.release_deleted(pod, reason="deleted"))
+
+    @rule(
+        replica=st.integers(0, REPLICAS - 1),
+        pod=st.sampled_from(sorted(PODS)),
+        timeout=st.booleans(),
+    )
+    def binding_fails_or_times_out(self, replica: int, pod: str, timeout: bool) -> None:
+        r = self.replicas[replica]
+        claim = r.view.claim(pod)
+        if claim is None or claim.booking is None:
+            return
+        self._spawn(
+            r,
+            r.protocol.release_requeue(
+                pod, claim.booking.node, reason="test", only_reserved=timeout
+            ),
+        )
+
+    @rule(pod=st.sampled_from(sorted(PODS)))
+    def binder_binds(self, pod: str) -> None:
+        """The binder's reserved -> bound compare-and-set (it fences the reserve timeout)."""
+        for key, (data, revision) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
+            record = codec.decode(data, AssignmentRecord)
+            if record.pod_uid == pod and record.state == "reserved":
+                bound = msgspec.structs.replace(record, state="bound", bound_at=self.clock.now())
+                self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(bound), revision)
+
+    @rule(replica=st.integers(0, REPLICAS - 1))
+    def reconcile(self, replica: int) -> None:
+        r = self.replicas[replica]
+        self._spawn(r, r.protocol.reconcile(grace_s=0.0))
+
+    @precondition(lambda self: bool(self.gates.pending))
+    @rule(
+        steps=st.lists(
+            st.tuples(
+                st.integers(0, 1000),
+                st.sampled_from(["land", "land", "land", "land", "land-lost", "lost"]),
+            ),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    def let_some_through(self, steps: list[tuple[int, Fate]]) -> None:
+        """The next few waiting operations, in the order picked, each with its fate."""
+        for pick, fate in steps:
+            if not self.gates.pending:
+                return
+            op = self.gates.pending.pop(pick % len(self.gates.pending))
+            if not op.done.done():
+                op.done.set_result(fate)
+            self._run(self._settle())
+
+    @rule(replica=st.integers(0, REPLICAS - 1))
+    def watch_catches_up(self, replica: int) -> None:
+        r = self.replicas[replica]
+        changes, r.inbox = r.inbox, []
+        for change in changes:
+            apply_entry(r.view, *change)
+
+    @rule(replica=st.integers(0, REPLICAS - 1))
+    def kill_and_restart(self, replica: int) -> None:
+        """SIGKILL: whatever the replica had in flight stops where it is; a fresh one loads KV."""
+        old = self.replicas[replica]
+
+        async def kill() -> None:
+            for task in list(old.tasks):
+                task.cancel()
+            await self._settle()
+
+        self._run(kill())
+        self.gates.pending = [op for op in self.gates.pending if op.replica != replica]
+        self.replicas[replica] = self._replica(replica)
+
+    @rule(seconds=st.sampled_from([1.0, 200.0]))
+    def time_passes(self, seconds: float) -> None:
+        self._run(self.clock.advance(seconds))
+
+    # --- invariants ----------------------------------------------------------------------------
+
+    def _state(self) -> wire.ClusterState:
+        state = wire.ClusterState()
+        for key, (data, _) in self.kv.entries(subjects.KV_LEDGER).items():
+            state.ledgers[key] = codec.decode(data, NodeLedger)
+        for key, (data, _) in self.kv.entries(subjects.KV_CLAIMS).items():
+            state.claims[key] = codec.decode(data, PodClaim)
+        for key, (data, _) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
+            state.records[key] = codec.decode(data, AssignmentRecord)
+        return state
+
+    @invariant()
+    def nothing_over_committed_and_one_record_per_pod(self) -> None:
+        state = self._state()
+        wire.check_capacity(state, INVENTORIES, slots={name: SLOTS for name in NODES})
+        live = state.live_records()
+        pods = [r.pod_uid for r in live]
+        assert len(pods) == len(set(pods)), f"two live records for one pod: {sorted(pods)}"
+        booked = {(b.node, b.pod_uid, b.commit) for b in state.bookings()}
+        for record in live:
+            assert (record.node, record.pod_uid, record.commit) in booked, record
+
+    def teardown(self) -> None:
+        try:
+            self.gates.open = True
+            for op in self.gates.pending:
+                if not op.done.done():
+                    op.done.set_result("land")
+            self.gates.pending = []
+
+            async def finish() -> None:
+                for replica in self.replicas:
+                    if replica.tasks:
+                        await asyncio.gather(*replica.tasks, return_exceptions=True)
+                for number in range(REPLICAS):  # fresh views of everything, then repair
+                    self.replicas[number] = self._replica(number)
+                    await self.replicas[number].protocol.reconcile(grace_s=0.0)
+                    self.replicas[number] = self._replica(number)
+                    await self.replicas[number].protocol.reconcile(grace_s=0.0)
+
+            self._run(finish())
+            state = self._state()
+            event(f"live records at the end: {len(state.live_records())}")
+            event(f"claims: {sorted(c.state for c in state.claims.values())}")
+            wire.check_invariants(state, INVENTORIES, slots={name: SLOTS for name in NODES})
+        finally:
+            self.loop.close()
+
+
+ProtocolMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestProtocol = ProtocolMachine.TestCase

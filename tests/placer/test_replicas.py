@@ -1,0 +1,180 @@
+"""Three real ``tessera placer`` processes share the work; one is SIGKILLed; nothing is lost.
+
+The test plays the inventory and the binder: it writes 100 nodes' inventory and node facts into KV
+and publishes 1,000 pending pods (more than fit) into the stream. While the placers work, one of
+them is killed with SIGKILL. Afterwards, read from KV and the placements stream: every pod has
+exactly one live assignment record or was rejected, no GPU is over-committed (memory, cores,
+logical devices, exclusivity), every record is booked and every booking recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+import msgspec
+
+from shared import codec, subjects
+from shared.messages.placement import PlacementRejected
+from shared.messages.pods import PodPending
+from shared.runtime.bus import NatsBus
+from tests.harness.nats import NatsServer, environment_without_proxies
+from tests.placer import wire
+from tests.placer.conftest import http_get, stream_messages
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = [f"node-{i:03d}.rack-{i // 20}" for i in range(100)]
+GPUS = 4
+SLOTS = 12
+"""Logical devices per node (3 per GPU): some GPUs run out of devices before memory."""
+PODS = 1000
+
+
+def workload(seed: int = 7) -> list[PodPending]:
+    """Shares of one GPU, whole GPUs and two-GPU pods: more than 100 x 4 GPUs hold."""
+    rng = random.Random(seed)
+    pods = []
+    for i in range(PODS):
+        kind = rng.random()
+        uid = f"pod-{i:04d}"
+        if kind < 0.65:
+            pod = wire.pending(uid, memory_mib=rng.choice((2048, 4096, 6144)), cores=20)
+        elif kind < 0.85:
+            pod = wire.pending(uid, memory_mib=None, cores=None)  # a whole GPU
+        elif kind < 0.99:
+            pod = wire.pending(uid, shares=2, memory_mib=8192, cores=40)
+        else:
+            pod = wire.pending(uid, shares=GPUS + 1, memory_mib=1024, cores=10)  # fits nowhere
+        pods.append(msgspec.structs.replace(pod, priority=rng.choice((0, 0, 100))))
+    return pods
+
+
+async def start(
+    nats_url: str, number: int, logs: Path, *options: str
+) -> tuple[asyncio.subprocess.Process, int]:
+    """A ``tessera placer`` process logging to ``logs``; its HTTP port once it started."""
+    log_file = logs / f"placer-{number}.log"
+    with log_file.open("wb") as stderr:  # the child keeps its own copy of the descriptor
+        process = await _spawn(nats_url, number, stderr, *options)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for line in log_file.read_text().splitlines():
+            if '"service starting"' in line:
+                return process, int(json.loads(line)["http_port"])
+        assert process.returncode is None, log_file.read_text()[-2000:]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"placer {number} did not start: {log_file.read_text()[-2000:]}")
+
+
+async def _spawn(
+    nats_url: str, number: int, stderr: BinaryIO, *options: str
+) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tessera.cli",
+        "placer",
+        "--nats-url",
+        nats_url,
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        "0",
+        "--placer-id",
+        f"placer-{number}",
+        "--ack-wait-s",
+        "3",
+        "--reconcile-interval-s",
+        "2",
+        "--inventory-stale-s",
+        "3600",
+        *options,
+        cwd=ROOT,
+        env=environment_without_proxies(),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=stderr,
+    )
+
+
+async def ready(port: int) -> bool:
+    try:
+        status, _ = await http_get(port, "/readyz")
+    except Exception:
+        return False
+    return status == 200
+
+
+async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_nothing(
+    nats_server: NatsServer, bus: NatsBus, tmp_path: Path
+) -> None:
+    now = time.time()
+    inventories = {node: wire.inventory(node, GPUS, at=now) for node in NODES}
+    for node in NODES:
+        await wire.put_inventory(bus, inventories[node])
+        await wire.put_facts(bus, wire.facts(node, slots=SLOTS, at=now))
+    placers = [await start(nats_server.url, n, tmp_path) for n in range(3)]
+    try:
+        deadline = time.monotonic() + 60
+        for _, port in placers:
+            while not await ready(port):
+                assert time.monotonic() < deadline, "placers not ready"
+                await asyncio.sleep(0.1)
+        pods = workload()
+        for start_at in range(0, len(pods), 100):
+            await asyncio.gather(
+                *(wire.publish_pod(bus, p) for p in pods[start_at : start_at + 100])
+            )
+
+        victim, _ = placers[1]
+        while len(await bus.kv_keys(subjects.KV_CLAIMS)) < 300:  # noqa: ASYNC110 (KV, no event)
+            await asyncio.sleep(0.05)
+        victim.send_signal(signal.SIGKILL)
+        await victim.wait()
+
+        uids = {p.uid for p in pods}
+        deadline = time.monotonic() + 150
+        while True:
+            state = await wire.cluster_state(bus)
+            recorded = {r.pod_uid for r in state.live_records()}
+            raw = await stream_messages(
+                bus, subjects.STREAM_PLACEMENTS, subjects.PLACEMENTS_REJECTED
+            )
+            rejected = {codec.decode(data, PlacementRejected).pod_uid for data in raw}
+            if uids <= recorded | rejected:
+                break
+            assert time.monotonic() < deadline, (
+                f"{len(uids - recorded - rejected)} pods neither placed nor rejected"
+            )
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(3.0)  # anything still in flight (a redelivered duplicate) settles
+        state = await wire.cluster_state(bus)
+        wire.check_invariants(state, inventories, slots=dict.fromkeys(NODES, SLOTS))
+        recorded = {r.pod_uid for r in state.live_records()}
+        assert len(recorded) == len(state.live_records())
+        assert recorded | rejected >= uids
+        assert 500 < len(recorded) < PODS, f"{len(recorded)} placed: the cluster must fill up"
+        logged = [
+            json.loads(line)
+            for line in (tmp_path / "placer-0.log").read_text().splitlines()
+            if '"pod placed"' in line
+        ]
+        assert logged, "one structured line per decision"
+        assert {"pod", "pod_uid", "node", "gpus", "score", "latency_ms", "commit"} <= set(logged[0])
+    finally:
+        for process, _ in placers:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for number, (process, _) in enumerate(placers):
+            try:
+                code = await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                code = await process.wait()
+            if number != 1:
+                assert code == 0, (tmp_path / f"placer-{number}.log").read_text()[-3000:]

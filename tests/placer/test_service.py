@@ -1,0 +1,518 @@
+"""The placer service over a real nats-server: the binder's and the inventory's side played here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.bindings import BindingResult
+from shared.messages.deadletter import DeadLetter
+from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
+from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.runtime.bus import Delivery, NatsBus
+from tests.harness.nats import NatsServer
+from tests.placer import wire
+from tests.placer.conftest import PlacerFactory, http_get, stream_messages, until
+from tests.placer.test_replicas import start as start_process
+
+
+async def settled(
+    bus: NatsBus,
+    condition: Callable[[wire.ClusterState], bool],
+    *,
+    timeout: float = 20.0,
+    what: str = "",
+) -> wire.ClusterState:
+    """Read the KV state until ``condition`` holds; the state it held in."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await wire.cluster_state(bus)
+        if condition(state):
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {state}")
+        await asyncio.sleep(0.05)
+
+
+def live_of(state: wire.ClusterState, uid: str) -> list[AssignmentRecord]:
+    return [r for r in state.live_records() if r.pod_uid == uid]
+
+
+def placed(*uids: str) -> Callable[[wire.ClusterState], bool]:
+    return lambda state: all(len(live_of(state, uid)) == 1 for uid in uids)
+
+
+async def decisions(bus: NatsBus) -> list[PlacementDecision]:
+    raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.ASSIGNMENTS_ALL)
+    return [codec.decode(data, PlacementDecision) for data in raw]
+
+
+async def rejections(bus: NatsBus) -> list[PlacementRejected]:
+    raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.PLACEMENTS_REJECTED)
+    return [codec.decode(data, PlacementRejected) for data in raw]
+
+
+async def test_a_pending_pod_is_booked_recorded_and_its_decision_published(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "gpu-1.example.com", 2)
+    async with start_placer() as placer:
+        await wire.publish_pod(bus, wire.pending("u1", memory_mib=4096, cores=25))
+        state = await settled(bus, placed("u1"), what="a record for u1")
+        (record,) = live_of(state, "u1")
+        assert record.state == "reserved"
+        assert record.node == "gpu-1.example.com"
+        assert record.placer_id == "placer-test"
+        (container,) = record.containers
+        (piece,) = container.gpus
+        assert (piece.memory_mib, piece.cores) == (4096, 25)
+        assert container.resources == {"tessera.dev/gpu": 1}
+        (booking,) = state.bookings()
+        assert booking.commit == record.commit
+        assert state.claims["u1"].state == "placed"
+        assert state.claims["u1"].request == wire.pending("u1", memory_mib=4096, cores=25)
+        wire.check_invariants(state, {"gpu-1.example.com": wire.inventory("gpu-1.example.com", 2)})
+
+        (decision,) = await decisions(bus)
+        assert decision.pod_uid == "u1"
+        assert decision.node == "gpu-1.example.com"
+        assert decision.containers == record.containers
+        assert decision.explanation.startswith("profile tessera: score")
+
+        port = placer.readiness.http_port
+        assert port is not None
+        status, explained = await http_get(port, "/v1/pods/u1")
+        assert status == 200
+        assert explained["claim"]["state"] == "placed"
+        assert explained["claim"]["node"] == "gpu-1.example.com"
+        assert explained["last_outcome"]["outcome"] == "placed"
+        assert explained["nodes_total"] == 1
+        status, _ = await http_get(port, "/v1/nothing")
+        assert status == 404
+        assert placer.metric("tessera_placer_decisions_total", outcome="placed") == 1
+        assert placer.metric("tessera_placer_decision_seconds_count") == 1
+
+
+async def test_a_deleted_pod_gives_its_gpus_back_once(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    async with start_placer() as placer:
+        await wire.publish_pod(bus, wire.pending("u1", shares=1, memory_mib=None, cores=None))
+        await settled(bus, placed("u1"), what="u1 placed")
+        await wire.delete_pod(bus, "u1")
+        state = await settled(
+            bus, lambda s: not s.live_records() and not s.bookings(), what="u1 released"
+        )
+        (record,) = state.records.values()
+        assert record.state == "released"
+        assert state.claims["u1"].state == "deleted"
+        # The same deletion again (a redelivery) changes nothing.
+        await wire.delete_pod(bus, "u1", namespace="ml")
+        late = msgspec.structs.replace(wire.pending("u1"), resource_version="9")
+        await wire.publish_pod(bus, late)
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="duplicate") >= 1,
+            what="the late pending message seen as a duplicate",
+        )
+        assert (await wire.cluster_state(bus)).live_records() == []
+        assert placer.metric("tessera_placer_releases_total", cause="deleted") >= 1
+        # The GPU is free again: a whole-GPU pod fits.
+        await wire.publish_pod(bus, wire.pending("u2", shares=1, memory_mib=None, cores=None))
+        await settled(bus, placed("u2"), what="u2 placed on the freed GPU")
+
+
+async def test_a_redelivered_pod_changes_nothing(bus: NatsBus, start_placer: PlacerFactory) -> None:
+    await wire.put_node(bus, "n1", 2)
+    async with start_placer() as placer:
+        pod = wire.pending("u1")
+        await wire.publish_pod(bus, pod)
+        before = await settled(bus, placed("u1"), what="u1 placed")
+        ledger_before = await bus.kv_get(subjects.KV_LEDGER, "n1")
+        for version in ("2", "3"):  # the binder publishing the pod again (new resourceVersion)
+            await wire.publish_pod(bus, msgspec.structs.replace(pod, resource_version=version))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="duplicate") >= 2,
+            what="both copies answered as duplicates",
+        )
+        after = await wire.cluster_state(bus)
+        assert after.records == before.records
+        assert after.claims == before.claims
+        assert await bus.kv_get(subjects.KV_LEDGER, "n1") == ledger_before
+        (decision,) = await decisions(bus)  # published again under the same id: de-duplicated
+        assert decision.pod_uid == "u1"
+
+
+async def _place_in_order(bus: NatsBus, pods: list[str]) -> None:
+    for i, uid in enumerate(pods):
+        size = (2048, 4096, 8192, 6144)[i % 4]
+        await wire.publish_pod(bus, wire.pending(uid, memory_mib=size, cores=10 + 10 * (i % 3)))
+        await settled(bus, placed(uid), what=f"{uid} placed")
+
+
+async def _run_decides(restart: bool, start_placer: PlacerFactory, bus: NatsBus) -> list[object]:
+    for name in ("a", "b", "c"):
+        await wire.put_node(bus, name, 4)
+    tuning = {"mix_check_s": 0.05}
+    first = [f"p{i}" for i in range(8)]
+    async with start_placer(tuning=tuning):
+        await _place_in_order(bus, first)
+        await asyncio.sleep(0.3)  # the learned mix is compiled into the profile
+        if not restart:
+            await _place_in_order(bus, ["x"])
+    if restart:
+        async with start_placer(tuning=tuning, placer_id="placer-new"):
+            await _place_in_order(bus, ["x"])
+    (record,) = live_of(await wire.cluster_state(bus), "x")
+    gpus = [(g.index, g.memory_mib, g.cores) for c in record.containers for g in c.gpus]
+    return [record.node, gpus]
+
+
+async def test_a_restarted_placer_decides_as_if_it_had_run_all_along(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    continuous = await _run_decides(False, start_placer, bus)
+    with NatsServer() as other:
+        other_bus = await NatsBus.connect(other.url, name="tessera-test-2")
+        try:
+            # The same fixture, pointed at the second server.
+            def against_other(**overrides: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+                return start_placer(nats_url=other.url, **overrides)
+
+            restarted = await _run_decides(True, against_other, other_bus)
+        finally:
+            await other_bus.drain()
+    assert restarted == continuous
+
+
+async def test_an_unschedulable_pod_waits_and_is_placed_when_capacity_is_freed(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    whole = {"shares": 1, "memory_mib": None, "cores": None}
+    async with start_placer() as placer:
+        await wire.publish_pod(bus, wire.pending("first", **whole))  # type: ignore[arg-type]
+        await settled(bus, placed("first"), what="first placed")
+        await wire.publish_pod(bus, wire.pending("second", **whole))  # type: ignore[arg-type]
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
+            what="second rejected",
+        )
+        (rejected,) = await rejections(bus)
+        assert rejected.pod_uid == "second"
+        assert not rejected.unresolvable
+        assert [(r.reason, r.nodes) for r in rejected.reasons] == [("not enough idle GPUs", 1)]
+        assert rejected.message == "0/1 nodes are available: 1 not enough idle GPUs."
+        tries = placer.metric("tessera_placer_tries_total")
+        await asyncio.sleep(1.5)  # nothing changed: it is not tried again and again
+        assert placer.metric("tessera_placer_tries_total") == tries
+        assert placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1
+        assert placer.metric("tessera_placer_pending_pods", reason="not enough idle GPUs") == 1
+
+        await wire.delete_pod(bus, "first")
+        state = await settled(bus, placed("second"), what="second placed once first left")
+        wire.check_invariants(state, {"n1": wire.inventory("n1", 1)})
+
+        # An invalid request is rejected as unresolvable and not kept.
+        invalid = wire.pending("bad", cores=0)
+        await wire.publish_pod(bus, invalid)
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="unresolvable") == 1,
+            what="the invalid pod rejected",
+        )
+        last = (await rejections(bus))[-1]
+        assert last.pod_uid == "bad"
+        assert last.unresolvable
+        assert "GPU cores must be 1..100 percent" in last.reasons[0].reason
+        assert placer.service is not None
+        await until(lambda: "bad" not in placer.service._items, what="the invalid pod let go")
+
+
+async def test_binding_failures_gone_pods_and_reserve_timeouts_release(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 4)
+    async with start_placer(reserve_timeout_s=1.0) as placer:
+        for uid in ("failed", "gone", "bound"):
+            await wire.publish_pod(bus, wire.pending(uid))
+        state = await settled(bus, placed("failed", "gone", "bound"), what="three placed")
+        first_commit = live_of(state, "failed")[0].commit
+        # The binder binds one (reserved -> bound by compare-and-set): the timeout leaves it.
+        key = subjects.assignment_key("n1", "bound")
+        entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        assert entry is not None
+        bound = msgspec.structs.replace(
+            codec.decode(entry.value, AssignmentRecord), state="bound", bound_at=time.time()
+        )
+        assert await bus.kv_update(
+            subjects.KV_ASSIGNMENTS, key, codec.encode(bound), revision=entry.revision
+        )
+        for uid, outcome in (("failed", "failed"), ("gone", "gone")):
+            result = BindingResult(
+                pod_uid=uid,
+                namespace="ml",
+                name=f"pod-{uid}",
+                node="n1",
+                outcome=outcome,  # type: ignore[arg-type]
+                reason="test",
+                at=time.time(),
+            )
+            await bus.js_publish(subjects.bindings("n1"), codec.encode(result))
+        # failed: released, requeued, placed again under a new commit (and timed out again,
+        # since nobody binds it here, and placed again: any commit but the first).
+        state = await settled(
+            bus,
+            lambda s: (
+                bool(live_of(s, "failed"))
+                and live_of(s, "failed")[0].commit != first_commit
+                and s.claims["gone"].state == "deleted"
+            ),
+            what="failed placed again, gone released",
+        )
+        assert live_of(state, "gone") == []
+        assert live_of(state, "bound")[0].state == "bound"
+        await until(
+            lambda: placer.metric("tessera_placer_releases_total", cause="timeout") >= 1,
+            what="a reserve timeout",
+        )
+        assert placer.metric("tessera_placer_releases_total", cause="failed") == 1
+        assert placer.metric("tessera_placer_releases_total", cause="gone") == 1
+        state = await wire.cluster_state(bus)
+        assert live_of(state, "bound")[0].state == "bound"  # never released by the timeout
+        wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
+
+
+async def test_stale_inventory_and_missing_node_facts_keep_pods_off_a_node(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "old", 2, at=time.time() - 100)
+    await wire.put_inventory(bus, wire.inventory("nofacts", 2, at=time.time()))
+    async with start_placer() as placer:
+        await wire.publish_pod(bus, wire.pending("u1"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
+            what="u1 rejected",
+        )
+        (rejected,) = await rejections(bus)
+        assert {(r.reason, r.nodes) for r in rejected.reasons} == {
+            ("GPU inventory stale (heartbeat missed)", 1),
+            ("no node facts yet", 1),
+        }
+        await wire.put_inventory(bus, wire.inventory("old", 2, at=time.time()))  # heartbeat
+        state = await settled(bus, placed("u1"), what="u1 placed once old is fresh")
+        assert live_of(state, "u1")[0].node == "old"
+
+
+async def test_a_bad_tenancy_file_is_refused_and_the_last_good_one_kept(
+    bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
+) -> None:
+    tenancy = tmp_path / "tenancy.json"
+    tenancy.write_text(json.dumps({"quotas": [{"tenant": "ml", "gpus": 1}]}))
+    await wire.put_node(bus, "n1", 4)
+    async with start_placer(tenancy_file=str(tenancy), tuning={"tenancy_check_s": 0.1}) as placer:
+        await wire.publish_pod(bus, wire.pending("q1"))
+        await settled(bus, placed("q1"), what="q1 within the quota")
+        await wire.publish_pod(bus, wire.pending("q2"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
+            what="q2 over the quota",
+        )
+        (rejected,) = await rejections(bus)
+        assert "tenant ml: GPU quota exceeded" in rejected.reasons[0].reason
+
+        tenancy.write_text('{"quotas": [{"tenant": "ml", "gpus": "many"}]}')
+        await until(
+            lambda: placer.metric("tessera_placer_tenancy_reloads_total", outcome="refused") == 1,
+            what="the bad version refused",
+        )
+        await wire.publish_pod(bus, wire.pending("q3"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 2,
+            what="q3 still over the kept quota",
+        )
+        assert len(live_of(await wire.cluster_state(bus), "q3")) == 0
+
+        tenancy.write_text(json.dumps({"quotas": [{"tenant": "ml", "gpus": 3}]}))
+        state = await settled(bus, placed("q1", "q2", "q3"), what="q2 and q3 placed live")
+        assert placer.metric("tessera_placer_tenancy_reloads_total", outcome="applied") == 1
+        wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
+
+
+def _booking(uid: str, node: str, commit: str) -> Booking:
+    return Booking(
+        pod_uid=uid,
+        namespace="ml",
+        name=f"pod-{uid}",
+        node=node,
+        commit=commit,
+        tenant="ml",
+        cpu_milli=1000,
+        memory_mib=1024,
+        kind="share",
+        containers=(
+            BookedContainer(
+                container="main",
+                gpus=(
+                    BookedSlice(
+                        index=0, uuid=wire.gpu_uuid(node, 0), memory_mib=2048, core_milli=200
+                    ),
+                ),
+                resources={"tessera.dev/gpu": 1},
+            ),
+        ),
+        decided_at=time.time() - 60,
+        placer_id="placer-gone",
+    )
+
+
+async def test_half_done_commits_are_repaired_before_ready(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 2)
+    unclaimed = _booking("unclaimed", "n1", "c1")  # stopped after booking
+    unrecorded = _booking("unrecorded", "n1", "c2")  # stopped after claiming
+    ledger = NodeLedger(node="n1", bookings=(unclaimed, unrecorded), updated_at=time.time())
+    await bus.kv_put(subjects.KV_LEDGER, subjects.ledger_key("n1"), codec.encode(ledger))
+    claim = PodClaim(
+        pod_uid="unrecorded", state="placed", booking=unrecorded, updated_at=time.time() - 60
+    )
+    await bus.kv_put(subjects.KV_CLAIMS, "unrecorded", codec.encode(claim))
+    async with start_placer() as placer:
+        state = await wire.cluster_state(bus)  # ready means repaired
+        wire.check_invariants(state, {"n1": wire.inventory("n1", 2)})
+        assert {r.pod_uid for r in state.live_records()} == {"unclaimed", "unrecorded"}
+        assert state.claims["unclaimed"].booking == unclaimed
+        assert {d.pod_uid for d in await decisions(bus)} == {"unclaimed", "unrecorded"}
+        assert placer.metric("tessera_placer_repairs_total", kind="roll-forward") == 1
+        assert placer.metric("tessera_placer_repairs_total", kind="create-record") == 1
+
+
+async def test_two_replicas_deciding_the_same_pods_give_each_one_record(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    for name in ("a", "b", "c"):
+        await wire.put_node(bus, name, 4)
+    async with start_placer(placer_id="one"), start_placer(placer_id="two"):
+        pods = [wire.pending(f"u{i}", memory_mib=6000, cores=30) for i in range(24)]
+        for pod in pods:  # every pod twice, as two messages: both replicas may take one each
+            await wire.publish_pod(bus, pod)
+            await wire.publish_pod(bus, msgspec.structs.replace(pod, resource_version="2"))
+        state = await settled(bus, placed(*(p.uid for p in pods)), what="every pod placed")
+        await asyncio.sleep(0.5)  # let any duplicate commit finish (and give its booking back)
+        state = await wire.cluster_state(bus)
+        wire.check_invariants(state, {n: wire.inventory(n, 4) for n in ("a", "b", "c")})
+
+
+async def test_a_pod_deleted_before_its_pending_message_is_never_placed(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 2)
+    async with start_placer() as placer:
+        await wire.delete_pod(bus, "late")
+        await settled(
+            bus, lambda s: "late" in s.claims and s.claims["late"].state == "deleted", what="tomb"
+        )
+        await wire.publish_pod(bus, wire.pending("late"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="duplicate") == 1,
+            what="the pending message answered",
+        )
+        assert (await wire.cluster_state(bus)).live_records() == []
+
+
+async def test_a_malformed_pod_message_is_dead_lettered_and_the_placer_keeps_placing(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    letters: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def collect(delivery: Delivery) -> None:
+        await letters.put(delivery.data)
+
+    await bus.subscribe(subjects.deadletter("pods"), collect)
+    async with start_placer():
+        await bus.js_publish(subjects.PODS_PENDING, b'{"uid": 7}')
+        letter = codec.decode(await asyncio.wait_for(letters.get(), 10), DeadLetter)
+        assert letter.service == "placer"
+        assert "Expected `str`, got `int` - at `$.uid`" in letter.reason
+        await wire.publish_pod(bus, wire.pending("fine"))
+        await settled(bus, placed("fine"), what="the next pod placed")
+
+
+async def test_a_waiting_pod_held_by_a_killed_placer_is_placed_by_another(
+    nats_server: NatsServer, bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    whole = {"shares": 1, "memory_mib": None, "cores": None}
+    async with start_placer():
+        await wire.publish_pod(bus, wire.pending("blocker", **whole))  # type: ignore[arg-type]
+        await settled(bus, placed("blocker"), what="blocker placed")
+    process, _ = await start_process(nats_server.url, 0, tmp_path, "--ack-wait-s", "2")
+    try:
+        await wire.publish_pod(bus, wire.pending("waiting", **whole))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 30
+        while not await rejections(bus):
+            assert time.monotonic() < deadline, "the process never rejected the pod"
+            await asyncio.sleep(0.1)
+        process.send_signal(signal.SIGKILL)  # it held the waiting pod's message
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    async with start_placer(placer_id="survivor") as survivor:
+        await until(
+            lambda: survivor.metric("tessera_placer_decisions_total", outcome="rejected") >= 1,
+            what="the waiting pod's message back, at the survivor",
+        )
+        await wire.delete_pod(bus, "blocker")
+        state = await settled(bus, placed("waiting"), what="the waiting pod placed")
+        assert state.claims["waiting"].booking is not None
+        assert state.claims["waiting"].booking.placer_id == "survivor"
+
+
+async def test_the_extender_entry_point_places_a_pod_on_the_node_it_is_given(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    for name in ("a", "b"):
+        await wire.put_node(bus, name, 1)
+    async with start_placer() as placer:
+        assert placer.service is not None
+        outcome = await placer.service.place(wire.pending("e1"), node="b")
+        assert (outcome.outcome, outcome.node) == ("placed", "b")
+        assert live_of(await wire.cluster_state(bus), "e1")[0].node == "b"
+        whole = wire.pending("e2", memory_mib=None, cores=None)
+        refused = await placer.service.place(whole, node="b")
+        assert refused.outcome == "waiting"
+        assert refused.reasons == (("not enough idle GPUs", 1),)
+
+
+async def test_released_records_and_deleted_pods_claims_are_purged_after_retention(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "n1", 1)
+    async with start_placer(release_retention_s=1.0) as placer:
+        await wire.publish_pod(bus, wire.pending("short"))
+        await wire.publish_pod(bus, wire.pending("long"))
+        await settled(bus, placed("short", "long"), what="both placed")
+        await wire.delete_pod(bus, "short")
+        state = await settled(
+            bus,
+            lambda s: (
+                "short" not in s.claims and subjects.assignment_key("n1", "short") not in s.records
+            ),
+            what="the released record and the tombstone purged",
+        )
+        assert placed("long")(state)  # what is live stays
+        assert placer.metric("tessera_placer_purged_total", entry="record") == 1
+        assert placer.metric("tessera_placer_purged_total", entry="claim") == 1

@@ -1,0 +1,238 @@
+"""Wire messages to core values and back (``services/placer/translate.py``), table-driven."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from services.placer import translate
+from services.placer.core.model import RejectionReason
+from shared.messages.inventory import NodeInventory
+from shared.messages.ledger import BookedContainer, BookedSlice, Booking
+from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
+from tests.placer import wire
+
+NOW = wire.NOW
+
+
+def booking(
+    uid: str, *pieces: tuple[int, int, int], cpu: int = 1000, whole: bool = False
+) -> Booking:
+    """A booking of (GPU index, MiB, core milli) pieces on node n1."""
+    return Booking(
+        pod_uid=uid,
+        namespace="ml",
+        name=f"pod-{uid}",
+        node="n1",
+        commit=f"c-{uid}",
+        tenant="ml",
+        cpu_milli=cpu,
+        memory_mib=512,
+        kind="share",
+        containers=(
+            BookedContainer(
+                container="main",
+                gpus=tuple(
+                    BookedSlice(
+                        index=i,
+                        uuid=wire.gpu_uuid("n1", i),
+                        memory_mib=mib,
+                        core_milli=core,
+                        exclusive=whole,
+                    )
+                    for i, mib, core in pieces
+                ),
+                resources={"tessera.dev/gpu": len(pieces)},
+            ),
+        ),
+        decided_at=NOW,
+        placer_id="p",
+    )
+
+
+def test_a_pending_pod_becomes_the_cores_request() -> None:
+    pod = PodPending(
+        uid="u",
+        namespace="team",
+        name="p",
+        containers=(
+            ContainerRequest(name="a", gpu_shares=2, gpu_memory_mib=1000, gpu_cores=30),
+            ContainerRequest(name="b", gpu_shares=1, gpu_memory_pct=50, cpu_milli=500),
+            ContainerRequest(name="c", cpu_milli=100, memory_mib=64),
+        ),
+        priority=7,
+        hints=PlacementHints(
+            gpu_policy="spread",
+            node_policy="binpack",
+            gpu_models=("A100",),
+            gpu_models_excluded=("T4",),
+            gpu_type="virtual",
+            group="g",
+        ),
+    )
+    request = translate.pod_request(pod)
+    assert [
+        (c.name, c.shares, c.share_memory_mib, c.share_memory_pct, c.share_core_milli)
+        for c in request.containers
+    ] == [
+        ("a", 2, 1000, None, 300),
+        ("b", 1, None, 50, None),
+        ("c", 0, None, None, None),
+    ]
+    assert request.tenant == "team"  # no tenant label: the namespace
+    assert (request.priority, request.gpu_policy, request.node_policy) == (7, "spread", "binpack")
+    assert (request.gpu_models, request.gpu_models_excluded) == (("A100",), ("T4",))
+    assert (request.gpu_type, request.group) == ("virtual", "g")
+    labelled = msgspec.structs.replace(pod, hints=PlacementHints(tenant="research"))
+    assert translate.pod_request(labelled).tenant == "research"
+
+
+@pytest.mark.parametrize(
+    ("facts", "inventory_age", "reason"),
+    [
+        pytest.param(wire.facts("n1"), 0, "", id="placeable"),
+        pytest.param(None, 0, translate.NO_FACTS, id="no-facts"),
+        pytest.param(wire.facts("n1", ready=False), 0, translate.NOT_READY, id="not-ready"),
+        pytest.param(wire.facts("n1", schedulable=False), 0, translate.CORDONED, id="cordoned"),
+        pytest.param(wire.facts("n1"), 31, translate.STALE, id="heartbeat-missed"),
+        pytest.param(wire.facts("n1"), 30, "", id="just-in-time"),
+    ],
+)
+def test_when_a_node_may_be_placed_on(facts: object, inventory_age: float, reason: str) -> None:
+    inventory = wire.inventory("n1", 1, at=NOW - inventory_age)
+    found = translate.placement_reason(inventory, facts, now=NOW, stale_s=30)  # type: ignore[arg-type]
+    assert found == reason
+
+
+def node(
+    inventory: NodeInventory, *bookings: Booking, slots: int | None = None, **facts: object
+) -> translate.NodeState:  # type: ignore[name-defined]
+    return translate.node_state(
+        "n1",
+        inventory,
+        wire.facts("n1", slots=slots, **facts),  # type: ignore[arg-type]
+        list(bookings),
+        placeable=True,
+    )
+
+
+def test_memory_used_beyond_the_reservations_is_foreign_and_rounded_up() -> None:
+    inventory = wire.inventory("n1", 3, used_mib=(1000, 5000, 0))
+    state = node(inventory, booking("a", (1, 4000, 200)))
+    gpu0, gpu1, gpu2 = state.gpus
+    assert gpu0.memory_foreign_mib == 1024  # 1000 MiB nobody reserved, rounded up to 256
+    assert gpu1.memory_reserved_mib == 4000
+    assert gpu1.memory_foreign_mib == 1024  # 5000 used - 4000 reserved
+    assert gpu2.memory_foreign_mib == 0
+    assert gpu0.memory_free_mib == wire.GPU_MIB - 1024
+    assert gpu1.memory_free_mib == wire.GPU_MIB - 4000 - 1024
+
+
+def test_unhealthy_and_gone_gpus_take_no_new_work() -> None:
+    inventory = wire.inventory("n1", 3, health={1: "unhealthy", 2: "gone"})
+    assert [g.healthy for g in node(inventory).gpus] == [True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("memories", "total", "expected"),
+    [
+        pytest.param((16, 16, 16, 16), 8, [2, 2, 2, 2], id="even"),
+        pytest.param((16, 16, 16), 8, [3, 3, 2], id="remainder-by-index"),
+        pytest.param((80, 40), 9, [6, 3], id="by-memory"),
+        pytest.param((), 4, [], id="no-gpus"),
+    ],
+)
+def test_logical_devices_are_split_over_gpus_by_memory(
+    memories: tuple[int, ...], total: int, expected: list[int]
+) -> None:
+    assert translate.slot_limits(memories, total) == expected
+    assert sum(expected) == (total if memories else 0)
+
+
+def test_booked_shares_count_against_the_gpus_logical_devices() -> None:
+    state = node(wire.inventory("n1", 2), booking("a", (0, 100, 100)), slots=4)
+    assert [(g.slots_total, g.slots_reserved) for g in state.gpus] == [(2, 1), (2, 0)]
+    assert [g.slots_total for g in node(wire.inventory("n1", 2)).gpus] == [0, 0]  # no limit
+
+
+def test_bookings_fill_gpus_and_a_whole_gpu_is_exclusive() -> None:
+    state = node(
+        wire.inventory("n1", 2),
+        booking("a", (0, 4096, 300)),
+        booking("b", (0, 2048, 200)),
+        booking("c", (1, wire.GPU_MIB, 1000), whole=True),
+    )
+    gpu0, gpu1 = state.gpus
+    assert (gpu0.memory_reserved_mib, gpu0.core_milli_reserved, gpu0.holders) == (
+        6144,
+        500,
+        ("a", "b"),
+    )
+    assert gpu1.exclusive
+    assert dict(state.gpu_task_kinds) == {"share": 3}
+
+
+def test_facts_count_bound_pods_so_their_cpu_is_not_counted_twice() -> None:
+    facts = {"cpu_milli": 10_000}
+    counted = translate.node_state(
+        "n1",
+        wire.inventory("n1", 1),
+        msgspec.structs.replace(
+            wire.facts("n1", **facts),  # type: ignore[arg-type]
+            cpu_requested_milli=3000,
+        ),
+        [booking("bound", (0, 10, 10), cpu=2000), booking("new", (0, 10, 10), cpu=1000)],
+        counted_by_facts={"bound"},
+        placeable=True,
+    )
+    # facts' 3000 include the bound pod's 2000: others hold 1000, Tessera 2000 + 1000.
+    assert counted.cpu_milli_reserved == 1000 + 3000
+
+
+def test_a_booking_round_trips_through_the_reservation_and_into_the_record() -> None:
+    original = booking("a", (0, 4096, 250), (1, 4096, 250))
+    reservation = translate.reservation_of(original)
+    pod = wire.pending("a")
+    again = translate.booking_of(
+        reservation, pod, commit=original.commit, decided_at=NOW, placer_id="p"
+    )
+    assert again.containers[0].gpus == original.containers[0].gpus
+    record = translate.record_of(original)
+    assert record.state == "reserved"
+    assert record.commit == original.commit
+    assert [(g.index, g.memory_mib, g.cores) for g in record.containers[0].gpus] == [
+        (0, 4096, 25),
+        (1, 4096, 25),
+    ]
+    decision = translate.decision_message(original, score=3.5, scores={"fgd": 3.5})
+    assert decision.containers == record.containers
+    assert (decision.node, decision.score) == ("n1", 3.5)
+
+
+@pytest.mark.parametrize(
+    ("core_milli", "cores"),
+    [(300, 30), (1000, 100), (5, 1), (301, 31)],
+)
+def test_cores_on_the_wire_are_percent_rounded_up(core_milli: int, cores: int) -> None:
+    record = translate.record_of(booking("a", (0, 1, core_milli)))
+    assert record.containers[0].gpus[0].cores == cores
+
+
+def test_the_cores_unschedulable_count_is_split_into_the_shells_reasons() -> None:
+    reasons = (
+        RejectionReason(reason=translate.UNSCHEDULABLE, nodes=5),
+        RejectionReason(reason="insufficient GPU memory or cores", nodes=3),
+    )
+    refined = translate.refine_reasons(
+        reasons, {translate.NO_FACTS: 2, translate.STALE: 2, translate.CORDONED: 3}
+    )
+    assert [(r.reason, r.nodes) for r in refined] == [
+        ("insufficient GPU memory or cores", 3),
+        (translate.STALE, 2),
+        (translate.NO_FACTS, 2),
+        (translate.CORDONED, 1),  # only 5 nodes were unschedulable when the core judged
+    ]
+    message = translate.rejection_message(
+        wire.pending("u"), refined, nodes=8, unresolvable=False, decided_at=NOW, placer_id="p"
+    )
+    assert message.message.startswith("0/8 nodes are available: 3 insufficient GPU memory")

@@ -1,0 +1,249 @@
+"""The placer's pure state: cluster view, index changes, avoided nodes, task mix, config files."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.placer import decider, mix, translate
+from services.placer.command import PlacerSettings, build_config
+from services.placer.config import ConfigFileError, parse_profile, parse_tenancy
+from services.placer.core.fragmentation import TypicalTask
+from services.placer.core.index import ClusterIndex
+from services.placer.core.model import Decision, GpuState, NodeState
+from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS, build_profile
+from services.placer.core.shape import gpu_shape
+from services.placer.state import ClusterView
+from shared.config import ConfigError
+from shared.messages.ledger import NodeLedger
+from tests.placer import wire
+from tests.placer.builders import node
+from tests.placer.test_translate import NOW, booking
+
+PROFILE = build_profile("binpack")
+
+
+def view_of(*names: str, gpus: int = 2, **options: object) -> ClusterView:
+    view = ClusterView(inventory_stale_s=30, task_mix_window=100, **options)  # type: ignore[arg-type]
+    for name in names:
+        view.set_inventory(wire.inventory(name, gpus, at=NOW))
+        view.set_facts(wire.facts(name, at=NOW))
+    view.finish_load(NOW)
+    return view
+
+
+# --- the index ---------------------------------------------------------------------------------
+
+
+def _consistent(index: ClusterIndex) -> None:
+    names = sorted(n.name for n in index)
+    assert [index.name_at(r) for r in range(len(names))] == names
+    ranks = sorted(r for group in index.groups.values() for r in group)
+    assert ranks == list(range(len(names)))
+    for name in names:
+        assert index.rank_of(name) in index.groups[index.shape_id_of(name)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.integers(0, 3)), max_size=40))
+def test_nodes_join_and_leave_in_name_order(changes: list[tuple[bool, int, int]]) -> None:
+    index = ClusterIndex([])
+    index.shape_limit = 8  # compact often
+    for join, number, used in changes:
+        name = f"node-{number:02d}"
+        state = node(name).gpu(used=250 * used).build()
+        if join:
+            if name in index:
+                index.put(state)
+            else:
+                index.add(state)
+        elif name in index:
+            index.remove(name)
+        _consistent(index)
+        assert len(index.shapes) <= max(index.shape_limit, len(index)) + 1
+
+
+def test_a_decision_avoids_the_nodes_it_is_told_to_and_falls_back_when_nothing_else_fits() -> None:
+    view = view_of("a", "b")
+    pod = translate.pod_request(wire.pending("p", memory_mib=4096, cores=20))
+    first = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(first, Decision)
+    other = decider.decide(view, PROFILE, pod, now=NOW, avoid={first.node})
+    assert isinstance(other, Decision)
+    assert other.node != first.node
+    only = decider.decide(view, PROFILE, pod, now=NOW, avoid={"a", "b"})
+    assert isinstance(only, Decision)  # nothing else fits: decided as if none were avoided
+
+
+def test_a_gpu_counted_beyond_its_slots_takes_nothing_more() -> None:
+    full = GpuState(index=0, memory_total_mib=1000, slots_total=2, slots_reserved=3)
+    assert gpu_shape(full).slots_free == 0
+    assert gpu_shape(GpuState(index=0, memory_total_mib=1000)).slots_free == -1  # no limit
+
+
+# --- the view ----------------------------------------------------------------------------------
+
+
+def test_tentative_bookings_count_until_the_ledger_holds_them() -> None:
+    view = view_of("a", gpus=1)
+    held = booking("x", (0, 8192, 500))
+    held = msgspec.structs.replace(held, node="a")
+    view.add_tentative(held)
+    assert view.index.node("a").gpus[0].memory_reserved_mib == 8192
+    committed = view.committed_state("a")
+    assert committed is not None
+    assert committed.gpus[0].memory_reserved_mib == 0
+    shapes = len(view.index.shapes)
+    assert view.set_ledger("a", NodeLedger(node="a", bookings=(held,)), revision=5)
+    assert len(view.index.shapes) == shapes  # nothing the index shows changed
+    assert view.tentative("a", "x") is None
+    assert not view.set_ledger("a", NodeLedger(node="a"), revision=4)  # older: ignored
+    assert view.bookings_of("x") == [held]
+    assert view.tenancy.used("ml").gpus == 1
+
+
+def test_change_counters_move_when_capacity_is_given_back_or_nodes_come() -> None:
+    view = view_of("a", gpus=1)
+    held = msgspec.structs.replace(booking("x", (0, 8192, 500)), node="a")
+    view.set_ledger("a", NodeLedger(node="a", bookings=(held,)), revision=1)
+    freed, grown = view.freed, view.grown
+    view.set_ledger("a", NodeLedger(node="a", bookings=()), revision=2)
+    assert view.freed > freed
+    assert view.grown == grown
+    view.set_inventory(wire.inventory("b", 4, at=NOW))
+    view.set_facts(wire.facts("b", at=NOW))
+    assert view.grown > grown
+    assert view.tenancy.used("ml").gpus == 0
+
+
+def test_why_nodes_are_not_placed_on() -> None:
+    view = view_of("ok", "cordoned", "late")
+    view.set_facts(wire.facts("cordoned", schedulable=False, at=NOW))
+    view.set_inventory(wire.inventory("nofacts", 1, at=NOW))
+    view.refresh(NOW + 10)
+    view.set_inventory(wire.inventory("late", 2, at=NOW - 100))  # older: ignored
+    assert view.unplaceable() == {translate.CORDONED: 1, translate.NO_FACTS: 1}
+    view.refresh(NOW + 31)  # nothing heard from any inventory for 31 s
+    assert view.unplaceable() == {
+        translate.CORDONED: 1,
+        translate.NO_FACTS: 1,
+        translate.STALE: 2,
+    }
+    view.set_facts(msgspec.structs.replace(wire.facts("late"), deleted=True))
+    assert "late" not in view.index
+    view.set_ledger_unreadable("ok", revision=9)
+    assert view.reason("ok") == "ledger entry unreadable"
+
+
+def test_a_pod_larger_than_any_node_is_told_apart() -> None:
+    view = view_of("a", gpus=2)
+    nine = translate.pod_request(wire.pending("big", shares=3, memory_mib=1, cores=1))
+    outcome = decider.decide(view, PROFILE, nine, now=NOW)
+    assert isinstance(outcome, decider.Waiting)
+    assert outcome.wake == "grown"
+    assert outcome.rejection.unresolvable
+    assert "larger than any node" in outcome.rejection.reasons[0].reason
+
+
+# --- the task mix ------------------------------------------------------------------------------
+
+
+def spec(gpu_milli: int, count: int = 1) -> mix.TaskSpec:
+    return mix.TaskSpec(cpu_milli=4000, gpu_milli=gpu_milli, gpu_count=count, memory_mib=0)
+
+
+def test_the_mix_is_the_prior_until_pods_are_seen_then_the_newest_pods() -> None:
+    learned = mix.TaskMix(window=100)
+    assert {(t.gpu_milli, t.gpu_count) for t in learned.typical()} == {
+        (t.gpu_milli, t.gpu_count) for t in DEFAULT_TYPICAL_TASKS
+    }
+    for n in range(300):  # old pods of 1000, then the newest 100 of 300
+        learned.observe(f"p{n}", spec(1000 if n < 200 else 300), at=float(n))
+    typical = {(t.gpu_milli, t.gpu_count): t.weight for t in learned.typical()}
+    share = typical[(300, 1)]
+    assert share == pytest.approx(100 / 300, abs=mix.WEIGHT_STEP)  # 100 seen vs 200 prior
+    assert (1000, 1) in typical  # from the prior only
+    learned.forget("p299")
+    assert len(learned) == 299
+
+
+def test_the_mix_is_the_same_whatever_order_the_pods_were_seen_in() -> None:
+    pods = [(f"p{n}", spec(random.Random(n).choice((250, 500, 1000))), float(n)) for n in range(50)]
+    one, two = mix.TaskMix(window=30), mix.TaskMix(window=30)
+    for uid, task, at in pods:
+        one.observe(uid, task, at)
+    for uid, task, at in reversed(pods):
+        two.observe(uid, task, at)
+    assert one.typical() == two.typical()
+    assert all(isinstance(t, TypicalTask) for t in one.typical())
+
+
+def test_a_booked_pod_spec_measures_shares_on_their_gpu() -> None:
+    share = booking("a", (0, 8192, 300))
+    assert mix.task_spec(share, lambda node, index: 16_384).gpu_milli == 500  # memory > cores
+    whole = booking("b", (0, 16_384, 1000), whole=True)
+    assert mix.task_spec(whole, lambda node, index: None).gpu_milli == 1000
+
+
+# --- config files ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "text", "error"),
+    [
+        pytest.param("t.json", b"{", "t.json is not valid JSON", id="not-json"),
+        pytest.param("t.toml", b"quotas = [", "t.toml is not valid TOML", id="not-toml"),
+        pytest.param("t.json", b"[]", "must hold a table", id="not-a-table"),
+        pytest.param(
+            "t.json",
+            b'{"quotas": [{"tenant": "a", "gpus": -1}]}',
+            "limits cannot be negative",
+            id="negative-quota",
+        ),
+        pytest.param(
+            "t.json",
+            b'{"groups": [{"name": "g", "tenants": [], "colour": 1}]}',
+            "Object contains unknown field `colour`",
+            id="unknown-field",
+        ),
+    ],
+)
+def test_a_bad_tenancy_file_says_where_and_why(source: str, text: bytes, error: str) -> None:
+    with pytest.raises(ConfigFileError, match=error.replace("[", r"\[")):
+        parse_tenancy(text, source=source)
+
+
+def test_tenancy_files_in_toml_and_json_mean_the_same() -> None:
+    toml = b'[[quotas]]\ntenant = "ml"\ngpus = 2\n'
+    data = json.dumps({"quotas": [{"tenant": "ml", "gpus": 2}]}).encode()
+    assert parse_tenancy(toml, source="t.toml") == parse_tenancy(data, source="t.json")
+
+
+def test_a_profile_file_is_compiled_at_start(tmp_path: Path) -> None:
+    good = tmp_path / "mine.toml"
+    good.write_text('name = "mine"\ngpu_choice = "spread"\n[[scores]]\nplugin = "binpack"\n')
+    config = build_config(PlacerSettings(profile=str(good)))
+    assert not isinstance(config.profile, str)
+    assert config.profile.name == "mine"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "bad", "scores": [{"plugin": "nope"}]}))
+    with pytest.raises(ConfigError, match="unknown score plugin 'nope'"):
+        build_config(PlacerSettings(profile=str(bad)))
+    with pytest.raises(ConfigError, match="neither a built-in profile"):
+        build_config(PlacerSettings(profile="fastest"))
+    with pytest.raises(ConfigError, match="cannot read the tenancy file"):
+        build_config(PlacerSettings(tenancy_file=str(tmp_path / "missing.json")))
+    with pytest.raises(ConfigFileError, match="unknown GPU choice"):
+        parse_profile(b'{"name": "x", "gpu_choice": "best"}', source="x.json")
+
+
+def test_node_state_of_a_node_without_inventory_has_no_gpus() -> None:
+    state: NodeState = translate.node_state("cpu", None, wire.facts("cpu"), [], placeable=True)
+    assert state.gpus == ()
+    assert state.cpu_milli_total == 64_000

@@ -1,0 +1,263 @@
+"""Builders and KV helpers for placer service tests: the binder's and the inventory's side.
+
+``put_node(bus, "n1", gpus=4)`` writes a node's inventory and node facts the way the inventory
+service and the binder do; ``publish_pod(bus, pending("p1", memory_mib=4096))`` publishes a pending
+pod; ``cluster_state(bus)`` reads every ledger entry, claim and record back for the invariants.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.inventory import GpuHealthState, GpuTelemetry, NodeInventory
+from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.nodes import NodeFacts
+from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
+from shared.runtime.bus import Bus
+
+NOW = 1_700_000_000.0
+GPU_MIB = 16_384
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return f"GPU-{node}-{index:02d}"
+
+
+def inventory(
+    node: str,
+    gpus: int = 4,
+    *,
+    memory_mib: int = GPU_MIB,
+    model: str = "A100",
+    used_mib: Sequence[int] = (),
+    health: dict[int, GpuHealthState] | None = None,
+    at: float = NOW,
+) -> NodeInventory:
+    return NodeInventory(
+        node=node,
+        gpus=tuple(
+            GpuTelemetry(
+                uuid=gpu_uuid(node, i),
+                index=i,
+                model=model,
+                memory_total_mib=memory_mib,
+                memory_used_mib=used_mib[i] if i < len(used_mib) else 0,
+                memory_free_mib=memory_mib - (used_mib[i] if i < len(used_mib) else 0),
+                health=(health or {}).get(i, "healthy"),
+            )
+            for i in range(gpus)
+        ),
+        observed_at=at,
+        sequence=1,
+        backend="fake",
+    )
+
+
+def facts(
+    node: str,
+    *,
+    cpu_milli: int = 64_000,
+    memory_mib: int = 256 * 1024,
+    ready: bool = True,
+    schedulable: bool = True,
+    slots: int | None = None,
+    labels: dict[str, str] | None = None,
+    at: float = NOW,
+) -> NodeFacts:
+    return NodeFacts(
+        node=node,
+        cpu_allocatable_milli=cpu_milli,
+        memory_allocatable_mib=memory_mib,
+        labels=labels or {},
+        ready=ready,
+        schedulable=schedulable,
+        observed_at=at,
+        extended_allocatable={"tessera.dev/gpu": slots} if slots is not None else {},
+    )
+
+
+def pending(
+    uid: str,
+    *,
+    shares: int = 1,
+    memory_mib: int | None = 4096,
+    cores: int | None = 25,
+    cpu_milli: int = 1000,
+    namespace: str = "ml",
+    tenant: str = "",
+    group: str | None = None,
+    priority: int = 0,
+    gpu_type: str | None = None,
+) -> PodPending:
+    resources = {"tessera.dev/gpu": shares} if shares else {}
+    return PodPending(
+        uid=uid,
+        namespace=namespace,
+        name=f"pod-{uid}",
+        containers=(
+            ContainerRequest(
+                name="main",
+                gpu_shares=shares,
+                gpu_memory_mib=memory_mib if shares else None,
+                gpu_cores=cores if shares else None,
+                cpu_milli=cpu_milli,
+                memory_mib=1024,
+                resources=resources,
+            ),
+        ),
+        priority=priority,
+        hints=PlacementHints(tenant=tenant, group=group, gpu_type=gpu_type),  # type: ignore[arg-type]
+        created_at=NOW,
+        resource_version="1",
+    )
+
+
+async def put_inventory(bus: Bus, value: NodeInventory) -> None:
+    await bus.kv_put(subjects.KV_INVENTORY, subjects.node_token(value.node), codec.encode(value))
+
+
+async def put_facts(bus: Bus, value: NodeFacts) -> None:
+    await bus.kv_put(subjects.KV_NODES, subjects.node_token(value.node), codec.encode(value))
+
+
+async def put_node(
+    bus: Bus,
+    node: str,
+    gpus: int = 4,
+    *,
+    at: float | None = None,
+    memory_mib: int = GPU_MIB,
+    slots: int | None = None,
+) -> None:
+    """Inventory and facts for ``node``, observed ``at`` (default: now, so they are fresh)."""
+    when = time.time() if at is None else at
+    await put_inventory(bus, inventory(node, gpus, memory_mib=memory_mib, at=when))
+    await put_facts(bus, facts(node, at=when, slots=slots))
+
+
+async def publish_pod(bus: Bus, pod: PodPending) -> None:
+    await bus.js_publish(
+        subjects.PODS_PENDING,
+        codec.encode(pod),
+        msg_id=f"pending.{pod.uid}.{pod.resource_version}",
+    )
+
+
+async def delete_pod(bus: Bus, uid: str, namespace: str = "ml") -> None:
+    message = PodDeleted(uid=uid, namespace=namespace, name=f"pod-{uid}", deleted_at=NOW)
+    await bus.js_publish(subjects.PODS_DELETED, codec.encode(message), msg_id=f"deleted.{uid}")
+
+
+@dataclass
+class ClusterState:
+    """Everything the placer wrote, read back from KV."""
+
+    ledgers: dict[str, NodeLedger] = field(default_factory=dict)
+    claims: dict[str, PodClaim] = field(default_factory=dict)
+    records: dict[str, AssignmentRecord] = field(default_factory=dict)
+
+    def live_records(self) -> list[AssignmentRecord]:
+        return [r for r in self.records.values() if r.state != "released"]
+
+    def bookings(self) -> list[Booking]:
+        return [b for ledger in self.ledgers.values() for b in ledger.bookings]
+
+
+async def cluster_state(bus: Bus) -> ClusterState:
+    """Read back what the placer wrote, records first: a commit writes the ledger, the claim,
+    then the record, so a record read here has its booking read after it."""
+    state = ClusterState()
+    for key in await bus.kv_keys(subjects.KV_ASSIGNMENTS):
+        entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        if entry is not None:
+            state.records[key] = codec.decode(entry.value, AssignmentRecord)
+    for key in await bus.kv_keys(subjects.KV_CLAIMS):
+        entry = await bus.kv_get(subjects.KV_CLAIMS, key)
+        if entry is not None:
+            state.claims[key] = codec.decode(entry.value, PodClaim)
+    for key in await bus.kv_keys(subjects.KV_LEDGER):
+        entry = await bus.kv_get(subjects.KV_LEDGER, key)
+        if entry is not None:
+            state.ledgers[key] = codec.decode(entry.value, NodeLedger)
+    return state
+
+
+Piece = tuple[int, int, int, bool]
+"""(GPU index, MiB, core milli, exclusive) of one share."""
+
+
+def _check_pieces(
+    pieces: dict[str, list[Piece]],
+    inventories: dict[str, NodeInventory],
+    slots: dict[str, int] | None,
+    what: str,
+) -> None:
+    for node, inv in inventories.items():
+        memory: dict[int, int] = {}
+        cores: dict[int, int] = {}
+        shares: dict[int, int] = {}
+        exclusive: dict[int, int] = {}
+        for index, mib, core_milli, whole in pieces.get(node, []):
+            memory[index] = memory.get(index, 0) + mib
+            cores[index] = cores.get(index, 0) + core_milli
+            shares[index] = shares.get(index, 0) + 1
+            exclusive[index] = exclusive.get(index, 0) + int(whole)
+        for gpu in inv.gpus:
+            i = gpu.index
+            assert memory.get(i, 0) <= gpu.memory_total_mib, f"{what}: {node} GPU {i} memory"
+            assert cores.get(i, 0) <= 1000, f"{what}: {node} GPU {i} cores"
+            if exclusive.get(i, 0):
+                assert shares[i] == 1, f"{what}: {node} GPU {i} held whole and shared"
+        total = (slots or {}).get(node)
+        if total is not None:
+            assert sum(shares.values()) <= total, f"{what}: {node} logical devices"
+
+
+def check_capacity(
+    state: ClusterState, inventories: dict[str, NodeInventory], slots: dict[str, int] | None = None
+) -> None:
+    """No GPU over-committed (memory, cores, logical slots, exclusivity), counting the ledger's
+    bookings and, separately, the live assignment records (what the device plugin hands out)."""
+    booked: dict[str, list[Piece]] = {}
+    for booking in state.bookings():
+        for container in booking.containers:
+            for p in container.gpus:
+                booked.setdefault(booking.node, []).append(
+                    (p.index, p.memory_mib, p.core_milli, p.exclusive)
+                )
+    _check_pieces(booked, inventories, slots, "ledger")
+    recorded: dict[str, list[Piece]] = {}
+    for record in state.live_records():
+        for slices in record.containers:
+            for g in slices.gpus:
+                recorded.setdefault(record.node, []).append(
+                    (g.index, g.memory_mib, g.cores * 10, False)
+                )
+    _check_pieces(recorded, inventories, slots, "records")
+
+
+def check_invariants(
+    state: ClusterState, inventories: dict[str, NodeInventory], slots: dict[str, int] | None = None
+) -> None:
+    """Nothing over-committed, one live record per pod, every live record booked and every
+    booking recorded, every placed claim booked (raises AssertionError naming the fault)."""
+    check_capacity(state, inventories, slots)
+    live = state.live_records()
+    pods = [r.pod_uid for r in live]
+    twice = sorted({p for p in pods if pods.count(p) > 1})
+    assert not twice, f"pods with two live records: {twice}"
+    booked = {(b.node, b.pod_uid, b.commit) for b in state.bookings()}
+    recorded = {(r.node, r.pod_uid, r.commit) for r in live}
+    assert recorded <= booked, f"live records without a booking: {sorted(recorded - booked)[:5]}"
+    assert booked <= recorded, f"bookings without a live record: {sorted(booked - recorded)[:5]}"
+    for uid, claim in state.claims.items():
+        if claim.state == "placed":
+            assert claim.booking is not None
+            assert (claim.booking.node, uid, claim.booking.commit) in booked, uid
+        else:
+            held = claim.booking
+            assert held is None or (held.node, uid, held.commit) not in booked, uid
