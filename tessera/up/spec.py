@@ -92,7 +92,7 @@ class NodePlan:
     def describe(self) -> str:
         if not self.gpus:
             return "no GPU"
-        models = "+".join(f"{g.count}x{g.model}-{g.memory_mib // 1024}GB" for g in self.gpus)
+        models = "+".join(f"{g.count}x{g.model}" for g in self.gpus)
         extras = [self.mode] if self.mode != "logical" else []
         if self.isolation != "none":
             extras.append(self.isolation)

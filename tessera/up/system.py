@@ -275,7 +275,6 @@ class LocalSystem:
                 "--kubeconfig",
                 str(self.kubeconfig),
                 "--leader-elect",
-                "true",
                 "--identity",
                 name,
                 *self._common(),
