@@ -47,7 +47,8 @@ class SimulatedCluster:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
             raise ValueError(f"node names repeat: {names}")
-        self.api = api or ApiServer(graceful_deletion=True, bookmark_interval_s=1.0)
+        # No token: kubectl sends no bearer token over plain http (the API listens on loopback).
+        self.api = api or ApiServer(graceful_deletion=True, bookmark_interval_s=1.0, token="")
         self.workdir = workdir
         self.clock = clock
         self._host, self._port = host, port

@@ -262,9 +262,8 @@ async def run_up(args: argparse.Namespace) -> int:
     if args.placers < 1 or args.binders < 1:
         print("tessera up: --placers and --binders must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    run_dir = (args.run_dir or Path(tempfile.mkdtemp(prefix="tessera-up-"))).absolute()
-    tenancy_file = str(Path(args.tenancy_file).absolute()) if args.tenancy_file else ""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir: Path = args.run_dir
+    tenancy_file: str = args.tenancy_file
     progress = Progress(sys.stderr)
     _log_to(run_dir / "logs" / "cluster.log", args.log_level)
     stop = asyncio.Event()
@@ -355,6 +354,9 @@ def _log_to(path: Path, level: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.run_dir = (args.run_dir or Path(tempfile.mkdtemp(prefix="tessera-up-"))).absolute()
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    args.tenancy_file = str(Path(args.tenancy_file).absolute()) if args.tenancy_file else ""
     return asyncio.run(run_up(args))
 
 
