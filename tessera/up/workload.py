@@ -122,8 +122,12 @@ def _mix_entry(kind: str, n: int) -> Obj:
             [container(gpu=1, memory_mib=4096, cores=20)],
             annotations={"tessera.dev/gpu-model-exclude": "A100"},
         )
-    if kind == "cpu":
-        return pod(name, [container(cpu="2", memory="4Gi")])
+    if kind == "cpu":  # seed 002's balanced score keeps it off GPU nodes
+        return pod(
+            name,
+            [container(cpu="2", memory="4Gi")],
+            annotations={"tessera.dev/node-policy": "balanced"},
+        )
     if kind == "too-big":
         return pod(name, [container(gpu=1, memory_mib=1_000_000, cores=10)])
     raise ValueError(kind)
