@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -135,10 +136,8 @@ async def clear(system: LocalSystem, namespace: str, timeout: float = 60.0) -> N
     """Delete every pod of ``namespace``; wait until each is gone and its record released."""
     pods = pods_of(system, namespace)
     for pod in pods:
-        try:
+        with contextlib.suppress(ApiError):  # gone already
             system.cluster.api.delete(POD, namespace, pod["metadata"]["name"])
-        except ApiError:
-            pass
     await until(lambda: not pods_of(system, namespace), timeout=timeout, what=f"{namespace} empty")
     for pod in pods:
         if not pod["spec"].get("nodeName"):

@@ -183,9 +183,7 @@ async def test_priority_decides_who_gets_freed_capacity(system: LocalSystem) -> 
     )
     pods = by_name(await settle(system, ns, 3))
     assert phase(pods["low"]) == phase(pods["high"]) == "Pending"
-    system.cluster.api.delete(
-        __import__("tessera.devcluster.resources", fromlist=["POD"]).POD, ns, "blocker"
-    )
+    system.cluster.api.delete(POD, ns, "blocker")
 
     def high_running() -> bool:
         current = by_name(system.cluster.pods(ns))
