@@ -405,6 +405,7 @@ class SimulatedKubelet:
             channel=channel,
             stub=api_pb2_grpc.DevicePluginStub(channel),
             devices=dict(previous.devices) if previous else {},
+            connected=False,  # its devices count once it lists them
         )
         if previous is not None:
             await self._drop_plugin(previous)
