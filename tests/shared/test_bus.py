@@ -149,6 +149,33 @@ async def test_kv_watch_gives_initial_values_marker_then_changes(bus: NatsBus) -
     await watch.aclose()
 
 
+async def test_a_kv_watch_ends_after_a_server_restart_and_a_new_one_sees_changes() -> None:
+    # Regression (found by the chaos test of `tessera up`): after a restart of nats-server the
+    # watch's consumer stayed silent for ~18 s, so a device plugin missed its records.
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="watcher")
+        bucket = subjects.KV_ASSIGNMENTS
+        await bus.kv_put(bucket, "n1.a", b"1")
+        watch = bus.kv_watch(bucket)
+        assert (await asyncio.wait_for(anext(watch), timeout=5)) is not None
+        assert await asyncio.wait_for(anext(watch), timeout=5) is None
+        server.kill()
+        server.start()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(watch), timeout=20)
+        assert bus.connected
+        await bus.kv_put(bucket, "n1.b", b"2")
+        again = bus.kv_watch(bucket)
+        keys = set()
+        async for entry in again:
+            if entry is None:
+                break
+            keys.add(entry.key)
+        assert keys == {"n1.a", "n1.b"}
+        await again.aclose()
+        await bus.drain()
+
+
 @pytest.mark.parametrize(
     ("node", "token"),
     [
