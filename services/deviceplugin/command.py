@@ -101,6 +101,14 @@ class DevicePluginSettings(NodeSettings, frozen=True, kw_only=True, forbid_unkno
             description="how long Allocate waits for the binder's bound record before refusing",
         ),
     ] = 2.0
+    nats_wait_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            description="how long Allocate waits for NATS to come back (a restart) before "
+            "refusing; the kubelet fails the pod on a refusal",
+        ),
+    ] = 15.0
     kubelet_poll_s: Annotated[
         float,
         msgspec.Meta(gt=0, description="how often to check whether the kubelet restarted"),
@@ -161,6 +169,7 @@ def build_config(settings: DevicePluginSettings) -> PluginConfig:
         endpoint=endpoint,
         pre_start=settings.pre_start,
         record_wait_s=settings.record_wait_s,
+        nats_wait_s=settings.nats_wait_s,
         kubelet_poll_s=settings.kubelet_poll_s,
         plugin_id=settings.plugin_id or f"{os.uname().nodename}-{os.getpid()}",
     )

@@ -21,6 +21,8 @@ class PluginConfig:
     """Socket file name in ``plugin_dir``."""
     pre_start: bool = False
     record_wait_s: float = 2.0
+    nats_wait_s: float = 15.0
+    """How long one Allocate waits for a lost NATS connection to come back before refusing."""
     kubelet_poll_s: float = 1.0
     plugin_id: str = ""
 

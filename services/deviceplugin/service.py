@@ -25,11 +25,14 @@ never waits for the event, and a publish that fails never fails an Allocate alre
 A record whose GPU is unhealthy is not granted (the next servable record is), and device IDs of
 GPUs no longer listed are refused.
 
-Claims across NATS outages (issue 9): a claim while disconnected is refused at once and nothing
-of it lands later (the bus never buffers writes). A claim sent whose answer never came is read
-back before answering; when even that is impossible, Allocate is refused and the claim is kept
-as *unconfirmed*: the kubelet's retry with the same device IDs reads the record again and gets
-the answer the claim would have given (granted if it landed, planned afresh if not).
+Claims across NATS outages (issue 9): a claim is never sent while disconnected and nothing of
+it lands later (the bus never buffers writes). An Allocate that finds NATS away waits up to
+``nats_wait_s`` for it to come back (a restart takes seconds; a refusal would fail the pod at
+admission), then plans again; past that it is refused with nothing claimed. A claim sent whose
+answer never came is read back before answering (after waiting for the connection the same way);
+when even that is impossible, Allocate is refused and the claim is kept as *unconfirmed*: the
+kubelet's retry with the same device IDs reads the record again and gets the answer the claim
+would have given (granted if it landed, planned afresh if not).
 
 All state lives here, not in the gRPC server, so a kubelet restart (new socket, new registration)
 loses nothing.
@@ -74,6 +77,9 @@ WATCH_RETRY_S = 1.0
 
 EVENT_FLUSH_S = 5.0
 """How long a stopping plugin waits for allocation events still being published."""
+
+NATS_POLL_S = 0.05
+"""How often an Allocate waiting for NATS to come back looks at the connection."""
 
 MAX_CLAIM_ATTEMPTS = 16
 """Lost compare-and-sets in a row before Allocate gives up (each loss means progress elsewhere)."""
@@ -250,7 +256,9 @@ class DevicePluginService:
         answer = await self._resolve_unconfirmed(device_ids)
         if answer is not None:
             return answer
-        deadline = self._clock.monotonic() + self._config.record_wait_s
+        start = self._clock.monotonic()
+        deadline = start + self._config.record_wait_s
+        nats_deadline = start + self._config.nats_wait_s
         conflicts = 0
         while True:
             seen = self._records_changed.version
@@ -267,6 +275,13 @@ class DevicePluginService:
                 plugin_id=self._config.plugin_id,
             )
             if isinstance(plan, Refusal):
+                if plan.kind == "no_record" and not self._bus.connected:
+                    # The record may be waiting in KV while NATS restarts: wait for the
+                    # connection, then give the record watch its usual time to catch up.
+                    if not await self._connected_by(nats_deadline):
+                        return plan
+                    deadline = max(deadline, self._clock.monotonic() + self._config.record_wait_s)
+                    continue
                 remaining = deadline - self._clock.monotonic()
                 # Only a missing record can still arrive (the binder's write may trail the
                 # kubelet's call); anything else is final.
@@ -284,13 +299,23 @@ class DevicePluginService:
                     revision=plan.claimed.revision,
                 )
             except BusUnavailableError:
+                # Nothing was sent: wait (bounded) for NATS to come back and plan again, so a
+                # NATS restart does not fail the pod at admission.
+                if await self._connected_by(nats_deadline):
+                    continue
                 return Refusal(
                     kind="unavailable",
-                    message=f"cannot claim the assignment record {key}: not connected to NATS; "
-                    "nothing was claimed",
+                    message=f"cannot claim the assignment record {key}: not connected to NATS "
+                    f"for {self._config.nats_wait_s:g} s; nothing was claimed",
                 )
             except OutcomeUnknownError:
                 found = await self._read_back(plan)
+                if (
+                    found == "unknown"
+                    and not self._bus.connected
+                    and await self._connected_by(nats_deadline)
+                ):
+                    found = await self._read_back(plan)
                 if found == "unknown":
                     self._remember_unconfirmed(device_ids, plan)
                     return Refusal(
@@ -326,6 +351,14 @@ class DevicePluginService:
                     )
                 continue
             return await self._granted(plan, revision)
+
+    async def _connected_by(self, deadline: float) -> bool:
+        """Wait until NATS is connected or ``deadline`` (monotonic) passes; True when connected."""
+        while not self._bus.connected:
+            if self._clock.monotonic() >= deadline:
+                return False
+            await self._clock.sleep(NATS_POLL_S)
+        return True
 
     @staticmethod
     def _gave_up(key: str, conflicts: int) -> Refusal:

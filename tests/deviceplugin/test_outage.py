@@ -4,6 +4,7 @@ with the same devices gets the answer). Over a real nats-server that really goes
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -37,7 +38,7 @@ async def test_a_claim_refused_during_an_outage_never_lands_and_the_retry_is_gra
         assert isinstance(refused, Refusal) and refused.kind == "unavailable"
         assert refused.message == (
             f"cannot claim the assignment record {subjects.assignment_key(NODE, 'outage')}: not "
-            "connected to NATS; nothing was claimed"
+            "connected to NATS for 0 s; nothing was claimed"
         )
         nats_server.start()
         await until(lambda: bus.connected, timeout=30, what="the reconnect")
@@ -50,6 +51,27 @@ async def test_a_claim_refused_during_an_outage_never_lands_and_the_retry_is_gra
     [delivery] = await events.fetch(5, timeout=5)
     assert codec.decode(delivery.data, AllocationEvent).pod_uid == "outage"
     await events.close()
+
+
+async def test_an_allocate_during_a_nats_restart_waits_and_is_granted_once(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    """A NATS restart must not fail the pod at admission: Allocate waits for the connection."""
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("restart", container("main", share(0))))
+    async with service_on(bus, nats_wait_s=60) as (service, _):
+        nats_server.kill()
+        await until(lambda: not bus.connected, what="the outage")
+        waiting = asyncio.ensure_future(service.allocate([DEVICES]))
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "it waits for NATS instead of refusing"
+        nats_server.start()
+        granted = await asyncio.wait_for(waiting, timeout=40)
+        assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+        assert granted[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuid(0)
+    stored = await get_record(bus, "restart")
+    assert stored.state == "allocated"
+    assert [a.device_ids for a in stored.allocated] == [DEVICES], "claimed exactly once"
 
 
 class LostAnswerBus:

@@ -77,6 +77,7 @@ async def service_on(
     devices: DeviceConfig | None = None,
     readiness: Readiness | None = None,
     ready: Callable[[], bool] | None = None,
+    nats_wait_s: float = 0.0,
 ) -> AsyncIterator[tuple[DevicePluginService, CollectorRegistry]]:
     """The service without gRPC, following records and inventory; entered once ``ready()``
     (default: every readiness check passes)."""
@@ -91,6 +92,7 @@ async def service_on(
             plugin_dir=Path("/nonexistent"),
             endpoint="unused.sock",
             record_wait_s=0.2,
+            nats_wait_s=nats_wait_s,
             plugin_id="svc-test",
         ),
         bus=bus,
