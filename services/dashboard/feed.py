@@ -4,7 +4,7 @@
   current values, then every change. When a watch has delivered its initial values the feed
   emits :class:`~services.dashboard.core.state.BucketSynced` with the keys it saw, so keys deleted
   while a watch was down are dropped; a watch that fails is started again after a back-off, and
-  every watch starts again when the connection to NATS comes back.
+  the bus ends every watch when the connection to NATS comes back, so they start again.
 * core subscriptions to ``tessera.placements.rejected`` and ``tessera.pods.deleted`` (published
   with JetStream; the dashboard only listens and never takes a consumer from the services).
 
@@ -43,7 +43,7 @@ from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementRejected
 from shared.messages.pods import PodDeleted
 from shared.messages.stats import ClusterStats
-from shared.runtime.bus import Bus, ConnectionMonitor, Delivery, KvEntry, Subscription
+from shared.runtime.bus import Bus, Delivery, KvEntry, Subscription
 from shared.runtime.edge import Edge
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,6 @@ BUCKET_NAMES: Final[dict[Bucket, str]] = {
     "stats": subjects.KV_STATS,
 }
 MAX_BACKOFF_S: Final = 10.0
-RECONNECT_CHECK_S: Final = 0.5
 
 
 @dataclass
@@ -103,34 +102,12 @@ class Feed:
         ]
 
     async def run(self) -> None:
-        """Watch every bucket until cancelled; after NATS comes back, watch each one again.
-
-        A KV watch is an ordered consumer on the server; when the server restarts, nats-py
-        notices the lost consumer only after missed heartbeats (about 20 s). Starting the
-        watches again at once shows the current values within a second, and the resync that
-        follows drops keys deleted meanwhile.
-        """
+        """Watch every bucket until cancelled. The bus ends a watch once the connection to NATS
+        was lost and is back (a watch does not survive a server restart), and :meth:`watch`
+        starts it again, so the current values show within a second of a reconnect."""
         async with asyncio.TaskGroup() as group:
-            watches = {b: group.create_task(self.watch(b), name=f"watch-{b}") for b in BUCKET_NAMES}
-            seen = self._reconnects()
-            while True:
-                await self._clock.sleep(RECONNECT_CHECK_S)
-                reconnects = self._reconnects()
-                if reconnects != seen and self._bus.connected:
-                    log.info("NATS is back; watching every bucket again")
-                    for bucket, task in watches.items():
-                        task.cancel()
-                        watches[bucket] = group.create_task(
-                            self.watch(bucket), name=f"watch-{bucket}"
-                        )
-                    seen = reconnects
-
-    def _reconnects(self) -> int:
-        """How often the connection came back (counted by the bus, so a reconnect quicker than
-        one check is not missed); 0 for a bus that does not report it."""
-        if isinstance(self._bus, ConnectionMonitor):
-            return self._bus.connection_status().reconnects
-        return 0
+            for bucket in BUCKET_NAMES:
+                group.create_task(self.watch(bucket), name=f"watch-{bucket}")
 
     async def watch(self, bucket: Bucket) -> None:
         """Follow ``bucket`` until cancelled, starting the watch again whenever it fails."""
