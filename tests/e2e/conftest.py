@@ -42,7 +42,7 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loca
             run_dir=run_dir,
             placers=2,
             binders=1,
-            dashboard=False,
+            dashboard=True,
             tenancy_file=str(tenancy),
             ready_timeout_s=150.0,
         )
