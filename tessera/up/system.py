@@ -173,17 +173,7 @@ class LocalSystem:
         if self.options.dashboard:
             self.supervisor.start(
                 "dashboard",
-                python_command(
-                    "dashboard",
-                    "--nats-url",
-                    self.nats_url,
-                    "--http-host",
-                    "127.0.0.1",
-                    "--http-port",
-                    "0",
-                    "--log-level",
-                    self.options.log_level,
-                ),
+                python_command("dashboard", *self._common()),
                 env=self.env,
             )
         self.say(f"started {len(self.service_names())} service processes; waiting until ready")

