@@ -677,6 +677,10 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
         if registered:
             metrics.registrations.inc()
 
+    # Not ready until registered: without this check the other checks could pass before the
+    # link first reports, and /readyz would say ready before the plugin socket is served.
+    report(False, "not registered with the kubelet yet")
+
     link = KubeletLink(
         plugin_dir=config.plugin_dir,
         endpoint=config.endpoint,

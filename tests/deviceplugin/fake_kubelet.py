@@ -31,6 +31,8 @@ class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
             )
         if self._kubelet.refuse:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, self._kubelet.refuse)
+        self._kubelet.register_calls += 1
+        await self._kubelet.answer_registrations.wait()
         await self._kubelet.registrations.put(request)
         return api_pb2.Empty()
 
@@ -44,6 +46,10 @@ class FakeKubelet:
         self.registrations: asyncio.Queue[Any] = asyncio.Queue()
         self.refuse = ""
         """When set, Register fails with this message (e.g. a resource name already taken)."""
+        self.answer_registrations = asyncio.Event()
+        """Cleared, Register holds its answer (a slow kubelet) until it is set again."""
+        self.answer_registrations.set()
+        self.register_calls = 0
         self._server: Any = None
 
     async def start(self) -> None:

@@ -161,6 +161,26 @@ async def test_refused_registration_is_retried_and_shown_on_readyz(
         await until(plugin.ready, what="ready after the kubelet accepts")
 
 
+async def test_not_ready_until_the_kubelet_answers_the_registration(
+    bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
+) -> None:
+    # Inventory and records are ready at once; a slow Register must still keep /readyz false
+    # (it said ready before the plugin socket was served, and an Allocate then found no socket).
+    await put_inventory(bus, TWO_GPUS)
+    kubelet.answer_registrations.clear()
+    async with start_plugin(wait_ready=False) as plugin:
+        await until(lambda: kubelet.register_calls == 1, what="a registration under way")
+        await until(
+            lambda: plugin.check("inventory")[0] and plugin.check("records")[0],
+            what="inventory and records ready",
+        )
+        assert plugin.check("kubelet") == (False, "not registered with the kubelet yet")
+        assert not plugin.ready()
+        kubelet.answer_registrations.set()
+        await kubelet.registered()
+        await until(plugin.ready, what="ready once the kubelet answers")
+
+
 # --- Allocate -------------------------------------------------------------------------------
 
 
