@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from services.binder.objects import Container, Node, Pod, Quantity
+from services.binder.objects import Node
 from shared import annotations as names
+from shared.kubeobjects import Container, Pod, Quantity
 from shared.messages.nodes import NodeFacts
 from shared.quantity import MIB, QuantityError, mebibytes, milli, parse_quantity, whole
 

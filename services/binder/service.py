@@ -50,19 +50,20 @@ from services.binder.informer import Informer
 from services.binder.leader import LeaderElector
 from services.binder.metrics import BinderMetrics
 from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
-from services.binder.objects import Node, Pod
+from services.binder.objects import Node
 from services.binder.plan import decision_of
-from services.binder.podspec import InvalidPod, parse_pending
 from services.binder.records import RecordMirror
 from services.binder.tasks import checkpoint
 from services.binder.workqueue import WorkQueue
 from shared import annotations as names
 from shared import codec, subjects
 from shared.clock import Clock
+from shared.kubeobjects import Pod
 from shared.messages.allocations import AllocationEvent
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.pods import PodDeleted, PodPending
+from shared.podspec import InvalidPod, parse_pending
 from shared.runtime.bus import Bus
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness

@@ -10,9 +10,10 @@ import pytest
 
 from services.binder import explain
 from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
-from services.binder.objects import Node, Pod
-from services.binder.podspec import FieldError, InvalidPod
+from services.binder.objects import Node
+from shared.kubeobjects import Pod
 from shared.messages.nodes import NodeFacts
+from shared.podspec import FieldError, InvalidPod
 from tests.binder.builders import container, node, pod, record, rejection, slices
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()
