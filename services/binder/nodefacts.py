@@ -69,11 +69,11 @@ def _pod_amount(pod: Pod, resource: str, convert: Callable[[Quantity], int]) -> 
     return max(apps, inits) + overhead
 
 
-def pod_requested(pod: Pod, *, scheduler_name: str) -> Requested:
-    """What ``pod`` takes from its node's allocatable CPU and memory."""
+def pod_requested(pod: Pod, *, ours: bool) -> Requested:
+    """What ``pod`` takes from its node's allocatable CPU and memory (``ours``: a pod Tessera
+    placed, whose requests the placer's bookings already count)."""
     cpu = _pod_amount(pod, "cpu", milli)
     memory = _pod_amount(pod, "memory", mebibytes)
-    ours = pod.spec.scheduler_name == scheduler_name
     return Requested(
         cpu_milli=cpu,
         memory_mib=memory,
