@@ -24,12 +24,16 @@ import msgspec
 
 from services.placer import translate
 from services.placer.core.facts import pod_facts
-from services.placer.core.framework import Profile
+from services.placer.core.framework import CycleState, Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
+from services.placer.core.plugins.fit import CAPACITY_REASONS
 from services.placer.state import ClusterView
 
 Wake = Literal["freed", "grown"]
+
+UNKNOWN_NODE = "no Tessera node facts or GPU inventory"
+"""Why a node the placer has never heard of does not fit (kube-scheduler may name any node)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class NodeVerdict(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     fits: bool
     reason: str = ""
+    unresolvable: bool = False
+    """Does not fit whatever pods leave the node (kube-scheduler's preemption cannot help)."""
     score: float = 0.0
     scores: dict[str, float] = {}
 
@@ -130,38 +136,72 @@ def verdicts(
 ) -> list[NodeVerdict]:
     """Every node of ``nodes`` (default: all) judged for ``pod`` as :func:`decide` would.
 
-    Scores are the profile's weighted plugin scores before any normalisation over candidates.
+    ``scores`` are the profile's weighted plugin scores; ``score`` is the node's total as a
+    decision compares it, which for a profile with a normalising plugin means rescaled over the
+    fitting nodes judged here. Nodes of one shape pass the same filters with the same scores, so
+    each shape is judged once (the extender judges every candidate node on every scheduling
+    cycle).
     """
     names = sorted(n.name for n in view.index) if nodes is None else list(nodes)
     facts = pod_facts(pod)
     if facts.invalid:
         why = f"invalid request: {facts.invalid}"
-        return [NodeVerdict(node=n, fits=False, reason=why) for n in names]
+        return [NodeVerdict(node=n, fits=False, reason=why, unresolvable=True) for n in names]
     choice = view.tenancy.choose(pod, view.index)
     if not choice.ok:
-        return [NodeVerdict(node=n, fits=False, reason=choice.reason) for n in names]
+        return [
+            NodeVerdict(node=n, fits=False, reason=choice.reason, unresolvable=choice.unresolvable)
+            for n in names
+        ]
     placed = pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
     chosen = profile.for_pod(placed)
     facts = chosen.facts(placed, placed.placement_key())
-    found: list[NodeVerdict] = []
+    state = CycleState()
+    for pre in chosen.pre_filters:  # the tenant's quota: no node helps a pod over it
+        status = pre.pre_filter(facts, view.index, state)
+        if not status.ok:
+            unresolvable = status.code == "unresolvable"
+            return [
+                NodeVerdict(node=n, fits=False, reason=status.reason, unresolvable=unresolvable)
+                for n in names
+            ]
+    index = view.index
+    rejected: dict[int, str] = {}
+    raw: dict[int, list[float]] = {}
+    shape_ids: list[int | None] = []
     for name in names:
-        if name not in view.index:
-            found.append(NodeVerdict(node=name, fits=False, reason="unknown node"))
+        shape_id = index.shape_id_of(name) if name in index else None
+        shape_ids.append(shape_id)
+        if shape_id is None or shape_id in raw or shape_id in rejected:
             continue
-        shape = view.index.shape_of(name)
+        shape = index.shapes[shape_id]
         reason = chosen.reject_reason(facts, shape)
-        if reason is not None:
+        if reason is None:
+            raw[shape_id] = chosen.raw_scores(facts, shape)
+        else:
+            rejected[shape_id] = reason
+    fitting = list(raw)
+    totals = dict(zip(fitting, chosen.totals([raw[sid] for sid in fitting]), strict=True))
+    weighted = {
+        sid: {plugin.name: w * v for (plugin, w), v in zip(chosen.scores, raw[sid], strict=True)}
+        for sid in fitting
+    }
+    found: list[NodeVerdict] = []
+    for name, shape_id in zip(names, shape_ids, strict=True):
+        if shape_id is None:
+            found.append(NodeVerdict(node=name, fits=False, reason=UNKNOWN_NODE, unresolvable=True))
+        elif shape_id in rejected:
+            reason = rejected[shape_id]
+            unresolvable = reason not in CAPACITY_REASONS
             if reason == translate.UNSCHEDULABLE:
                 reason = view.reason(name) or reason
-            found.append(NodeVerdict(node=name, fits=False, reason=reason))
-            continue
-        scores = {
-            plugin.name: weight * value
-            for (plugin, weight), value in zip(
-                chosen.scores, chosen.raw_scores(facts, shape), strict=True
+            found.append(
+                NodeVerdict(node=name, fits=False, reason=reason, unresolvable=unresolvable)
             )
-        }
-        found.append(NodeVerdict(node=name, fits=True, score=sum(scores.values()), scores=scores))
+        else:
+            found.append(
+                NodeVerdict(node=name, fits=True, score=totals[shape_id], scores=weighted[shape_id])
+            )
     return found
 
 

@@ -372,6 +372,10 @@ class PlacerService:
     async def _give_back_held(self) -> None:
         """On stop: nak every held pod message so another replica takes it at once."""
         held = [d for item in self._items.values() for d in item.deliveries]
+        for item in self._items.values():
+            self._resolve(
+                item, Outcome(pod_uid=item.pod.uid, outcome="failed", message="placer stopping")
+            )
         self._items.clear()
         self._waiting.clear()
         if held:
@@ -648,10 +652,23 @@ class PlacerService:
         if claim is not None and claim.state == "placed" and claim.booking is not None:
             del self._items[uid]
             self._spawn(self._republish(claim.booking, item.deliveries), f"republish-{uid}")
+            already = Outcome(
+                pod_uid=uid,
+                outcome="duplicate",
+                node=claim.booking.node,
+                booking=claim.booking,
+                message=f"placed on {claim.booking.node} by commit {claim.booking.commit}",
+                at=self.clock.now(),
+            )
+            self._resolve(item, already)
             return
         if claim is not None and claim.state == "deleted":
             del self._items[uid]
             self._spawn(self._ack(item.deliveries), f"ack-{uid}")
+            deleted = Outcome(
+                pod_uid=uid, outcome="deleted", message=claim.reason, at=self.clock.now()
+            )
+            self._resolve(item, deleted)
             return
         booked = self.view.bookings_of(uid)
         if booked and claim is None:
@@ -677,7 +694,8 @@ class PlacerService:
             self._spawn(self._give_back(item, delay=BACKOFF_MAX_S), f"giveback-{uid}")
             return
         if isinstance(outcome, Waiting):
-            self._failed_keys[key] = outcome
+            if item.only_node is None:  # a verdict on one node says nothing of the cluster
+                self._failed_keys[key] = outcome
             item.stage = "waiting"
             self._waiting[uid] = item
             self._spawn(self._reject(item, outcome), f"reject-{uid}")
@@ -768,10 +786,15 @@ class PlacerService:
         if self._items.get(item.pod.uid) is item:
             del self._items[item.pod.uid]
         self._waiting.pop(item.pod.uid, None)
-        if item.result is not None and not item.result.done():
-            item.result.set_result(
-                Outcome(pod_uid=item.pod.uid, outcome="failed", at=self.clock.now())
-            )
+        self._resolve(
+            item,
+            Outcome(
+                pod_uid=item.pod.uid,
+                outcome="failed",
+                message="the commit kept losing to other writers or NATS failed; try again",
+                at=self.clock.now(),
+            ),
+        )
         for delivery in item.deliveries:
             with contextlib.suppress(Exception):
                 await delivery.nak(delay)
@@ -836,8 +859,12 @@ class PlacerService:
                 request=item.request,
             )
         )
+        self._resolve(item, self._outcomes[item.pod.uid])
+
+    def _resolve(self, item: _Item, outcome: Outcome) -> None:
+        """Answer :meth:`place` for ``item`` (once; nothing for a pod from the queue)."""
         if item.result is not None and not item.result.done():
-            item.result.set_result(self._outcomes[item.pod.uid])
+            item.result.set_result(outcome)
 
     def _remember(self, outcome: Outcome) -> None:
         self._outcomes[outcome.pod_uid] = outcome
@@ -846,9 +873,15 @@ class PlacerService:
             self._outcomes.popitem(last=False)
 
     async def _reject(self, item: _Item, waiting: Waiting) -> None:
-        """Publish why the pod does not fit (when that changed); keep it waiting or let it go."""
+        """Publish why the pod does not fit (when that changed); keep it waiting or let it go.
+
+        A pod placed through :meth:`place` (the extender) is answered instead: kube-scheduler
+        explains it on the pod and schedules it again by itself."""
         pod = item.pod
         rejection = waiting.rejection
+        if item.result is not None:
+            self._answer_unplaced(item, waiting)
+            return
         message = translate.rejection_message(
             pod,
             rejection.reasons,
@@ -899,9 +932,7 @@ class PlacerService:
                 request=item.request,
             )
         )
-        if item.result is not None and not item.result.done():
-            item.result.set_result(self._outcomes[pod.uid])
-        if waiting.final or item.result is not None:
+        if waiting.final:
             if self._items.get(pod.uid) is item:
                 del self._items[pod.uid]
             self._waiting.pop(pod.uid, None)
@@ -909,6 +940,37 @@ class PlacerService:
             return
         item.wake = waiting.wake
         item.backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, item.backoff * 2))
+
+    def _answer_unplaced(self, item: _Item, waiting: Waiting) -> None:
+        """A pod placed through :meth:`place` does not fit where asked: answer why, keep nothing."""
+        rejection = waiting.rejection
+        uid = item.pod.uid
+        if self._items.get(uid) is item:
+            del self._items[uid]
+        self._waiting.pop(uid, None)
+        outcome = "unresolvable" if rejection.unresolvable else "rejected"
+        self.metrics.decisions.labels(outcome=outcome).inc()
+        reasons = tuple((r.reason, r.nodes) for r in rejection.reasons)
+        answer = Outcome(
+            pod_uid=uid,
+            outcome="unresolvable" if rejection.unresolvable else "waiting",
+            node=item.only_node or "",
+            reasons=reasons,
+            message="; ".join(reason for reason, _ in reasons),
+            at=self.clock.now(),
+            request=item.request,
+        )
+        self._remember(answer)
+        self._resolve(item, answer)
+        log.info(
+            "pod does not fit where kube-scheduler chose",
+            extra={
+                "pod": f"{item.pod.namespace}/{item.pod.name}",
+                "pod_uid": uid,
+                "node": item.only_node,
+                "reasons": answer.message,
+            },
+        )
 
     async def _retry_loop(self) -> None:
         """Put waiting pods back in the queue when something that could let them fit changed."""
@@ -1020,6 +1082,10 @@ class PlacerService:
             del self._items[pod_uid]
             self._waiting.pop(pod_uid, None)
             self._queue.remove(pod_uid)
+            self._resolve(
+                item,
+                Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=self.clock.now()),
+            )
             await self._ack(item.deliveries)
         self.metrics.releases.labels(cause=cause).inc()
         self._remember(

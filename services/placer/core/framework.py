@@ -189,6 +189,25 @@ class Profile:
     def raw_scores(self, pod: PodFacts, shape: NodeShape) -> list[float]:
         return [plugin.score(pod, shape) for plugin, _ in self.scores]
 
+    @property
+    def normalizing(self) -> bool:
+        """Scores are rescaled over the feasible shapes before weighting (:meth:`totals`)."""
+        return self._normalizing
+
+    def totals(self, rows: Sequence[Sequence[float]]) -> list[float]:
+        """The weighted score of each feasible shape, given its :meth:`raw_scores`; a
+        normalising plugin's column is rescaled over ``rows`` first, as a decision does over
+        every feasible shape."""
+        columns: list[Sequence[float]] = [[row[i] for row in rows] for i in range(len(self.scores))]
+        if self._normalizing:
+            for i, (plugin, _) in enumerate(self.scores):
+                if isinstance(plugin, NormalizingScore):
+                    columns[i] = plugin.normalize(columns[i])
+        return [
+            sum(weight * columns[i][r] for i, (_, weight) in enumerate(self.scores))
+            for r in range(len(rows))
+        ]
+
     def _evaluate(self, pod: PodFacts, shape: NodeShape) -> float | None:
         for check in self.filters:
             if check.filter(pod, shape) is not None:
@@ -359,14 +378,7 @@ def _select_normalized(
             feasible += usable
     if not rows:
         return None
-    columns: list[list[float]] = [[row[i] for _, row in rows] for i in range(len(profile.scores))]
-    for i, (plugin, _) in enumerate(profile.scores):
-        if isinstance(plugin, NormalizingScore):
-            columns[i] = plugin.normalize(columns[i])
-    totals = [
-        sum(weight * columns[i][r] for i, (_, weight) in enumerate(profile.scores))
-        for r in range(len(rows))
-    ]
+    totals = profile.totals([row for _, row in rows])
     best = max(totals)
     return [rows[r][0] for r in range(len(rows)) if totals[r] == best], best, feasible
 
