@@ -57,9 +57,12 @@ parse or check is refused (logged, counted) and the last good one stays.
 last outcome here, its claim and record, and every node's verdict for it now; one structured log
 line per decision.
 
-**Extender (issue 14).** :meth:`PlacerService.place` decides a given pod (on a given node, when
-kube-scheduler chose one) and commits it through the same path, returning the outcome;
-``decider.verdicts`` answers filter and prioritize from the same view.
+**Extender (issue 14).** With ``--extender-port`` the replica also serves kube-scheduler's
+extender (``extender.py``): :meth:`PlacerService.place` decides a given pod on the node
+kube-scheduler chose and commits it through the same path, returning the outcome;
+``decider.verdicts`` answers filter and prioritize from the same view. A pod placed that way is
+answered, never held: one that does not fit is not published as rejected (kube-scheduler explains
+it and tries it again).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ from services.placer.core.model import ClusterSnapshot, Decision, PodRequest, Re
 from services.placer.core.profiles import BUILTIN, ProfileSpec, build_profile
 from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
 from services.placer.decider import Waiting
+from services.placer.extender import Extender
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
@@ -148,6 +152,11 @@ class PlacerConfig:
     """How often the learned task mix is compared with the one the profile was compiled with."""
     tenancy_check_s: float = TENANCY_CHECK_S
     """How often the tenancy file is read for a new version."""
+    extender_port: int = 0
+    """Serve kube-scheduler's extender on this port (0: off)."""
+    extender_host: str = "0.0.0.0"
+    extender_bind_timeout_s: float = 4.0
+    """The extender answers ``bind`` within this (below kube-scheduler's ``httpTimeout``)."""
 
 
 Stage = Literal["queued", "committing", "waiting"]
@@ -264,6 +273,10 @@ class PlacerService:
         """Node -> until when (monotonic) decisions avoid it after a lost commit there."""
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
         self._tenancy_text: bytes | None = None
+        self.loaded = False
+        """Every bucket loaded and reconciled: decisions (and the extender's answers) may run."""
+        self.extender_port: int | None = None
+        """Where the extender listens, once it does."""
         readiness.set("state", False, "loading inventory, nodes, ledger, claims and records")
 
     # --- running -------------------------------------------------------------------------------
@@ -329,6 +342,7 @@ class PlacerService:
                 # source of pauses in a process holding a large cluster).
                 gc.collect()
                 gc.freeze()
+                self.loaded = True
                 self.readiness.set("state", True)
                 if routes is not None:
                     routes.get("/v1/pods/{uid}", self._explain)
@@ -347,6 +361,7 @@ class PlacerService:
                 ):
                     group.create_task(loop(), name=loop.__name__)
         finally:
+            self.loaded = False
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.shield(self._give_back_held())
@@ -1343,6 +1358,16 @@ async def run_placer(
         metrics=PlacerMetrics.create(context.registry),
         readiness=context.readiness,
     )
+    extender = (
+        Extender(
+            service=service,
+            bus=context.bus,
+            metrics=service.metrics,
+            bind_timeout_s=config.extender_bind_timeout_s,
+        )
+        if config.extender_port
+        else None
+    )
     if started is not None:
         started(service)
     log.info(
@@ -1353,4 +1378,22 @@ async def run_placer(
             "tenancy_file": config.tenancy_file or None,
         },
     )
-    await service.run(context.routes)
+    if extender is None:
+        await service.run(context.routes)
+        return
+    try:
+        service.extender_port = await extender.start(config.extender_host, config.extender_port)
+    except OSError as error:
+        log.error(str(error.strerror or error))
+        raise
+    log.info(
+        "extender listening",
+        extra={
+            "extender_port": service.extender_port,
+            "bind_timeout_s": config.extender_bind_timeout_s,
+        },
+    )
+    try:
+        await service.run(context.routes)
+    finally:
+        await extender.stop()
