@@ -171,13 +171,21 @@ def build_config(settings: PlacerSettings) -> PlacerConfig:
 
 async def main(settings: PlacerSettings) -> int:
     """Run the placer until SIGTERM; the exit code."""
+    from services.placer.extender import listen
     from services.placer.service import run_placer
     from shared.runtime.lifecycle import run_service
 
     config = build_config(settings)
-    return await run_service(
-        name="placer", settings=settings, body=functools.partial(run_placer, config=config)
-    )
+    listener = listen(config.extender_host, config.extender_port) if config.extender_port else None
+    try:
+        return await run_service(
+            name="placer",
+            settings=settings,
+            body=functools.partial(run_placer, config=config, extender_listener=listener),
+        )
+    finally:
+        if listener is not None:
+            listener.close()
 
 
 SERVICE = ServiceCommand(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final
@@ -55,6 +56,7 @@ from services.placer.extender_api import (
 )
 from services.placer.metrics import PlacerMetrics
 from shared import codec, subjects
+from shared.config import ConfigError
 from shared.messages.bindings import BindingResult
 from shared.messages.extender import PodLookup, PodLookupReply
 from shared.podspec import InvalidPod, parse_pending, requests_tessera
@@ -76,6 +78,19 @@ STALE_RESULT_S: Final = 30.0
 
 Answer = tuple[bytes, str]
 """A verb's JSON answer (HTTP 200) and its outcome for the metrics."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The extender's listening socket, bound before the service starts so that a taken port
+    is a configuration error (one line, exit 2) like a taken ``--http-port``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot serve the scheduler extender on {host}:{port} (--extender-port): "
+            f"{error.strerror or error}"
+        ) from None
 
 
 class Extender:
@@ -107,23 +122,13 @@ class Extender:
         app.router.add_post("/{path:.*}", self._dispatch)
         return app
 
-    async def start(self, host: str, port: int) -> int:
-        """Follow binding results, then listen on ``host:port`` (0: any free port)."""
+    async def start(self, listener: socket.socket) -> int:
+        """Follow binding results, then serve on ``listener`` (from :func:`listen`)."""
         self._subscription = await self._bus.subscribe(subjects.BINDINGS_ALL, self._on_result)
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        try:
-            await site.start()
-        except OSError as error:
-            await self.stop()
-            raise OSError(
-                error.errno,
-                f"cannot serve the scheduler extender on {host}:{port} (--extender-port): "
-                f"{error.strerror or error}",
-            ) from None
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        await web.SockSite(self._runner, listener).start()
+        self.port = int(listener.getsockname()[1])
         return self.port
 
     async def stop(self) -> None:

@@ -73,6 +73,7 @@ import gc
 import logging
 import random
 import secrets
+import socket
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -90,7 +91,7 @@ from services.placer.core.model import ClusterSnapshot, Decision, PodRequest, Re
 from services.placer.core.profiles import BUILTIN, ProfileSpec, build_profile
 from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
 from services.placer.decider import Waiting
-from services.placer.extender import Extender
+from services.placer.extender import Extender, listen
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
@@ -1348,8 +1349,12 @@ async def run_placer(
     config: PlacerConfig,
     *,
     started: Callable[[PlacerService], None] | None = None,
+    extender_listener: socket.socket | None = None,
 ) -> None:
-    """The service body: run the placer until cancelled (``started`` sees the service first)."""
+    """The service body: run the placer until cancelled (``started`` sees the service first).
+
+    ``extender_listener``: the extender's socket, already bound (else bound here when
+    ``config.extender_port`` asks for the extender)."""
     service = PlacerService(
         config=config,
         bus=context.bus,
@@ -1381,11 +1386,8 @@ async def run_placer(
     if extender is None:
         await service.run(context.routes)
         return
-    try:
-        service.extender_port = await extender.start(config.extender_host, config.extender_port)
-    except OSError as error:
-        log.error(str(error.strerror or error))
-        raise
+    listener = extender_listener or listen(config.extender_host, config.extender_port)
+    service.extender_port = await extender.start(listener)
     log.info(
         "extender listening",
         extra={
