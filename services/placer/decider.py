@@ -132,15 +132,21 @@ class NodeVerdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def verdicts(
-    view: ClusterView, profile: Profile, pod: PodRequest, nodes: Iterable[str] | None = None
+    view: ClusterView,
+    profile: Profile,
+    pod: PodRequest,
+    nodes: Iterable[str] | None = None,
+    *,
+    detail: bool = True,
 ) -> list[NodeVerdict]:
     """Every node of ``nodes`` (default: all) judged for ``pod`` as :func:`decide` would.
 
-    ``scores`` are the profile's weighted plugin scores; ``score`` is the node's total as a
-    decision compares it, which for a profile with a normalising plugin means rescaled over the
-    fitting nodes judged here. Nodes of one shape pass the same filters with the same scores, so
-    each shape is judged once (the extender judges every candidate node on every scheduling
-    cycle).
+    ``score`` is the node's total as a decision compares it, which for a profile with a
+    normalising plugin means rescaled over the fitting nodes judged here; with ``detail``,
+    ``scores`` has the profile's weighted score of each plugin. Nodes of one shape pass the same
+    filters with the same scores, so each shape is judged once, and judgements are kept in the
+    profile's memo for equal requests (the extender judges every candidate node on every
+    scheduling cycle, for pods that often ask alike).
     """
     names = sorted(n.name for n in view.index) if nodes is None else list(nodes)
     facts = pod_facts(pod)
@@ -166,26 +172,38 @@ def verdicts(
                 for n in names
             ]
     index = view.index
+    memo = chosen.judged(index, placed.placement_key())
     rejected: dict[int, str] = {}
-    raw: dict[int, list[float]] = {}
+    fitting: dict[int, tuple[list[float], float]] = {}
     shape_ids: list[int | None] = []
+    added = 0
+    shape_of = index.shape_id_or_none
     for name in names:
-        shape_id = index.shape_id_of(name) if name in index else None
+        shape_id = shape_of(name)
         shape_ids.append(shape_id)
-        if shape_id is None or shape_id in raw or shape_id in rejected:
+        if shape_id is None or shape_id in fitting or shape_id in rejected:
             continue
-        shape = index.shapes[shape_id]
-        reason = chosen.reject_reason(facts, shape)
-        if reason is None:
-            raw[shape_id] = chosen.raw_scores(facts, shape)
+        judgement = memo.get(shape_id)
+        if judgement is None:
+            judgement = memo[shape_id] = chosen.judge(facts, index.shapes[shape_id])
+            added += 1
+        if isinstance(judgement, str):
+            rejected[shape_id] = judgement
         else:
-            rejected[shape_id] = reason
-    fitting = list(raw)
-    totals = dict(zip(fitting, chosen.totals([raw[sid] for sid in fitting]), strict=True))
-    weighted = {
-        sid: {plugin.name: w * v for (plugin, w), v in zip(chosen.scores, raw[sid], strict=True)}
-        for sid in fitting
-    }
+            fitting[shape_id] = judgement
+    index.memo_size += added
+    if chosen.normalizing:
+        rows = [raw for raw, _ in fitting.values()]
+        totals = dict(zip(fitting, chosen.totals(rows), strict=True))
+    else:
+        totals = {sid: total for sid, (_, total) in fitting.items()}
+    weighted: dict[int, dict[str, float]] = {}
+    if detail:
+        plugins = [(plugin.name, weight) for plugin, weight in chosen.scores]
+        weighted = {
+            sid: {name: w * v for (name, w), v in zip(plugins, raw, strict=True)}
+            for sid, (raw, _) in fitting.items()
+        }
     found: list[NodeVerdict] = []
     for name, shape_id in zip(names, shape_ids, strict=True):
         if shape_id is None:
@@ -198,10 +216,12 @@ def verdicts(
             found.append(
                 NodeVerdict(node=name, fits=False, reason=reason, unresolvable=unresolvable)
             )
-        else:
+        elif detail:
             found.append(
                 NodeVerdict(node=name, fits=True, score=totals[shape_id], scores=weighted[shape_id])
             )
+        else:
+            found.append(NodeVerdict(node=name, fits=True, score=totals[shape_id]))
     return found
 
 

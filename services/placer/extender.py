@@ -184,7 +184,7 @@ class Extender:
         profile = self._service.profile
         assert profile is not None  # loaded
         request = translate.pod_request(parsed)
-        return decider.verdicts(self._service.view, profile, request, candidates)
+        return decider.verdicts(self._service.view, profile, request, candidates, detail=False)
 
     async def _filter(self, body: bytes) -> Answer:
         args = filter_args(body)

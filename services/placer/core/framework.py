@@ -30,7 +30,7 @@ import random
 import zlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -133,6 +133,8 @@ class GpuChooser(Protocol):
 
 
 TieBreak = Literal["rank", "random"]
+JUDGED: Final = "judged"
+"""Tags :meth:`Profile.judged` memos among the decisions' memos of a profile."""
 
 
 @dataclass(eq=False)
@@ -208,6 +210,27 @@ class Profile:
             for r in range(len(rows))
         ]
 
+    def judge(self, pod: PodFacts, shape: NodeShape) -> str | tuple[list[float], float]:
+        """Why the shape does not fit the pod, or its raw scores and their weighted sum (the
+        total when no plugin normalises; see :meth:`judged`)."""
+        reason = self.reject_reason(pod, shape)
+        if reason is not None:
+            return reason
+        raw = self.raw_scores(pod, shape)
+        return raw, sum(weight * value for (_, weight), value in zip(self.scores, raw, strict=True))
+
+    def judged(
+        self, cluster: ClusterIndex, key: PodRequest
+    ) -> dict[int, str | tuple[list[float], float]]:
+        """The memo of :meth:`judge` for requests equal to ``key`` on ``cluster``, by shape id.
+
+        It lives beside the decisions' memo (dropped with it when the index compacts or the
+        profile is rebuilt) and counts towards the same limit: the scheduler extender judges
+        every candidate node on each call, and kube-scheduler sends pods of the same request
+        (a job's replicas) one after the other.
+        """
+        return self._memo_for(cluster, (JUDGED, key))
+
     def _evaluate(self, pod: PodFacts, shape: NodeShape) -> float | None:
         for check in self.filters:
             if check.filter(pod, shape) is not None:
@@ -217,7 +240,7 @@ class Profile:
             total += weight * scorer.score(pod, shape)
         return total
 
-    def _memo_for(self, cluster: ClusterIndex, key: PodRequest) -> dict[int, float | None]:
+    def _memo_for(self, cluster: ClusterIndex, key: object) -> dict[int, Any]:
         """The memo of ``key`` on ``cluster``: shape ids only mean something within one index."""
         memos = cluster.memos.get(self)
         if memos is None or cluster.memo_size > self.memo_limit:
