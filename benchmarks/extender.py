@@ -379,6 +379,13 @@ async def main(options: argparse.Namespace) -> int:
                 ).encode()
                 loaded = await wait_ready(session, port, probe)
                 print(f"placer ready (cluster loaded) after {loaded:.1f} s")
+                floor = []
+                for _ in range(200):
+                    floor.append((await call(session, port, "filter", probe))[0] * 1000)
+                print(
+                    "floor (filter of one node, a request seen before: HTTP and parsing): "
+                    f"p50 {percentile(floor, 0.5):.2f} ms, p99 {percentile(floor, 0.99):.2f} ms"
+                )
                 seen: set[str] = set()
                 met = report(
                     "NodeNames (nodeCacheCapable)",

@@ -173,55 +173,52 @@ def verdicts(
             ]
     index = view.index
     memo = chosen.judged(index, placed.placement_key())
-    rejected: dict[int, str] = {}
-    fitting: dict[int, tuple[list[float], float]] = {}
-    shape_ids: list[int | None] = []
-    added = 0
     shape_of = index.shape_id_or_none
-    for name in names:
-        shape_id = shape_of(name)
-        shape_ids.append(shape_id)
-        if shape_id is None or shape_id in fitting or shape_id in rejected:
+    shape_ids = [shape_of(name) for name in names]
+    judged: dict[int, str | tuple[list[float], float]] = {}
+    for shape_id in shape_ids:
+        if shape_id is None or shape_id in judged:
             continue
         judgement = memo.get(shape_id)
         if judgement is None:
             judgement = memo[shape_id] = chosen.judge(facts, index.shapes[shape_id])
-            added += 1
-        if isinstance(judgement, str):
-            rejected[shape_id] = judgement
-        else:
-            fitting[shape_id] = judgement
-    index.memo_size += added
+            index.memo_size += 1
+        judged[shape_id] = judgement
+    fitting = {sid: j for sid, j in judged.items() if not isinstance(j, str)}
     if chosen.normalizing:
-        rows = [raw for raw, _ in fitting.values()]
-        totals = dict(zip(fitting, chosen.totals(rows), strict=True))
-    else:
-        totals = {sid: total for sid, (_, total) in fitting.items()}
-    weighted: dict[int, dict[str, float]] = {}
-    if detail:
-        plugins = [(plugin.name, weight) for plugin, weight in chosen.scores]
-        weighted = {
-            sid: {name: w * v for (name, w), v in zip(plugins, raw, strict=True)}
-            for sid, (raw, _) in fitting.items()
+        totals = chosen.totals([raw for raw, _ in fitting.values()])
+        fitting = {
+            sid: (raw, t) for (sid, (raw, _)), t in zip(fitting.items(), totals, strict=True)
         }
+    plugins = [(plugin.name, weight) for plugin, weight in chosen.scores]
+    weighted = {
+        sid: {name: w * v for (name, w), v in zip(plugins, raw, strict=True)} if detail else {}
+        for sid, (raw, _) in fitting.items()
+    }
     found: list[NodeVerdict] = []
     for name, shape_id in zip(names, shape_ids, strict=True):
         if shape_id is None:
             found.append(NodeVerdict(node=name, fits=False, reason=UNKNOWN_NODE, unresolvable=True))
-        elif shape_id in rejected:
-            reason = rejected[shape_id]
-            unresolvable = reason not in CAPACITY_REASONS
+            continue
+        judgement = judged[shape_id]
+        if isinstance(judgement, str):
+            reason = judgement
             if reason == translate.UNSCHEDULABLE:
                 reason = view.reason(name) or reason
             found.append(
-                NodeVerdict(node=name, fits=False, reason=reason, unresolvable=unresolvable)
-            )
-        elif detail:
-            found.append(
-                NodeVerdict(node=name, fits=True, score=totals[shape_id], scores=weighted[shape_id])
+                NodeVerdict(
+                    node=name,
+                    fits=False,
+                    reason=reason,
+                    unresolvable=judgement not in CAPACITY_REASONS,
+                )
             )
         else:
-            found.append(NodeVerdict(node=name, fits=True, score=totals[shape_id]))
+            found.append(
+                NodeVerdict(
+                    node=name, fits=True, score=fitting[shape_id][1], scores=weighted[shape_id]
+                )
+            )
     return found
 
 
