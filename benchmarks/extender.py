@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -206,7 +207,9 @@ async def load_cluster(bus: NatsBus, nodes: int, gpus: int, shapes: int) -> None
         await asyncio.gather(*writes)
 
 
-async def start_placer(url: str, port: int, log: Path, profile: str) -> asyncio.subprocess.Process:
+async def start_placer(
+    url: str, port: int, http_port: int, log: Path, profile: str
+) -> asyncio.subprocess.Process:
     with log.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -218,7 +221,7 @@ async def start_placer(url: str, port: int, log: Path, profile: str) -> asyncio.
             "--http-host",
             "127.0.0.1",
             "--http-port",
-            "0",
+            str(http_port),
             "--extender-port",
             str(port),
             "--profile",
@@ -347,6 +350,36 @@ def report(form: str, timings: dict[str, list[float]]) -> bool:
     return met
 
 
+async def histogram(
+    session: aiohttp.ClientSession, http_port: int
+) -> dict[str, dict[float, float]]:
+    """The placer's own histogram of the time it took to answer, per verb (cumulative)."""
+    async with session.get(f"http://127.0.0.1:{http_port}/metrics") as response:
+        text = await response.text()
+    found: dict[str, dict[float, float]] = {}
+    for verb in ("filter", "prioritize"):
+        buckets = re.findall(
+            rf'tessera_placer_extender_seconds_bucket{{le="([^"]+)",verb="{verb}"}} (\S+)', text
+        )
+        found[verb] = {float(le): float(n) for le, n in buckets}
+    return found
+
+
+def server_side(
+    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+) -> None:
+    print("  in the placer (its tessera_placer_extender_seconds histogram, these cycles):")
+    for verb, counts in after.items():
+        done = {le: n - before.get(verb, {}).get(le, 0.0) for le, n in counts.items()}
+        total = done.get(float("inf"), 0.0)
+        shares = ", ".join(
+            f"<= {le * 1000:g} ms: {done[le] / total:.0%}"
+            for le in (0.001, 0.002, 0.005, 0.01, 0.1)
+            if le in done and total
+        )
+        print(f"    {verb:<11} {shares}")
+
+
 def free_port() -> int:
     import socket
 
@@ -371,7 +404,8 @@ async def main(options: argparse.Namespace) -> int:
             await load_cluster(bus, options.nodes, options.gpus, options.shapes)
             port = free_port()
             log = Path(directory) / "placer.log"
-            process = await start_placer(server.url, port, log, options.profile)
+            http_port = free_port()
+            process = await start_placer(server.url, port, http_port, log, options.profile)
             connector = aiohttp.TCPConnector(limit=1)
             async with aiohttp.ClientSession(connector=connector) as session:
                 probe = json.dumps(
@@ -387,14 +421,17 @@ async def main(options: argparse.Namespace) -> int:
                     f"p50 {percentile(floor, 0.5):.2f} ms, p99 {percentile(floor, 0.99):.2f} ms"
                 )
                 seen: set[str] = set()
-                met = report(
-                    "NodeNames (nodeCacheCapable)",
-                    await cycles(session, port, names, None, pods(options.cycles, 11), seen),
-                )
-                met &= report(
-                    "Nodes (full Node objects)",
-                    await cycles(session, port, names, objects, pods(options.cycles, 12), seen),
-                )
+                met = True
+                for form, sent, seed in (
+                    ("NodeNames (nodeCacheCapable)", None, 11),
+                    ("Nodes (full Node objects)", objects, 12),
+                ):
+                    before = await histogram(session, http_port)
+                    timings = await cycles(
+                        session, port, names, sent, pods(options.cycles, seed), seen
+                    )
+                    met &= report(form, timings)
+                    server_side(before, await histogram(session, http_port))
         finally:
             if process is not None and process.returncode is None:
                 process.terminate()
