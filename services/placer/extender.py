@@ -255,11 +255,12 @@ class Extender:
                 bound = await asyncio.wait_for(asyncio.shield(result), deadline - loop.time())
                 if bound.at + STALE_RESULT_S >= decided_at:
                     break
-                result = self._expect(pod.uid, args.node)  # about an older placement
+                self._forget(pod.uid, result)  # about an older placement: wait on
+                result = self._expect(pod.uid, args.node)
         except TimeoutError:
             return await self._time_out(args, where)
         finally:
-            self._forget(pod.uid, args.node)
+            self._forget(pod.uid, result)
         if bound.outcome == "bound":
             log.info(
                 "extender bound a pod",
@@ -339,8 +340,8 @@ class Extender:
         self._results.setdefault(pod_uid, []).append((node, future))
         return future
 
-    def _forget(self, pod_uid: str, node: str) -> None:
-        waiting = [(n, f) for n, f in self._results.get(pod_uid, []) if n != node]
+    def _forget(self, pod_uid: str, future: asyncio.Future[BindingResult]) -> None:
+        waiting = [(n, f) for n, f in self._results.get(pod_uid, []) if f is not future]
         if waiting:
             self._results[pod_uid] = waiting
         else:

@@ -16,9 +16,7 @@ A = booking("a", (0, 8192, 500))
 A2 = msgspec.structs.replace(A, commit="c-a-2", node="n2")
 
 
-def claim(
-    state: str, held: object = A, request: bool = False, extender: bool = False
-) -> PodClaim:
+def claim(state: str, held: object = A, request: bool = False, extender: bool = False) -> PodClaim:
     pending = msgspec.structs.replace(wire.pending("a"), extender=extender)
     return PodClaim(
         pod_uid="a",
