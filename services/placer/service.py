@@ -710,8 +710,10 @@ class PlacerService:
             self._spawn(self._give_back(item, delay=BACKOFF_MAX_S), f"giveback-{uid}")
             return
         if isinstance(outcome, Waiting):
-            if item.only_node is None:  # a verdict on one node says nothing of the cluster
-                self._failed_keys[key] = outcome
+            if item.result is not None:  # the extender's: answered, never held
+                self._answer_unplaced(item, outcome)
+                return
+            self._failed_keys[key] = outcome
             item.stage = "waiting"
             self._waiting[uid] = item
             self._spawn(self._reject(item, outcome), f"reject-{uid}")
@@ -889,15 +891,9 @@ class PlacerService:
             self._outcomes.popitem(last=False)
 
     async def _reject(self, item: _Item, waiting: Waiting) -> None:
-        """Publish why the pod does not fit (when that changed); keep it waiting or let it go.
-
-        A pod placed through :meth:`place` (the extender) is answered instead: kube-scheduler
-        explains it on the pod and schedules it again by itself."""
+        """Publish why the pod does not fit (when that changed); keep it waiting or let it go."""
         pod = item.pod
         rejection = waiting.rejection
-        if item.result is not None:
-            self._answer_unplaced(item, waiting)
-            return
         message = translate.rejection_message(
             pod,
             rejection.reasons,
@@ -958,12 +954,13 @@ class PlacerService:
         item.backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, item.backoff * 2))
 
     def _answer_unplaced(self, item: _Item, waiting: Waiting) -> None:
-        """A pod placed through :meth:`place` does not fit where asked: answer why, keep nothing."""
+        """A pod placed through :meth:`place` does not fit where asked: answer why and keep
+        nothing (nothing is published either: kube-scheduler explains the pod itself and
+        schedules it again by itself)."""
         rejection = waiting.rejection
         uid = item.pod.uid
         if self._items.get(uid) is item:
             del self._items[uid]
-        self._waiting.pop(uid, None)
         outcome = "unresolvable" if rejection.unresolvable else "rejected"
         self.metrics.decisions.labels(outcome=outcome).inc()
         reasons = tuple((r.reason, r.nodes) for r in rejection.reasons)
