@@ -19,8 +19,8 @@ SERVICE = ServiceCommand(
     "statistics KV buckets and listens for rejections and deletions on NATS, and serves one live "
     "page (updates pushed by server-sent events) and a JSON API: GET /api/v1/cluster, "
     "/api/v1/pods/pending, /api/v1/events. Read-only; it needs no Kubernetes access. Open the URL "
-    "of the 'service starting' log line. Exit codes: 0 after SIGTERM, 1 when the service failed, "
-    "2 configuration error.",
+    "of the 'dashboard page' log line (the port is in 'service starting'). Exit codes: 0 after "
+    "SIGTERM, 1 when the service failed, 2 configuration error, 5 NATS refused the credentials.",
     settings=DashboardSettings,
     main=main,
 )

@@ -43,7 +43,7 @@ from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementRejected
 from shared.messages.pods import PodDeleted
 from shared.messages.stats import ClusterStats
-from shared.runtime.bus import Bus, Delivery, KvEntry, Subscription
+from shared.runtime.bus import Bus, ConnectionMonitor, Delivery, KvEntry, Subscription
 from shared.runtime.edge import Edge
 
 log = logging.getLogger(__name__)
@@ -112,18 +112,25 @@ class Feed:
         """
         async with asyncio.TaskGroup() as group:
             watches = {b: group.create_task(self.watch(b), name=f"watch-{b}") for b in BUCKET_NAMES}
-            was_connected = self._bus.connected
+            seen = self._reconnects()
             while True:
                 await self._clock.sleep(RECONNECT_CHECK_S)
-                connected = self._bus.connected
-                if connected and not was_connected:
+                reconnects = self._reconnects()
+                if reconnects != seen and self._bus.connected:
                     log.info("NATS is back; watching every bucket again")
                     for bucket, task in watches.items():
                         task.cancel()
                         watches[bucket] = group.create_task(
                             self.watch(bucket), name=f"watch-{bucket}"
                         )
-                was_connected = connected
+                    seen = reconnects
+
+    def _reconnects(self) -> int:
+        """How often the connection came back (counted by the bus, so a reconnect quicker than
+        one check is not missed); 0 for a bus that does not report it."""
+        if isinstance(self._bus, ConnectionMonitor):
+            return self._bus.connection_status().reconnects
+        return 0
 
     async def watch(self, bucket: Bucket) -> None:
         """Follow ``bucket`` until cancelled, starting the watch again whenever it fails."""

@@ -8,7 +8,8 @@ Routes (all GET, all read-only):
 * ``/api/v1/cluster``: :class:`~services.dashboard.core.views.ClusterView` as JSON.
 * ``/api/v1/pods/pending[?limit=N]``: :class:`~services.dashboard.core.views.PendingView`.
 * ``/api/v1/events``: server-sent events, a ``snapshot`` then ``update`` events as things change.
-* ``/healthz``, ``/readyz``, ``/metrics``: as every Tessera service (``shared.runtime.health``).
+* ``/healthz``, ``/readyz``, ``/metrics``: as every Tessera service (``shared.runtime.health``),
+  whose server serves these routes too (:meth:`DashboardRoutes.install`).
 
 The API answers 503 with the reason until every KV bucket has delivered its initial values, so a
 script never mistakes a half-loaded view for the cluster.
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from importlib import resources
 from typing import Final
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from services.dashboard.live import LiveView
-from shared.runtime.health import HealthServer, Readiness
+from shared.runtime.health import HttpRoutes
 
 ASSETS: Final[dict[str, str]] = {
     "index.html": "text/html; charset=utf-8",
@@ -58,36 +59,26 @@ def _json(payload: object, status: int = 200) -> web.Response:
     )
 
 
-class DashboardServer(HealthServer):
-    """The health server of every service, with the dashboard's routes added."""
+class DashboardRoutes:
+    """The dashboard's routes, served by the service's health server beside its own."""
 
-    def __init__(
-        self,
-        *,
-        live: LiveView,
-        readiness: Readiness,
-        registry: CollectorRegistry,
-        keepalive_s: float = KEEPALIVE_S,
-    ) -> None:
-        super().__init__(readiness=readiness, registry=registry, service="dashboard")
+    def __init__(self, *, live: LiveView, keepalive_s: float = KEEPALIVE_S) -> None:
         self._live = live
         self._assets = load_assets()
         self._keepalive_s = keepalive_s
 
-    def app(self) -> web.Application:
-        app = super().app()
-        app.router.add_get("/", self._index)
-        app.router.add_get("/static/{name}", self._asset)
-        app.router.add_get("/api/v1/cluster", self._cluster)
-        app.router.add_get("/api/v1/pods/pending", self._pending)
-        app.router.add_get("/api/v1/events", self._events)
-        return app
+    def install(self, routes: HttpRoutes) -> None:
+        routes.get("/", self._index)
+        routes.get("/static/{name}", self._asset)
+        routes.get("/api/v1/cluster", self._cluster)
+        routes.get("/api/v1/pods/pending", self._pending)
+        routes.get("/api/v1/events", self._events)
 
-    async def _index(self, _: web.Request) -> web.Response:
+    async def _index(self, _: web.Request, __: Mapping[str, str]) -> web.Response:
         return self._serve("index.html")
 
-    async def _asset(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
+    async def _asset(self, _: web.Request, params: Mapping[str, str]) -> web.Response:
+        name = params["name"]
         if name not in ASSETS or name == "index.html":
             raise web.HTTPNotFound(text=f"no asset {name!r}")
         return self._serve(name)
@@ -104,10 +95,10 @@ class DashboardServer(HealthServer):
             {"error": "not ready", "reason": self._live.waiting_for() or "loading"}, status=503
         )
 
-    async def _cluster(self, _: web.Request) -> web.Response:
+    async def _cluster(self, _: web.Request, __: Mapping[str, str]) -> web.Response:
         return self._not_synced() or _json(self._live.cluster())
 
-    async def _pending(self, request: web.Request) -> web.Response:
+    async def _pending(self, request: web.Request, _: Mapping[str, str]) -> web.Response:
         raw = request.query.get("limit")
         limit: int | None = None
         if raw is not None:
@@ -118,7 +109,7 @@ class DashboardServer(HealthServer):
             limit = int(raw)
         return self._not_synced() or _json(self._live.pending(limit))
 
-    async def _events(self, request: web.Request) -> web.StreamResponse:
+    async def _events(self, request: web.Request, _: Mapping[str, str]) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",

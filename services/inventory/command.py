@@ -66,9 +66,10 @@ class InventorySettings(NodeSettings, frozen=True, kw_only=True, forbid_unknown_
         msgspec.Meta(
             gt=0,
             description="publish at least this often (seconds) even when "
-            "nothing changed beyond the deadbands",
+            "nothing changed beyond the deadbands (well below the placer's --inventory-stale-s, "
+            "after which it stops placing on the node)",
         ),
-    ] = 30.0
+    ] = 10.0
     deadband_memory_mib: Annotated[
         int, msgspec.Meta(ge=0, description="used-memory change (MiB) that is still noise")
     ] = 256

@@ -83,12 +83,18 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from services.placer import decider, translate
+from services.placer import decider, stats, translate
 from services.placer.config import ConfigFileError, parse_tenancy
+from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.framework import Profile
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.model import ClusterSnapshot, Decision, PodRequest, Rejection
-from services.placer.core.profiles import BUILTIN, ProfileSpec, build_profile
+from services.placer.core.profiles import (
+    BUILTIN,
+    DEFAULT_TYPICAL_TASKS,
+    ProfileSpec,
+    build_profile,
+)
 from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
 from services.placer.decider import Waiting
 from services.placer.extender import Extender, listen
@@ -131,6 +137,7 @@ WATCH_RETRY_S = 1.0
 EXPLAINED_PODS = 10_000
 """Last outcomes kept for ``GET /v1/pods/{uid}``."""
 VERDICTS_SHOWN = 20
+STATS_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,8 @@ class PlacerConfig:
     """How often the learned task mix is compared with the one the profile was compiled with."""
     tenancy_check_s: float = TENANCY_CHECK_S
     """How often the tenancy file is read for a new version."""
+    stats_interval_s: float = STATS_INTERVAL_S
+    """How often the cluster statistics (``ClusterStats``, for the dashboard) are published."""
     extender_port: int = 0
     """Serve kube-scheduler's extender on this port (0: off)."""
     extender_host: str = "0.0.0.0"
@@ -257,6 +266,7 @@ class PlacerService:
         )
         self.profile: Profile | None = None
         self._typical: tuple[Any, ...] | None = None
+        self._stats_model: tuple[tuple[TypicalTask, ...], FragmentationModel] | None = None
         self._queue = PlacementQueue()
         self._direct: list[_Item] = []
         """Pods the queue refused to order (invalid): decided at once, to be rejected."""
@@ -359,6 +369,7 @@ class PlacerService:
                     self._reconcile_loop,
                     self._mix_loop,
                     self._tenancy_loop,
+                    self._stats_loop,
                 ):
                     group.create_task(loop(), name=loop.__name__)
         finally:
@@ -565,8 +576,6 @@ class PlacerService:
             try:
                 batch = await fetch(FETCH_BATCH, 1.0)
                 delay = 0.5
-            except TimeoutError:  # nats-py's way, at times, of saying "no message yet"
-                continue
             except Exception as error:  # NATS down or slow: try again, the messages stay
                 log.warning(
                     "cannot fetch; retrying", extra={"error": f"{type(error).__name__}: {error}"}
@@ -1230,6 +1239,29 @@ class PlacerService:
                 "typical_tasks": len(typical),
             },
         )
+
+    async def _stats_loop(self) -> None:
+        """Publish this replica's ``ClusterStats`` (fragmentation as the core measures it) to
+        KV ``tessera-stats`` for the dashboard; one key per replica, so none contend."""
+        key = subjects.stats_key(self.config.placer_id)
+        while True:
+            typical = self._typical or DEFAULT_TYPICAL_TASKS
+            if self._stats_model is None or self._stats_model[0] != typical:
+                self._stats_model = (typical, FragmentationModel(typical))
+            figures = stats.cluster_stats(
+                self.view.index,
+                self._stats_model[1],
+                placer_id=self.config.placer_id,
+                profile=self._profile_name,
+                typical_tasks=len(typical),
+                pending_pods=len(self._waiting),
+                now=self.clock.now(),
+            )
+            try:
+                await self.bus.kv_put(subjects.KV_STATS, key, codec.encode(figures))
+            except Exception as error:  # NATS away: the next round tries again
+                log.warning("cluster statistics not published", extra={"error": str(error)})
+            await self.clock.sleep(self.config.stats_interval_s)
 
     async def _tenancy_loop(self) -> None:
         path = self.config.tenancy_file

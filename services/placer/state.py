@@ -489,12 +489,7 @@ class ClusterView:
         for cpu, memory, gpus in self._signatures:
             if cpu < pod.cpu_milli or memory < pod.memory_mib:
                 continue
-            allowed = [
-                mib
-                for model, mib in gpus
-                if (not request.gpu_models or model in request.gpu_models)
-                and model not in request.gpu_models_excluded
-            ]
+            allowed = [mib for model, mib in gpus if request.allows_model(model)]
             if all(
                 sum(1 for mib in allowed if ask.memory_on(mib) <= mib) >= ask.shares
                 for ask in pod.asks

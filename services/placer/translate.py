@@ -205,8 +205,13 @@ def node_state(
     ``placeable``: :func:`placement_reason` found nothing against the node.
     """
     gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
-    total_slots = (facts.extended_allocatable.get(GPU_RESOURCE) if facts else None) or None
-    slots = slot_limits([g.memory_total_mib for g in gpus], total_slots) if total_slots else None
+    advertised = facts.extended_allocatable.get(GPU_RESOURCE) if facts else None
+    slots = slot_limits([g.memory_total_mib for g in gpus], advertised) if advertised else None
+    if advertised == 0:
+        # The kubelet's allocatable counts healthy devices: none means every GPU is unusable
+        # now (its device plugin is gone or lists nothing), and a pod bound there would be
+        # rejected at admission.
+        gpus = [msgspec.structs.replace(g, health="unhealthy") for g in gpus]
     cpu_booked = sum(b.cpu_milli for b in bookings)
     memory_booked = sum(b.memory_mib for b in bookings)
     if facts is not None:

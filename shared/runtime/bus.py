@@ -345,7 +345,7 @@ class _NatsPullConsumer:
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
         try:
             msgs = await self._sub.fetch(batch, timeout=timeout)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats-py's TimeoutError, and at times a bare asyncio one: no message
             return []
         return [_delivery(m, jetstream=True) for m in msgs]
 
@@ -375,6 +375,9 @@ class NatsBus:
         loop = asyncio.get_running_loop()
         self._lost: asyncio.Future[None] = loop.create_future()
         self._closed: asyncio.Future[str] = loop.create_future()
+        self._up = asyncio.Event()
+        """Set while connected (and once closed for good, to wake whoever waits for it)."""
+        self._up.set()
 
     @classmethod
     async def connect(
@@ -496,6 +499,7 @@ class NatsBus:
         self._failures_in_row = 0  # errors so far were of the lost connection, not attempts
         if not self._lost.done():
             self._lost.set_result(None)
+        self._up.clear()
         if self._state == "connected" and not self._draining:
             self._disconnects += 1
             self._state, self._reason = "reconnecting", "disconnected; reconnecting"
@@ -506,9 +510,11 @@ class NatsBus:
         self._failures_in_row = 0
         self._state, self._reason = "connected", ""
         self._lost = asyncio.get_running_loop().create_future()
+        self._up.set()
         log.info("nats reconnected")
 
     def _on_closed(self) -> None:
+        self._up.set()
         if not self._lost.done():
             self._lost.set_result(None)
         if self._draining:
@@ -715,10 +721,29 @@ class NatsBus:
             return []
 
     async def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+        """Initial values, ``None``, then changes; ends (once reconnected) when the connection
+        is lost. A watch does not survive a server restart: nats-py's consumer behind it may
+        stay silent for many seconds after the reconnect, so callers watch again and take the
+        fresh initial values (which also show what was deleted meanwhile)."""
         kv = await self._bucket(bucket)
         watcher = await kv.watch(keys)
+        lost = self._lost
+        updates = watcher.__aiter__()  # type: ignore[no-untyped-call]
+        following: asyncio.Future[Any] | None = None
         try:
-            async for entry in watcher:
+            while True:
+                following = asyncio.ensure_future(updates.__anext__())
+                await asyncio.wait({following, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    following.cancel()
+                    with contextlib.suppress(BaseException):
+                        await following
+                    await self._reconnected()
+                    return
+                try:
+                    entry = following.result()
+                except StopAsyncIteration:
+                    return
                 if entry is None:
                     yield None
                     continue
@@ -729,9 +754,17 @@ class NatsBus:
                     deleted=entry.operation in ("DEL", "PURGE"),
                 )
         finally:
+            if following is not None and not following.done():
+                following.cancel()
+                with contextlib.suppress(BaseException):
+                    await following
             # Bounded: a stop that cannot reach the server must not hold up a shutdown.
             with contextlib.suppress(*_GONE, TimeoutError):
                 await asyncio.wait_for(watcher.stop(), timeout=2.0)  # type: ignore[no-untyped-call]
+
+    async def _reconnected(self) -> None:
+        """Return once the connection is up again (or closed for good)."""
+        await self._up.wait()
 
     async def drain(self) -> None:
         self._draining = True

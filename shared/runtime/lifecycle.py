@@ -118,8 +118,12 @@ async def run_service(
     stop: asyncio.Event | None = None,
     registry: CollectorRegistry | None = None,
     readiness: Readiness | None = None,
+    routes: HttpRoutes | None = None,
 ) -> int:
     """Run ``body`` until it returns, fails, or a signal (or ``stop``) ends it; return exit code.
+
+    ``routes``: GET endpoints served beside /healthz, /readyz and /metrics from the start, before
+    NATS is reached (the body may add more through ``ServiceContext.routes``).
 
     Raises:
         ConfigError: a NATS credential or TLS file cannot be used (before anything starts).
@@ -147,7 +151,7 @@ async def run_service(
 
     register_runtime_metrics(registry, nats_status)
 
-    routes = HttpRoutes()
+    routes = routes or HttpRoutes()
     health = HealthServer(
         readiness=readiness, registry=registry, service=name, redact=redact, routes=routes
     )

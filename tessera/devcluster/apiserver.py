@@ -54,7 +54,7 @@ from typing import Any, Final
 import msgspec
 from aiohttp import web
 
-from tessera.devcluster import patches, resources
+from tessera.devcluster import discovery, patches, resources
 from tessera.devcluster.resources import (
     NAMESPACE,
     POD,
@@ -549,6 +549,9 @@ class ApiServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
             return _error(ApiError(401, "Unauthorized", "Unauthorized"))
+        document = discovery.discovery(request.path, request.host)
+        if document is not None and request.method == "GET":
+            return _json(document)
         target = _parse_path(request.path)
         if target is None:
             return _error(
@@ -608,7 +611,18 @@ class ApiServer:
     async def _dispatch(self, request: web.Request, target: Target, verb: str) -> web.Response:
         resource, namespace, name = target.resource, target.namespace, target.name
         if verb == "get":
-            return _json(resource.to_view(self.get(resource, namespace, name)))
+            view = resource.to_view(self.get(resource, namespace, name))
+            if discovery.wants_table(request.headers.get("Accept", "")):
+                return _json(
+                    discovery.table(
+                        resource,
+                        [view],
+                        now=self.clock(),
+                        resource_version=view["metadata"].get("resourceVersion", ""),
+                        include_object=request.query.get("includeObject", "Metadata"),
+                    )
+                )
+            return _json(view)
         if verb == "list":
             return self._list(request, target)
         content_type = request.content_type
@@ -623,6 +637,8 @@ class ApiServer:
             elif verb == "create":
                 if not isinstance(body, dict):
                     raise ApiError(400, "BadRequest", "the object must be a JSON object")
+                if request.query.get("fieldValidation") == "Strict":
+                    _strict_top_level(body)
                 result = self.create(resource, resource.from_view(body), namespace)
                 code, answer = 201, resource.to_view(result)
             elif verb == "update":
@@ -696,6 +712,17 @@ class ApiServer:
             view.pop("apiVersion", None)
             view.pop("kind", None)
             views.append(view)
+        if discovery.wants_table(request.headers.get("Accept", "")):
+            return _json(
+                discovery.table(
+                    resource,
+                    views,
+                    now=self.clock(),
+                    resource_version=revision,
+                    include_object=request.query.get("includeObject", "Metadata"),
+                    continue_token=token,
+                )
+            )
         metadata: Obj = {"resourceVersion": revision}
         if token:
             metadata["continue"] = token
@@ -784,6 +811,26 @@ class ApiServer:
         return response
 
 
+_TOP_LEVEL: Final = frozenset(
+    {"apiVersion", "kind", "metadata", "spec", "status"}
+    | {"regarding", "related", "note", "reason", "type", "action", "eventTime", "series"}
+    | {"reportingController", "reportingInstance", "deprecatedSource", "deprecatedCount"}
+    | {"deprecatedFirstTimestamp", "deprecatedLastTimestamp", "involvedObject", "message"}
+    | {"source", "firstTimestamp", "lastTimestamp", "count", "reportingComponent"}
+)
+
+
+def _strict_top_level(body: Obj) -> None:
+    """``fieldValidation=Strict`` (what ``kubectl create -f`` sends) for top-level fields."""
+    unknown = sorted(set(body) - _TOP_LEVEL)
+    if unknown:
+        raise ApiError(
+            400,
+            "BadRequest",
+            "strict decoding error: " + ", ".join(f'unknown field "{name}"' for name in unknown),
+        )
+
+
 def set_condition(pod: Obj, condition: Obj, now: float) -> None:
     """Set a status condition by type, as ``podutil.UpdatePodCondition`` does: the transition
     time moves only when the status changes."""
@@ -811,7 +858,7 @@ def write_kubeconfig(
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": name, "cluster": {"server": server}}],
-        "users": [{"name": name, "user": {"token": token}}],
+        "users": [{"name": name, "user": {"token": token} if token else {}}],
         "contexts": [
             {"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}
         ],
@@ -854,7 +901,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=6443, help="0 = any free port")
     parser.add_argument("--kubeconfig", default="", help="write a kubeconfig for it here")
-    parser.add_argument("--token", default=DEFAULT_TOKEN, help="bearer token clients must send")
+    parser.add_argument(
+        "--token",
+        default=DEFAULT_TOKEN,
+        help="bearer token clients must send; empty = none (kubectl sends no token over http)",
+    )
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(_Options(args.host, args.port, args.kubeconfig, args.token)))

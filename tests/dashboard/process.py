@@ -104,7 +104,9 @@ def dashboard_process(
             return None
 
         line = _wait(started, timeout=timeout, what="the 'service starting' line")
-        running = DashboardProcess(process=process, url=line["url"], log=log)
+        running = DashboardProcess(
+            process=process, url=f"http://127.0.0.1:{line['http_port']}/", log=log
+        )
 
         def ready() -> bool:
             alive()

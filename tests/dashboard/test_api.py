@@ -244,6 +244,8 @@ async def test_it_follows_nats_through_a_server_restart(
 
         await eventually(nats_not_ready, what="/readyz to notice")
         nats_server.start()
+        # The test's own client refuses writes until it has reconnected (it never buffers them).
+        await eventually(lambda: asyncio.sleep(0, bus.connected), what="the test's reconnect")
         await put_record(bus, record("n1", "after", share("G1", memory=2048)))
         # The watches start again as soon as the connection is back (not after nats-py's
         # ordered consumer misses heartbeats, about 20 s): the generous limit is for load only.

@@ -101,6 +101,30 @@ FIT = NodeFit((GpuModel(),))
             "too few GPUs of an allowed model or group",
             id="model-excluded",
         ),
+        pytest.param(
+            pod().share(100).with_(gpu_models=("A100",)).build(),
+            node("n").gpu(model="NVIDIA A100-SXM4-80GB").build(),
+            None,
+            id="model-family-matches-nvml-name",
+        ),
+        pytest.param(
+            pod().share(100).with_(gpu_models=("a100",)).build(),
+            node("n").gpu(model="A100-80GB").build(),
+            None,
+            id="model-family-matches-memory-suffix",
+        ),
+        pytest.param(
+            pod().share(100).with_(gpu_models=("A10",)).build(),
+            node("n").gpu(model="A100-80GB").build(),
+            "too few GPUs of an allowed model or group",
+            id="model-family-is-not-a-prefix-of-another",
+        ),
+        pytest.param(
+            pod().share(100).with_(gpu_models_excluded=("A100",)).build(),
+            node("n").gpu(model="A100-80GB").build(),
+            "too few GPUs of an allowed model or group",
+            id="model-family-excluded",
+        ),
         pytest.param(pod().share(100).build(), node("n").build(), "no GPUs", id="no-gpus"),
         pytest.param(
             pod().container(shares=1, mib=1_000).with_(gpu_type="physical").build(),

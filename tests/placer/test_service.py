@@ -19,6 +19,7 @@ from shared.messages.bindings import BindingResult
 from shared.messages.deadletter import DeadLetter
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
 from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery, NatsBus
 from tests.harness.nats import NatsServer
 from tests.placer import wire
@@ -516,3 +517,26 @@ async def test_released_records_and_deleted_pods_claims_are_purged_after_retenti
         assert placed("long")(state)  # what is live stays
         assert placer.metric("tessera_placer_purged_total", entry="record") == 1
         assert placer.metric("tessera_placer_purged_total", entry="claim") == 1
+
+
+async def test_cluster_statistics_are_published_for_the_dashboard(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "gpu-1", 2)
+    async with start_placer(tuning={"stats_interval_s": 0.1}):
+        await wire.publish_pod(bus, wire.pending("u1", memory_mib=4096, cores=25))
+        await settled(bus, placed("u1"), what="a record for u1")
+
+        deadline = time.monotonic() + 20
+        while True:
+            entry = await bus.kv_get(subjects.KV_STATS, subjects.stats_key("placer-test"))
+            figures = codec.decode(entry.value, ClusterStats) if entry else None
+            if figures is not None and figures.gpu_milli_allocated > 0:
+                break
+            assert time.monotonic() < deadline, f"no statistics counting u1: {figures}"
+            await asyncio.sleep(0.05)
+        assert (figures.placer_id, figures.nodes, figures.gpus) == ("placer-test", 1, 2)
+        assert figures.gpu_milli_capacity == 2000
+        assert figures.gpu_milli_allocated == 250  # 25 % of the SMs outweighs 4 GiB of 80
+        assert set(figures.node_fragmented_milli) == {"gpu-1"}
+        assert figures.profile == "tessera"

@@ -159,6 +159,13 @@ def test_booked_shares_count_against_the_gpus_logical_devices() -> None:
     assert [g.slots_total for g in node(wire.inventory("n1", 2)).gpus] == [0, 0]  # no limit
 
 
+def test_no_advertised_devices_means_no_usable_gpu() -> None:
+    # Regression (found by the chaos test of `tessera up`): allocatable 0 (the device plugin was
+    # killed) read as "no limit", and pods kept being placed on a node whose kubelet rejects them.
+    assert [g.healthy for g in node(wire.inventory("n1", 2), slots=0).gpus] == [False, False]
+    assert [g.healthy for g in node(wire.inventory("n1", 2), slots=4).gpus] == [True, True]
+
+
 def test_bookings_fill_gpus_and_a_whole_gpu_is_exclusive() -> None:
     state = node(
         wire.inventory("n1", 2),

@@ -47,7 +47,7 @@ from typing import Literal
 import msgspec
 
 from services.placer.core.facts import PodFacts
-from services.placer.core.model import GPU_MILLI, GpuState, NodeState, PodRequest
+from services.placer.core.model import GPU_MILLI, GpuState, NodeState
 from services.placer.core.shape import gpu_free_milli
 
 GpuKind = Literal["physical", "virtual"]
@@ -265,12 +265,6 @@ def pod_gpu_kind(pod: PodFacts) -> GpuKind | None:
     return "physical" if all(a.whole for a in pod.asks) else "virtual"
 
 
-def _model_allowed(request: PodRequest, model: str) -> bool:
-    if request.gpu_models and model not in request.gpu_models:
-        return False
-    return model not in request.gpu_models_excluded
-
-
 def _room(pod: PodFacts, members: NodeMembers, nodes: Mapping[str, NodeState]) -> tuple[int, int]:
     """(remaining GPU milli, memory of the smallest member GPU of an allowed model; 0: none)."""
     whole = pod_gpu_kind(pod) == "physical"
@@ -281,7 +275,7 @@ def _room(pod: PodFacts, members: NodeMembers, nodes: Mapping[str, NodeState]) -
         if node is None:
             continue
         for gpu in node.gpus:
-            if gpu.index not in indices or not _model_allowed(pod.request, gpu.model):
+            if gpu.index not in indices or not pod.request.allows_model(gpu.model):
                 continue
             if not smallest or gpu.memory_total_mib < smallest:
                 smallest = gpu.memory_total_mib
@@ -323,7 +317,7 @@ def _suits(group: ResourceGroup, pod: PodFacts) -> str:
         wants = "whole GPUs" if kind == "physical" else "shared GPU slices"
         return f"group {group.name!r} is for {group.gpu_type} GPUs; the pod asks for {wants}"
     model = group.gpus.model
-    if model is not None and kind is not None and not _model_allowed(pod.request, model):
+    if model is not None and kind is not None and not pod.request.allows_model(model):
         return f"group {group.name!r} holds {model} GPUs, which the pod does not allow"
     return ""
 

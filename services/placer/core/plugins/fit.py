@@ -35,10 +35,7 @@ class GpuModel:
     name = "gpu-model"
 
     def admits_gpu(self, pod: PodFacts, gpu: GpuShape) -> bool:
-        request = pod.request
-        if request.gpu_models and gpu.model not in request.gpu_models:
-            return False
-        return gpu.model not in request.gpu_models_excluded
+        return pod.request.allows_model(gpu.model)
 
 
 class _Room:

@@ -1,0 +1,108 @@
+"""Pods created to Running through the whole system (``tessera up``'s LocalSystem).
+
+Starts nats-server, the simulated cluster, one fake inventory and one device plugin process per
+node, the binder and two placers; waits until everything is ready; creates ``--pods`` pods at once
+(one GPU share each: 4 GiB, 5 % of the SMs) and waits until every one is Running. Prints the
+throughput (pods Running per second from the first create to the last Running), p50/p99 per stage
+(created -> decided -> bound -> allocated -> Running), the independent checks (mismatched
+containers, over-committed GPUs), and where the time goes: CPU seconds per kind of process during
+the run.
+
+    .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tessera.up import workload as w
+from tessera.up.spec import plan_nodes
+from tessera.up.system import LocalSystem, SystemOptions
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def cpu_by_kind(system: LocalSystem) -> dict[str, float]:
+    used: dict[str, float] = {"tessera up (API double + kubelets)": cpu_seconds(os.getpid())}
+    for name, child in system.supervisor.children.items():
+        if child.pid is None:
+            continue
+        kind = name.split("/")[0].rstrip("-0123456789")
+        used[kind] = used.get(kind, 0.0) + cpu_seconds(child.pid)
+    return used
+
+
+async def main(args: argparse.Namespace) -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="tessera-e2e-bench-"))
+    options = SystemOptions(
+        nodes=plan_nodes(args.gpus, args.nodes),
+        run_dir=run_dir,
+        placers=2,
+        binders=1,
+        dashboard=False,
+        ready_timeout_s=900.0,
+    )
+    started = time.monotonic()
+    async with LocalSystem(options) as system:
+        ready_s = time.monotonic() - started
+        before = cpu_by_kind(system)
+        t0 = time.monotonic()
+        for i in range(args.pods):
+            system.cluster.create_pod(
+                w.pod(
+                    f"bench-{i}",
+                    [w.container(gpu=1, memory_mib=4096, cores=5, cpu="100m", memory="128Mi")],
+                )
+            )
+        created_s = time.monotonic() - t0
+        while True:
+            pods = system.cluster.pods()
+            running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+            failed = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed")
+            if running + failed >= args.pods or time.monotonic() - t0 > args.timeout:
+                break
+            await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        after = cpu_by_kind(system)
+        summary = system.summary()
+        result = {
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus,
+            "pods": args.pods,
+            "start_to_ready_s": round(ready_s, 1),
+            "create_loop_s": round(created_s, 2),
+            "created_to_all_running_s": round(elapsed, 2),
+            "pods_running_per_s": round(running / elapsed, 1),
+            "pods_by_phase": summary.pods_by_phase,
+            "latency_ms": summary.latency_ms,
+            "mismatched_containers": summary.mismatched_containers,
+            "overcommitted_gpus": summary.overcommitted_gpus,
+            "cpu_s_during_run": {k: round(after.get(k, 0) - before.get(k, 0), 1) for k in after},
+        }
+        print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--gpus", default="8xA100-80GB")
+    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    asyncio.run(main(parser.parse_args()))

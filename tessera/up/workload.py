@@ -1,0 +1,223 @@
+"""The pods ``tessera up`` submits: a built-in mix, a file of manifests, or a trace sample.
+
+- built-in (default): whole GPUs, multi-GPU, shared slices (memory MiB or percentage, SM
+  share), multi-container pods, each GPU policy (binpack, spread, colocate), model include and
+  exclude, CPU-only pods (kept off idle GPU nodes) and one pod no GPU can hold (it stays Pending
+  with its reasons: the explained-Pending path), dealt in a fixed order and repeated to
+  ``count`` pods.
+- ``--workload FILE``: pod manifests, YAML (several documents) or JSON (an object, a list, or a
+  ``v1/List``); ``schedulerName`` defaults to ``tessera``.
+- ``--trace FILE``: ``count`` tasks sampled (seeded) from an Alibaba ``openb_pod_list_*.csv``:
+  CPU and memory as given, whole GPUs as ``tessera.dev/gpu``, a GPU share as one
+  ``tessera.dev/gpu`` with that percentage of the GPU's memory and SMs. The trace's GPU model
+  names are those of Alibaba's cluster, so they are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any, Final
+
+from services.placer.sim.trace import TraceError, load_tasks
+
+Obj = dict[str, Any]
+SCHEDULER: Final = "tessera"
+IMAGE: Final = "registry.k8s.io/pause:3.10"
+NAMESPACE: Final = "default"
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be submitted; the message names the file and the problem."""
+
+
+def container(
+    name: str = "main",
+    *,
+    gpu: int | None = None,
+    memory_mib: int | None = None,
+    memory_pct: int | None = None,
+    cores: int | None = None,
+    cpu: str = "500m",
+    memory: str = "1Gi",
+) -> Obj:
+    limits: dict[str, str] = {}
+    if gpu is not None:
+        limits["tessera.dev/gpu"] = str(gpu)
+    if memory_mib is not None:
+        limits["tessera.dev/gpu-memory"] = str(memory_mib)
+    if memory_pct is not None:
+        limits["tessera.dev/gpu-memory-percentage"] = str(memory_pct)
+    if cores is not None:
+        limits["tessera.dev/gpu-cores"] = str(cores)
+    resources: Obj = {"requests": {"cpu": cpu, "memory": memory}}
+    if limits:
+        resources["limits"] = limits
+    return {"name": name, "image": IMAGE, "resources": resources}
+
+
+def pod(
+    name: str,
+    containers: list[Obj],
+    *,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    namespace: str = NAMESPACE,
+    priority: int | None = None,
+) -> Obj:
+    spec: Obj = {"schedulerName": SCHEDULER, "containers": containers}
+    if priority is not None:
+        spec["priority"] = priority
+    meta: Obj = {"name": name, "namespace": namespace, "labels": {"app": name.rsplit("-", 1)[0]}}
+    if labels:
+        meta["labels"].update(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def _mix_entry(kind: str, n: int) -> Obj:
+    name = f"{kind}-{n}"
+    if kind == "train":
+        return pod(name, [container(gpu=1, cpu="4", memory="16Gi")])
+    if kind == "train-2gpu":
+        return pod(name, [container(gpu=2, cpu="8", memory="32Gi")])
+    if kind == "infer":
+        return pod(name, [container(gpu=1, memory_mib=8192, cores=25)])
+    if kind == "notebook":
+        return pod(
+            name,
+            [container(gpu=1, memory_pct=20, cores=20)],
+            annotations={"tessera.dev/gpu-policy": "binpack"},
+        )
+    if kind == "spread":
+        return pod(
+            name,
+            [container(gpu=1, memory_mib=4096, cores=10)],
+            annotations={"tessera.dev/gpu-policy": "spread"},
+        )
+    if kind == "pipeline":
+        return pod(
+            name,
+            [
+                container("reader", gpu=1, memory_mib=2048, cores=10),
+                container("model", gpu=1, memory_mib=6144, cores=30),
+                container("sidecar", cpu="100m", memory="128Mi"),
+            ],
+            annotations={"tessera.dev/gpu-policy": "colocate"},
+        )
+    if kind == "shard":
+        return pod(name, [container(gpu=2, memory_mib=10240, cores=30)])
+    if kind == "t4":
+        return pod(
+            name,
+            [container(gpu=1, memory_mib=4096, cores=20)],
+            annotations={"tessera.dev/gpu-model": "T4"},
+        )
+    if kind == "not-a100":
+        return pod(
+            name,
+            [container(gpu=1, memory_mib=4096, cores=20)],
+            annotations={"tessera.dev/gpu-model-exclude": "A100"},
+        )
+    if kind == "cpu":  # seed 002's balanced score keeps it off GPU nodes
+        return pod(
+            name,
+            [container(cpu="2", memory="4Gi")],
+            annotations={"tessera.dev/node-policy": "balanced"},
+        )
+    if kind == "too-big":
+        return pod(name, [container(gpu=1, memory_mib=1_000_000, cores=10)])
+    raise ValueError(kind)
+
+
+MIX: Final = (
+    "train",
+    "infer",
+    "notebook",
+    "pipeline",
+    "infer",
+    "spread",
+    "train-2gpu",
+    "t4",
+    "shard",
+    "not-a100",
+    "cpu",
+    "infer",
+    "notebook",
+)
+
+
+def builtin(count: int = 40) -> list[Obj]:
+    """``count`` pods of the built-in mix, plus one pod no GPU can hold."""
+    pods = []
+    seen: dict[str, int] = {}
+    for i in range(max(0, count - 1)):
+        kind = MIX[i % len(MIX)]
+        seen[kind] = seen.get(kind, 0) + 1
+        pods.append(_mix_entry(kind, seen[kind]))
+    pods.append(_mix_entry("too-big", 1))
+    return pods
+
+
+def from_file(path: Path) -> list[Obj]:
+    """Pod manifests from a YAML or JSON file."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise WorkloadError(f"{path}: {error.strerror or error}") from None
+    documents: list[Any]
+    if path.suffix == ".json":
+        try:
+            documents = [json.loads(text)]
+        except ValueError as error:
+            raise WorkloadError(f"{path}: not JSON: {error}") from None
+    else:
+        import yaml
+
+        try:
+            documents = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as error:
+            raise WorkloadError(f"{path}: not YAML: {error}") from None
+    pods: list[Obj] = []
+    for document in documents:
+        if document is None:
+            continue
+        items = document if isinstance(document, list) else [document]
+        for item in items:
+            if isinstance(item, dict) and item.get("kind") == "List":
+                items.extend(item.get("items") or [])
+                continue
+            if not isinstance(item, dict) or item.get("kind", "Pod") != "Pod":
+                kind = item.get("kind") if isinstance(item, dict) else type(item).__name__
+                raise WorkloadError(f"{path}: only Pods can be submitted, found {kind}")
+            item.setdefault("spec", {}).setdefault("schedulerName", SCHEDULER)
+            pods.append(item)
+    if not pods:
+        raise WorkloadError(f"{path}: no pod manifests")
+    return pods
+
+
+def from_trace(path: Path, count: int, seed: int = 42) -> list[Obj]:
+    """``count`` tasks of an Alibaba pod CSV, sampled with ``seed``, as pods."""
+    try:
+        tasks = load_tasks(path)
+    except TraceError as error:
+        raise WorkloadError(str(error)) from None
+    sample = random.Random(seed).sample(tasks, min(count, len(tasks)))
+    pods = []
+    for task in sample:
+        cpu = f"{max(task.cpu_milli, 1)}m"
+        memory = f"{max(task.memory_mib, 1)}Mi"
+        name = "trace-" + "".join(ch if ch.isalnum() else "-" for ch in task.name.lower())
+        if task.gpu_count == 0:
+            spec = container(cpu=cpu, memory=memory)
+        elif task.gpu_milli >= 1000:
+            spec = container(gpu=task.gpu_count, cpu=cpu, memory=memory)
+        else:
+            share = max(1, math.ceil(task.gpu_milli / 10))
+            spec = container(gpu=1, memory_pct=share, cores=share, cpu=cpu, memory=memory)
+        pods.append(pod(name.strip("-")[:63], [spec]))
+    return pods

@@ -1,0 +1,159 @@
+"""A chaos run: pods through the whole system while services and NATS are SIGKILLed and restarted.
+
+Shared by the CI test (small) and ``benchmarks/chaos.py`` (longer). Kill moments are drawn from a
+seeded random generator and logged; each killed process is started again after a short pause.
+A pod the kubelet rejects (``UnexpectedAdmissionError``: its device plugin or NATS was away at its
+Allocate) is replaced, as its ReplicaSet would, and counted. At the end every pod must be Running
+with exactly its record's slices, no GPU over-committed at any allocation, no record left
+``reserved`` or ``bound``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord
+from tessera.devcluster.resources import POD
+from tessera.up import workload as w
+from tessera.up.system import LocalSystem
+from tests.e2e.helpers import assert_exact, phase, until
+
+NAMESPACE = "chaos"
+TARGETS = ("placer", "binder-leader", "deviceplugin", "nats-server")
+
+
+@dataclass
+class ChaosReport:
+    log: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    pods: int = 0
+    wall_s: float = 0.0
+
+
+async def chaos_run(
+    system: LocalSystem,
+    *,
+    pods: int,
+    seed: int,
+    window_s: float,
+    say: Callable[[str], None] = print,
+    settle_timeout_s: float = 150.0,
+) -> ChaosReport:
+    rng = random.Random(seed)
+    result = ChaosReport(pods=pods)
+    started = time.monotonic()
+
+    def note(text: str) -> None:
+        line = f"{time.monotonic() - started:7.2f} s  {text}"
+        result.log.append(line)
+        say(line)
+
+    gpu_nodes = [plan.name for plan in system.gpu_nodes]
+    plan = sorted((rng.uniform(0.3, window_s), target) for target in TARGETS)
+
+    async def strike(at: float, target: str) -> None:
+        await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
+        if target == "placer":
+            name = rng.choice(system.placer_names())
+        elif target == "binder-leader":
+            name = await system.leader()
+        elif target == "deviceplugin":
+            name = f"deviceplugin/{rng.choice(gpu_nodes)}"
+        else:
+            name = "nats-server"
+        pause = rng.uniform(0.5, 2.5)
+        note(f"SIGKILL {name} (restart in {pause:.1f} s)")
+        await asyncio.to_thread(system.kill, name)
+        await asyncio.sleep(pause)
+        system.restart(name)
+        note(f"restarted {name}")
+
+    def pod(n: int, generation: int = 0) -> dict:
+        suffix = f"-r{generation}" if generation else ""
+        shape = n % 3
+        container = (
+            w.container(gpu=1, memory_mib=4096, cores=5, cpu="100m", memory="128Mi")
+            if shape
+            else w.container(gpu=1, memory_mib=8192, cores=10, cpu="100m", memory="128Mi")
+        )
+        return w.pod(f"c-{n}{suffix}", [container], namespace=NAMESPACE)
+
+    async def submit() -> None:
+        batches = 8
+        for batch in range(batches):
+            for n in range(batch * pods // batches, (batch + 1) * pods // batches):
+                system.cluster.create_pod(pod(n))
+            await asyncio.sleep(window_s / batches)
+
+    generations: dict[int, int] = {}
+
+    def replace_failed() -> None:
+        for current in system.cluster.pods(NAMESPACE):
+            if phase(current) != "Failed" or current["metadata"].get("deletionTimestamp"):
+                continue
+            name = current["metadata"]["name"]
+            n = int(name.split("-")[1])
+            status = current.get("status") or {}
+            note(f"replacing {name}: {status.get('reason')}: {status.get('message', '')[:160]}")
+            result.replaced.append(name)
+            system.cluster.api.delete(POD, NAMESPACE, name)
+            generations[n] = generations.get(n, 0) + 1
+            system.cluster.create_pod(pod(n, generations[n]))
+
+    await asyncio.gather(submit(), *(strike(at, target) for at, target in plan))
+    note("chaos over; waiting for every pod")
+
+    def all_running() -> bool:
+        replace_failed()
+        current = system.cluster.pods(NAMESPACE)
+        return len(current) == pods and all(phase(p) == "Running" for p in current)
+
+    try:
+        await until(
+            all_running, timeout=settle_timeout_s, what="every chaos pod Running", interval=0.2
+        )
+    except AssertionError:
+        stuck = [
+            (p["metadata"]["name"], phase(p), p["spec"].get("nodeName"))
+            for p in system.cluster.pods(NAMESPACE)
+            if phase(p) != "Running"
+        ]
+        raise AssertionError(f"not every pod Running: {stuck[:20]} ({len(stuck)})") from None
+    note("every pod Running")
+    final = system.cluster.pods(NAMESPACE)
+    await assert_exact(system, final)
+    await assert_no_record_stuck(system, {p["metadata"]["uid"] for p in final})
+    result.wall_s = time.monotonic() - started
+    return result
+
+
+async def assert_no_record_stuck(system: LocalSystem, running: set[str]) -> None:
+    """Every record is allocated (its pod Running) or released, once things settle."""
+    assert system.bus is not None
+
+    async def stuck() -> list[str]:
+        assert system.bus is not None
+        problems = []
+        for key in await system.bus.kv_keys(subjects.KV_ASSIGNMENTS):
+            entry = await system.bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+            if entry is None:
+                continue
+            record = codec.decode(entry.value, AssignmentRecord)
+            if record.pod_uid in running:
+                if record.state != "allocated":
+                    problems.append(f"{record.name}: {record.state} while Running")
+            elif record.state != "released":
+                problems.append(f"{record.name}: {record.state}, pod not Running")
+        return problems
+
+    deadline = time.monotonic() + 60
+    problems = await stuck()
+    while problems and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        problems = await stuck()
+    assert not problems, problems

@@ -1,0 +1,154 @@
+"""Helpers of the end-to-end tests: pods in, settled pods and exact slices out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord
+from tessera.devcluster.resources import POD, ApiError
+from tessera.up import report
+from tessera.up.command import pod_state
+from tessera.up.system import LocalSystem
+
+Obj = dict[str, Any]
+
+
+async def until(
+    condition: Callable[[], Any], *, timeout: float = 60.0, what: str = "", interval: float = 0.1
+) -> Any:
+    """Poll ``condition`` until it is truthy; its value."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        await asyncio.sleep(interval)
+
+
+def pods_of(system: LocalSystem, namespace: str) -> list[Obj]:
+    return system.cluster.pods(namespace)
+
+
+async def settle(
+    system: LocalSystem, namespace: str, count: int, timeout: float = 90.0
+) -> list[Obj]:
+    """Wait until ``namespace`` holds ``count`` pods, each settled; the pods."""
+
+    def settled() -> list[Obj] | None:
+        pods = pods_of(system, namespace)
+        if len(pods) != count or not all(pod_state(p)[1] for p in pods):
+            return None
+        return pods
+
+    result: list[Obj] = await until(
+        settled, timeout=timeout, what=f"{count} settled pods in {namespace}"
+    )
+    return result
+
+
+def by_name(pods: Sequence[Obj]) -> dict[str, Obj]:
+    return {p["metadata"]["name"]: p for p in pods}
+
+
+def phase(pod: Obj) -> str:
+    return str((pod.get("status") or {}).get("phase", ""))
+
+
+def pending_message(pod: Obj) -> str:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message", ""))
+    return ""
+
+
+async def record_of(system: LocalSystem, pod: Obj) -> AssignmentRecord | None:
+    assert system.bus is not None
+    node = pod["spec"]["nodeName"]
+    entry = await system.bus.kv_get(
+        subjects.KV_ASSIGNMENTS, subjects.assignment_key(node, pod["metadata"]["uid"])
+    )
+    return codec.decode(entry.value, AssignmentRecord) if entry is not None else None
+
+
+def envs_of(system: LocalSystem, pod: Obj) -> dict[str, dict[str, str]]:
+    """Container -> the environment the simulated kubelet recorded for it."""
+    kubelet = system.cluster.kubelets[pod["spec"]["nodeName"]]
+    record = kubelet.pods.get(pod["metadata"]["uid"])
+    envs: dict[str, dict[str, str]] = {}
+    for container in record.containers if record else ():
+        envs.setdefault(container.container, {}).update(container.envs)
+    return envs
+
+
+async def assert_exact(system: LocalSystem, pods: Sequence[Obj]) -> None:
+    """Every Running pod: its record is allocated, and each container's recorded environment
+    gives exactly that record's slices (and matches the pod's annotation too)."""
+    problems: list[str] = []
+    for pod in pods:
+        if phase(pod) != "Running":
+            continue
+        record = await record_of(system, pod)
+        name = pod["metadata"]["name"]
+        if record is None:
+            problems.append(f"{name}: Running without an assignment record")
+            continue
+        if record.state != "allocated" and any(c.gpus for c in record.containers):
+            problems.append(f"{name}: record is {record.state}, not allocated")
+        envs = envs_of(system, pod)
+        decided = {c.container: c.gpus for c in record.containers}
+        for container in pod["spec"]["containers"]:
+            slices = [
+                report.Slice(s.uuid, s.memory_mib, s.cores)
+                for s in decided.get(container["name"], ())
+            ]
+            problem = report.container_problem(envs.get(container["name"], {}), slices)
+            if problem:
+                problems.append(f"{name}/{container['name']}: {problem}")
+        problems.extend(
+            report.mismatches(
+                system.cluster.api.get(POD, pod["metadata"]["namespace"], name), _seen(system, pod)
+            )
+        )
+    assert not problems, "\n".join(problems)
+    assert not system.cluster.overcommits(), system.cluster.overcommits()
+
+
+def _seen(system: LocalSystem, pod: Obj) -> report.PodSeen | None:
+    return system.seen().get(pod["metadata"]["uid"])
+
+
+def gpus_of(system: LocalSystem, pod: Obj) -> list[str]:
+    """The GPU UUIDs the kubelet recorded for the pod, container by container."""
+    uuids = []
+    for envs in envs_of(system, pod).values():
+        uuids.extend(u for u in envs.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u)
+    return uuids
+
+
+async def clear(system: LocalSystem, namespace: str, timeout: float = 60.0) -> None:
+    """Delete every pod of ``namespace``; wait until each is gone and its record released."""
+    pods = pods_of(system, namespace)
+    for pod in pods:
+        with contextlib.suppress(ApiError):  # gone already
+            system.cluster.api.delete(POD, namespace, pod["metadata"]["name"])
+    await until(lambda: not pods_of(system, namespace), timeout=timeout, what=f"{namespace} empty")
+    for pod in pods:
+        if not pod["spec"].get("nodeName"):
+            continue
+
+        async def released(pod: Obj = pod) -> bool:
+            record = await record_of(system, pod)
+            return record is None or record.state == "released"
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not await released():
+            assert loop.time() < deadline, f"record of {pod['metadata']['name']} not released"
+            await asyncio.sleep(0.1)

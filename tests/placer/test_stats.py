@@ -1,0 +1,96 @@
+"""The cluster statistics a placer publishes for the dashboard (``services/placer/stats.py``)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from services.placer import stats
+from services.placer.core.fragmentation import FragmentationModel, TypicalTask
+from services.placer.core.model import NodeState
+from tests.placer.builders import node
+
+# One typical task: a half GPU with 4 cores. A GPU with less than 500 milli free strands it.
+HALF_GPU = FragmentationModel(
+    (TypicalTask(cpu_milli=4_000, gpu_count=1, gpu_milli=500, weight=1.0),)
+)
+
+
+def figures(*nodes: NodeState) -> stats.ClusterStats:
+    return stats.cluster_stats(
+        nodes,
+        HALF_GPU,
+        placer_id="p1",
+        profile="tessera",
+        typical_tasks=1,
+        pending_pods=3,
+        now=100.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("nodes", "gpus", "capacity", "allocated", "fragmented"),
+    [
+        pytest.param((node("a").gpus(2).build(),), 2, 2000, 0, 0.0, id="idle-gpus-strand-nothing"),
+        pytest.param(
+            (node("a").gpu(used=700).gpu().build(),), 2, 2000, 700, 300.0, id="a-300-milli-hole"
+        ),
+        pytest.param(
+            (node("a").gpu(exclusive=True).gpu(used=200).build(),),
+            2,
+            2000,
+            1200,
+            0.0,
+            id="whole-gpu-counts-1000",
+        ),
+        pytest.param(
+            (node("a").gpu(used=700).gpu(healthy=False).build(),),
+            1,
+            1000,
+            700,
+            300.0,
+            id="unhealthy-gpus-are-not-capacity",
+        ),
+        pytest.param(
+            (node("a").gpu(used=700).build(), node("b").gpu(used=700).cordoned().build()),
+            1,
+            1000,
+            700,
+            300.0,
+            id="cordoned-nodes-are-left-out",
+        ),
+        pytest.param(
+            (node("a").cpu(64_000, used=62_000).gpu(used=100).build(),),
+            1,
+            1000,
+            100,
+            900.0,
+            id="gpus-no-typical-task-can-feed-are-fragments",
+        ),
+    ],
+)
+def test_capacity_allocation_and_fragmentation(
+    nodes: tuple[NodeState, ...], gpus: int, capacity: int, allocated: int, fragmented: float
+) -> None:
+    result = figures(*nodes)
+    assert (result.gpus, result.gpu_milli_capacity, result.gpu_milli_allocated) == (
+        gpus,
+        capacity,
+        allocated,
+    )
+    assert result.fragmented_milli == pytest.approx(fragmented)
+    assert result.fragmentation_pct == pytest.approx(100 * fragmented / capacity)
+    assert sum(result.node_fragmented_milli.values()) == pytest.approx(fragmented)
+    assert (result.placer_id, result.profile, result.pending_pods) == ("p1", "tessera", 3)
+
+
+def test_a_share_counts_by_the_larger_of_its_compute_and_memory() -> None:
+    gpu = node("a").gpu(mib=1000, cores_used=100).build().gpus[0]
+    assert stats.booked_milli(gpu) == 100
+    assert stats.booked_milli(msgspec.structs.replace(gpu, memory_reserved_mib=250)) == 250
+    assert stats.booked_milli(msgspec.structs.replace(gpu, memory_reserved_mib=1)) == 100
+
+
+def test_an_empty_cluster_has_no_fragmentation() -> None:
+    result = figures()
+    assert (result.nodes, result.gpu_milli_capacity, result.fragmentation_pct) == (0, 0, 0.0)

@@ -1,0 +1,123 @@
+"""``tessera up`` as a user runs it: the JSON summary, and no process left behind, ever."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness.nats import environment_without_proxies
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def up(*args: str, run_dir: Path, stderr: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tessera.cli", "up", "--run-dir", str(run_dir), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env=environment_without_proxies(),
+    )
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process whose parent chain reaches ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(240)
+def test_exit_when_done_prints_one_json_summary(tmp_path: Path) -> None:
+    process = up(
+        "--exit-when-done",
+        "--json",
+        "--gpus",
+        "gpu-a=4xA100-80GB,gpu-b=8xT4,cpu-a=cpu",
+        "--pods",
+        "14",
+        "--timeout",
+        "150",
+        run_dir=tmp_path,
+    )
+    out, err = process.communicate(timeout=220)
+    assert process.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["settled"] is True
+    assert summary["mismatched_containers"] == 0
+    assert summary["overcommitted_gpus"] == 0
+    assert sum(summary["pods_by_phase"].values()) == 14
+    # The built-in mix: everything runs but the one pod no GPU can hold, Pending with reasons.
+    assert summary["pods_by_phase"] == {"Pending": 1, "Running": 13}
+    assert summary["pending"][0]["pod"] == "default/too-big-1"
+    assert "nodes are available" in summary["pending"][0]["reason"]
+    for stage in (
+        "created_to_decided",
+        "decided_to_bound",
+        "bound_to_allocated",
+        "allocated_to_running",
+        "created_to_running",
+    ):
+        assert summary["latency_ms"][stage]["n"] >= 12
+        assert summary["latency_ms"][stage]["p50"] <= summary["latency_ms"][stage]["p99"]
+    assert "dashboard" in err and "http://127.0.0.1:" in err
+    assert (tmp_path / "logs" / "placer-2.log").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_tessera_up_leaves_no_process_behind(tmp_path: Path) -> None:
+    process = up(
+        "--keep",
+        "--json",
+        "--gpus",
+        "n1=2xA100-80GB",
+        "--pods",
+        "4",
+        run_dir=tmp_path,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        summary = json.loads(process.stdout.readline())  # printed once settled; --keep goes on
+        assert summary["mismatched_containers"] == 0
+        children = descendants(process.pid)
+        assert len(children) >= 6  # nats-server, inventory, device plugin, binder, 2 placers, ...
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(alive(pid) for pid in children):
+            time.sleep(0.1)
+        assert not [pid for pid in children if alive(pid)]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stdout is not None
+        process.stdout.close()

@@ -1,0 +1,185 @@
+"""The pure parts of ``tessera up``: node specs and the report's independent checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.up import report
+from tessera.up.spec import SpecError, plan_nodes
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "expected"),
+    [
+        pytest.param(
+            "8xA100-80GB,4xT4",
+            3,
+            [
+                ("node-1", "8xA100-80GB-81920MiB"),
+                ("node-2", "4xT4-16GB-16384MiB"),
+                ("node-3", "8xA100-80GB-81920MiB"),
+            ],
+            id="cycled",
+        ),
+        pytest.param(
+            "a=2xA100-80GB+2xT4,b=cpu",
+            None,
+            [("a", "2xA100-80GB-81920MiB,2xT4-16GB-16384MiB"), ("b", "")],
+            id="named",
+        ),
+        pytest.param("1xX9-12GB", 1, [("node-1", "1xX9-12GB-12288MiB")], id="unknown-model-sized"),
+    ],
+)
+def test_node_entries(gpus: str, nodes: int | None, expected: list[tuple[str, str]]) -> None:
+    assert [(p.name, p.fake_gpus) for p in plan_nodes(gpus, nodes)] == expected
+
+
+def test_node_options() -> None:
+    (plan,) = plan_nodes("n=2xT4:mode=memory-units:isolation=mps:cpu=8:memory=64Gi")
+    assert (plan.mode, plan.isolation, plan.cpu, plan.memory) == (
+        "memory-units",
+        "mps",
+        "8",
+        "64Gi",
+    )
+    assert plan.resource == "tessera.dev/gpu-memory"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "message"),
+    [
+        pytest.param("", None, "empty", id="empty"),
+        pytest.param("4xZ9", None, "memory of 'Z9' is not known", id="unknown-model"),
+        pytest.param("four", None, "COUNTxMODEL", id="garbage"),
+        pytest.param("a=4xT4,4xT4", None, "name every entry", id="half-named"),
+        pytest.param("a=4xT4", 3, "--nodes 3", id="named-count"),
+        pytest.param("4xT4:mode=fast", None, "mode 'fast'", id="bad-mode"),
+        pytest.param("cpu:isolation=mps", None, "need GPUs", id="cpu-isolation"),
+        pytest.param("A=4xT4", None, "DNS label", id="bad-name"),
+    ],
+)
+def test_bad_node_entries_say_what_is_wrong(gpus: str, nodes: int | None, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        plan_nodes(gpus, nodes)
+
+
+SLICES = [report.Slice("GPU-a", 4096, 25), report.Slice("GPU-b", 2048, 10)]
+GOOD = {
+    "NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+    "TESSERA_GPU_MEMORY_LIMIT_MIB": "4096,2048",
+    "TESSERA_GPU_CORES": "25,10",
+}
+
+
+@pytest.mark.parametrize(
+    ("envs", "slices", "wrong"),
+    [
+        pytest.param(GOOD, SLICES, "", id="exact"),
+        pytest.param(
+            {**GOOD, "NVIDIA_VISIBLE_DEVICES": "GPU-b,GPU-a"},
+            SLICES,
+            "NVIDIA_VISIBLE_DEVICES",
+            id="other-gpu-order",
+        ),
+        pytest.param(
+            {**GOOD, "TESSERA_GPU_MEMORY_LIMIT_MIB": "4096,4096"},
+            SLICES,
+            "TESSERA_GPU_MEMORY_LIMIT_MIB",
+            id="more-memory",
+        ),
+        pytest.param(
+            {
+                **GOOD,
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "GPU-a=4096M,GPU-b=4096M",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10",
+            },
+            SLICES,
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            id="mps-limit",
+        ),
+        pytest.param(
+            {
+                **GOOD,
+                "CUDA_DEVICE_SM_LIMIT": "10",
+                "CUDA_DEVICE_MEMORY_LIMIT_0": "4096m",
+                "CUDA_DEVICE_MEMORY_LIMIT_1": "1m",
+            },
+            SLICES,
+            "CUDA_DEVICE_MEMORY_LIMIT_1",
+            id="hami-limit",
+        ),
+        pytest.param(GOOD, [], "no GPU decided", id="gpu-without-decision"),
+        pytest.param({}, SLICES, "<unset>", id="decided-but-not-given"),
+    ],
+)
+def test_container_problems(envs: dict[str, str], slices: list[report.Slice], wrong: str) -> None:
+    problem = report.container_problem(envs, slices)
+    assert (wrong in problem) if wrong else problem == ""
+
+
+def _pod(uid: str, containers: dict[str, list[tuple[str, int, int]]]) -> dict:
+    import json
+
+    assignment = {
+        "node": "n",
+        "decided_at": 100.0,
+        "placer_id": "p",
+        "containers": [
+            {
+                "container": c,
+                "gpus": [{"uuid": u, "index": 0, "memory_mib": m, "cores": k} for u, m, k in gpus],
+            }
+            for c, gpus in containers.items()
+        ],
+    }
+    return {
+        "metadata": {
+            "uid": uid,
+            "namespace": "d",
+            "name": uid,
+            "annotations": {
+                "tessera.dev/assignment": json.dumps(assignment),
+                "tessera.dev/bind-time": "1970-01-01T00:01:40.500000Z",
+            },
+        },
+        "spec": {"containers": [{"name": c} for c in containers]},
+        "status": {"phase": "Running"},
+    }
+
+
+def _seen(uid: str, envs: dict[str, dict[str, str]]) -> report.PodSeen:
+    return report.PodSeen(
+        uid=uid,
+        node="n",
+        containers=tuple(report.ContainerSeen(c, e) for c, e in envs.items()),
+        allocated_at=100.75,
+        running_at=100.8,
+    )
+
+
+def test_summary_counts_mismatches_and_overcommits_from_what_the_kubelets_recorded() -> None:
+    gpu = [report.GpuSeen(uuid="GPU-a", node="n", memory_mib=8192)]
+    one = {
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a",
+        "TESSERA_GPU_MEMORY_LIMIT_MIB": "6000",
+        "TESSERA_GPU_CORES": "50",
+    }
+    pods = [
+        _pod("p1", {"main": [("GPU-a", 6000, 50)]}),
+        _pod("p2", {"main": [("GPU-a", 1000, 20)]}),
+    ]
+    seen = {"p1": _seen("p1", {"main": one}), "p2": _seen("p2", {"main": one})}  # p2 got p1's
+    summary = report.summarize(
+        pods, seen, created_at={"p1": 99.9, "p2": 99.9}, gpus=gpu, observed=[]
+    )
+    assert summary.mismatched_containers == 1 and "d/p2" in summary.mismatches[0]
+    assert summary.overcommitted_gpus == 1  # 12000 MiB held on an 8192 MiB GPU
+    assert summary.latency_ms["decided_to_bound"]["p50"] == 500.0
+    assert summary.latency_ms["created_to_running"]["n"] == 2
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert report.percentile(values, 50) == 50.0
+    assert report.percentile(values, 99) == 99.0
+    assert report.percentile([3.0], 99) == 3.0
