@@ -12,6 +12,7 @@ operator can read the whole map here:
     tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
     tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
+    tessera.extender.pods         placer's extender -> binder, request/reply (no stream)
     KV ``tessera-stats``          placer -> dashboard: each placer's latest ``ClusterStats``
 
 KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
@@ -62,6 +63,9 @@ ASSIGNMENTS_ALL: Final = f"{ROOT}.assignments.*"
 ALLOCATIONS_ALL: Final = f"{ROOT}.allocations.*"
 BINDINGS_ALL: Final = f"{ROOT}.bindings.*"
 DEADLETTER_ALL: Final = f"{ROOT}.deadletter.>"
+EXTENDER_PODS: Final = f"{ROOT}.extender.pods"
+"""Request/reply: the extender asks the binder for the pod it binds (outside every stream: the
+pods stream captures ``tessera.pods.>``)."""
 
 
 def node_token(node: str) -> str:

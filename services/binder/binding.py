@@ -24,7 +24,7 @@ from services.binder.events import EventRecorder
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
 from services.binder.metrics import BinderMetrics
 from services.binder.nodefacts import extended_allocatable
-from services.binder.objects import Node, Pod
+from services.binder.objects import Node
 from services.binder.plan import (
     Advance,
     Bind,
@@ -43,6 +43,7 @@ from services.binder.records import RecordMirror
 from services.binder.tasks import checkpoint
 from shared import codec, subjects
 from shared.clock import Clock
+from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult, BindOutcome
 from shared.messages.placement import PlacementDecision

@@ -31,6 +31,15 @@ class BinderSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
         str,
         msgspec.Meta(min_length=1, description="pods with this spec.schedulerName are Tessera's"),
     ] = "tessera"
+    extender_scheduler_names: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(
+            description="extender mode: pods with one of these spec.schedulerName values that "
+            "ask for tessera.dev/* resources are scheduled by kube-scheduler calling the "
+            "placer's extender; the binder binds them and gives their GPUs back when they go "
+            "(empty = no extender mode)"
+        ),
+    ] = ("default-scheduler",)
     leader_elect: Annotated[
         bool,
         msgspec.Meta(description="elect one writing binder through a Lease (run 2+ replicas)"),
@@ -89,6 +98,11 @@ class BinderSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
 
 def build_config(settings: BinderSettings, *, environ: Mapping[str, str]) -> BinderConfig:
     """Check the settings together and derive the binder's configuration; ConfigError if not."""
+    if settings.scheduler_name in settings.extender_scheduler_names:
+        raise ConfigError(
+            f"--extender-scheduler-names must not name --scheduler-name "
+            f"({settings.scheduler_name}): Tessera schedules those pods itself"
+        )
     if settings.leader_elect:
         if settings.lease_duration_s <= settings.renew_deadline_s:
             raise ConfigError(
@@ -102,6 +116,7 @@ def build_config(settings: BinderSettings, *, environ: Mapping[str, str]) -> Bin
             )
     return BinderConfig(
         scheduler_name=settings.scheduler_name,
+        extender_scheduler_names=settings.extender_scheduler_names,
         leader_elect=settings.leader_elect,
         lease_name=settings.lease_name,
         lease_namespace=settings.lease_namespace or pod_namespace(environ),

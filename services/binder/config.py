@@ -17,6 +17,8 @@ class BinderConfig:
     """What the binder needs to run."""
 
     scheduler_name: str = "tessera"
+    extender_scheduler_names: tuple[str, ...] = ("default-scheduler",)
+    """Scheduler names of the pods kube-scheduler schedules with Tessera's extender."""
     leader_elect: bool = True
     lease_name: str = "tessera-binder"
     lease_namespace: str = "default"

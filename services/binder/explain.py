@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from services.binder.objects import Pod
-from services.binder.podspec import InvalidPod
 from shared import annotations as names
+from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.placement import PlacementRejected
+from shared.podspec import InvalidPod
 
 SCHEDULED: Final = "PodScheduled"
 UNSCHEDULABLE: Final = "Unschedulable"

@@ -18,7 +18,8 @@ from services.binder.gateway import (
     NotLeaderError,
     WatchEvent,
 )
-from services.binder.objects import Lease, Pod
+from services.binder.objects import Lease
+from shared.kubeobjects import Pod
 
 
 class FencedGateway:

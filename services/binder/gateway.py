@@ -15,7 +15,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from services.binder.objects import Lease, Node, Pod
+from services.binder.objects import Lease, Node
+from shared.kubeobjects import Pod
 
 Kind = TypeVar("Kind", Pod, Node)
 

@@ -48,13 +48,13 @@ from services.binder.objects import (
     Lease,
     Node,
     NodeList,
-    Pod,
     PodList,
     RawWatchEvent,
     Status,
 )
 from shared.clock import Clock
 from shared.config import ConfigError
+from shared.kubeobjects import Pod
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from services.binder.objects import Container, Node, Pod, Quantity
+from services.binder.objects import Node
 from shared import annotations as names
+from shared.kubeobjects import Container, Pod, Quantity
 from shared.messages.nodes import NodeFacts
 from shared.quantity import MIB, QuantityError, mebibytes, milli, parse_quantity, whole
 
@@ -68,11 +69,11 @@ def _pod_amount(pod: Pod, resource: str, convert: Callable[[Quantity], int]) -> 
     return max(apps, inits) + overhead
 
 
-def pod_requested(pod: Pod, *, scheduler_name: str) -> Requested:
-    """What ``pod`` takes from its node's allocatable CPU and memory."""
+def pod_requested(pod: Pod, *, ours: bool) -> Requested:
+    """What ``pod`` takes from its node's allocatable CPU and memory (``ours``: a pod Tessera
+    placed, whose requests the placer's bookings already count)."""
     cpu = _pod_amount(pod, "cpu", milli)
     memory = _pod_amount(pod, "memory", mebibytes)
-    ours = pod.spec.scheduler_name == scheduler_name
     return Requested(
         cpu_milli=cpu,
         memory_mib=memory,

@@ -31,8 +31,8 @@ from collections.abc import Collection, Iterable, Mapping
 
 import msgspec
 
-from services.binder.objects import Pod
 from shared import annotations as names
+from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindOutcome
 from shared.messages.placement import PlacementDecision

@@ -3,10 +3,12 @@
 Always running (leader or standby), so a standby is warm when it takes over:
 
 - a pod informer over every non-terminated pod (``status.phase!=Succeeded,status.phase!=Failed``,
-  the selector kube-scheduler uses): Tessera's pods (``spec.schedulerName``) and the CPU and
-  memory every pod requests on its node;
+  the selector kube-scheduler uses): Tessera's pods (``spec.schedulerName``, or extender-mode pods:
+  :mod:`~services.binder.extender`) and the CPU and memory every pod requests on its node;
 - a node informer; a mirror of the assignment records (KV watch);
-- leader election on a Lease (``--leader-elect``).
+- leader election on a Lease (``--leader-elect``);
+- answers to the placer's extender asking for the pod kube-scheduler binds
+  (``tessera.extender.pods``, a queue group of every binder: read-only, so standbys answer too).
 
 Only the leader writes (to Kubernetes and to NATS), every write fenced by the Lease
 (:class:`~services.binder.fenced.FencedGateway`, and a check before each record
@@ -16,9 +18,10 @@ already bound there -> ``bound``; a ``bound`` record whose pod is not bound yet 
 republishes every pending pod and node's facts, and starts:
 
 - pod and node workers: informer changes mark a pod uid or node name dirty; a worker publishes
-  ``PodPending`` (when what the placer reads changed), ``PodDeleted`` (pod gone or finished), or
-  explains an invalid pod (``PodScheduled=False`` + Warning Event, nothing published), and
-  ``NodeFacts`` on change (subject + KV);
+  ``PodPending`` (when what the placer reads changed; never for extender-mode pods, whose node
+  kube-scheduler picks), ``PodDeleted`` (pod gone or finished), or explains an invalid pod
+  (``PodScheduled=False`` + Warning Event, nothing published), and ``NodeFacts`` on change
+  (subject + KV);
 - the durable consumers ``binder-decisions`` (:mod:`~services.binder.binding`),
   ``binder-rejections`` (``PodScheduled=False`` + aggregated Warning Event) and
   ``binder-allocations`` (``tessera.dev/assigned: "true"``), each through
@@ -44,26 +47,29 @@ from services.binder.binding import DecisionBinder
 from services.binder.config import BinderConfig, default_identity
 from services.binder.consumer import RETRY_S, AlreadyHandlingError, consume, retry_delay
 from services.binder.events import EventRecorder
+from services.binder.extender import is_extender_pod, is_ours, lookup_reply
 from services.binder.fenced import FencedGateway
 from services.binder.gateway import ClusterGateway, NotLeaderError
 from services.binder.informer import Informer
 from services.binder.leader import LeaderElector
 from services.binder.metrics import BinderMetrics
 from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
-from services.binder.objects import Node, Pod
+from services.binder.objects import Node
 from services.binder.plan import decision_of
-from services.binder.podspec import InvalidPod, parse_pending
 from services.binder.records import RecordMirror
 from services.binder.tasks import checkpoint
 from services.binder.workqueue import WorkQueue
 from shared import annotations as names
 from shared import codec, subjects
 from shared.clock import Clock
+from shared.kubeobjects import Pod
 from shared.messages.allocations import AllocationEvent
+from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.pods import PodDeleted, PodPending
-from shared.runtime.bus import Bus
+from shared.podspec import InvalidPod, parse_pending
+from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
@@ -74,6 +80,7 @@ NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
 DURABLE_DECISIONS: Final = "binder-decisions"
 DURABLE_REJECTIONS: Final = "binder-rejections"
 DURABLE_ALLOCATIONS: Final = "binder-allocations"
+LOOKUP_QUEUE: Final = "tessera-binder"
 STOP_STEP_S: Final = 3.0
 T = TypeVar("T")
 
@@ -211,6 +218,13 @@ class Binder:
     def requested_on(self, node: str) -> Requested:
         return self._requested.get(node, Requested())
 
+    def is_ours(self, pod: Pod) -> bool:
+        return is_ours(
+            pod,
+            scheduler_name=self.config.scheduler_name,
+            extender_scheduler_names=self.config.extender_scheduler_names,
+        )
+
     # --- informer handlers (synchronous, quick) --------------------------------------------------
 
     def _pod_changed(self, old: Pod | None, new: Pod | None) -> None:
@@ -219,7 +233,7 @@ class Binder:
         key = pod.metadata.key
         before = self._contribution.pop(key, None)
         after = (
-            (new.node, pod_requested(new, scheduler_name=self.config.scheduler_name))
+            (new.node, pod_requested(new, ours=self.is_ours(new)))
             if new is not None and new.node
             else None
         )
@@ -232,7 +246,7 @@ class Binder:
                 self.node_queue.add(after[0])
         if after is not None:
             self._contribution[key] = after
-        if pod.spec.scheduler_name != self.config.scheduler_name:
+        if not self.is_ours(pod):
             return
         uid = pod.metadata.uid
         if new is None:
@@ -256,6 +270,7 @@ class Binder:
             extra={
                 "identity": self.identity,
                 "scheduler_name": self.config.scheduler_name,
+                "extender_scheduler_names": list(self.config.extender_scheduler_names),
                 "leader_elect": self.config.leader_elect,
                 "lease": f"{self.config.lease_namespace}/{self.config.lease_name}",
             },
@@ -265,6 +280,7 @@ class Binder:
                 group.create_task(self.pods.run(), name="pod-informer")
                 group.create_task(self.nodes.run(), name="node-informer")
                 group.create_task(self.records.run(), name="records")
+                group.create_task(self._answer_lookups(), name="extender-lookups")
                 if self.elector is not None:
                     group.create_task(self.elector.run(), name="leader-election")
                 group.create_task(self._serve(), name="serve")
@@ -404,7 +420,8 @@ class Binder:
             self._published_pending.pop(uid, None)
             self._explained.pop(uid, None)
             return
-        if pod.node:
+        if pod.node or is_extender_pod(pod, self.config.extender_scheduler_names):
+            # Bound, or kube-scheduler's to place (it explains such a pod itself).
             self._published_pending.pop(uid, None)
             self._explained.pop(uid, None)
             return
@@ -604,6 +621,49 @@ class Binder:
                     note=explain.allocation_delayed_note(record, waited),
                 )
             self._warned &= live
+
+    # --- the extender's pod lookups ------------------------------------------------------------
+
+    async def _answer_lookups(self) -> None:
+        """Answer the placer's extender until cancelled (any binder, leader or standby)."""
+        while True:
+            try:
+                subscription = await self._bus.subscribe(
+                    subjects.EXTENDER_PODS, self._on_lookup, queue=LOOKUP_QUEUE
+                )
+                break
+            except Exception as error:  # NATS away: try again shortly
+                log.warning("cannot answer pod lookups yet", extra={"error": repr(error)})
+                await self._clock.sleep(RETRY_S)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _on_lookup(self, delivery: Delivery) -> None:
+        lookup = await self._edge.accept(delivery, PodLookup, family="extender")
+        if lookup is None or not delivery.reply:
+            return
+        try:
+            reply = lookup_reply(
+                lookup,
+                await self._find_pod(lookup),
+                scheduler_name=self.config.scheduler_name,
+                extender_scheduler_names=self.config.extender_scheduler_names,
+            )
+        except Exception as error:  # the API away: the extender answers kube-scheduler with it
+            reply = PodLookupReply(uid=lookup.uid, error=f"cannot read the pod: {error}")
+        with contextlib.suppress(Exception):  # the extender times out and says so
+            await self._bus.publish(delivery.reply, codec.encode(reply))
+
+    async def _find_pod(self, lookup: PodLookup) -> Pod | None:
+        """The pod from the informer, else from the API server (the informer may lag behind
+        kube-scheduler, which saw the pod first)."""
+        pod = self.pods.get(f"{lookup.namespace}/{lookup.name}")
+        if pod is not None and pod.metadata.uid == lookup.uid:
+            return pod
+        return await self._gateway.read_pod(lookup.namespace, lookup.name)
 
     # --- reconcile ---------------------------------------------------------------------------
 

@@ -93,6 +93,24 @@ class PlacerSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
             "after this many seconds",
         ),
     ] = 30.0
+    extender_port: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            le=65535,
+            description="serve kube-scheduler's scheduler extender (POST filter, prioritize, "
+            "bind) on this port, for clusters that keep kube-scheduler; 0 = off",
+        ),
+    ] = 0
+    extender_bind_timeout_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="the extender answers bind (the pod bound, or why not) within this many "
+            "seconds: keep it below the httpTimeout of kube-scheduler's extender config (5 s "
+            "by default)",
+        ),
+    ] = 4.0
     reconcile_interval_s: Annotated[
         float,
         msgspec.Meta(
@@ -145,18 +163,29 @@ def build_config(settings: PlacerSettings) -> PlacerConfig:
         task_mix_window=settings.task_mix_window,
         ack_wait_s=settings.ack_wait_s,
         reconcile_interval_s=settings.reconcile_interval_s,
+        extender_port=settings.extender_port,
+        extender_host=settings.http_host,
+        extender_bind_timeout_s=settings.extender_bind_timeout_s,
     )
 
 
 async def main(settings: PlacerSettings) -> int:
     """Run the placer until SIGTERM; the exit code."""
+    from services.placer.extender import listen
     from services.placer.service import run_placer
     from shared.runtime.lifecycle import run_service
 
     config = build_config(settings)
-    return await run_service(
-        name="placer", settings=settings, body=functools.partial(run_placer, config=config)
-    )
+    listener = listen(config.extender_host, config.extender_port) if config.extender_port else None
+    try:
+        return await run_service(
+            name="placer",
+            settings=settings,
+            body=functools.partial(run_placer, config=config, extender_listener=listener),
+        )
+    finally:
+        if listener is not None:
+            listener.close()
 
 
 SERVICE = ServiceCommand(
@@ -166,7 +195,8 @@ SERVICE = ServiceCommand(
     "shares), keeps inventory, node facts, the ledger and assignment records current from KV, "
     "runs the pure placement core and commits each decision by compare-and-set on the node's "
     "ledger entry before publishing it; run as many replicas as needed. GET /v1/pods/<uid> on "
-    "--http-port explains one pod.",
+    "--http-port explains one pod. With --extender-port it also serves kube-scheduler's "
+    "scheduler extender (filter, prioritize, bind) for clusters that keep kube-scheduler.",
     settings=PlacerSettings,
     main=main,
 )

@@ -25,7 +25,8 @@ cannot create its record afterwards (:func:`record_action`). Order of the writes
 - binder ``failed``, or a ``reserved`` record never bound within the reserve timeout: record ->
   ``released`` (for the timeout, only from ``reserved``: the binder's ``reserved -> bound``
   compare-and-set fences the timeout), claim -> ``requeued``, unbook, put the pod back on
-  ``tessera.pods.pending``.
+  ``tessera.pods.pending`` (not a pod placed through the scheduler extender: kube-scheduler
+  schedules it again, and its next bind takes the ``requeued`` claim).
 
 Every step is idempotent and every later step can be redone from what the earlier ones wrote, so a
 placer killed between two writes leaves a state :func:`plan_repairs` recognises (it runs at start,
@@ -362,6 +363,7 @@ def plan_repairs(
             claim.state == "requeued"
             and not claim.requeue_published
             and claim.request is not None
+            and not claim.request.extender  # kube-scheduler places it again by itself
             and settled(claim.updated_at)
         ):
             repairs.append(Repair(kind="publish-requeue", pod_uid=uid, booking=named))

@@ -24,12 +24,16 @@ import msgspec
 
 from services.placer import translate
 from services.placer.core.facts import pod_facts
-from services.placer.core.framework import Profile
+from services.placer.core.framework import CycleState, Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
+from services.placer.core.plugins.fit import CAPACITY_REASONS
 from services.placer.state import ClusterView
 
 Wake = Literal["freed", "grown"]
+
+UNKNOWN_NODE = "no Tessera node facts or GPU inventory"
+"""Why a node the placer has never heard of does not fit (kube-scheduler may name any node)."""
 
 
 @dataclass(frozen=True)
@@ -121,47 +125,100 @@ class NodeVerdict(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     fits: bool
     reason: str = ""
+    unresolvable: bool = False
+    """Does not fit whatever pods leave the node (kube-scheduler's preemption cannot help)."""
     score: float = 0.0
     scores: dict[str, float] = {}
 
 
 def verdicts(
-    view: ClusterView, profile: Profile, pod: PodRequest, nodes: Iterable[str] | None = None
+    view: ClusterView,
+    profile: Profile,
+    pod: PodRequest,
+    nodes: Iterable[str] | None = None,
+    *,
+    detail: bool = True,
 ) -> list[NodeVerdict]:
     """Every node of ``nodes`` (default: all) judged for ``pod`` as :func:`decide` would.
 
-    Scores are the profile's weighted plugin scores before any normalisation over candidates.
+    ``score`` is the node's total as a decision compares it, which for a profile with a
+    normalising plugin means rescaled over the fitting nodes judged here; with ``detail``,
+    ``scores`` has the profile's weighted score of each plugin. Nodes of one shape pass the same
+    filters with the same scores, so each shape is judged once, and judgements are kept in the
+    profile's memo for equal requests (the extender judges every candidate node on every
+    scheduling cycle, for pods that often ask alike).
     """
     names = sorted(n.name for n in view.index) if nodes is None else list(nodes)
     facts = pod_facts(pod)
     if facts.invalid:
         why = f"invalid request: {facts.invalid}"
-        return [NodeVerdict(node=n, fits=False, reason=why) for n in names]
+        return [NodeVerdict(node=n, fits=False, reason=why, unresolvable=True) for n in names]
     choice = view.tenancy.choose(pod, view.index)
     if not choice.ok:
-        return [NodeVerdict(node=n, fits=False, reason=choice.reason) for n in names]
+        return [
+            NodeVerdict(node=n, fits=False, reason=choice.reason, unresolvable=choice.unresolvable)
+            for n in names
+        ]
     placed = pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
     chosen = profile.for_pod(placed)
     facts = chosen.facts(placed, placed.placement_key())
-    found: list[NodeVerdict] = []
-    for name in names:
-        if name not in view.index:
-            found.append(NodeVerdict(node=name, fits=False, reason="unknown node"))
+    state = CycleState()
+    for pre in chosen.pre_filters:  # the tenant's quota: no node helps a pod over it
+        status = pre.pre_filter(facts, view.index, state)
+        if not status.ok:
+            unresolvable = status.code == "unresolvable"
+            return [
+                NodeVerdict(node=n, fits=False, reason=status.reason, unresolvable=unresolvable)
+                for n in names
+            ]
+    index = view.index
+    memo = chosen.judged(index, placed.placement_key())
+    shape_of = index.shape_id_or_none
+    shape_ids = [shape_of(name) for name in names]
+    judged: dict[int, str | tuple[list[float], float]] = {}
+    for shape_id in shape_ids:
+        if shape_id is None or shape_id in judged:
             continue
-        shape = view.index.shape_of(name)
-        reason = chosen.reject_reason(facts, shape)
-        if reason is not None:
+        judgement = memo.get(shape_id)
+        if judgement is None:
+            judgement = memo[shape_id] = chosen.judge(facts, index.shapes[shape_id])
+            index.memo_size += 1
+        judged[shape_id] = judgement
+    fitting = {sid: j for sid, j in judged.items() if not isinstance(j, str)}
+    if chosen.normalizing:
+        totals = chosen.totals([raw for raw, _ in fitting.values()])
+        fitting = {
+            sid: (raw, t) for (sid, (raw, _)), t in zip(fitting.items(), totals, strict=True)
+        }
+    plugins = [(plugin.name, weight) for plugin, weight in chosen.scores]
+    weighted = {
+        sid: {name: w * v for (name, w), v in zip(plugins, raw, strict=True)} if detail else {}
+        for sid, (raw, _) in fitting.items()
+    }
+    found: list[NodeVerdict] = []
+    for name, shape_id in zip(names, shape_ids, strict=True):
+        if shape_id is None:
+            found.append(NodeVerdict(node=name, fits=False, reason=UNKNOWN_NODE, unresolvable=True))
+            continue
+        judgement = judged[shape_id]
+        if isinstance(judgement, str):
+            reason = judgement
             if reason == translate.UNSCHEDULABLE:
                 reason = view.reason(name) or reason
-            found.append(NodeVerdict(node=name, fits=False, reason=reason))
-            continue
-        scores = {
-            plugin.name: weight * value
-            for (plugin, weight), value in zip(
-                chosen.scores, chosen.raw_scores(facts, shape), strict=True
+            found.append(
+                NodeVerdict(
+                    node=name,
+                    fits=False,
+                    reason=reason,
+                    unresolvable=judgement not in CAPACITY_REASONS,
+                )
             )
-        }
-        found.append(NodeVerdict(node=name, fits=True, score=sum(scores.values()), scores=scores))
+        else:
+            found.append(
+                NodeVerdict(
+                    node=name, fits=True, score=fitting[shape_id][1], scores=weighted[shape_id]
+                )
+            )
     return found
 
 

@@ -39,6 +39,8 @@ class PlacerMetrics:
     tenancy_reloads: Counter
     profile_builds: Counter
     unknown_outcomes: Counter
+    extender_requests: Counter
+    extender_seconds: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PlacerMetrics:
@@ -130,6 +132,21 @@ class PlacerMetrics:
                 "tessera_placer_unknown_write_outcomes_total",
                 "KV writes that failed without an answer (timeout) and were read back.",
                 ["entry"],
+                registry=registry,
+            ),
+            extender_requests=Counter(
+                "tessera_placer_extender_requests_total",
+                "kube-scheduler extender calls answered, by verb (filter, prioritize, bind) and "
+                "outcome (ok, bound, refused, timeout, bad_request, not_ready, error).",
+                ["verb", "outcome"],
+                registry=registry,
+            ),
+            extender_seconds=Histogram(
+                "tessera_placer_extender_seconds",
+                "Time to answer a kube-scheduler extender call, by verb (bind: until the binder "
+                "bound the pod).",
+                ["verb"],
+                buckets=LATENCY_BUCKETS,
                 registry=registry,
             ),
         )

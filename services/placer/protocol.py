@@ -214,6 +214,7 @@ class CommitProtocol:
             and claim.booking is not None
             and claim.booking.commit == booking.commit
             and not claim.requeue_published
+            and not (claim.request is not None and claim.request.extender)
         ):
             await self.publish_requeue(claim)
 

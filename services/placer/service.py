@@ -57,9 +57,12 @@ parse or check is refused (logged, counted) and the last good one stays.
 last outcome here, its claim and record, and every node's verdict for it now; one structured log
 line per decision.
 
-**Extender (issue 14).** :meth:`PlacerService.place` decides a given pod (on a given node, when
-kube-scheduler chose one) and commits it through the same path, returning the outcome;
-``decider.verdicts`` answers filter and prioritize from the same view.
+**Extender (issue 14).** With ``--extender-port`` the replica also serves kube-scheduler's
+extender (``extender.py``): :meth:`PlacerService.place` decides a given pod on the node
+kube-scheduler chose and commits it through the same path, returning the outcome;
+``decider.verdicts`` answers filter and prioritize from the same view. A pod placed that way is
+answered, never held: one that does not fit is not published as rejected (kube-scheduler explains
+it and tries it again).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ import gc
 import logging
 import random
 import secrets
+import socket
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +97,7 @@ from services.placer.core.profiles import (
 )
 from services.placer.core.queue import PlacementQueue, ReferenceNode, reference_node
 from services.placer.decider import Waiting
+from services.placer.extender import Extender, listen
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
@@ -157,6 +162,11 @@ class PlacerConfig:
     """How often the tenancy file is read for a new version."""
     stats_interval_s: float = STATS_INTERVAL_S
     """How often the cluster statistics (``ClusterStats``, for the dashboard) are published."""
+    extender_port: int = 0
+    """Serve kube-scheduler's extender on this port (0: off)."""
+    extender_host: str = "0.0.0.0"
+    extender_bind_timeout_s: float = 4.0
+    """The extender answers ``bind`` within this (below kube-scheduler's ``httpTimeout``)."""
 
 
 Stage = Literal["queued", "committing", "waiting"]
@@ -274,6 +284,10 @@ class PlacerService:
         """Node -> until when (monotonic) decisions avoid it after a lost commit there."""
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
         self._tenancy_text: bytes | None = None
+        self.loaded = False
+        """Every bucket loaded and reconciled: decisions (and the extender's answers) may run."""
+        self.extender_port: int | None = None
+        """Where the extender listens, once it does."""
         readiness.set("state", False, "loading inventory, nodes, ledger, claims and records")
 
     # --- running -------------------------------------------------------------------------------
@@ -339,6 +353,7 @@ class PlacerService:
                 # source of pauses in a process holding a large cluster).
                 gc.collect()
                 gc.freeze()
+                self.loaded = True
                 self.readiness.set("state", True)
                 if routes is not None:
                     routes.get("/v1/pods/{uid}", self._explain)
@@ -358,6 +373,7 @@ class PlacerService:
                 ):
                     group.create_task(loop(), name=loop.__name__)
         finally:
+            self.loaded = False
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.shield(self._give_back_held())
@@ -383,6 +399,10 @@ class PlacerService:
     async def _give_back_held(self) -> None:
         """On stop: nak every held pod message so another replica takes it at once."""
         held = [d for item in self._items.values() for d in item.deliveries]
+        for item in self._items.values():
+            self._resolve(
+                item, Outcome(pod_uid=item.pod.uid, outcome="failed", message="placer stopping")
+            )
         self._items.clear()
         self._waiting.clear()
         if held:
@@ -657,10 +677,23 @@ class PlacerService:
         if claim is not None and claim.state == "placed" and claim.booking is not None:
             del self._items[uid]
             self._spawn(self._republish(claim.booking, item.deliveries), f"republish-{uid}")
+            already = Outcome(
+                pod_uid=uid,
+                outcome="duplicate",
+                node=claim.booking.node,
+                booking=claim.booking,
+                message=f"placed on {claim.booking.node} by commit {claim.booking.commit}",
+                at=self.clock.now(),
+            )
+            self._resolve(item, already)
             return
         if claim is not None and claim.state == "deleted":
             del self._items[uid]
             self._spawn(self._ack(item.deliveries), f"ack-{uid}")
+            deleted = Outcome(
+                pod_uid=uid, outcome="deleted", message=claim.reason, at=self.clock.now()
+            )
+            self._resolve(item, deleted)
             return
         booked = self.view.bookings_of(uid)
         if booked and claim is None:
@@ -686,6 +719,9 @@ class PlacerService:
             self._spawn(self._give_back(item, delay=BACKOFF_MAX_S), f"giveback-{uid}")
             return
         if isinstance(outcome, Waiting):
+            if item.result is not None:  # the extender's: answered, never held
+                self._answer_unplaced(item, outcome)
+                return
             self._failed_keys[key] = outcome
             item.stage = "waiting"
             self._waiting[uid] = item
@@ -777,10 +813,15 @@ class PlacerService:
         if self._items.get(item.pod.uid) is item:
             del self._items[item.pod.uid]
         self._waiting.pop(item.pod.uid, None)
-        if item.result is not None and not item.result.done():
-            item.result.set_result(
-                Outcome(pod_uid=item.pod.uid, outcome="failed", at=self.clock.now())
-            )
+        self._resolve(
+            item,
+            Outcome(
+                pod_uid=item.pod.uid,
+                outcome="failed",
+                message="the commit kept losing to other writers or NATS failed; try again",
+                at=self.clock.now(),
+            ),
+        )
         for delivery in item.deliveries:
             with contextlib.suppress(Exception):
                 await delivery.nak(delay)
@@ -845,8 +886,12 @@ class PlacerService:
                 request=item.request,
             )
         )
+        self._resolve(item, self._outcomes[item.pod.uid])
+
+    def _resolve(self, item: _Item, outcome: Outcome) -> None:
+        """Answer :meth:`place` for ``item`` (once; nothing for a pod from the queue)."""
         if item.result is not None and not item.result.done():
-            item.result.set_result(self._outcomes[item.pod.uid])
+            item.result.set_result(outcome)
 
     def _remember(self, outcome: Outcome) -> None:
         self._outcomes[outcome.pod_uid] = outcome
@@ -908,9 +953,7 @@ class PlacerService:
                 request=item.request,
             )
         )
-        if item.result is not None and not item.result.done():
-            item.result.set_result(self._outcomes[pod.uid])
-        if waiting.final or item.result is not None:
+        if waiting.final:
             if self._items.get(pod.uid) is item:
                 del self._items[pod.uid]
             self._waiting.pop(pod.uid, None)
@@ -918,6 +961,38 @@ class PlacerService:
             return
         item.wake = waiting.wake
         item.backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, item.backoff * 2))
+
+    def _answer_unplaced(self, item: _Item, waiting: Waiting) -> None:
+        """A pod placed through :meth:`place` does not fit where asked: answer why and keep
+        nothing (nothing is published either: kube-scheduler explains the pod itself and
+        schedules it again by itself)."""
+        rejection = waiting.rejection
+        uid = item.pod.uid
+        if self._items.get(uid) is item:
+            del self._items[uid]
+        outcome = "unresolvable" if rejection.unresolvable else "rejected"
+        self.metrics.decisions.labels(outcome=outcome).inc()
+        reasons = tuple((r.reason, r.nodes) for r in rejection.reasons)
+        answer = Outcome(
+            pod_uid=uid,
+            outcome="unresolvable" if rejection.unresolvable else "waiting",
+            node=item.only_node or "",
+            reasons=reasons,
+            message="; ".join(reason for reason, _ in reasons),
+            at=self.clock.now(),
+            request=item.request,
+        )
+        self._remember(answer)
+        self._resolve(item, answer)
+        log.info(
+            "pod does not fit where kube-scheduler chose",
+            extra={
+                "pod": f"{item.pod.namespace}/{item.pod.name}",
+                "pod_uid": uid,
+                "node": item.only_node,
+                "reasons": answer.message,
+            },
+        )
 
     async def _retry_loop(self) -> None:
         """Put waiting pods back in the queue when something that could let them fit changed."""
@@ -1029,6 +1104,10 @@ class PlacerService:
             del self._items[pod_uid]
             self._waiting.pop(pod_uid, None)
             self._queue.remove(pod_uid)
+            self._resolve(
+                item,
+                Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=self.clock.now()),
+            )
             await self._ack(item.deliveries)
         self.metrics.releases.labels(cause=cause).inc()
         self._remember(
@@ -1299,8 +1378,12 @@ async def run_placer(
     config: PlacerConfig,
     *,
     started: Callable[[PlacerService], None] | None = None,
+    extender_listener: socket.socket | None = None,
 ) -> None:
-    """The service body: run the placer until cancelled (``started`` sees the service first)."""
+    """The service body: run the placer until cancelled (``started`` sees the service first).
+
+    ``extender_listener``: the extender's socket, already bound (else bound here when
+    ``config.extender_port`` asks for the extender)."""
     service = PlacerService(
         config=config,
         bus=context.bus,
@@ -1308,6 +1391,16 @@ async def run_placer(
         clock=context.clock,
         metrics=PlacerMetrics.create(context.registry),
         readiness=context.readiness,
+    )
+    extender = (
+        Extender(
+            service=service,
+            bus=context.bus,
+            metrics=service.metrics,
+            bind_timeout_s=config.extender_bind_timeout_s,
+        )
+        if config.extender_port
+        else None
     )
     if started is not None:
         started(service)
@@ -1319,4 +1412,19 @@ async def run_placer(
             "tenancy_file": config.tenancy_file or None,
         },
     )
-    await service.run(context.routes)
+    if extender is None:
+        await service.run(context.routes)
+        return
+    listener = extender_listener or listen(config.extender_host, config.extender_port)
+    service.extender_port = await extender.start(listener)
+    log.info(
+        "extender listening",
+        extra={
+            "extender_port": service.extender_port,
+            "bind_timeout_s": config.extender_bind_timeout_s,
+        },
+    )
+    try:
+        await service.run(context.routes)
+    finally:
+        await extender.stop()

@@ -44,7 +44,8 @@ class PlacementHints(Message, frozen=True, kw_only=True):
 
 
 class PodPending(Message, frozen=True, kw_only=True):
-    """A pod with ``schedulerName: tessera`` that has no node yet."""
+    """A pod with ``schedulerName: tessera`` that has no node yet (or, with ``extender``, a pod
+    kube-scheduler is binding through the placer's scheduler extender)."""
 
     uid: str
     namespace: str
@@ -55,6 +56,10 @@ class PodPending(Message, frozen=True, kw_only=True):
     created_at: float = 0.0
     """Seconds since the epoch (pod creationTimestamp)."""
     resource_version: str = ""
+    extender: bool = False
+    """Scheduled by kube-scheduler through the extender (issue 14): kube-scheduler chooses its
+    node, so a placement given back is never put on ``tessera.pods.pending`` again (kube-scheduler
+    tries the pod again by itself). Never published on ``tessera.pods.pending``."""
 
 
 class PodDeleted(Message, frozen=True, kw_only=True):

@@ -69,6 +69,10 @@ class NatsRefusedError(Exception):
     """The server refused the connection for its credentials or TLS; retrying cannot help."""
 
 
+class NoResponderError(LookupError):
+    """A request found nobody subscribed to its subject (the answering service is not running)."""
+
+
 ConnectionState = Literal["connected", "reconnecting", "authorization failed", "closed"]
 
 
@@ -166,6 +170,8 @@ class Delivery:
     """Tell JetStream the message is still being worked on: its ``ack_wait`` starts again."""
     sequence: int = 0
     """The message's stream sequence (JetStream messages only; 0 otherwise)."""
+    reply: str = ""
+    """Where the sender of a request waits for the answer (core messages; empty otherwise)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +229,13 @@ class Bus(Protocol):
 
     async def subscribe(self, subject: str, handler: Handler, *, queue: str = "") -> Subscription:
         """Call ``handler`` for each message on ``subject`` (a queue group shares the load)."""
+        ...
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        """Send a request and return the first reply (core request/reply; the answering side
+        publishes to its delivery's ``reply``). Raises :class:`BusUnavailableError` while
+        disconnected, :class:`NoResponderError` when nobody listens on ``subject`` and
+        ``TimeoutError`` when no reply came within ``timeout`` seconds."""
         ...
 
     async def js_publish(
@@ -297,7 +310,7 @@ class Bus(Protocol):
 def _delivery(msg: NatsMsg, *, jetstream: bool) -> Delivery:
     headers = dict(msg.headers or {})
     if not jetstream:
-        return Delivery(subject=msg.subject, data=msg.data, headers=headers)
+        return Delivery(subject=msg.subject, data=msg.data, headers=headers, reply=msg.reply or "")
 
     async def nak(delay: float | None = None) -> None:
         await msg.nak(delay=delay)
@@ -615,6 +628,19 @@ class NatsBus:
             await handler(_delivery(msg, jetstream=False))
 
         return _NatsSubscription(await self._nc.subscribe(subject, queue=queue, cb=callback))
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        if not self._nc.is_connected:
+            raise BusUnavailableError("not connected to NATS; nothing was sent")
+        try:
+            answer = await self._nc.request(subject, data, timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise NoResponderError(f"nobody answers on {subject}") from None
+        except nats.errors.TimeoutError:
+            raise TimeoutError(f"no answer on {subject} within {timeout:g} s") from None
+        except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
+            raise BusUnavailableError("not connected to NATS; nothing was sent") from None
+        return bytes(answer.data)
 
     async def js_publish(
         self,

@@ -10,9 +10,10 @@ import pytest
 
 from services.binder import explain
 from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
-from services.binder.objects import Node, Pod
-from services.binder.podspec import FieldError, InvalidPod
+from services.binder.objects import Node
+from shared.kubeobjects import Pod
 from shared.messages.nodes import NodeFacts
+from shared.podspec import FieldError, InvalidPod
 from tests.binder.builders import container, node, pod, record, rejection, slices
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()
@@ -51,13 +52,10 @@ def validate_strict(obj: dict[str, Any]) -> None:
 def test_pod_requests_count_as_kube_scheduler_counts(
     body: dict[str, Any], cpu: int, memory: int
 ) -> None:
-    assert pod_requested(as_pod(body), scheduler_name="tessera") == Requested(
+    assert pod_requested(as_pod(body), ours=True) == Requested(
         cpu_milli=cpu, memory_mib=memory, tessera_cpu_milli=cpu, tessera_memory_mib=memory
     )
-    other = pod_requested(
-        as_pod({**body, "spec": {**body["spec"], "schedulerName": "default-scheduler"}}),
-        scheduler_name="tessera",
-    )
+    other = pod_requested(as_pod(body), ours=False)
     assert (other.cpu_milli, other.tessera_cpu_milli) == (cpu, 0)
 
 

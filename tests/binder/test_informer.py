@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 from services.binder.informer import Informer
 from services.binder.kube import KubeGateway, RetryPolicy, load_configuration, new_configuration
 from services.binder.metrics import BinderMetrics
-from services.binder.objects import Pod
 from services.binder.service import NON_TERMINATED
 from shared.clock import SystemClock
+from shared.kubeobjects import Pod
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NODE, POD
 from tests.binder.builders import node, pod

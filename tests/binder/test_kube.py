@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry
 from services.binder.gateway import ApiUnavailableError, WatchExpiredError
 from services.binder.kube import KubeGateway, RetryPolicy, load_configuration, new_configuration
 from services.binder.metrics import BinderMetrics
-from services.binder.objects import Node, Pod
+from services.binder.objects import Node
 from shared.clock import SystemClock
 from shared.config import ConfigError
+from shared.kubeobjects import Pod
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NODE, POD
 from tests.binder.builders import node, pod

@@ -7,9 +7,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.binder.objects import Pod
-from services.binder.podspec import InvalidPod, parse_pending
+from shared.kubeobjects import Pod
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
+from shared.podspec import InvalidPod, parse_pending
 from tests.binder.builders import container, pod
 
 

@@ -61,7 +61,8 @@ async def test_pending_pods_are_published_once_per_change_and_finished_ones_rele
     async with start_binder():
         a = api.create(POD, pod("a", container(gpu=1, memory=4096)))
         b = api.create(POD, pod("b"))
-        api.create(POD, pod("other", scheduler="default-scheduler"))
+        # Another scheduler's pod asking for no Tessera resource is not Tessera's.
+        api.create(POD, pod("other", container(cpu="1"), scheduler="default-scheduler"))
         await eventually(
             lambda: {m.name for m in pending.decoded(PodPending)} == {"a", "b"},
             what="both Tessera pods published",

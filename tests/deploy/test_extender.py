@@ -200,7 +200,7 @@ def test_extender_values_reach_the_config() -> None:
                 "urlPrefix": "https://tessera-extender.example:9443/v1",
                 "weight": 5,
                 "nodeCacheCapable": False,
-                "httpTimeout": "3s",
+                "httpTimeoutSeconds": 3,
                 "managedResources": [{"name": "tessera.dev/gpu", "ignoredByScheduler": False}],
             }
         }
@@ -223,3 +223,23 @@ def test_no_extender_objects_by_default() -> None:
     assert not [o for o in objects if o["metadata"]["name"].startswith(component("scheduler"))]
     placer = next(c for c in containers(objects) if c.spec["name"] == "placer")
     assert "--extender-port" not in option_values(placer.args())
+    binder = next(c for c in containers(objects) if c.spec["name"] == "binder")
+    assert option_values(binder.args())["--extender-scheduler-names"] == ""
+
+
+@pytest.mark.parametrize("seconds", [3, 10, 30])
+def test_the_placer_answers_bind_before_kube_scheduler_gives_up(seconds: int) -> None:
+    objects = render({"extender": {"enabled": True, "httpTimeoutSeconds": seconds}})
+    (extender,) = scheduler_config(objects)["extenders"]
+    placer = next(c for c in containers(objects) if c.spec["name"] == "placer")
+    bind_timeout = float(option_values(placer.args())["--extender-bind-timeout-s"])
+    assert 0 < bind_timeout <= go_duration_s(extender["httpTimeout"]) - 2
+
+
+def test_the_binder_takes_the_second_scheduler_s_pods_as_tessera_s(
+    extender_objects: tuple[Object, ...],
+) -> None:
+    (profile,) = scheduler_config(extender_objects)["profiles"]
+    binder = next(c for c in containers(extender_objects) if c.spec["name"] == "binder")
+    names = option_values(binder.args())["--extender-scheduler-names"]
+    assert names.split(",") == [profile["schedulerName"]]

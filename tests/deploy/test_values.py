@@ -41,7 +41,10 @@ SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
         ({"placer": {"profile": "fastest"}}, ["/placer/profile", "'tessera'"]),
         ({"nats": {"url": "localhost:4222"}}, ["/nats/url", "does not match pattern"]),
         ({"nats": {"embedded": {"replicas": 2}}}, ["/nats/embedded/replicas", "1, 3, 5"]),
-        ({"extender": {"enabled": True, "httpTimeout": "10"}}, ["/extender/httpTimeout"]),
+        (
+            {"extender": {"enabled": True, "httpTimeoutSeconds": 2}},
+            ["/extender/httpTimeoutSeconds", "minimum"],
+        ),
         ({"extender": {"enabled": True, "weight": 0}}, ["/extender/weight", "minimum"]),
         ({"deviceplugin": {"isolation": "mig"}}, ["/deviceplugin/isolation", "'hami-core'"]),
         ({"httpPort": 70000}, ["/httpPort", "maximum"]),

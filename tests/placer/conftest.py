@@ -90,8 +90,10 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
         placer = RunningPlacer(readiness=readiness, registry=registry, stop=stop, task=task)
         try:
             if wait_ready:
+                # The service registers its own readiness check when it is built: until then
+                # /readyz has only the NATS check, which may already pass.
                 await until(
-                    lambda: readiness.ready or task.done(),
+                    lambda: ("service" in holder and readiness.ready) or task.done(),
                     what=f"placer readiness {readiness.report()}",
                 )
                 assert not task.done(), "the placer stopped while starting"

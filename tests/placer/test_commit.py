@@ -16,12 +16,13 @@ A = booking("a", (0, 8192, 500))
 A2 = msgspec.structs.replace(A, commit="c-a-2", node="n2")
 
 
-def claim(state: str, held: object = A, request: bool = False) -> PodClaim:
+def claim(state: str, held: object = A, request: bool = False, extender: bool = False) -> PodClaim:
+    pending = msgspec.structs.replace(wire.pending("a"), extender=extender)
     return PodClaim(
         pod_uid="a",
         state=state,  # type: ignore[arg-type]
         booking=held,  # type: ignore[arg-type]
-        request=wire.pending("a") if request else None,
+        request=pending if request else None,
         updated_at=NOW,
     )
 
@@ -159,6 +160,13 @@ def facts_of(state: AssignmentState, commit_id: str = A.commit, node: str = "n1"
             [],
             [("publish-requeue", A)],
             id="requeue-not-published",
+        ),
+        pytest.param(
+            {},
+            {"a": claim("requeued", A, request=True, extender=True)},
+            [],
+            [],
+            id="extender-pod-requeued-left-to-kube-scheduler",
         ),
         pytest.param(
             {"n2": (A2,)},

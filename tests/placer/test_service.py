@@ -288,9 +288,18 @@ async def test_binding_failures_gone_pods_and_reserve_timeouts_release(
         )
         assert placer.metric("tessera_placer_releases_total", cause="failed") == 1
         assert placer.metric("tessera_placer_releases_total", cause="gone") == 1
-        state = await wire.cluster_state(bus)
+
+        # "failed" is placed and timed out again every second, so a snapshot read key by key
+        # may catch a commit between its booking and its record: read until one holds still.
+        def consistent(state: wire.ClusterState) -> bool:
+            try:
+                wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
+            except AssertionError:
+                return False
+            return True
+
+        state = await settled(bus, consistent, what="a snapshot between two commits")
         assert live_of(state, "bound")[0].state == "bound"  # never released by the timeout
-        wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
 
 
 async def test_stale_inventory_and_missing_node_facts_keep_pods_off_a_node(

@@ -15,6 +15,7 @@ from shared.runtime.bus import (
     Delivery,
     KvEntry,
     NatsBus,
+    NoResponderError,
     OutcomeUnknownError,
 )
 from tests.harness.nats import NatsServer
@@ -51,6 +52,26 @@ async def test_queue_group_delivers_each_message_once(bus: NatsBus) -> None:
     assert sorted(seen, key=int) == [str(i).encode() for i in range(20)]
     for sub in subs:
         await sub.unsubscribe()
+
+
+async def test_request_gets_the_reply_of_one_responder(bus: NatsBus) -> None:
+    async def answer(delivery: Delivery) -> None:
+        await bus.publish(delivery.reply, delivery.data.upper())
+
+    subs = [await bus.subscribe("tessera.test.ask", answer, queue="answer") for _ in range(2)]
+    assert await bus.request("tessera.test.ask", b"pod?", timeout=5) == b"POD?"
+    for sub in subs:
+        await sub.unsubscribe()
+    with pytest.raises(NoResponderError, match=r"nobody answers on tessera\.test\.ask"):
+        await bus.request("tessera.test.ask", b"pod?", timeout=5)
+
+    async def silent(delivery: Delivery) -> None:
+        return None
+
+    sub = await bus.subscribe("tessera.test.ask", silent)
+    with pytest.raises(TimeoutError, match=r"no answer on tessera\.test\.ask within 0\.2 s"):
+        await bus.request("tessera.test.ask", b"pod?", timeout=0.2)
+    await sub.unsubscribe()
 
 
 async def test_topology_creation_is_idempotent(nats_server: NatsServer) -> None:

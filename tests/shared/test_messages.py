@@ -13,6 +13,7 @@ from shared.messages.assignments import AssignmentRecord, ContainerAllocation, c
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.bindings import BindingResult
 from shared.messages.deadletter import DeadLetter
+from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.inventory import GpuLink, GpuProcess, GpuTelemetry, NodeInventory
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected, RejectionReason
@@ -98,6 +99,19 @@ EXAMPLES: list[Any] = [
         resource_version="42",
     ),
     PodDeleted(uid="uid-1", namespace="ml", name="train-0", node="n1", deleted_at=NOW),
+    PodLookup(uid="uid-1", namespace="ml", name="train-0"),
+    PodLookupReply(
+        uid="uid-1",
+        pod=PodPending(
+            uid="uid-1",
+            namespace="ml",
+            name="train-0",
+            containers=(ContainerRequest(name="trainer", gpu_shares=1, gpu_memory_mib=4096),),
+            extender=True,
+        ),
+    ),
+    PodLookupReply(uid="uid-2", node="n1"),
+    PodLookupReply(uid="uid-3", error="the pod no longer exists"),
     PlacementDecision(
         pod_uid="uid-1",
         namespace="ml",

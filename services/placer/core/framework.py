@@ -30,7 +30,7 @@ import random
 import zlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -133,6 +133,8 @@ class GpuChooser(Protocol):
 
 
 TieBreak = Literal["rank", "random"]
+JUDGED: Final = "judged"
+"""Tags :meth:`Profile.judged` memos among the decisions' memos of a profile."""
 
 
 @dataclass(eq=False)
@@ -189,6 +191,46 @@ class Profile:
     def raw_scores(self, pod: PodFacts, shape: NodeShape) -> list[float]:
         return [plugin.score(pod, shape) for plugin, _ in self.scores]
 
+    @property
+    def normalizing(self) -> bool:
+        """Scores are rescaled over the feasible shapes before weighting (:meth:`totals`)."""
+        return self._normalizing
+
+    def totals(self, rows: Sequence[Sequence[float]]) -> list[float]:
+        """The weighted score of each feasible shape, given its :meth:`raw_scores`; a
+        normalising plugin's column is rescaled over ``rows`` first, as a decision does over
+        every feasible shape."""
+        columns: list[Sequence[float]] = [[row[i] for row in rows] for i in range(len(self.scores))]
+        if self._normalizing:
+            for i, (plugin, _) in enumerate(self.scores):
+                if isinstance(plugin, NormalizingScore):
+                    columns[i] = plugin.normalize(columns[i])
+        return [
+            sum(weight * columns[i][r] for i, (_, weight) in enumerate(self.scores))
+            for r in range(len(rows))
+        ]
+
+    def judge(self, pod: PodFacts, shape: NodeShape) -> str | tuple[list[float], float]:
+        """Why the shape does not fit the pod, or its raw scores and their weighted sum (the
+        total when no plugin normalises; see :meth:`judged`)."""
+        reason = self.reject_reason(pod, shape)
+        if reason is not None:
+            return reason
+        raw = self.raw_scores(pod, shape)
+        return raw, sum(weight * value for (_, weight), value in zip(self.scores, raw, strict=True))
+
+    def judged(
+        self, cluster: ClusterIndex, key: PodRequest
+    ) -> dict[int, str | tuple[list[float], float]]:
+        """The memo of :meth:`judge` for requests equal to ``key`` on ``cluster``, by shape id.
+
+        It lives beside the decisions' memo (dropped with it when the index compacts or the
+        profile is rebuilt) and counts towards the same limit: the scheduler extender judges
+        every candidate node on each call, and kube-scheduler sends pods of the same request
+        (a job's replicas) one after the other.
+        """
+        return self._memo_for(cluster, (JUDGED, key))
+
     def _evaluate(self, pod: PodFacts, shape: NodeShape) -> float | None:
         for check in self.filters:
             if check.filter(pod, shape) is not None:
@@ -198,7 +240,7 @@ class Profile:
             total += weight * scorer.score(pod, shape)
         return total
 
-    def _memo_for(self, cluster: ClusterIndex, key: PodRequest) -> dict[int, float | None]:
+    def _memo_for(self, cluster: ClusterIndex, key: object) -> dict[int, Any]:
         """The memo of ``key`` on ``cluster``: shape ids only mean something within one index."""
         memos = cluster.memos.get(self)
         if memos is None or cluster.memo_size > self.memo_limit:
@@ -359,14 +401,7 @@ def _select_normalized(
             feasible += usable
     if not rows:
         return None
-    columns: list[list[float]] = [[row[i] for _, row in rows] for i in range(len(profile.scores))]
-    for i, (plugin, _) in enumerate(profile.scores):
-        if isinstance(plugin, NormalizingScore):
-            columns[i] = plugin.normalize(columns[i])
-    totals = [
-        sum(weight * columns[i][r] for i, (_, weight) in enumerate(profile.scores))
-        for r in range(len(rows))
-    ]
+    totals = profile.totals([row for _, row in rows])
     best = max(totals)
     return [rows[r][0] for r in range(len(rows)) if totals[r] == best], best, feasible
 

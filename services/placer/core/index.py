@@ -45,8 +45,9 @@ class ClusterIndex:
         self.groups: dict[int, list[int]] = {}
         """shape id -> sorted tie-break ranks of the nodes in that shape."""
         self.ledger = Ledger()
-        self.memos: dict[object, dict[Any, dict[int, float | None]]] = {}
-        """Per profile: the framework's memo of (request, shape id) -> evaluation."""
+        self.memos: dict[object, dict[Any, dict[int, Any]]] = {}
+        """Per profile: the framework's memo of (request, shape id) -> evaluation (and of
+        ``(JUDGED, request)`` -> reason or raw scores, ``Profile.judged``)."""
         self.memo_size = 0
         self._sorted = order is None
         self.shape_limit = 4 * len(names) + 4096
@@ -76,6 +77,10 @@ class ClusterIndex:
 
     def shape_id_of(self, name: str) -> int:
         return self._node_shape[name]
+
+    def shape_id_or_none(self, name: str) -> int | None:
+        """The node's shape id; None for a node the index does not hold."""
+        return self._node_shape.get(name)
 
     # -- changing --------------------------------------------------------------------------------
 

@@ -20,6 +20,14 @@ from services.placer.core.shape import GpuShape, NodeShape
 
 NAME = "fit"
 
+INSUFFICIENT_CPU = "insufficient CPU"
+INSUFFICIENT_MEMORY = "insufficient memory"
+NO_IDLE_GPUS = "not enough idle GPUs"
+NO_GPU_ROOM = "insufficient GPU memory or cores"
+CAPACITY_REASONS = frozenset({INSUFFICIENT_CPU, INSUFFICIENT_MEMORY, NO_IDLE_GPUS, NO_GPU_ROOM})
+"""Reasons that pods leaving the node can clear; every other reason is about the node or the
+request itself (its GPUs, health, readiness, group), which no eviction changes."""
+
 
 class GpuModel:
     """Admits GPUs whose model the pod allows and does not exclude."""
@@ -94,9 +102,9 @@ class NodeFit:
         if not shape.schedulable:
             return "node unschedulable"
         if shape.cpu_milli_free < pod.cpu_milli:
-            return "insufficient CPU"
+            return INSUFFICIENT_CPU
         if shape.memory_mib_free < pod.memory_mib:
-            return "insufficient memory"
+            return INSUFFICIENT_MEMORY
         if not pod.asks:
             return None
         if len(pod.asks) == 1 and pod.asks[0].shares == 1:
@@ -120,5 +128,5 @@ class NodeFit:
         if healthy < needed:
             return "unhealthy GPU"
         if all(ask.whole for ask in pod.asks):
-            return "not enough idle GPUs"
-        return "insufficient GPU memory or cores"
+            return NO_IDLE_GPUS
+        return NO_GPU_ROOM

@@ -4,9 +4,13 @@ field-precise reasons it cannot be one.
 Every problem names the field as ``kubectl explain`` would (``spec.containers[0].resources.limits
 [tessera.dev/gpu-cores]``, ``metadata.annotations[tessera.dev/gpu-policy]``) and says what is
 allowed, so the Pending message tells the user exactly what to change. All problems are reported at
-once. An invalid pod is never published; the binder explains it on the pod instead.
+once. An invalid pod is never published; the binder explains it on the pod instead, and the
+placer's scheduler extender answers kube-scheduler with the same reasons (every node fails).
 
-Rules beyond the placer's own checks (the binder refuses these so the placer never sees them):
+Shared by the binder (pods from its informer) and the placer's extender (the pod kube-scheduler
+sends), so a pod is read the same way in both modes.
+
+Rules beyond the placer's own checks (these are refused here so the placer never decides them):
 unknown ``tessera.dev/`` resources or annotations (a typo must not be silently ignored), Tessera
 resources on init containers (the device plugin hands devices to app containers only), a slice
 (memory or cores) on a ``gpu-type: physical`` pod, and a ``gpu-type: virtual`` container without
@@ -20,8 +24,8 @@ from typing import Final, cast, get_args
 
 import msgspec
 
-from services.binder.objects import Container, Pod, Quantity, epoch
 from shared import annotations as names
+from shared.kubeobjects import Container, Pod, Quantity, epoch
 from shared.messages.base import GpuPolicy, GpuType, NodePolicy
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
 from shared.quantity import QuantityError, mebibytes, milli, parse_quantity
@@ -285,6 +289,15 @@ def _hints(pod: Pod, errors: list[FieldError]) -> PlacementHints:
         tenant=labels.get(names.TENANT_LABEL) or meta.namespace,
         priority_label=priority_label,
     )
+
+
+def requests_tessera(pod: Pod) -> bool:
+    """Whether any container (init containers too) asks for a ``tessera.dev/*`` resource: the
+    pods kube-scheduler sends to the extender (its ``managedResources`` test)."""
+    for container in (*pod.spec.containers, *(pod.spec.init_containers or ())):
+        if _tessera_limits(container):
+            return True
+    return False
 
 
 def parse_pending(pod: Pod) -> PodPending | InvalidPod:
