@@ -39,6 +39,7 @@ class PlacerMetrics:
     tenancy_reloads: Counter
     profile_builds: Counter
     unknown_outcomes: Counter
+    placed_ahead: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PlacerMetrics:
@@ -130,6 +131,14 @@ class PlacerMetrics:
                 "tessera_placer_unknown_write_outcomes_total",
                 "KV writes that failed without an answer (timeout) and were read back.",
                 ["entry"],
+                registry=registry,
+            ),
+            placed_ahead=Counter(
+                "tessera_placer_placed_ahead_total",
+                "Waiting pods placed before a lower-ordered pod that was about to commit (seed "
+                "002's order across replicas), by who held the waiting pod: here or another "
+                "replica.",
+                ["holder"],
                 registry=registry,
             ),
         )
