@@ -20,7 +20,7 @@ from services.placer import commit, translate
 from services.placer.core.model import Decision
 from services.placer.metrics import PlacerMetrics
 from services.placer.state import ClusterView
-from services.placer.store import GaveUpError, Store
+from services.placer.store import ConflictError, GaveUpError, Store
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
@@ -34,6 +34,9 @@ STALE_REPORT_S = 30.0
 """Clock difference between binder and placer tolerated when telling a stale binding result."""
 
 FinishOutcome = Literal["placed", "duplicate", "deleted"]
+Refusal = Literal["", "quota", "node"]
+"""Why a commit could not book: its tenant's quota, or the node (no room, or its ledger changed
+first)."""
 
 
 class CommitProtocol:
@@ -57,6 +60,28 @@ class CommitProtocol:
         self.profile_name = profile_name
 
     # --- committing ----------------------------------------------------------------------------
+
+    async def book(self, booking: Booking) -> tuple[Refusal, str]:
+        """Charge the tenant's quota (when it has one), then book on the node (``commit.py``
+        steps 0 and 1). Returns ("", "") when booked, else what refused it and why.
+
+        A charge whose booking did not land is given back at once (what is charged always covers
+        what is booked, never much more); a booking whose answer was lost but which landed keeps
+        its charge: the pod is decided again, finds the booking and finishes that commit.
+        """
+        over = await self.store.charge(booking)
+        if over:
+            return "quota", over
+        try:
+            refused = await self.store.book(booking)
+        except ConflictError:
+            refused = "the node's ledger changed"
+        if not refused:
+            return "", ""
+        held = commit.booking_in(self.view.ledger(booking.node)[0], booking.pod_uid)
+        if held is None or held.commit != booking.commit:
+            await self.store.uncharge(booking)
+        return "node", refused
 
     async def finish(
         self, booking: Booking, request: PodPending | None, decision: Decision | None

@@ -109,7 +109,7 @@ from services.placer.decider import Waiting
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
-from services.placer.store import ConflictError, Store
+from services.placer.store import Store
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
@@ -938,24 +938,14 @@ class PlacerService:
     ) -> None:
         uid = booking.pod_uid
         try:
-            refused = ""
-            if book:
-                over_quota = await self.store.charge(booking)
-                if over_quota:  # another commit filled the quota first: decided again, it waits
-                    self.view.drop_tentative(booking.node, uid)
-                    self._retry(item, over_quota)
-                    return
-                try:
-                    refused = await self.store.book(booking)
-                except ConflictError:
-                    refused = "the node's ledger changed"
-                if refused:
-                    await self.store.uncharge(booking)
-            if refused:
+            refusal, why = await self.protocol.book(booking) if book else ("", "")
+            if refusal:
                 self.view.drop_tentative(booking.node, uid)
-                item.avoid.add(booking.node)
-                self._contended[booking.node] = self.clock.monotonic() + CONTENDED_S
-                self._retry(item, refused)
+                if refusal == "node":
+                    item.avoid.add(booking.node)
+                    self._contended[booking.node] = self.clock.monotonic() + CONTENDED_S
+                # else another commit filled the quota first: decided again, the pod waits
+                self._retry(item, why)
                 return
             outcome, placed = await self.protocol.finish(booking, item.pod, decision)
             await self._ack(item.deliveries)

@@ -18,10 +18,8 @@ import asyncio
 import json
 import random
 import signal
-import sys
 import time
 from pathlib import Path
-from typing import BinaryIO
 
 import msgspec
 
@@ -29,11 +27,11 @@ from shared import codec, subjects
 from shared.messages.placement import PlacementRejected
 from shared.messages.pods import PodPending
 from shared.runtime.bus import NatsBus
-from tests.harness.nats import NatsServer, environment_without_proxies
+from tests.harness.nats import NatsServer
 from tests.placer import wire
-from tests.placer.conftest import http_get, stream_messages
+from tests.placer.conftest import stream_messages
+from tests.placer.processes import ready, start
 
-ROOT = Path(__file__).resolve().parents[2]
 NODES = [f"node-{i:03d}.rack-{i // 20}" for i in range(100)]
 GPUS = 4
 SLOTS = 12
@@ -64,61 +62,6 @@ def workload(seed: int = 7) -> list[PodPending]:
             pod = wire.pending(uid, shares=GPUS + 1, memory_mib=1024, cores=10, namespace=ns)
         pods.append(msgspec.structs.replace(pod, priority=rng.choice((0, 0, 100))))
     return pods
-
-
-async def start(
-    nats_url: str, number: int, logs: Path, *options: str
-) -> tuple[asyncio.subprocess.Process, int]:
-    """A ``tessera placer`` process logging to ``logs``; its HTTP port once it started."""
-    log_file = logs / f"placer-{number}.log"
-    with log_file.open("wb") as stderr:  # the child keeps its own copy of the descriptor
-        process = await _spawn(nats_url, number, stderr, *options)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in log_file.read_text().splitlines():
-            if '"service starting"' in line:
-                return process, int(json.loads(line)["http_port"])
-        assert process.returncode is None, log_file.read_text()[-2000:]
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"placer {number} did not start: {log_file.read_text()[-2000:]}")
-
-
-async def _spawn(
-    nats_url: str, number: int, stderr: BinaryIO, *options: str
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tessera.cli",
-        "placer",
-        "--nats-url",
-        nats_url,
-        "--http-host",
-        "127.0.0.1",
-        "--http-port",
-        "0",
-        "--placer-id",
-        f"placer-{number}",
-        "--ack-wait-s",
-        "3",
-        "--reconcile-interval-s",
-        "2",
-        "--inventory-stale-s",
-        "3600",
-        *options,
-        cwd=ROOT,
-        env=environment_without_proxies(),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=stderr,
-    )
-
-
-async def ready(port: int) -> bool:
-    try:
-        status, _ = await http_get(port, "/readyz")
-    except Exception:
-        return False
-    return status == 200
 
 
 async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_nothing(
@@ -174,6 +117,7 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         assert recorded | rejected >= uids
         assert 500 < len(recorded) < PODS, f"{len(recorded)} placed: the cluster must fill up"
         wire.check_quotas(state, {CAPPED: (CAPPED_GPUS, None)})
+        wire.check_charges(state, {CAPPED: (CAPPED_GPUS, None)})
         shares, _ = wire.record_shares([r for r in state.live_records() if r.namespace == CAPPED])
         assert shares >= CAPPED_GPUS - 1, f"tenant {CAPPED} holds only {shares} GPU shares"
         logged = [

@@ -277,18 +277,11 @@ def record_shares(records: Sequence[AssignmentRecord]) -> tuple[int, int]:
 
 
 def check_quotas(state: ClusterState, quotas: dict[str, tuple[int | None, int | None]]) -> None:
-    """For each tenant with a quota (GPU shares, GPU MiB; None = no limit): its charges never add
-    up to more than the quota, every live record of its pods is charged (by commit), and so its
-    live records hold no more than the quota. A record's tenant is its booking's (else its
+    """For each tenant with a quota (GPU shares, GPU MiB; None = no limit), the live records of
+    its pods hold no more than the quota. A record's tenant is its booking's (else its
     namespace)."""
     tenant_of = {b.commit: b.tenant for b in state.bookings()}
     for tenant, (gpus, memory) in quotas.items():
-        ledger = state.tenants.get(tenant)
-        charges = ledger.charges if ledger else ()
-        charged_gpus = sum(c.gpus for c in charges)
-        charged_mib = sum(c.gpu_memory_mib for c in charges)
-        assert gpus is None or charged_gpus <= gpus, f"{tenant}: {charged_gpus} GPUs charged"
-        assert memory is None or charged_mib <= memory, f"{tenant}: {charged_mib} MiB charged"
         live = [r for r in state.live_records() if tenant_of.get(r.commit, r.namespace) == tenant]
         held_gpus, held_mib = record_shares(live)
         assert gpus is None or held_gpus <= gpus, (
@@ -297,8 +290,25 @@ def check_quotas(state: ClusterState, quotas: dict[str, tuple[int | None, int | 
         assert memory is None or held_mib <= memory, (
             f"tenant {tenant} over its quota: live records hold {held_mib} of {memory} MiB"
         )
+
+
+def check_charges(state: ClusterState, quotas: dict[str, tuple[int | None, int | None]]) -> None:
+    """What keeps quotas exact: each tenant's charges (``tessera-tenants``) add up to no more
+    than its quota, and every live record of its pods that holds GPUs is charged (by commit)."""
+    tenant_of = {b.commit: b.tenant for b in state.bookings()}
+    for tenant, (gpus, memory) in quotas.items():
+        ledger = state.tenants.get(tenant)
+        charges = ledger.charges if ledger else ()
+        charged_gpus = sum(c.gpus for c in charges)
+        charged_mib = sum(c.gpu_memory_mib for c in charges)
+        assert gpus is None or charged_gpus <= gpus, f"{tenant}: {charged_gpus} GPUs charged"
+        assert memory is None or charged_mib <= memory, f"{tenant}: {charged_mib} MiB charged"
         listed = {c.commit for c in charges}
         uncharged = sorted(
-            r.pod_uid for r in live if r.commit not in listed and record_shares([r]) != (0, 0)
+            r.pod_uid
+            for r in state.live_records()
+            if tenant_of.get(r.commit, r.namespace) == tenant
+            and r.commit not in listed
+            and record_shares([r]) != (0, 0)
         )
         assert not uncharged, f"tenant {tenant}: live records not charged: {uncharged[:5]}"
