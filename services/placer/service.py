@@ -532,7 +532,7 @@ class PlacerService:
                 self._drop_held(claim.pod_uid, claim)
                 posted = self.board.get(claim.pod_uid)
                 if posted is not None and posted.waiting.holder == self.config.placer_id:
-                    self._unpost(posted)
+                    self._unpost(claim.pod_uid)  # placed or deleted by another replica
 
     async def _on_record(self, entry: KvEntry) -> None:
         known = self.view.records.get(entry.key)
@@ -883,12 +883,14 @@ class PlacerService:
             return
         self.board.put(waiting, revision)
         if self._items.get(uid) is not item or item.stage != "waiting":
-            posted = self.board.get(uid)
-            if posted is not None:  # placed or gone meanwhile
-                self._unpost(posted)
+            self._unpost(uid)  # placed or gone meanwhile
 
-    def _unpost(self, posted: Posted) -> None:
-        """Take a board entry off (at the revision seen: a newer post is kept)."""
+    def _unpost(self, uid: str) -> None:
+        """Take ``uid``'s board entry off, if there is one (at the revision seen: a newer post is
+        kept). Whoever places or releases a pod does, and its holder when it sees the claim."""
+        posted = self.board.get(uid)
+        if posted is None:
+            return
 
         async def delete() -> None:
             try:
@@ -901,7 +903,7 @@ class PlacerService:
             if deleted:
                 self.board.remove(posted.uid, before=posted.revision + 1)
 
-        self._spawn(delete(), f"unpost-{posted.uid}")
+        self._spawn(delete(), f"unpost-{uid}")
 
     def _forget_post(self, uid: str) -> None:
         self.board.remove(uid)
@@ -914,7 +916,7 @@ class PlacerService:
             if claim is None or claim.state == "requeued":
                 continue
             if now - max(posted.waiting.updated_at, claim.updated_at) >= BOARD_SWEEP_GRACE_S:
-                self._unpost(posted)
+                self._unpost(posted.uid)
 
     def _decide(self, item: _Item, known: Waiting | None, now: float) -> Decision | Waiting:
         assert self.profile is not None
@@ -951,6 +953,7 @@ class PlacerService:
             await self._ack(item.deliveries)
             if self._items.get(uid) is item:
                 del self._items[uid]
+            self._unpost(uid)
             self._answered(item, outcome, placed, decision if placed is booking else None)
         except Exception as error:  # NATS failed mid-commit: what landed is found again later
             self.view.drop_tentative(booking.node, uid)
@@ -1246,6 +1249,7 @@ class PlacerService:
             self._waiting.pop(pod_uid, None)
             self._queue.remove(pod_uid)
             await self._ack(item.deliveries)
+        self._unpost(pod_uid)
         self.metrics.releases.labels(cause=cause).inc()
         self._remember(
             Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=self.clock.now())

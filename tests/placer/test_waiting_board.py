@@ -25,6 +25,7 @@ from shared.messages.waiting import WaitingPod
 from shared.runtime.bus import NatsBus
 from tests.harness.nats import NatsServer
 from tests.placer import wire
+from tests.placer.conftest import http_get
 from tests.placer.processes import ready, start
 
 PULL_EXPIRY_S = 1.5
@@ -88,7 +89,12 @@ async def test_a_replica_places_a_higher_pod_another_replica_holds_before_its_ow
         assert await live_pods(bus) == {"high"}, "the low pod took the GPU the high one waits for"
         second.send_signal(signal.SIGCONT)
 
-        # Placer 1 sees the high pod placed: it lets the message go and takes its entry off.
+        # Placer 1 sees the high pod placed and lets its message go; the board forgets it.
+        async def released_by_its_holder() -> bool:
+            _, answer = await http_get(placers[1][1], "/v1/pods/high")
+            return "held_here" not in answer
+
+        await until(released_by_its_holder, what="placer 1 letting the high pod go")
         await until(lambda: _gone(bus, "high"), what="the high pod off the board")
         assert await holder_of(bus, "low") == "placer-0"
         assert await live_pods(bus) == {"high"}
