@@ -54,7 +54,7 @@ replica that finds P's booking and finishes the commit instead of deciding again
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -153,6 +153,12 @@ def without_booking(
 
 # --- tenant charges --------------------------------------------------------------------------
 
+MAX_TENANT_CHARGES = 2000
+"""Charges one tenant's entry holds at most (about 300 bytes each: 2,000 stay well inside NATS's
+default 1 MiB message). One charge per placed pod that counts against the quota, so a quota of
+more than this many GPU shares cannot be used up; a pod past it is refused with that reason
+rather than by a KV write that fails."""
+
 
 def charge_of(booking: Booking, *, now: float) -> TenantCharge:
     """What ``booking`` counts against its tenant's quota."""
@@ -167,6 +173,15 @@ def charge_of(booking: Booking, *, now: float) -> TenantCharge:
         gpu_memory_mib=usage.gpu_memory_mib,
         charged_at=now,
         placer_id=booking.placer_id,
+    )
+
+
+def counts_against(quota: TenantQuota, charge: TenantCharge) -> bool:
+    """Whether ``charge`` takes anything ``quota`` limits (a pod without GPU memory takes nothing
+    from a memory-only quota): only those are charged, so a tenant's entry never lists more
+    charges than its quota could hold."""
+    return (quota.gpus is not None and charge.gpus > 0) or (
+        quota.gpu_memory_mib is not None and charge.gpu_memory_mib > 0
     )
 
 
@@ -206,6 +221,11 @@ def charge_all(
             continue
         asked = charge_usage(charge)
         reason = quota_reason(quota, used, asked)
+        if not reason and len(listed) >= MAX_TENANT_CHARGES:
+            reason = (
+                f"tenant {tenant}: {len(listed)} placements are charged against its quota, the "
+                f"most one usage entry holds"
+            )
         if reason:
             refused[charge.commit] = reason
             continue
@@ -514,7 +534,7 @@ def plan_repairs(
 
 def plan_charge_repairs(
     tenants: Mapping[str, TenantLedger],
-    quotas: Collection[str],
+    quotas: Mapping[str, TenantQuota],
     ledgers: Mapping[str, Sequence[Booking]],
     claims: Mapping[str, PodClaim],
     records: Iterable[RecordFacts],
@@ -524,7 +544,7 @@ def plan_charge_repairs(
 ) -> list[Repair]:
     """Repairs that bring the tenants' charges back to what is booked and recorded: derived again
     from the ledger, the claims and the records (``adopt-charge``, ``drop-charge`` in
-    :class:`Repair`). ``quotas``: the tenants that have a quota now.
+    :class:`Repair`). ``quotas``: the quota of each tenant that has one now.
 
     Only states older than ``grace_s`` are repaired: a commit charges a moment before it books.
     Racing one that is slower than that is still safe: the charge goes only after the fence, and
@@ -550,9 +570,10 @@ def plan_charge_repairs(
                     Repair(kind="drop-charge", pod_uid=charge.pod_uid, charge=charge, tenant=tenant)
                 )
     for commit_id, b in booked.items():
-        if b.tenant not in quotas or commit_id in listed or commit_id not in live:
+        quota = quotas.get(b.tenant)
+        if quota is None or commit_id in listed or commit_id not in live:
             continue
-        if charge_usage(charge_of(b, now=now)) == Usage() or now - b.decided_at < grace_s:
+        if not counts_against(quota, charge_of(b, now=now)) or now - b.decided_at < grace_s:
             continue
         repairs.append(Repair(kind="adopt-charge", pod_uid=b.pod_uid, booking=b, tenant=b.tenant))
     return repairs

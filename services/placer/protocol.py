@@ -290,7 +290,7 @@ class CommitProtocol:
         )
         repairs += commit.plan_charge_repairs(
             view.tenant_ledgers(),
-            view.tenancy.quoted(),
+            view.tenancy.quotas(),
             ledgers,
             view.claims,
             view.records.values(),

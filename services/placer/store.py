@@ -15,8 +15,9 @@ is what it should be), write it at the revision read, and
 Every value read or written here is applied to the :class:`~.state.ClusterView` at once, so the
 index reflects this replica's own writes without waiting for the watch to echo them.
 
-Ledger writes for one node are serialised inside a replica (a lock per node): the replica's
-concurrent commits do not conflict with each other, only with other replicas.
+Ledger writes for one node are serialised inside a replica (a lock per node), and so are the
+charges of one tenant (a lock per tenant): the replica's concurrent commits do not conflict with
+each other, only with other replicas; those waiting for the same lock are written together.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class _Kind(Generic[T]):
 
 
 class Store:
-    """KV reads and writes of ledger entries, pod claims and assignment records."""
+    """KV reads and writes of ledger entries, pod claims, assignment records and tenants'
+    charges."""
 
     def __init__(
         self,
@@ -304,15 +306,16 @@ class Store:
     async def charge(self, booking: Booking) -> str:
         """Charge ``booking`` to its tenant's quota (``commit.charge_all``), when it has one.
 
-        Returns "" when charged (or nothing to charge: no quota, no GPU), else why the quota
-        refuses it. A lost compare-and-set reads the entry again and checks again; charges of one
-        tenant waiting for each other here are written together.
+        Returns "" when charged (or nothing to charge: no quota, or nothing it limits), else why
+        the quota refuses it. A lost compare-and-set reads the entry again and checks again;
+        charges of one tenant waiting for each other here are written together.
         """
         tenant = booking.tenant
-        if not tenant or self._view.tenancy.quota_of(tenant) is None:
+        quota = self._view.tenancy.quota_of(tenant) if tenant else None
+        if quota is None:
             return ""
         charge = commit.charge_of(booking, now=self._clock.now())
-        if charge.gpus == 0 and charge.gpu_memory_mib == 0:
+        if not commit.counts_against(quota, charge):
             return ""
 
         async def write(batch: list[TenantCharge]) -> dict[str, str]:

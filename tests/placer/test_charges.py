@@ -16,6 +16,7 @@ from shared.messages.ledger import Booking, PodClaim, TenantCharge, TenantLedger
 from tests.placer.test_translate import NOW, booking
 
 QUOTA = TenantQuota(tenant="ml", gpus=2, gpu_memory_mib=20_000)
+MEMORY_ONLY = TenantQuota(tenant="ml", gpu_memory_mib=20_000)
 
 
 def pod(uid: str, *pieces: tuple[int, int, int]) -> Booking:
@@ -73,6 +74,17 @@ def test_a_memory_quota_refuses_what_the_share_count_allows() -> None:
     }
 
 
+def test_an_entry_holds_a_bounded_number_of_charges() -> None:
+    full = ledger(*(charge(f"p{i}", (0, 1, 1)) for i in range(commit.MAX_TENANT_CHARGES)))
+    huge = TenantQuota(tenant="ml", gpus=10**9)
+    result, why = commit.charge_all(full, "ml", huge, [charge("one-more")], now=NOW)
+    assert result is None
+    assert why == {
+        "c-one-more": "tenant ml: 2000 placements are charged against its quota, the most one "
+        "usage entry holds"
+    }
+
+
 def test_no_quota_charges_everything() -> None:
     many = [charge(f"p{i}") for i in range(5)]
     result, why = commit.charge_all(None, "ml", None, many, now=NOW)
@@ -101,6 +113,15 @@ def test_the_fence_of_a_charge_is_a_released_record_of_its_commit_holding_nothin
 # --- reconciliation of charges ---------------------------------------------------------------
 
 A = pod("a")
+CORES = pod("a", (0, 0, 300))  # a share of the SMs only: no GPU memory
+
+
+def test_only_what_a_quota_limits_is_charged() -> None:
+    gpus_only = TenantQuota(tenant="ml", gpus=4)
+    assert commit.counts_against(gpus_only, charge("a", (0, 0, 300)))
+    assert not commit.counts_against(MEMORY_ONLY, charge("a", (0, 0, 300)))
+    assert commit.counts_against(MEMORY_ONLY, charge("a"))
+    assert not commit.counts_against(TenantQuota(tenant="ml"), charge("a"))
 
 
 def live(state: str = "reserved", commit_id: str = "c-a") -> RecordFacts:
@@ -121,24 +142,37 @@ def placed(held: Booking = A) -> PodClaim:
 @pytest.mark.parametrize(
     ("charges", "quotas", "ledgers", "claims", "records", "expected"),
     [
-        pytest.param([charge("a")], {"ml"}, {"n1": (A,)}, {}, [], [], id="charged-and-booked"),
-        pytest.param([charge("a")], {"ml"}, {}, {}, [live()], [], id="charged-and-recorded"),
-        pytest.param([charge("a")], {"ml"}, {}, {"a": placed()}, [], [], id="claimed"),
-        pytest.param([charge("a")], {"ml"}, {}, {}, [], ["drop-charge"], id="never-booked"),
         pytest.param(
-            [charge("a")], {"ml"}, {}, {}, [live("released")], ["drop-charge"], id="released"
+            [charge("a")], {"ml": QUOTA}, {"n1": (A,)}, {}, [], [], id="charged-and-booked"
         ),
-        pytest.param([], {"ml"}, {"n1": (A,)}, {}, [live()], ["adopt-charge"], id="uncharged"),
-        pytest.param([], {"ml"}, {"n1": (A,)}, {}, [], [], id="uncharged-but-not-recorded"),
-        pytest.param([], set(), {"n1": (A,)}, {}, [live()], [], id="tenant-without-quota"),
+        pytest.param([charge("a")], {"ml": QUOTA}, {}, {}, [live()], [], id="charged-and-recorded"),
+        pytest.param([charge("a")], {"ml": QUOTA}, {}, {"a": placed()}, [], [], id="claimed"),
+        pytest.param([charge("a")], {"ml": QUOTA}, {}, {}, [], ["drop-charge"], id="never-booked"),
         pytest.param(
-            [], {"ml"}, {"n1": (booking("a", cpu=500),)}, {}, [live()], [], id="no-gpu-no-charge"
+            [charge("a")], {"ml": QUOTA}, {}, {}, [live("released")], ["drop-charge"], id="released"
+        ),
+        pytest.param(
+            [], {"ml": QUOTA}, {"n1": (A,)}, {}, [live()], ["adopt-charge"], id="uncharged"
+        ),
+        pytest.param([], {"ml": QUOTA}, {"n1": (A,)}, {}, [], [], id="uncharged-but-not-recorded"),
+        pytest.param([], {}, {"n1": (A,)}, {}, [live()], [], id="tenant-without-quota"),
+        pytest.param(
+            [], {"ml": MEMORY_ONLY}, {"n1": (CORES,)}, {}, [live()], [], id="nothing-it-limits"
+        ),
+        pytest.param(
+            [],
+            {"ml": QUOTA},
+            {"n1": (booking("a", cpu=500),)},
+            {},
+            [live()],
+            [],
+            id="no-gpu-no-charge",
         ),
     ],
 )
 def test_reconciliation_derives_the_charges_from_bookings_records_and_claims(
     charges: list[TenantCharge],
-    quotas: set[str],
+    quotas: dict[str, TenantQuota],
     ledgers: dict[str, tuple[Booking, ...]],
     claims: dict[str, PodClaim],
     records: list[RecordFacts],
@@ -159,13 +193,13 @@ def test_reconciliation_leaves_charges_and_bookings_that_may_be_in_flight() -> N
     young = msgspec.structs.replace(A, decided_at=NOW + 95)
     assert (
         commit.plan_charge_repairs(
-            {"ml": ledger(recent)}, {"ml"}, {}, {}, [], now=NOW + 100, grace_s=10
+            {"ml": ledger(recent)}, {"ml": QUOTA}, {}, {}, [], now=NOW + 100, grace_s=10
         )
         == []
     )
     assert (
         commit.plan_charge_repairs(
-            {}, {"ml"}, {"n1": (young,)}, {}, [live()], now=NOW + 100, grace_s=10
+            {}, {"ml": QUOTA}, {"n1": (young,)}, {}, [live()], now=NOW + 100, grace_s=10
         )
         == []
     )

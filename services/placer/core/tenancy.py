@@ -131,9 +131,9 @@ class Tenancy:
     def quota_of(self, tenant: str) -> TenantQuota | None:
         return self.config.quota_of(tenant)
 
-    def quoted(self) -> frozenset[str]:
-        """The tenants that have a quota."""
-        return frozenset(q.tenant for q in self.config.quotas)
+    def quotas(self) -> dict[str, TenantQuota]:
+        """The quota of each tenant that has one."""
+        return {q.tenant: q for q in self.config.quotas}
 
     def used(self, tenant: str) -> Usage:
         used = self.usage.used(tenant)
