@@ -10,10 +10,13 @@ fourth write comes first:
    checks again (the node choice does not depend on it, so P is not decided again unless the quota
    is full: then P waits like any pod over its quota). This is what makes a quota exact across
    replicas, the way the ledger makes GPUs exact: every replica's view may lag, the entry cannot.
-   A tenant without a quota writes nothing here (no cost, no contention). Why charge *before*
-   booking: a pod over its quota costs no ledger write and never holds node capacity, not even for
-   a moment; and every booking of a charged commit is covered, so a release gives the booking back
-   first and the charge after (:func:`without_charge`): usage never counts less than is held.
+   A tenant without a quota writes nothing here (no cost, no contention); the commits of a tenant
+   with one serialise on its entry (those of one replica go in one write, like bookings), which
+   lists one charge per placed pod that takes from the quota (at most :data:`MAX_TENANT_CHARGES`).
+   Why charge *before* booking: a pod over its quota costs no ledger write and never holds node
+   capacity, not even for a moment; and every booking of a charged commit is covered, so a release
+   gives the booking back first and the charge after (:func:`without_charge`): usage never counts
+   less than is held.
 1. **Book** (``tessera-ledger``, N's entry, compare-and-set at the revision the decision saw; the
    bookings of several decisions for N may go in one write, :func:`book_all`): the booking takes
    the capacity. Before the write, :func:`check_booking` books it on N's state as
@@ -47,9 +50,9 @@ charge another pod's commit has taken since.
 
 Every step is idempotent and every later step can be redone from what the earlier ones wrote, so a
 placer killed between two writes leaves a state :func:`plan_repairs` (and, for charges,
-:func:`plan_charge_repairs`) recognises (it runs at start,
-before the placer is ready, and then periodically); and the un-acked pod message comes back to a
-replica that finds P's booking and finishes the commit instead of deciding again.
+:func:`plan_charge_repairs`) recognises (it runs at start, before the placer is ready, and then
+periodically); and the un-acked pod message comes back to a replica that finds P's booking and
+finishes the commit instead of deciding again.
 """
 
 from __future__ import annotations
