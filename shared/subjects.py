@@ -127,6 +127,19 @@ STREAMS: Final[dict[str, tuple[str, ...]]] = {
     STREAM_DEADLETTER: (DEADLETTER_ALL,),
 }
 
+#: Streams whose messages go once acknowledged (their one consumer per subject has them): pods
+#: are work for the placers' shared durable consumer, so the stream holds only what is not done.
+WORK_QUEUE_STREAMS: Final = frozenset({STREAM_PODS})
+
+#: Stream name -> the age (seconds) after which its messages go. Their consumers take them within
+#: seconds; the limit only keeps a long-running cluster's store from growing without end.
+STREAM_MAX_AGE_S: Final[dict[str, float]] = {
+    STREAM_PLACEMENTS: 24 * 3600.0,
+    STREAM_ALLOCATIONS: 24 * 3600.0,
+    STREAM_BINDINGS: 24 * 3600.0,
+    STREAM_DEADLETTER: 7 * 24 * 3600.0,
+}
+
 # --- KV buckets -----------------------------------------------------------------------------
 
 KV_INVENTORY: Final = "tessera-inventory"

@@ -559,12 +559,22 @@ class NatsBus:
             ) from None
 
     async def ensure_topology(self) -> None:
-        """Create every stream and KV bucket Tessera uses; existing ones are left as they are."""
+        """Create every stream and KV bucket Tessera uses (retention and age limits from
+        ``shared.subjects``); existing ones keep their retention, only their subjects follow."""
         for name, stream_subjects in subjects.STREAMS.items():
             try:
                 info = await self._js.stream_info(name)
             except nats.js.errors.NotFoundError:
-                await self._js.add_stream(name=name, subjects=list(stream_subjects))
+                await self._js.add_stream(
+                    name=name,
+                    subjects=list(stream_subjects),
+                    retention=(
+                        js_api.RetentionPolicy.WORK_QUEUE
+                        if name in subjects.WORK_QUEUE_STREAMS
+                        else js_api.RetentionPolicy.LIMITS
+                    ),
+                    max_age=subjects.STREAM_MAX_AGE_S.get(name),
+                )
                 continue
             if set(info.config.subjects or ()) != set(stream_subjects):
                 config = info.config

@@ -301,3 +301,22 @@ async def test_a_write_whose_answer_never_comes_has_an_unknown_outcome_at_once()
         entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
         assert entry is not None and entry.value == b"bound", "read back: it did not land"
         await bus.drain()
+
+
+async def test_streams_are_bounded_pods_by_acknowledgement_the_rest_by_age(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    import nats
+    from nats.js.api import RetentionPolicy
+
+    client = await nats.connect(nats_server.url)
+    try:
+        js = client.jetstream()
+        pods = (await js.stream_info(subjects.STREAM_PODS)).config
+        assert pods.retention == RetentionPolicy.WORK_QUEUE
+        for name, age in subjects.STREAM_MAX_AGE_S.items():
+            config = (await js.stream_info(name)).config
+            assert config.retention == RetentionPolicy.LIMITS
+            assert config.max_age == pytest.approx(age), name
+    finally:
+        await client.close()
