@@ -1,7 +1,7 @@
 """The placer service end to end: real ``tessera placer`` processes over a real nats-server.
 
     .venv/bin/python benchmarks/placer_service.py [--nodes 1000] [--gpus 8] [--rate 500]
-        [--seconds 10] [--replicas 1,3] [--burst 3000] [--rss-nodes 10000]
+        [--seconds 10] [--replicas 1,3] [--burst 3000] [--rss-nodes 10000] [--quota-share 0]
 
 For each replica count: a fresh nats-server; every node's inventory and node facts written into KV
 (as the inventory and the binder do); that many placer processes started and waited for (ready =
@@ -19,7 +19,10 @@ binder publishes them.
   size (``VmRSS``) once ready, and again after placing ``--burst`` pods on them.
 
 The pods are GPU shares (2-8 GiB, 10-40 % of the SMs) and a few whole GPUs; the cluster never
-fills, so every pod is placed and nothing waits. Prints what it measures, target met or not.
+fills, so every pod is placed and nothing waits. ``--quota-share F`` puts that fraction of the pods
+in a tenant with a quota (large enough never to refuse one): each of their commits also charges the
+tenant's one usage entry by compare-and-set, which is what exact quotas cost. Prints what it
+measures, target met or not.
 """
 
 from __future__ import annotations
@@ -90,11 +93,15 @@ def facts(node: str, now: float) -> NodeFacts:
     )
 
 
-def pod(n: int, rng: random.Random) -> PodPending:
+QUOTA_TENANT = "bench-quota"
+
+
+def pod(n: int, rng: random.Random, quota_share: float = 0.0) -> PodPending:
     whole = rng.random() < 0.1
+    quoted = quota_share > 0 and rng.random() < quota_share
     return PodPending(
         uid=f"bench-{n:06d}",
-        namespace="bench",
+        namespace=QUOTA_TENANT if quoted else "bench",
         name=f"pod-{n}",
         containers=(
             ContainerRequest(
@@ -133,7 +140,7 @@ class Placer:
     log: Path
 
 
-async def start_placer(url: str, number: int, directory: Path) -> Placer:
+async def start_placer(url: str, number: int, directory: Path, *options: str) -> Placer:
     log = directory / f"placer-{number}.log"
     with log.open("wb") as stderr:
         profiler = ["-m", "cProfile", "-o", str(directory / f"placer-{number}.prof")]
@@ -153,6 +160,7 @@ async def start_placer(url: str, number: int, directory: Path) -> Placer:
             f"bench-{number}",
             "--inventory-stale-s",
             "3600",
+            *options,
             cwd=ROOT,
             env=environment_without_proxies(),
             stdout=asyncio.subprocess.DEVNULL,
@@ -286,7 +294,15 @@ async def run_cluster(
         bus = await NatsBus.connect(server.url, name="bench-driver")
         try:
             await load_cluster(bus, args.nodes, args.gpus)
-            placers = [await start_placer(server.url, n, directory) for n in range(replicas)]
+            options: tuple[str, ...] = ()
+            if args.quota_share:
+                tenancy = directory / "tenancy.json"
+                quota = {"tenant": QUOTA_TENANT, "gpus": 10**9}
+                tenancy.write_text(json.dumps({"quotas": [quota]}))
+                options = ("--tenancy-file", str(tenancy))
+            placers = [
+                await start_placer(server.url, n, directory, *options) for n in range(replicas)
+            ]
             try:
                 ready_s = await wait_ready(placers)
                 rng = random.Random(replicas)
@@ -294,7 +310,7 @@ async def run_cluster(
                 count = int(args.rate * args.seconds)
                 clocked = Clocked(expected=count)
                 await follow_decisions(bus, clocked)
-                pods = [pod(n, rng) for n in range(count)]
+                pods = [pod(n, rng, args.quota_share) for n in range(count)]
                 tasks = []
                 pids = {
                     "placers": [p.process.pid for p in placers],
@@ -323,7 +339,7 @@ async def run_cluster(
                 }
                 buckets = await histogram(placers)
                 # Saturation.
-                burst = [pod(count + n, rng) for n in range(args.burst)]
+                burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
                 clocked = Clocked(expected=args.burst)
                 await follow_decisions(bus, clocked)
                 start = time.perf_counter()
@@ -385,6 +401,11 @@ async def main(args: argparse.Namespace) -> None:
     print(
         f"cluster: {args.nodes} nodes x {args.gpus} GPUs; {args.rate:g} pods/s for "
         f"{args.seconds:g} s (first second not counted); burst of {args.burst}"
+        + (
+            f"; {args.quota_share:.0%} of the pods in a tenant with a quota"
+            if args.quota_share
+            else ""
+        )
     )
     print(
         "| replicas | pods/s sent | p50 | p90 | p99 | max | placers' own p50 / p99 "
@@ -425,4 +446,10 @@ if __name__ == "__main__":
     parser.add_argument("--replicas", default="1,3")
     parser.add_argument("--burst", type=int, default=3000)
     parser.add_argument("--rss-nodes", type=int, default=10_000)
+    parser.add_argument(
+        "--quota-share",
+        type=float,
+        default=0.0,
+        help="fraction of the pods in a tenant with a (never refusing) quota",
+    )
     asyncio.run(main(parser.parse_args()))

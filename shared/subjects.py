@@ -18,7 +18,10 @@ operator can read the whole map here:
 KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
 ``tessera-ledger`` (placer: one entry per node holding its bookings, updated by compare-and-set);
 ``tessera-claims`` (placer: one entry per pod UID naming the one commit that placed it);
-``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record).
+``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record); ``tessera-tenants``
+(placer: one entry per tenant with a quota, its charges, updated by compare-and-set);
+``tessera-waiting`` (placer: one entry per pod a replica holds waiting for room, the board every
+replica reads to keep seed 002's order).
 
 Node names are DNS subdomains and may contain dots, which NATS treats as token separators; every
 node segment therefore goes through :func:`node_token`, which maps ``.`` to ``_`` (a character node
@@ -27,6 +30,7 @@ names cannot contain, so the mapping is reversible).
 
 from __future__ import annotations
 
+import re
 from typing import Final, Literal
 
 ROOT: Final = "tessera"
@@ -148,6 +152,8 @@ KV_LEDGER: Final = "tessera-ledger"
 KV_CLAIMS: Final = "tessera-claims"
 KV_ASSIGNMENTS: Final = "tessera-assignments"
 KV_STATS: Final = "tessera-stats"
+KV_TENANTS: Final = "tessera-tenants"
+KV_WAITING: Final = "tessera-waiting"
 
 #: Bucket name -> how many revisions of each key it keeps.
 KV_BUCKETS: Final[dict[str, int]] = {
@@ -157,6 +163,8 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_CLAIMS: 5,
     KV_ASSIGNMENTS: 5,
     KV_STATS: 1,
+    KV_TENANTS: 5,
+    KV_WAITING: 1,
 }
 
 
@@ -184,6 +192,30 @@ def stats_key(placer_id: str) -> str:
 def ledger_key(node: str) -> str:
     """KV key of ``node``'s entry in ``tessera-ledger`` (every booking on the node)."""
     return node_token(node)
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def tenant_key(tenant: str) -> str:
+    """KV key of ``tenant``'s entry in ``tessera-tenants`` (what counts against its quota).
+
+    A tenant is a namespace (a DNS label, used as it is) or a ``tessera.dev/tenant`` label value,
+    which may hold characters a key cannot (or two dots in a row): those are written as ``_`` and
+    the name's UTF-8 in hex, which no namespace can collide with (namespaces have no ``_``).
+    """
+    if not tenant:
+        raise ValueError("tenant must not be empty")
+    if _DNS_LABEL.fullmatch(tenant):
+        return tenant
+    return "_" + tenant.encode().hex()
+
+
+def waiting_key(pod_uid: str) -> str:
+    """KV key of pod ``pod_uid``'s entry on the waiting board (``tessera-waiting``)."""
+    if not pod_uid:
+        raise ValueError("pod uid must not be empty")
+    return pod_uid
 
 
 def claim_key(pod_uid: str) -> str:

@@ -41,6 +41,7 @@ class PlacerMetrics:
     unknown_outcomes: Counter
     extender_requests: Counter
     extender_seconds: Histogram
+    placed_ahead: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PlacerMetrics:
@@ -147,6 +148,14 @@ class PlacerMetrics:
                 "bound the pod).",
                 ["verb"],
                 buckets=LATENCY_BUCKETS,
+                registry=registry,
+            ),
+            placed_ahead=Counter(
+                "tessera_placer_placed_ahead_total",
+                "Waiting pods placed before a lower-ordered pod that was about to commit (seed "
+                "002's order across replicas), by who held the waiting pod: here or another "
+                "replica.",
+                ["holder"],
                 registry=registry,
             ),
         )

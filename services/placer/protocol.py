@@ -2,11 +2,11 @@
 
 :class:`CommitProtocol` carries out, with :class:`~.store.Store`'s certain-outcome writes, every
 multi-write step of the protocol: finishing a booked decision (claim, record, publish), giving a
-placement back (deleted or requeued), the repairs reconciliation plans, and purging what is past
-its retention. It knows nothing of pod messages: the service acks or naks them by what these
-steps return, so the same steps serve a decision, a redelivery, a repair and the extender, and a
-test can drive several replicas' steps in any interleaving
-(``tests/placer/test_protocol_model.py``).
+placement back (deleted or requeued: the booking, then the tenant's charge), the repairs
+reconciliation plans (the tenants' charges included), and purging what is past its retention. It
+knows nothing of pod messages: the service acks or naks them by what these steps return, so the same
+steps serve a decision, a redelivery, a repair and the extender, and a test can drive several
+replicas' steps in any interleaving (``tests/placer/test_protocol_model.py``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from services.placer import commit, translate
 from services.placer.core.model import Decision
 from services.placer.metrics import PlacerMetrics
 from services.placer.state import ClusterView
-from services.placer.store import GaveUpError, Store
+from services.placer.store import ConflictError, GaveUpError, Store
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.ledger import Booking, PodClaim
+from shared.messages.ledger import Booking, PodClaim, TenantCharge
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Bus
 
@@ -34,6 +34,9 @@ STALE_REPORT_S = 30.0
 """Clock difference between binder and placer tolerated when telling a stale binding result."""
 
 FinishOutcome = Literal["placed", "duplicate", "deleted"]
+Refusal = Literal["", "quota", "node"]
+"""Why a commit could not book: its tenant's quota, or the node (no room, or its ledger changed
+first)."""
 
 
 class CommitProtocol:
@@ -58,6 +61,28 @@ class CommitProtocol:
 
     # --- committing ----------------------------------------------------------------------------
 
+    async def book(self, booking: Booking) -> tuple[Refusal, str]:
+        """Charge the tenant's quota (when it has one), then book on the node (``commit.py``
+        steps 0 and 1). Returns ("", "") when booked, else what refused it and why.
+
+        A charge whose booking did not land is given back at once (what is charged always covers
+        what is booked, never much more); a booking whose answer was lost but which landed keeps
+        its charge: the pod is decided again, finds the booking and finishes that commit.
+        """
+        over = await self.store.charge(booking)
+        if over:
+            return "quota", over
+        try:
+            refused = await self.store.book(booking)
+        except ConflictError:
+            refused = "the node's ledger changed"
+        if not refused:
+            return "", ""
+        held = commit.booking_in(self.view.ledger(booking.node)[0], booking.pod_uid)
+        if held is None or held.commit != booking.commit:
+            await self.store.uncharge(booking)
+        return "node", refused
+
     async def finish(
         self, booking: Booking, request: PodPending | None, decision: Decision | None
     ) -> tuple[FinishOutcome, Booking]:
@@ -68,12 +93,12 @@ class CommitProtocol:
         """
         verdict, claim = await self.store.claim(booking, request)
         if verdict == "lost":
-            await self.store.unbook(booking)
+            await self.give_back(booking)
             assert claim is not None and claim.booking is not None
             await self.republish(claim.booking)
             return "duplicate", claim.booking
         if verdict == "deleted":
-            await self.store.unbook(booking)
+            await self.give_back(booking)
             return "deleted", booking
         action = await self.store.ensure_record(booking)
         if action == "released":  # released while we committed: nothing to publish
@@ -120,6 +145,12 @@ class CommitProtocol:
 
     # --- releasing -----------------------------------------------------------------------------
 
+    async def give_back(self, booking: Booking) -> None:
+        """Take ``booking`` off its node's ledger, then its charge off its tenant's entry (in
+        this order: what is charged always covers what is booked)."""
+        await self.store.unbook(booking)
+        await self.store.uncharge(booking)
+
     async def release_deleted(self, pod_uid: str, *, reason: str) -> list[Booking]:
         """The pod is gone: claim -> deleted, records fenced released, bookings removed.
 
@@ -141,7 +172,7 @@ class CommitProtocol:
         ]
         for booking in given_back:
             await self.store.fence(booking)
-            await self.store.unbook(booking)
+            await self.give_back(booking)
         return given_back
 
     async def release_requeue(
@@ -207,7 +238,7 @@ class CommitProtocol:
             return commit.requeued_claim(claim, reason=reason, now=now)
 
         claim = (await self.store.update_claim(booking.pod_uid, requeue)).value
-        await self.store.unbook(booking)
+        await self.give_back(booking)
         if (
             claim is not None
             and claim.state == "requeued"
@@ -252,11 +283,19 @@ class CommitProtocol:
 
     async def reconcile(self, *, grace_s: float) -> int:
         """Carry out :func:`~.commit.plan_repairs` over the view; how many repairs succeeded."""
+        view = self.view
+        ledgers = view.ledgers()
+        now = self.clock.now()
         repairs = commit.plan_repairs(
-            self.view.ledgers(),
-            self.view.claims,
-            self.view.records.values(),
-            now=self.clock.now(),
+            ledgers, view.claims, view.records.values(), now=now, grace_s=grace_s
+        )
+        repairs += commit.plan_charge_repairs(
+            view.tenant_ledgers(),
+            view.tenancy.quotas(),
+            ledgers,
+            view.claims,
+            view.records.values(),
+            now=now,
             grace_s=grace_s,
         )
         done = 0
@@ -283,6 +322,10 @@ class CommitProtocol:
         if repair.kind == "release-record":
             await self.release_orphan(repair.record_key, repair.pod_uid)
             return
+        if repair.kind == "drop-charge":
+            assert repair.charge is not None, repair
+            await self.drop_charge(repair.charge, repair.tenant)
+            return
         if repair.kind == "publish-requeue":
             claim = self.view.claim(repair.pod_uid)
             if claim is not None and claim.state == "requeued" and not claim.requeue_published:
@@ -296,7 +339,7 @@ class CommitProtocol:
                 await self.publish_decision(booking, None)
         elif repair.kind == "unbook-stale":
             await self.store.fence(booking)
-            await self.store.unbook(booking)
+            await self.give_back(booking)
         elif repair.kind == "rebook":
             refused = await self.store.rebook(booking)
             if refused:
@@ -306,9 +349,42 @@ class CommitProtocol:
                 )
         elif repair.kind == "finish-requeue":
             await self.finish_requeue(booking, "released record found by reconciliation")
+        elif repair.kind == "adopt-charge":
+            await self.store.adopt_charge(booking)
         elif repair.kind == "requeue-lost":
             await self.store.fence(booking)
             await self.finish_requeue(booking, "booking missing from the ledger")
+
+    async def drop_charge(self, charge: TenantCharge, tenant: str) -> None:
+        """Take off a charge whose commit looked neither booked nor recorded: fence the commit's
+        record first (the linearisation point: a commit slower than reconciliation then never
+        gets a live record), unless that record turns out live, or the claim names the commit."""
+        claim = (await self.store.read(self.store.claims, subjects.claim_key(charge.pod_uid))).value
+        if (
+            claim is not None
+            and claim.state == "placed"
+            and claim.booking is not None
+            and claim.booking.commit == charge.commit
+        ):
+            return
+        fence = commit.fence_of(charge, tenant)
+        now = self.clock.now()
+        live = False
+
+        def release(record: AssignmentRecord | None) -> AssignmentRecord | None:
+            nonlocal live
+            live = (
+                record is not None and record.commit == charge.commit and record.state != "released"
+            )
+            if live or commit.fence_action(record, charge.commit) != "write":
+                return None
+            return commit.released_record(record, fence, now=now)
+
+        await self.store.update_record(
+            subjects.assignment_key(charge.node, charge.pod_uid), release
+        )
+        if not live:
+            await self.store.uncharge(fence)
 
     async def release_orphan(self, key: str, pod_uid: str) -> None:
         """Release a live record whose commit the pod's claim does not name."""

@@ -2,15 +2,18 @@
 
 **Inputs.** Pending and deleted pods come from the ``TESSERA_PODS`` stream through the one durable
 consumer ``placer`` that every replica shares (explicit ack); binding results through the durable
-consumer ``placer-bindings``. Inventory, node facts, ledger entries, pod claims and assignment
-records come from KV watches into one :class:`~.state.ClusterView`. On start every watch delivers
-its bucket's current values first; only when all five have, and a reconciliation pass
+consumer ``placer-bindings``. Inventory, node facts, ledger entries, pod claims, assignment
+records and tenants' charges come from KV watches into one :class:`~.state.ClusterView`, and the
+waiting pods every replica holds into the :class:`~.board.WaitingBoard`. On start every watch
+delivers its bucket's current values first; only when all of them have, and a reconciliation pass
 (:func:`~.commit.plan_repairs`) has run over them, does ``/readyz`` turn ready and the pod
 consumer start: a restarted or added replica decides from exactly what the others see.
 
 **Deciding and committing.** Pods are decided one at a time in seed 002's queue order
-(``core/queue.py``) on the view, and committed concurrently (up to ``MAX_IN_FLIGHT``): book in the
-node's ledger entry by compare-and-set at the revision the decision saw, claim the pod
+(``core/queue.py``) on the view, and committed concurrently (up to ``MAX_IN_FLIGHT``): charge the
+tenant's quota when it has one (compare-and-set on the tenant's usage entry, checked against the
+quota: exact across replicas), book in the node's ledger entry by compare-and-set at the revision
+the decision saw, claim the pod
 (create-only), create its ``reserved`` record, publish the ``PlacementDecision`` on
 ``tessera.assignments.<node>`` (JetStream, de-duplicated by commit id), and only then ack the pod
 message (``commit.py`` has the protocol and why each step is safe). While a commit is in flight
@@ -20,7 +23,13 @@ commit). A lost compare-and-set re-reads the node and decides the pod again, awa
 (and, for ``CONTENDED_S``, this replica keeps other pods off it too: another replica is packing
 it), at most ``max_commit_retries`` times (counted); after that, or when NATS fails mid-commit, the
 message is nak'ed and comes back later: whatever was written is found again (a booking without a
-claim is finished, never decided twice). Built-in profiles break score ties by a draw seeded by
+claim is finished, never decided twice). A pod whose quota charge is refused (another replica's
+commit filled the quota first) is decided again and waits over its quota like any other.
+
+**Order across replicas.** Before committing a pod, the replica places first any pod waiting on
+the board (``board.py``: posted by whichever replica holds it) that is ordered before it and fits
+now, and decides the pod again after it: seed 002's order holds for pods contending for freed
+room, whichever replicas hold them. Built-in profiles break score ties by a draw seeded by
 the pod UID (``service_profile``), so concurrent decisions spread over equally good nodes.
 
 **Pods that fit nowhere** are published on ``tessera.placements.rejected`` with counted reasons
@@ -32,9 +41,12 @@ it (stopping cleanly), so no waiting pod lives only in one replica's memory and 
 copy of the backlog to keep consistent. The consumer is created with a large ``max_ack_pending`` so
 that waiting pods never block the delivery of new ones. A waiting pod is tried again when
 something that could let it fit changed (``ClusterView.freed``: capacity given back, a node added
-or made schedulable, a GPU healthy again, the tenancy config), with a per-pod backoff from
+or made schedulable, a GPU healthy again, a tenant's quota charge given back, the tenancy config),
+with a per-pod backoff from
 ``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``, and at the latest every ``SAFETY_RETRY_S``; waiting pods
-whose request is equal to one that just failed on the same cluster state are not decided again. A
+whose request is equal to one that just failed on the same cluster state are not decided again.
+A waiting pod is posted on the board; its holder takes it off once the pod's claim says placed or
+deleted (reconciliation sweeps what a stopped holder left). A
 pod too large for every node (or refused by the tenancy config) waits only for the node shapes or
 the config to change; an invalid request is rejected as unresolvable and acked.
 
@@ -83,7 +95,8 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from services.placer import decider, stats, translate
+from services.placer import board, decider, stats, translate
+from services.placer.board import Posted, WaitingBoard
 from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.framework import Profile
@@ -101,15 +114,16 @@ from services.placer.extender import Extender, listen
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
-from services.placer.store import ConflictError, Store
+from services.placer.store import Store
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult
 from shared.messages.inventory import NodeInventory
-from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
+from shared.messages.waiting import WaitingPod
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.health import HttpRoutes, Readiness
@@ -138,6 +152,14 @@ EXPLAINED_PODS = 10_000
 """Last outcomes kept for ``GET /v1/pods/{uid}``."""
 VERDICTS_SHOWN = 20
 STATS_INTERVAL_S = 10.0
+AHEAD_SCAN = 64
+"""Board entries ordered before a pod looked at before it commits (``board.first_fitting``)."""
+AHEAD_EVALUATIONS = 16
+"""Of those, pod shapes decided afresh (the rest are known not to fit since the last freeing)."""
+AHEAD_PLACED = 8
+"""Waiting pods placed first, at most, before one pod commits."""
+BOARD_SWEEP_GRACE_S = 10.0
+"""A board entry whose pod is placed or deleted is swept once it is this old."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +217,9 @@ class _Item:
     result: asyncio.Future[Outcome] | None = None
     """Set for a pod placed through :meth:`PlacerService.place` (answered, never held)."""
     only_node: str | None = None
+    adopted: bool = False
+    """A pod another replica holds waiting, placed here first (from the board): its message is
+    not held here, so it is never kept waiting or retried here."""
     avoid: set[str] = field(default_factory=set)
     """Nodes where a commit of this pod lost to another writer: decided away from them."""
 
@@ -228,7 +253,8 @@ def service_profile(profile: ProfileSpec | str) -> ProfileSpec:
 
 
 def _keep(key: str) -> None:
-    """Ledger entries are never deleted by Tessera: one that vanished is not forgotten."""
+    """Ledger and tenant entries are never deleted by Tessera: one that vanished is not
+    forgotten."""
 
 
 class PlacerService:
@@ -256,6 +282,7 @@ class PlacerService:
             tenancy=config.tenancy,
         )
         self.store = Store(bus=bus, edge=edge, view=self.view, clock=clock, metrics=metrics)
+        self.board = WaitingBoard()
         self.protocol = CommitProtocol(
             store=self.store,
             bus=bus,
@@ -294,7 +321,7 @@ class PlacerService:
 
     async def run(self, routes: HttpRoutes | None = None) -> None:
         """Load, reconcile, then serve until cancelled."""
-        buckets = ("inventory", "nodes", "ledger", "claims", "records")
+        buckets = ("inventory", "nodes", "ledger", "claims", "records", "tenants", "waiting")
         loaded = {name: asyncio.Event() for name in buckets}
         try:
             async with asyncio.TaskGroup() as group:
@@ -329,6 +356,14 @@ class PlacerService:
                         lambda: set(view.records),
                         view.forget_record,
                     ),
+                    (subjects.KV_TENANTS, self._on_tenant, "tenants", set, _keep),
+                    (
+                        subjects.KV_WAITING,
+                        self._on_waiting,
+                        "waiting",
+                        self.board.uids,
+                        self._forget_post,
+                    ),
                 )
                 for bucket, apply, name, held, forget in follows:
                     group.create_task(
@@ -337,6 +372,7 @@ class PlacerService:
                 await asyncio.gather(*(event.wait() for event in loaded.values()))
                 self.view.finish_load(self.clock.now())
                 self._queue = PlacementQueue(reference=self._reference())
+                self.board.rekey(self._queue.reference)
                 self._rebuild_profile()
                 await self.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
                 log.info(
@@ -514,6 +550,9 @@ class PlacerService:
             self.view.set_claim(claim.pod_uid, claim, entry.revision)
             if claim.state != "requeued":
                 self._drop_held(claim.pod_uid, claim)
+                posted = self.board.get(claim.pod_uid)
+                if posted is not None and posted.waiting.holder == self.config.placer_id:
+                    self._unpost(claim.pod_uid)  # placed or deleted by another replica
 
     async def _on_record(self, entry: KvEntry) -> None:
         known = self.view.records.get(entry.key)
@@ -526,12 +565,36 @@ class PlacerService:
         if isinstance(record, AssignmentRecord):
             self.view.set_record(entry.key, record, entry.revision)
 
+    async def _on_tenant(self, entry: KvEntry) -> None:
+        if entry.deleted:
+            return
+        ledger = await self._decode(entry, subjects.KV_TENANTS, TenantLedger, "tenants")
+        if isinstance(ledger, TenantLedger):
+            if subjects.tenant_key(ledger.tenant) != entry.key:
+                await self._reject_entry(entry, subjects.KV_TENANTS, "tenants", ledger.tenant)
+                return
+            self.view.set_tenant_ledger(ledger, entry.revision)
+
+    async def _on_waiting(self, entry: KvEntry) -> None:
+        if entry.deleted:
+            self.board.remove(entry.key, before=entry.revision)
+            return
+        held = self.board.get(entry.key)
+        if held is not None and entry.revision <= held.revision:
+            return
+        waiting = await self._decode(entry, subjects.KV_WAITING, WaitingPod, "waiting")
+        if isinstance(waiting, WaitingPod):
+            if subjects.waiting_key(waiting.pod.uid) != entry.key:
+                await self._reject_entry(entry, subjects.KV_WAITING, "waiting", waiting.pod.uid)
+                return
+            self.board.put(waiting, entry.revision)
+
     async def _reject_entry(self, entry: KvEntry, bucket: str, family: str, named: str) -> None:
         delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
         await self.edge.reject(
             delivery,
             family=family,
-            reason=f"entry under key {entry.key} names node {named!r}",
+            reason=f"entry under key {entry.key} names {named!r}",
             kind="validate",
         )
 
@@ -670,8 +733,11 @@ class PlacerService:
                 self._start(item)
                 await asyncio.sleep(0)  # let commits and deliveries progress
 
-    def _start(self, item: _Item) -> None:
-        """Decide ``item`` now (synchronously, on the view) and set its commit going."""
+    def _start(self, item: _Item, *, look_ahead: bool = True) -> None:
+        """Decide ``item`` now (synchronously, on the view) and set its commit going.
+
+        ``look_ahead``: place first the board's waiting pods ordered before it that fit now.
+        """
         uid = item.pod.uid
         claim = self.view.claim(uid)
         if claim is not None and claim.state == "placed" and claim.booking is not None:
@@ -713,10 +779,15 @@ class PlacerService:
         self.metrics.tries.inc()
         try:
             outcome = self._decide(item, known, now)
+            if look_ahead and isinstance(outcome, Decision):
+                outcome = self._place_ahead_of(item, outcome, now)
         except Exception:  # a bug in the core must not stop the placer for every pod
             log.exception("deciding a pod failed", extra={"pod_uid": uid})
             self.metrics.commit_failures.labels(cause="bug").inc()
             self._spawn(self._give_back(item, delay=BACKOFF_MAX_S), f"giveback-{uid}")
+            return
+        if isinstance(outcome, Waiting) and item.adopted and not item.deliveries:
+            del self._items[uid]  # its holder keeps it waiting
             return
         if isinstance(outcome, Waiting):
             if item.result is not None:  # the extender's: answered, never held
@@ -738,6 +809,150 @@ class PlacerService:
         item.stage = "committing"
         self._in_flight += 1
         self._spawn(self._commit(item, booking, outcome), f"commit-{uid}")
+
+    # --- the waiting board ---------------------------------------------------------------------
+
+    def _place_ahead_of(self, item: _Item, decision: Decision, now: float) -> Decision | Waiting:
+        """Place first the waiting pods on the board ordered before ``item`` that fit now, then
+        decide ``item`` again (``board.py`` has why); ``decision`` when there are none."""
+        if not len(self.board) or item.only_node is not None or item.adopted:
+            return decision
+        key = self.board.key_of(
+            item.request,
+            priority_label=item.pod.hints.priority_label,
+            created_at=item.pod.created_at,
+        )
+        if key is None:
+            return decision
+        assert self.profile is not None
+        profile = self.profile
+
+        def skip(uid: str) -> bool:
+            if uid == item.pod.uid:
+                return True
+            claim = self.view.claim(uid)
+            if claim is not None and claim.state != "requeued":
+                return True  # placed or deleted already
+            held = self._items.get(uid)
+            return held is not None and held.stage != "waiting"
+
+        def fits(request: PodRequest) -> bool:
+            shape = request.placement_key()
+            if shape in self._failed_keys:
+                return False
+            outcome = decider.decide(self.view, profile, request, now=now)
+            if isinstance(outcome, Waiting):
+                self._failed_keys[shape] = outcome
+                return False
+            return True
+
+        outcome: Decision | Waiting = decision
+        for _ in range(AHEAD_PLACED):
+            ahead = board.first_fitting(
+                self.board,
+                key,
+                skip=skip,
+                fits=fits,
+                scan=AHEAD_SCAN,
+                evaluations=AHEAD_EVALUATIONS,
+            )
+            if ahead is None:
+                break
+            self._place_first(ahead, before=item)
+            outcome = self._decide(item, None, now)
+            if isinstance(outcome, Waiting):
+                break
+        return outcome
+
+    def _place_first(self, posted: Posted, *, before: _Item) -> None:
+        """Decide and commit a waiting pod of the board now, ahead of ``before``."""
+        uid = posted.uid
+        held = self._items.get(uid)
+        if held is not None:  # waiting here
+            self._waiting.pop(uid, None)
+            self._queue.remove(uid)
+            held.stage = "queued"
+            item = held
+        else:
+            item = self._items[uid] = _Item(
+                pod=posted.waiting.pod,
+                request=posted.request,
+                deliveries=[],
+                received=self.clock.monotonic(),
+                adopted=True,
+            )
+        here = posted.waiting.holder == self.config.placer_id
+        self.metrics.placed_ahead.labels(holder="here" if here else "other").inc()
+        log.info(
+            "placing a waiting pod first",
+            extra={
+                "pod_uid": uid,
+                "holder": posted.waiting.holder,
+                "ahead_of": before.pod.uid,
+            },
+        )
+        self._start(item, look_ahead=False)
+
+    async def _post(self, item: _Item) -> None:
+        """Post ``item`` (held waiting here) on the board, unless it is posted as it is."""
+        uid = item.pod.uid
+        posted = self.board.get(uid)
+        me = self.config.placer_id
+        if posted is not None and posted.waiting.holder == me and posted.waiting.pod == item.pod:
+            return
+        now = self.clock.now()
+        waiting = WaitingPod(
+            pod=item.pod,
+            holder=me,
+            since=posted.waiting.since if posted is not None else now,
+            updated_at=now,
+        )
+        try:
+            revision = await self.bus.kv_put(
+                subjects.KV_WAITING, subjects.waiting_key(uid), codec.encode(waiting)
+            )
+        except Exception as error:  # only the order across replicas is weaker until the next try
+            log.warning(
+                "cannot post a waiting pod on the board",
+                extra={"pod_uid": uid, "error": f"{type(error).__name__}: {error}"},
+            )
+            return
+        self.board.put(waiting, revision)
+        if self._items.get(uid) is not item or item.stage != "waiting":
+            self._unpost(uid)  # placed or gone meanwhile
+
+    def _unpost(self, uid: str) -> None:
+        """Take ``uid``'s board entry off, if there is one (at the revision seen: a newer post is
+        kept). Whoever places or releases a pod does, and its holder when it sees the claim."""
+        posted = self.board.get(uid)
+        if posted is None:
+            return
+
+        async def delete() -> None:
+            try:
+                key = subjects.waiting_key(posted.uid)
+                deleted = await self.bus.kv_delete_if(
+                    subjects.KV_WAITING, key, revision=posted.revision
+                )
+            except Exception:  # the sweep takes it off later
+                return
+            if deleted:
+                self.board.remove(posted.uid, before=posted.revision + 1)
+
+        self._spawn(delete(), f"unpost-{uid}")
+
+    def _forget_post(self, uid: str) -> None:
+        self.board.remove(uid)
+
+    def _sweep_board(self) -> None:
+        """Take off entries of pods placed or deleted (their holder stopped before it could)."""
+        now = self.clock.now()
+        for posted in self.board.posted():
+            claim = self.view.claim(posted.uid)
+            if claim is None or claim.state == "requeued":
+                continue
+            if now - max(posted.waiting.updated_at, claim.updated_at) >= BOARD_SWEEP_GRACE_S:
+                self._unpost(posted.uid)
 
     def _decide(self, item: _Item, known: Waiting | None, now: float) -> Decision | Waiting:
         assert self.profile is not None
@@ -761,22 +976,20 @@ class PlacerService:
     ) -> None:
         uid = booking.pod_uid
         try:
-            refused = ""
-            if book:
-                try:
-                    refused = await self.store.book(booking)
-                except ConflictError:
-                    refused = "the node's ledger changed"
-            if refused:
+            refusal, why = await self.protocol.book(booking) if book else ("", "")
+            if refusal:
                 self.view.drop_tentative(booking.node, uid)
-                item.avoid.add(booking.node)
-                self._contended[booking.node] = self.clock.monotonic() + CONTENDED_S
-                self._retry(item, refused)
+                if refusal == "node":
+                    item.avoid.add(booking.node)
+                    self._contended[booking.node] = self.clock.monotonic() + CONTENDED_S
+                # else another commit filled the quota first: decided again, the pod waits
+                self._retry(item, why)
                 return
             outcome, placed = await self.protocol.finish(booking, item.pod, decision)
             await self._ack(item.deliveries)
             if self._items.get(uid) is item:
                 del self._items[uid]
+            self._unpost(uid)
             self._answered(item, outcome, placed, decision if placed is booking else None)
         except Exception as error:  # NATS failed mid-commit: what landed is found again later
             self.view.drop_tentative(booking.node, uid)
@@ -795,6 +1008,10 @@ class PlacerService:
             self._work.set()
 
     def _retry(self, item: _Item, why: str) -> None:
+        if item.adopted and not item.deliveries:  # its holder keeps it
+            if self._items.get(item.pod.uid) is item:
+                del self._items[item.pod.uid]
+            return
         item.attempts += 1
         self.metrics.retries.inc()
         if item.attempts > self.config.max_commit_retries:
@@ -961,6 +1178,8 @@ class PlacerService:
             return
         item.wake = waiting.wake
         item.backoff = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, item.backoff * 2))
+        if self._items.get(pod.uid) is item and item.stage == "waiting":
+            await self._post(item)
 
     def _answer_unplaced(self, item: _Item, waiting: Waiting) -> None:
         """A pod placed through :meth:`place` does not fit where asked: answer why and keep
@@ -1109,6 +1328,7 @@ class PlacerService:
                 Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=self.clock.now()),
             )
             await self._ack(item.deliveries)
+        self._unpost(pod_uid)
         self.metrics.releases.labels(cause=cause).inc()
         self._remember(
             Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=self.clock.now())
@@ -1208,6 +1428,7 @@ class PlacerService:
                 await self.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
             except Exception as error:
                 log.warning("reconciliation failed; tried again", extra={"error": str(error)})
+            self._sweep_board()
 
     async def _mix_loop(self) -> None:
         while True:

@@ -1,10 +1,10 @@
 """The placer's picture of the cluster, kept current from KV (pure: no I/O, time passed in).
 
 :class:`ClusterView` holds the latest value of every KV entry the placer reads (inventory, node
-facts, ledger entries, pod claims, assignment records), each with its KV revision, and from them
-one :class:`~.core.index.ClusterIndex` of node states that decisions run on. Updates come from the
-shell's KV watches and from the shell's own writes (a write's revision is applied at once; the
-watch event for it arrives later and is ignored, as is anything older than what is held).
+facts, ledger entries, pod claims, assignment records, tenants' charges), each with its KV revision,
+and from them one :class:`~.core.index.ClusterIndex` of node states that decisions run on. Updates
+come from the shell's KV watches and from the shell's own writes (a write's revision is applied at
+once; the watch event for it arrives later and is ignored, as is anything older than what is held).
 
 Besides the committed ledger, a node's state counts this replica's *tentative* bookings: decisions
 taken and not yet committed (the shell commits several at once), so the next decision does not
@@ -13,13 +13,14 @@ ledger alone holds it, which is what a compare-and-set is checked against.
 
 Also kept here, because they follow the same inputs:
 
-- tenant usage for quotas (every booking, committed or tentative, counted once per pod);
+- tenant usage for quotas (every booking, committed or tentative, counted once per pod, and the
+  charges of the shared usage entries in ``tessera-tenants`` for pods not seen booked yet);
 - the task mix (:class:`~.mix.TaskMix`) from the claims;
 - why each unschedulable node is (``unplaceable``), for rejection messages;
 - two change counters the backoff queue waits on: ``freed`` moves when something that could let
   a waiting pod fit changed (capacity given back, a node added, made schedulable, a GPU healthy
-  again, the tenancy config), ``grown`` when the largest node shapes changed (a node or GPU
-  added), which is all a pod too large for every node waits for;
+  again, a tenant's charges given back, the tenancy config), ``grown`` when the largest node
+  shapes changed (a node or GPU added), which is all a pod too large for every node waits for;
 - the capacity signatures of all nodes (totals, GPU models and memories), for "too large for any
   node" (:meth:`too_large`).
 """
@@ -30,16 +31,17 @@ from collections import Counter
 from collections.abc import Iterator
 
 from services.placer import translate
-from services.placer.commit import RecordFacts, record_facts
+from services.placer.commit import RecordFacts, charge_usage, charged, record_facts
 from services.placer.core.facts import PodFacts
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import NodeState
+from services.placer.core.quota import Usage
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
-from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
 from shared.subjects import node_from_token, node_token
 
@@ -156,6 +158,8 @@ class ClusterView:
         self.claims: dict[str, PodClaim] = {}
         self.claim_revisions: dict[str, int] = {}
         self.records: dict[str, RecordFacts] = {}
+        self.tenants: dict[str, tuple[TenantLedger, int]] = {}
+        """Tenant -> its usage entry (``tessera-tenants``) and the entry's revision."""
         self._nodes: dict[str, _Node] = {}
         self._pod_nodes: dict[str, set[str]] = {}
         """Pod UID -> nodes holding a booking of it (committed or tentative)."""
@@ -338,6 +342,32 @@ class ClusterView:
             self.mix.observe(
                 pod_uid, task_spec(claim.booking, self.gpu_memory), claim.booking.decided_at
             )
+        return True
+
+    # --- tenants' charges ----------------------------------------------------------------------
+
+    def tenant_ledger(self, tenant: str) -> tuple[TenantLedger | None, int]:
+        """``tenant``'s usage entry and its revision (None, 0: none yet)."""
+        held = self.tenants.get(tenant)
+        return held if held is not None else (None, 0)
+
+    def tenant_ledgers(self) -> dict[str, TenantLedger]:
+        return {tenant: ledger for tenant, (ledger, _) in self.tenants.items()}
+
+    def set_tenant_ledger(self, ledger: TenantLedger, revision: int) -> bool:
+        """Take a tenant's usage entry at ``revision``; False when a newer one is held. A charge
+        given back counts as freed room (pods over the tenant's quota may fit now)."""
+        held = self.tenants.get(ledger.tenant)
+        if held is not None and revision <= held[1]:
+            return False
+        before = charged(held[0]) if held is not None else Usage()
+        self.tenants[ledger.tenant] = (ledger, revision)
+        self.tenancy.set_committed(
+            ledger.tenant, {c.pod_uid: charge_usage(c) for c in ledger.charges}
+        )
+        after = charged(ledger)
+        if after.gpus < before.gpus or after.gpu_memory_mib < before.gpu_memory_mib:
+            self.freed += 1
         return True
 
     # --- keys deleted while no watch ran -------------------------------------------------------

@@ -15,17 +15,18 @@ is what it should be), write it at the revision read, and
 Every value read or written here is applied to the :class:`~.state.ClusterView` at once, so the
 index reflects this replica's own writes without waiting for the watch to echo them.
 
-Ledger writes for one node are serialised inside a replica (a lock per node): the replica's
-concurrent commits do not conflict with each other, only with other replicas.
+Ledger writes for one node are serialised inside a replica (a lock per node), and so are the
+charges of one tenant (a lock per tenant): the replica's concurrent commits do not conflict with
+each other, only with other replicas; those waiting for the same lock are written together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from services.placer import commit, translate
 from services.placer.metrics import PlacerMetrics
@@ -33,7 +34,7 @@ from services.placer.state import ClusterView
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
@@ -41,6 +42,16 @@ from shared.runtime.edge import Edge
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_Batched = TypeVar("_Batched", Booking, TenantCharge)
+
+
+def _node_lock_key(node: str) -> str:
+    return f"node/{node}"
+
+
+def _tenant_lock_key(tenant: str) -> str:
+    return f"tenant/{tenant}"
+
 
 MAX_ATTEMPTS = 16
 """Writes of one entry in a row that lose to another writer before the step gives up (each loss
@@ -72,7 +83,8 @@ class _Kind(Generic[T]):
 
 
 class Store:
-    """KV reads and writes of ledger entries, pod claims and assignment records."""
+    """KV reads and writes of ledger entries, pod claims, assignment records and tenants'
+    charges."""
 
     def __init__(
         self,
@@ -89,19 +101,23 @@ class Store:
         self._clock = clock
         self._metrics = metrics
         self._locks: dict[str, asyncio.Lock] = {}
-        self._queued: dict[str, list[tuple[Booking, asyncio.Future[str]]]] = {}
-        """Bookings per node waiting for the node's lock (written together)."""
+        self._queued: dict[str, list[tuple[Any, asyncio.Future[str]]]] = {}
+        """Bookings per node (charges per tenant) waiting for its lock (written together)."""
         self.ledgers = _Kind(subjects.KV_LEDGER, "ledger", NodeLedger, self._apply_ledger)
         self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, view.set_claim)
         self.records = _Kind(
             subjects.KV_ASSIGNMENTS, "assignments", AssignmentRecord, view.set_record
         )
+        self.tenants = _Kind(subjects.KV_TENANTS, "tenants", TenantLedger, self._apply_tenant)
 
     # --- reading -------------------------------------------------------------------------------
 
     def _apply_ledger(self, key: str, ledger: NodeLedger | None, revision: int) -> bool:
         node = ledger.node if ledger is not None else subjects.node_from_token(key)
         return self._view.set_ledger(node, ledger, revision)
+
+    def _apply_tenant(self, key: str, ledger: TenantLedger | None, revision: int) -> bool:
+        return ledger is not None and self._view.set_tenant_ledger(ledger, revision)
 
     async def decode(self, kind: _Kind[T], key: str, data: bytes) -> T | None:
         """Decode a KV value at the edge (a value that does not decode is dead-lettered)."""
@@ -168,11 +184,14 @@ class Store:
             raise ConflictError(f"{kind.bucket} entry {key} changed under the write")
         raise GaveUpError(f"{kind.bucket} entry {key} kept changing under {attempts} writes")
 
-    def node_lock(self, node: str) -> asyncio.Lock:
-        lock = self._locks.get(node)
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[node] = asyncio.Lock()
+            lock = self._locks[key] = asyncio.Lock()
         return lock
+
+    def node_lock(self, node: str) -> asyncio.Lock:
+        return self._lock(_node_lock_key(node))
 
     # --- the ledger ----------------------------------------------------------------------------
 
@@ -191,34 +210,18 @@ class Store:
         compare-and-set (``commit.book_all``): under load a packing profile sends many pods to
         the same node, and each would otherwise wait for the one before.
         """
-        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queued.setdefault(booking.node, []).append((booking, waiter))
-        try:
-            async with self.node_lock(booking.node):
-                if not waiter.done():
-                    await self._book_queued(booking.node)
-        except BaseException:
-            waiter.cancel()  # stopped while waiting: not written (or already decided)
-            raise
-        return waiter.result()
+        node = booking.node
 
-    async def _book_queued(self, node: str) -> None:
-        batch = [(b, w) for b, w in self._queued.pop(node, []) if not w.done()]
-        if not batch:
-            return
-        refused: dict[str, str] = {}
+        async def write(batch: list[Booking]) -> dict[str, str]:
+            refused: dict[str, str] = {}
 
-        def change(ledger: NodeLedger | None) -> NodeLedger | None:
-            nonlocal refused
-            written, refused = commit.book_all(
-                ledger,
-                self._view.committed_state(node),
-                [b for b, _ in batch],
-                now=self._clock.now(),
-            )
-            return written
+            def change(ledger: NodeLedger | None) -> NodeLedger | None:
+                nonlocal refused
+                written, refused = commit.book_all(
+                    ledger, self._view.committed_state(node), batch, now=self._clock.now()
+                )
+                return written
 
-        try:
             await self.transact(
                 self.ledgers,
                 subjects.ledger_key(node),
@@ -226,14 +229,38 @@ class Store:
                 start=self._cached_ledger(node),
                 attempts=1,
             )
-        except Exception as error:
-            for _, waiter in batch:
+            return refused
+
+        return await self._group_commit(_node_lock_key(node), booking, write)
+
+    async def _group_commit(
+        self,
+        lock: str,
+        item: _Batched,
+        write: Callable[[list[_Batched]], Awaitable[dict[str, str]]],
+    ) -> str:
+        """Write ``item`` with every other one waiting for the same ``lock``, by one ``write``
+        that returns why items (by commit id) were refused; "" for ``item`` when it was not."""
+        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(lock, []).append((item, waiter))
+        try:
+            async with self._lock(lock):
                 if not waiter.done():
-                    waiter.set_exception(error)
-            return
-        for booking, waiter in batch:
-            if not waiter.done():
-                waiter.set_result(refused.get(booking.commit, ""))
+                    batch = [(b, w) for b, w in self._queued.pop(lock, []) if not w.done()]
+                    try:
+                        refused = await write([b for b, _ in batch])
+                    except Exception as error:
+                        for _, pending in batch:
+                            if not pending.done():
+                                pending.set_exception(error)
+                    else:
+                        for done, pending in batch:
+                            if not pending.done():
+                                pending.set_result(refused.get(done.commit, ""))
+        except BaseException:
+            waiter.cancel()  # stopped while waiting: not written (or already decided)
+            raise
+        return waiter.result()
 
     async def rebook(self, booking: Booking) -> str:
         """Book ``booking`` again (its record is live); retried through conflicts."""
@@ -269,6 +296,83 @@ class Store:
                 start=self._cached_ledger(booking.node),
             )
         self._view.drop_tentative(booking.node, booking.pod_uid)
+
+    # --- tenants' charges ----------------------------------------------------------------------
+
+    def _cached_tenant(self, tenant: str) -> Entry[TenantLedger]:
+        ledger, revision = self._view.tenant_ledger(tenant)
+        return Entry(ledger, revision)
+
+    async def charge(self, booking: Booking) -> str:
+        """Charge ``booking`` to its tenant's quota (``commit.charge_all``), when it has one.
+
+        Returns "" when charged (or nothing to charge: no quota, or nothing it limits), else why
+        the quota refuses it. A lost compare-and-set reads the entry again and checks again;
+        charges of one tenant waiting for each other here are written together.
+        """
+        tenant = booking.tenant
+        quota = self._view.tenancy.quota_of(tenant) if tenant else None
+        if quota is None:
+            return ""
+        charge = commit.charge_of(booking, now=self._clock.now())
+        if not commit.counts_against(quota, charge):
+            return ""
+
+        async def write(batch: list[TenantCharge]) -> dict[str, str]:
+            refused: dict[str, str] = {}
+
+            def change(ledger: TenantLedger | None) -> TenantLedger | None:
+                nonlocal refused
+                quota = self._view.tenancy.quota_of(tenant)
+                written, refused = commit.charge_all(
+                    ledger, tenant, quota, batch, now=self._clock.now()
+                )
+                return written
+
+            await self.transact(
+                self.tenants,
+                subjects.tenant_key(tenant),
+                change,
+                start=self._cached_tenant(tenant),
+            )
+            return refused
+
+        return await self._group_commit(_tenant_lock_key(tenant), charge, write)
+
+    async def uncharge(self, booking: Booking) -> None:
+        """Take the charge of ``booking``'s commit off its tenant's entry, if it holds one.
+
+        No I/O for a tenant that has neither a quota nor an entry (nothing was ever charged).
+        """
+        tenant = booking.tenant
+        cached = self._cached_tenant(tenant)
+        if not tenant or (cached.value is None and self._view.tenancy.quota_of(tenant) is None):
+            return
+        listed = cached.value is not None and any(
+            c.commit == booking.commit for c in cached.value.charges
+        )
+
+        def change(ledger: TenantLedger | None) -> TenantLedger | None:
+            return commit.without_charge(ledger, booking.commit, now=self._clock.now())
+
+        async with self._lock(_tenant_lock_key(tenant)):
+            await self.transact(
+                self.tenants,
+                subjects.tenant_key(tenant),
+                change,
+                start=cached if listed else None,  # not seen charged here: read the truth
+            )
+
+    async def adopt_charge(self, booking: Booking) -> None:
+        """Charge a placement that exists already, whatever the quota (a repair)."""
+        tenant = booking.tenant
+        charge = commit.charge_of(booking, now=self._clock.now())
+
+        def change(ledger: TenantLedger | None) -> TenantLedger | None:
+            return commit.with_charge(ledger, tenant, charge, now=self._clock.now())
+
+        async with self._lock(_tenant_lock_key(tenant)):
+            await self.transact(self.tenants, subjects.tenant_key(tenant), change)
 
     # --- claims --------------------------------------------------------------------------------
 

@@ -16,6 +16,12 @@ gives its booking back. States: ``placed`` (the booking is the pod's placement),
 placement was given back after a failed binding or a reserve timeout; the pod may be placed again
 by a compare-and-set from this state), ``deleted`` (the pod is gone; terminal, purged after the
 retention period).
+
+``tessera-tenants``, key ``subjects.tenant_key(tenant)``: a :class:`TenantLedger` listing every
+:class:`TenantCharge` against the quota of a tenant that has one. A commit of such a tenant's pod
+adds its charge by compare-and-set, checked against the quota on the entry as read, *before* it
+books; a release takes the charge off after the booking. So however many replicas decide at once,
+the charges never add up to more than the quota, and every live placement is charged.
 """
 
 from __future__ import annotations
@@ -90,3 +96,30 @@ class PodClaim(Message, frozen=True, kw_only=True):
     """Why the claim is in its state (for ``requeued`` and ``deleted``)."""
     requeue_published: bool = False
     """``requeued`` only: the pod was put back on ``tessera.pods.pending``."""
+
+
+class TenantCharge(Message, frozen=True, kw_only=True):
+    """What one commit of one pod counts against its tenant's quota (``tessera-tenants``).
+
+    Names the commit's pod and node so that reconciliation can fence the commit's record (leave
+    it ``released``) before it gives back a charge whose commit never booked.
+    """
+
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str
+    commit: str
+    gpus: int
+    """GPU shares (a whole GPU and a slice each count one)."""
+    gpu_memory_mib: int
+    charged_at: float
+    placer_id: str = ""
+
+
+class TenantLedger(Message, frozen=True, kw_only=True):
+    """Every charge against one tenant's quota (``tessera-tenants``)."""
+
+    tenant: str
+    charges: tuple[TenantCharge, ...] = ()
+    updated_at: float = 0.0

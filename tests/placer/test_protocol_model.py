@@ -9,11 +9,21 @@ views as in a real cluster. Replicas decide pods (two may decide the same pod at
 them, see bindings fail, time reservations out, run reconciliation, and are killed mid-step and
 restarted from KV. The binder binds reserved records by compare-and-set at any moment.
 
+Two pods belong to tenant ``team``, whose quota is one GPU share: every replica checks it on its
+own (stale) view when deciding, and charges the tenant's usage entry by compare-and-set before
+booking, as the service does.
+
 After every step: no GPU is over-committed in the ledger or by live records (memory, cores,
-logical slots, exclusivity), no pod has two live records, every live record is booked. When the
-machine ends, everything in flight is let through, every replica reconciles, and then every
-booking is recorded and claimed, every placed claim booked and recorded: nothing lost, nothing
-left half done.
+logical slots, exclusivity), no pod has two live records, every live record is booked, and no
+tenant is over its quota: its charges add up to no more than the quota, every live record of its
+pods is charged, so its live records hold no more than the quota. When the machine ends,
+everything in flight is let through, every replica reconciles, and then every booking is recorded
+and claimed, every placed claim booked and recorded, every charge is a live record's: nothing
+lost, nothing left half done.
+
+:class:`BrokenQuotaMachine` is the same machine with the charge left out (each replica enforcing
+the quota on its own view only, as the placer did before ``tessera-tenants``): the invariant must
+catch it.
 """
 
 from __future__ import annotations
@@ -26,12 +36,20 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
-from hypothesis import HealthCheck, event, settings
+import pytest
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from prometheus_client import CollectorRegistry
 
 from services.placer import decider, translate
+from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile
 from services.placer.metrics import PlacerMetrics
@@ -40,7 +58,7 @@ from services.placer.state import ClusterView
 from services.placer.store import ConflictError, Store
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.ledger import NodeLedger, PodClaim, TenantLedger
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Handler, KvEntry, PullConsumer, Subscription
 from shared.runtime.edge import Edge
@@ -57,7 +75,12 @@ PODS: dict[str, PodPending] = {
     "p2": wire.pending("p2", shares=1, memory_mib=None, cores=None),  # a whole GPU
     "p3": wire.pending("p3", memory_mib=4000, cores=70),
     "p4": wire.pending("p4", shares=2, memory_mib=6000, cores=30),
+    "q0": wire.pending("q0", memory_mib=4000, cores=20, namespace="team"),
+    "q1": wire.pending("q1", memory_mib=4000, cores=20, namespace="team"),
 }
+QUOTA_GPUS = 1
+QUOTAS: dict[str, tuple[int | None, int | None]] = {"team": (QUOTA_GPUS, None)}
+TENANCY = TenancyConfig(quotas=(TenantQuota(tenant="team", gpus=QUOTA_GPUS),))
 INVENTORIES = {name: wire.inventory(name, gpus) for name, gpus in NODES.items()}
 REPLICAS = 3
 
@@ -246,6 +269,8 @@ def apply_entry(
     elif bucket == subjects.KV_ASSIGNMENTS:
         record = codec.decode(data, AssignmentRecord) if data is not None else None
         view.set_record(key, record, revision)
+    elif bucket == subjects.KV_TENANTS and data is not None:
+        view.set_tenant_ledger(codec.decode(data, TenantLedger), revision)
 
 
 @dataclass
@@ -265,6 +290,9 @@ PROFILE = build_profile("binpack")
 
 
 class ProtocolMachine(RuleBasedStateMachine):
+    charges = True
+    """Whether a commit charges its tenant's quota (:class:`BrokenQuotaMachine` does not)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
@@ -279,11 +307,17 @@ class ProtocolMachine(RuleBasedStateMachine):
             replica.inbox.append((bucket, key, data, revision))
 
     def _replica(self, number: int) -> Replica:
-        view = ClusterView(inventory_stale_s=1e9, task_mix_window=100)
+        view = ClusterView(inventory_stale_s=1e9, task_mix_window=100, tenancy=TENANCY)
         for name, inventory in INVENTORIES.items():
             view.set_inventory(msgspec.structs.replace(inventory, observed_at=self.clock.now()))
             view.set_facts(wire.facts(name, slots=SLOTS, at=self.clock.now()))
-        for bucket in (subjects.KV_LEDGER, subjects.KV_CLAIMS, subjects.KV_ASSIGNMENTS):
+        buckets = (
+            subjects.KV_LEDGER,
+            subjects.KV_CLAIMS,
+            subjects.KV_ASSIGNMENTS,
+            subjects.KV_TENANTS,
+        )
+        for bucket in buckets:
             for key, (data, revision) in self.kv.entries(bucket).items():
                 apply_entry(view, bucket, key, data, revision)
         view.finish_load(self.clock.now())
@@ -345,10 +379,13 @@ class ProtocolMachine(RuleBasedStateMachine):
 
         async def commit() -> None:
             try:
-                try:
-                    refused = await r.store.book(booking)
-                except ConflictError:
-                    refused = "conflict"
+                if self.charges:
+                    refused, _ = await r.protocol.book(booking)
+                else:  # the commit without the tenant's charge: the node's booking only
+                    try:
+                        refused = "node" if await r.store.book(booking) else ""
+                    except ConflictError:
+                        refused = "node"
                 if not refused:
                     await r.protocol.finish(booking, PODS[pod], outcome)
             finally:
@@ -454,6 +491,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             state.claims[key] = codec.decode(data, PodClaim)
         for key, (data, _) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
             state.records[key] = codec.decode(data, AssignmentRecord)
+        for data, _ in self.kv.entries(subjects.KV_TENANTS).values():
+            ledger = codec.decode(data, TenantLedger)
+            state.tenants[ledger.tenant] = ledger
         return state
 
     @invariant()
@@ -466,6 +506,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         booked = {(b.node, b.pod_uid, b.commit) for b in state.bookings()}
         for record in live:
             assert (record.node, record.pod_uid, record.commit) in booked, record
+        wire.check_quotas(state, QUOTAS)
+        if self.charges:  # the broken machine has no charges to check
+            wire.check_charges(state, QUOTAS)
 
     def teardown(self) -> None:
         try:
@@ -490,6 +533,13 @@ class ProtocolMachine(RuleBasedStateMachine):
             event(f"live records at the end: {len(state.live_records())}")
             event(f"claims: {sorted(c.state for c in state.claims.values())}")
             wire.check_invariants(state, INVENTORIES, slots={name: SLOTS for name in NODES})
+            wire.check_quotas(state, QUOTAS)
+            if self.charges:  # and nothing charged that is not placed
+                wire.check_charges(state, QUOTAS)
+                team = state.tenants.get("team")
+                charged = {c.commit for c in team.charges} if team else set()
+                recorded = {r.commit for r in state.live_records() if r.namespace == "team"}
+                assert charged == recorded, (charged, recorded)
         finally:
             self.loop.close()
 
@@ -501,3 +551,26 @@ ProtocolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestProtocol = ProtocolMachine.TestCase
+
+
+class BrokenQuotaMachine(ProtocolMachine):
+    """Every replica checks the quota on its own view only: two of them place ``team``'s pods at
+    once and the tenant ends over its quota."""
+
+    charges = False
+
+
+def test_a_quota_checked_only_on_each_replicas_view_is_caught() -> None:
+    with pytest.raises(AssertionError, match="over its quota"):
+        run_state_machine_as_test(
+            BrokenQuotaMachine,
+            settings=settings(
+                max_examples=300,
+                stateful_step_count=50,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                phases=(Phase.generate,),
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )

@@ -5,6 +5,11 @@ and publishes 1,000 pending pods (more than fit) into the stream. While the plac
 them is killed with SIGKILL. Afterwards, read from KV and the placements stream: every pod has
 exactly one live assignment record or was rejected, no GPU is over-committed (memory, cores,
 logical devices, exclusivity), every record is booked and every booking recorded.
+
+A tenth of the pods belong to tenant ``capped``, whose quota (``CAPPED_GPUS`` shares) is far below
+what it asks for: the three replicas decide its pods at the same moment, each on its own view, and
+its live records must still never hold more than the quota, exactly as its usage entry in
+``tessera-tenants`` (every charge booked, every live record charged) says.
 """
 
 from __future__ import annotations
@@ -13,10 +18,8 @@ import asyncio
 import json
 import random
 import signal
-import sys
 import time
 from pathlib import Path
-from typing import BinaryIO
 
 import msgspec
 
@@ -24,90 +27,41 @@ from shared import codec, subjects
 from shared.messages.placement import PlacementRejected
 from shared.messages.pods import PodPending
 from shared.runtime.bus import NatsBus
-from tests.harness.nats import NatsServer, environment_without_proxies
+from tests.harness.nats import NatsServer
 from tests.placer import wire
-from tests.placer.conftest import http_get, stream_messages
+from tests.placer.conftest import stream_messages
+from tests.placer.processes import ready, start
 
-ROOT = Path(__file__).resolve().parents[2]
 NODES = [f"node-{i:03d}.rack-{i // 20}" for i in range(100)]
 GPUS = 4
 SLOTS = 12
 """Logical devices per node (3 per GPU): some GPUs run out of devices before memory."""
 PODS = 1000
+CAPPED = "capped"
+CAPPED_GPUS = 24
+TENANCY = {"quotas": [{"tenant": CAPPED, "gpus": CAPPED_GPUS}]}
 
 
 def workload(seed: int = 7) -> list[PodPending]:
-    """Shares of one GPU, whole GPUs and two-GPU pods: more than 100 x 4 GPUs hold."""
+    """Shares of one GPU, whole GPUs and two-GPU pods: more than 100 x 4 GPUs hold; every
+    tenth pod is tenant ``capped``'s."""
     rng = random.Random(seed)
     pods = []
     for i in range(PODS):
         kind = rng.random()
         uid = f"pod-{i:04d}"
+        ns = CAPPED if i % 10 == 0 else "ml"
         if kind < 0.65:
-            pod = wire.pending(uid, memory_mib=rng.choice((2048, 4096, 6144)), cores=20)
+            memory = rng.choice((2048, 4096, 6144))
+            pod = wire.pending(uid, memory_mib=memory, cores=20, namespace=ns)
         elif kind < 0.85:
-            pod = wire.pending(uid, memory_mib=None, cores=None)  # a whole GPU
+            pod = wire.pending(uid, memory_mib=None, cores=None, namespace=ns)  # a whole GPU
         elif kind < 0.99:
-            pod = wire.pending(uid, shares=2, memory_mib=8192, cores=40)
-        else:
-            pod = wire.pending(uid, shares=GPUS + 1, memory_mib=1024, cores=10)  # fits nowhere
+            pod = wire.pending(uid, shares=2, memory_mib=8192, cores=40, namespace=ns)
+        else:  # fits nowhere
+            pod = wire.pending(uid, shares=GPUS + 1, memory_mib=1024, cores=10, namespace=ns)
         pods.append(msgspec.structs.replace(pod, priority=rng.choice((0, 0, 100))))
     return pods
-
-
-async def start(
-    nats_url: str, number: int, logs: Path, *options: str
-) -> tuple[asyncio.subprocess.Process, int]:
-    """A ``tessera placer`` process logging to ``logs``; its HTTP port once it started."""
-    log_file = logs / f"placer-{number}.log"
-    with log_file.open("wb") as stderr:  # the child keeps its own copy of the descriptor
-        process = await _spawn(nats_url, number, stderr, *options)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in log_file.read_text().splitlines():
-            if '"service starting"' in line:
-                return process, int(json.loads(line)["http_port"])
-        assert process.returncode is None, log_file.read_text()[-2000:]
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"placer {number} did not start: {log_file.read_text()[-2000:]}")
-
-
-async def _spawn(
-    nats_url: str, number: int, stderr: BinaryIO, *options: str
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tessera.cli",
-        "placer",
-        "--nats-url",
-        nats_url,
-        "--http-host",
-        "127.0.0.1",
-        "--http-port",
-        "0",
-        "--placer-id",
-        f"placer-{number}",
-        "--ack-wait-s",
-        "3",
-        "--reconcile-interval-s",
-        "2",
-        "--inventory-stale-s",
-        "3600",
-        *options,
-        cwd=ROOT,
-        env=environment_without_proxies(),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=stderr,
-    )
-
-
-async def ready(port: int) -> bool:
-    try:
-        status, _ = await http_get(port, "/readyz")
-    except Exception:
-        return False
-    return status == 200
 
 
 async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_nothing(
@@ -118,7 +72,10 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
     for node in NODES:
         await wire.put_inventory(bus, inventories[node])
         await wire.put_facts(bus, wire.facts(node, slots=SLOTS, at=now))
-    placers = [await start(nats_server.url, n, tmp_path) for n in range(3)]
+    tenancy = tmp_path / "tenancy.json"
+    tenancy.write_text(json.dumps(TENANCY))
+    options = ("--tenancy-file", str(tenancy))
+    placers = [await start(nats_server.url, n, tmp_path, *options) for n in range(3)]
     try:
         deadline = time.monotonic() + 60
         for _, port in placers:
@@ -159,6 +116,10 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         assert len(recorded) == len(state.live_records())
         assert recorded | rejected >= uids
         assert 500 < len(recorded) < PODS, f"{len(recorded)} placed: the cluster must fill up"
+        wire.check_quotas(state, {CAPPED: (CAPPED_GPUS, None)})
+        wire.check_charges(state, {CAPPED: (CAPPED_GPUS, None)})
+        shares, _ = wire.record_shares([r for r in state.live_records() if r.namespace == CAPPED])
+        assert shares >= CAPPED_GPUS - 1, f"tenant {CAPPED} holds only {shares} GPU shares"
         logged = [
             json.loads(line)
             for line in (tmp_path / "placer-0.log").read_text().splitlines()

@@ -13,18 +13,26 @@ from typing import Any
 
 import msgspec
 
+from services.placer import commit, translate
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult
 from shared.messages.deadletter import DeadLetter
-from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
+from shared.messages.ledger import (
+    BookedContainer,
+    BookedSlice,
+    Booking,
+    NodeLedger,
+    PodClaim,
+    TenantLedger,
+)
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery, NatsBus
 from tests.harness.nats import NatsServer
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory, http_get, stream_messages, until
-from tests.placer.test_replicas import start as start_process
+from tests.placer.processes import start as start_process
 
 
 async def settled(
@@ -405,6 +413,49 @@ async def test_half_done_commits_are_repaired_before_ready(
         assert {d.pod_uid for d in await decisions(bus)} == {"unclaimed", "unrecorded"}
         assert placer.metric("tessera_placer_repairs_total", kind="roll-forward") == 1
         assert placer.metric("tessera_placer_repairs_total", kind="create-record") == 1
+
+
+async def test_quota_charges_are_derived_again_from_placements_before_ready(
+    bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
+) -> None:
+    """A pod placed before its tenant had a quota is charged (adopted), a charge whose commit
+    never booked (a placer stopped in between) is fenced and given back; then the quota holds."""
+    tenancy = tmp_path / "tenancy.json"
+    tenancy.write_text(json.dumps({"quotas": [{"tenant": "ml", "gpus": 2}]}))
+    await wire.put_node(bus, "n1", 4)
+    old = _booking("old", "n1", "c-old")
+    ledger = NodeLedger(node="n1", bookings=(old,), updated_at=time.time())
+    await bus.kv_put(subjects.KV_LEDGER, subjects.ledger_key("n1"), codec.encode(ledger))
+    claim = PodClaim(pod_uid="old", state="placed", booking=old, updated_at=time.time() - 60)
+    await bus.kv_put(subjects.KV_CLAIMS, "old", codec.encode(claim))
+    record = msgspec.structs.replace(translate.record_of(old), state="bound")
+    await bus.kv_put(subjects.KV_ASSIGNMENTS, "n1.old", codec.encode(record))
+    stray = commit.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() - 60)
+    tenant = TenantLedger(tenant="ml", charges=(stray,), updated_at=time.time() - 60)
+    await bus.kv_put(subjects.KV_TENANTS, subjects.tenant_key("ml"), codec.encode(tenant))
+
+    async with start_placer(tenancy_file=str(tenancy)) as placer:
+        state = await wire.cluster_state(bus)  # ready means repaired
+        assert [c.commit for c in state.tenants["ml"].charges] == ["c-old"]
+        fence = state.records["n1.lost"]
+        assert (fence.state, fence.commit, fence.containers) == ("released", "c-lost", ())
+        assert placer.metric("tessera_placer_repairs_total", kind="adopt-charge") == 1
+        assert placer.metric("tessera_placer_repairs_total", kind="drop-charge") == 1
+
+        await wire.publish_pod(bus, wire.pending("q1"))
+        await settled(bus, placed("q1"), what="q1 within the quota")
+        await wire.publish_pod(bus, wire.pending("q2"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
+            what="q2 over the quota (the adopted pod counts)",
+        )
+        (rejected,) = await rejections(bus)
+        assert "tenant ml: GPU quota exceeded" in rejected.reasons[0].reason
+        state = await wire.cluster_state(bus)
+        wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
+        wire.check_quotas(state, {"ml": (2, None)})
+        wire.check_charges(state, {"ml": (2, None)})
+        assert {c.pod_uid for c in state.tenants["ml"].charges} == {"old", "q1"}
 
 
 async def test_two_replicas_deciding_the_same_pods_give_each_one_record(

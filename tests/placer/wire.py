@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuHealthState, GpuTelemetry, NodeInventory
-from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
 from shared.runtime.bus import Bus
@@ -159,6 +159,7 @@ class ClusterState:
     ledgers: dict[str, NodeLedger] = field(default_factory=dict)
     claims: dict[str, PodClaim] = field(default_factory=dict)
     records: dict[str, AssignmentRecord] = field(default_factory=dict)
+    tenants: dict[str, TenantLedger] = field(default_factory=dict)
 
     def live_records(self) -> list[AssignmentRecord]:
         return [r for r in self.records.values() if r.state != "released"]
@@ -168,8 +169,9 @@ class ClusterState:
 
 
 async def cluster_state(bus: Bus) -> ClusterState:
-    """Read back what the placer wrote, records first: a commit writes the ledger, the claim,
-    then the record, so a record read here has its booking read after it."""
+    """Read back what the placer wrote, records first: a commit charges its tenant, writes the
+    ledger, the claim, then the record, so a record read here has its booking and its charge
+    read after it."""
     state = ClusterState()
     for key in await bus.kv_keys(subjects.KV_ASSIGNMENTS):
         entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
@@ -183,6 +185,11 @@ async def cluster_state(bus: Bus) -> ClusterState:
         entry = await bus.kv_get(subjects.KV_LEDGER, key)
         if entry is not None:
             state.ledgers[key] = codec.decode(entry.value, NodeLedger)
+    for key in await bus.kv_keys(subjects.KV_TENANTS):
+        entry = await bus.kv_get(subjects.KV_TENANTS, key)
+        if entry is not None:
+            ledger = codec.decode(entry.value, TenantLedger)
+            state.tenants[ledger.tenant] = ledger
     return state
 
 
@@ -261,3 +268,47 @@ def check_invariants(
         else:
             held = claim.booking
             assert held is None or (held.node, uid, held.commit) not in booked, uid
+
+
+def record_shares(records: Sequence[AssignmentRecord]) -> tuple[int, int]:
+    """GPU shares and GPU memory (MiB) ``records`` hold."""
+    slices = [g for r in records for c in r.containers for g in c.gpus]
+    return len(slices), sum(g.memory_mib for g in slices)
+
+
+def check_quotas(state: ClusterState, quotas: dict[str, tuple[int | None, int | None]]) -> None:
+    """For each tenant with a quota (GPU shares, GPU MiB; None = no limit), the live records of
+    its pods hold no more than the quota. A record's tenant is its booking's (else its
+    namespace)."""
+    tenant_of = {b.commit: b.tenant for b in state.bookings()}
+    for tenant, (gpus, memory) in quotas.items():
+        live = [r for r in state.live_records() if tenant_of.get(r.commit, r.namespace) == tenant]
+        held_gpus, held_mib = record_shares(live)
+        assert gpus is None or held_gpus <= gpus, (
+            f"tenant {tenant} over its quota: live records hold {held_gpus} of {gpus} GPUs"
+        )
+        assert memory is None or held_mib <= memory, (
+            f"tenant {tenant} over its quota: live records hold {held_mib} of {memory} MiB"
+        )
+
+
+def check_charges(state: ClusterState, quotas: dict[str, tuple[int | None, int | None]]) -> None:
+    """What keeps quotas exact: each tenant's charges (``tessera-tenants``) add up to no more
+    than its quota, and every live record of its pods that holds GPUs is charged (by commit)."""
+    tenant_of = {b.commit: b.tenant for b in state.bookings()}
+    for tenant, (gpus, memory) in quotas.items():
+        ledger = state.tenants.get(tenant)
+        charges = ledger.charges if ledger else ()
+        charged_gpus = sum(c.gpus for c in charges)
+        charged_mib = sum(c.gpu_memory_mib for c in charges)
+        assert gpus is None or charged_gpus <= gpus, f"{tenant}: {charged_gpus} GPUs charged"
+        assert memory is None or charged_mib <= memory, f"{tenant}: {charged_mib} MiB charged"
+        listed = {c.commit for c in charges}
+        uncharged = sorted(
+            r.pod_uid
+            for r in state.live_records()
+            if tenant_of.get(r.commit, r.namespace) == tenant
+            and r.commit not in listed
+            and record_shares([r]) != (0, 0)
+        )
+        assert not uncharged, f"tenant {tenant}: live records not charged: {uncharged[:5]}"

@@ -10,6 +10,9 @@ queue, it comes back as an unresolvable :class:`~.model.Rejection`. Admitted pod
 3. arrival, earlier first (FIFO): the pod's creation time, then the order in which it was pushed;
 4. the pod UID, so that the order is total even for two entries that agree on everything else.
 
+Between placer replicas the push order means nothing; :func:`shared_key` is the same order without
+it (the UID breaks ties directly), comparable between replicas.
+
 Why larger first. Small pods fit into the holes big pods leave behind; served first, a stream of
 small pods keeps every node a little busy and a pod that needs a whole node (or eight GPUs) waits
 for ever. Trying big pods first at equal priority lets them take the room while it exists, and the
@@ -108,6 +111,7 @@ class QueuedPod(msgspec.Struct, frozen=True, kw_only=True):
 
 
 QueueKey = tuple[int, int, int, float, int, str]
+SharedKey = tuple[int, int, int, float, str]
 
 
 def queue_key(entry: QueuedPod) -> QueueKey:
@@ -118,6 +122,18 @@ def queue_key(entry: QueuedPod) -> QueueKey:
         -entry.demand_ppm,
         entry.created_at,
         entry.sequence,
+        entry.request.uid,
+    )
+
+
+def shared_key(entry: QueuedPod) -> SharedKey:
+    """The queue's order without the push sequence, which only one queue knows: the UID breaks
+    ties instead, so that every placer replica orders the same pods the same way."""
+    return (
+        -entry.request.priority,
+        -entry.priority_label,
+        -entry.demand_ppm,
+        entry.created_at,
         entry.request.uid,
     )
 

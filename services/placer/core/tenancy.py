@@ -11,7 +11,11 @@ the service shell owns one and keeps it current:
   tenant's permitted set), runs the framework with the ``group`` filter and the ``quota``
   PreFilter, and checks the exact quota once GPUs are chosen;
 - ``reserve(pod, decision, cluster)`` / ``release(uid, cluster)`` book and give back the
-  reservation in the ledger *and* the tenant's usage, both idempotent.
+  reservation in the ledger *and* the tenant's usage, both idempotent;
+- ``set_committed(tenant, charges)`` tells it what the shared usage entry of a tenant with a quota
+  holds (the placer service's ``tessera-tenants``, written by every replica): a tenant's usage is
+  its own bookings plus the charges of pods it has not seen booked yet (another replica's commits
+  in flight), so a decision counts what the commit's compare-and-set will be checked against.
 
 ``profile(base)`` is how a profile gets the two plugins: ``build_profile(spec,
 **tenancy.plugins())``.
@@ -78,6 +82,8 @@ class Tenancy:
         self.config = (config or TenancyConfig()).check()
         self.node_labels: dict[str, Mapping[str, str]] = dict(node_labels or {})
         self.usage = TenantUsage()
+        self._committed: dict[str, dict[str, Usage]] = {}
+        """Per tenant: pod UID -> what the shared usage entry charges for it."""
         self._members: dict[str, dict[str, frozenset[int]]] = {}
 
     # -- config ----------------------------------------------------------------------------------
@@ -125,8 +131,24 @@ class Tenancy:
     def quota_of(self, tenant: str) -> TenantQuota | None:
         return self.config.quota_of(tenant)
 
+    def quotas(self) -> dict[str, TenantQuota]:
+        """The quota of each tenant that has one."""
+        return {q.tenant: q for q in self.config.quotas}
+
     def used(self, tenant: str) -> Usage:
-        return self.usage.used(tenant)
+        used = self.usage.used(tenant)
+        for pod_uid, charged in self._committed.get(tenant, {}).items():
+            if pod_uid not in self.usage:
+                used = used + charged
+        return used
+
+    def set_committed(self, tenant: str, charges: Mapping[str, Usage]) -> None:
+        """What the shared usage entry of ``tenant`` charges now, by pod UID (see the module
+        docstring); an empty mapping forgets the tenant's entry."""
+        if charges:
+            self._committed[tenant] = dict(charges)
+        else:
+            self._committed.pop(tenant, None)
 
     def plugins(self) -> dict[str, Any]:
         """Keyword arguments for ``build_profile``: the group filter and the quota PreFilter."""
