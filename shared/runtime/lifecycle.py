@@ -11,7 +11,8 @@ logging is configured with every secret scrubbed; ``/healthz`` starts answering 
 SIGTERM or SIGINT cancels the body, drains the bus (in-flight messages are finished, un-acked
 JetStream messages return to the server for redelivery) and stops the HTTP server.
 
-Exit codes: 0 after a signal; 1 when the body failed or the NATS client closed for good; 2 when
+Exit codes: 0 after a signal; 1 when the body failed, the NATS client closed for good or the stop
+got stuck past its deadline (every thread's stack is dumped to stderr first); 2 when
 the HTTP port cannot be bound; :data:`EXIT_NATS_REFUSED` when the first connection was refused for
 its credentials or TLS (retrying cannot help: fix the secret, the pod restarts).
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
+import io
 import logging
 import signal
 from collections.abc import Callable, Coroutine
@@ -41,6 +44,14 @@ log = logging.getLogger(__name__)
 
 EXIT_NATS_REFUSED: Final = 5
 """The first NATS connection was refused for its credentials or TLS."""
+
+STOP_GRACE_S: Final = 10.0
+"""After a stop, how long the body has to finish before its tasks' stacks are logged."""
+
+STOP_DEADLINE_S: Final = 25.0
+"""After a signal, the process exits within this however it is stuck (a body past its grace,
+a hung drain, a blocked event loop), dumping every thread's stack first: below Kubernetes'
+default 30 s grace, so the stack is in the pod's log rather than lost to a SIGKILL."""
 
 Connect = Callable[[str, str], Coroutine[Any, Any, Bus]]
 """(url, client name) -> a connected Bus; raises OSError-like errors when it cannot, and
@@ -119,8 +130,13 @@ async def run_service(
     registry: CollectorRegistry | None = None,
     readiness: Readiness | None = None,
     routes: HttpRoutes | None = None,
+    stop_grace_s: float = STOP_GRACE_S,
+    stop_deadline_s: float = STOP_DEADLINE_S,
 ) -> int:
     """Run ``body`` until it returns, fails, or a signal (or ``stop``) ends it; return exit code.
+
+    After a stop the body has ``stop_grace_s`` to finish (then its tasks' stacks are logged);
+    after a signal the process exits within ``stop_deadline_s`` whatever is stuck.
 
     ``routes``: GET endpoints served beside /healthz, /readyz and /metrics from the start, before
     NATS is reached (the body may add more through ``ServiceContext.routes``).
@@ -171,7 +187,7 @@ async def run_service(
 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, _stop_on, signal.Signals(signum), stop, stop_deadline_s)
     failed = False
     try:
         try:
@@ -198,7 +214,7 @@ async def run_service(
             http_port=port,
             routes=routes,
         )
-        failed = await _run_body(body, context, stop)
+        failed = await _run_body(body, context, stop, stop_grace_s)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
@@ -207,6 +223,14 @@ async def run_service(
         await health.stop()
         log.info("service stopped")
     return 1 if failed else 0
+
+
+def _stop_on(signum: signal.Signals, stop: asyncio.Event, deadline_s: float) -> None:
+    if not stop.is_set():
+        log.info("stopping", extra={"signal": signum.name})
+        # A C-level watchdog thread: it fires even when the event loop itself is blocked.
+        faulthandler.dump_traceback_later(deadline_s, exit=True)
+    stop.set()
 
 
 def _nats_probe(bus: Bus) -> Callable[[], tuple[bool, str]]:
@@ -227,7 +251,7 @@ async def _fail_when_closed(monitor: ConnectionMonitor) -> None:
 
 
 async def _run_body(
-    body: Body, context: ServiceContext, stop: asyncio.Event, grace_s: float = 10.0
+    body: Body, context: ServiceContext, stop: asyncio.Event, grace_s: float
 ) -> bool:
     """Run the body in a TaskGroup beside a stop watcher; True when the body failed."""
     failed = False
@@ -274,6 +298,13 @@ async def _cancel_when_stopped(
     deadline = loop.time() + grace_s
     while not work.done():
         if loop.time() > deadline:
-            raise StopTimeoutError(f"service body still running {grace_s:.0f} s after stop")
+            # Say where it is stuck now: the TaskGroup waits for the body before reporting.
+            stacks = io.StringIO()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.print_stack(limit=8, file=stacks)
+            message = f"service body still running {grace_s:.0f} s after stop"
+            log.error(f"{message}; its tasks:\n{stacks.getvalue()}")
+            raise StopTimeoutError(message)
         work.cancel()
         await asyncio.wait({work}, timeout=0.1)

@@ -104,7 +104,10 @@ async def test_the_processes_filter_and_bind_a_pod_kube_scheduler_sends(
         assert api.get(POD, "default", "train")["spec"]["nodeName"] == "gpu-1"
     finally:
         codes = [await placer.stop(), await binder.stop()]
-    assert codes == [0, 0], (placer.lines[-5:], binder.lines[-5:])
+    assert codes == [0, 0], (
+        [(line.get("ts"), line.get("msg")) for line in placer.lines[-12:]],
+        [(line.get("ts"), line.get("msg")) for line in binder.lines[-5:]],
+    )
 
 
 async def test_a_taken_extender_port_stops_the_placer_naming_the_option(

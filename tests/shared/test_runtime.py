@@ -213,6 +213,46 @@ async def test_signal_stops_a_real_service_process_cleanly(
             await process.wait()
 
 
+@pytest.mark.parametrize(
+    ("stuck", "said"),
+    [
+        # The body swallows every cancel: past its grace its tasks' stacks are logged.
+        ("ignoring", ["service body still running 1 s after stop", "stuck_on_stop_body"]),
+        # The body blocks the event loop: only the watchdog thread can say where.
+        ("blocking", ["Timeout (0:00:02)!", "stuck_on_stop_body"]),
+    ],
+)
+async def test_a_stop_stuck_past_its_deadline_exits_saying_where_it_was_stuck(
+    nats_server: NatsServer, stuck: str, said: list[str]
+) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.shared.echo_service",
+        "--nats-url",
+        nats_server.url,
+        "--stuck-on-stop",
+        stuck,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        while b"service starting" not in await process.stderr.readline():
+            pass
+        await asyncio.sleep(0.5)  # the body runs (whether it ran yet does not matter)
+        process.send_signal(signal.SIGTERM)
+        # Not the 25 s default: this process was given a 2 s deadline.
+        assert await asyncio.wait_for(process.wait(), timeout=15) == 1
+        log = (await process.stderr.read()).decode()
+        for text in said:
+            assert text in log, log
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 async def test_stop_is_not_lost_when_the_body_swallows_a_cancellation(
     nats_server: NatsServer,
 ) -> None:
