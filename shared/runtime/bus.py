@@ -47,6 +47,7 @@ from nats.js.kv import KeyValue
 
 from shared import subjects
 from shared.config import NatsSecurity, redact_url
+from shared.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -745,9 +746,7 @@ class NatsBus:
                 following = asyncio.ensure_future(updates.__anext__())
                 await asyncio.wait({following, lost}, return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
-                    following.cancel()
-                    with contextlib.suppress(BaseException):
-                        await following
+                    await cancel_and_wait(following)
                     await self._reconnected()
                     return
                 try:
@@ -765,9 +764,7 @@ class NatsBus:
                 )
         finally:
             if following is not None and not following.done():
-                following.cancel()
-                with contextlib.suppress(BaseException):
-                    await following
+                await cancel_and_wait(following)
             # Bounded: a stop that cannot reach the server must not hold up a shutdown.
             with contextlib.suppress(*_GONE, TimeoutError):
                 await asyncio.wait_for(watcher.stop(), timeout=2.0)  # type: ignore[no-untyped-call]

@@ -39,6 +39,7 @@ from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, HttpRoutes, Readiness
 from shared.runtime.logs import Redactor, configure_logging
 from shared.runtime.metrics import EdgeMetrics, register_runtime_metrics
+from shared.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +97,7 @@ async def _connect_until_stopped(
         await asyncio.wait({attempt, stopped}, return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         if not attempt.done():  # a stop arrived while connecting: give up the attempt
-            attempt.cancel()
-            with contextlib.suppress(BaseException):
-                await attempt
+            await cancel_and_wait(attempt)
             return None
         try:
             return attempt.result()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from shared.runtime.command import Command
+from shared.runtime.tasks import cancel_and_wait
 from tessera.devcluster.resources import ApiError
 from tessera.up import spec as specs
 from tessera.up import workload
@@ -290,9 +291,7 @@ async def run_up(args: argparse.Namespace) -> int:
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(BaseException):
-                await starting
+            await cancel_and_wait(starting)
             progress.say("interrupted; stopping everything")
             return 130
         stopped.cancel()
