@@ -29,27 +29,15 @@ from shared.runtime.lifecycle import run_service
 from tessera.devcluster.apiserver import ApiServer
 from tests.binder.builders import NODE
 from tests.harness.nats import NatsServer
+from tests.harness.wait import eventually as shared_eventually
 
 T = TypeVar("T")
 
 FAST_RETRY = RetryPolicy(attempts=4, initial_s=0.05, max_s=0.5)
 
 
-async def eventually(
-    condition: Callable[[], Any], *, timeout: float = 20.0, what: str = ""
-) -> None:
-    """Poll ``condition`` (sync or async) until it is truthy."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = condition()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what or condition}")
-        await asyncio.sleep(0.02)
+eventually = functools.partial(shared_eventually, timeout=20.0, interval=0.02)
+"""Poll ``condition`` (sync or async) until it is truthy."""
 
 
 class Collector:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import pytest
@@ -17,23 +18,10 @@ from services.dashboard.settings import DashboardSettings
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import Connect, connect_nats
 from tests.harness.nats import NatsServer
+from tests.harness.wait import eventually as shared_eventually
 
-T = TypeVar("T")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 20.0, what: str = ""
-) -> T:
-    """Poll ``probe`` until it returns something truthy (a loaded machine gets time)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last: T | None = None
-    while loop.time() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or probe}; last: {last!r}")
+eventually = functools.partial(shared_eventually, timeout=20.0, interval=0.05)
+"""Poll ``probe`` until it returns something truthy (a loaded machine gets time)."""
 
 
 @dataclass

@@ -26,16 +26,10 @@ from shared.runtime.lifecycle import run_service
 from tests.deviceplugin.builders import NODE
 from tests.deviceplugin.fake_kubelet import FakeKubelet
 from tests.harness.nats import NatsServer
+from tests.harness.wait import eventually
 
-
-async def until(condition: Callable[[], bool], *, timeout: float = 10.0, what: str = "") -> None:
-    """Wait (polling) until ``condition()`` holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        await asyncio.sleep(0.01)
+until = functools.partial(eventually, timeout=10.0, interval=0.01)
+"""Wait (polling) until ``condition()`` holds."""
 
 
 @dataclass

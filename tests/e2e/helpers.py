@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 from shared import codec, subjects
@@ -13,23 +14,13 @@ from tessera.devcluster.resources import POD, ApiError
 from tessera.up import report
 from tessera.up.command import pod_state
 from tessera.up.system import LocalSystem
+from tests.harness.wait import eventually
 
 Obj = dict[str, Any]
 
 
-async def until(
-    condition: Callable[[], Any], *, timeout: float = 60.0, what: str = "", interval: float = 0.1
-) -> Any:
-    """Poll ``condition`` until it is truthy; its value."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        await asyncio.sleep(interval)
+until = functools.partial(eventually, timeout=60.0, interval=0.1)
+"""Poll ``condition`` until it is truthy; its value."""
 
 
 def pods_of(system: LocalSystem, namespace: str) -> list[Obj]:

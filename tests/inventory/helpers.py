@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import functools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -17,6 +18,7 @@ from shared.messages.inventory import NodeInventory
 from shared.runtime.bus import Bus, Delivery, NatsBus
 from shared.runtime.health import Readiness
 from tests.harness.clock import FakeClock
+from tests.harness.wait import eventually as shared_eventually
 
 NODE = "gpu-node-1.example"
 _MARKER = b"--marker--"
@@ -75,12 +77,8 @@ class Harness:
         await asleep(self.clock, task=self.task)
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait (real time) until ``check()`` holds, for work done on other threads."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition never held"
-        await asyncio.sleep(0.005)
+eventually = functools.partial(shared_eventually, timeout=5.0, interval=0.005)
+"""Wait (real time) until ``check()`` holds, for work done on other threads."""
 
 
 async def asleep(

@@ -11,10 +11,10 @@ its message go; the low pod keeps waiting.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -24,6 +24,7 @@ from shared.messages.pods import PodPending
 from shared.messages.waiting import WaitingPod
 from shared.runtime.bus import NatsBus
 from tests.harness.nats import NatsServer
+from tests.harness.wait import eventually
 from tests.placer import wire
 from tests.placer.conftest import http_get
 from tests.placer.processes import ready, start
@@ -32,13 +33,7 @@ PULL_EXPIRY_S = 1.5
 """A paused placer's last pull request expires on the server within its 1 s fetch timeout."""
 
 
-async def until(
-    condition: Callable[[], Awaitable[bool]], *, what: str, timeout: float = 45.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+until = functools.partial(eventually, timeout=45.0, interval=0.05)
 
 
 async def holder_of(bus: NatsBus, uid: str) -> str | None:

@@ -1,0 +1,35 @@
+"""Waiting in tests: poll a condition (sync or async) until it holds, on the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+async def eventually(
+    condition: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = 20.0,
+    what: str = "",
+    interval: float = 0.02,
+) -> T:
+    """Poll ``condition`` every ``interval`` seconds until it returns something truthy (awaited
+    when it is a coroutine function) and return that; fail naming ``what`` and the last value
+    after ``timeout`` seconds (a loaded machine gets time, a broken one an explanation)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value: Any = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value  # type: ignore[no-any-return]
+        if loop.time() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:g} s waiting for {what or condition}; last: {value!r}"
+            )
+        await asyncio.sleep(interval)
