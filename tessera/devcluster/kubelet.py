@@ -649,13 +649,10 @@ class SimulatedKubelet:
 
     # --- status ---------------------------------------------------------------------------------
 
-    def _set_failed(self, pod: Obj, rejected: AdmissionError) -> None:
+    def _patch_status(self, pod: Obj, status: Obj) -> None:
+        """Merge ``status`` into the pod's status subresource (the uid guards against a pod
+        recreated under the same name); a pod deleted meanwhile is left alone."""
         meta = pod["metadata"]
-        status = {
-            "phase": "Failed",
-            "reason": rejected.reason,
-            "message": f"Pod was rejected: {rejected.message}",
-        }
         with contextlib.suppress(ApiError):
             self.api.patch(
                 POD,
@@ -665,6 +662,14 @@ class SimulatedKubelet:
                 "application/merge-patch+json",
                 "status",
             )
+
+    def _set_failed(self, pod: Obj, rejected: AdmissionError) -> None:
+        status = {
+            "phase": "Failed",
+            "reason": rejected.reason,
+            "message": f"Pod was rejected: {rejected.message}",
+        }
+        self._patch_status(pod, status)
 
     def _set_running(self, pod: Obj, record: PodRecord) -> None:
         meta = pod["metadata"]
@@ -705,15 +710,7 @@ class SimulatedKubelet:
             "startTime": timestamp(record.seen_at),
             "containerStatuses": statuses,
         }
-        with contextlib.suppress(ApiError):
-            self.api.patch(
-                POD,
-                meta["namespace"],
-                meta["name"],
-                {"metadata": {"uid": meta["uid"]}, "status": status},
-                "application/merge-patch+json",
-                "status",
-            )
+        self._patch_status(pod, status)
 
     # --- what the containers hold ---------------------------------------------------------------
 
