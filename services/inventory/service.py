@@ -210,8 +210,10 @@ class InventoryService:
             await self._publish_if_due()
 
     async def _send(self, data: bytes) -> None:
-        await self._bus.publish(self._subject, data)
+        # The latest state first, then the news of it: whoever the subject wakes and reads
+        # the KV entry finds this snapshot, not the one before.
         await self._bus.kv_put(subjects.KV_INVENTORY, self._key, data)
+        await self._bus.publish(self._subject, data)
 
     async def _publish_if_due(self) -> None:
         publication = snapshot.next_publication(

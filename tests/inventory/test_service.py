@@ -185,6 +185,41 @@ async def test_a_failed_send_is_decided_again_at_the_next_poll(
         assert rig.sample("tessera_inventory_publications_total", reason="first") == 1
 
 
+class KvCheckingBus:
+    """The real bus; each core publish first notes whether the node's KV entry already holds
+    exactly what is being published."""
+
+    def __init__(self, inner: NatsBus) -> None:
+        self.inner = inner
+        self.kv_current_at_publish: list[bool] = []
+
+    async def publish(
+        self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
+    ) -> None:
+        entry = await self.inner.kv_get(subjects.KV_INVENTORY, subjects.node_token(NODE))
+        self.kv_current_at_publish.append(entry is not None and entry.value == data)
+        await self.inner.publish(subject, data, headers=headers)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+async def test_whoever_the_subject_wakes_finds_the_same_snapshot_in_kv(
+    reader: FakeReader, bus: NatsBus, clock: FakeClock
+) -> None:
+    # It published first and wrote KV second: a subscriber reading KV on the news could read
+    # the snapshot before (seen in CI as a heartbeat whose KV entry was one sequence behind).
+    checking = KvCheckingBus(bus)
+    inbox = await Inbox(bus, NODE).start()
+    rig = harness(reader=reader, bus=checking, clock=clock)  # type: ignore[arg-type]
+    async with running(rig):
+        assert (await inbox.next()).sequence == 1
+        reader.set_load(1, memory_used_mib=40_000)  # a real change: published at once
+        await rig.tick(10)
+        assert (await inbox.next()).sequence == 2
+    assert checking.kv_current_at_publish == [True, True]
+
+
 async def test_runs_under_the_service_runtime_with_health_and_metrics_over_http(
     nats_server: NatsServer, bus: NatsBus, reader: FakeReader
 ) -> None:
