@@ -546,7 +546,7 @@ class NatsBus:
     async def _write(self, operation: Callable[[], Awaitable[T]]) -> T:
         """Run one write: refused at once when disconnected, OutcomeUnknownError when the
         connection drops (or the answer times out) before the answer."""
-        if not self._nc.is_connected:
+        if not self.connected:
             raise BusUnavailableError("not connected to NATS; nothing was sent")
         lost = self._lost
         task = asyncio.ensure_future(operation())
@@ -612,7 +612,10 @@ class NatsBus:
 
     @property
     def connected(self) -> bool:
-        return bool(self._nc.is_connected)
+        # nats-py reports the new connection up (and flushes) before it calls our reconnected
+        # callback; until then the bus still holds the lost connection's future, and a write
+        # would be judged lost the moment it started. Up means both.
+        return bool(self._nc.is_connected) and not self._lost.done()
 
     async def publish(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
