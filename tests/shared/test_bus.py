@@ -170,6 +170,43 @@ async def test_kv_watch_gives_initial_values_marker_then_changes(bus: NatsBus) -
     await watch.aclose()
 
 
+async def test_keys_and_initial_values_are_whole_while_other_writers_update_the_keys(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    # Regression: nats-py's KeyValue.keys() and watch() can mark the initial values done before
+    # any arrived (nats.py issue 842): an empty key list for a bucket of 5 keys in about 6 % of
+    # listings while other clients wrote, so a test's read of the whole cluster state missed
+    # every record now and then (and a placer could turn ready on a partial view).
+    bucket = subjects.KV_ASSIGNMENTS
+    keys = {f"n1.p{i}" for i in range(5)}
+    writer = await NatsBus.connect(nats_server.url, name="writer")
+    for key in keys:
+        await writer.kv_put(bucket, key, b"0")
+    stop = asyncio.Event()
+
+    async def write(key: str) -> None:
+        while not stop.is_set():
+            await writer.kv_put(bucket, key, b"x" * 100)
+
+    writers = [asyncio.create_task(write(key)) for key in sorted(keys)[:3]]
+    try:
+        for _ in range(300):
+            assert set(await bus.kv_keys(bucket)) == keys
+        for _ in range(50):
+            seen = set()
+            watch = bus.kv_watch(bucket)
+            async for entry in watch:
+                if entry is None:
+                    break
+                seen.add(entry.key)
+            await watch.aclose()
+            assert seen == keys
+    finally:
+        stop.set()
+        await asyncio.gather(*writers)
+        await writer.drain()
+
+
 async def test_a_kv_watch_ends_after_a_server_restart_and_a_new_one_sees_changes() -> None:
     # Regression (found by the chaos test of `tessera up`): after a restart of nats-server the
     # watch's consumer stayed silent for ~18 s, so a device plugin missed its records.
