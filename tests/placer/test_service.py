@@ -458,6 +458,35 @@ async def test_quota_charges_are_derived_again_from_placements_before_ready(
         assert {c.pod_uid for c in state.tenants["ml"].charges} == {"old", "q1"}
 
 
+async def test_a_stray_charge_given_back_while_running_wakes_the_pod_waiting_over_the_quota(
+    bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
+) -> None:
+    """A charge whose commit never booked (its placer was killed) holds the quota until
+    reconciliation gives it back; the pod refused meanwhile is then placed, not left waiting."""
+    tenancy = tmp_path / "tenancy.json"
+    tenancy.write_text(json.dumps({"quotas": [{"tenant": "ml", "gpus": 2}]}))
+    await wire.put_node(bus, "n1", 4)
+    async with start_placer(tenancy_file=str(tenancy), reconcile_interval_s=1.0) as placer:
+        # Charged "in 5 s": reconciliation leaves it alone until then (a commit in flight).
+        stray = commit.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() + 5)
+        tenant = TenantLedger(tenant="ml", charges=(stray,), updated_at=time.time())
+        await bus.kv_put(subjects.KV_TENANTS, subjects.tenant_key("ml"), codec.encode(tenant))
+        await wire.publish_pod(bus, wire.pending("q1"))
+        await settled(bus, placed("q1"), what="q1 within the quota")
+        await wire.publish_pod(bus, wire.pending("q2"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
+            what="q2 over the quota the stray charge holds",
+        )
+        assert placer.metric("tessera_placer_repairs_total", kind="drop-charge") == 0
+
+        state = await settled(bus, placed("q1", "q2"), what="q2 placed once the stray is dropped")
+        assert placer.metric("tessera_placer_repairs_total", kind="drop-charge") == 1
+        wire.check_quotas(state, {"ml": (2, None)})
+        wire.check_charges(state, {"ml": (2, None)})
+        assert {c.pod_uid for c in state.tenants["ml"].charges} == {"q1", "q2"}
+
+
 async def test_two_replicas_deciding_the_same_pods_give_each_one_record(
     bus: NatsBus, start_placer: PlacerFactory
 ) -> None:
