@@ -144,6 +144,9 @@ def _tls_context(security: NatsSecurity) -> ssl.SSLContext | None:
 
 
 # Errors that only mean the subscription or connection is already gone.
+WATCH_INACTIVE_S = 5.0
+"""How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
+
 _GONE = (
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionDrainingError,
@@ -780,12 +783,17 @@ class NatsBus:
             ordered_consumer=True,
             deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
             headers_only=headers_only or None,
-            inactive_threshold=300.0,
+            # The server keeps a consumer nobody listens to this long; each is deleted on close
+            # as well, since a stream holds at most 1,000 of them (a listing a second for
+            # nats-py's 5 minutes would fill it).
+            inactive_threshold=WATCH_INACTIVE_S,
         )
         prefix = len(f"$KV.{bucket}.")
         lost = self._lost
         following: asyncio.Future[Any] | None = None
+        consumer = ""
         try:
+            consumer = (await subscription.consumer_info()).name
             if not awaited:
                 yield None
             while True:
@@ -815,8 +823,10 @@ class NatsBus:
             if following is not None and not following.done():
                 await cancel_and_wait(following)
             # Bounded: a stop that cannot reach the server must not hold up a shutdown.
-            with contextlib.suppress(*_GONE, TimeoutError):
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
                 await asyncio.wait_for(subscription.unsubscribe(), timeout=2.0)
+                if consumer:
+                    await asyncio.wait_for(self._js.delete_consumer(stream, consumer), 2.0)
 
     async def _reconnected(self) -> None:
         """Return once the connection is up again (or closed for good)."""

@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import nats
 import pytest
 
 from shared import subjects
@@ -205,6 +206,27 @@ async def test_keys_and_initial_values_are_whole_while_other_writers_update_the_
         stop.set()
         await asyncio.gather(*writers)
         await writer.drain()
+
+
+async def test_listings_and_closed_watches_leave_no_consumer_on_the_server(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    # A stream holds at most 1,000 consumers, and nats-py's watcher asks the server to keep its
+    # consumer 5 minutes after use: 1,000 listings within 5 minutes made the next one fail.
+    bucket = subjects.KV_ASSIGNMENTS
+    await bus.kv_put(bucket, "n1.a", b"1")
+    for _ in range(20):
+        assert await bus.kv_keys(bucket) == ["n1.a"]
+    watch = bus.kv_watch(bucket)
+    assert await asyncio.wait_for(anext(watch), timeout=5) is not None
+    assert await asyncio.wait_for(anext(watch), timeout=5) is None
+    await watch.aclose()
+    client = await nats.connect(nats_server.url)
+    try:
+        info = await client.jetstream().stream_info(f"KV_{bucket}")
+        assert info.state.consumer_count == 0
+    finally:
+        await client.close()
 
 
 async def test_a_kv_watch_ends_after_a_server_restart_and_a_new_one_sees_changes() -> None:
