@@ -294,10 +294,12 @@ class Binder:
         bounded: an unreachable API server must not hold up the shutdown)."""
         if self.is_leader():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.recorder.flush(), STOP_STEP_S)
+                async with asyncio.timeout(STOP_STEP_S):
+                    await self.recorder.flush()
         if self.elector is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.elector.release(), STOP_STEP_S)
+                async with asyncio.timeout(STOP_STEP_S):
+                    await self.elector.release()
 
     async def _serve(self) -> None:
         while not self._synced()[0]:

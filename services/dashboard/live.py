@@ -349,7 +349,8 @@ class LiveView:
         """The push loop (runs until cancelled)."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=TICK_S)
+                async with asyncio.timeout(TICK_S):
+                    await self._changed.wait()
             if self._changed.is_set():
                 # Let a burst of events land before rendering: one update for all of them.
                 await self._clock.sleep(self._push_interval_s)

@@ -123,7 +123,8 @@ class DashboardRoutes:
             await response.write(b"retry: 2000\n\n")  # how soon the browser reconnects
             while True:
                 try:
-                    chunk = await asyncio.wait_for(page.queue.get(), timeout=self._keepalive_s)
+                    async with asyncio.timeout(self._keepalive_s):
+                        chunk = await page.queue.get()
                 except TimeoutError:
                     chunk = b": keepalive\n\n"  # keeps idle proxies from cutting the stream
                 if chunk is None:  # fell behind, or the server is stopping

@@ -228,7 +228,8 @@ async def register(
     )
     try:
         async with grpc.aio.insecure_channel(_unix_target(kubelet_socket)) as channel:
-            await asyncio.wait_for(channel.channel_ready(), timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await channel.channel_ready()
             await api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=timeout_s)
     except TimeoutError:
         raise RegistrationError(f"no answer from {kubelet_socket} within {timeout_s} s") from None

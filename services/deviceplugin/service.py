@@ -114,9 +114,8 @@ class _Versioned:
         """True once the version moved past ``version``; False when ``timeout`` ran out."""
         async with self._changed:
             try:
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self.version != version), timeout
-                )
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait_for(lambda: self.version != version)
             except TimeoutError:
                 return False
         return True

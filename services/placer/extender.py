@@ -230,9 +230,8 @@ class Extender:
         result = self._expect(pod.uid, args.node)
         try:
             try:
-                outcome = await asyncio.wait_for(
-                    self._service.place(pod, node=args.node), deadline - loop.time()
-                )
+                async with asyncio.timeout_at(deadline):
+                    outcome = await self._service.place(pod, node=args.node)
             except ValueError:
                 return self._refused(args, "a bind of this pod is already in progress")
             if outcome.outcome in ("waiting", "unresolvable"):
@@ -252,7 +251,8 @@ class Extender:
             assert outcome.booking is not None
             decided_at = outcome.booking.decided_at
             while True:
-                bound = await asyncio.wait_for(asyncio.shield(result), deadline - loop.time())
+                async with asyncio.timeout_at(deadline):
+                    bound = await asyncio.shield(result)
                 if bound.at + STALE_RESULT_S >= decided_at:
                     break
                 self._forget(pod.uid, result)  # about an older placement: wait on

@@ -443,9 +443,8 @@ class PlacerService:
         self._waiting.clear()
         if held:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    asyncio.gather(*(d.nak(None) for d in held), return_exceptions=True), 3.0
-                )
+                async with asyncio.timeout(3.0):
+                    await asyncio.gather(*(d.nak(None) for d in held), return_exceptions=True)
             log.info("handed back held pods", extra={"messages": len(held)})
 
     # --- KV watches ----------------------------------------------------------------------------
@@ -1217,7 +1216,8 @@ class PlacerService:
         """Put waiting pods back in the queue when something that could let them fit changed."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=REFRESH_S)
+                async with asyncio.timeout(REFRESH_S):
+                    await self._changed.wait()
             self._changed.clear()
             now = self.clock.monotonic()
             freed, grown = self.view.freed, self.view.grown

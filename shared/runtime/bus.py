@@ -460,7 +460,8 @@ class NatsBus:
         except Exception as error:
             # Bounded: closing flushes to a transport a failed TLS handshake may have wedged.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), timeout=1.0)
+                async with asyncio.timeout(1.0):
+                    await client.close()
             reason = refusal_of(error)
             if reason is not None:
                 raise NatsRefusedError(reason) from None
@@ -824,9 +825,11 @@ class NatsBus:
                 await cancel_and_wait(following)
             # Bounded: a stop that cannot reach the server must not hold up a shutdown.
             with contextlib.suppress(nats.errors.Error, TimeoutError):
-                await asyncio.wait_for(subscription.unsubscribe(), timeout=2.0)
+                async with asyncio.timeout(2.0):
+                    await subscription.unsubscribe()
                 if consumer:
-                    await asyncio.wait_for(self._js.delete_consumer(stream, consumer), 2.0)
+                    async with asyncio.timeout(2.0):
+                        await self._js.delete_consumer(stream, consumer)
 
     async def _reconnected(self) -> None:
         """Return once the connection is up again (or closed for good)."""
@@ -839,6 +842,7 @@ class NatsBus:
         if self._nc.is_closed:
             return
         try:
-            await asyncio.wait_for(self._nc.drain(), timeout=5.0)
+            async with asyncio.timeout(5.0):
+                await self._nc.drain()
         except (TimeoutError, nats.errors.Error):
             await self._nc.close()

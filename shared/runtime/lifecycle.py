@@ -113,7 +113,8 @@ async def _connect_until_stopped(
                 },
             )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=delay)
+            async with asyncio.timeout(delay):
+                await stop.wait()
         delay = min(delay * 2, 10.0)
     return None
 

@@ -780,7 +780,8 @@ class ApiServer:
                     if wait <= 0:
                         break
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                    async with asyncio.timeout(wait):
+                        item = await watcher.queue.get()
                 except TimeoutError:
                     if bookmarks and (deadline is None or loop.time() < deadline):
                         await send(

@@ -282,7 +282,8 @@ class SimulatedKubelet:
                 raise TimeoutError(f"no {resource} plugin registered on {self.name}")
             self._registered.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._registered.wait(), min(remaining, 0.5))
+                async with asyncio.timeout(min(remaining, 0.5)):
+                    await self._registered.wait()
 
     # --- the Node -------------------------------------------------------------------------------
 

@@ -199,7 +199,8 @@ async def wait_settled(
         if time.monotonic() > deadline:
             return False
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.25)
+            async with asyncio.timeout(0.25):
+                await stop.wait()
     return False
 
 

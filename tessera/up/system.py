@@ -431,7 +431,8 @@ class LocalSystem:
     async def stop(self) -> None:
         if self.bus is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.bus.drain(), 5)
+                async with asyncio.timeout(5):
+                    await self.bus.drain()
             self.bus = None
         # Services first (they drain to NATS), then NATS, then the cluster they talked to.
         await asyncio.to_thread(self.supervisor.stop_all, self.service_names())

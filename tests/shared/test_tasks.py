@@ -1,8 +1,11 @@
-"""cancel_and_wait: the cancelled task is waited for, and a stop of the caller is never lost."""
+"""Stops are never lost: cancel_and_wait waits for the cancelled task without swallowing a stop of
+the caller, and a loop waiting with a timeout stops however its stop arrives."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 
 import pytest
 
@@ -65,3 +68,44 @@ async def test_a_cancel_of_the_caller_while_it_waits_still_stops_the_caller() ->
     release.set()
     await asyncio.wait({inner})
     assert inner.cancelled()
+
+
+async def _stop_arriving_as_the_wait_ends(wait: str) -> bool:
+    """A service loop waiting for a change with a timeout (the placer's retry loop, the
+    dashboard's push loop); its stop (a cancel) arrives just as the change does. True when the
+    loop stopped."""
+    changed = asyncio.Event()
+
+    async def service_loop() -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                if wait == "asyncio.timeout":
+                    async with asyncio.timeout(10):
+                        await changed.wait()
+                else:
+                    await asyncio.wait_for(changed.wait(), 10)
+            changed.clear()
+
+    loop_task = asyncio.create_task(service_loop())
+    await asyncio.sleep(0.01)
+    changed.set()
+    await asyncio.sleep(0)  # the awaited wait finishes...
+    loop_task.cancel()  # ...and the stop comes before the loop has run on
+    await asyncio.wait({loop_task}, timeout=1.0)
+    stopped = loop_task.done()
+    if not stopped:
+        await cancel_and_wait(loop_task)
+    return stopped
+
+
+async def test_a_stop_arriving_as_the_wait_ends_stops_a_loop_waiting_with_asyncio_timeout() -> None:
+    assert await _stop_arriving_as_the_wait_ends("asyncio.timeout")
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 rewrote wait_for")
+async def test_wait_for_loses_that_stop_on_python_3_11() -> None:
+    # Why ruff bans asyncio.wait_for in shared/, services/ and tessera/ (pyproject.toml). The
+    # likely cause of a device plugin test's 60 s hang in its teardown (its watch loops were
+    # cancelled as a KV watch finished its cleanup), and of a placer that once did not stop
+    # within 30 s of SIGTERM (its retry loop waits this way for changes that come constantly).
+    assert not await _stop_arriving_as_the_wait_ends("asyncio.wait_for")
