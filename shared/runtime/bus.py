@@ -143,10 +143,10 @@ def _tls_context(security: NatsSecurity) -> ssl.SSLContext | None:
     return context
 
 
-# Errors that only mean the subscription or connection is already gone.
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
 
+# Errors that only mean the subscription or connection is already gone.
 _GONE = (
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionDrainingError,
@@ -785,8 +785,8 @@ class NatsBus:
             deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
             headers_only=headers_only or None,
             # The server keeps a consumer nobody listens to this long; each is deleted on close
-            # as well, since a stream holds at most 1,000 of them (a listing a second for
-            # nats-py's 5 minutes would fill it).
+            # as well, since a stream holds at most 1,000 of them (with nats-py's 5 minutes,
+            # the 1,001st listing within 5 minutes failed).
             inactive_threshold=WATCH_INACTIVE_S,
         )
         prefix = len(f"$KV.{bucket}.")
