@@ -31,7 +31,13 @@ from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery, NatsBus
 from tests.harness.nats import NatsServer
 from tests.placer import wire
-from tests.placer.conftest import PlacerFactory, http_get, stream_messages, until
+from tests.placer.conftest import (
+    PlacerFactory,
+    RunningPlacer,
+    http_get,
+    stream_messages,
+    until,
+)
 from tests.placer.processes import start as start_process
 
 
@@ -331,6 +337,19 @@ async def test_stale_inventory_and_missing_node_facts_keep_pods_off_a_node(
         assert live_of(state, "u1")[0].node == "old"
 
 
+async def place_q1_then_refuse_q2(bus: NatsBus, placer: RunningPlacer, *, why: str) -> None:
+    """Publish q1 and see it placed within tenant ml's quota, then q2 refused over it (``why``)."""
+    await wire.publish_pod(bus, wire.pending("q1"))
+    await settled(bus, placed("q1"), what="q1 within the quota")
+    await wire.publish_pod(bus, wire.pending("q2"))
+    await until(
+        lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
+        what=f"q2 over the quota ({why})",
+    )
+    (rejected,) = await rejections(bus)
+    assert "tenant ml: GPU quota exceeded" in rejected.reasons[0].reason
+
+
 async def test_a_bad_tenancy_file_is_refused_and_the_last_good_one_kept(
     bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
 ) -> None:
@@ -338,15 +357,7 @@ async def test_a_bad_tenancy_file_is_refused_and_the_last_good_one_kept(
     tenancy.write_text(json.dumps({"quotas": [{"tenant": "ml", "gpus": 1}]}))
     await wire.put_node(bus, "n1", 4)
     async with start_placer(tenancy_file=str(tenancy), tuning={"tenancy_check_s": 0.1}) as placer:
-        await wire.publish_pod(bus, wire.pending("q1"))
-        await settled(bus, placed("q1"), what="q1 within the quota")
-        await wire.publish_pod(bus, wire.pending("q2"))
-        await until(
-            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
-            what="q2 over the quota",
-        )
-        (rejected,) = await rejections(bus)
-        assert "tenant ml: GPU quota exceeded" in rejected.reasons[0].reason
+        await place_q1_then_refuse_q2(bus, placer, why="a quota of 1")
 
         tenancy.write_text('{"quotas": [{"tenant": "ml", "gpus": "many"}]}')
         await until(
@@ -442,15 +453,7 @@ async def test_quota_charges_are_derived_again_from_placements_before_ready(
         assert placer.metric("tessera_placer_repairs_total", kind="adopt-charge") == 1
         assert placer.metric("tessera_placer_repairs_total", kind="drop-charge") == 1
 
-        await wire.publish_pod(bus, wire.pending("q1"))
-        await settled(bus, placed("q1"), what="q1 within the quota")
-        await wire.publish_pod(bus, wire.pending("q2"))
-        await until(
-            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
-            what="q2 over the quota (the adopted pod counts)",
-        )
-        (rejected,) = await rejections(bus)
-        assert "tenant ml: GPU quota exceeded" in rejected.reasons[0].reason
+        await place_q1_then_refuse_q2(bus, placer, why="the adopted pod counts")
         state = await wire.cluster_state(bus)
         wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
         wire.check_quotas(state, {"ml": (2, None)})
@@ -471,13 +474,7 @@ async def test_a_stray_charge_given_back_while_running_wakes_the_pod_waiting_ove
         stray = commit.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() + 5)
         tenant = TenantLedger(tenant="ml", charges=(stray,), updated_at=time.time())
         await bus.kv_put(subjects.KV_TENANTS, subjects.tenant_key("ml"), codec.encode(tenant))
-        await wire.publish_pod(bus, wire.pending("q1"))
-        await settled(bus, placed("q1"), what="q1 within the quota")
-        await wire.publish_pod(bus, wire.pending("q2"))
-        await until(
-            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
-            what="q2 over the quota the stray charge holds",
-        )
+        await place_q1_then_refuse_q2(bus, placer, why="the stray charge holds a share")
         assert placer.metric("tessera_placer_repairs_total", kind="drop-charge") == 0
 
         state = await settled(bus, placed("q1", "q2"), what="q2 placed once the stray is dropped")
