@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
@@ -444,9 +444,52 @@ def place_on_node(
 ) -> Reservation | None:
     """Choose GPUs for every share of ``facts`` on ``node`` with the profile's chooser.
 
-    None when the shares do not fit (the fit filter guarantees they do for a chosen node).
+    The chooser picks share by share, so for a pod of several containers its early picks can
+    leave a later share nowhere to go where the fit filter's smallest-fitting-GPU-first order
+    (which found the node fits) does not: then that order places the pod. None only when the
+    shares do not fit at all (the fit filter guarantees they do for a chosen node).
     """
     chooser = profile.chooser_for(facts)
+
+    def chosen(
+        working: list[GpuState], candidates: list[GpuState], placed: list[GpuSlice]
+    ) -> GpuState:
+        return chooser.pick(facts, node, working, candidates, placed, rng)
+
+    def smallest_fitting(
+        working: list[GpuState], candidates: list[GpuState], placed: list[GpuSlice]
+    ) -> GpuState:
+        return min(candidates, key=_room_left)
+
+    containers = _choose_gpus(facts, node, profile, chosen)
+    if containers is None and len(facts.asks) > 1:
+        containers = _choose_gpus(facts, node, profile, smallest_fitting)
+    if containers is None:
+        return None
+    return Reservation(
+        pod_uid=facts.request.uid,
+        node=node.name,
+        cpu_milli=facts.cpu_milli,
+        memory_mib=facts.memory_mib,
+        containers=containers,
+        kind=facts.kind,
+    )
+
+
+def _room_left(gpu: GpuState) -> tuple[int, int]:
+    shape = gpu_shape(gpu)
+    return shape.memory_free_mib, shape.core_milli_free
+
+
+_Pick = Callable[[list[GpuState], list[GpuState], list[GpuSlice]], GpuState]
+"""Which candidate GPU takes the next share: (working GPUs, candidates, slices placed so far)."""
+
+
+def _choose_gpus(
+    facts: PodFacts, node: NodeState, profile: Profile, pick: _Pick
+) -> tuple[ContainerPlacement, ...] | None:
+    """Every share of ``facts`` on a GPU of ``node``, one share at a time as ``pick`` says; None
+    when a share has no room."""
     working = list(node.gpus)
     position = {g.index: i for i, g in enumerate(working)}
     admitted = {
@@ -465,7 +508,7 @@ def place_on_node(
             ]
             if not candidates:
                 return None
-            gpu = chooser.pick(facts, node, working, candidates, placed, rng)
+            gpu = pick(working, candidates, placed)
             piece = _slice_for(ask, gpu)
             taken = take_share(gpu, piece, facts.request.uid)
             if isinstance(taken, str):
@@ -475,11 +518,4 @@ def place_on_node(
             mine.append(piece)
             placed.append(piece)
         containers.append(ContainerPlacement(container=ask.container, gpus=tuple(mine)))
-    return Reservation(
-        pod_uid=facts.request.uid,
-        node=node.name,
-        cpu_milli=facts.cpu_milli,
-        memory_mib=facts.memory_mib,
-        containers=tuple(containers),
-        kind=facts.kind,
-    )
+    return tuple(containers)
