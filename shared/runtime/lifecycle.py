@@ -204,6 +204,10 @@ async def run_service(
         if bus is None:
             return 0
         readiness.probe("nats", _nats_probe(bus))
+        # Not ready before the body has registered its own checks (its first step does): with
+        # only the NATS check, /readyz said ready a moment before the device plugin had loaded
+        # anything (a test's Allocate came in that moment).
+        readiness.set("started", False, "starting the service")
         context = ServiceContext(
             name=name,
             bus=bus,
@@ -270,6 +274,8 @@ async def _run_body(
                     )
                 )
             work.add_done_callback(lambda _: [watcher.cancel() for watcher in watchers])
+            await asyncio.sleep(0)  # the body's first step runs (tasks start in order)
+            context.readiness.set("started", True)
     except* BusClosedError as closed:  # not a bug: one line says why
         for reason in closed.exceptions:
             log.error(f"service stopping: {reason}")

@@ -22,7 +22,7 @@ from shared.messages.pods import PodPending
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, NatsBus
 from shared.runtime.edge import REASON_HEADER, Edge
 from shared.runtime.health import Readiness
-from shared.runtime.lifecycle import run_service
+from shared.runtime.lifecycle import ServiceContext, run_service
 from shared.runtime.metrics import EdgeMetrics
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
@@ -357,3 +357,35 @@ async def test_metrics_show_the_nats_connection_and_the_process(nats_server: Nat
         assert line in metrics
     for family in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):
         assert re.search(rf"^{family}(\{{.*\}})? \S+$", metrics, re.MULTILINE), family
+
+
+async def test_not_ready_before_the_body_has_registered_its_own_checks(
+    nats_server: NatsServer,
+) -> None:
+    # Regression: /readyz said ready between the NATS connection and the body's first step
+    # (only the NATS check existed yet); a device plugin test's Allocate came in that moment.
+    stop = asyncio.Event()
+    readiness = Readiness()
+    seen_at_start: list[bool] = []
+
+    async def body(context: ServiceContext) -> None:
+        seen_at_start.append(context.readiness.ready)
+        context.readiness.set("loaded", True)
+        await stop.wait()
+
+    settings = Settings(
+        nats_url=nats_server.url, http_host="127.0.0.1", http_port=0, log_format="text"
+    )
+    task = asyncio.create_task(
+        run_service(name="checks", settings=settings, body=body, stop=stop, readiness=readiness)
+    )
+    try:
+        for _ in range(500):
+            if readiness.ready:
+                break
+            await asyncio.sleep(0.01)
+        assert readiness.ready, readiness.report()
+        assert seen_at_start == [False]
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, timeout=10) == 0
