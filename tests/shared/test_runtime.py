@@ -22,7 +22,7 @@ from shared.messages.pods import PodPending
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, NatsBus
 from shared.runtime.edge import REASON_HEADER, Edge
 from shared.runtime.health import Readiness
-from shared.runtime.lifecycle import ServiceContext, run_service
+from shared.runtime.lifecycle import Body, ServiceContext, run_service
 from shared.runtime.metrics import EdgeMetrics
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
@@ -43,16 +43,17 @@ async def _collect(bus: NatsBus, subject: str) -> asyncio.Queue[Delivery]:
 
 @contextlib.asynccontextmanager
 async def running_echo(
-    nats_server: NatsServer,
+    nats_server: NatsServer, body: Body = echo_body
 ) -> AsyncIterator[tuple[int, asyncio.Event, Readiness]]:
-    """Run the echo service in this process; yields (http port, stop event, readiness)."""
+    """Run the echo service (or ``body``) in this process, until ready; yields (http port, stop
+    event, readiness)."""
     stop = asyncio.Event()
     readiness = Readiness()
     settings = Settings(
         nats_url=nats_server.url, http_host="127.0.0.1", http_port=0, log_format="text"
     )
     task = asyncio.create_task(
-        run_service(name="echo", settings=settings, body=echo_body, stop=stop, readiness=readiness)
+        run_service(name="echo", settings=settings, body=body, stop=stop, readiness=readiness)
     )
     try:
         for _ in range(200):
@@ -364,28 +365,13 @@ async def test_not_ready_before_the_body_has_registered_its_own_checks(
 ) -> None:
     # Regression: /readyz said ready between the NATS connection and the body's first step
     # (only the NATS check existed yet); a device plugin test's Allocate came in that moment.
-    stop = asyncio.Event()
-    readiness = Readiness()
     seen_at_start: list[bool] = []
 
     async def body(context: ServiceContext) -> None:
         seen_at_start.append(context.readiness.ready)
         context.readiness.set("loaded", True)
-        await stop.wait()
+        await asyncio.Event().wait()  # until the stop cancels it
 
-    settings = Settings(
-        nats_url=nats_server.url, http_host="127.0.0.1", http_port=0, log_format="text"
-    )
-    task = asyncio.create_task(
-        run_service(name="checks", settings=settings, body=body, stop=stop, readiness=readiness)
-    )
-    try:
-        for _ in range(500):
-            if readiness.ready:
-                break
-            await asyncio.sleep(0.01)
-        assert readiness.ready, readiness.report()
-        assert seen_at_start == [False]
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(task, timeout=10) == 0
+    async with running_echo(nats_server, body) as (_, _, readiness):
+        assert readiness.report()["loaded"] == (True, "")
+    assert seen_at_start == [False]
