@@ -6,6 +6,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import settings
 
 from shared.runtime.bus import NatsBus
 from tests.harness.clock import FakeClock
@@ -15,6 +16,13 @@ from tests.harness.nats import NatsServer
 os.environ["NO_PROXY"] = "127.0.0.1,localhost"
 os.environ.pop("http_proxy", None)
 os.environ.pop("HTTP_PROXY", None)
+
+# Property tests are reproducible by default: the same examples on every run, so a red CI is a
+# change in the code, never a lucky draw. `scripts/fuzz` explores random seeds for longer (the
+# "explore" profile) and each counterexample it finds is pinned here with `@example`.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get("TESSERA_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
