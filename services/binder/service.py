@@ -73,6 +73,7 @@ from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
+from shared.runtime.tasks import finish
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,7 @@ class Binder:
         finally:
             for task in self._background:
                 task.cancel()
-            await asyncio.shield(self._stop())
+            await finish(self._stop())
 
     async def _stop(self) -> None:
         """Write the Events still queued, then give the Lease up for a standby to take (each
@@ -732,4 +733,4 @@ async def run_binder(
     try:
         await binder.run()
     finally:
-        await gateway.close()
+        await finish(gateway.close())

@@ -69,6 +69,7 @@ from shared.runtime.bus import Bus, BusUnavailableError, Delivery, KvEntry, Outc
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
+from shared.runtime.tasks import finish
 
 log = logging.getLogger(__name__)
 
@@ -708,4 +709,4 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
             group.create_task(link.run(), name="kubelet")
     finally:
         # Before run_service drains the bus: events of committed claims must still go out.
-        await asyncio.shield(service.flush(timeout=EVENT_FLUSH_S))
+        await finish(service.flush(timeout=EVENT_FLUSH_S))

@@ -230,10 +230,7 @@ class InventoryService:
             return
         data = codec.encode(publication.inventory)
         try:
-            # Shielded: on Python 3.11 a cancel that lands as nats-py's request completes is lost
-            # inside its asyncio.wait_for, and SIGTERM would then never stop this task. The
-            # shield always raises the cancel here; the send itself finishes during the drain.
-            await asyncio.shield(self._send(data))
+            await self._send(data)
         except Exception as error:  # NATS down or slow: keep reading; decided again next poll
             self._metrics.publish_failures.inc()
             log.warning(

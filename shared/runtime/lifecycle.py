@@ -39,7 +39,7 @@ from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, HttpRoutes, Readiness
 from shared.runtime.logs import Redactor, configure_logging
 from shared.runtime.metrics import EdgeMetrics, register_runtime_metrics
-from shared.runtime.tasks import cancel_and_wait
+from shared.runtime.tasks import TaskOwners, cancel_and_wait, owned_context
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,9 @@ async def run_service(
     After a stop the body has ``stop_grace_s`` to finish (then its tasks' stacks are logged);
     after a signal the process exits within ``stop_deadline_s`` whatever is stuck.
 
+    ``stop``: given, the caller owns stopping (a test, a host running several services) and no
+    signal handler is installed; absent, SIGTERM and SIGINT stop the service.
+
     ``routes``: GET endpoints served beside /healthz, /readyz and /metrics from the start, before
     NATS is reached (the body may add more through ``ServiceContext.routes``).
 
@@ -156,6 +159,7 @@ async def run_service(
 
         connect = connect_securely
     clock = clock or SystemClock()
+    handle_signals = stop is None
     stop = stop or asyncio.Event()
     registry = registry or CollectorRegistry()
     readiness = readiness or Readiness()
@@ -186,7 +190,8 @@ async def run_service(
     )
 
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+    for signum in signals:
         loop.add_signal_handler(signum, _stop_on, signal.Signals(signum), stop, stop_deadline_s)
     failed = False
     try:
@@ -220,7 +225,7 @@ async def run_service(
         )
         failed = await _run_body(body, context, stop, stop_grace_s)
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in signals:
             loop.remove_signal_handler(signum)
         if bus is not None:
             await bus.drain()
@@ -259,12 +264,17 @@ async def _run_body(
 ) -> bool:
     """Run the body in a TaskGroup beside a stop watcher; True when the body failed."""
     failed = False
+    owner = _BodyTasks(context.name)
+    owners = TaskOwners.of(asyncio.get_running_loop())
     try:
         async with asyncio.TaskGroup() as group:
-            work = group.create_task(body(context), name=f"{context.name}-body")
+            work = group.create_task(
+                body(context), name=f"{context.name}-body", context=owned_context(owner)
+            )
             watchers = [
                 group.create_task(
-                    _cancel_when_stopped(work, stop, grace_s), name=f"{context.name}-stop"
+                    _cancel_when_stopped(work, stop, grace_s, lambda: owners.lost_cancels(owner)),
+                    name=f"{context.name}-stop",
                 )
             ]
             if isinstance(context.bus, ConnectionMonitor):
@@ -287,17 +297,32 @@ async def _run_body(
     return failed
 
 
+class _BodyTasks:
+    """The owner of every task a service's body creates (see ``shared.runtime.tasks``)."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+
+    def __repr__(self) -> str:
+        return f"<tasks of {self.service}>"
+
+
 class StopTimeoutError(Exception):
     """The body did not finish within the grace period after a stop was asked."""
 
 
 async def _cancel_when_stopped(
-    work: asyncio.Task[None], stop: asyncio.Event, grace_s: float
+    work: asyncio.Task[None],
+    stop: asyncio.Event,
+    grace_s: float,
+    lost_cancels: Callable[[], list[asyncio.Task[Any]]],
 ) -> None:
     """Cancel ``work`` once ``stop`` is set, and keep cancelling until it has finished.
 
     One cancel is not always enough on Python 3.11: a library's internal ``asyncio.wait_for``
-    that completes at the same moment swallows the cancellation, and the body runs on.
+    that completes at the same moment swallows the cancellation, and the task runs on; a
+    TaskGroup passes the body's cancel to its children once. So each step also cancels again
+    every task of the body that was asked to stop but still runs (``lost_cancels``).
     """
     await stop.wait()
     loop = asyncio.get_running_loop()
@@ -313,4 +338,6 @@ async def _cancel_when_stopped(
             log.error(f"{message}; its tasks:\n{stacks.getvalue()}")
             raise StopTimeoutError(message)
         work.cancel()
+        for task in lost_cancels():
+            task.cancel()
         await asyncio.wait({work}, timeout=0.1)

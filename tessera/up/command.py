@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from shared.runtime.command import Command
-from shared.runtime.tasks import cancel_and_wait
+from shared.runtime.tasks import cancel_and_wait, finish
 from tessera.devcluster.resources import ApiError
 from tessera.up import spec as specs
 from tessera.up import workload
@@ -336,7 +336,7 @@ async def run_up(args: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         progress.say("stopping every process")
-        await asyncio.shield(system.stop())
+        await finish(system.stop())
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)
 

@@ -18,7 +18,7 @@ from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
 from shared.runtime.bus import NatsBus
 from tessera.devcluster.apiserver import ApiServer
-from tessera.devcluster.resources import EVENT, NODE, POD
+from tessera.devcluster.resources import EVENT, LEASE, NODE, POD
 from tests.binder.builders import container, decision, node, pod, record, rejection, slices
 from tests.binder.conftest import (
     BinderFactory,
@@ -161,6 +161,43 @@ async def test_a_decision_binds_the_pod_and_a_redelivery_changes_nothing(
         assert binder.metric("tessera_binder_bind_latency_seconds_count") == 1
 
 
+async def test_garbage_assignment_records_are_refused_and_binding_goes_on(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """Anything can be written to the records bucket: what does not decode, or sits under
+    another pod's key, is counted and dead-lettered, never taken in, and never stops the
+    binder (whose mirror reads every record, before and after it turned ready)."""
+    api.create(NODE, node())
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    dead = await collect(bus, subjects.deadletter("assignments"))
+    garbage = {
+        subjects.assignment_key("gpu-1", "junk-before"): b"\xc1 not msgpack",
+        subjects.assignment_key("gpu-1", "wrong-key"): codec.encode(record("other", "other")),
+    }
+    for key, value in garbage.items():
+        await bus.kv_put(subjects.KV_ASSIGNMENTS, key, value)
+    async with start_binder() as binder:
+        await bus.kv_put(
+            subjects.KV_ASSIGNMENTS,
+            subjects.assignment_key("gpu-1", "junk-after"),
+            codec.encode({"pod_uid": 7, "state": "bound"}),
+        )
+        uid = uid_of(api.create(POD, pod("train")))
+        rec = record(uid, "train", slices("main", (3, 8192, 30)))
+        await put_record(bus, rec)
+        await publish_decision(bus, rec)
+        await eventually(lambda: results.deliveries, what="the binding result")
+        assert results.decoded(BindingResult)[0].outcome == "bound"
+
+        def refused(kind: str) -> float:
+            return binder.metric("tessera_messages_rejected_total", family="assignments", kind=kind)
+
+        await eventually(lambda: refused("decode") == 2, what="both undecodable records counted")
+        assert refused("validate") == 1, "the record under another pod's key"
+        await eventually(lambda: len(dead.deliveries) == 3, what="three dead letters")
+        assert binder.readiness.ready
+
+
 async def test_gone_pods_and_stale_decisions(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
@@ -207,6 +244,31 @@ async def test_rejections_are_explained_once_and_their_events_aggregated(
     events = events_about(api, "big", "FailedScheduling")
     assert len(events) == 1
     assert events[0]["series"]["count"] == 5, "repeats are a series, written on the way out"
+
+
+async def test_a_stop_writes_the_queued_events_and_releases_the_lease_on_a_slow_api(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """The stop's last writes take longer than the lifecycle's 0.1 s re-cancel: the binder's
+    HTTP client must stay open until they are done (it was closed under them: the Event series
+    was lost and a standby waited out the whole lease)."""
+    async with start_binder() as binder:
+        uid = uid_of(api.create(POD, pod("big", container(gpu=8))))
+        rejected = rejection(uid, "big", (3, "insufficient GPU memory"))
+        for _ in range(3):
+            await bus.js_publish(subjects.PLACEMENTS_REJECTED, codec.encode(rejected))
+        await eventually(lambda: events_about(api, "big", "FailedScheduling"), what="the event")
+        await eventually(
+            lambda: binder.metric("tessera_messages_received_total", family="placements") == 3,
+            what="3 rejections",
+        )
+        for resource in ("events", "leases"):
+            api.faults.add(verb="update", resource=resource, status=0, delay_s=0.4, times=None)
+            api.faults.add(verb="patch", resource=resource, status=0, delay_s=0.4, times=None)
+    (event,) = events_about(api, "big", "FailedScheduling")
+    assert event["series"]["count"] == 3, "the queued series was written on the way out"
+    lease = api.get(LEASE, "default", "tessera-binder")["spec"]
+    assert lease["holderIdentity"] == "", "the lease was given up for a standby"
 
 
 async def test_allocation_marks_the_pod_and_a_slow_one_gets_a_warning(

@@ -34,6 +34,7 @@ async def stuck_on_stop_body(context: ServiceContext, *, blocking: bool) -> None
     """Ready at once; on stop, never finishes: it blocks the event loop (``blocking``) or
     swallows every cancellation."""
     context.readiness.set("stuck", True)
+    print("stuck body running", file=sys.stderr, flush=True)  # the test's cue to stop it
     while True:
         try:
             await asyncio.sleep(3600)

@@ -332,7 +332,13 @@ async def test_the_first_connection_refused_ends_the_service_with_exit_code_5(
         )
         readiness = Readiness()
         code = await asyncio.wait_for(
-            run_service(name="echo", settings=settings, body=echo_body, readiness=readiness),
+            run_service(
+                name="echo",
+                settings=settings,
+                body=echo_body,
+                readiness=readiness,
+                stop=asyncio.Event(),  # this test stops nothing; no signal handler of its own
+            ),
             timeout=20,
         )
     assert code == 5

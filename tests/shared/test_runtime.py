@@ -24,6 +24,7 @@ from shared.runtime.edge import REASON_HEADER, Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import Body, ServiceContext, run_service
 from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.tasks import finish
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
 from tests.shared.echo_service import ECHO_SUBJECT, echo_body
@@ -173,7 +174,8 @@ async def test_failing_body_exits_non_zero(nats_server: NatsServer) -> None:
     )
     assert (
         await asyncio.wait_for(
-            run_service(name="broken", settings=settings, body=broken), timeout=10
+            run_service(name="broken", settings=settings, body=broken, stop=asyncio.Event()),
+            timeout=10,
         )
         == 1
     )
@@ -239,9 +241,8 @@ async def test_a_stop_stuck_past_its_deadline_exits_saying_where_it_was_stuck(
     )
     try:
         assert process.stderr is not None
-        while b"service starting" not in await process.stderr.readline():
+        while b"stuck body running" not in await process.stderr.readline():
             pass
-        await asyncio.sleep(0.5)  # the body runs (whether it ran yet does not matter)
         process.send_signal(signal.SIGTERM)
         # Not the 25 s default: this process was given a 2 s deadline.
         assert await asyncio.wait_for(process.wait(), timeout=15) == 1
@@ -288,6 +289,73 @@ async def test_stop_is_not_lost_when_the_body_swallows_a_cancellation(
     stop.set()
     assert await asyncio.wait_for(task, timeout=5) == 0
     assert swallowed == 2
+
+
+async def test_stop_reaches_a_child_task_that_lost_its_cancel(nats_server: NatsServer) -> None:
+    """A TaskGroup passes the body's cancel to each child once; a child that loses it inside a
+    library (nats-py's ``next_msg`` on 3.11) must still be stopped: the placer's stuck stop."""
+    losses = 0
+    child_stopped = asyncio.Event()
+
+    async def loses_one_cancel() -> None:
+        nonlocal losses
+        try:
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    losses += 1
+                    if losses == 1:
+                        continue  # lost, as in wait_for: the task runs on, still "cancelling"
+                    raise
+        finally:
+            child_stopped.set()
+
+    async def body(context: ServiceContext) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(loses_one_cancel())
+            group.create_task(asyncio.Event().wait())
+
+    async with running_echo(nats_server, body):
+        pass  # running_echo stops it and asserts a clean exit within 10 s
+    assert child_stopped.is_set()
+    assert losses == 2
+
+
+async def test_a_cleanup_run_by_finish_ends_before_its_caller_returns(
+    nats_server: NatsServer,
+) -> None:
+    """The binder's stop closed its HTTP client while the shielded Lease release still ran."""
+    steps: list[str] = []
+
+    async def cleanup() -> None:
+        steps.append("cleanup started")
+        await asyncio.sleep(0.5)  # several of the lifecycle's 0.1 s re-cancels land meanwhile
+        steps.append("cleanup done")
+
+    async def body(context: ServiceContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            try:
+                await finish(cleanup())
+            finally:
+                steps.append("client closed")
+
+    async with running_echo(nats_server, body):
+        pass
+    assert steps == ["cleanup started", "cleanup done", "client closed"]
+
+
+async def test_a_service_stopped_by_its_host_leaves_sigterm_to_the_host(
+    nats_server: NatsServer,
+) -> None:
+    """A test (or any host) passing its own stop keeps its SIGTERM handling: an in-process
+    service once took SIGTERM over, and a hung test run could not be stopped with it."""
+    before = signal.getsignal(signal.SIGTERM)
+    async with running_echo(nats_server):
+        assert signal.getsignal(signal.SIGTERM) == before
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 async def test_stop_interrupts_a_connect_that_hangs() -> None:
