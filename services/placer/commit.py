@@ -95,6 +95,7 @@ def book_all(
     bookings: Sequence[Booking],
     *,
     now: float,
+    seen: Mapping[str, frozenset[str]] | None = None,
 ) -> tuple[NodeLedger | None, dict[str, str]]:
     """The node's ledger with every booking of ``bookings`` that fits, one after the other, on
     the node as the ledger holds it (``committed``); None when there is nothing to write.
@@ -102,6 +103,12 @@ def book_all(
     Also returns why each refused booking (by commit id) does not fit. A booking already in the
     ledger counts as booked (a retry). Several decisions for one node are committed by one
     compare-and-set this way (a group commit).
+
+    ``seen``: for a booking's commit, the bookings (commit ids) on the node when it was decided.
+    The write goes at the entry's latest revision, not the decision's, so a decision may have
+    been made before another placer booked on the same GPUs: it would still fit, but was chosen
+    on a state that is gone (two ``spread`` pods on one GPU). It is refused (:func:`stale_by`)
+    and decided again on the node as it is.
     """
     refused: dict[str, str] = {}
     accepted: list[Booking] = []
@@ -117,6 +124,14 @@ def book_all(
         if state is None:
             refused[booking.commit] = "node left the cluster"
             continue
+        known = (seen or {}).get(booking.commit)
+        newer = stale_by(ledger, booking, known) if known is not None else None
+        if newer is not None:
+            refused[booking.commit] = (
+                f"commit {newer.commit} of {newer.placer_id} booked the same GPUs after this "
+                "decision"
+            )
+            continue
         booked = book(state, reservation_of(booking))
         if isinstance(booked, str):
             refused[booking.commit] = booked
@@ -131,6 +146,21 @@ def book_all(
         NodeLedger(node=accepted[0].node, bookings=(*kept, *accepted), updated_at=now),
         refused,
     )
+
+
+def stale_by(ledger: NodeLedger | None, booking: Booking, seen: frozenset[str]) -> Booking | None:
+    """A booking of another placer on one of ``booking``'s GPUs that its decision did not see
+    (not in ``seen``), or None. This placer's own bookings never count: each of its decisions
+    counts the ones before it (tentative in its view) and is counted by the ones after."""
+    if ledger is None:
+        return None
+    gpus = {s.uuid for c in booking.containers for s in c.gpus}
+    for other in ledger.bookings:
+        if other.placer_id == booking.placer_id or other.commit in seen:
+            continue
+        if any(s.uuid in gpus for c in other.containers for s in c.gpus):
+            return other
+    return None
 
 
 def with_booking(ledger: NodeLedger | None, booking: Booking, *, now: float) -> NodeLedger:

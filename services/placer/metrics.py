@@ -38,6 +38,7 @@ class PlacerMetrics:
     nodes: Gauge
     tenancy_reloads: Counter
     profile_builds: Counter
+    waiting_scans: Counter
     unknown_outcomes: Counter
     extender_requests: Counter
     extender_seconds: Histogram
@@ -122,6 +123,11 @@ class PlacerMetrics:
                 "tessera_placer_tenancy_reloads_total",
                 "Tenancy file versions applied or refused.",
                 ["outcome"],
+                registry=registry,
+            ),
+            waiting_scans=Counter(
+                "tessera_placer_waiting_scans_total",
+                "Passes over the waiting pods (each puts back those that may fit now).",
                 registry=registry,
             ),
             profile_builds=Counter(

@@ -61,9 +61,12 @@ class CommitProtocol:
 
     # --- committing ----------------------------------------------------------------------------
 
-    async def book(self, booking: Booking) -> tuple[Refusal, str]:
+    async def book(
+        self, booking: Booking, *, seen: frozenset[str] | None = None
+    ) -> tuple[Refusal, str]:
         """Charge the tenant's quota (when it has one), then book on the node (``commit.py``
-        steps 0 and 1). Returns ("", "") when booked, else what refused it and why.
+        steps 0 and 1). Returns ("", "") when booked, else what refused it and why. ``seen``:
+        the bookings on the node when it was decided (``Store.book``).
 
         A charge whose booking did not land is given back at once (what is charged always covers
         what is booked, never much more); a booking whose answer was lost but which landed keeps
@@ -73,7 +76,7 @@ class CommitProtocol:
         if over:
             return "quota", over
         try:
-            refused = await self.store.book(booking)
+            refused = await self.store.book(booking, seen=seen)
         except ConflictError:
             refused = "the node's ledger changed"
         if not refused:

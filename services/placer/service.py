@@ -128,6 +128,7 @@ from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.health import HttpRoutes, Readiness
 from shared.runtime.lifecycle import ServiceContext
+from shared.runtime.tasks import finish
 
 log = logging.getLogger(__name__)
 
@@ -412,7 +413,7 @@ class PlacerService:
             self.loaded = False
             for task in list(self._tasks):
                 task.cancel()
-            await asyncio.shield(self._give_back_held())
+            await finish(self._give_back_held())
 
     @property
     def _profile_name(self) -> str:
@@ -804,10 +805,12 @@ class PlacerService:
             decided_at=now,
             placer_id=self.config.placer_id,
         )
+        ledger, _ = self.view.ledger(booking.node)
+        seen = frozenset(b.commit for b in ledger.bookings) if ledger else frozenset()
         self.view.add_tentative(booking)
         item.stage = "committing"
         self._in_flight += 1
-        self._spawn(self._commit(item, booking, outcome), f"commit-{uid}")
+        self._spawn(self._commit(item, booking, outcome, seen=seen), f"commit-{uid}")
 
     # --- the waiting board ---------------------------------------------------------------------
 
@@ -971,11 +974,20 @@ class PlacerService:
         return item.avoid | recent if recent else item.avoid
 
     async def _commit(
-        self, item: _Item, booking: Booking, decision: Decision | None, *, book: bool = True
+        self,
+        item: _Item,
+        booking: Booking,
+        decision: Decision | None,
+        *,
+        book: bool = True,
+        seen: frozenset[str] | None = None,
     ) -> None:
+        """Commit ``booking`` (``book``: it is not in the ledger yet; ``seen``: the bookings on
+        its node when it was decided, so that a decision another placer overtook is made
+        again)."""
         uid = booking.pod_uid
         try:
-            refusal, why = await self.protocol.book(booking) if book else ("", "")
+            refusal, why = await self.protocol.book(booking, seen=seen) if book else ("", "")
             if refusal:
                 self.view.drop_tentative(booking.node, uid)
                 if refusal == "node":
@@ -1227,6 +1239,7 @@ class PlacerService:
                 if (changed and due) or now - item.tried >= SAFETY_RETRY_S:
                     self._enqueue(item)
             self._count_pending()
+            self.metrics.waiting_scans.inc()
 
     def _count_pending(self) -> None:
         by_reason: dict[str, int] = {}
@@ -1434,6 +1447,11 @@ class PlacerService:
         while True:
             await self.clock.sleep(self.config.mix_check_s)
             self._rebuild_profile()
+
+    @property
+    def mix_compiled(self) -> bool:
+        """Whether the profile in use was compiled with the task mix learned so far."""
+        return self.profile is not None and self._typical == self.view.mix.typical()
 
     def _rebuild_profile(self) -> None:
         """Compile the profile with the learned task mix, when the mix moved."""

@@ -102,6 +102,8 @@ class Store:
         self._metrics = metrics
         self._locks: dict[str, asyncio.Lock] = {}
         self._queued: dict[str, list[tuple[Any, asyncio.Future[str]]]] = {}
+        self._seen: dict[str, frozenset[str]] = {}
+        """Commit id -> the bookings on its node when it was decided (while it is booked)."""
         """Bookings per node (charges per tenant) waiting for its lock (written together)."""
         self.ledgers = _Kind(subjects.KV_LEDGER, "ledger", NodeLedger, self._apply_ledger)
         self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, view.set_claim)
@@ -199,12 +201,14 @@ class Store:
         ledger, revision = self._view.ledger(node)
         return Entry(ledger, revision)
 
-    async def book(self, booking: Booking) -> str:
+    async def book(self, booking: Booking, *, seen: frozenset[str] | None = None) -> str:
         """Add ``booking`` to its node's ledger at the revision the view holds.
 
         Returns "" when booked (or already booked by this commit), else why not: the node as the
-        ledger holds it cannot take it. Raises :class:`ConflictError` when the entry changed first
-        (the view then holds the new entry: decide again).
+        ledger holds it cannot take it, or (``seen``: the bookings on the node when the booking
+        was decided) another placer booked its GPUs since (``commit.book_all``). Raises
+        :class:`ConflictError` when the entry changed first (the view then holds the new entry:
+        decide again).
 
         Bookings for one node that wait for each other here are written together, by one
         compare-and-set (``commit.book_all``): under load a packing profile sends many pods to
@@ -215,10 +219,16 @@ class Store:
         async def write(batch: list[Booking]) -> dict[str, str]:
             refused: dict[str, str] = {}
 
+            decided_on = {b.commit: self._seen[b.commit] for b in batch if b.commit in self._seen}
+
             def change(ledger: NodeLedger | None) -> NodeLedger | None:
                 nonlocal refused
                 written, refused = commit.book_all(
-                    ledger, self._view.committed_state(node), batch, now=self._clock.now()
+                    ledger,
+                    self._view.committed_state(node),
+                    batch,
+                    now=self._clock.now(),
+                    seen=decided_on,
                 )
                 return written
 
@@ -231,7 +241,12 @@ class Store:
             )
             return refused
 
-        return await self._group_commit(_node_lock_key(node), booking, write)
+        if seen is not None:
+            self._seen[booking.commit] = seen
+        try:
+            return await self._group_commit(_node_lock_key(node), booking, write)
+        finally:
+            self._seen.pop(booking.commit, None)
 
     async def _group_commit(
         self,

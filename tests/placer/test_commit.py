@@ -8,7 +8,7 @@ import pytest
 from services.placer import commit, translate
 from services.placer.commit import RecordFacts, Repair
 from shared.messages.assignments import AssignmentRecord, AssignmentState
-from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from tests.placer import wire
 from tests.placer.test_translate import NOW, booking
 
@@ -90,6 +90,45 @@ def test_a_group_commit_books_what_fits_one_after_the_other() -> None:
     assert commit.book_all(ledger, None, [fits], now=NOW)[1] == {
         fits.commit: "node left the cluster"
     }
+
+
+def by(placer: str, held: Booking) -> Booking:
+    return msgspec.structs.replace(held, placer_id=placer)
+
+
+# Another placer's booking on GPU 0 ("theirs") landed after "mine" was decided on GPU 0.
+THEIRS = by("placer-b", booking("theirs", (0, 4096, 100)))
+
+
+@pytest.mark.parametrize(
+    ("mine", "seen", "refused"),
+    [
+        pytest.param(booking("mine", (0, 4096, 100)), frozenset[str](), True, id="overtaken"),
+        pytest.param(booking("mine", (0, 4096, 100)), None, False, id="no-decision-state"),
+        pytest.param(
+            booking("mine", (0, 4096, 100)), frozenset({THEIRS.commit}), False, id="seen-it"
+        ),
+        pytest.param(booking("mine", (1, 4096, 100)), frozenset[str](), False, id="other-gpu"),
+        pytest.param(
+            by("placer-b", booking("mine", (0, 4096, 100))), frozenset[str](), False, id="own"
+        ),
+    ],
+)
+def test_a_decision_another_placer_overtook_on_its_gpus_is_refused(
+    mine: Booking, seen: frozenset[str] | None, refused: bool
+) -> None:
+    """It still fits, but it was chosen on a state that is gone (two spread pods on one GPU)."""
+    ledger = NodeLedger(node="n1", bookings=(THEIRS,))
+    state = translate.node_state(
+        "n1", wire.inventory("n1", 2), wire.facts("n1"), [THEIRS], placeable=True
+    )
+    decided_on = {} if seen is None else {mine.commit: seen}
+    written, why = commit.book_all(ledger, state, [mine], now=NOW, seen=decided_on)
+    assert (written is None) == refused
+    if refused:
+        assert why == {
+            mine.commit: "commit c-theirs of placer-b booked the same GPUs after this decision"
+        }
 
 
 def test_unbooking_takes_only_the_named_commit() -> None:

@@ -7,6 +7,7 @@ pod; ``cluster_state(bus)`` reads every ledger entry, claim and record back for 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -247,16 +248,24 @@ def check_capacity(
     _check_pieces(recorded, inventories, slots, "records")
 
 
+def check_safety(
+    state: ClusterState, inventories: dict[str, NodeInventory], slots: dict[str, int] | None = None
+) -> None:
+    """What holds at every moment, commits in flight or not: nothing over-committed, at most one
+    live record per pod."""
+    check_capacity(state, inventories, slots)
+    pods = [r.pod_uid for r in state.live_records()]
+    twice = sorted({p for p in pods if pods.count(p) > 1})
+    assert not twice, f"pods with two live records: {twice}"
+
+
 def check_invariants(
     state: ClusterState, inventories: dict[str, NodeInventory], slots: dict[str, int] | None = None
 ) -> None:
     """Nothing over-committed, one live record per pod, every live record booked and every
     booking recorded, every placed claim booked (raises AssertionError naming the fault)."""
-    check_capacity(state, inventories, slots)
+    check_safety(state, inventories, slots)
     live = state.live_records()
-    pods = [r.pod_uid for r in live]
-    twice = sorted({p for p in pods if pods.count(p) > 1})
-    assert not twice, f"pods with two live records: {twice}"
     booked = {(b.node, b.pod_uid, b.commit) for b in state.bookings()}
     recorded = {(r.node, r.pod_uid, r.commit) for r in live}
     assert recorded <= booked, f"live records without a booking: {sorted(recorded - booked)[:5]}"
@@ -268,6 +277,30 @@ def check_invariants(
         else:
             held = claim.booking
             assert held is None or (held.node, uid, held.commit) not in booked, uid
+
+
+async def settled_state(
+    bus: Bus,
+    inventories: dict[str, NodeInventory],
+    slots: dict[str, int] | None = None,
+    *,
+    timeout: float = 30.0,
+) -> ClusterState:
+    """The cluster state once the commits in flight have finished (a booking is written before
+    its record): :func:`check_safety` holds at every read, and bookings, claims and records must
+    agree within ``timeout`` seconds (else the last disagreement is raised)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        state = await cluster_state(bus)
+        check_safety(state, inventories, slots)
+        try:
+            check_invariants(state, inventories, slots)
+            return state
+        except AssertionError as error:
+            if loop.time() > deadline:
+                raise AssertionError(f"not settled after {timeout:g} s: {error}") from None
+        await asyncio.sleep(0.1)
 
 
 def record_shares(records: Sequence[AssignmentRecord]) -> tuple[int, int]:
