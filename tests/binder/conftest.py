@@ -143,8 +143,11 @@ def test_settings(nats_server: NatsServer, kubeconfig: Path, **overrides: Any) -
         "http_port": 0,
         "log_format": "text",
         "kubeconfig": str(kubeconfig),
-        "lease_duration_s": 2.0,
-        "renew_deadline_s": 1.5,
+        # Leadership must not change hands because a loaded machine answered slowly (a leader
+        # that cannot renew for 10 s stops): a test that needs a takeover stops the leader,
+        # which releases the lease, taken at the standby's next retry.
+        "lease_duration_s": 15.0,
+        "renew_deadline_s": 10.0,
         "retry_period_s": 0.2,
         "api_timeout_s": 5.0,
         "watch_timeout_s": 60,

@@ -12,14 +12,17 @@ from prometheus_client import CollectorRegistry
 
 from services.binder.gateway import ApiUnavailableError
 from services.binder.kube import KubeGateway, RetryPolicy, load_configuration, new_configuration
-from services.binder.leader import LeaderElector
+from services.binder.leader import JITTER, LeaderElector
 from services.binder.metrics import BinderMetrics
-from shared.clock import SystemClock
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import LEASE
 from tests.binder.conftest import eventually
+from tests.harness.clock import FakeClock
 
-DURATION, DEADLINE, RETRY = 1.0, 0.7, 0.1
+DURATION, DEADLINE, RETRY = 15.0, 10.0, 2.0
+"""client-go's defaults, on a fake clock: every step is decided by the clock the test moves, not
+by how fast a loaded machine answers (a 1 s lease on the real clock changed hands under load)."""
+STEP = 0.25
 
 
 class Cuttable:
@@ -44,11 +47,10 @@ class Cuttable:
 
 @contextlib.asynccontextmanager
 async def electors(
-    kubeconfig: Path, count: int
+    kubeconfig: Path, count: int, clock: FakeClock
 ) -> AsyncIterator[list[tuple[LeaderElector, Cuttable, asyncio.Task[None]]]]:
     configuration = new_configuration()
     await load_configuration(configuration, kubeconfig=str(kubeconfig), environ={})
-    clock = SystemClock()
     made = []
     for i in range(count):
         gateway = Cuttable(
@@ -56,7 +58,7 @@ async def electors(
                 configuration,
                 BinderMetrics.create(CollectorRegistry()),
                 clock=clock,
-                timeout_s=0.5,
+                timeout_s=10.0,
                 retry=RetryPolicy(attempts=1),
             )
         )
@@ -81,47 +83,58 @@ async def electors(
             await gateway.close()
 
 
+async def idle(clock: FakeClock, electors: int) -> None:
+    """Until every elector has finished its API calls and waits for the clock again."""
+    await eventually(lambda: clock.sleepers == electors, what=f"{electors} electors waiting")
+
+
 async def test_one_leader_then_a_standby_takes_over_from_one_that_cannot_renew(
     api: ApiServer, kubeconfig: Path
 ) -> None:
-    async with electors(kubeconfig, 2) as made:
-        await eventually(lambda: any(e.is_leader() for e, _, _ in made), what="a leader")
-        leader, cut, _ = next(m for m in made if m[0].is_leader())
-        standby = next(m[0] for m in made if m[0] is not leader)
-        await eventually(lambda: standby.holder == leader.identity, what="standby sees holder")
-        await asyncio.sleep(3 * RETRY)
-        assert [e.is_leader() for e, _, _ in made].count(True) == 1
+    clock = FakeClock()
+    async with electors(kubeconfig, 2, clock) as made:
+        await idle(clock, 2)
+        leaders = [e for e, _, _ in made if e.is_leader()]
+        assert len(leaders) == 1, "the first to create the Lease leads"
+        (leader,) = leaders
+        cut = next(g for e, g, _ in made if e is leader)
+        standby = next(e for e, _, _ in made if e is not leader)
+        for _ in range(round(3 * RETRY / STEP)):
+            await clock.advance(STEP)
+            await idle(clock, 2)
+            assert leader.is_leader() and not standby.is_leader()
+        assert standby.holder == leader.identity
         lease = api.get(LEASE, "tessera", "binder")["spec"]
         assert lease["holderIdentity"] == leader.identity
-        assert lease["leaseDurationSeconds"] == 1
+        assert lease["leaseDurationSeconds"] == DURATION
 
-        loop = asyncio.get_running_loop()
         cut.cut = True
-        cut_at = loop.time()
+        cut_at = clock.monotonic()
         stopped_at = taken_at = None
-        overlap = False
         while taken_at is None:
-            if loop.time() - cut_at > 10:
-                raise AssertionError("the standby never took over")
-            both = leader.is_leader() and standby.is_leader()
-            overlap = overlap or both
+            await clock.advance(STEP)
+            await idle(clock, 2)
+            assert not (leader.is_leader() and standby.is_leader()), "two binders wrote at once"
             if stopped_at is None and not leader.is_leader():
-                stopped_at = loop.time()
+                stopped_at = clock.monotonic()
             if standby.is_leader():
-                taken_at = loop.time()
-            await asyncio.sleep(0.005)
-        assert not overlap, "two binders wrote at once"
-        assert stopped_at is not None and stopped_at - cut_at <= DEADLINE + 0.5
-        # From the leader's last renew (at most one retry period before the cut): one lease
-        # duration, plus a retry period to notice, plus scheduling slack on a loaded machine.
-        assert taken_at - cut_at <= DURATION + 2 * RETRY + 1.0
-        assert api.get(LEASE, "tessera", "binder")["spec"]["holderIdentity"] == standby.identity
-        assert api.get(LEASE, "tessera", "binder")["spec"]["leaseTransitions"] == 1
+                taken_at = clock.monotonic()
+            assert clock.monotonic() - cut_at <= 3 * DURATION, "the standby never took over"
+        # The leader stops within the renew deadline of its last renew (at most one retry period
+        # before the cut); the standby takes over one lease duration after it last saw the lease
+        # change, noticed at its next (jittered) retry.
+        assert stopped_at is not None and stopped_at - cut_at <= DEADLINE
+        assert taken_at - cut_at <= DURATION + 2 * RETRY * JITTER
+        assert taken_at - cut_at >= DURATION - RETRY, "not before the lease could have expired"
+        spec = api.get(LEASE, "tessera", "binder")["spec"]
+        assert spec["holderIdentity"] == standby.identity
+        assert spec["leaseTransitions"] == 1
 
 
 async def test_a_released_lease_is_taken_at_once(api: ApiServer, kubeconfig: Path) -> None:
-    async with electors(kubeconfig, 2) as made:
-        await eventually(lambda: any(e.is_leader() for e, _, _ in made), what="a leader")
+    clock = FakeClock()
+    async with electors(kubeconfig, 2, clock) as made:
+        await idle(clock, 2)
         leader, _, task = next(m for m in made if m[0].is_leader())
         standby = next(m[0] for m in made if m[0] is not leader)
         task.cancel()
@@ -130,7 +143,8 @@ async def test_a_released_lease_is_taken_at_once(api: ApiServer, kubeconfig: Pat
         await leader.release()
         assert not leader.is_leader()
         assert api.get(LEASE, "tessera", "binder")["spec"]["holderIdentity"] == ""
-        loop = asyncio.get_running_loop()
-        released_at = loop.time()
-        await eventually(standby.is_leader, what="the standby to lead", timeout=5)
-        assert loop.time() - released_at < DURATION, "well before the lease would expire"
+        released_at = clock.monotonic()
+        while not standby.is_leader():
+            await clock.advance(STEP)
+            await idle(clock, 1)
+            assert clock.monotonic() - released_at <= RETRY * JITTER, "taken at the next retry"

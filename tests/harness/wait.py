@@ -14,12 +14,13 @@ async def eventually(
     condition: Callable[[], T | Awaitable[T]],
     *,
     timeout: float = 20.0,
-    what: str = "",
+    what: str | Callable[[], str] = "",
     interval: float = 0.02,
 ) -> T:
     """Poll ``condition`` every ``interval`` seconds until it returns something truthy (awaited
-    when it is a coroutine function) and return that; fail naming ``what`` and the last value
-    after ``timeout`` seconds (a loaded machine gets time, a broken one an explanation)."""
+    when it is a coroutine function) and return that; fail naming ``what`` (or what it returns
+    then, when it is a function) and the last value after ``timeout`` seconds (a loaded machine
+    gets time, a broken one an explanation)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -29,7 +30,9 @@ async def eventually(
         if value:
             return value  # type: ignore[no-any-return]
         if loop.time() > deadline:
+            described = what() if callable(what) else what
             raise AssertionError(
-                f"timed out after {timeout:g} s waiting for {what or condition}; last: {value!r}"
+                f"timed out after {timeout:g} s waiting for {described or condition}; "
+                f"last: {value!r}"
             )
         await asyncio.sleep(interval)

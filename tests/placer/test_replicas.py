@@ -17,6 +17,7 @@ unfinished charges given back), and no pod waits that fits somewhere now.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import signal
@@ -24,12 +25,14 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from shared import codec, subjects
 from shared.messages.placement import PlacementRejected
 from shared.messages.pods import PodPending
 from shared.runtime.bus import NatsBus
 from tests.harness.nats import NatsServer
+from tests.harness.wait import eventually
 from tests.placer import wire
 from tests.placer.conftest import http_get, stream_messages
 from tests.placer.processes import ready, start
@@ -87,6 +90,13 @@ async def left_over(bus: NatsBus, ports: list[int], uids: set[str]) -> str | Non
     return None
 
 
+@pytest.mark.timeout(300)  # its phases' own budgets below add up to less, each named on failure
+async def rejections(bus: NatsBus) -> list[PlacementRejected]:
+    raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.PLACEMENTS_REJECTED)
+    return [codec.decode(data, PlacementRejected) for data in raw]
+
+
+@pytest.mark.timeout(300)  # the phases' own budgets below add up to less, each named on failure
 async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_nothing(
     nats_server: NatsServer, bus: NatsBus, tmp_path: Path
 ) -> None:
@@ -100,11 +110,10 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
     options = ("--tenancy-file", str(tenancy))
     placers = [await start(nats_server.url, n, tmp_path, *options) for n in range(3)]
     try:
-        deadline = time.monotonic() + 60
-        for _, port in placers:
-            while not await ready(port):
-                assert time.monotonic() < deadline, "placers not ready"
-                await asyncio.sleep(0.1)
+        for number, (_, port) in enumerate(placers):
+            await eventually(
+                functools.partial(ready, port), timeout=60, what=f"placer {number} ready"
+            )
         pods = workload()
         for start_at in range(0, len(pods), 100):
             await asyncio.gather(
@@ -112,47 +121,57 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
             )
 
         victim, _ = placers[1]
-        while len(await bus.kv_keys(subjects.KV_CLAIMS)) < 300:  # noqa: ASYNC110 (KV, no event)
-            await asyncio.sleep(0.05)
+
+        async def many_claimed() -> bool:
+            return len(await bus.kv_keys(subjects.KV_CLAIMS)) >= 300
+
+        await eventually(many_claimed, timeout=60, interval=0.05, what="300 pods claimed")
         victim.send_signal(signal.SIGKILL)
         await victim.wait()
 
         uids = {p.uid for p in pods}
-        deadline = time.monotonic() + 150
-        while True:
-            state = await wire.cluster_state(bus)
-            recorded = {r.pod_uid for r in state.live_records()}
-            raw = await stream_messages(
-                bus, subjects.STREAM_PLACEMENTS, subjects.PLACEMENTS_REJECTED
-            )
-            rejected = {codec.decode(data, PlacementRejected).pod_uid for data in raw}
-            if uids <= recorded | rejected:
-                break
-            assert time.monotonic() < deadline, (
-                f"{len(uids - recorded - rejected)} pods neither placed nor rejected"
-            )
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(3.0)  # anything still in flight (a redelivered duplicate) settles
-        state = await wire.cluster_state(bus)
-        wire.check_invariants(state, inventories, slots=dict.fromkeys(NODES, SLOTS))
+
+        undecided: set[str] = set()
+
+        async def all_decided() -> bool:
+            recorded = {r.pod_uid for r in (await wire.cluster_state(bus)).live_records()}
+            undecided.clear()
+            undecided.update(uids - recorded - {r.pod_uid for r in await rejections(bus)})
+            return not undecided
+
+        await eventually(
+            all_decided,
+            timeout=120,
+            interval=0.5,
+            what=lambda: f"every pod placed or rejected ({len(undecided)} neither)",
+        )
+        refusals = await rejections(bus)
+        rejected = {r.pod_uid for r in refusals}
+        # A redelivered duplicate may still be committing (and giving its booking back).
+        state = await wire.settled_state(bus, inventories, slots=dict.fromkeys(NODES, SLOTS))
         recorded = {r.pod_uid for r in state.live_records()}
         assert len(recorded) == len(state.live_records())
         assert recorded | rejected >= uids
         assert 500 < len(recorded) < PODS, f"{len(recorded)} placed: the cluster must fill up"
         wire.check_quotas(state, {CAPPED: (CAPPED_GPUS, None)})
         wire.check_charges(state, {CAPPED: (CAPPED_GPUS, None)})
-        assert any(
-            r.namespace == CAPPED and "GPU quota exceeded" in r.message
-            for r in (codec.decode(data, PlacementRejected) for data in raw)
-        ), "the quota never refused a pod"
+        assert any(r.namespace == CAPPED and "GPU quota exceeded" in r.message for r in refusals), (
+            "the quota never refused a pod"
+        )
         # Whether the tenant fills its quota before the other tenant fills the cluster depends on
         # the race (a killed replica's charges hold quota until repaired); what must hold is that
         # nothing is left over: no charge without its live record, no pod waiting while it fits.
         survivors = [port for number, (_, port) in enumerate(placers) if number != 1]
-        deadline = time.monotonic() + 30  # a waiting pod is tried again within BACKOFF_MAX_S
-        while (left := await left_over(bus, survivors, uids)) is not None:
-            assert time.monotonic() < deadline, left
-            await asyncio.sleep(0.5)
+        left: list[str | None] = [None]
+
+        async def nothing_left() -> bool:
+            left[0] = await left_over(bus, survivors, uids)
+            return left[0] is None
+
+        # A waiting pod is tried again within BACKOFF_MAX_S.
+        await eventually(
+            nothing_left, timeout=40, interval=0.5, what=lambda: f"nothing left over: {left[0]}"
+        )
         logged = [
             json.loads(line)
             for line in (tmp_path / "placer-0.log").read_text().splitlines()
