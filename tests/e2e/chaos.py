@@ -2,10 +2,11 @@
 
 Shared by the CI test (small) and ``benchmarks/chaos.py`` (longer). Kill moments are drawn from a
 seeded random generator and logged; each killed process is started again after a short pause.
-A pod the kubelet rejects (``UnexpectedAdmissionError``: its device plugin or NATS was away at its
-Allocate) is replaced, as its ReplicaSet would, and counted. At the end every pod must be Running
-with exactly its record's slices, no GPU over-committed at any allocation, no record left
-``reserved`` or ``bound``.
+A pod the kubelet rejects is replaced at once, as its ReplicaSet would, and counted; each must be
+explained by the scenario: ``UnexpectedAdmissionError`` while its node's device plugin or NATS was
+down (or had just come back, ``RECOVERY_S``). Any other failed pod (one lost at admission for
+another reason) fails the run. At the end every pod must be Running with exactly its record's
+slices, no GPU over-committed at any allocation, no record left ``reserved`` or ``bound``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
+from shared.runtime.tasks import cancel_and_wait
 from tessera.devcluster.resources import POD
 from tessera.up import workload as w
 from tessera.up.system import LocalSystem
@@ -25,14 +27,50 @@ from tests.e2e.helpers import assert_exact, phase, until
 
 NAMESPACE = "chaos"
 TARGETS = ("placer", "binder-leader", "deviceplugin", "nats-server")
+REPLACE_POLL_S = 0.2
+RECOVERY_S = 10.0
+"""After a restart, how long a device plugin (registering, loading records) or the services
+(reconnecting to NATS) may still fail an Allocate."""
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A process the run killed: from the kill to its restart."""
+
+    name: str
+    down_at: float
+    up_at: float = float("inf")
+
+    def explains(self, failure: Failure) -> bool:
+        """Whether this outage can have failed ``failure``'s Allocate."""
+        if failure.reason != "UnexpectedAdmissionError":
+            return False
+        if self.name != "nats-server" and self.name != f"deviceplugin/{failure.node}":
+            return False
+        return self.down_at <= failure.seen_at <= self.up_at + RECOVERY_S
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A pod the kubelet rejected, as the replacer saw it (within its polling interval)."""
+
+    name: str
+    node: str
+    reason: str
+    message: str
+    seen_at: float
 
 
 @dataclass
 class ChaosReport:
     log: list[str] = field(default_factory=list)
-    replaced: list[str] = field(default_factory=list)
+    replaced: list[Failure] = field(default_factory=list)
+    outages: list[Outage] = field(default_factory=list)
     pods: int = 0
     wall_s: float = 0.0
+
+    def unexplained(self) -> list[Failure]:
+        return [f for f in self.replaced if not any(o.explains(f) for o in self.outages)]
 
 
 async def chaos_run(
@@ -48,8 +86,11 @@ async def chaos_run(
     result = ChaosReport(pods=pods)
     started = time.monotonic()
 
+    def clock() -> float:
+        return time.monotonic() - started
+
     def note(text: str) -> None:
-        line = f"{time.monotonic() - started:7.2f} s  {text}"
+        line = f"{clock():7.2f} s  {text}"
         result.log.append(line)
         say(line)
 
@@ -68,9 +109,12 @@ async def chaos_run(
             name = "nats-server"
         pause = rng.uniform(0.5, 2.5)
         note(f"SIGKILL {name} (restart in {pause:.1f} s)")
+        down = len(result.outages)
+        result.outages.append(Outage(name, down_at=clock()))
         await asyncio.to_thread(system.kill, name)
         await asyncio.sleep(pause)
         system.restart(name)
+        result.outages[down] = Outage(name, down_at=result.outages[down].down_at, up_at=clock())
         note(f"restarted {name}")
 
     def pod(n: int, generation: int = 0) -> dict:
@@ -99,32 +143,50 @@ async def chaos_run(
             name = current["metadata"]["name"]
             n = int(name.split("-")[1])
             status = current.get("status") or {}
-            note(f"replacing {name}: {status.get('reason')}: {status.get('message', '')[:160]}")
-            result.replaced.append(name)
+            failure = Failure(
+                name=name,
+                node=current["spec"].get("nodeName") or "",
+                reason=str(status.get("reason")),
+                message=str(status.get("message", "")),
+                seen_at=clock(),
+            )
+            note(f"replacing {name} on {failure.node}: {failure.reason}: {failure.message[:160]}")
+            result.replaced.append(failure)
             system.cluster.api.delete(POD, NAMESPACE, name)
             generations[n] = generations.get(n, 0) + 1
             system.cluster.create_pod(pod(n, generations[n]))
 
-    await asyncio.gather(submit(), *(strike(at, target) for at, target in plan))
-    note("chaos over; waiting for every pod")
+    async def replicaset() -> None:
+        """Replace failed pods as they fail, so that each is seen (and timed) at its failure."""
+        while True:
+            replace_failed()
+            await asyncio.sleep(REPLACE_POLL_S)
 
-    def all_running() -> bool:
-        replace_failed()
-        current = system.cluster.pods(NAMESPACE)
-        return len(current) == pods and all(phase(p) == "Running" for p in current)
-
+    replacer = asyncio.create_task(replicaset())
     try:
-        await until(
-            all_running, timeout=settle_timeout_s, what="every chaos pod Running", interval=0.2
-        )
-    except AssertionError:
-        stuck = [
-            (p["metadata"]["name"], phase(p), p["spec"].get("nodeName"))
-            for p in system.cluster.pods(NAMESPACE)
-            if phase(p) != "Running"
-        ]
-        raise AssertionError(f"not every pod Running: {stuck[:20]} ({len(stuck)})") from None
-    note("every pod Running")
+        await asyncio.gather(submit(), *(strike(at, target) for at, target in plan))
+        note("chaos over; waiting for every pod")
+
+        def all_running() -> bool:
+            current = system.cluster.pods(NAMESPACE)
+            return len(current) == pods and all(phase(p) == "Running" for p in current)
+
+        try:
+            await until(
+                all_running, timeout=settle_timeout_s, what="every chaos pod Running", interval=0.2
+            )
+        except AssertionError:
+            stuck = [
+                (p["metadata"]["name"], phase(p), p["spec"].get("nodeName"))
+                for p in system.cluster.pods(NAMESPACE)
+                if phase(p) != "Running"
+            ]
+            raise AssertionError(f"not every pod Running: {stuck[:20]} ({len(stuck)})") from None
+    finally:
+        await cancel_and_wait(replacer)
+    note(f"every pod Running; {len(result.replaced)} replaced")
+    unexplained = result.unexplained()
+    assert not unexplained, f"pods failed that no outage explains: {unexplained}"
     final = system.cluster.pods(NAMESPACE)
     await assert_exact(system, final)
     await assert_no_record_stuck(system, {p["metadata"]["uid"] for p in final})
