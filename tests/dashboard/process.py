@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from shared.runtime.bus import NatsBus
 from tests.harness.nats import environment_without_proxies
 
@@ -144,6 +146,18 @@ def browser_missing() -> str | None:
     if missing:
         return f"{' and '.join(missing)} missing: run `bash scripts/browser` (apt-get as root)"
     return None
+
+
+def require_browser() -> None:
+    """Fail the calling test when the browser is missing: it is part of the setup, and a test
+    that skips itself where it cannot run would let CI pass without it. A developer without
+    root opts out with TESSERA_SKIP_BROWSER=1 (the test is then skipped, saying so)."""
+    why = browser_missing()
+    if why is None:
+        return
+    if os.environ.get("TESSERA_SKIP_BROWSER") == "1":
+        pytest.skip(f"TESSERA_SKIP_BROWSER=1: {why}")
+    pytest.fail(f"the browser test needs the browser: {why}", pytrace=False)
 
 
 @contextlib.contextmanager

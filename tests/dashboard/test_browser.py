@@ -28,10 +28,10 @@ from tests.dashboard.builders import (
 )
 from tests.dashboard.process import (
     SLICES_IN_PAGE,
-    browser_missing,
     chromium,
     dashboard_process,
     on_bus,
+    require_browser,
     wait_in_page,
 )
 from tests.harness.nats import NatsServer
@@ -39,11 +39,7 @@ from tests.harness.nats import NatsServer
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    why = browser_missing()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"the browser test must run in CI: {why}")
-        pytest.skip(why)
+    require_browser()
     with chromium() as driver:
         yield driver
 

@@ -8,7 +8,6 @@ the simulated cluster (API double and kubelets) shares this test's event loop.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from tessera.up import workload as w
 from tessera.up.system import LocalSystem
-from tests.dashboard.process import SLICES_IN_PAGE, browser_missing, chromium, wait_in_page
+from tests.dashboard.process import SLICES_IN_PAGE, chromium, require_browser, wait_in_page
 from tests.dashboard.test_browser import expected_slices, save_artifact
 from tests.e2e.helpers import by_name, clear, phase, settle
 from tests.e2e.test_features import submit
@@ -47,11 +46,7 @@ async def in_thread(call: Callable[..., T], *args: Any) -> T:
 async def test_the_page_shows_the_live_cluster_and_a_new_pod_without_a_reload(
     system: LocalSystem, tmp_path: Path
 ) -> None:
-    why = browser_missing()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"the browser test must run in CI: {why}")
-        pytest.skip(why)
+    require_browser()
     url = system.endpoints()["dashboard_url"]
     assert url, "tessera up's system runs the dashboard"
     submit(
