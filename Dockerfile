@@ -13,13 +13,14 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY shared ./shared
 COPY services ./services
 COPY tessera ./tessera
-# Not editable, bytecode compiled now: the containers run on a read-only root filesystem.
+# Not editable, bytecode compiled now: the containers run on a read-only root filesystem. The
+# dependencies at the versions CI tested (requirements.lock, as pip constraints).
 RUN python -m venv /opt/tessera \
-    && /opt/tessera/bin/pip install . \
+    && /opt/tessera/bin/pip install -c requirements.lock . \
     && /opt/tessera/bin/python -m compileall -q /opt/tessera/lib \
     && /opt/tessera/bin/tessera --help >/dev/null
 
