@@ -147,4 +147,5 @@ async def test_a_released_lease_is_taken_at_once(api: ApiServer, kubeconfig: Pat
         while not standby.is_leader():
             await clock.advance(STEP)
             await idle(clock, 1)
-            assert clock.monotonic() - released_at <= RETRY * JITTER, "taken at the next retry"
+            # At the standby's next (jittered) retry, seen within one step of the clock.
+            assert clock.monotonic() - released_at <= RETRY * JITTER + STEP, "at the next retry"
