@@ -48,7 +48,19 @@ class ConfigError(Exception):
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Settings every service has."""
 
-    nats_url: Annotated[str, msgspec.Meta(description="NATS server URL")] = DEFAULT_NATS_URL
+    nats_url: Annotated[
+        str,
+        msgspec.Meta(description="NATS server URL (several servers of a cluster: comma-separated)"),
+    ] = DEFAULT_NATS_URL
+    nats_replicas: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=5,
+            description="copies of each JetStream stream and KV bucket: 3 on a 3-server "
+            "JetStream cluster (a server lost loses nothing), 1 on a single server",
+        ),
+    ] = 1
     nats_user: Annotated[str, msgspec.Meta(description="NATS user name (with a password)")] = ""
     nats_password: Annotated[
         str,

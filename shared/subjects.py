@@ -21,7 +21,8 @@ KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by 
 ``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record); ``tessera-tenants``
 (placer: one entry per tenant with a quota, its charges, updated by compare-and-set);
 ``tessera-waiting`` (placer: one entry per pod a replica holds waiting for room, the board every
-replica reads to keep seed 002's order).
+replica reads to keep seed 002's order); ``tessera-meta`` (the store's epoch, created with the
+streams, and the binder's word that what is bound was restored into this epoch's store).
 
 Node names are DNS subdomains and may contain dots, which NATS treats as token separators; every
 node segment therefore goes through :func:`node_token`, which maps ``.`` to ``_`` (a character node
@@ -154,6 +155,11 @@ KV_ASSIGNMENTS: Final = "tessera-assignments"
 KV_STATS: Final = "tessera-stats"
 KV_TENANTS: Final = "tessera-tenants"
 KV_WAITING: Final = "tessera-waiting"
+KV_META: Final = "tessera-meta"
+"""The store itself: its epoch (``META_EPOCH``) and whether what is bound was restored into it
+(``META_RESTORED``)."""
+META_EPOCH: Final = "epoch"
+META_RESTORED: Final = "restored"
 
 #: Bucket name -> how many revisions of each key it keeps.
 KV_BUCKETS: Final[dict[str, int]] = {
@@ -165,6 +171,7 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_STATS: 1,
     KV_TENANTS: 5,
     KV_WAITING: 1,
+    KV_META: 1,
 }
 
 

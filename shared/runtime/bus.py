@@ -16,6 +16,16 @@ write sit in that buffer:
   one whose answer times out): it may or may not have reached the server, and it will not reach
   it later, so reading the key back after the reconnect tells what happened.
 
+Durability (DESIGN section 12). Every stream and KV bucket is created with the replica count the
+service was given (``--nats-replicas``: 3 on a 3-server JetStream cluster, so that losing a server
+loses nothing). A stream or bucket that has gone (NATS restarted with an empty store, someone
+deleted it) is created again, never a reason to fail: after every reconnect, and whenever an
+operation finds it missing (a write then raises :class:`BusUnavailableError`: nothing was
+written; a watch starts over on the new, empty bucket; a durable consumer is attached again).
+The store also holds its *epoch* (``tessera-meta``, created with the topology): a new epoch tells
+the services that the store was lost, and what it held is rebuilt from the Kubernetes API (the
+binder republishes what is bound; placers turn ready only once it has).
+
 Security (DESIGN section 11): :meth:`NatsBus.connect` takes a :class:`~shared.config.NatsSecurity`
 (user/password, token, NKey seed, ``.creds`` file, TLS). A first connection the server refuses for
 its credentials or TLS raises :class:`NatsRefusedError` (retrying cannot help); any other first
@@ -30,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -45,8 +56,9 @@ from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import api as js_api
 from nats.js.kv import KeyValue
 
-from shared import subjects
+from shared import codec, subjects
 from shared.config import NatsSecurity, redact_url
+from shared.messages.store import StoreEpoch
 from shared.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -145,6 +157,10 @@ def _tls_context(security: NatsSecurity) -> ssl.SSLContext | None:
 
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
+
+_MISSING = (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
+"""What nats-py raises when the stream (or consumer) an operation needs does not exist: a
+JetStream publish nobody stores, a pull request nobody answers."""
 
 # Errors that only mean the subscription or connection is already gone.
 _GONE = (
@@ -347,13 +363,27 @@ class _NatsSubscription:
 
 
 class _NatsPullConsumer:
-    def __init__(self, sub: Any) -> None:
+    """A durable pull consumer, attached again when the server no longer has it (or its
+    stream): the placers' and the binder's work must go on after NATS lost its store."""
+
+    def __init__(
+        self, sub: Any, attach: Callable[[], Awaitable[Any]], restore: Callable[[], Awaitable[None]]
+    ) -> None:
         self._sub = sub
+        self._attach = attach
+        self._restore = restore
 
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
         try:
             msgs = await self._sub.fetch(batch, timeout=timeout)
         except TimeoutError:  # nats-py's TimeoutError, and at times a bare asyncio one: no message
+            return []
+        except (*_MISSING, nats.js.errors.NotFoundError):
+            await self._restore()
+            with contextlib.suppress(*_GONE):
+                await self._sub.unsubscribe()
+            self._sub = await self._attach()
+            log.warning("durable consumer attached again (it was gone from the server)")
             return []
         return [_delivery(m, jetstream=True) for m in msgs]
 
@@ -366,10 +396,18 @@ class _NatsPullConsumer:
 class NatsBus:
     """The Bus over a real NATS server with JetStream (implements ``ConnectionMonitor`` too)."""
 
-    def __init__(self, client: NatsClient, *, request_timeout: float = 5.0) -> None:
+    def __init__(
+        self, client: NatsClient, *, request_timeout: float = 5.0, replicas: int = 1
+    ) -> None:
         self._nc = client
         self._js = client.jetstream(timeout=request_timeout)
+        self._replicas = replicas
         self._kv: dict[str, KeyValue] = {}
+        self._topology = asyncio.Lock()
+        self._topology_at = -1.0
+        self.topology_restores = 0
+        """How many times streams or buckets were found missing and created again."""
+        self._background: set[asyncio.Task[None]] = set()
         self._consumers: list[_NatsPullConsumer] = []
         self._state: ConnectionState = "connected"
         self._reason = ""
@@ -397,8 +435,11 @@ class NatsBus:
         reconnect_wait: float = 1.0,
         security: NatsSecurity | None = None,
         request_timeout: float = 5.0,
+        replicas: int = 1,
     ) -> NatsBus:
-        """Connect once, then reconnect forever after any later loss; ensure streams and buckets.
+        """Connect once, then reconnect forever after any later loss; ensure streams and buckets
+        (``replicas`` copies of each). ``url`` may name several servers of a cluster, separated by
+        commas.
 
         Raises:
             NatsRefusedError: the server refused the credentials or the TLS handshake failed.
@@ -432,14 +473,18 @@ class NatsBus:
             if stale is not None:
                 with contextlib.suppress(Exception):
                     stale.close()  # type: ignore[no-untyped-call]
-            return None, bus._next_delay() if bus is not None else reconnect_wait
+            # The server tried least often since it last connected: a handler that names none
+            # gets the first in the pool every time, however dead (a cluster's other servers
+            # were never tried).
+            least_tried = min(servers, key=lambda server: server.reconnects) if servers else None
+            return least_tried, bus._next_delay() if bus is not None else reconnect_wait
 
         try:
             # One attempt only: nats-py would otherwise retry a first connection forever inside
             # connect(), hiding a refused password behind "connecting". Reconnects are switched on
             # once connected.
             await client.connect(
-                servers=[url],
+                servers=[server.strip() for server in url.split(",") if server.strip()],
                 name=name,
                 # nats-py annotates these seconds as int but takes floats.
                 connect_timeout=connect_timeout,  # type: ignore[arg-type]
@@ -467,10 +512,17 @@ class NatsBus:
                 raise NatsRefusedError(reason) from None
             raise
         client.options["allow_reconnect"] = True
-        bus = cls(client, request_timeout=request_timeout)
+        bus = cls(client, request_timeout=request_timeout, replicas=replicas)
         bus._reconnect_wait = reconnect_wait
         log.info("nats connected", extra={"url": redact_url(url)})
-        await bus.ensure_topology()
+        try:
+            await bus.ensure_topology()
+        except BaseException:  # JetStream not ready yet (a cluster electing): the caller retries
+            bus._draining = True
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await client.close()
+            raise
         return bus
 
     # --- connection state (callbacks of nats-py) -----------------------------------------------
@@ -521,6 +573,21 @@ class NatsBus:
         self._lost = asyncio.get_running_loop().create_future()
         self._up.set()
         log.info("nats reconnected")
+        # The server may have come back without its store: create what is missing at once.
+        task = asyncio.get_running_loop().create_task(self._restore_after_reconnect())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _restore_after_reconnect(self) -> None:
+        delay = 0.2
+        while not self._draining:
+            try:
+                await self.restore_topology(reason="reconnected")
+                return
+            except Exception as error:  # JetStream not up yet on the server: try again shortly
+                log.info("cannot check the streams yet", extra={"error": repr(error)})
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def _on_closed(self) -> None:
         self._up.set()
@@ -574,6 +641,12 @@ class NatsBus:
             return task.result()
         except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
             raise BusUnavailableError("not connected to NATS; nothing was sent") from None
+        except _MISSING:
+            await self.restore_topology(reason="a write found no stream")
+            raise BusUnavailableError(
+                "no stream took the write (NATS lost its store?): nothing was written; the "
+                "streams and buckets are created again, try again"
+            ) from None
         except nats.errors.TimeoutError:
             raise OutcomeUnknownError(
                 "no answer from NATS in time; the write may or may not have been applied "
@@ -582,7 +655,8 @@ class NatsBus:
 
     async def ensure_topology(self) -> None:
         """Create every stream and KV bucket Tessera uses (retention and age limits from
-        ``shared.subjects``); existing ones keep their retention, only their subjects follow."""
+        ``shared.subjects``, ``replicas`` copies), and the store's epoch; existing ones keep their
+        retention, only their subjects and replica count follow."""
         for name, stream_subjects in subjects.STREAMS.items():
             try:
                 info = await self._js.stream_info(name)
@@ -596,16 +670,47 @@ class NatsBus:
                         else js_api.RetentionPolicy.LIMITS
                     ),
                     max_age=subjects.STREAM_MAX_AGE_S.get(name),
+                    num_replicas=self._replicas,
                 )
                 continue
-            if set(info.config.subjects or ()) != set(stream_subjects):
-                config = info.config
+            config = info.config
+            if (
+                set(config.subjects or ()) != set(stream_subjects)
+                or (config.num_replicas or 1) != self._replicas
+            ):
                 config.subjects = list(stream_subjects)
+                config.num_replicas = self._replicas
                 await self._js.update_stream(config)
         for bucket, history in subjects.KV_BUCKETS.items():
             await self._bucket(bucket, history=history)
+        meta = await self._bucket(subjects.KV_META)
+        epoch = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
+        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+            await meta.create(subjects.META_EPOCH, codec.encode(epoch))  # the first one stays
 
-    async def _bucket(self, bucket: str, *, history: int = 1) -> KeyValue:
+    async def restore_topology(self, *, reason: str) -> None:
+        """Create again whatever stream or bucket is missing (one check at a time; a check
+        within the last half second counts)."""
+        loop = asyncio.get_running_loop()
+        async with self._topology:
+            if loop.time() - self._topology_at < 0.5:
+                return
+            before = set(await self._stream_names())
+            self._kv.clear()
+            await self.ensure_topology()
+            self._topology_at = loop.time()
+        missing = sorted(set(await self._stream_names()) - before)
+        if missing:
+            self.topology_restores += 1
+            log.warning(
+                "NATS had lost streams or buckets; created them again",
+                extra={"reason": reason, "created": missing},
+            )
+
+    async def _stream_names(self) -> list[str]:
+        return [info.config.name or "" for info in await self._js.streams_info()]
+
+    async def _bucket(self, bucket: str, *, history: int | None = None) -> KeyValue:
         kv = self._kv.get(bucket)
         if kv is not None:
             return kv
@@ -613,8 +718,17 @@ class NatsBus:
             kv = await self._js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             kv = await self._js.create_key_value(
-                config=js_api.KeyValueConfig(bucket=bucket, history=history)
+                config=js_api.KeyValueConfig(
+                    bucket=bucket,
+                    history=history or subjects.KV_BUCKETS.get(bucket, 1),
+                    replicas=self._replicas,
+                )
             )
+        else:
+            stream = await self._js.stream_info(f"KV_{bucket}")
+            if (stream.config.num_replicas or 1) != self._replicas:
+                stream.config.num_replicas = self._replicas
+                await self._js.update_stream(stream.config)
         self._kv[bucket] = kv
         return kv
 
@@ -680,18 +794,29 @@ class NatsBus:
         max_deliver: int = -1,
         max_ack_pending: int | None = None,
     ) -> PullConsumer:
-        sub = await self._js.pull_subscribe(
-            subject,
-            durable=durable,
-            stream=stream,
-            config=js_api.ConsumerConfig(
-                ack_policy=js_api.AckPolicy.EXPLICIT,
-                ack_wait=ack_wait,
-                max_deliver=max_deliver,
-                max_ack_pending=max_ack_pending,
-            ),
-        )
-        consumer = _NatsPullConsumer(sub)
+
+        async def attach() -> Any:
+            return await self._js.pull_subscribe(
+                subject,
+                durable=durable,
+                stream=stream,
+                config=js_api.ConsumerConfig(
+                    ack_policy=js_api.AckPolicy.EXPLICIT,
+                    ack_wait=ack_wait,
+                    max_deliver=max_deliver,
+                    max_ack_pending=max_ack_pending,
+                ),
+            )
+
+        async def restore() -> None:
+            await self.restore_topology(reason=f"consumer {durable} was gone")
+
+        try:
+            sub = await attach()
+        except nats.js.errors.NotFoundError:
+            await restore()
+            sub = await attach()
+        consumer = _NatsPullConsumer(sub, attach, restore)
         self._consumers.append(consumer)
         return consumer
 
@@ -773,7 +898,12 @@ class NatsBus:
         subject = f"$KV.{bucket}.{keys}"
         stream = f"KV_{bucket}"
         await self._bucket(bucket)
-        existing = await self._js.stream_info(stream, subjects_filter=subject)
+        try:
+            existing = await self._js.stream_info(stream, subjects_filter=subject)
+        except nats.js.errors.NotFoundError:  # gone since the bucket was looked up: create it
+            await self.restore_topology(reason=f"watching {bucket}")
+            await self._bucket(bucket)
+            existing = await self._js.stream_info(stream, subjects_filter=subject)
         awaited = set(existing.state.subjects or ())
         # Bounded, as nats-py's own watcher: a slow reader holds the messages back in nats-py.
         arrived: asyncio.Queue[NatsMsg] = asyncio.Queue(maxsize=256)
@@ -837,6 +967,8 @@ class NatsBus:
 
     async def drain(self) -> None:
         self._draining = True
+        for task in list(self._background):
+            await cancel_and_wait(task)
         for consumer in self._consumers:
             await consumer.close()
         if self._nc.is_closed:

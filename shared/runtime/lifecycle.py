@@ -59,9 +59,11 @@ Connect = Callable[[str, str], Coroutine[Any, Any, Bus]]
 :class:`NatsRefusedError` when retrying cannot help."""
 
 
-async def connect_nats(url: str, name: str, security: NatsSecurity | None = None) -> Bus:
+async def connect_nats(
+    url: str, name: str, security: NatsSecurity | None = None, replicas: int = 1
+) -> Bus:
     """The real connector: NATS with JetStream streams and KV buckets ensured."""
-    return await NatsBus.connect(url, name=name, security=security)
+    return await NatsBus.connect(url, name=name, security=security, replicas=replicas)
 
 
 class BusClosedError(Exception):
@@ -155,7 +157,7 @@ async def run_service(
     if connect is None:
 
         async def connect_securely(url: str, client_name: str) -> Bus:
-            return await connect_nats(url, client_name, security)
+            return await connect_nats(url, client_name, security, settings.nats_replicas)
 
         connect = connect_securely
     clock = clock or SystemClock()

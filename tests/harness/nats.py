@@ -6,6 +6,9 @@ its own port (``-p -1``) and writes it to a ports file, so parallel runs never r
 ``NatsServer(config="...")`` starts it with that configuration file as well (authorization, TLS,
 operator mode); ``server.config`` may be changed between :meth:`kill` and :meth:`start` to restart
 it with other settings on the same port and store.
+
+``NatsCluster(3)`` starts three servers routed into one JetStream cluster on loopback (each with
+its own store), for streams and buckets with three replicas.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -25,11 +29,11 @@ from tessera.up.system import nats_server_binary
 class NatsServer:
     """Start with ``with NatsServer() as server:``; ``server.url`` is where it listens."""
 
-    def __init__(self, config: str = "") -> None:
+    def __init__(self, config: str = "", port: int = -1) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="nats-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
-        self.port = -1
+        self.port = port
         self.config = config
 
     @property
@@ -78,8 +82,9 @@ class NatsServer:
                 except (ValueError, KeyError, IndexError):
                     pass  # file still being written
             time.sleep(0.02)
+        log = (self._dir / "server.log").read_text(errors="replace")[-2000:]
         self.stop()
-        raise RuntimeError("nats-server did not report its port in time")
+        raise RuntimeError(f"nats-server did not report its port within {timeout:g} s: {log}")
 
     def kill(self) -> None:
         """Stop the process abruptly but keep its port and JetStream store for a restart."""
@@ -121,3 +126,56 @@ def environment_without_proxies() -> dict[str, str]:
     env = dict(os.environ)
     env["NO_PROXY"] = "127.0.0.1,localhost"
     return env
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (a cluster's routes must be known before its servers)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class NatsCluster:
+    """``with NatsCluster(3) as cluster:`` three nats-servers routed into one JetStream cluster;
+    ``cluster.url`` names them all (comma-separated), ``cluster.servers[i]`` each one (kill and
+    start it again on its port and store)."""
+
+    def __init__(self, size: int = 3) -> None:
+        routes = [free_port() for _ in range(size)]
+        route_urls = ", ".join(f"nats-route://127.0.0.1:{port}" for port in routes)
+        self.servers = [
+            NatsServer(
+                config=(
+                    f"server_name: n{i}\n"
+                    f"cluster {{\n  name: tessera\n  listen: 127.0.0.1:{route}\n"
+                    f"  routes: [{route_urls}]\n}}\n"
+                ),
+                port=free_port(),
+            )
+            for i, route in enumerate(routes)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(server.url for server in self.servers)
+
+    def __enter__(self) -> NatsCluster:
+        try:
+            for server in self.servers:
+                server.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,111 @@
+"""On a 3-server JetStream cluster with three replicas of everything, losing a server loses
+nothing: a placer goes on placing through the kill, and every pod is placed once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shared import subjects
+from shared.messages.pods import PodPending
+from shared.runtime.bus import NatsBus
+from tests.harness.nats import NatsCluster
+from tests.harness.wait import eventually
+from tests.placer import wire
+from tests.placer.conftest import PlacerFactory
+
+pytestmark = pytest.mark.timeout(180)
+NODES = [f"node-{i}" for i in range(6)]
+PODS = 180  # fits: 6 nodes x 4 GPUs x 8 slices of 2 GiB
+
+
+@pytest.fixture
+def cluster() -> AsyncIterator[NatsCluster]:
+    with NatsCluster(3) as started:
+        yield started  # type: ignore[misc]
+
+
+async def connect(url: str) -> NatsBus:
+    """A bus over the cluster once its JetStream has elected a leader (seconds after start)."""
+
+    async def attempt() -> NatsBus | None:
+        try:
+            return await NatsBus.connect(url, name="tessera-test", replicas=3)
+        except Exception:
+            return None
+
+    return await eventually(attempt, timeout=60, interval=0.5, what="JetStream cluster ready")
+
+
+async def test_every_stream_and_bucket_has_three_replicas(cluster: NatsCluster) -> None:
+    bus = await connect(cluster.url)
+    try:
+        names = [*subjects.STREAMS, *(f"KV_{bucket}" for bucket in subjects.KV_BUCKETS)]
+        for name in names:
+            info = await bus._js.stream_info(name)
+            assert info.config.num_replicas == 3, name
+            assert info.cluster is not None and len(info.cluster.replicas or ()) == 2, name
+    finally:
+        await bus.drain()
+
+
+async def test_a_server_killed_under_load_loses_no_pod_and_no_state(
+    cluster: NatsCluster, start_placer: PlacerFactory
+) -> None:
+    bus = await connect(cluster.url)
+    try:
+        for node in NODES:
+            await wire.put_node(bus, node, 4)
+        inventories = {node: wire.inventory(node, 4) for node in NODES}
+        async with start_placer(nats_url=cluster.url, nats_replicas=3):
+            pods = [wire.pending(f"p{i:03d}", memory_mib=2048, cores=10) for i in range(PODS)]
+            publishing = asyncio.create_task(_publish(bus, pods))
+
+            async def claimed() -> bool:
+                return len(await bus.kv_keys(subjects.KV_CLAIMS)) >= PODS // 3
+
+            await eventually(claimed, timeout=60, what="a third of the pods claimed")
+            cluster.servers[0].kill()  # under load: pods still arriving, commits in flight
+            await publishing
+            uids = [p.uid for p in pods]
+
+            placed: set[str] = set()
+
+            async def all_placed() -> bool:
+                try:  # a read may time out while the cluster elects new leaders
+                    state = await wire.cluster_state(bus)
+                except Exception:
+                    return False
+                placed.clear()
+                placed.update(r.pod_uid for r in state.live_records())
+                return placed == set(uids)
+
+            await eventually(
+                all_placed,
+                timeout=90,
+                interval=0.5,
+                what=lambda: f"every pod placed ({len(placed)} of {PODS})",
+            )
+            state = await wire.settled_state(bus, inventories)
+        assert len(state.live_records()) == PODS, "each pod placed once"
+        assert set(await bus.kv_keys(subjects.KV_INVENTORY)) == set(NODES), "nothing lost"
+        assert set(await bus.kv_keys(subjects.KV_NODES)) == set(NODES)
+    finally:
+        await bus.drain()
+
+
+async def _publish(bus: NatsBus, pods: list[PodPending]) -> None:
+    """Publish every pod, retrying any the killed server left unacknowledged (the binder's
+    workers do the same): JetStream's de-duplication keeps one copy of each."""
+    for pod in pods:
+        await eventually(lambda pod=pod: _published(bus, pod), timeout=30, what=pod.uid)
+
+
+async def _published(bus: NatsBus, pod: PodPending) -> bool:
+    try:
+        await wire.publish_pod(bus, pod)
+    except Exception:
+        return False
+    return True
