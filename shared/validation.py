@@ -216,16 +216,33 @@ def assignment_problem(
 _FIXED_FIELDS: Final = ("pod_uid", "namespace", "name", "node", "containers", "placer_id")
 
 
+def may_replace(previous: AssignmentRecord | None, commit: str) -> bool:
+    """Whether a record of ``commit`` may take the key of ``previous`` as a new placement:
+    nothing is there, or a released record of another commit (the fence a given-back placement
+    leaves: the pod placed on the same node again after a requeue). The one rule every writer
+    and reader of records follows."""
+    return previous is None or (previous.state == "released" and previous.commit != commit)
+
+
 def transition_problem(previous: AssignmentRecord | None, record: AssignmentRecord) -> str | None:
     """Why ``previous`` may not be rewritten as ``record``; None when it may (or ``previous`` is
     None: nothing to compare with).
 
-    States only move forward (``reserved -> bound -> allocated -> released``); a rewrite in the
-    same state is fine (the binder touching it, one more container answered), but it never
-    forgets an answered container, and who and what the record decided never change.
+    A record of another commit is a new placement, allowed only over a released record
+    (:func:`may_replace`). Within one commit, states only move forward (``reserved -> bound ->
+    allocated -> released``); a rewrite in the same state is fine (the binder touching it, one
+    more container answered), but it never forgets an answered container, and who and what the
+    record decided never change.
     """
     if previous is None:
         return None
+    if record.commit != previous.commit:
+        if may_replace(previous, record.commit):
+            return None
+        return (
+            f"a record of commit {record.commit or '(none)'} over the live {previous.state} "
+            f"record of commit {previous.commit or '(none)'}"
+        )
     before, after = STATE_ORDER[previous.state], STATE_ORDER[record.state]
     if after < before:
         return f"state moved backwards: {previous.state} -> {record.state}"

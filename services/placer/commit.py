@@ -72,6 +72,7 @@ from shared.messages.assignments import AssignmentRecord, AssignmentState
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
 from shared.messages.pods import PodPending
 from shared.subjects import assignment_key
+from shared.validation import may_replace
 
 # --- ledger ----------------------------------------------------------------------------------
 
@@ -366,11 +367,9 @@ record of another commit holds the key (a repair must sort it out first)."""
 
 
 def record_action(current: AssignmentRecord | None, commit: str) -> RecordAction:
-    if current is None:
-        return "write"
-    if current.commit == commit:
+    if current is not None and current.commit == commit:
         return "released" if current.state == "released" else "done"
-    return "write" if current.state == "released" else "blocked"
+    return "write" if may_replace(current, commit) else "blocked"
 
 
 FenceAction = Literal["write", "done", "blocked"]

@@ -172,6 +172,20 @@ RELEASED = msgspec.structs.replace(ALLOCATED, state="released", released_at=NOW 
         pytest.param(ALLOCATED, RELEASED, None, id="released"),
         pytest.param(ALLOCATED, BOUND, "state moved backwards: allocated -> bound", id="back"),
         pytest.param(RELEASED, BOUND, "state moved backwards: released -> bound", id="revived"),
+        # The pod placed on the same node again after a requeue: a new commit takes the key of
+        # the released record (the burst hand-off's Failed pods: it was refused as "backwards").
+        pytest.param(
+            RELEASED,
+            msgspec.structs.replace(BOUND, state="reserved", commit="c-2"),
+            None,
+            id="new-commit-over-released",
+        ),
+        pytest.param(
+            msgspec.structs.replace(BOUND, commit="c-1"),
+            msgspec.structs.replace(BOUND, state="reserved", commit="c-2"),
+            "a record of commit c-2 over the live bound record of commit c-1",
+            id="new-commit-over-live",
+        ),
         pytest.param(
             BOUND,
             msgspec.structs.replace(BOUND, containers=(slices(piece(1, index=1)),)),
