@@ -9,7 +9,6 @@ deleted records leave the mirror. A record that does not decode is dead-lettered
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
 
@@ -20,10 +19,10 @@ from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
+from shared.runtime.follow import follow
 
 log = logging.getLogger(__name__)
 
-WATCH_RETRY_S = 1.0
 TOMBSTONES = 100_000
 """Revisions of released or deleted keys remembered, so an older version arriving late (our own
 write racing the watch) cannot bring a record back."""
@@ -141,30 +140,25 @@ class RecordMirror:
 
     async def run(self) -> None:
         """Mirror the bucket forever."""
-        while True:
-            watch = self._bus.kv_watch(subjects.KV_ASSIGNMENTS)
-            initial: set[str] | None = set()
-            try:
-                async for entry in watch:
-                    checkpoint()
-                    if entry is None:
-                        for key in set(self._views) - (initial or set()):
-                            await self.forget(key)  # gone while no watch was running
-                        initial = None
-                        if not self.loaded:
-                            self.loaded = True
-                            log.info(
-                                "assignment records loaded", extra={"records": len(self._views)}
-                            )
-                        continue
-                    if initial is not None:
-                        initial.add(entry.key)
-                    if entry.deleted:
-                        await self.forget(entry.key, entry.revision)
-                    else:
-                        await self._take(entry)
-            finally:
-                with contextlib.suppress(Exception):
-                    await watch.aclose()  # type: ignore[attr-defined]
-            log.warning("assignment record watch ended; watching again")
-            await self._clock.sleep(WATCH_RETRY_S)
+        await follow(
+            self._bus,
+            subjects.KV_ASSIGNMENTS,
+            on_entry=self._on_entry,
+            on_loaded=self._on_loaded,
+            clock=self._clock,
+            what="assignment record",
+        )
+
+    async def _on_entry(self, entry: KvEntry) -> None:
+        checkpoint()
+        if entry.deleted:
+            await self.forget(entry.key, entry.revision)
+        else:
+            await self._take(entry)
+
+    async def _on_loaded(self, listed: set[str]) -> None:
+        for key in set(self._views) - listed:
+            await self.forget(key)  # gone while no watch was running
+        if not self.loaded:
+            self.loaded = True
+            log.info("assignment records loaded", extra={"records": len(self._views)})

@@ -41,7 +41,6 @@ loses nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import math
@@ -67,13 +66,13 @@ from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, KvEntry, OutcomeUnknownError
 from shared.runtime.edge import Edge
+from shared.runtime.follow import follow
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
 from shared.runtime.tasks import finish
 
 log = logging.getLogger(__name__)
 
-WATCH_RETRY_S = 1.0
 """Pause before watching a KV bucket again after the server ended a watch."""
 
 EVENT_FLUSH_S = 5.0
@@ -496,36 +495,27 @@ class DevicePluginService:
 
     async def follow_records(self) -> None:
         """Mirror this node's assignment records from the KV bucket, forever."""
-        while True:
-            await self._watch_records()
-            # The watch ended without an error (the server dropped it): start a new one, whose
-            # initial values also settle whatever was deleted meanwhile.
-            log.warning("assignment record watch ended; watching again")
-            await self._clock.sleep(WATCH_RETRY_S)
-
-    async def _watch_records(self) -> None:
-        watch = self._bus.kv_watch(
-            subjects.KV_ASSIGNMENTS, subjects.assignment_keys_of(self._config.node)
+        await follow(
+            self._bus,
+            subjects.KV_ASSIGNMENTS,
+            keys=subjects.assignment_keys_of(self._config.node),
+            on_entry=self._on_record_entry,
+            on_loaded=self._records_loaded,
+            clock=self._clock,
+            what="assignment record",
         )
-        initial: set[str] | None = set()
-        try:
-            async for entry in watch:
-                if entry is None:
-                    for key in set(self._accepted) - (initial or set()):
-                        await self._deleted(key)  # gone while no watch was running
-                    initial = None
-                    self._readiness.set("records", True)
-                    log.info("assignment records loaded", extra={"records": len(self._records)})
-                    continue
-                if initial is not None:
-                    initial.add(entry.key)
-                if entry.deleted:
-                    await self._deleted(entry.key)
-                else:
-                    await self._apply_record_entry(entry)
-        finally:
-            with contextlib.suppress(Exception):
-                await watch.aclose()  # type: ignore[attr-defined]
+
+    async def _on_record_entry(self, entry: KvEntry) -> None:
+        if entry.deleted:
+            await self._deleted(entry.key)
+        else:
+            await self._apply_record_entry(entry)
+
+    async def _records_loaded(self, listed: set[str]) -> None:
+        for key in set(self._accepted) - listed:
+            await self._deleted(key)  # gone while no watch was running
+        self._readiness.set("records", True)
+        log.info("assignment records loaded", extra={"records": len(self._records)})
 
     async def _apply_record_entry(self, entry: KvEntry) -> None:
         key, revision = entry.key, entry.revision
@@ -600,22 +590,20 @@ class DevicePluginService:
         """Take this node's inventory from the subject and the KV bucket, forever."""
         node = self._config.node
         await self._bus.subscribe(subjects.inventory(node), self._on_inventory)
-        while True:
-            watch = self._bus.kv_watch(subjects.KV_INVENTORY, subjects.node_token(node))
-            try:
-                async for entry in watch:
-                    if entry is None or entry.deleted:
-                        continue
-                    await self._on_inventory(
-                        Delivery(
-                            subject=f"$KV.{subjects.KV_INVENTORY}.{entry.key}", data=entry.value
-                        )
-                    )
-            finally:
-                with contextlib.suppress(Exception):
-                    await watch.aclose()  # type: ignore[attr-defined]
-            log.warning("inventory watch ended; watching again")
-            await self._clock.sleep(WATCH_RETRY_S)
+
+        async def on_entry(entry: KvEntry) -> None:
+            if not entry.deleted:
+                subject = f"$KV.{subjects.KV_INVENTORY}.{entry.key}"
+                await self._on_inventory(Delivery(subject=subject, data=entry.value))
+
+        await follow(
+            self._bus,
+            subjects.KV_INVENTORY,
+            keys=subjects.node_token(node),
+            on_entry=on_entry,
+            clock=self._clock,
+            what="inventory",
+        )
 
     async def _on_inventory(self, delivery: Delivery) -> None:
         inventory = await self._edge.accept(delivery, NodeInventory, family="inventory")
