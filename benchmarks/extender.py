@@ -47,6 +47,7 @@ from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
 from shared.messages.nodes import NodeFacts  # noqa: E402
 from shared.runtime.bus import NatsBus  # noqa: E402
 from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
+from tests.harness.store import mark_restored  # noqa: E402
 
 GPU_MIB = 81_920
 TARGET_P99_MS = 10.0
@@ -399,6 +400,7 @@ async def main(options: argparse.Namespace) -> int:
     objects = {name: node_object(name, options.gpus) for name in names}
     with NatsServer() as server, tempfile.TemporaryDirectory() as directory:
         bus = await NatsBus.connect(server.url, name="extender-bench")
+        await mark_restored(bus)  # no binder runs here: the store holds every placement
         process = None
         try:
             await load_cluster(bus, options.nodes, options.gpus, options.shapes)

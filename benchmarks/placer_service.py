@@ -52,6 +52,7 @@ from shared.messages.nodes import NodeFacts  # noqa: E402
 from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
 from shared.runtime.bus import Delivery, NatsBus  # noqa: E402
 from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
+from tests.harness.store import mark_restored  # noqa: E402
 
 GPU_MIB = 81_920
 PROFILE = bool(os.environ.get("PLACER_BENCH_PROFILE"))
@@ -292,6 +293,7 @@ async def run_cluster(
 ) -> dict[str, object]:
     with NatsServer() as server:
         bus = await NatsBus.connect(server.url, name="bench-driver")
+        await mark_restored(bus)  # no binder runs here: the store holds every placement
         try:
             await load_cluster(bus, args.nodes, args.gpus)
             options: tuple[str, ...] = ()
@@ -369,6 +371,7 @@ async def run_cluster(
 async def measure_rss(args: argparse.Namespace, directory: Path) -> dict[str, float]:
     with NatsServer() as server:
         bus = await NatsBus.connect(server.url, name="bench-driver")
+        await mark_restored(bus)  # no binder runs here: the store holds every placement
         try:
             await load_cluster(bus, args.rss_nodes, args.gpus)
             placers = [await start_placer(server.url, 9, directory)]

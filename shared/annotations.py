@@ -2,7 +2,9 @@
 
 The binder owns this module: it reads the user-settable annotations and labels into
 ``PodPending`` (the placer never reads raw annotations) and writes the three annotations below.
-Nothing reads the written annotations as truth; the assignment records are (DESIGN section 4).
+While NATS holds its state, nothing reads the written annotations as truth: the assignment
+records are (DESIGN section 4). When NATS lost its store, ``tessera.dev/assignment`` of the pods
+bound is what their placements are restored from (DESIGN section 12; ``PodRestore``).
 """
 
 from __future__ import annotations
@@ -67,10 +69,17 @@ class AssignmentAnnotation(Message, frozen=True, kw_only=True):
     containers: tuple[AnnotatedContainer, ...]
     decided_at: float
     placer_id: str
+    commit: str = ""
+    """The placer commit of the placement (empty on pods bound before it was written)."""
 
 
 def assignment_value(
-    *, node: str, containers: Sequence[ContainerSlices], decided_at: float, placer_id: str
+    *,
+    node: str,
+    containers: Sequence[ContainerSlices],
+    decided_at: float,
+    placer_id: str,
+    commit: str = "",
 ) -> str:
     """The ``tessera.dev/assignment`` annotation value for a decision."""
     annotation = AssignmentAnnotation(
@@ -80,6 +89,7 @@ def assignment_value(
         ),
         decided_at=decided_at,
         placer_id=placer_id,
+        commit=commit,
     )
     return codec.encode(annotation).decode()
 

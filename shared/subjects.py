@@ -7,6 +7,7 @@ operator can read the whole map here:
     tessera.nodes.<node>          binder -> placer                (+ KV ``tessera-nodes``)
     tessera.pods.pending          binder -> placer                (stream ``TESSERA_PODS``)
     tessera.pods.deleted          binder -> placer                (stream ``TESSERA_PODS``)
+    tessera.pods.restore          binder -> placer                (stream ``TESSERA_PODS``)
     tessera.assignments.<node>    placer -> binder                (stream ``TESSERA_PLACEMENTS``)
     tessera.placements.rejected   placer -> binder                (stream ``TESSERA_PLACEMENTS``)
     tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
@@ -59,6 +60,8 @@ FAMILIES: Final[tuple[Family, ...]] = (
 
 PODS_PENDING: Final = f"{ROOT}.pods.pending"
 PODS_DELETED: Final = f"{ROOT}.pods.deleted"
+PODS_RESTORE: Final = f"{ROOT}.pods.restore"
+"""A bound pod's placement, restored from the Kubernetes API into a store that lost it."""
 PODS_ALL: Final = f"{ROOT}.pods.>"
 PLACEMENTS_REJECTED: Final = f"{ROOT}.placements.rejected"
 PLACEMENTS_ALL: Final = f"{ROOT}.placements.>"

@@ -23,6 +23,7 @@ class BinderMetrics:
     explained: Counter
     node_facts: Counter
     events: Counter
+    restores: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> BinderMetrics:
@@ -83,6 +84,13 @@ class BinderMetrics:
             node_facts=Counter(
                 "tessera_binder_node_facts_published_total",
                 "NodeFacts published (on change).",
+                registry=registry,
+            ),
+            restores=Counter(
+                "tessera_binder_restores_total",
+                "Bound pods' placements restored into a NATS store that lost them (restored), "
+                "or that could not be (refused: an unreadable or inconsistent annotation).",
+                ["outcome"],
                 registry=registry,
             ),
             events=Counter(

@@ -187,6 +187,7 @@ def binding_annotations(record: AssignmentRecord, *, now: float) -> dict[str, st
             containers=record.containers,
             decided_at=record.decided_at,
             placer_id=record.placer_id,
+            commit=record.commit,
         ),
         names.BIND_TIME: names.time_value(now),
     }

@@ -57,6 +57,7 @@ from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_req
 from services.binder.objects import Node
 from services.binder.plan import decision_of
 from services.binder.records import RecordMirror
+from services.binder.restoring import StoreRestorer
 from services.binder.tasks import checkpoint
 from services.binder.workqueue import WorkQueue
 from shared import annotations as names
@@ -180,6 +181,14 @@ class Binder:
             node_of=self.nodes.get,
             fence=self._fence,
         )
+        self.restorer = StoreRestorer(
+            bus=bus,
+            clock=clock,
+            identity=self.identity,
+            metrics=metrics,
+            bound_pods=self._bound_pods,
+            republish=self._resync,
+        )
         self._warned: set[str] = set()
         self._background: set[asyncio.Task[None]] = set()
         readiness.probe("kubernetes", self._synced)
@@ -215,6 +224,11 @@ class Binder:
     def pod_of(self, uid: str) -> Pod | None:
         key = self._ours.get(uid)
         return self.pods.get(key) if key is not None else None
+
+    def _bound_pods(self) -> list[Pod]:
+        """Tessera's pods bound to a node (what a store that lost its records restores)."""
+        bound = (self.pod_of(uid) for uid in list(self._ours))
+        return [pod for pod in bound if pod is not None and pod.node]
 
     def requested_on(self, node: str) -> Requested:
         return self._requested.get(node, Requested())
@@ -376,6 +390,7 @@ class Binder:
                 name="allocations",
             )
             group.create_task(self.recorder.run(), name="events")
+            group.create_task(self.restorer.run(), name="store-restore")
             group.create_task(self._watch_allocation_delays(), name="allocation-delays")
 
     def _resync(self) -> None:

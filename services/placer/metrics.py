@@ -39,6 +39,7 @@ class PlacerMetrics:
     tenancy_reloads: Counter
     profile_builds: Counter
     waiting_scans: Counter
+    restores: Counter
     unknown_outcomes: Counter
     extender_requests: Counter
     extender_seconds: Histogram
@@ -122,6 +123,13 @@ class PlacerMetrics:
             tenancy_reloads=Counter(
                 "tessera_placer_tenancy_reloads_total",
                 "Tenancy file versions applied or refused.",
+                ["outcome"],
+                registry=registry,
+            ),
+            restores=Counter(
+                "tessera_placer_restores_total",
+                "Placements of bound pods restored from the Kubernetes API into a store that "
+                "lost them, by outcome.",
                 ["outcome"],
                 registry=registry,
             ),

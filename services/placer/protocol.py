@@ -25,7 +25,7 @@ from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, PodClaim, TenantCharge
-from shared.messages.pods import PodPending
+from shared.messages.pods import PodPending, PodRestore
 from shared.runtime.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,25 @@ class CommitProtocol:
             )
         await self.publish_decision(booking, decision)
         return "placed", booking
+
+    async def restore(self, restore: PodRestore) -> Literal["restored", "claimed elsewhere"]:
+        """Book, charge, claim and record a placement the binder restored from the Kubernetes
+        API into a store that lost it (DESIGN section 12), whatever the node's ledger and the
+        tenant's quota hold now: its pod runs there. Every step is idempotent (a redelivery, or
+        two replicas at once, change nothing more)."""
+        booking = translate.restored_booking(restore)
+        if booking.tenant and self.view.tenancy.quota_of(booking.tenant) is not None:
+            await self.store.adopt_charge(booking)
+        await self.store.restore_booking(booking)
+        verdict, claim = await self.store.claim(booking, restore.pod)
+        if verdict != "mine":  # another commit's claim (a restore of another store's epoch)
+            log.error(
+                "a restored placement is claimed by another commit; left as it is",
+                extra={"pod_uid": booking.pod_uid, "claim": repr(claim)},
+            )
+            return "claimed elsewhere"
+        await self.store.restore_record(booking, restore)
+        return "restored"
 
     async def republish(self, booking: Booking) -> None:
         """The pod is placed by ``booking`` already (a redelivery, another replica won): make

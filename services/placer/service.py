@@ -122,10 +122,12 @@ from shared.messages.bindings import BindingResult
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
-from shared.messages.pods import PodDeleted, PodPending
+from shared.messages.pods import PodDeleted, PodPending, PodRestore
+from shared.messages.store import StoreRestored
 from shared.messages.waiting import WaitingPod
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
+from shared.runtime.follow import follow as shared_follow
 from shared.runtime.health import HttpRoutes, Readiness
 from shared.runtime.lifecycle import ServiceContext
 from shared.runtime.tasks import finish
@@ -148,7 +150,6 @@ RETRY_LATER_S = 0.5
 MIX_CHECK_S = 5.0
 TENANCY_CHECK_S = 2.0
 REFRESH_S = 1.0
-WATCH_RETRY_S = 1.0
 EXPLAINED_PODS = 10_000
 """Last outcomes kept for ``GET /v1/pods/{uid}``."""
 VERDICTS_SHOWN = 20
@@ -253,9 +254,20 @@ def service_profile(profile: ProfileSpec | str) -> ProfileSpec:
     return msgspec.structs.replace(spec, tie_break="random")
 
 
-def _keep(key: str) -> None:
-    """Ledger and tenant entries are never deleted by Tessera: one that vanished is not
-    forgotten."""
+@dataclass(frozen=True)
+class _Follow:
+    """One bucket the view follows: how to apply a value, which keys the view holds, how to
+    forget one that vanished while no watch ran."""
+
+    bucket: str
+    apply: Callable[[KvEntry], Awaitable[None]]
+    name: str
+    held: Callable[[], set[str]] = set
+    forget: Callable[[str], None] = lambda key: None
+    durable: bool = False
+    """Never deleted by Tessera (ledger, tenants): a vanished entry is forgotten only when NATS
+    lost its whole store (a new epoch); the placements it held come back when the binder restores
+    them."""
 
 
 class PlacerService:
@@ -317,59 +329,83 @@ class PlacerService:
         self.extender_port: int | None = None
         """Where the extender listens, once it does."""
         readiness.set("state", False, "loading inventory, nodes, ledger, claims and records")
+        readiness.probe("store", self._store_check)
+        self._restored_epoch = ""
 
     # --- running -------------------------------------------------------------------------------
 
     async def run(self, routes: HttpRoutes | None = None) -> None:
         """Load, reconcile, then serve until cancelled."""
-        buckets = ("inventory", "nodes", "ledger", "claims", "records", "tenants", "waiting")
+        buckets = (
+            "inventory",
+            "nodes",
+            "ledger",
+            "claims",
+            "records",
+            "tenants",
+            "waiting",
+            "meta",
+        )
         loaded = {name: asyncio.Event() for name in buckets}
         try:
             async with asyncio.TaskGroup() as group:
                 view = self.view
                 follows = (
-                    (
+                    _Follow(
                         subjects.KV_INVENTORY,
                         self._on_inventory,
                         "inventory",
                         view.inventory_keys,
                         view.forget_inventory,
                     ),
-                    (
+                    _Follow(
                         subjects.KV_NODES,
                         self._on_facts,
                         "nodes",
                         view.facts_keys,
                         view.forget_facts,
                     ),
-                    (subjects.KV_LEDGER, self._on_ledger, "ledger", set, _keep),
-                    (
+                    _Follow(
+                        subjects.KV_LEDGER,
+                        self._on_ledger,
+                        "ledger",
+                        view.ledger_keys,
+                        view.forget_ledger,
+                        durable=True,
+                    ),
+                    _Follow(
                         subjects.KV_CLAIMS,
                         self._on_claim,
                         "claims",
                         lambda: set(view.claims),
                         view.forget_claim,
                     ),
-                    (
+                    _Follow(
                         subjects.KV_ASSIGNMENTS,
                         self._on_record,
                         "records",
                         lambda: set(view.records),
                         view.forget_record,
                     ),
-                    (subjects.KV_TENANTS, self._on_tenant, "tenants", set, _keep),
-                    (
+                    _Follow(
+                        subjects.KV_TENANTS,
+                        self._on_tenant,
+                        "tenants",
+                        view.tenant_keys,
+                        view.forget_tenant,
+                        durable=True,
+                    ),
+                    _Follow(
                         subjects.KV_WAITING,
                         self._on_waiting,
                         "waiting",
                         self.board.uids,
                         self._forget_post,
                     ),
+                    _Follow(subjects.KV_META, self._on_meta, "meta"),
                 )
-                for bucket, apply, name, held, forget in follows:
-                    group.create_task(
-                        self._follow(bucket, apply, loaded[name], held=held, forget=forget)
-                    )
+                for follow in follows:
+                    group.create_task(self._follow(follow, loaded[follow.name]))
                 await asyncio.gather(*(event.wait() for event in loaded.values()))
                 self.view.finish_load(self.clock.now())
                 self._queue = PlacementQueue(reference=self._reference())
@@ -450,46 +486,31 @@ class PlacerService:
 
     # --- KV watches ----------------------------------------------------------------------------
 
-    async def _follow(
-        self,
-        bucket: str,
-        apply: Callable[[KvEntry], Awaitable[None]],
-        loaded: asyncio.Event,
-        *,
-        held: Callable[[], set[str]],
-        forget: Callable[[str], None],
-    ) -> None:
-        """Apply every value of ``bucket`` to the view, forever.
+    async def _follow(self, follow: _Follow, loaded: asyncio.Event) -> None:
+        """Apply every value of the bucket to the view, forever.
 
         A watch that ends or fails is started again; its initial values then also tell which
-        keys were deleted while no watch ran (``held`` keys it no longer lists are forgotten).
+        keys were deleted while no watch ran (``held`` keys it no longer lists are forgotten;
+        those of a durable bucket only when the store is a new one).
         """
-        while True:
-            watch = self.bus.kv_watch(bucket)
-            seen: set[str] | None = set()
-            try:
-                async for entry in watch:
-                    if entry is None:
-                        if seen is not None and loaded.is_set():
-                            for key in held() - seen:
-                                forget(key)
-                        seen = None
-                        loaded.set()
-                        continue
-                    if seen is not None:
-                        seen.add(entry.key)
-                    await apply(entry)
-                    self._poke()
-                log.warning("KV watch ended; watching again", extra={"bucket": bucket})
-            except Exception as error:  # NATS trouble: the view stays as it is meanwhile
-                log.warning(
-                    "KV watch failed; watching again",
-                    extra={"bucket": bucket, "error": f"{type(error).__name__}: {error}"},
-                )
-            finally:
-                with contextlib.suppress(Exception):
-                    await watch.aclose()  # type: ignore[attr-defined]
-            await self.clock.sleep(WATCH_RETRY_S)
+        epoch = ""
+
+        async def on_entry(entry: KvEntry) -> None:
+            await follow.apply(entry)
+            self._poke()
+
+        async def on_loaded(listed: set[str]) -> None:
+            nonlocal epoch
+            lost = epoch != self.bus.store_epoch
+            if loaded.is_set() and (lost or not follow.durable):
+                for key in follow.held() - listed:
+                    follow.forget(key)
+            epoch = self.bus.store_epoch
+            loaded.set()
+
+        await shared_follow(
+            self.bus, follow.bucket, on_entry=on_entry, on_loaded=on_loaded, clock=self.clock
+        )
 
     def _poke(self) -> None:
         """Wake the retry loop when the view's change counters moved."""
@@ -589,6 +610,33 @@ class PlacerService:
                 return
             self.board.put(waiting, entry.revision)
 
+    async def _on_meta(self, entry: KvEntry) -> None:
+        if entry.key != subjects.META_RESTORED or entry.deleted:
+            return
+        restored = await self._decode(entry, subjects.KV_META, StoreRestored, "meta")
+        if isinstance(restored, StoreRestored):
+            self._restored_epoch = restored.epoch
+            if self.restored:
+                log.info(
+                    "the binder restored what is bound into this store; placing",
+                    extra={"epoch": restored.epoch, "pods": restored.pods},
+                )
+                self._work.set()
+
+    @property
+    def restored(self) -> bool:
+        """Whether what is bound is in the store (DESIGN section 12): the binder said so for the
+        store's epoch. Nothing new is decided before, so no running pod's GPUs go to another."""
+        return bool(self.bus.store_epoch) and self._restored_epoch == self.bus.store_epoch
+
+    def _store_check(self) -> tuple[bool, str]:
+        if self.restored:
+            return True, ""
+        return False, (
+            f"waiting for the binder to restore the placements of bound pods into this NATS "
+            f"store (epoch {self.bus.store_epoch or '?'}); is a binder running?"
+        )
+
     async def _reject_entry(self, entry: KvEntry, bucket: str, family: str, named: str) -> None:
         delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
         await self.edge.reject(
@@ -618,6 +666,10 @@ class PlacerService:
                     pod = await self.edge.accept(delivery, PodPending, family="pods")
                     if pod is not None:
                         await self._on_pending(pod, delivery)
+                elif delivery.subject == subjects.PODS_RESTORE:
+                    restore = await self.edge.accept(delivery, PodRestore, family="pods")
+                    if restore is not None:
+                        self._spawn(self._restore(restore, delivery), f"restore-{restore.pod.uid}")
                 else:
                     await self.edge.reject(
                         delivery,
@@ -686,6 +738,35 @@ class PlacerService:
             self._direct.append(item)
         self._work.set()
 
+    async def _restore(self, restore: PodRestore, delivery: Delivery) -> None:
+        """Book, claim and record a bound pod's placement the store lost (DESIGN section 12)."""
+        if restore.epoch != self.bus.store_epoch:  # meant for a store that is gone too
+            self.metrics.restores.labels(outcome="other-store").inc()
+            await self._ack([delivery])
+            return
+        try:
+            outcome = await self.protocol.restore(restore)
+        except Exception as error:  # NATS trouble: it comes back
+            log.warning(
+                "cannot restore a placement yet",
+                extra={"pod_uid": restore.pod.uid, "error": f"{type(error).__name__}: {error}"},
+            )
+            with contextlib.suppress(Exception):
+                await delivery.nak(1.0)
+            return
+        self.metrics.restores.labels(outcome=outcome).inc()
+        log.info(
+            "placement restored",
+            extra={
+                "pod": f"{restore.pod.namespace}/{restore.pod.name}",
+                "pod_uid": restore.pod.uid,
+                "node": restore.node,
+                "state": restore.state,
+                "outcome": outcome,
+            },
+        )
+        await self._ack([delivery])
+
     async def _on_deleted(self, deleted: PodDeleted, delivery: Delivery) -> None:
         try:
             await self.release_deleted(deleted.uid, cause="deleted", reason="pod deleted")
@@ -723,7 +804,7 @@ class PlacerService:
                 invalid = self._direct.pop()
                 if self._items.get(invalid.pod.uid) is invalid and invalid.stage == "queued":
                     self._start(invalid)
-            while len(self._queue) and self._in_flight < MAX_IN_FLIGHT:
+            while self.restored and len(self._queue) and self._in_flight < MAX_IN_FLIGHT:
                 entry = self._queue.pop()
                 if entry is None:
                     break

@@ -43,7 +43,7 @@ from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
-from shared.subjects import node_from_token, node_token
+from shared.subjects import node_from_token, node_token, tenant_key
 
 UNREADABLE = "ledger entry unreadable"
 
@@ -269,6 +269,12 @@ class ClusterView:
         entry = self._entry(node)
         if revision <= entry.ledger_revision:
             return False
+        self._take_ledger(node, entry, ledger, revision)
+        return True
+
+    def _take_ledger(
+        self, node: str, entry: _Node, ledger: NodeLedger | None, revision: int
+    ) -> None:
         before = {b.pod_uid for b in entry.ledger.bookings} if entry.ledger else set()
         entry.ledger = ledger
         entry.ledger_revision = revision
@@ -286,7 +292,6 @@ class ClusterView:
             entry.tentative.pop(uid, None)  # committed now (by us or by another replica)
         if entry.shown != _shown(entry.bookings()):
             self._rebuild(node)
-        return True
 
     def set_ledger_unreadable(self, node: str, revision: int) -> None:
         """``node``'s ledger entry at ``revision`` does not decode: stop placing on the node."""
@@ -383,6 +388,27 @@ class ClusterView:
 
     def forget_facts(self, key: str) -> None:
         self.drop_facts(node_from_token(key))
+
+    def ledger_keys(self) -> set[str]:
+        return {node_token(n) for n, e in self._nodes.items() if e.ledger is not None}
+
+    def forget_ledger(self, key: str) -> None:
+        """A ledger entry the store no longer has (NATS lost its store): none of its bookings
+        holds any room now (the restored ones come back through the new store)."""
+        node = node_from_token(key)
+        entry = self._nodes.get(node)
+        if entry is not None and entry.ledger is not None:
+            self._take_ledger(node, entry, None, 0)
+
+    def tenant_keys(self) -> set[str]:
+        return {tenant_key(tenant) for tenant in self.tenants}
+
+    def forget_tenant(self, key: str) -> None:
+        """A tenant's usage entry the store no longer has (see :meth:`forget_ledger`)."""
+        for tenant in [t for t in self.tenants if tenant_key(t) == key]:
+            del self.tenants[tenant]
+            self.tenancy.set_committed(tenant, {})
+            self.freed += 1
 
     def forget_claim(self, pod_uid: str) -> None:
         self.claims.pop(pod_uid, None)

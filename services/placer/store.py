@@ -35,7 +35,7 @@ from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
-from shared.messages.pods import PodPending
+from shared.messages.pods import PodPending, PodRestore
 from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
 
@@ -295,6 +295,18 @@ class Store:
             await self.transact(self.ledgers, subjects.ledger_key(booking.node), change)
         return refused
 
+    async def restore_booking(self, booking: Booking) -> None:
+        """Book a placement restored from the Kubernetes API whatever the node's ledger holds
+        (its pod runs there): unchecked, unlike every other booking."""
+
+        def change(ledger: NodeLedger | None) -> NodeLedger | None:
+            if commit.booking_in(ledger, booking.pod_uid) is not None:
+                return None
+            return commit.with_booking(ledger, booking, now=self._clock.now())
+
+        async with self.node_lock(booking.node):
+            await self.transact(self.ledgers, subjects.ledger_key(booking.node), change)
+
     async def unbook(self, booking: Booking) -> None:
         """Take ``booking`` (this commit's, not a newer one) off its node's ledger."""
 
@@ -446,6 +458,20 @@ class Store:
             return translate.record_of(booking) if action == "write" else None
 
         await self.transact(self.records, key, change, start=Entry(None, 0))
+        return "done" if action == "write" else action
+
+    async def restore_record(self, booking: Booking, restore: PodRestore) -> commit.RecordAction:
+        """Write the record of a restored placement in the state the hand-off had reached
+        (``ensure_record``'s answers)."""
+        key = subjects.assignment_key(booking.node, booking.pod_uid)
+        action: commit.RecordAction = "write"
+
+        def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
+            nonlocal action
+            action = commit.record_action(record, booking.commit)
+            return translate.restored_record(booking, restore) if action == "write" else None
+
+        await self.transact(self.records, key, change)
         return "done" if action == "write" else action
 
     async def fence(self, booking: Booking) -> None:

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from services.placer.core.facts import pod_facts
 from services.placer.core.model import (
     GPU_MILLI,
     ContainerPlacement,
@@ -60,7 +61,7 @@ from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.placement import RejectionReason as WireReason
-from shared.messages.pods import PodPending
+from shared.messages.pods import PodPending, PodRestore
 
 FOREIGN_STEP_MIB = 256
 UTILIZATION_STEP_PCT = 10
@@ -283,6 +284,57 @@ def booking_of(
         ),
         decided_at=decided_at,
         placer_id=placer_id,
+    )
+
+
+def restored_booking(restore: PodRestore) -> Booking:
+    """The booking of a placement restored from the Kubernetes API (DESIGN section 12): the
+    pod's request as its spec says (CPU, memory, tenant, whole or shared GPUs), on the GPU slices
+    its ``tessera.dev/assignment`` names."""
+    facts = pod_facts(pod_request(restore.pod))
+    asks = {ask.container: ask for ask in facts.asks}
+    containers = []
+    for placed in restore.containers:
+        ask = asks.get(placed.container)
+        whole = ask is not None and ask.whole
+        # The share of SMs from the request when it says (the annotation rounds to percents).
+        core_milli = GPU_MILLI if whole else ask.core_milli if ask is not None else 0
+        containers.append(
+            ContainerPlacement(
+                container=placed.container,
+                gpus=tuple(
+                    GpuSlice(
+                        index=s.index,
+                        uuid=s.uuid,
+                        memory_mib=s.memory_mib,
+                        core_milli=core_milli or s.cores * GPU_MILLI // 100,
+                        exclusive=whole,
+                    )
+                    for s in placed.gpus
+                ),
+            )
+        )
+    reservation = Reservation(
+        pod_uid=restore.pod.uid,
+        node=restore.node,
+        cpu_milli=facts.cpu_milli,
+        memory_mib=facts.memory_mib,
+        containers=tuple(containers),
+        kind=facts.kind,
+    )
+    return booking_of(
+        reservation,
+        restore.pod,
+        commit=restore.commit,
+        decided_at=restore.decided_at,
+        placer_id=restore.placer_id,
+    )
+
+
+def restored_record(booking: Booking, restore: PodRestore) -> AssignmentRecord:
+    """The assignment record of a restored placement, as far as the hand-off had come."""
+    return msgspec.structs.replace(
+        record_of(booking), state=restore.state, bound_at=restore.bound_at
     )
 
 

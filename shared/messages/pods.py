@@ -1,4 +1,5 @@
-"""``tessera.pods.pending`` / ``tessera.pods.deleted``: pods to place, pods gone (binder -> placer).
+"""``tessera.pods.pending`` / ``.deleted`` / ``.restore``: pods to place, pods gone, placements to
+restore (binder -> placer).
 
 The binder parses the pod spec and the DESIGN section 3 annotations into these typed fields at the
 edge, so the placer never reads raw annotations.
@@ -6,7 +7,9 @@ edge, so the placer never reads raw annotations.
 
 from __future__ import annotations
 
-from shared.messages.base import GpuPolicy, GpuType, Message, NodePolicy
+from typing import Literal
+
+from shared.messages.base import ContainerSlices, GpuPolicy, GpuType, Message, NodePolicy
 
 
 class ContainerRequest(Message, frozen=True, kw_only=True):
@@ -70,3 +73,24 @@ class PodDeleted(Message, frozen=True, kw_only=True):
     name: str
     node: str | None = None
     deleted_at: float = 0.0
+
+
+class PodRestore(Message, frozen=True, kw_only=True):
+    """A bound pod whose placement the store lost (``shared.messages.store``): what the binder
+    reads of it in the Kubernetes API, for a placer to book, claim and record again as it was."""
+
+    pod: PodPending
+    """The pod's request as its spec says now (CPU, memory, tenant, whole or shared GPUs)."""
+    node: str
+    containers: tuple[ContainerSlices, ...]
+    """Its GPU slices, from ``tessera.dev/assignment`` (each container's resources from its
+    spec)."""
+    decided_at: float
+    placer_id: str
+    commit: str
+    """The annotation's commit id, or one made up for it when the annotation predates them."""
+    state: Literal["bound", "allocated"]
+    """``allocated`` once the pod carries ``tessera.dev/assigned: "true"``."""
+    bound_at: float | None = None
+    epoch: str
+    """The store epoch it is restored into (a restore meant for another store is dropped)."""

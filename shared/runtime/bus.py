@@ -24,7 +24,12 @@ operation finds it missing (a write then raises :class:`BusUnavailableError`: no
 written; a watch starts over on the new, empty bucket; a durable consumer is attached again).
 The store also holds its *epoch* (``tessera-meta``, created with the topology): a new epoch tells
 the services that the store was lost, and what it held is rebuilt from the Kubernetes API (the
-binder republishes what is bound; placers turn ready only once it has).
+binder republishes what is bound; placers turn ready only once it has). After each reconnect no
+KV operation runs before the bus has checked the store it came back to; when the epoch is new,
+the revisions of the new store are reported above every revision the bus reported before, and a
+compare-and-set at a revision of the lost store loses (as if the entry had moved on): a mirror
+that keeps the newest revision of each key takes the new store's values, and no write decided on
+what the lost store held can land in the new one by compare-and-set.
 
 Security (DESIGN section 11): :meth:`NatsBus.connect` takes a :class:`~shared.config.NatsSecurity`
 (user/password, token, NKey seed, ``.creds`` file, TLS). A first connection the server refuses for
@@ -245,6 +250,11 @@ class Bus(Protocol):
         """True while the connection to the server is up."""
         ...
 
+    @property
+    def store_epoch(self) -> str:
+        """The epoch of the store the bus talks to (``tessera-meta``), as last checked."""
+        ...
+
     async def publish(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
     ) -> None:
@@ -408,6 +418,14 @@ class NatsBus:
         self.topology_restores = 0
         """How many times streams or buckets were found missing and created again."""
         self._background: set[asyncio.Task[None]] = set()
+        self._epoch = ""
+        self._checked = asyncio.Event()
+        """Set while the store the connection reached has been checked (topology, epoch)."""
+        self._checked.set()
+        self._revision_base = 0
+        """Added to the new store's revisions, so that they count above the lost store's."""
+        self._last_revision = 0
+        """The highest revision reported so far."""
         self._consumers: list[_NatsPullConsumer] = []
         self._state: ConnectionState = "connected"
         self._reason = ""
@@ -561,6 +579,7 @@ class NatsBus:
         if not self._lost.done():
             self._lost.set_result(None)
         self._up.clear()
+        self._checked.clear()
         if self._state == "connected" and not self._draining:
             self._disconnects += 1
             self._state, self._reason = "reconnecting", "disconnected; reconnecting"
@@ -579,18 +598,60 @@ class NatsBus:
         task.add_done_callback(self._background.discard)
 
     async def _restore_after_reconnect(self) -> None:
+        """Check the store the connection came back to before any KV operation runs again."""
         delay = 0.2
         while not self._draining:
             try:
-                await self.restore_topology(reason="reconnected")
+                async with self._topology:
+                    self._kv.clear()
+                    await self.ensure_topology()
+                    self._topology_at = asyncio.get_running_loop().time()
+                self._checked.set()
                 return
             except Exception as error:  # JetStream not up yet on the server: try again shortly
                 log.info("cannot check the streams yet", extra={"error": repr(error)})
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    @property
+    def store_epoch(self) -> str:
+        return self._epoch
+
+    def _take_epoch(self, epoch: str) -> None:
+        if self._epoch and epoch != self._epoch:
+            self._revision_base = self._last_revision + 1
+            log.warning(
+                "NATS lost its store: a new, empty one is in use; what is bound is restored "
+                "into it from the Kubernetes API",
+                extra={"epoch": epoch, "previous_epoch": self._epoch},
+            )
+        self._epoch = epoch
+
+    async def _store_checked(self) -> None:
+        """Wait (a bounded while) until the store reached after a reconnect has been checked."""
+        if self._checked.is_set() or not self._nc.is_connected:
+            return
+        try:
+            async with asyncio.timeout(self._js._timeout):
+                await self._checked.wait()
+        except TimeoutError:
+            raise BusUnavailableError(
+                "the NATS store is still being checked after a reconnect; nothing was done"
+            ) from None
+
+    def _revision(self, sequence: int) -> int:
+        """The revision reported for the stream ``sequence`` of a KV entry."""
+        revision = sequence + self._revision_base
+        self._last_revision = max(self._last_revision, revision)
+        return revision
+
+    def _sequence(self, revision: int) -> int | None:
+        """The stream sequence of a reported revision; None when it is of a lost store."""
+        return revision - self._revision_base if revision >= self._revision_base else None
+
     def _on_closed(self) -> None:
         self._up.set()
+        self._checked.set()
         if not self._lost.done():
             self._lost.set_result(None)
         if self._draining:
@@ -684,9 +745,11 @@ class NatsBus:
         for bucket, history in subjects.KV_BUCKETS.items():
             await self._bucket(bucket, history=history)
         meta = await self._bucket(subjects.KV_META)
-        epoch = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
+        fresh = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
         with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-            await meta.create(subjects.META_EPOCH, codec.encode(epoch))  # the first one stays
+            await meta.create(subjects.META_EPOCH, codec.encode(fresh))  # the first one stays
+        entry = await meta.get(subjects.META_EPOCH)
+        self._take_epoch(codec.decode(entry.value or b"", StoreEpoch).epoch)
 
     async def restore_topology(self, *, reason: str) -> None:
         """Create again whatever stream or bucket is missing (one check at a time; a check
@@ -820,40 +883,53 @@ class NatsBus:
         self._consumers.append(consumer)
         return consumer
 
+    async def _checked_bucket(self, bucket: str) -> KeyValue:
+        """The bucket, once the store reached after a reconnect has been checked."""
+        await self._store_checked()
+        return await self._bucket(bucket)
+
     async def kv_get(self, bucket: str, key: str) -> KvEntry | None:
-        kv = await self._bucket(bucket)
+        kv = await self._checked_bucket(bucket)
         try:
             entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:  # includes KeyDeletedError
             return None
-        return KvEntry(key=key, value=entry.value or b"", revision=int(entry.revision or 0))
+        return KvEntry(
+            key=key, value=entry.value or b"", revision=self._revision(int(entry.revision or 0))
+        )
 
     async def kv_put(self, bucket: str, key: str, value: bytes) -> int:
-        kv = await self._bucket(bucket)
-        return int(await self._write(lambda: kv.put(key, value)))
+        kv = await self._checked_bucket(bucket)
+        return self._revision(int(await self._write(lambda: kv.put(key, value))))
 
     async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
-        kv = await self._bucket(bucket)
+        kv = await self._checked_bucket(bucket)
         try:
-            return int(await self._write(lambda: kv.create(key, value)))
+            return self._revision(int(await self._write(lambda: kv.create(key, value))))
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
     async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
-        kv = await self._bucket(bucket)
+        kv = await self._checked_bucket(bucket)
+        last = self._sequence(revision)
+        if last is None:  # read from a store that was lost: that entry has moved on for good
+            return None
         try:
-            return int(await self._write(lambda: kv.update(key, value, last=revision)))
+            return self._revision(int(await self._write(lambda: kv.update(key, value, last=last))))
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
     async def kv_delete(self, bucket: str, key: str) -> None:
-        kv = await self._bucket(bucket)
+        kv = await self._checked_bucket(bucket)
         await self._write(lambda: kv.delete(key))
 
     async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
-        kv = await self._bucket(bucket)
+        kv = await self._checked_bucket(bucket)
+        last = self._sequence(revision)
+        if last is None:
+            return False
         try:
-            await self._write(lambda: kv.delete(key, last=revision))
+            await self._write(lambda: kv.delete(key, last=last))
         except nats.js.errors.APIError as error:
             if error.err_code in (10071, 10164):  # wrong last sequence: the key moved on
                 return False
@@ -897,7 +973,7 @@ class NatsBus:
         """
         subject = f"$KV.{bucket}.{keys}"
         stream = f"KV_{bucket}"
-        await self._bucket(bucket)
+        await self._checked_bucket(bucket)
         try:
             existing = await self._js.stream_info(stream, subjects_filter=subject)
         except nats.js.errors.NotFoundError:  # gone since the bucket was looked up: create it
@@ -942,7 +1018,7 @@ class NatsBus:
                 yield KvEntry(
                     key=msg.subject[prefix:],
                     value=msg.data or b"",
-                    revision=int(msg.metadata.sequence.stream),
+                    revision=self._revision(int(msg.metadata.sequence.stream)),
                     deleted=headers.get("KV-Operation") in ("DEL", "PURGE")
                     or "Nats-Marker-Reason" in headers,
                 )

@@ -17,10 +17,13 @@ from prometheus_client import CollectorRegistry
 
 from services.placer.command import PlacerSettings, build_config
 from services.placer.service import PlacerService, run_placer
+from shared import codec, subjects
+from shared.messages.placement import PlacementRejected
 from shared.runtime.bus import NatsBus
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
 from tests.harness.nats import NatsServer
+from tests.harness.store import mark_restored
 from tests.harness.wait import eventually
 
 until = functools.partial(eventually, timeout=20.0, interval=0.01)
@@ -45,11 +48,17 @@ PlacerFactory = Callable[..., contextlib.AbstractAsyncContextManager[RunningPlac
 @pytest.fixture
 def start_placer(nats_server: NatsServer) -> PlacerFactory:
     """``async with start_placer(placer_id="a", ...) as placer:`` runs the placer service body
-    (run_service + run_placer) against the test's nats-server, ready on entry."""
+    (run_service + run_placer) against the test's nats-server, ready on entry. No binder runs
+    here: the fixture says, as the binder would, that the store holds every bound placement
+    (``restored=False`` leaves the placer waiting for it)."""
 
     @contextlib.asynccontextmanager
     async def running(
-        *, wait_ready: bool = True, tuning: dict[str, Any] | None = None, **overrides: Any
+        *,
+        wait_ready: bool = True,
+        restored: bool = True,
+        tuning: dict[str, Any] | None = None,
+        **overrides: Any,
     ) -> AsyncIterator[RunningPlacer]:
         fields: dict[str, Any] = {
             "nats_url": nats_server.url,
@@ -61,6 +70,14 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
             "reconcile_interval_s": 2.0,
         }
         settings = PlacerSettings(**(fields | overrides))
+        if restored:
+            marker = await NatsBus.connect(
+                settings.nats_url, name="tessera-test", replicas=settings.nats_replicas
+            )
+            try:
+                await mark_restored(marker)
+            finally:
+                await marker.drain()
         config = dataclasses.replace(build_config(settings), **(tuning or {}))
         readiness = Readiness()
         registry = CollectorRegistry()
@@ -120,6 +137,12 @@ async def stream_messages(bus: NatsBus, stream: str, subject: str) -> list[bytes
     finally:
         await consumer.close()
     return found
+
+
+async def rejections(bus: NatsBus) -> list[PlacementRejected]:
+    """Every PlacementRejected published so far."""
+    raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.PLACEMENTS_REJECTED)
+    return [codec.decode(data, PlacementRejected) for data in raw]
 
 
 async def http_get(port: int, path: str) -> tuple[int, Any]:

@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from shared.runtime.bus import NatsBus
 from tests.harness.nats import environment_without_proxies
+from tests.harness.store import mark_restored
 from tests.placer.conftest import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 async def start(
     nats_url: str, number: int, logs: Path, *options: str
 ) -> tuple[asyncio.subprocess.Process, int]:
-    """A ``tessera placer`` process logging to ``logs``; its HTTP port once it started."""
+    """A ``tessera placer`` process logging to ``logs``; its HTTP port once it started. No
+    binder runs beside it: the store is first said to hold every bound placement (as the binder
+    would), or the placer would wait for it."""
+    marker = await NatsBus.connect(nats_url, name="tessera-test")
+    try:
+        await mark_restored(marker)
+    finally:
+        await marker.drain()
     log_file = logs / f"placer-{number}.log"
     with log_file.open("wb") as stderr:  # the child keeps its own copy of the descriptor
         process = await _spawn(nats_url, number, stderr, *options)

@@ -27,14 +27,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared import codec, subjects
-from shared.messages.placement import PlacementRejected
+from shared import subjects
 from shared.messages.pods import PodPending
 from shared.runtime.bus import NatsBus
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
-from tests.placer.conftest import http_get, stream_messages
+from tests.placer.conftest import http_get, rejections
 from tests.placer.processes import ready, start
 
 NODES = [f"node-{i:03d}.rack-{i // 20}" for i in range(100)]
@@ -91,11 +90,6 @@ async def left_over(bus: NatsBus, ports: list[int], uids: set[str]) -> str | Non
 
 
 @pytest.mark.timeout(300)  # its phases' own budgets below add up to less, each named on failure
-async def rejections(bus: NatsBus) -> list[PlacementRejected]:
-    raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.PLACEMENTS_REJECTED)
-    return [codec.decode(data, PlacementRejected) for data in raw]
-
-
 @pytest.mark.timeout(300)  # the phases' own budgets below add up to less, each named on failure
 async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_nothing(
     nats_server: NatsServer, bus: NatsBus, tmp_path: Path

@@ -26,7 +26,7 @@ from shared.messages.ledger import (
     PodClaim,
     TenantLedger,
 )
-from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.placement import PlacementDecision
 from shared.messages.pods import PlacementHints
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery, NatsBus
@@ -36,6 +36,7 @@ from tests.placer.conftest import (
     PlacerFactory,
     RunningPlacer,
     http_get,
+    rejections,
     stream_messages,
     until,
 )
@@ -71,11 +72,6 @@ def placed(*uids: str) -> Callable[[wire.ClusterState], bool]:
 async def decisions(bus: NatsBus) -> list[PlacementDecision]:
     raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.ASSIGNMENTS_ALL)
     return [codec.decode(data, PlacementDecision) for data in raw]
-
-
-async def rejections(bus: NatsBus) -> list[PlacementRejected]:
-    raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.PLACEMENTS_REJECTED)
-    return [codec.decode(data, PlacementRejected) for data in raw]
 
 
 async def test_a_pending_pod_is_booked_recorded_and_its_decision_published(
