@@ -72,6 +72,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--profile", default="", help="the placers' --profile (default: their default)"
     )
     cluster.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    cluster.add_argument(
+        "--nats-servers",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="1, or 3 for a JetStream cluster with three replicas of every stream and bucket (1)",
+    )
     load = parser.add_argument_group("workload (default: the built-in mix)")
     source = load.add_mutually_exclusive_group()
     source.add_argument("--workload", type=Path, help="pod manifests, YAML or JSON")
@@ -278,6 +285,7 @@ async def run_up(args: argparse.Namespace) -> int:
             run_dir=run_dir,
             placers=args.placers,
             binders=args.binders,
+            nats_servers=args.nats_servers,
             dashboard=not args.no_dashboard,
             tenancy_file=tenancy_file,
             placer_args=("--profile", args.profile) if args.profile else (),

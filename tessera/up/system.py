@@ -8,8 +8,12 @@ binder(s) (leader election on), the placers and the dashboard. It waits until ev
 ready, every device plugin has registered with its kubelet, and the binder has published every
 node's facts with its devices, so the first pod submitted meets a settled cluster.
 
-Tests, the benchmark and ``tessera up`` share it; :meth:`LocalSystem.kill` and
-:meth:`LocalSystem.restart` serve the chaos tests, :meth:`LocalSystem.summary` the reports.
+With ``nats_servers=3`` NATS is a 3-server JetStream cluster on loopback (each server with its
+own store) and every service keeps three replicas of each stream and bucket.
+
+Tests, the benchmark and ``tessera up`` share it; :meth:`LocalSystem.kill`,
+:meth:`LocalSystem.restart` and :meth:`LocalSystem.wipe_nats_store` serve the chaos tests,
+:meth:`LocalSystem.summary` the reports.
 """
 
 from __future__ import annotations
@@ -95,6 +99,8 @@ class SystemOptions:
     log_level: str = "info"
     ready_timeout_s: float = 120.0
     env: dict[str, str] = field(default_factory=dict)
+    nats_servers: int = 1
+    """1, or 3 for a JetStream cluster (three replicas of every stream and bucket)."""
 
 
 class LocalSystem:
@@ -122,8 +128,9 @@ class LocalSystem:
             ],
             workdir=self.socket_dir,
         )
-        self.nats_port = free_port()
-        self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
+        self.nats_ports = [free_port() for _ in range(options.nats_servers)]
+        self._route_ports = [free_port() for _ in range(options.nats_servers)]
+        self.nats_url = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_ports)
         self.kubeconfig = options.run_dir / "kubeconfig"
         self.bus: NatsBus | None = None
         self.env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", **options.env}
@@ -143,8 +150,13 @@ class LocalSystem:
     def binder_names(self) -> list[str]:
         return [f"binder-{i + 1}" for i in range(self.options.binders)]
 
+    def nats_names(self) -> list[str]:
+        if len(self.nats_ports) == 1:
+            return ["nats-server"]
+        return [f"nats-server-{i + 1}" for i in range(len(self.nats_ports))]
+
     def service_names(self) -> list[str]:
-        return [name for name in self.supervisor.children if name != "nats-server"]
+        return [name for name in self.supervisor.children if name not in self.nats_names()]
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -158,12 +170,13 @@ class LocalSystem:
     async def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"run directory {self.run_dir} (service logs in {self.supervisor.logs})")
-        self.start_nats()
+        for name in self.nats_names():
+            self.start_nats(name)
         await self._wait_nats()
         await self.cluster.start()
         self.cluster.write_kubeconfig(self.kubeconfig)
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
-        self.bus = await NatsBus.connect(self.nats_url, name="tessera-up")
+        self.bus = await self._connect_bus()
         for plan in self.gpu_nodes:
             self._start_node_services(plan)
         for name in self.binder_names():
@@ -179,38 +192,72 @@ class LocalSystem:
         self.say(f"started {len(self.service_names())} service processes; waiting until ready")
         await self.wait_ready(self.options.ready_timeout_s)
 
-    def start_nats(self) -> Child:
-        store = self.run_dir / "nats"
+    def nats_store(self, name: str) -> Path:
+        return self.run_dir / name.replace("nats-server", "nats")
+
+    def start_nats(self, name: str) -> Child:
+        index = self.nats_names().index(name)
+        cluster: list[str] = []
+        if len(self.nats_ports) > 1:
+            routes = ",".join(f"nats-route://127.0.0.1:{port}" for port in self._route_ports)
+            cluster = [
+                "--name",
+                f"n{index + 1}",
+                "--cluster_name",
+                "tessera",
+                "--cluster",
+                f"nats://127.0.0.1:{self._route_ports[index]}",
+                "--routes",
+                routes,
+            ]
         return self.supervisor.start(
-            "nats-server",
+            name,
             [
                 nats_server_binary(),
                 "-a",
                 "127.0.0.1",
                 "-p",
-                str(self.nats_port),
+                str(self.nats_ports[index]),
                 "-js",
                 "-sd",
-                str(store),
+                str(self.nats_store(name)),
+                *cluster,
             ],
             env=self.env,
         )
 
     async def _wait_nats(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.supervisor.check_alive("nats-server")
-            with contextlib.suppress(OSError):
-                _, writer = await asyncio.open_connection("127.0.0.1", self.nats_port)
-                writer.close()
-                return
-            await asyncio.sleep(0.05)
-        raise StartError(f"nats-server did not listen on {self.nats_port} within {timeout} s")
+        for name, port in zip(self.nats_names(), self.nats_ports, strict=True):
+            while True:
+                self.supervisor.check_alive(name)
+                with contextlib.suppress(OSError):
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                if time.monotonic() > deadline:
+                    raise StartError(f"{name} did not listen on {port} within {timeout} s")
+                await asyncio.sleep(0.05)
+
+    async def _connect_bus(self, timeout: float = 60.0) -> NatsBus:
+        """The system's own bus; on a cluster, once JetStream has elected its leaders."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return await NatsBus.connect(
+                    self.nats_url, name="tessera-up", replicas=len(self.nats_ports)
+                )
+            except Exception as error:
+                if time.monotonic() > deadline:
+                    raise StartError(f"NATS JetStream not ready: {error}") from None
+                await asyncio.sleep(0.5)
 
     def _common(self) -> list[str]:
         return [
             "--nats-url",
             self.nats_url,
+            "--nats-replicas",
+            str(len(self.nats_ports)),
             "--http-host",
             "127.0.0.1",
             "--http-port",
@@ -355,6 +402,12 @@ class LocalSystem:
     def restart(self, name: str) -> None:
         self.supervisor.restart(name)
 
+    def wipe_nats_store(self, name: str = "nats-server") -> None:
+        """SIGKILL a NATS server and delete its store (as an ``emptyDir`` NATS pod restarting
+        does); :meth:`restart` brings it back empty."""
+        self.supervisor.kill(name)
+        shutil.rmtree(self.nats_store(name), ignore_errors=True)
+
     async def leader(self, timeout: float = 30.0) -> str:
         """The binder holding the Lease now."""
         deadline = time.monotonic() + timeout
@@ -436,7 +489,7 @@ class LocalSystem:
             self.bus = None
         # Services first (they drain to NATS), then NATS, then the cluster they talked to.
         await asyncio.to_thread(self.supervisor.stop_all, self.service_names())
-        await asyncio.to_thread(self.supervisor.stop_all, ["nats-server"])
+        await asyncio.to_thread(self.supervisor.stop_all, self.nats_names())
         await self.cluster.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 

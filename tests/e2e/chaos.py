@@ -2,19 +2,25 @@
 
 Shared by the CI test (small) and ``benchmarks/chaos.py`` (longer). Kill moments are drawn from a
 seeded random generator and logged; each killed process is started again after a short pause.
+Targets: a placer, the binder leader, a device plugin, nats-server (one of three on a cluster),
+and ``nats-store``: nats-server SIGKILLed and started again with an empty store (an ``emptyDir``
+NATS pod restarting), after which what is bound is restored from the Kubernetes API.
+
 A pod the kubelet rejects is replaced at once, as its ReplicaSet would, and counted; each must be
 explained by the scenario: ``UnexpectedAdmissionError`` while its node's device plugin or NATS was
-down (or had just come back, ``RECOVERY_S``). Any other failed pod (one lost at admission for
-another reason) fails the run. At the end every pod must be Running with exactly its record's
-slices, no GPU over-committed at any allocation, no record left ``reserved`` or ``bound``.
+down (or had just come back: ``RECOVERY_S``, longer for a lost store). Any other failed pod (one
+lost at admission for another reason) fails the run. At the end every pod must be Running with
+exactly its record's slices, no GPU over-committed at any allocation, no record left
+``reserved`` or ``bound``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shared import codec, subjects
@@ -31,6 +37,9 @@ REPLACE_POLL_S = 0.2
 RECOVERY_S = 10.0
 """After a restart, how long a device plugin (registering, loading records) or the services
 (reconnecting to NATS) may still fail an Allocate."""
+STORE_RECOVERY_S = 30.0
+"""After NATS came back with an empty store: the binder restores what is bound, then pods
+waiting for Allocate find their records again."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +49,16 @@ class Outage:
     name: str
     down_at: float
     up_at: float = float("inf")
+    store_lost: bool = False
 
     def explains(self, failure: Failure) -> bool:
         """Whether this outage can have failed ``failure``'s Allocate."""
         if failure.reason != "UnexpectedAdmissionError":
             return False
-        if self.name != "nats-server" and self.name != f"deviceplugin/{failure.node}":
+        if not self.name.startswith("nats-server") and self.name != f"deviceplugin/{failure.node}":
             return False
-        return self.down_at <= failure.seen_at <= self.up_at + RECOVERY_S
+        recovery = STORE_RECOVERY_S if self.store_lost else RECOVERY_S
+        return self.down_at <= failure.seen_at <= self.up_at + recovery
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,7 @@ async def chaos_run(
     window_s: float,
     say: Callable[[str], None] = print,
     settle_timeout_s: float = 150.0,
+    targets: Sequence[str] = TARGETS,
 ) -> ChaosReport:
     rng = random.Random(seed)
     result = ChaosReport(pods=pods)
@@ -95,7 +107,7 @@ async def chaos_run(
         say(line)
 
     gpu_nodes = [plan.name for plan in system.gpu_nodes]
-    plan = sorted((rng.uniform(0.3, window_s), target) for target in TARGETS)
+    plan = sorted((rng.uniform(0.3, window_s), target) for target in targets)
 
     async def strike(at: float, target: str) -> None:
         await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
@@ -106,15 +118,16 @@ async def chaos_run(
         elif target == "deviceplugin":
             name = f"deviceplugin/{rng.choice(gpu_nodes)}"
         else:
-            name = "nats-server"
+            name = rng.choice(system.nats_names())
+        lost = target == "nats-store"
         pause = rng.uniform(0.5, 2.5)
-        note(f"SIGKILL {name} (restart in {pause:.1f} s)")
+        note(f"SIGKILL {name}{' and wipe its store' if lost else ''} (restart in {pause:.1f} s)")
         down = len(result.outages)
-        result.outages.append(Outage(name, down_at=clock()))
-        await asyncio.to_thread(system.kill, name)
+        result.outages.append(Outage(name, down_at=clock(), store_lost=lost))
+        await asyncio.to_thread(system.wipe_nats_store if lost else system.kill, name)
         await asyncio.sleep(pause)
         system.restart(name)
-        result.outages[down] = Outage(name, down_at=result.outages[down].down_at, up_at=clock())
+        result.outages[down] = dataclasses.replace(result.outages[down], up_at=clock())
         note(f"restarted {name}")
 
     def pod(n: int, generation: int = 0) -> dict:
