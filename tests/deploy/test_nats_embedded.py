@@ -23,7 +23,7 @@ import pytest
 import trustme
 import yaml
 
-from tests.deploy.chart import CHART_DIR, NAMESPACE, Object, component, named, render
+from tests.deploy.chart import CHART_DIR, NAMESPACE, Object, component, containers, named, render
 from tests.deploy.variants import PASSWORD, TOKEN, VARIANTS
 from tests.harness.nats import nats_server_binary
 
@@ -241,3 +241,27 @@ def _server_version() -> str:
         [nats_server_binary(), "--version"], capture_output=True, text=True, check=True
     )
     return done.stdout.split()[-1].removeprefix("v")
+
+
+@pytest.mark.parametrize(
+    ("variant", "replicas"),
+    [
+        ("default", "1"),
+        ("clustered-nats-user-password", "3"),
+        ("production", "3"),
+        ("external-nats-nkey", "1"),
+    ],
+)
+def test_services_keep_as_many_copies_of_each_stream_as_nats_has_servers(
+    variant: str, replicas: str
+) -> None:
+    """A 3-server NATS keeps three copies of every stream and bucket: losing one server (or
+    its volume) loses nothing (DESIGN section 12)."""
+    services = [
+        c
+        for c in containers(render(VARIANTS[variant]))
+        if any(a.startswith("--nats-url=") for a in c.args())
+    ]
+    assert services, variant
+    for container in services:
+        assert f"--nats-replicas={replicas}" in container.args(), container.where

@@ -7,7 +7,10 @@ why the dashboard is on wherever NATS credentials are.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 # Chart-created credentials chosen to break naive quoting: digits only, spaces, quotes.
 PASSWORD = 'pa ss"word\\12'
@@ -72,6 +75,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "dashboard": {"enabled": True},
     },
     "extender": {"extender": {"enabled": True}},
+    # What the README tells operators to install with in production.
+    "production": yaml.safe_load(
+        (Path(__file__).parents[2] / "deploy/helm/tessera/values-production.yaml").read_text()
+    ),
     "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
     "dashboard": {"dashboard": {"enabled": True}},
     # A demo cluster without GPUs (per-node services on every node: null drops the defaults):

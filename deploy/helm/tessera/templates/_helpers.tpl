@@ -64,6 +64,20 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/*
+Copies of each JetStream stream and KV bucket the services keep (--nats-replicas): the
+embedded NATS's server count (a server lost loses nothing), else nats.streamReplicas (1 for an
+existing single server).
+*/}}
+{{- define "tessera.natsReplicas" -}}
+{{- if .Values.nats.streamReplicas }}
+{{- .Values.nats.streamReplicas }}
+{{- else if .Values.nats.url }}1
+{{- else }}
+{{- int .Values.nats.embedded.replicas }}
+{{- end }}
+{{- end }}
+
 {{/* The Secret holding the NATS credentials (existing or chart-created). */}}
 {{- define "tessera.natsAuthSecret" -}}
 {{- .Values.nats.auth.existingSecret | default (include "tessera.componentName" (dict "root" . "component" "nats-auth")) }}
@@ -99,7 +113,7 @@ Arguments of a Tessera container, as a JSON list: the service name (the image's 
 */}}
 {{- define "tessera.args" -}}
 {{- $v := .root.Values -}}
-{{- $args := list .service (printf "--nats-url=%s" (include "tessera.natsUrl" .root)) (printf "--http-port=%v" $v.httpPort) (printf "--log-level=%s" $v.logLevel) (printf "--log-format=%s" $v.logFormat) -}}
+{{- $args := list .service (printf "--nats-url=%s" (include "tessera.natsUrl" .root)) (printf "--nats-replicas=%s" (include "tessera.natsReplicas" .root)) (printf "--http-port=%v" $v.httpPort) (printf "--log-level=%s" $v.logLevel) (printf "--log-format=%s" $v.logFormat) -}}
 {{- $file := include "tessera.natsAuthFile" .root | fromJson -}}
 {{- if $file.setting -}}
 {{- $args = append $args (printf "--%s=%s/%s" $file.setting (include "tessera.natsAuthDir" .root) $file.key) -}}
