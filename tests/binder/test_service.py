@@ -236,8 +236,9 @@ async def test_rejections_are_explained_once_and_their_events_aggregated(
             what="5 rejections",
         )
         await eventually(lambda: events_about(api, "big", "FailedScheduling"), what="the event")
-        explained = condition(api, "big")
-        assert explained is not None and explained["message"] == (
+        # The condition and the Event are two writes, in no promised order.
+        explained = await eventually(lambda: condition(api, "big"), what="PodScheduled=False")
+        assert explained["message"] == (
             "0/12 nodes are available: 3 insufficient GPU memory, 9 GPU model not allowed."
         )
         assert len(api.writes_to("pods/status")) == 1, "the same condition is written once"

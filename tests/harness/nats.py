@@ -67,8 +67,10 @@ class NatsServer:
                 stdout=subprocess.DEVNULL,
                 stderr=server_log,
             )
+        # Named after this process (a dead one's file is removed when it is killed): not
+        # unlinked here, where a fast server has already written it (a loaded machine then
+        # waited for a file it had just deleted, and reported a start-up that never ended).
         ports_file = self._dir / f"nats-server_{self._proc.pid}.ports"
-        ports_file.unlink(missing_ok=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -88,9 +90,11 @@ class NatsServer:
 
     def kill(self) -> None:
         """Stop the process abruptly but keep its port and JetStream store for a restart."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+            (self._dir / f"nats-server_{self._proc.pid}.ports").unlink(missing_ok=True)
         self._proc = None
 
     def stop(self) -> None:
