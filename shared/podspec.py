@@ -286,7 +286,7 @@ def _hints(pod: Pod, errors: list[FieldError]) -> PlacementHints:
         gpu_models_excluded=excluded,
         gpu_type=gpu_type,
         group=group,
-        tenant=labels.get(names.TENANT_LABEL) or meta.namespace,
+        tenant=labels.get(names.TENANT_LABEL, ""),
         priority_label=priority_label,
     )
 

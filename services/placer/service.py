@@ -801,6 +801,7 @@ class PlacerService:
         booking = translate.booking_of(
             outcome.reservation,
             item.pod,
+            tenant=self.view.tenancy.tenant_of(item.request).tenant,
             commit=f"{self.config.placer_id}.{secrets.token_hex(6)}",
             decided_at=now,
             placer_id=self.config.placer_id,
@@ -1543,6 +1544,7 @@ class PlacerService:
         log.info(
             "tenancy config applied",
             extra={
+                "namespaces": len(config.namespaces),
                 "groups": len(config.groups),
                 "permissions": len(config.permissions),
                 "quotas": len(config.quotas),
@@ -1569,6 +1571,8 @@ class PlacerService:
             if claim is not None and claim.request is not None
             else None
         )
+        if request is not None:  # its tenant as the tenancy file makes it now
+            request = self.view.tenancy.resolve(request)
         answer: dict[str, Any] = {"pod_uid": pod_uid, "replica": self.config.placer_id}
         if item is not None:
             answer["held_here"] = item.stage

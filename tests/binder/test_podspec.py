@@ -104,8 +104,8 @@ def test_a_shared_gpu_pod_with_every_hint() -> None:
         ),
         pytest.param(
             pod("tenant", container(gpu=1), namespace="team-b"),
-            lambda p: p.hints.tenant == "team-b" and p.priority == 0,
-            id="tenant-is-namespace",
+            lambda p: p.namespace == "team-b" and p.hints.tenant == "" and p.priority == 0,
+            id="no-tenant-label",
         ),
         pytest.param(
             pod("ours", container(gpu=1), annotations={"tessera.dev/assignment": "{}"}),

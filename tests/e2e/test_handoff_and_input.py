@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,10 +11,17 @@ from tessera.devcluster.resources import POD
 from tessera.up import report
 from tessera.up import workload as w
 from tessera.up.system import LocalSystem
-from tests.e2e.helpers import assert_exact, by_name, clear, pending_message, phase, settle
+from tests.e2e.helpers import (
+    assert_exact,
+    by_name,
+    clear,
+    kubectl,
+    pending_message,
+    phase,
+    settle,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(240)]
-KUBECTL = Path(sys.executable).parent / "kubectl"
 
 
 async def test_hundreds_of_same_size_pods_bound_in_parallel_get_exactly_their_slices(
@@ -104,20 +107,6 @@ async def test_a_hostile_assignment_annotation_changes_nothing(system: LocalSyst
     assert [(s["memory_mib"], s["cores"]) for s in slices] == [(1024, 5)]
     await assert_exact(system, [pod])
     await clear(system, ns)
-
-
-def kubectl(system: LocalSystem, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(KUBECTL), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "KUBECONFIG": str(system.kubeconfig), "NO_PROXY": "127.0.0.1"},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 async def test_kubectl_creates_lists_and_describes(system: LocalSystem) -> None:

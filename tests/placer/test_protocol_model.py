@@ -371,6 +371,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         booking = translate.booking_of(
             outcome.reservation,
             PODS[pod],
+            tenant=r.view.tenancy.tenant_of(request).tenant,
             commit=f"r{replica}.{random.getrandbits(32):08x}",
             decided_at=self.clock.now(),
             placer_id=f"r{replica}",

@@ -385,6 +385,51 @@ async def test_a_bad_tenancy_file_is_refused_and_the_last_good_one_kept(
         wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
 
 
+async def test_a_tenant_label_chooses_only_among_the_tenants_its_namespace_is_allowed(
+    bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
+) -> None:
+    """Issue 19 finding 3: a pod of namespace ml labelled ``tessera.dev/tenant: free-rider``
+    ran while its sibling waited on ml's quota. Now the label is refused with the reason, and
+    grants only what the tenancy file lets the namespace choose, charged to that tenant."""
+    tenancy = tmp_path / "tenancy.json"
+    quotas = [{"tenant": "ml", "gpus": 1}, {"tenant": "pool", "gpus": 1}]
+    tenancy.write_text(json.dumps({"quotas": quotas}))
+    await wire.put_node(bus, "n1", 4)
+    async with start_placer(tenancy_file=str(tenancy), tuning={"tenancy_check_s": 0.1}) as placer:
+        await place_q1_then_refuse_q2(bus, placer, why="a quota of 1")
+        await wire.publish_pod(bus, wire.pending("rider", tenant="free-rider"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="unresolvable") == 1,
+            what="the free rider refused",
+        )
+        (refused,) = [r for r in await rejections(bus) if r.pod_uid == "rider"]
+        assert refused.unresolvable
+        assert refused.message == (
+            "0/1 nodes are available: 1 label tessera.dev/tenant: namespace ml may not choose "
+            "tenant 'free-rider' (it may choose: ml)."
+        )
+
+        namespaces = [{"namespace": "ml", "choices": ["pool"]}]
+        tenancy.write_text(json.dumps({"quotas": quotas, "namespaces": namespaces}))
+        await until(
+            lambda: placer.metric("tessera_placer_tenancy_reloads_total", outcome="applied") == 1,
+            what="the namespace's choices applied",
+        )
+        await wire.publish_pod(bus, wire.pending("pooled", tenant="pool"))
+        state = await settled(bus, placed("pooled"), what="pooled placed as tenant pool")
+        assert {b.pod_uid: b.tenant for b in state.bookings()} == {"q1": "ml", "pooled": "pool"}
+        assert [c.pod_uid for c in state.tenants["pool"].charges] == ["pooled"]
+        assert [c.pod_uid for c in state.tenants["ml"].charges] == ["q1"]
+        port = placer.readiness.http_port
+        assert port is not None
+        _, explained = await http_get(port, "/v1/pods/rider")  # judged on the file as it is now
+        assert explained["not_fitting"] == {
+            "label tessera.dev/tenant: namespace ml may not choose tenant 'free-rider' "
+            "(it may choose: ml, pool)": 1
+        }
+        wire.check_quotas(state, {"ml": (1, None), "pool": (1, None)})
+
+
 def _booking(uid: str, node: str, commit: str) -> Booking:
     return Booking(
         pod_uid=uid,
