@@ -57,8 +57,11 @@ GPU_RESOURCE: Final = "tessera.dev/gpu"
 RESOURCE_PREFIX: Final = "tessera.dev/"
 
 MAX_CORES_PERCENT: Final = 100
-MAX_CONTAINERS: Final = 64
-"""More containers than any pod has; a record beyond it is garbage."""
+MAX_GPU_CONTAINERS: Final = 64
+"""Containers with GPUs in one pod (the containers of its assignment record). A record beyond
+it is refused here, so the device plugin never serves it and such a pod could never pass the
+kubelet's admission: ``shared.podspec`` refuses the pod up front instead, as an invalid request
+the binder explains, rather than let it be placed and bound to fail."""
 
 
 class InventoryLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -159,8 +162,8 @@ def record_problem(record: AssignmentRecord, *, key: str) -> str | None:
         )
     if not math.isfinite(record.decided_at):
         return "decided_at is not a finite time"
-    if len(record.containers) > MAX_CONTAINERS:
-        return f"{len(record.containers)} containers (more than {MAX_CONTAINERS})"
+    if len(record.containers) > MAX_GPU_CONTAINERS:
+        return f"{len(record.containers)} containers (more than {MAX_GPU_CONTAINERS})"
     names = [c.container for c in record.containers]
     if len(set(names)) != len(names) or not all(names):
         return "container names are empty or repeated"

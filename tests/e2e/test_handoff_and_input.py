@@ -66,7 +66,13 @@ async def test_malformed_requests_end_as_explained_pending(system: LocalSystem) 
         "policy", [w.container(gpu=1)], namespace=ns, annotations={"tessera.dev/gpu-policy": "x"}
     )
     system.cluster.create_pod(unknown_policy)
-    pods = by_name(await settle(system, ns, 5))
+    # More containers with GPUs than an assignment record holds: placed and bound, it would fail
+    # the kubelet's admission (the device plugin refuses its record); refused before that.
+    wide = [
+        w.container(f"c{i}", gpu=1, memory_mib=256, cpu="10m", memory="16Mi") for i in range(65)
+    ]
+    system.cluster.create_pod(w.pod("wide", wide, namespace=ns))
+    pods = by_name(await settle(system, ns, 6))
     for name, pod in pods.items():
         assert phase(pod) == "Pending" and not pod["spec"].get("nodeName"), name
     assert "tessera.dev/gpu-cores" in pending_message(pods["cores-150"])
@@ -74,6 +80,10 @@ async def test_malformed_requests_end_as_explained_pending(system: LocalSystem) 
     assert "not both" in pending_message(pods["memory-twice"])
     assert "gpu-memroy" in pending_message(pods["typo"])
     assert "tessera.dev/gpu-policy" in pending_message(pods["policy"])
+    assert (
+        "spec.containers: 65 containers ask for tessera.dev/gpu; at most 64 per pod can be "
+        "handed GPUs" in pending_message(pods["wide"])
+    )
     await clear(system, ns)
 
 
