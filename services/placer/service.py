@@ -58,12 +58,15 @@ removed, and the pod put back on ``tessera.pods.pending`` so it is placed again.
 only once durable; each is idempotent (exactly once in effect). Released records and the claims of
 deleted pods are purged after ``release_retention_s``.
 
-**Telemetry, policy, tenancy.** A node whose inventory is older than ``inventory_stale_s`` is not
-placed on, nor one without node facts; foreign GPU memory and unhealthy GPUs count as the
-translation says (``translate.py``). The profile (``--profile``) is compiled with the task mix
-learned from the claims (``mix.py``) and compiled again when the mix moves (checked every
-``MIX_CHECK_S``). ``--tenancy-file`` is read every ``TENANCY_CHECK_S``; a version that does not
-parse or check is refused (logged, counted) and the last good one stays.
+**Telemetry, policy, tenancy.** Inventory is believed only as ``shared.validation.take_inventory``
+says, the rule the device plugin applies too (bounded values, not dated ahead of this clock, the
+same producer's next sequence or else the fresher snapshot); what it refuses is dead-lettered
+and the node keeps its last good snapshot. A node whose inventory is older than
+``inventory_stale_s`` is not placed on, nor one without node facts; foreign GPU memory and
+unhealthy GPUs count as the translation says (``translate.py``). The profile (``--profile``) is
+compiled with the task mix learned from the claims (``mix.py``) and compiled again when the mix
+moves (checked every ``MIX_CHECK_S``). ``--tenancy-file`` is read every ``TENANCY_CHECK_S``; a
+version that does not parse or check is refused (logged, counted) and the last good one stays.
 
 **Observability.** ``/metrics`` (``metrics.py``); ``GET /v1/pods/{uid}`` explains one pod: its
 last outcome here, its claim and record, and every node's verdict for it now; one structured log
@@ -499,8 +502,7 @@ class PlacerService:
             self._changed.set()
 
     async def _decode(self, entry: KvEntry, bucket: str, message: type[Any], family: str) -> Any:
-        delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
-        return await self.edge.accept(delivery, message, family=family)
+        return await self.edge.accept(_kv_delivery(entry, bucket), message, family=family)
 
     async def _on_inventory(self, entry: KvEntry) -> None:
         node = subjects.node_from_token(entry.key)
@@ -508,11 +510,19 @@ class PlacerService:
             self.view.drop_inventory(node)
             return
         inventory = await self._decode(entry, subjects.KV_INVENTORY, NodeInventory, "inventory")
-        if isinstance(inventory, NodeInventory):
-            if subjects.node_token(inventory.node) != entry.key:
-                await self._reject_entry(entry, subjects.KV_INVENTORY, "inventory", inventory.node)
-                return
-            self.view.set_inventory(inventory)
+        if not isinstance(inventory, NodeInventory):
+            return
+        if subjects.node_token(inventory.node) != entry.key:
+            await self._reject_entry(entry, subjects.KV_INVENTORY, "inventory", inventory.node)
+            return
+        problem = self.view.set_inventory(inventory, now=self.clock.now())
+        if problem:
+            await self.edge.reject(
+                _kv_delivery(entry, subjects.KV_INVENTORY),
+                family="inventory",
+                reason=problem,
+                kind="validate",
+            )
 
     async def _on_facts(self, entry: KvEntry) -> None:
         node = subjects.node_from_token(entry.key)
@@ -590,9 +600,8 @@ class PlacerService:
             self.board.put(waiting, entry.revision)
 
     async def _reject_entry(self, entry: KvEntry, bucket: str, family: str, named: str) -> None:
-        delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
         await self.edge.reject(
-            delivery,
+            _kv_delivery(entry, bucket),
             family=family,
             reason=f"entry under key {entry.key} names {named!r}",
             kind="validate",
@@ -1614,6 +1623,11 @@ class PlacerService:
         if quota:
             answer["quota"] = quota
         return answer
+
+
+def _kv_delivery(entry: KvEntry, bucket: str) -> Delivery:
+    """A KV entry as the edge takes a message (its subject names bucket and key)."""
+    return Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
 
 
 async def run_placer(

@@ -309,7 +309,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _replica(self, number: int) -> Replica:
         view = ClusterView(inventory_stale_s=1e9, task_mix_window=100, tenancy=TENANCY)
         for name, inventory in INVENTORIES.items():
-            view.set_inventory(msgspec.structs.replace(inventory, observed_at=self.clock.now()))
+            view.set_inventory(
+                msgspec.structs.replace(inventory, observed_at=self.clock.now()),
+                now=self.clock.now(),
+            )
             view.set_facts(wire.facts(name, slots=SLOTS, at=self.clock.now()))
         buckets = (
             subjects.KV_LEDGER,

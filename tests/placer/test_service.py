@@ -615,6 +615,62 @@ async def test_a_malformed_pod_message_is_dead_lettered_and_the_placer_keeps_pla
         await settled(bus, placed("fine"), what="the next pod placed")
 
 
+async def test_inventory_that_cannot_be_believed_never_reaches_a_decision(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    """Issue 19: the placer took inventory as it came. A GPU of 10**12 MiB took a pod of
+    1,000,000 MiB, and a snapshot dated a year ahead with every GPU unhealthy shadowed the
+    honest ones. Now both are dead-lettered and the node keeps its last good snapshot; a
+    forgery the bounds let through holds only until the inventory's next heartbeat."""
+    letters: asyncio.Queue[DeadLetter] = asyncio.Queue()
+
+    async def collect(delivery: Delivery) -> None:
+        await letters.put(codec.decode(delivery.data, DeadLetter))
+
+    async def reason() -> str:
+        return (await asyncio.wait_for(letters.get(), 10)).reason
+
+    await bus.subscribe(subjects.deadletter("inventory"), collect)
+    await wire.put_node(bus, "n1", 2)
+    sick = {0: "unhealthy", 1: "unhealthy"}
+    async with start_placer() as placer:
+        assert placer.service is not None
+        view = placer.service.view
+        honest = view.inventory("n1")
+        now = time.time()
+        await wire.put_inventory(bus, wire.inventory("n1", 2, memory_mib=10**12, at=now))
+        assert "1000000000000 MiB of memory (1..1048576 MiB are believed)" in await reason()
+        year = wire.inventory("n1", 2, health=sick, at=now + 365 * 86_400)  # type: ignore[arg-type]
+        await wire.put_inventory(bus, year)
+        assert "s ahead of this clock (at most 300 s is believed)" in await reason()
+        assert view.inventory("n1") == honest
+
+        await wire.publish_pod(bus, wire.pending("giant", memory_mib=1_000_000))
+        await wire.publish_pod(bus, wire.pending("small"))
+        await settled(bus, placed("small"), what="small placed on the honest GPUs")
+
+        async def giant_refused() -> list[PlacementRejected]:
+            return [r for r in await rejections(bus) if r.pod_uid == "giant"]
+
+        (refused,) = await until(giant_refused, what="giant refused")
+        assert refused.reasons[0].reason.startswith("larger than any node can hold")
+        assert live_of(await wire.cluster_state(bus), "giant") == []
+
+        ahead = wire.inventory("n1", 2, health=sick, at=time.time() + 250)  # type: ignore[arg-type]
+        await wire.put_inventory(bus, ahead)
+        await until(lambda: view.inventory("n1") != honest, what="the forgery believed")
+        held = view.inventory("n1")
+        assert held is not None and held.observed_at <= time.time()  # not 250 s ahead
+        await wire.publish_pod(bus, wire.pending("next"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") >= 1,
+            what="next refused on the forged unhealthy GPUs",
+        )
+        await wire.put_inventory(bus, wire.inventory("n1", 2, at=time.time()))  # the heartbeat
+        state = await settled(bus, placed("next"), what="next placed once the heartbeat is back")
+        wire.check_invariants(state, {"n1": wire.inventory("n1", 2)})
+
+
 async def test_a_waiting_pod_held_by_a_killed_placer_is_placed_by_another(
     nats_server: NatsServer, bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
 ) -> None:
