@@ -40,7 +40,9 @@ GROUP: Final = "tessera.dev/group"
 USER_ANNOTATIONS: Final = (GPU_POLICY, NODE_POLICY, GPU_MODEL, GPU_MODEL_EXCLUDE, GPU_TYPE, GROUP)
 
 TENANT_LABEL: Final = "tessera.dev/tenant"
-"""The pod's tenant; the namespace when absent."""
+"""The tenant a pod asks for. Only a request: the pod's tenant is its namespace's (the
+operator's tenancy file may map it), and the label may choose only among the tenants the file
+allows that namespace; the placer refuses any other (``services/placer/core/groups.py``)."""
 PRIORITY_LABEL: Final = "tessera.dev/priority"
 """An integer refining ``spec.priority`` among pods of equal priority."""
 

@@ -13,8 +13,9 @@ sends), so a pod is read the same way in both modes.
 Rules beyond the placer's own checks (these are refused here so the placer never decides them):
 unknown ``tessera.dev/`` resources or annotations (a typo must not be silently ignored), Tessera
 resources on init containers (the device plugin hands devices to app containers only), a slice
-(memory or cores) on a ``gpu-type: physical`` pod, and a ``gpu-type: virtual`` container without
-one.
+(memory or cores) on a ``gpu-type: physical`` pod, a ``gpu-type: virtual`` container without
+one, and more than ``MAX_GPU_CONTAINERS`` (64) containers with GPUs (an assignment record holds at
+most that many: the device plugin would refuse it and the pod fail admission once bound).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shared.kubeobjects import Container, Pod, Quantity, epoch
 from shared.messages.base import GpuPolicy, GpuType, NodePolicy
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
 from shared.quantity import QuantityError, mebibytes, milli, parse_quantity
+from shared.validation import MAX_GPU_CONTAINERS
 
 GPU_POLICIES: Final[tuple[str, ...]] = get_args(GpuPolicy)
 NODE_POLICIES: Final[tuple[str, ...]] = get_args(NodePolicy)
@@ -286,7 +288,7 @@ def _hints(pod: Pod, errors: list[FieldError]) -> PlacementHints:
         gpu_models_excluded=excluded,
         gpu_type=gpu_type,
         group=group,
-        tenant=labels.get(names.TENANT_LABEL) or meta.namespace,
+        tenant=labels.get(names.TENANT_LABEL, ""),
         priority_label=priority_label,
     )
 
@@ -317,6 +319,15 @@ def parse_pending(pod: Pod) -> PodPending | InvalidPod:
     containers = tuple(
         _container(c, i, hints.gpu_type, errors) for i, c in enumerate(pod.spec.containers)
     )
+    with_gpus = sum(1 for c in containers if c.gpu_shares)
+    if with_gpus > MAX_GPU_CONTAINERS:
+        errors.append(
+            FieldError(
+                field="spec.containers",
+                problem=f"{with_gpus} containers ask for {names.GPU}; at most "
+                f"{MAX_GPU_CONTAINERS} per pod can be handed GPUs",
+            )
+        )
     meta = pod.metadata
     if errors:
         return InvalidPod(

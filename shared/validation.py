@@ -13,10 +13,12 @@ Assignment records (KV ``tessera-assignments``)::
     assignment_problem(record, *, key, inventory)  -> str | None   # both of the above
     transition_problem(previous, record)           -> str | None   # may ``previous`` become it?
 
-Inventory snapshots (``tessera.inventory.<node>`` and KV ``tessera-inventory``)::
+Inventory snapshots (``tessera.inventory.<node>`` and KV ``tessera-inventory``), the rule
+every reader applies (the placer, the device plugin)::
 
     inventory_problem(inventory, *, node, now, limits=None) -> str | None
-    supersedes(candidate, current)                 -> bool         # is it newer than what we hold?
+    take_inventory(candidate, held, *, node, now, limits=None) -> InventoryVerdict
+        # problem: dead-letter it, keep what is held; take: hold this from now on
 
 Typical reader (the device plugin's shape; the placer and binder do the same)::
 
@@ -49,7 +51,7 @@ import msgspec
 from shared import subjects
 from shared.messages.assignments import STATE_ORDER, AssignmentRecord
 from shared.messages.base import ContainerSlices
-from shared.messages.inventory import NodeInventory
+from shared.messages.inventory import GpuTelemetry, NodeInventory
 
 GPU_RESOURCE: Final = "tessera.dev/gpu"
 """The resource whose count is the number of GPU shares of a container (one slice each)."""
@@ -57,8 +59,19 @@ GPU_RESOURCE: Final = "tessera.dev/gpu"
 RESOURCE_PREFIX: Final = "tessera.dev/"
 
 MAX_CORES_PERCENT: Final = 100
-MAX_CONTAINERS: Final = 64
-"""More containers than any pod has; a record beyond it is garbage."""
+MAX_GPU_CONTAINERS: Final = 64
+"""Containers with GPUs in one pod (the containers of its assignment record). A record beyond
+it is refused here, so the device plugin never serves it and such a pod could never pass the
+kubelet's admission: ``shared.podspec`` refuses the pod up front instead, as an invalid request
+the binder explains, rather than let it be placed and bound to fail."""
+
+
+MAX_TEMPERATURE_C: Final = 200
+MAX_POWER_W: Final = 10_000.0
+MAX_CLOCK_MHZ: Final = 100_000
+"""Physics: no GPU runs at these (today: under 100 C, 1.5 kW, 3 GHz)."""
+MAX_NUMA_NODE: Final = 1023
+"""The largest NUMA node number Linux allows (``CONFIG_NODES_SHIFT`` is at most 10); -1: none."""
 
 
 class InventoryLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,7 +84,14 @@ class InventoryLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_future_s: float = 300.0
     """How far ``observed_at`` may lie ahead of the reader's clock (clock skew between hosts).
     A reader on the same node as the producer can pass a much smaller value."""
+    max_sequence: int = (1 << 53) - 1
+    """The largest integer every JSON reader keeps exact: an inventory publishing a thousand
+    snapshots a second would take 285,000 years to get there."""
     max_uuid_length: int = 128
+    max_text_length: int = 1024
+    """Any other text: model, PCI bus ID, health reason, driver version, backend, producer."""
+    max_processes: int = 4096
+    """Processes listed on one GPU."""
 
 
 # --- assignment records ------------------------------------------------------------------------
@@ -159,8 +179,8 @@ def record_problem(record: AssignmentRecord, *, key: str) -> str | None:
         )
     if not math.isfinite(record.decided_at):
         return "decided_at is not a finite time"
-    if len(record.containers) > MAX_CONTAINERS:
-        return f"{len(record.containers)} containers (more than {MAX_CONTAINERS})"
+    if len(record.containers) > MAX_GPU_CONTAINERS:
+        return f"{len(record.containers)} containers (more than {MAX_GPU_CONTAINERS})"
     names = [c.container for c in record.containers]
     if len(set(names)) != len(names) or not all(names):
         return "container names are empty or repeated"
@@ -267,9 +287,11 @@ def inventory_problem(
     """Why ``inventory`` cannot be believed as node ``node``'s at wall time ``now``; None if it can.
 
     Checks the node, the time (finite, not ahead of ``now`` by more than ``limits.max_future_s``),
-    the sequence (>= 0), the GPU count, unique UUIDs and indices, and per GPU: a UUID of sane
-    length, index in range, memory total in 1..``limits.max_gpu_memory_mib``, used and free
-    memory within the total, utilisation 0..100.
+    the sequence (0..``limits.max_sequence``), the GPU count, unique UUIDs and indices, the length
+    of every text, and per GPU: a UUID of sane length, index in range, memory total in
+    1..``limits.max_gpu_memory_mib``, used and free memory (and each process's) within the total,
+    utilisation 0..100, temperature, power and clocks within physics, a NUMA node, at most
+    ``limits.max_gpus`` peers and processes of sane number.
     """
     limits = limits or InventoryLimits()
     if inventory.node != node:
@@ -282,8 +304,11 @@ def inventory_problem(
             f"observed_at is {ahead:.0f} s ahead of this clock (at most {limits.max_future_s:.0f} "
             "s is believed)"
         )
-    if inventory.sequence < 0:
-        return f"sequence {inventory.sequence} is negative"
+    if not 0 <= inventory.sequence <= limits.max_sequence:
+        return f"sequence {inventory.sequence} outside 0..{limits.max_sequence}"
+    for field in ("producer", "backend", "driver_version"):
+        if len(getattr(inventory, field)) > limits.max_text_length:
+            return f"{field} longer than {limits.max_text_length} characters"
     if len(inventory.gpus) > limits.max_gpus:
         return f"{len(inventory.gpus)} GPUs (at most {limits.max_gpus} per node are believed)"
     for what, values in (
@@ -294,35 +319,97 @@ def inventory_problem(
         if repeated:
             return f"GPU {what} {', '.join(repeated)} listed more than once"
     for gpu in inventory.gpus:
-        where = f"GPU {gpu.uuid[: limits.max_uuid_length]!r}"
-        if not gpu.uuid or len(gpu.uuid) > limits.max_uuid_length:
-            return f"{where}: UUID empty or longer than {limits.max_uuid_length} characters"
-        if not 0 <= gpu.index < limits.max_gpus:
-            return f"{where}: index {gpu.index} outside 0..{limits.max_gpus - 1}"
-        if not 1 <= gpu.memory_total_mib <= limits.max_gpu_memory_mib:
-            return (
-                f"{where}: {gpu.memory_total_mib} MiB of memory (1..{limits.max_gpu_memory_mib} "
-                "MiB are believed)"
-            )
-        for field in ("memory_used_mib", "memory_free_mib"):
-            value = getattr(gpu, field)
-            if not 0 <= value <= gpu.memory_total_mib:
-                return f"{where}: {field} {value} outside 0..{gpu.memory_total_mib}"
-        if not 0 <= gpu.utilization_pct <= 100:
-            return f"{where}: utilization {gpu.utilization_pct} % outside 0..100"
+        problem = _gpu_problem(gpu, limits)
+        if problem:
+            return f"GPU {gpu.uuid[: limits.max_uuid_length]!r}: {problem}"
     return None
 
 
-def supersedes(candidate: NodeInventory, current: NodeInventory | None) -> bool:
-    """True when ``candidate`` should replace ``current`` (the snapshot held for the same node).
+def _gpu_problem(gpu: GpuTelemetry, limits: InventoryLimits) -> str | None:
+    if not gpu.uuid or len(gpu.uuid) > limits.max_uuid_length:
+        return f"UUID empty or longer than {limits.max_uuid_length} characters"
+    if not 0 <= gpu.index < limits.max_gpus:
+        return f"index {gpu.index} outside 0..{limits.max_gpus - 1}"
+    total = gpu.memory_total_mib
+    if not 1 <= total <= limits.max_gpu_memory_mib:
+        return f"{total} MiB of memory (1..{limits.max_gpu_memory_mib} MiB are believed)"
+    for field in ("model", "pci_bus_id", "health_reason"):
+        if len(getattr(gpu, field)) > limits.max_text_length:
+            return f"{field} longer than {limits.max_text_length} characters"
+    ranges: tuple[tuple[str, float, float, float], ...] = (
+        ("memory_used_mib", gpu.memory_used_mib, 0, total),
+        ("memory_free_mib", gpu.memory_free_mib, 0, total),
+        ("utilization_pct", gpu.utilization_pct, 0, 100),
+        ("temperature_c", gpu.temperature_c, -273, MAX_TEMPERATURE_C),
+        ("power_w", gpu.power_w, 0, MAX_POWER_W),
+        ("sm_clock_mhz", gpu.sm_clock_mhz, 0, MAX_CLOCK_MHZ),
+        ("sm_clock_max_mhz", gpu.sm_clock_max_mhz, 0, MAX_CLOCK_MHZ),
+        ("numa_node", -1 if gpu.numa_node is None else gpu.numa_node, -1, MAX_NUMA_NODE),
+        ("peers", len(gpu.nvlink_peers) + len(gpu.links), 0, 2 * limits.max_gpus),
+        ("processes", len(gpu.processes), 0, limits.max_processes),
+    )
+    for field, value, low, high in ranges:
+        if not low <= value <= high:  # NaN is never within
+            return f"{field} {value} outside {low}..{high}"
+    for process in gpu.processes:
+        if process.pid < 0 or not 0 <= process.used_memory_mib <= total:
+            return f"process {process.pid} holds {process.used_memory_mib} MiB of {total}"
+    for link in gpu.links:
+        if not 0 <= link.nvlinks <= limits.max_gpus:
+            return f"{link.nvlinks} NVLinks to one peer"
+    return None
 
-    From the same producer (one inventory process), the higher sequence wins whatever the
-    timestamps say. Across producers (an inventory restart, or a snapshot without a producer)
-    the later ``observed_at`` wins, ties to the candidate: producers of one node share its clock.
-    Call :func:`inventory_problem` first, so a snapshot dated in the future never gets here.
+
+class InventoryVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """What a reader does with one inventory snapshot (:func:`take_inventory`)."""
+
+    problem: str = ""
+    """Why it cannot be believed: dead-letter it with this reason and keep what is held."""
+    take: NodeInventory | None = None
+    """What to hold from now on (the snapshot, its ``observed_at`` never later than the reader's
+    clock); None when it is not newer than what is held (nothing to do)."""
+
+
+def take_inventory(
+    candidate: NodeInventory,
+    held: NodeInventory | None,
+    *,
+    node: str,
+    now: float,
+    limits: InventoryLimits | None = None,
+) -> InventoryVerdict:
+    """The one rule every reader of node ``node``'s inventory applies to ``candidate`` at its
+    wall clock ``now``, holding ``held`` (what an earlier verdict said to take, or None).
+
+    A ``candidate`` :func:`inventory_problem` finds wrong is the verdict's problem (dead-letter
+    it, keep ``held``). Otherwise it replaces ``held`` when it is the same producer's next
+    snapshot (a higher ``sequence``, whatever the clocks did: a clock stepped back must not stop
+    a running inventory) or, in every other case, when it is fresher (a later ``observed_at``).
+    What is held is never dated after its arrival: a snapshot stamped ahead of the reader's
+    clock (within ``max_future_s``, for skew between hosts) is held as of ``now``.
+
+    Why an honest producer always recovers: whatever a forger published (any producer, any
+    sequence, any time the bounds let through), the held snapshot is dated no later than when
+    it arrived, and an honest snapshot observed after that (by the producer's clock, so plus
+    any skew between the hosts) is fresher, so it is taken, and the next of its sequence after
+    it. A forged snapshot holds at most until the honest producer publishes again (its
+    heartbeat), even one naming the honest producer with a huge sequence; the bounds refuse
+    outright what no producer could send, such as a sequence of 2**62. A reader cannot tell a
+    believable forgery from the truth: keeping forgeries off the bus is the job of its
+    permissions, and this rule only guarantees they never outlast the next honest snapshot.
     """
-    if current is None:
+    problem = inventory_problem(candidate, node=node, now=now, limits=limits)
+    if problem:
+        return InventoryVerdict(problem=problem)
+    if candidate.observed_at > now:
+        candidate = msgspec.structs.replace(candidate, observed_at=now)
+    if held is None or _newer(candidate, held):
+        return InventoryVerdict(take=candidate)
+    return InventoryVerdict()
+
+
+def _newer(candidate: NodeInventory, held: NodeInventory) -> bool:
+    same_producer = bool(candidate.producer) and candidate.producer == held.producer
+    if same_producer and candidate.sequence > held.sequence:
         return True
-    if candidate.producer and candidate.producer == current.producer:
-        return candidate.sequence > current.sequence
-    return candidate.observed_at >= current.observed_at
+    return candidate.observed_at > held.observed_at

@@ -10,7 +10,8 @@
 
 Every value goes through :class:`~shared.runtime.edge.Edge`: one that does not decode, or whose
 KV key does not match what it says (a record of pod A under pod B's key), is counted, logged and
-dead-lettered with the reason, and the dashboard keeps what it had.
+dead-lettered with the reason, and the dashboard keeps what it had. Inventory is believed as
+every reader believes it (``shared.validation.take_inventory``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from services.dashboard.core.state import (
     record_key_problem,
     stats_key_problem,
 )
-from shared import subjects
+from shared import subjects, validation
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
@@ -84,6 +85,8 @@ class Feed:
         self._clock = clock
         self._sink = sink
         self._synced = synced
+        self._inventories: dict[str, NodeInventory] = {}
+        """Per node, the snapshot the inventory rule took last (``shared.validation``)."""
 
     async def subscribe(self) -> list[Subscription]:
         """Listen for rejections and deletions (call before the watches start)."""
@@ -144,9 +147,12 @@ class Feed:
             if event is not None:
                 self._sink(event)
 
+    @staticmethod
+    def _delivery(bucket: Bucket, entry: KvEntry) -> Delivery:
+        return Delivery(subject=f"$KV.{BUCKET_NAMES[bucket]}.{entry.key}", data=entry.value)
+
     async def _decode(self, bucket: Bucket, entry: KvEntry, message_type: type[T]) -> T | None:
-        delivery = Delivery(subject=f"$KV.{BUCKET_NAMES[bucket]}.{entry.key}", data=entry.value)
-        return await self._edge.accept(delivery, message_type, family=bucket)
+        return await self._edge.accept(self._delivery(bucket, entry), message_type, family=bucket)
 
     async def _checked(
         self, bucket: Bucket, entry: KvEntry, problem: str | None, event: Event
@@ -154,8 +160,9 @@ class Feed:
         """``event``, or None after rejecting ``entry`` for ``problem``."""
         if problem is None:
             return event
-        delivery = Delivery(subject=f"$KV.{BUCKET_NAMES[bucket]}.{entry.key}", data=entry.value)
-        await self._edge.reject(delivery, family=bucket, reason=problem, kind="key")
+        await self._edge.reject(
+            self._delivery(bucket, entry), family=bucket, reason=problem, kind="key"
+        )
         return None
 
     async def _event(self, bucket: Bucket, entry: KvEntry) -> Event | None:
@@ -163,17 +170,27 @@ class Feed:
         key = entry.key
         match bucket:
             case "inventory":
+                node = subjects.node_from_token(key)
                 if entry.deleted:
-                    return InventoryChanged(node=subjects.node_from_token(key), inventory=None)
+                    self._inventories.pop(node, None)
+                    return InventoryChanged(node=node, inventory=None)
                 inventory = await self._decode(bucket, entry, NodeInventory)
                 if inventory is None:
                     return None
-                return await self._checked(
-                    bucket,
-                    entry,
-                    node_key_problem(key, inventory.node),
-                    InventoryChanged(node=inventory.node, inventory=inventory),
+                verdict = validation.take_inventory(
+                    inventory, self._inventories.get(node), node=node, now=self._clock.now()
                 )
+                if verdict.problem:
+                    await self._edge.reject(
+                        self._delivery(bucket, entry),
+                        family=bucket,
+                        reason=verdict.problem,
+                        kind="validate",
+                    )
+                if verdict.take is None:
+                    return None
+                self._inventories[node] = verdict.take
+                return InventoryChanged(node=node, inventory=verdict.take)
             case "nodes":
                 if entry.deleted:
                     return FactsChanged(node=subjects.node_from_token(key), facts=None)

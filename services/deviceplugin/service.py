@@ -8,10 +8,11 @@ Inputs, both kept in memory and fed from NATS:
   one that fails is dead-lettered with the reason and forgotten: never served, never blocking a
   valid one. Checks against the inventory run again whenever the inventory changes;
 - this node's inventory, from the ``tessera-inventory`` KV entry (key: the node token) and the
-  ``tessera.inventory.<node>`` subject; decoded and bounded at the edge (malformed, another
-  node's, dated ahead of this clock, absurd capacities -> dead letter, never a crash); of one
-  producer the higher sequence wins, across producers the later snapshot. A device list too large
-  for the kubelet is refused before it is built.
+  ``tessera.inventory.<node>`` subject; decoded at the edge and judged by the one inventory rule
+  of ``shared.validation.take_inventory`` (malformed, another node's, dated ahead of this clock,
+  absurd values -> dead letter, never a crash; the same producer's next sequence or else the
+  fresher snapshot wins, so no forged snapshot outlives the inventory's next heartbeat). A
+  device list too large for the kubelet is refused before it is built.
 
 Allocate (one container at a time, serialized in this process): plan with
 :func:`allocate.plan_allocation`, commit the next record state by compare-and-set on the revision
@@ -609,19 +610,24 @@ class DevicePluginService:
         inventory = await self._edge.accept(delivery, NodeInventory, family="inventory")
         if inventory is None:
             return
-        problem = validation.inventory_problem(
-            inventory, node=self._config.node, now=self._clock.now(), limits=SAME_NODE_LIMITS
+        verdict = validation.take_inventory(
+            inventory,
+            self._inventory,
+            node=self._config.node,
+            now=self._clock.now(),
+            limits=SAME_NODE_LIMITS,
         )
-        if problem:
-            await self._edge.reject(delivery, family="inventory", reason=problem, kind="validate")
+        if verdict.problem:
+            await self._edge.reject(
+                delivery, family="inventory", reason=verdict.problem, kind="validate"
+            )
             if self._inventory is None:
-                self._readiness.set("inventory", False, f"inventory rejected: {problem}")
+                self._readiness.set("inventory", False, f"inventory rejected: {verdict.problem}")
             return
-        await self._apply_inventory(inventory)
+        if verdict.take is not None:  # else older than what is held (KV and subject race)
+            await self._apply_inventory(verdict.take)
 
     async def _apply_inventory(self, inventory: NodeInventory) -> None:
-        if not validation.supersedes(inventory, self._inventory):
-            return  # an older snapshot arriving late (KV and subject race)
         self._inventory = inventory
         self._gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
         self._readiness.set("inventory", True)

@@ -183,8 +183,9 @@ class Extender:
             return f"invalid request: {parsed.message}"
         profile = self._service.profile
         assert profile is not None  # loaded
-        request = translate.pod_request(parsed)
-        return decider.verdicts(self._service.view, profile, request, candidates, detail=False)
+        view = self._service.view
+        request = view.tenancy.resolve(translate.pod_request(parsed))
+        return decider.verdicts(view, profile, request, candidates, detail=False)
 
     async def _filter(self, body: bytes) -> Answer:
         args = filter_args(body)

@@ -58,12 +58,15 @@ removed, and the pod put back on ``tessera.pods.pending`` so it is placed again.
 only once durable; each is idempotent (exactly once in effect). Released records and the claims of
 deleted pods are purged after ``release_retention_s``.
 
-**Telemetry, policy, tenancy.** A node whose inventory is older than ``inventory_stale_s`` is not
-placed on, nor one without node facts; foreign GPU memory and unhealthy GPUs count as the
-translation says (``translate.py``). The profile (``--profile``) is compiled with the task mix
-learned from the claims (``mix.py``) and compiled again when the mix moves (checked every
-``MIX_CHECK_S``). ``--tenancy-file`` is read every ``TENANCY_CHECK_S``; a version that does not
-parse or check is refused (logged, counted) and the last good one stays.
+**Telemetry, policy, tenancy.** Inventory is believed only as ``shared.validation.take_inventory``
+says, the rule the device plugin applies too (bounded values, not dated ahead of this clock, the
+same producer's next sequence or else the fresher snapshot); what it refuses is dead-lettered
+and the node keeps its last good snapshot. A node whose inventory is older than
+``inventory_stale_s`` is not placed on, nor one without node facts; foreign GPU memory and
+unhealthy GPUs count as the translation says (``translate.py``). The profile (``--profile``) is
+compiled with the task mix learned from the claims (``mix.py``) and compiled again when the mix
+moves (checked every ``MIX_CHECK_S``). ``--tenancy-file`` is read every ``TENANCY_CHECK_S``; a
+version that does not parse or check is refused (logged, counted) and the last good one stays.
 
 **Observability.** ``/metrics`` (``metrics.py``); ``GET /v1/pods/{uid}`` explains one pod: its
 last outcome here, its claim and record, and every node's verdict for it now; one structured log
@@ -520,8 +523,7 @@ class PlacerService:
             self._changed.set()
 
     async def _decode(self, entry: KvEntry, bucket: str, message: type[Any], family: str) -> Any:
-        delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
-        return await self.edge.accept(delivery, message, family=family)
+        return await self.edge.accept(_kv_delivery(entry, bucket), message, family=family)
 
     async def _on_inventory(self, entry: KvEntry) -> None:
         node = subjects.node_from_token(entry.key)
@@ -529,11 +531,19 @@ class PlacerService:
             self.view.drop_inventory(node)
             return
         inventory = await self._decode(entry, subjects.KV_INVENTORY, NodeInventory, "inventory")
-        if isinstance(inventory, NodeInventory):
-            if subjects.node_token(inventory.node) != entry.key:
-                await self._reject_entry(entry, subjects.KV_INVENTORY, "inventory", inventory.node)
-                return
-            self.view.set_inventory(inventory)
+        if not isinstance(inventory, NodeInventory):
+            return
+        if subjects.node_token(inventory.node) != entry.key:
+            await self._reject_entry(entry, subjects.KV_INVENTORY, "inventory", inventory.node)
+            return
+        problem = self.view.set_inventory(inventory, now=self.clock.now())
+        if problem:
+            await self.edge.reject(
+                _kv_delivery(entry, subjects.KV_INVENTORY),
+                family="inventory",
+                reason=problem,
+                kind="validate",
+            )
 
     async def _on_facts(self, entry: KvEntry) -> None:
         node = subjects.node_from_token(entry.key)
@@ -638,9 +648,8 @@ class PlacerService:
         )
 
     async def _reject_entry(self, entry: KvEntry, bucket: str, family: str, named: str) -> None:
-        delivery = Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
         await self.edge.reject(
-            delivery,
+            _kv_delivery(entry, bucket),
             family=family,
             reason=f"entry under key {entry.key} names {named!r}",
             kind="validate",
@@ -882,6 +891,7 @@ class PlacerService:
         booking = translate.booking_of(
             outcome.reservation,
             item.pod,
+            tenant=self.view.tenancy.tenant_of(item.request).tenant,
             commit=f"{self.config.placer_id}.{secrets.token_hex(6)}",
             decided_at=now,
             placer_id=self.config.placer_id,
@@ -1624,6 +1634,7 @@ class PlacerService:
         log.info(
             "tenancy config applied",
             extra={
+                "namespaces": len(config.namespaces),
                 "groups": len(config.groups),
                 "permissions": len(config.permissions),
                 "quotas": len(config.quotas),
@@ -1650,6 +1661,8 @@ class PlacerService:
             if claim is not None and claim.request is not None
             else None
         )
+        if request is not None:  # its tenant as the tenancy file makes it now
+            request = self.view.tenancy.resolve(request)
         answer: dict[str, Any] = {"pod_uid": pod_uid, "replica": self.config.placer_id}
         if item is not None:
             answer["held_here"] = item.stage
@@ -1691,6 +1704,11 @@ class PlacerService:
         if quota:
             answer["quota"] = quota
         return answer
+
+
+def _kv_delivery(entry: KvEntry, bucket: str) -> Delivery:
+    """A KV entry as the edge takes a message (its subject names bucket and key)."""
+    return Delivery(subject=f"$KV.{bucket}.{entry.key}", data=entry.value)
 
 
 async def run_placer(

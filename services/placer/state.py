@@ -39,6 +39,7 @@ from services.placer.core.model import NodeState
 from services.placer.core.quota import Usage
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
+from shared import validation
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
@@ -238,12 +239,18 @@ class ClusterView:
             entry = self._nodes[node] = _Node()
         return entry
 
-    def set_inventory(self, inventory: NodeInventory) -> None:
-        entry = self._entry(inventory.node)
-        if entry.inventory is not None and inventory.observed_at < entry.inventory.observed_at:
-            return  # an older snapshot arriving late
-        entry.inventory = inventory
+    def set_inventory(self, inventory: NodeInventory, *, now: float) -> str:
+        """Take ``inventory`` for its node when the one inventory rule says so
+        (``shared.validation.take_inventory`` at wall time ``now``: an older snapshot is
+        ignored); why it cannot be believed (the node keeps what it had), else empty."""
+        verdict = validation.take_inventory(
+            inventory, self.inventory(inventory.node), node=inventory.node, now=now
+        )
+        if verdict.take is None:
+            return verdict.problem
+        self._entry(inventory.node).inventory = verdict.take
         self._rebuild(inventory.node)
+        return ""
 
     def drop_inventory(self, node: str) -> None:
         entry = self._nodes.get(node)

@@ -79,7 +79,11 @@ UNSCHEDULABLE = "node unschedulable"
 
 
 def pod_request(pod: PodPending) -> PodRequest:
-    """The core's view of a pending pod (hints were validated by the binder at its edge)."""
+    """The core's view of a pending pod (hints were validated by the binder at its edge).
+
+    Its tenant is its namespace and the ``tessera.dev/tenant`` label only a request: the
+    tenancy applies the operator's file to both at every decision (``Tenancy.resolve``).
+    """
     hints = pod.hints
     return PodRequest(
         uid=pod.uid,
@@ -103,7 +107,8 @@ def pod_request(pod: PodPending) -> PodRequest:
         gpu_policy=hints.gpu_policy,
         node_policy=hints.node_policy,
         group=hints.group,
-        tenant=hints.tenant or pod.namespace,
+        tenant=pod.namespace,
+        tenant_label=hints.tenant,
         priority=pod.priority,
     )
 
@@ -260,9 +265,16 @@ def reservation_of(booking: Booking) -> Reservation:
 
 
 def booking_of(
-    reservation: Reservation, pod: PodPending, *, commit: str, decided_at: float, placer_id: str
+    reservation: Reservation,
+    pod: PodPending,
+    *,
+    tenant: str,
+    commit: str,
+    decided_at: float,
+    placer_id: str,
 ) -> Booking:
-    """The ledger booking of a decided reservation for ``pod``."""
+    """The ledger booking of a decided reservation for ``pod`` of ``tenant`` (as the tenancy
+    resolved it when deciding: what its quota is charged under)."""
     resources = {c.name: c.resources for c in pod.containers}
     return Booking(
         pod_uid=pod.uid,
@@ -270,7 +282,7 @@ def booking_of(
         name=pod.name,
         node=reservation.node,
         commit=commit,
-        tenant=pod.hints.tenant or pod.namespace,
+        tenant=tenant,
         cpu_milli=reservation.cpu_milli,
         memory_mib=reservation.memory_mib,
         kind=reservation.kind,

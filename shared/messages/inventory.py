@@ -63,8 +63,8 @@ class NodeInventory(Message, frozen=True, kw_only=True):
     sequence: int = 0
     """Monotonic per inventory process; a restart starts again at 1."""
     producer: str = ""
-    """Which inventory process published it (unique per process start): readers order snapshots
-    of one producer by ``sequence`` and snapshots of different producers by ``observed_at``
-    (``shared.validation.supersedes``)."""
+    """Which inventory process published it (unique per process start): readers take the same
+    producer's next ``sequence`` whatever its clock did, and otherwise the later ``observed_at``
+    (``shared.validation.take_inventory``)."""
     backend: str = "nvml"
     driver_version: str = ""

@@ -41,7 +41,8 @@ class PlacementHints(Message, frozen=True, kw_only=True):
     gpu_type: GpuType | None = None
     group: str | None = None
     tenant: str = ""
-    """``tessera.dev/tenant`` label, else the namespace."""
+    """The ``tessera.dev/tenant`` label as the pod sets it (empty: none). A request, never the
+    tenant itself: the placer grants it only when the pod's namespace may choose it."""
     priority_label: int | None = None
     """``tessera.dev/priority`` label, refining ``priority`` among equals."""
 

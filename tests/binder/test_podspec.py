@@ -104,8 +104,17 @@ def test_a_shared_gpu_pod_with_every_hint() -> None:
         ),
         pytest.param(
             pod("tenant", container(gpu=1), namespace="team-b"),
-            lambda p: p.hints.tenant == "team-b" and p.priority == 0,
-            id="tenant-is-namespace",
+            lambda p: p.namespace == "team-b" and p.hints.tenant == "" and p.priority == 0,
+            id="no-tenant-label",
+        ),
+        pytest.param(
+            pod(
+                "wide",
+                *(container(f"gpu-{i}", gpu=1, memory=256) for i in range(64)),
+                *(container(f"cpu-{i}") for i in range(8)),
+            ),
+            lambda p: sum(1 for c in p.containers if c.gpu_shares) == 64,
+            id="64-gpu-containers-and-more-without",
         ),
         pytest.param(
             pod("ours", container(gpu=1), annotations={"tessera.dev/assignment": "{}"}),
@@ -264,6 +273,14 @@ C0 = "spec.containers[0].resources.limits"
                 "tessera.dev/gpu-policy]: 'nope' is not one of",
             ],
             id="every-problem-at-once",
+        ),
+        pytest.param(
+            pod("p", *(container(f"c{i}", gpu=1, memory=256) for i in range(65))),
+            [
+                "spec.containers: 65 containers ask for tessera.dev/gpu; at most 64 per pod can "
+                "be handed GPUs"
+            ],
+            id="more-gpu-containers-than-a-record-holds",
         ),
     ],
 )

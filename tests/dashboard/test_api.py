@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
@@ -149,6 +150,9 @@ async def test_bad_values_are_dead_lettered_and_the_rest_is_shown(
     )
     await bus.kv_put(subjects.KV_NODES, "n2", codec.encode(facts("n1")))
     await bus.kv_put(subjects.KV_STATS, "placer-9", codec.encode(stats("placer-0")))
+    # A year ahead, its GPU unhealthy: never shown over the honest snapshot (issue 19).
+    ahead = inventory("n1", gpu("G1", health="unhealthy"), observed_at=time.time() + 3e7)
+    await bus.kv_put(subjects.KV_INVENTORY, "n1", codec.encode(ahead))
     await put_record(bus, record("n1", "u2", share("G1", memory=4096)))
 
     async def two_slices_known() -> Any:
@@ -157,9 +161,11 @@ async def test_bad_values_are_dead_lettered_and_the_rest_is_shown(
 
     body = await eventually(two_slices_known, what="the good record")
     assert [n["name"] for n in body["nodes"]] == ["n1"]
+    assert [g["health"] for g in body["nodes"][0]["gpus"]] == ["healthy"]
     assert body["fragmentation"]["available"] is False
-    await eventually(lambda: asyncio.sleep(0, len(letters) == 4), what="4 dead letters")
+    await eventually(lambda: asyncio.sleep(0, len(letters) == 5), what="5 dead letters")
     reasons = {letter.subject: letter.reason for letter in letters}
+    assert "s ahead of this clock" in reasons["$KV.tessera-inventory.n1"]
     assert "Expected `str`, got `int`" in reasons["$KV.tessera-assignments.n1.bad"]
     assert "expected 'n1.u1'" in reasons["$KV.tessera-assignments.n1.u-other"]
     assert "node 'n1' is stored under key 'n2'" in reasons["$KV.tessera-nodes.n2"]

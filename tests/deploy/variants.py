@@ -20,8 +20,9 @@ CREDS = (
     "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QifQ.test.jwt\n------END NATS USER JWT------\n"
 )
 
-# A tenancy the placer's core accepts (seed 001 groups, permissions, quotas).
+# A tenancy the placer's core accepts (namespaces' tenants, seed 001 groups, permissions, quotas).
 TENANCY: dict[str, Any] = {
+    "namespaces": [{"namespace": "ml-dev", "tenant": "ml-team", "choices": ["shared-pool"]}],
     "groups": [
         {
             "name": "training",

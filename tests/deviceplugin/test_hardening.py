@@ -272,10 +272,10 @@ async def test_inventory_that_cannot_be_believed_is_dead_lettered_and_real_snaps
         )
         assert {d.gpu_uuid for d in service.devices} == {uuid(0)}
 
-        # The same producer's older sequence, though stamped later, is a replay: ignored. (The
-        # foreign snapshot after it is a marker: its dead letter means the replay was handled.)
+        # A replay of the same producer's older snapshot is ignored. (The foreign snapshot after
+        # it is a marker: its dead letter means the replay was handled.)
         replayed = msgspec.structs.replace(
-            inventory(gpu(0), gpu(5), at=1_700_000_050.0), producer=real.producer, sequence=4
+            inventory(gpu(0), gpu(5), at=1_699_999_990.0), producer=real.producer, sequence=4
         )
         for message in (replayed, foreign):
             await bus.publish(subjects.inventory(NODE), codec.encode(message))
@@ -288,6 +288,46 @@ async def test_inventory_that_cannot_be_believed_is_dead_lettered_and_real_snaps
         await bus.publish(subjects.inventory(NODE), codec.encode(restarted))
         await until(lambda: service.inventory == restarted, what="the restarted producer")
         assert {d.gpu_uuid for d in service.devices} == {uuid(0), uuid(1)}
+
+
+async def test_a_forged_snapshot_in_the_inventorys_name_cannot_keep_its_devices_unhealthy(
+    bus: NatsBus,
+) -> None:
+    """Issue 19: a snapshot naming the node's inventory with sequence 2**62 marked every device
+    Unhealthy until the inventory restarted (its own sequences never caught up). Now no producer
+    can send that sequence, and a forgery the bounds let through holds only until the
+    inventory's next snapshot, which is fresher."""
+    letters = await dead_letters(bus, "inventory")
+    at = 1_700_000_000.0
+    honest = msgspec.structs.replace(
+        inventory(gpu(0), gpu(1), at=at), producer="node/1/1.0", sequence=5
+    )
+    await put_inventory(bus, honest)
+    sick = (
+        gpu(0, health="unhealthy", reason="XID 79"),
+        gpu(1, health="unhealthy", reason="XID 79"),
+    )
+    async with service_on(bus) as (service, _):
+
+        def healthy() -> list[bool]:
+            return [d.healthy for d in service.devices]
+
+        assert healthy() and all(healthy())
+        forged = msgspec.structs.replace(
+            inventory(*sick, at=at + 10), producer=honest.producer, sequence=2**62
+        )
+        await bus.publish(subjects.inventory(NODE), codec.encode(forged))
+        letter = await next_letter(letters)
+        assert letter.reason == f"sequence {2**62} outside 0..{2**53 - 1}"
+        assert all(healthy()) and service.inventory == honest
+
+        believable = msgspec.structs.replace(forged, sequence=2**53 - 1)
+        await bus.publish(subjects.inventory(NODE), codec.encode(believable))
+        await until(lambda: not any(healthy()), what="the forgery believed (no reader can tell)")
+        heartbeat = msgspec.structs.replace(honest, sequence=6, observed_at=at + 30)
+        await bus.publish(subjects.inventory(NODE), codec.encode(heartbeat))
+        await until(lambda: all(healthy()), what="the inventory's next snapshot taken back")
+        assert service.inventory == heartbeat
 
 
 async def test_a_device_list_too_large_for_the_kubelet_is_refused_before_it_is_built(

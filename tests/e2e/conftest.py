@@ -25,7 +25,10 @@ NODES = (
     "cpu-1=cpu"
 )
 TENANCY = {
-    "groups": [{"name": "a100-pool", "tenants": ["grouped"], "nodes": {"names": ["a100-1"]}}],
+    "groups": [
+        {"name": "a100-pool", "tenants": ["grouped"], "nodes": {"names": ["a100-1"]}},
+        {"name": "victim-pool", "tenants": ["victim"], "nodes": {"names": ["a100-2"]}},
+    ],
     "permissions": [{"tenant": "restricted", "nodes": {"names": ["l4-1"]}}],
     "quotas": [{"tenant": "quota-team", "gpus": 2}, {"tenant": "prio", "gpus": 1}],
 }

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from shared import codec, subjects
@@ -143,3 +147,21 @@ async def clear(system: LocalSystem, namespace: str, timeout: float = 60.0) -> N
         while not await released():
             assert loop.time() < deadline, f"record of {pod['metadata']['name']} not released"
             await asyncio.sleep(0.1)
+
+
+KUBECTL = Path(sys.executable).parent / "kubectl"
+
+
+def kubectl(system: LocalSystem, *args: str, stdin: str | None = None) -> str:
+    """The real kubectl against the running system's API; its stdout (it must succeed)."""
+    result = subprocess.run(
+        [str(KUBECTL), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": str(system.kubeconfig), "NO_PROXY": "127.0.0.1"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout

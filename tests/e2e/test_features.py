@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tessera.devcluster.resources import POD
@@ -13,8 +15,10 @@ from tests.e2e.helpers import (
     clear,
     envs_of,
     gpus_of,
+    kubectl,
     pending_message,
     phase,
+    pods_of,
     settle,
     until,
 )
@@ -167,6 +171,50 @@ async def test_groups_permissions_and_quotas(system: LocalSystem) -> None:
     await assert_exact(system, grouped + restricted + quota)
     for ns in ("grouped", "restricted", "quota-team"):
         await clear(system, ns)
+
+
+async def test_a_tenant_label_never_moves_a_pod_into_another_tenant(system: LocalSystem) -> None:
+    """Issue 19 finding 3, as it was found: labelled pods of quota-team (quota 2), restricted
+    (l4-1 only) and intruder ran as another tenant, outside their quota, permissions and group.
+    Each now waits, and ``kubectl describe`` says why in one line."""
+    gpu = [w.container(gpu=1, memory_mib=1024)]
+    submit(system, "quota-team", [w.pod(f"q-{i}", gpu) for i in range(3)])
+    label = "tessera.dev/tenant"
+    labelled = {
+        "quota-team": w.pod("rider", gpu, labels={label: "free-rider"}),
+        "restricted": w.pod("escapee", gpu, labels={label: "free-rider"}),
+        "intruder": w.pod(
+            "intruder",
+            gpu,
+            labels={label: "victim"},
+            annotations={"tessera.dev/group": "victim-pool"},
+        ),
+    }
+    for namespace, pod in labelled.items():
+        submit(system, namespace, [pod])
+    ended: dict[str, tuple[str, str, str]] = {}  # namespace -> (phase, node, why pending)
+    for namespace, pod in labelled.items():
+        settled = await settle(system, namespace, 4 if namespace == "quota-team" else 1)
+        held = by_name(settled)[pod["metadata"]["name"]]
+        ended[namespace] = (phase(held), held["spec"].get("nodeName", ""), pending_message(held))
+    assert {ns: e[:2] for ns, e in ended.items()} == dict.fromkeys(labelled, ("Pending", ""))
+    for namespace, (_, _, why) in ended.items():
+        asked = labelled[namespace]["metadata"]["labels"][label]
+        assert f"label {label}: namespace {namespace} may not choose tenant '{asked}'" in why
+    quota = by_name(pods_of(system, "quota-team"))
+    assert sorted(phase(p) for p in quota.values()) == ["Pending", "Pending", "Running", "Running"]
+    sibling = next(p for n, p in quota.items() if n != "rider" and phase(p) == "Pending")
+    assert "quota exceeded" in pending_message(sibling), pending_message(sibling)
+    described = await asyncio.to_thread(
+        kubectl, system, "describe", "pod", "-n", "intruder", "intruder"
+    )
+    assert "FailedScheduling" in described
+    assert (
+        "namespace intruder may not choose tenant 'victim' (it may choose: intruder)" in described
+    )
+    await assert_exact(system, [p for p in quota.values() if phase(p) == "Running"])
+    for namespace in labelled:
+        await clear(system, namespace)
 
 
 async def test_priority_decides_who_gets_freed_capacity(system: LocalSystem) -> None:

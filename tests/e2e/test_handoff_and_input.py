@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,10 +11,17 @@ from tessera.devcluster.resources import POD
 from tessera.up import report
 from tessera.up import workload as w
 from tessera.up.system import LocalSystem
-from tests.e2e.helpers import assert_exact, by_name, clear, pending_message, phase, settle
+from tests.e2e.helpers import (
+    assert_exact,
+    by_name,
+    clear,
+    kubectl,
+    pending_message,
+    phase,
+    settle,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(240)]
-KUBECTL = Path(sys.executable).parent / "kubectl"
 
 
 async def test_hundreds_of_same_size_pods_bound_in_parallel_get_exactly_their_slices(
@@ -63,7 +66,13 @@ async def test_malformed_requests_end_as_explained_pending(system: LocalSystem) 
         "policy", [w.container(gpu=1)], namespace=ns, annotations={"tessera.dev/gpu-policy": "x"}
     )
     system.cluster.create_pod(unknown_policy)
-    pods = by_name(await settle(system, ns, 5))
+    # More containers with GPUs than an assignment record holds: placed and bound, it would fail
+    # the kubelet's admission (the device plugin refuses its record); refused before that.
+    wide = [
+        w.container(f"c{i}", gpu=1, memory_mib=256, cpu="10m", memory="16Mi") for i in range(65)
+    ]
+    system.cluster.create_pod(w.pod("wide", wide, namespace=ns))
+    pods = by_name(await settle(system, ns, 6))
     for name, pod in pods.items():
         assert phase(pod) == "Pending" and not pod["spec"].get("nodeName"), name
     assert "tessera.dev/gpu-cores" in pending_message(pods["cores-150"])
@@ -71,6 +80,10 @@ async def test_malformed_requests_end_as_explained_pending(system: LocalSystem) 
     assert "not both" in pending_message(pods["memory-twice"])
     assert "gpu-memroy" in pending_message(pods["typo"])
     assert "tessera.dev/gpu-policy" in pending_message(pods["policy"])
+    assert (
+        "spec.containers: 65 containers ask for tessera.dev/gpu; at most 64 per pod can be "
+        "handed GPUs" in pending_message(pods["wide"])
+    )
     await clear(system, ns)
 
 
@@ -104,20 +117,6 @@ async def test_a_hostile_assignment_annotation_changes_nothing(system: LocalSyst
     assert [(s["memory_mib"], s["cores"]) for s in slices] == [(1024, 5)]
     await assert_exact(system, [pod])
     await clear(system, ns)
-
-
-def kubectl(system: LocalSystem, *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(KUBECTL), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "KUBECONFIG": str(system.kubeconfig), "NO_PROXY": "127.0.0.1"},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 async def test_kubectl_creates_lists_and_describes(system: LocalSystem) -> None:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,6 +41,14 @@ async def cluster(bus: NatsBus) -> None:
     await wire.put_facts(bus, wire.facts("cpu-only", at=now))
 
 
+def tenancy(directory: Path) -> str:
+    """A tenancy file under which the golden pod (namespace ml, ``tessera.dev/tenant:
+    research``) may be tenant research."""
+    path = directory / "tenancy.json"
+    path.write_text(json.dumps({"namespaces": [{"namespace": "ml", "choices": ["research"]}]}))
+    return str(path)
+
+
 def with_pod(request: dict[str, Any], change: Any) -> dict[str, Any]:
     changed = copy.deepcopy(request)
     change(changed["Pod"])
@@ -46,10 +56,10 @@ def with_pod(request: dict[str, Any], change: Any) -> dict[str, Any]:
 
 
 async def test_filter_and_prioritize_answer_from_the_placer_s_view(
-    bus: NatsBus, start_placer: PlacerFactory
+    bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
 ) -> None:
     await cluster(bus)
-    async with start_placer(extender_port=free_port()) as placer:
+    async with start_placer(extender_port=free_port(), tenancy_file=tenancy(tmp_path)) as placer:
         assert placer.service is not None and placer.service.extender_port is not None
         port = placer.service.extender_port
         by_name = golden("filter-node-names")
@@ -122,6 +132,18 @@ async def test_filter_and_prioritize_answer_from_the_placer_s_view(
             "one of binpack, spread, colocate"
         }
 
+        # A tenant its namespace may not choose fails everywhere, for the placer's reason.
+        def foreign_tenant(pod: dict[str, Any]) -> None:
+            pod["metadata"]["labels"]["tessera.dev/tenant"] = "victim"
+
+        status, answer = await post(port, "filter", with_pod(by_name, foreign_tenant))
+        assert status == 200 and answer["NodeNames"] == [] and answer["FailedNodes"] == {}
+        assert set(answer["FailedAndUnresolvableNodes"]) == set(by_name["NodeNames"])
+        assert set(answer["FailedAndUnresolvableNodes"].values()) == {
+            "label tessera.dev/tenant: namespace ml may not choose tenant 'victim' (it may "
+            "choose: ml, research)"
+        }
+
         # A pod asking for no Tessera resource is none of the extender's business.
         def no_gpu(pod: dict[str, Any]) -> None:
             for resources in pod["spec"]["containers"][0]["resources"].values():
@@ -139,15 +161,15 @@ async def test_filter_and_prioritize_answer_from_the_placer_s_view(
         assert {s["Score"] for s in scores} == {0}
         assert (
             placer.metric("tessera_placer_extender_requests_total", verb="filter", outcome="ok")
-            == 4
+            == 5
         )
 
 
 async def test_malformed_requests_get_400_with_the_reason_and_change_nothing(
-    bus: NatsBus, start_placer: PlacerFactory
+    bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
 ) -> None:
     await cluster(bus)
-    async with start_placer(extender_port=free_port()) as placer:
+    async with start_placer(extender_port=free_port(), tenancy_file=tenancy(tmp_path)) as placer:
         assert placer.service is not None and placer.service.extender_port is not None
         port = placer.service.extender_port
         pod = golden("filter-node-names")["Pod"]

@@ -551,7 +551,8 @@ def test_a_change_beyond_a_deadband_publishes_at_once(
 
 
 def test_every_snapshot_names_its_producer_so_readers_order_it_by_sequence() -> None:
-    """Readers order one producer's snapshots by sequence (``shared.validation.supersedes``)."""
+    """Readers take one producer's next sequence whatever its time says
+    (``shared.validation.take_inventory``)."""
     state = snapshot.apply_reading(InventoryState(), node(gpu()), now=0, policy=POLICY)
     published = []
     for now in (0.0, 30.0, 60.0):
@@ -569,5 +570,10 @@ def test_every_snapshot_names_its_producer_so_readers_order_it_by_sequence() -> 
         published.append(publication.inventory)
     assert {p.producer for p in published} == {"host/42/1.0"}
     assert [p.sequence for p in published] == [1, 2, 3]
-    assert validation.supersedes(published[2], published[1])
-    assert not validation.supersedes(published[1], published[2])
+    held = None
+    for inventory in published:
+        verdict = validation.take_inventory(inventory, held, node="n1", now=1_700_000_000)
+        assert verdict.take == inventory
+        held = verdict.take
+    again = validation.take_inventory(published[2], held, node="n1", now=1_700_000_000)
+    assert again.take is None  # the same snapshot again (its KV entry and its subject)

@@ -38,6 +38,7 @@ def pod(
     uid: str,
     *,
     tenant: str = "research",
+    label: str = "",
     shares: int = 1,
     mib: int | None = None,
     pct: int | None = None,
@@ -49,12 +50,15 @@ def pod(
     memory_mib: int = 1_024,
     priority: int = 0,
 ) -> PodRequest:
-    """A one-container pod. ``mib``/``pct``/``cores`` per share; none of them = whole GPUs."""
+    """A one-container pod in namespace ``tenant`` (its tenant unless the tenancy maps the
+    namespace), labelled ``tessera.dev/tenant: label`` when given. ``mib``/``pct``/``cores`` per
+    share; none of them = whole GPUs."""
     return PodRequest(
         uid=uid,
         namespace=tenant,
         name=uid,
         tenant=tenant,
+        tenant_label=label,
         group=group,
         gpu_models=models,
         gpu_type=gpu_type,  # type: ignore[arg-type]

@@ -137,7 +137,7 @@ def cluster(seed: int) -> ClusterView:
         gpus = rng.choice((0, 1, 2, 4))
         used = [rng.choice((0, 4096, 12_288, 16_000)) for _ in range(gpus)]
         if gpus:
-            view.set_inventory(wire.inventory(name, gpus, used_mib=used, at=now))
+            view.set_inventory(wire.inventory(name, gpus, used_mib=used, at=now), now=now)
         view.set_facts(
             wire.facts(name, cpu_milli=rng.choice((500, 64_000)), ready=rng.random() > 0.1, at=now)
         )

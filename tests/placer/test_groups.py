@@ -11,6 +11,7 @@ from services.placer.core.facts import pod_facts
 from services.placer.core.groups import (
     GpuKind,
     GpuSelector,
+    NamespaceTenancy,
     NodeSelector,
     ResourceGroup,
     TenancyConfig,
@@ -64,6 +65,26 @@ def group(
             "more than one permission",
             id="two-permissions",
         ),
+        pytest.param(
+            TenancyConfig(namespaces=(NamespaceTenancy(namespace="a"),) * 2),
+            "namespace 'a' has more than one entry",
+            id="two-namespace-entries",
+        ),
+        pytest.param(
+            TenancyConfig(namespaces=(NamespaceTenancy(namespace="a", tenant=""),)),
+            "a tenant cannot be empty",
+            id="empty-tenant",
+        ),
+        pytest.param(
+            TenancyConfig(namespaces=(NamespaceTenancy(namespace="a", choices=("",)),)),
+            "a tenant cannot be empty",
+            id="empty-choice",
+        ),
+        pytest.param(
+            TenancyConfig(namespaces=(NamespaceTenancy(namespace=""),)),
+            "empty namespace",
+            id="empty-namespace",
+        ),
     ],
 )
 def test_invalid_config_is_a_clear_error(config: TenancyConfig, message: str) -> None:
@@ -76,10 +97,14 @@ def test_config_loads_from_json_and_from_parsed_data() -> None:
         b'{"groups": [{"name": "a100-pool", "tenants": ["research"],'
         b' "nodes": {"labels": {"pool": "a100"}}, "gpus": {"model": "A100"},'
         b' "gpu_type": "virtual"}],'
-        b' "quotas": [{"tenant": "research", "gpus": 8, "gpu_memory_mib": 81920}]}'
+        b' "quotas": [{"tenant": "research", "gpus": 8, "gpu_memory_mib": 81920}],'
+        b' "namespaces": [{"namespace": "ml-dev", "tenant": "research", "choices": ["batch"]}]}'
     )
     config = load_config(text)
     assert config.group("a100-pool") is not None
+    assert config.namespace_of("ml-dev") == NamespaceTenancy(
+        namespace="ml-dev", tenant="research", choices=("batch",)
+    )
     assert config.quota_of("research") is not None
     assert load_config(msgspec.json.decode(text)) == config
 

@@ -309,7 +309,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _replica(self, number: int) -> Replica:
         view = ClusterView(inventory_stale_s=1e9, task_mix_window=100, tenancy=TENANCY)
         for name, inventory in INVENTORIES.items():
-            view.set_inventory(msgspec.structs.replace(inventory, observed_at=self.clock.now()))
+            view.set_inventory(
+                msgspec.structs.replace(inventory, observed_at=self.clock.now()),
+                now=self.clock.now(),
+            )
             view.set_facts(wire.facts(name, slots=SLOTS, at=self.clock.now()))
         buckets = (
             subjects.KV_LEDGER,
@@ -371,6 +374,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         booking = translate.booking_of(
             outcome.reservation,
             PODS[pod],
+            tenant=r.view.tenancy.tenant_of(request).tenant,
             commit=f"r{replica}.{random.getrandbits(32):08x}",
             decided_at=self.clock.now(),
             placer_id=f"r{replica}",

@@ -386,6 +386,51 @@ async def test_a_bad_tenancy_file_is_refused_and_the_last_good_one_kept(
         wire.check_invariants(state, {"n1": wire.inventory("n1", 4)})
 
 
+async def test_a_tenant_label_chooses_only_among_the_tenants_its_namespace_is_allowed(
+    bus: NatsBus, start_placer: PlacerFactory, tmp_path: Path
+) -> None:
+    """Issue 19 finding 3: a pod of namespace ml labelled ``tessera.dev/tenant: free-rider``
+    ran while its sibling waited on ml's quota. Now the label is refused with the reason, and
+    grants only what the tenancy file lets the namespace choose, charged to that tenant."""
+    tenancy = tmp_path / "tenancy.json"
+    quotas = [{"tenant": "ml", "gpus": 1}, {"tenant": "pool", "gpus": 1}]
+    tenancy.write_text(json.dumps({"quotas": quotas}))
+    await wire.put_node(bus, "n1", 4)
+    async with start_placer(tenancy_file=str(tenancy), tuning={"tenancy_check_s": 0.1}) as placer:
+        await place_q1_then_refuse_q2(bus, placer, why="a quota of 1")
+        await wire.publish_pod(bus, wire.pending("rider", tenant="free-rider"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="unresolvable") == 1,
+            what="the free rider refused",
+        )
+        (refused,) = [r for r in await rejections(bus) if r.pod_uid == "rider"]
+        assert refused.unresolvable
+        assert refused.message == (
+            "0/1 nodes are available: 1 label tessera.dev/tenant: namespace ml may not choose "
+            "tenant 'free-rider' (it may choose: ml)."
+        )
+
+        namespaces = [{"namespace": "ml", "choices": ["pool"]}]
+        tenancy.write_text(json.dumps({"quotas": quotas, "namespaces": namespaces}))
+        await until(
+            lambda: placer.metric("tessera_placer_tenancy_reloads_total", outcome="applied") == 1,
+            what="the namespace's choices applied",
+        )
+        await wire.publish_pod(bus, wire.pending("pooled", tenant="pool"))
+        state = await settled(bus, placed("pooled"), what="pooled placed as tenant pool")
+        assert {b.pod_uid: b.tenant for b in state.bookings()} == {"q1": "ml", "pooled": "pool"}
+        assert [c.pod_uid for c in state.tenants["pool"].charges] == ["pooled"]
+        assert [c.pod_uid for c in state.tenants["ml"].charges] == ["q1"]
+        port = placer.readiness.http_port
+        assert port is not None
+        _, explained = await http_get(port, "/v1/pods/rider")  # judged on the file as it is now
+        assert explained["not_fitting"] == {
+            "label tessera.dev/tenant: namespace ml may not choose tenant 'free-rider' "
+            "(it may choose: ml, pool)": 1
+        }
+        wire.check_quotas(state, {"ml": (1, None), "pool": (1, None)})
+
+
 def _booking(uid: str, node: str, commit: str) -> Booking:
     return Booking(
         pod_uid=uid,
@@ -569,6 +614,62 @@ async def test_a_malformed_pod_message_is_dead_lettered_and_the_placer_keeps_pla
         assert "Expected `str`, got `int` - at `$.uid`" in letter.reason
         await wire.publish_pod(bus, wire.pending("fine"))
         await settled(bus, placed("fine"), what="the next pod placed")
+
+
+async def test_inventory_that_cannot_be_believed_never_reaches_a_decision(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    """Issue 19: the placer took inventory as it came. A GPU of 10**12 MiB took a pod of
+    1,000,000 MiB, and a snapshot dated a year ahead with every GPU unhealthy shadowed the
+    honest ones. Now both are dead-lettered and the node keeps its last good snapshot; a
+    forgery the bounds let through holds only until the inventory's next heartbeat."""
+    letters: asyncio.Queue[DeadLetter] = asyncio.Queue()
+
+    async def collect(delivery: Delivery) -> None:
+        await letters.put(codec.decode(delivery.data, DeadLetter))
+
+    async def reason() -> str:
+        return (await asyncio.wait_for(letters.get(), 10)).reason
+
+    await bus.subscribe(subjects.deadletter("inventory"), collect)
+    await wire.put_node(bus, "n1", 2)
+    sick = {0: "unhealthy", 1: "unhealthy"}
+    async with start_placer() as placer:
+        assert placer.service is not None
+        view = placer.service.view
+        honest = view.inventory("n1")
+        now = time.time()
+        await wire.put_inventory(bus, wire.inventory("n1", 2, memory_mib=10**12, at=now))
+        assert "1000000000000 MiB of memory (1..1048576 MiB are believed)" in await reason()
+        year = wire.inventory("n1", 2, health=sick, at=now + 365 * 86_400)  # type: ignore[arg-type]
+        await wire.put_inventory(bus, year)
+        assert "s ahead of this clock (at most 300 s is believed)" in await reason()
+        assert view.inventory("n1") == honest
+
+        await wire.publish_pod(bus, wire.pending("giant", memory_mib=1_000_000))
+        await wire.publish_pod(bus, wire.pending("small"))
+        await settled(bus, placed("small"), what="small placed on the honest GPUs")
+
+        async def giant_refused() -> list[PlacementRejected]:
+            return [r for r in await rejections(bus) if r.pod_uid == "giant"]
+
+        (refused,) = await until(giant_refused, what="giant refused")
+        assert refused.reasons[0].reason.startswith("larger than any node can hold")
+        assert live_of(await wire.cluster_state(bus), "giant") == []
+
+        ahead = wire.inventory("n1", 2, health=sick, at=time.time() + 250)  # type: ignore[arg-type]
+        await wire.put_inventory(bus, ahead)
+        await until(lambda: view.inventory("n1") != honest, what="the forgery believed")
+        held = view.inventory("n1")
+        assert held is not None and held.observed_at <= time.time()  # not 250 s ahead
+        await wire.publish_pod(bus, wire.pending("next"))
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") >= 1,
+            what="next refused on the forged unhealthy GPUs",
+        )
+        await wire.put_inventory(bus, wire.inventory("n1", 2, at=time.time()))  # the heartbeat
+        state = await settled(bus, placed("next"), what="next placed once the heartbeat is back")
+        wire.check_invariants(state, {"n1": wire.inventory("n1", 2)})
 
 
 async def test_a_waiting_pod_held_by_a_killed_placer_is_placed_by_another(

@@ -83,12 +83,14 @@ def test_a_pending_pod_becomes_the_cores_request() -> None:
         ("b", 1, None, 50, None),
         ("c", 0, None, None, None),
     ]
-    assert request.tenant == "team"  # no tenant label: the namespace
+    assert (request.tenant, request.tenant_label) == ("team", "")  # no label: the namespace
     assert (request.priority, request.gpu_policy, request.node_policy) == (7, "spread", "binpack")
     assert (request.gpu_models, request.gpu_models_excluded) == (("A100",), ("T4",))
     assert (request.gpu_type, request.group) == ("virtual", "g")
     labelled = msgspec.structs.replace(pod, hints=PlacementHints(tenant="research"))
-    assert translate.pod_request(labelled).tenant == "research"
+    # The label is only a request: the tenancy grants it or not, never the translation.
+    asked = translate.pod_request(labelled)
+    assert (asked.tenant, asked.tenant_label) == ("team", "research")
 
 
 @pytest.mark.parametrize(
@@ -211,9 +213,10 @@ def test_a_booking_round_trips_through_the_reservation_and_into_the_record() -> 
     reservation = translate.reservation_of(original)
     pod = wire.pending("a")
     again = translate.booking_of(
-        reservation, pod, commit=original.commit, decided_at=NOW, placer_id="p"
+        reservation, pod, tenant="ml", commit=original.commit, decided_at=NOW, placer_id="p"
     )
     assert again.containers[0].gpus == original.containers[0].gpus
+    assert again.tenant == original.tenant
     record = translate.record_of(original)
     assert record.state == "reserved"
     assert record.commit == original.commit

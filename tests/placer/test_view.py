@@ -32,7 +32,7 @@ PROFILE = build_profile("binpack")
 def view_of(*names: str, gpus: int = 2, **options: object) -> ClusterView:
     view = ClusterView(inventory_stale_s=30, task_mix_window=100, **options)  # type: ignore[arg-type]
     for name in names:
-        view.set_inventory(wire.inventory(name, gpus, at=NOW))
+        view.set_inventory(wire.inventory(name, gpus, at=NOW), now=NOW)
         view.set_facts(wire.facts(name, at=NOW))
     view.finish_load(NOW)
     return view
@@ -116,7 +116,7 @@ def test_change_counters_move_when_capacity_is_given_back_or_nodes_come() -> Non
     view.set_ledger("a", NodeLedger(node="a", bookings=()), revision=2)
     assert view.freed > freed
     assert view.grown == grown
-    view.set_inventory(wire.inventory("b", 4, at=NOW))
+    view.set_inventory(wire.inventory("b", 4, at=NOW), now=NOW)
     view.set_facts(wire.facts("b", at=NOW))
     assert view.grown > grown
     assert view.tenancy.used("ml").gpus == 0
@@ -125,9 +125,11 @@ def test_change_counters_move_when_capacity_is_given_back_or_nodes_come() -> Non
 def test_why_nodes_are_not_placed_on() -> None:
     view = view_of("ok", "cordoned", "late")
     view.set_facts(wire.facts("cordoned", schedulable=False, at=NOW))
-    view.set_inventory(wire.inventory("nofacts", 1, at=NOW))
+    view.set_inventory(wire.inventory("nofacts", 1, at=NOW), now=NOW)
     view.refresh(NOW + 10)
-    view.set_inventory(wire.inventory("late", 2, at=NOW - 100))  # older: ignored
+    assert (
+        view.set_inventory(wire.inventory("late", 2, at=NOW - 100), now=NOW + 10) == ""
+    )  # older: ignored
     assert view.unplaceable() == {translate.CORDONED: 1, translate.NO_FACTS: 1}
     view.refresh(NOW + 31)  # nothing heard from any inventory for 31 s
     assert view.unplaceable() == {

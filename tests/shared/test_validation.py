@@ -6,13 +6,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared import subjects, validation
 from shared.messages.assignments import AssignmentRecord, AssignmentState, ContainerAllocation
 from shared.messages.base import ContainerSlices, GpuSlice
-from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.inventory import GpuProcess, GpuTelemetry, NodeInventory
 
 NODE = "gpu-1.example"
 NOW = 1_700_000_000.0
@@ -22,7 +22,7 @@ def gpu(index: int, *, memory_mib: int = 81_920, **fields: Any) -> GpuTelemetry:
     return GpuTelemetry(
         uuid=f"GPU-{index}",
         index=index,
-        model="A100",
+        model=fields.pop("model", "A100"),
         memory_total_mib=memory_mib,
         memory_used_mib=fields.pop("used", 0),
         memory_free_mib=fields.pop("free", memory_mib),
@@ -215,6 +215,40 @@ def test_transition_problem(
         pytest.param(node_inventory(observed_at=NOW + 3600), "3600 s ahead", id="future"),
         pytest.param(node_inventory(observed_at=float("nan")), "is not a time", id="nan"),
         pytest.param(node_inventory(sequence=-1), "sequence -1", id="sequence"),
+        pytest.param(
+            node_inventory(sequence=2**62),
+            f"sequence {2**62} outside 0..{2**53 - 1}",
+            id="sequence-no-producer-reaches",
+        ),
+        pytest.param(
+            node_inventory(producer="x" * 2000), "producer longer than 1024", id="long-producer"
+        ),
+        pytest.param(
+            node_inventory(gpu(0, model="A" * 2000)), "model longer than 1024", id="long-model"
+        ),
+        pytest.param(
+            node_inventory(gpu(0, power_w=float("nan"))), "power_w nan outside", id="power-nan"
+        ),
+        pytest.param(
+            node_inventory(gpu(0, temperature_c=5000)), "temperature_c 5000", id="temperature"
+        ),
+        pytest.param(
+            node_inventory(gpu(0, sm_clock_mhz=10**9)), "sm_clock_mhz 1000000000", id="clock"
+        ),
+        pytest.param(
+            node_inventory(gpu(0, numa_node=10**6)), "numa_node 1000000 outside -1..1023", id="numa"
+        ),
+        pytest.param(node_inventory(gpu(0, numa_node=-1)), None, id="numa-unknown"),
+        pytest.param(
+            node_inventory(gpu(0, processes=(GpuProcess(pid=7, used_memory_mib=10**9),))),
+            "process 7 holds 1000000000 MiB of 81920",
+            id="process-memory",
+        ),
+        pytest.param(
+            node_inventory(gpu(0, processes=(GpuProcess(pid=7, used_memory_mib=1),) * 5000)),
+            "processes 5000 outside 0..4096",
+            id="too-many-processes",
+        ),
         pytest.param(node_inventory(gpu(0, memory_mib=10**12)), "1000000000000 MiB", id="memory"),
         pytest.param(node_inventory(gpu(0, memory_mib=0)), "0 MiB of memory", id="no-memory"),
         pytest.param(node_inventory(gpu(0, used=90_000)), "memory_used_mib 90000", id="used"),
@@ -222,7 +256,9 @@ def test_transition_problem(
         pytest.param(node_inventory(gpu(300)), "index 300 outside", id="index"),
         pytest.param(node_inventory(*(gpu(i) for i in range(257))), "257 GPUs", id="too-many-gpus"),
         pytest.param(
-            node_inventory(gpu(0, utilization_pct=250)), "utilization 250 %", id="utilization"
+            node_inventory(gpu(0, utilization_pct=250)),
+            "utilization_pct 250 outside 0..100",
+            id="utilization",
         ),
     ],
 )
@@ -231,38 +267,112 @@ def test_inventory_problem(inventory: NodeInventory, says: str | None) -> None:
     assert problem == says or (says is not None and problem is not None and says in problem)
 
 
+HONEST = "node/1/1.0"
+
+
+def snapshot(
+    sequence: int, at: float, *gpus: GpuTelemetry, producer: str = HONEST
+) -> NodeInventory:
+    return node_inventory(*gpus, sequence=sequence, observed_at=at, producer=producer)
+
+
 @pytest.mark.parametrize(
-    ("candidate", "current", "wins"),
+    ("candidate", "held", "taken"),
     [
-        pytest.param(node_inventory(), None, True, id="first"),
+        pytest.param(snapshot(1, NOW), None, True, id="first"),
+        pytest.param(snapshot(5, NOW - 10), snapshot(4, NOW), True, id="next-of-a-clock-set-back"),
+        pytest.param(snapshot(4, NOW - 10), snapshot(5, NOW), False, id="late-older-one"),
+        pytest.param(snapshot(5, NOW), snapshot(5, NOW), False, id="the-same-again"),
         pytest.param(
-            node_inventory(producer="a", sequence=5, observed_at=NOW - 10),
-            node_inventory(producer="a", sequence=4, observed_at=NOW),
-            True,
-            id="same-producer-by-sequence",
+            snapshot(1, NOW + 1, producer="node/2/60.0"), snapshot(900, NOW), True, id="restarted"
         ),
         pytest.param(
-            node_inventory(producer="a", sequence=3, observed_at=NOW + 10),
-            node_inventory(producer="a", sequence=4, observed_at=NOW),
-            False,
-            id="same-producer-replay",
+            snapshot(1, NOW - 1, producer="node/2/60.0"), snapshot(900, NOW), False, id="older"
         ),
+        # A snapshot naming the honest producer with a sequence far ahead (a forgery) holds
+        # only until the producer's next snapshot, which is fresher: the way back.
+        pytest.param(snapshot(901, NOW + 30), snapshot(2**52, NOW), True, id="fresher-wins-back"),
         pytest.param(
-            node_inventory(producer="b", sequence=1, observed_at=NOW + 1),
-            node_inventory(producer="a", sequence=900, observed_at=NOW),
-            True,
-            id="restarted-producer",
-        ),
-        pytest.param(
-            node_inventory(producer="b", sequence=1, observed_at=NOW - 1),
-            node_inventory(producer="a", sequence=900, observed_at=NOW),
-            False,
-            id="older-other-producer",
+            snapshot(3, NOW + 1, producer=""), snapshot(4, NOW, producer=""), True, id="anonymous"
         ),
     ],
 )
-def test_supersedes(candidate: NodeInventory, current: NodeInventory | None, wins: bool) -> None:
-    assert validation.supersedes(candidate, current) is wins
+def test_take_inventory(
+    candidate: NodeInventory, held: NodeInventory | None, *, taken: bool
+) -> None:
+    verdict = validation.take_inventory(candidate, held, node=NODE, now=NOW + 60)
+    assert verdict.problem == ""
+    assert verdict.take == (candidate if taken else None)
+
+
+def test_what_is_held_is_never_dated_after_it_arrived() -> None:
+    ahead = snapshot(7, NOW + 200, gpu(0, health="unhealthy"))
+    verdict = validation.take_inventory(ahead, snapshot(6, NOW - 5), node=NODE, now=NOW)
+    assert verdict.take == msgspec.structs.replace(ahead, observed_at=NOW)
+    # So the honest snapshot observed a second later is fresher, not 200 s older.
+    honest = snapshot(3, NOW + 1, producer="node/2/9.0")
+    assert validation.take_inventory(honest, verdict.take, node=NODE, now=NOW + 1).take == honest
+
+
+def test_a_snapshot_that_cannot_be_believed_is_a_problem_and_takes_nothing() -> None:
+    verdict = validation.take_inventory(
+        snapshot(2**62, NOW), snapshot(4, NOW - 30), node=NODE, now=NOW
+    )
+    assert verdict.take is None
+    assert verdict.problem == f"sequence {2**62} outside 0..{2**53 - 1}"
+
+
+# A reader's view over time: the honest producer publishes every HEARTBEAT seconds with its
+# sequence; a forger publishes whatever the bounds let through, any producer, any sequence,
+# dated anywhere from long ago to as far ahead as the reader believes.
+HEARTBEAT = 30.0
+forgeries = st.lists(
+    st.tuples(
+        st.sampled_from([HONEST, "node/2/2.0", ""]),
+        st.integers(0, 2**53 - 1),
+        st.floats(-10_000, validation.InventoryLimits().max_future_s),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=st.integers(1, 5), forged=forgeries, skew=st.floats(0, 20))
+def test_the_honest_producer_always_takes_its_node_back(
+    before: int, forged: list[tuple[str, int, float]], skew: float
+) -> None:
+    """Whatever a forger sent, the honest producer's first snapshot observed after the last
+    forgery arrived (its clock ``skew`` s behind the reader's) is held, and so is every one
+    after it; nothing held is ever dated after the reader's clock."""
+    held: NodeInventory | None = None
+    now = NOW
+    sequence = 0
+
+    def receive(snap: NodeInventory) -> None:
+        nonlocal held
+        verdict = validation.take_inventory(snap, held, node=NODE, now=now)
+        if verdict.take is not None:
+            held = verdict.take
+        assert held is None or held.observed_at <= now
+
+    def honest() -> NodeInventory:
+        nonlocal sequence
+        sequence += 1
+        return snapshot(sequence, now - skew)
+
+    for _ in range(before):
+        now += HEARTBEAT
+        receive(honest())
+    for producer, forged_sequence, offset in forged:
+        now += 1.0
+        receive(snapshot(forged_sequence, now + offset, gpu(9), producer=producer))
+    now += skew + 1.0
+    for _ in range(3):
+        mine = honest()
+        receive(mine)
+        assert held == mine
+        now += HEARTBEAT
 
 
 @given(

@@ -6,6 +6,14 @@ GPUs a group holds is worked out from the config and the current nodes by :func:
 :class:`Membership`), and written onto ``NodeState.groups`` / ``GpuState.groups`` by
 :func:`annotate`, where the ``group`` filter (``plugins/groups.py``) reads it.
 
+Tenants. A pod's tenant is its namespace, or what the operator maps the namespace to
+(:class:`NamespaceTenancy`: ``{"namespace": "ml-dev", "tenant": "ml"}``). The
+``tessera.dev/tenant`` label is only a request (:func:`choose_tenant`): it may name the
+namespace's own tenant or one of the entry's ``choices``, and any other value refuses the pod
+(unresolvable, explained, tried again when the tenancy file changes) rather than placing it under
+a tenant, quota or group its namespace was never given. Everything below works on the tenant so
+chosen, so a group (``tessera.dev/group``) is open to a pod only when its tenant is listed.
+
 Permissions. A tenant listed in ``permissions`` may only use the nodes and GPUs its entry selects
 (tenants without an entry are unrestricted). Groups are resolved *only over what every one of their
 tenants is permitted to use*, so a group can never hand a tenant a GPU it has no right to. A
@@ -49,6 +57,7 @@ import msgspec
 from services.placer.core.facts import PodFacts
 from services.placer.core.model import GPU_MILLI, GpuState, NodeState
 from services.placer.core.shape import gpu_free_milli
+from shared.annotations import TENANT_LABEL
 
 GpuKind = Literal["physical", "virtual"]
 
@@ -90,7 +99,7 @@ class ResourceGroup(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     name: str
     tenants: tuple[str, ...]
-    """Tenants that may use the group (a pod's tenant: ``tessera.dev/tenant``, else namespace)."""
+    """Tenants that may use the group (a pod's tenant: see :func:`choose_tenant`)."""
     nodes: NodeSelector = NodeSelector()
     gpus: GpuSelector = GpuSelector()
     gpu_type: GpuKind | None = None
@@ -118,15 +127,40 @@ class TenantQuota(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     gpu_memory_mib: int | None = None
 
 
-class TenancyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The operator's seed 001 config: groups, permissions and quotas. Validated by ``check``."""
+class NamespaceTenancy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The tenant of one namespace's pods, and the others they may choose with the label."""
 
+    namespace: str
+    tenant: str | None = None
+    """The tenant of the namespace's pods (None: the namespace's own name)."""
+    choices: tuple[str, ...] = ()
+    """Further tenants its pods may choose with the ``tessera.dev/tenant`` label."""
+
+    @property
+    def own(self) -> str:
+        return self.namespace if self.tenant is None else self.tenant
+
+
+class TenancyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The operator's seed 001 config: namespaces' tenants, groups, permissions and quotas.
+    Validated by ``check``."""
+
+    namespaces: tuple[NamespaceTenancy, ...] = ()
     groups: tuple[ResourceGroup, ...] = ()
     permissions: tuple[TenantPermission, ...] = ()
     quotas: tuple[TenantQuota, ...] = ()
 
     def check(self) -> TenancyConfig:
         """``self`` if consistent, else ``ValueError`` naming the first problem (load time)."""
+        named: set[str] = set()
+        for entry in self.namespaces:
+            if not entry.namespace:
+                raise ValueError("a namespaces entry has an empty namespace")
+            if entry.namespace in named:
+                raise ValueError(f"namespace {entry.namespace!r} has more than one entry")
+            named.add(entry.namespace)
+            if not entry.own or not all(entry.choices):
+                raise ValueError(f"namespace {entry.namespace!r}: a tenant cannot be empty")
         seen: set[str] = set()
         for group in self.groups:
             if not _NAME.match(group.name):
@@ -155,6 +189,9 @@ class TenancyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def quota_of(self, tenant: str) -> TenantQuota | None:
         return next((q for q in self.quotas if q.tenant == tenant), None)
 
+    def namespace_of(self, namespace: str) -> NamespaceTenancy | None:
+        return next((n for n in self.namespaces if n.namespace == namespace), None)
+
     def permission_of(self, tenant: str) -> TenantPermission | None:
         return next((p for p in self.permissions if p.tenant == tenant), None)
 
@@ -170,6 +207,41 @@ def load_config(data: bytes | str | Mapping[str, object]) -> TenancyConfig:
     if isinstance(data, bytes | str):
         return msgspec.json.decode(data, type=TenancyConfig).check()
     return msgspec.convert(data, TenancyConfig).check()
+
+
+# -- tenants -------------------------------------------------------------------------------------
+
+
+class TenantChoice(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod's tenant, or why its ``tessera.dev/tenant`` label cannot be granted."""
+
+    tenant: str
+    """The tenant granted; when refused, the namespace's own (what the pod would be without the
+    label)."""
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+
+def choose_tenant(namespace: str, label: str, entry: NamespaceTenancy | None) -> TenantChoice:
+    """The tenant of a pod of ``namespace`` labelled ``label`` (empty: no label), under the
+    namespace's ``entry`` of the tenancy file (None: it has none, its tenant is its name).
+
+    The label may name the namespace's own tenant or one of its ``choices``; anything else is
+    refused, never granted and never silently dropped (the pod's owner asked for a tenant, quota
+    or group the operator did not give the namespace, and should see why it waits).
+    """
+    own = entry.own if entry is not None else namespace
+    if not label or label == own or (entry is not None and label in entry.choices):
+        return TenantChoice(tenant=label or own)
+    allowed = ", ".join((own, *entry.choices) if entry is not None else (own,))
+    return TenantChoice(
+        tenant=own,
+        reason=f"label {TENANT_LABEL}: namespace {namespace} may not choose tenant {label!r} "
+        f"(it may choose: {allowed})",
+    )
 
 
 # -- membership ----------------------------------------------------------------------------------

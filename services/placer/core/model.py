@@ -128,6 +128,11 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
     node_policy: NodePolicyName | None = None
     group: str | None = None
     tenant: str = ""
+    """The pod's tenant: its namespace until ``Tenancy`` applies the operator's tenancy file,
+    which every decision does first (``tenancy.Tenancy.resolve``)."""
+    tenant_label: str = ""
+    """The tenant the pod asks for with the ``tessera.dev/tenant`` label (empty: none). Only a
+    request: ``Tenancy`` grants it when the pod's namespace may choose it, else refuses the pod."""
     priority: int = 0
 
     def allows_model(self, model: str) -> bool:

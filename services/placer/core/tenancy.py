@@ -7,9 +7,14 @@ the service shell owns one and keeps it current:
 - ``configure(config, cluster)`` swaps the config *live*: membership is resolved again and written
   onto the cluster's node states, so the very next decision uses it (no restart);
 - ``annotate(node)`` marks a node's groups before the shell stores new inventory for it;
-- ``decide(pod, cluster, profile, now=...)`` chooses the pod's group (label, best fit, or the
-  tenant's permitted set), runs the framework with the ``group`` filter and the ``quota``
-  PreFilter, and checks the exact quota once GPUs are chosen;
+- ``resolve(pod)`` is the pod with its tenant as the config makes it: its namespace's (or what
+  the file maps the namespace to), or the tenant its ``tessera.dev/tenant`` label asks for when
+  the namespace may choose it (``groups.choose_tenant``). Whatever tenant the request carried
+  is replaced, so the shell's hands cannot move a pod between tenants;
+- ``decide(pod, cluster, profile, now=...)`` resolves the pod's tenant (a label it may not
+  choose refuses the pod), chooses its group (label, best fit, or the tenant's permitted set),
+  runs the framework with the ``group`` filter and the ``quota`` PreFilter, and checks the exact
+  quota once GPUs are chosen;
 - ``reserve(pod, decision, cluster)`` / ``release(uid, cluster)`` book and give back the
   reservation in the ledger *and* the tenant's usage, both idempotent;
 - ``set_committed(tenant, charges)`` tells it what the shared usage entry of a tenant with a quota
@@ -34,10 +39,13 @@ from services.placer.core.facts import pod_facts
 from services.placer.core.groups import (
     GroupChoice,
     Membership,
+    NamespaceTenancy,
     TenancyConfig,
+    TenantChoice,
     TenantQuota,
     annotate,
     choose_group,
+    choose_tenant,
     resolve,
 )
 from services.placer.core.index import ClusterIndex
@@ -80,6 +88,7 @@ class Tenancy:
         node_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.config = (config or TenancyConfig()).check()
+        self._namespaces = _namespaces(self.config)
         self.node_labels: dict[str, Mapping[str, str]] = dict(node_labels or {})
         self.usage = TenantUsage()
         self._committed: dict[str, dict[str, Usage]] = {}
@@ -100,6 +109,7 @@ class Tenancy:
         Usage is kept: a lower quota does not evict anything, it only stops new placements.
         """
         self.config = config.check()
+        self._namespaces = _namespaces(self.config)
         if node_labels is not None:
             self.node_labels = dict(node_labels)
         self._members = {}
@@ -159,10 +169,26 @@ class Tenancy:
             "pre_filters": (QuotaPreFilter(self),),
         }
 
+    # -- tenants ---------------------------------------------------------------------------------
+
+    def tenant_of(self, pod: PodRequest) -> TenantChoice:
+        """``pod``'s tenant from its namespace and label (never from ``pod.tenant``)."""
+        return choose_tenant(pod.namespace, pod.tenant_label, self._namespaces.get(pod.namespace))
+
+    def resolve(self, pod: PodRequest) -> PodRequest:
+        """``pod`` with the tenant :meth:`tenant_of` gives it (its namespace's own when the label
+        is refused: :meth:`decide` and :meth:`choose` refuse such a pod)."""
+        return _with_tenant(pod, self.tenant_of(pod).tenant)
+
     # -- deciding --------------------------------------------------------------------------------
 
     def choose(self, pod: PodRequest, cluster: ClusterIndex) -> GroupChoice:
-        return choose_group(pod_facts(pod), self.config, self.membership, _Nodes(cluster))
+        """``pod``'s group within its resolved tenant's, or why it has none (a label refused)."""
+        tenant = self.tenant_of(pod)
+        if not tenant.ok:
+            return GroupChoice(reason=tenant.reason, unresolvable=True)
+        facts = pod_facts(_with_tenant(pod, tenant.tenant))
+        return choose_group(facts, self.config, self.membership, _Nodes(cluster))
 
     def decide(
         self,
@@ -182,6 +208,7 @@ class Tenancy:
         """
         if pod_facts(pod).invalid:
             return framework.decide(pod, cluster, profile, now=now, rng=rng)
+        pod = self.resolve(pod)
         choice = self.choose(pod, cluster)
         if not choice.ok:
             return Rejection(
@@ -219,7 +246,8 @@ class Tenancy:
         the usage back.
         """
         reservation = decision.reservation
-        reason = self.usage.charge(pod.tenant, reservation, self.quota_of(pod.tenant))
+        tenant = self.tenant_of(pod).tenant
+        reason = self.usage.charge(tenant, reservation, self.quota_of(tenant))
         if reason:
             return reason
         refused = cluster.reserve(reservation)
@@ -240,3 +268,11 @@ class Tenancy:
         refunded = self.usage.refund(pod_uid)
         released = cluster.release(pod_uid)
         return refunded or released
+
+
+def _namespaces(config: TenancyConfig) -> dict[str, NamespaceTenancy]:
+    return {entry.namespace: entry for entry in config.namespaces}
+
+
+def _with_tenant(pod: PodRequest, tenant: str) -> PodRequest:
+    return pod if tenant == pod.tenant else msgspec.structs.replace(pod, tenant=tenant)
