@@ -119,7 +119,8 @@ class CommitProtocol:
         API into a store that lost it (DESIGN section 12), whatever the node's ledger and the
         tenant's quota hold now: its pod runs there. Every step is idempotent (a redelivery, or
         two replicas at once, change nothing more)."""
-        booking = translate.restored_booking(restore)
+        tenant = self.view.tenancy.tenant_of(translate.pod_request(restore.pod)).tenant
+        booking = translate.restored_booking(restore, tenant=tenant)
         if booking.tenant and self.view.tenancy.quota_of(booking.tenant) is not None:
             await self.store.adopt_charge(booking)
         await self.store.restore_booking(booking)

@@ -299,10 +299,10 @@ def booking_of(
     )
 
 
-def restored_booking(restore: PodRestore) -> Booking:
+def restored_booking(restore: PodRestore, *, tenant: str) -> Booking:
     """The booking of a placement restored from the Kubernetes API (DESIGN section 12): the
-    pod's request as its spec says (CPU, memory, tenant, whole or shared GPUs), on the GPU slices
-    its ``tessera.dev/assignment`` names."""
+    pod's request as its spec says (CPU, memory, whole or shared GPUs), on the GPU slices its
+    ``tessera.dev/assignment`` names, charged to ``tenant`` (as the tenancy resolves it)."""
     facts = pod_facts(pod_request(restore.pod))
     asks = {ask.container: ask for ask in facts.asks}
     containers = []
@@ -337,6 +337,7 @@ def restored_booking(restore: PodRestore) -> Booking:
     return booking_of(
         reservation,
         restore.pod,
+        tenant=tenant,
         commit=restore.commit,
         decided_at=restore.decided_at,
         placer_id=restore.placer_id,

@@ -26,7 +26,7 @@ from shared.messages.ledger import (
     PodClaim,
     TenantLedger,
 )
-from shared.messages.placement import PlacementDecision
+from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.pods import PlacementHints
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery, NatsBus
