@@ -433,7 +433,7 @@ class Binder:
                 await self._publish_deleted(
                     uid, _PodRef(pod.metadata.namespace, pod.metadata.name, None)
                 )
-            await self._explain(pod, explain.invalid_message(parsed), cause="invalid")
+            await self._explain(pod, parsed.reason, cause="invalid")
             return
         fingerprint = msgspec.structs.replace(parsed, resource_version="")
         if self._published_pending.get(uid) == fingerprint:
