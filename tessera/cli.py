@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from services.binder.command import SERVICE as BINDER
 from services.dashboard.command import SERVICE as DASHBOARD
@@ -31,6 +32,14 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
+def tessera_version() -> str:
+    """The installed package's version (``pyproject.toml``), or ``unknown`` outside an install."""
+    try:
+        return version("tessera")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tessera",
@@ -38,6 +47,7 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
         "subcommand runs one of them or a tool.",
         epilog="Run 'tessera <command> --help' for a command's settings.",
     )
+    parser.add_argument("--version", action="version", version=f"tessera {tessera_version()}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for command in commands:
         child = sub.add_parser(

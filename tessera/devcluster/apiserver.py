@@ -240,6 +240,9 @@ class ApiServer:
         """(verb, resource label) -> requests received over HTTP."""
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.pod_logs: Callable[[Obj, str], str] | None = None
+        """pods/log: (pod, container) -> the container's log, as the node's kubelet serves it
+        (the API server proxies to it); None = no kubelet serves logs (404)."""
         for namespace in DEFAULT_NAMESPACES:
             self._ensure_namespace(namespace)
 
@@ -610,6 +613,8 @@ class ApiServer:
 
     async def _dispatch(self, request: web.Request, target: Target, verb: str) -> web.Response:
         resource, namespace, name = target.resource, target.namespace, target.name
+        if verb == "get" and target.subresource == "log":
+            return self._log(request, self.get(resource, namespace, name))
         if verb == "get":
             view = resource.to_view(self.get(resource, namespace, name))
             if discovery.wants_table(request.headers.get("Accept", "")):
@@ -685,6 +690,32 @@ class ApiServer:
             )
         )
         return _json(answer, code)
+
+    def _log(self, request: web.Request, pod: Obj) -> web.Response:
+        """pods/log: one container's log as text (``container`` names it; a pod of one
+        container needs none), as the kubelet answers through the API server."""
+        names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
+        container = request.query.get("container") or ""
+        if not container:
+            if len(names) != 1:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"a container name must be specified for pod {pod['metadata']['name']}, "
+                    f"choose one of: [{' '.join(names)}]",
+                )
+            container = names[0]
+        if container not in names:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"container {container} is not valid for pod {pod['metadata']['name']}",
+            )
+        if self.pod_logs is None:
+            raise ApiError(404, "NotFound", "no kubelet serves logs for this pod")
+        return web.Response(
+            text=self.pod_logs(pod, container), content_type="text/plain", charset="utf-8"
+        )
 
     def _match(self, request: web.Request, resource: ResourceType) -> Any:
         try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from shared.quantity import QuantityError, parse_quantity
+from shared.quantity import QuantityError, canonical, parse_quantity
 
 Obj = dict[str, Any]
 
@@ -214,16 +214,37 @@ def _default_pod(pod: Obj, now: float) -> None:
             for name, value in limits.items():
                 if requests is not None:
                     requests.setdefault(name, value)  # the API server defaults requests to limits
-            for section in ("limits", "requests"):
-                quantities = resources.get(section)
-                if quantities:
-                    resources[section] = {k: str(v) for k, v in quantities.items()}
             container.setdefault("terminationMessagePath", "/dev/termination-log")
             container.setdefault("terminationMessagePolicy", "File")
             container.setdefault("imagePullPolicy", "IfNotPresent")
+    _canonical_quantities(spec)
     status = pod.setdefault("status", {})
     status.setdefault("phase", "Pending")
     status.setdefault("qosClass", _qos_class(spec))
+
+
+def _canonical_quantities(spec: Obj) -> None:
+    """Write every container's resource quantities as the API server stores them (``1`` and
+    ``"1"`` are both ``"1"``, ``"1024Mi"`` is ``"1Gi"``): it decodes them into Quantities, so a
+    client sending the same value in another form changes nothing (a second ``kubectl apply``
+    sends ``1`` where the pod holds ``"1"``). A value that is not a quantity stays as written, for
+    validation to refuse."""
+    for kind in ("containers", "initContainers"):
+        for container in spec.get(kind) or []:
+            if not isinstance(container, dict):
+                continue
+            resources = container.get("resources") or {}
+            for section in ("limits", "requests"):
+                quantities = resources.get(section)
+                if isinstance(quantities, dict) and quantities:
+                    resources[section] = {k: _canonical(v) for k, v in quantities.items()}
+
+
+def _canonical(value: Any) -> Any:
+    try:
+        return canonical(value)
+    except QuantityError:
+        return value if isinstance(value, str) else str(value)
 
 
 def _qos_class(spec: Obj) -> str:
@@ -267,6 +288,7 @@ def _update_pod(old: Obj, new: Obj, subresource: str) -> list[str]:
         _keep(new, old, "metadata", "ownerReferences")
         return []
     new["status"] = copy.deepcopy(old.get("status", {}))
+    _canonical_quantities(new.setdefault("spec", {}))
     if _comparable_pod_spec(old.get("spec", {})) != _comparable_pod_spec(new.get("spec", {})):
         return [
             f"spec: Forbidden: pod updates may not change fields other than {_POD_MUTABLE_SPEC}"
@@ -488,7 +510,7 @@ POD: Final = ResourceType(
     kind="Pod",
     namespaced=True,
     fields=_pod_fields,
-    subresources=frozenset({"status", "binding"}),
+    subresources=frozenset({"status", "binding", "log"}),
     defaults=_default_pod,
     validate=_validate_pod,
     update_rules=_update_pod,

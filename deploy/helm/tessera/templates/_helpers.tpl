@@ -46,6 +46,20 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
+{{/*
+The extender's kube-scheduler image tag: extender.scheduler.image.tag, else the cluster's own
+version (a kube-scheduler must match its control plane), vMAJOR.MINOR.PATCH without a provider's
+suffix (v1.31.2-eks-1234 -> v1.31.2).
+*/}}
+{{- define "tessera.kubeSchedulerTag" -}}
+{{- with .Values.extender.scheduler.image.tag }}
+{{- . }}
+{{- else }}
+{{- $v := semver .Capabilities.KubeVersion.Version }}
+{{- printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
+{{- end }}
+{{- end }}
+
 {{/* Whether the chart runs its own NATS. */}}
 {{- define "tessera.natsEmbedded" -}}
 {{- if not .Values.nats.url }}true{{ end }}
