@@ -64,6 +64,7 @@ from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
 from shared.messages.allocations import AllocationEvent
+from shared.messages.assignments import holds_gpus
 from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected
@@ -597,7 +598,12 @@ class Binder:
             for view in self.records.views():
                 record = view.record
                 live.add(view.key)
-                if record.state != "bound" or record.bound_at is None or view.key in self._warned:
+                if (
+                    record.state != "bound"
+                    or record.bound_at is None
+                    or view.key in self._warned
+                    or not holds_gpus(record)  # nothing to allocate: no device plugin comes
+                ):
                     continue
                 waited = now - record.bound_at
                 if waited < self.config.allocation_warning_s:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import msgspec
 
 from services.dashboard.core.state import State, freshest_stats, live_records, node_names
-from shared.messages.assignments import AssignmentState
+from shared.messages.assignments import AssignmentState, holds_gpus
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.placement import RejectionReason
 
@@ -115,6 +115,10 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     pods_reserved: int
     pods_bound: int
     pods_allocated: int
+    """Pods holding GPU slices, by hand-off state."""
+    pods_without_gpus: int
+    """Pods Tessera placed that hold no GPU (CPU only): no device plugin allocates them, so they
+    are never counted as waiting for an allocation."""
     pods_pending: int
     stray_slices: int
     """Slices on GPUs missing from their node's inventory."""
@@ -338,7 +342,9 @@ def totals(state: State, nodes: Iterable[NodeView]) -> Totals:
                 sums["mem_unavailable"] += max(0, gpu.memory_total_mib - gpu.allocated_memory_mib)
                 sums["cores_unavailable"] += max(0, FULL_CORES - gpu.allocated_cores)
     pods: Counter[str] = Counter(
-        record.state for node in state.records for record in live_records(state, node)
+        record.state if holds_gpus(record) else "without_gpus"
+        for node in state.records
+        for record in live_records(state, node)
     )
     return Totals(
         nodes=sums["nodes"],
@@ -359,6 +365,7 @@ def totals(state: State, nodes: Iterable[NodeView]) -> Totals:
         pods_reserved=pods["reserved"],
         pods_bound=pods["bound"],
         pods_allocated=pods["allocated"],
+        pods_without_gpus=pods["without_gpus"],
         pods_pending=len(state.pending),
         stray_slices=sums["stray"],
     )

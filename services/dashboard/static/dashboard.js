@@ -111,7 +111,8 @@
       card(
         "Pods on GPUs",
         `${t.pods_allocated + t.pods_bound + t.pods_reserved}`,
-        `${t.pods_allocated} allocated · ${t.pods_bound} bound · ${t.pods_reserved} reserved`,
+        `${t.pods_allocated} allocated · ${t.pods_bound} bound · ${t.pods_reserved} reserved` +
+          (t.pods_without_gpus ? ` · ${t.pods_without_gpus} placed without a GPU` : ""),
       ),
       card("Pending", `${t.pods_pending}`, "pods waiting for a fit", "", t.pods_pending ? "warn" : ""),
       frag,
