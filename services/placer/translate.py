@@ -24,6 +24,12 @@ Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
   the device plugin advertised through the kubelet), each GPU's slot limit is that total split
   over the GPUs in proportion to their memory (largest remainder), which is how the device
   plugin's logical mode splits them; shares booked on a GPU never exceed its slots.
+- **Memory units.** When the binder reports the node's ``tessera.dev/gpu-memory`` allocatable
+  (the device plugin's memory-units mode: one device per unit of memory), the kubelet hands a
+  container one device per MiB its limit asks for, so a GPU can hold at most its share of those
+  devices (split as above) in MiB: with a unit of 1 MiB that is all of its memory, with a unit
+  of N MiB (chosen for a node too large for 1 MiB devices) 1/N of it. Each GPU's memory is
+  taken as that much, so no pod is bound that the kubelet would refuse.
 - **CPU and memory.** ``NodeFacts`` counts the requests of every non-terminated pod on the node
   and, apart, the part of it held by Tessera's pods. The node's reservation is the requests of
   the other pods (the difference) plus every Tessera booking, so a Tessera pod is counted once
@@ -65,6 +71,7 @@ from shared.messages.pods import PodPending
 FOREIGN_STEP_MIB = 256
 UTILIZATION_STEP_PCT = 10
 GPU_RESOURCE = "tessera.dev/gpu"
+GPU_MEMORY_RESOURCE = "tessera.dev/gpu-memory"
 
 NO_FACTS = "no node facts yet"
 NOT_READY = "node not ready"
@@ -207,7 +214,14 @@ def node_state(
     gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
     advertised = facts.extended_allocatable.get(GPU_RESOURCE) if facts else None
     slots = slot_limits([g.memory_total_mib for g in gpus], advertised) if advertised else None
-    if advertised == 0:
+    units = facts.extended_allocatable.get(GPU_MEMORY_RESOURCE) if facts else None
+    if units:
+        addressable = slot_limits([g.memory_total_mib for g in gpus], units)
+        gpus = [
+            msgspec.structs.replace(g, memory_total_mib=min(g.memory_total_mib, limit))
+            for g, limit in zip(gpus, addressable, strict=True)
+        ]
+    if advertised == 0 or units == 0:
         # The kubelet's allocatable counts healthy devices: none means every GPU is unusable
         # now (its device plugin is gone or lists nothing), and a pod bound there would be
         # rejected at admission.

@@ -165,7 +165,7 @@ class LocalSystem:
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
         self.bus = await NatsBus.connect(self.nats_url, name="tessera-up")
         for plan in self.gpu_nodes:
-            self._start_node_services(plan)
+            self.start_node_services(plan)
         for name in self.binder_names():
             self._start_binder(name)
         for name in self.placer_names():
@@ -219,7 +219,8 @@ class LocalSystem:
             self.options.log_level,
         ]
 
-    def _start_node_services(self, plan: NodePlan) -> None:
+    def start_node_services(self, plan: NodePlan) -> None:
+        """The inventory and device plugin of one GPU node."""
         self.supervisor.start(
             f"inventory/{plan.name}",
             python_command(
@@ -290,18 +291,21 @@ class LocalSystem:
         deadline = time.monotonic() + timeout
         names = self.service_names()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-            waiting = set(names)
+            waiting = {name: "not listening yet" for name in names}
             while waiting:
                 for name in sorted(waiting):
                     self.supervisor.check_alive(name)
-                    if await self._ready(http, name):
-                        waiting.discard(name)
+                    why = await self._not_ready(http, name)
+                    if why is None:
+                        del waiting[name]
+                    else:
+                        waiting[name] = why
                 if not waiting:
                     break
                 if time.monotonic() > deadline:
                     raise StartError(
-                        f"not ready within {timeout:.0f} s: {', '.join(sorted(waiting))} "
-                        f"(logs in {self.supervisor.logs})"
+                        f"not ready within {timeout:.0f} s (logs in {self.supervisor.logs}):"
+                        + "".join(f"\n  {name}: {why}" for name, why in sorted(waiting.items()))
                     )
                 await asyncio.sleep(0.2)
         await self.cluster.wait_registered(
@@ -310,15 +314,25 @@ class LocalSystem:
         )
         await self.wait_node_facts(max(1.0, deadline - time.monotonic()))
 
-    async def _ready(self, http: aiohttp.ClientSession, name: str) -> bool:
+    async def _not_ready(self, http: aiohttp.ClientSession, name: str) -> str | None:
+        """None when ``name`` is ready, else why not: its failing /readyz checks."""
         port = self.supervisor.http_port(name)
         if port is None:
-            return False
+            return "has not said where it listens yet"
         try:
             async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-                return response.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+                if response.status == 200:
+                    return None
+                body = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            return f"/readyz did not answer: {error or type(error).__name__}"
+        checks = body.get("checks") or {} if isinstance(body, dict) else {}
+        failing = [
+            f"{check}: {state.get('reason') or 'not ready'}"
+            for check, state in sorted(checks.items())
+            if isinstance(state, dict) and not state.get("ready")
+        ]
+        return "; ".join(failing) or "not ready"
 
     async def wait_node_facts(self, timeout: float) -> None:
         """Until NATS holds every node's facts, with the devices its kubelet advertises."""
