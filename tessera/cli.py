@@ -1,5 +1,5 @@
 """``tessera``: run a service (``inventory``, ``placer``, ``binder``, ``deviceplugin``,
-``dashboard``) or a tool (``simulate``, ``up``).
+``dashboard``, ``webhook``) or a tool (``simulate``, ``up``, ``explain``).
 
 Every subcommand has a ``--help`` that lists its settings with their environment variables and
 defaults.
@@ -18,6 +18,7 @@ from services.deviceplugin.command import SERVICE as DEVICEPLUGIN
 from services.inventory.command import SERVICE as INVENTORY
 from services.placer.command import SERVICE as PLACER
 from services.placer.sim.command import COMMAND as SIMULATE
+from services.webhook.command import SERVICE as WEBHOOK
 from shared.runtime.command import Command
 from tessera.up.command import COMMAND as UP
 
@@ -27,6 +28,7 @@ COMMANDS: tuple[Command, ...] = (
     BINDER.command(),
     DEVICEPLUGIN.command(),
     DASHBOARD.command(),
+    WEBHOOK.command(),
     SIMULATE,
     UP,
 )
