@@ -35,9 +35,9 @@ GPU_POLICIES: Final[tuple[str, ...]] = get_args(GpuPolicy)
 NODE_POLICIES: Final[tuple[str, ...]] = get_args(NodePolicy)
 GPU_TYPES: Final[tuple[str, ...]] = get_args(GpuType)
 MODEL_SEPARATORS: Final = ("|", ",")
-_SUFFIX: Final = re.compile(r"^[+-]?[0-9.]+(Ki|Mi|Gi|Ti|Pi|Ei|[MGTPE])$")
-"""A quantity written with a byte-size suffix (``k`` reads as a thousand MiB, ``m``, ``u`` and
-``n`` as fractions)."""
+_SUFFIX: Final = re.compile(r"^[+-]?[0-9.]+(Ki|Mi|Gi|Ti|Pi|Ei)$")
+"""A quantity written with a binary byte-size suffix. Decimal suffixes are not: the API server
+itself writes a plain 1000000 as ``1M`` (its canonical form), so they may be nobody's unit."""
 
 
 class FieldError(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,7 +89,7 @@ def _count(
 
 
 def _byte_quantity_problem(value: Quantity) -> str | None:
-    """Why a ``tessera.dev/gpu-memory`` value written with a unit suffix (``1Gi``, ``4G``) is
+    """Why a ``tessera.dev/gpu-memory`` value written with a binary unit (``1Gi``) is
     refused: the resource counts MiB, so ``1Gi`` would ask for 1,073,741,824 MiB. None when the
     value has no suffix (or is not a quantity at all: :func:`_count` says so)."""
     if not isinstance(value, str):
