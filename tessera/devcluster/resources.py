@@ -441,6 +441,44 @@ def _default_namespace(namespace: Obj, now: float) -> None:
     namespace.setdefault("status", {"phase": "Active"})
 
 
+# --- admission webhook configurations ---------------------------------------------------------
+
+
+def _validate_webhook_configuration(configuration: Obj) -> list[str]:
+    """What admissionregistration.k8s.io/v1 refuses in a webhook configuration, as far as the
+    API test double calls the webhooks (names, a client config, v1 reviews, side effects)."""
+    errors: list[str] = []
+    seen: set[str] = set()
+    for i, hook in enumerate(configuration.get("webhooks") or []):
+        where = f"webhooks[{i}]"
+        name = hook.get("name") or ""
+        if not name or "." not in name:
+            errors.append(
+                f"{where}.name: Invalid value: {name!r}: should be a domain with at least three "
+                "segments"
+            )
+        elif name in seen:
+            errors.append(f"{where}.name: Duplicate value: {name!r}")
+        seen.add(name)
+        client = hook.get("clientConfig") or {}
+        if bool(client.get("url")) == bool(client.get("service")):
+            errors.append(
+                f"{where}.clientConfig: Required value: exactly one of url or service is required"
+            )
+        if "v1" not in (hook.get("admissionReviewVersions") or []):
+            errors.append(f"{where}.admissionReviewVersions: Invalid value: must include v1")
+        if hook.get("sideEffects") not in ("None", "NoneOnDryRun"):
+            errors.append(
+                f"{where}.sideEffects: Unsupported value: {hook.get('sideEffects')!r}: "
+                'supported values: "None", "NoneOnDryRun"'
+            )
+        if hook.get("failurePolicy", "Fail") not in ("Fail", "Ignore"):
+            errors.append(
+                f"{where}.failurePolicy: Unsupported value: {hook.get('failurePolicy')!r}"
+            )
+    return errors
+
+
 # --- the table -------------------------------------------------------------------------------
 
 
@@ -563,7 +601,33 @@ CORE_EVENT: Final = ResourceType(
     from_view=event_from_core,
 )
 
-RESOURCES: Final[tuple[ResourceType, ...]] = (POD, NODE, NAMESPACE, LEASE, EVENT, CORE_EVENT)
+MUTATING_WEBHOOKS: Final = ResourceType(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="mutatingwebhookconfigurations",
+    kind="MutatingWebhookConfiguration",
+    namespaced=False,
+    validate=_validate_webhook_configuration,
+)
+VALIDATING_WEBHOOKS: Final = ResourceType(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="validatingwebhookconfigurations",
+    kind="ValidatingWebhookConfiguration",
+    namespaced=False,
+    validate=_validate_webhook_configuration,
+)
+
+RESOURCES: Final[tuple[ResourceType, ...]] = (
+    POD,
+    NODE,
+    NAMESPACE,
+    LEASE,
+    EVENT,
+    CORE_EVENT,
+    MUTATING_WEBHOOKS,
+    VALIDATING_WEBHOOKS,
+)
 
 
 def find(group: str, version: str, plural: str) -> ResourceType | None:

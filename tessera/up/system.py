@@ -4,9 +4,11 @@
 a free port), the :class:`~tessera.devcluster.cluster.SimulatedCluster` in this process (the API
 test double and one simulated kubelet per node), then as separate processes one
 ``tessera inventory --backend fake`` and one ``tessera deviceplugin`` per GPU node, the
-binder(s) (leader election on), the placers and the dashboard. It waits until every service is
-ready, every device plugin has registered with its kubelet, and the binder has published every
-node's facts with its devices, so the first pod submitted meets a settled cluster.
+binder(s) (leader election on), the placers, the dashboard and the admission webhook (over TLS,
+with a CA made for the run). It waits until every service is ready, every device plugin has
+registered with its kubelet, and the binder has published every node's facts with its devices,
+then registers the webhook with the API (kubectl's creates go through it), so the first pod
+submitted meets a settled cluster.
 
 Tests, the benchmark and ``tessera up`` share it; :meth:`LocalSystem.kill` and
 :meth:`LocalSystem.restart` serve the chaos tests, :meth:`LocalSystem.summary` the reports.
@@ -15,6 +17,7 @@ Tests, the benchmark and ``tessera up`` share it; :meth:`LocalSystem.kill` and
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import shutil
@@ -35,8 +38,9 @@ from shared.messages.nodes import NodeFacts
 from shared.runtime.bus import NatsBus
 from tessera.devcluster.cluster import SimulatedCluster
 from tessera.devcluster.kubelet import GpuCapacity, NodeSpec
-from tessera.devcluster.resources import LEASE, NODE
+from tessera.devcluster.resources import LEASE, MUTATING_WEBHOOKS, NODE, VALIDATING_WEBHOOKS
 from tessera.up import report
+from tessera.up.certs import ServingCertificate, make_serving_certificate
 from tessera.up.processes import Child, StartError, Supervisor, python_command
 from tessera.up.spec import NodePlan
 
@@ -87,6 +91,8 @@ class SystemOptions:
     placers: int = 2
     binders: int = 1
     dashboard: bool = True
+    webhook: bool = True
+    """Run the admission webhook and register it with the API (pods created over HTTP)."""
     tenancy_file: str = ""
     placer_args: Sequence[str] = ()
     binder_args: Sequence[str] = ()
@@ -125,6 +131,8 @@ class LocalSystem:
         self.nats_port = free_port()
         self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
         self.kubeconfig = options.run_dir / "kubeconfig"
+        self.webhook_port = 0
+        self.webhook_cert: ServingCertificate | None = None
         self.bus: NatsBus | None = None
         self.env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", **options.env}
         for proxy in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
@@ -176,8 +184,12 @@ class LocalSystem:
                 python_command("dashboard", *self._common()),
                 env=self.env,
             )
+        if self.options.webhook:
+            self._start_webhook()
         self.say(f"started {len(self.service_names())} service processes; waiting until ready")
         await self.wait_ready(self.options.ready_timeout_s)
+        if self.options.webhook:
+            self.register_webhook()
 
     def start_nats(self) -> Child:
         store = self.run_dir / "nats"
@@ -257,6 +269,77 @@ class LocalSystem:
             ),
             env=self.env,
         )
+
+    def _start_webhook(self) -> None:
+        self.webhook_port = free_port()
+        self.webhook_cert = make_serving_certificate(
+            self.run_dir / "webhook", ["127.0.0.1", "localhost"]
+        )
+        self.supervisor.start(
+            "webhook",
+            python_command(
+                "webhook",
+                "--tls-cert-file",
+                str(self.webhook_cert.cert_file),
+                "--tls-key-file",
+                str(self.webhook_cert.key_file),
+                "--tls-host",
+                "127.0.0.1",
+                "--tls-port",
+                str(self.webhook_port),
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                "0",
+                "--log-level",
+                self.options.log_level,
+            ),
+            env=self.env,
+        )
+
+    def register_webhook(self) -> None:
+        """Register the running webhook with the API, as the chart does on a cluster: called on
+        every pod create over HTTP (kubectl), in every namespace but kube-system."""
+        assert self.webhook_cert is not None
+        ca_bundle = base64.b64encode(self.webhook_cert.ca_pem).decode()
+        for kind, path in ((MUTATING_WEBHOOKS, "mutate"), (VALIDATING_WEBHOOKS, "validate")):
+            self.cluster.api.create(
+                kind,
+                {
+                    "metadata": {"name": f"tessera-{path}"},
+                    "webhooks": [
+                        {
+                            "name": f"{path}.tessera.dev",
+                            "clientConfig": {
+                                "url": f"https://127.0.0.1:{self.webhook_port}/{path}",
+                                "caBundle": ca_bundle,
+                            },
+                            "rules": [
+                                {
+                                    "operations": ["CREATE"],
+                                    "apiGroups": [""],
+                                    "apiVersions": ["v1"],
+                                    "resources": ["pods"],
+                                    "scope": "Namespaced",
+                                }
+                            ],
+                            "namespaceSelector": {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/metadata.name",
+                                        "operator": "NotIn",
+                                        "values": ["kube-system"],
+                                    }
+                                ]
+                            },
+                            "failurePolicy": "Fail",
+                            "sideEffects": "None",
+                            "admissionReviewVersions": ["v1"],
+                            "timeoutSeconds": 5,
+                        }
+                    ],
+                },
+            )
 
     def _start_binder(self, name: str) -> None:
         self.supervisor.start(
@@ -435,6 +518,7 @@ class LocalSystem:
             "api_url": self.cluster.url,
             "kubeconfig": str(self.kubeconfig),
             "dashboard_url": f"http://127.0.0.1:{dashboard}/" if dashboard else "",
+            "webhook_url": f"https://127.0.0.1:{self.webhook_port}/" if self.webhook_port else "",
             "http_ports": ports,
             "run_dir": str(self.run_dir),
             "logs": str(self.supervisor.logs),

@@ -1,0 +1,228 @@
+"""What an operator does with ``tessera up --keep``: the real kubectl against the simulated API
+(the admission webhook refusing and defaulting pods, a second ``apply``, ``logs``), a node in
+memory-units mode, and ``tessera explain``, all on one system shared by this module.
+
+The system is one ``tessera up`` process started as a user starts it; its JSON summary (with
+``--keep``) says where everything listens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.nats import environment_without_proxies
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = Path(sys.executable).parent / "kubectl"
+NODES = "a100=2xA100-80GB,t4m=4xT4:mode=memory-units,cpu1=cpu"
+WORKLOAD = [
+    {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "seed", "annotations": {"tessera.dev/gpu-model": "A100"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {
+                        "limits": {"tessera.dev/gpu": "1", "tessera.dev/gpu-memory": "4096"}
+                    },
+                }
+            ]
+        },
+    }
+]
+pytestmark = pytest.mark.timeout(240)
+
+
+@dataclass
+class System:
+    process: subprocess.Popen[str]
+    summary: dict[str, Any]
+    run_dir: Path
+
+    @property
+    def endpoints(self) -> dict[str, Any]:
+        return dict(self.summary["endpoints"])
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(KUBECTL), "--kubeconfig", self.endpoints["kubeconfig"], *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environment_without_proxies(),
+        )
+        if check:
+            assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done
+
+    def pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        return dict(
+            json.loads(self.kubectl("get", "pod", "-n", namespace, name, "-o", "json").stdout)
+        )
+
+    def wait_running(
+        self, name: str, namespace: str = "default", timeout: float = 60
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            pod = self.pod(name, namespace)
+            if pod["status"].get("phase") == "Running":
+                return pod
+            assert time.monotonic() < deadline, f"{namespace}/{name} not Running: {pod['status']}"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    run_dir = tmp_path_factory.mktemp("operator")
+    workload = run_dir / "workload.json"
+    workload.write_text(json.dumps(WORKLOAD))
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "tessera.cli", "up", "--keep", "--json", "--gpus", NODES,
+            "--workload", str(workload), "--timeout", "120", "--run-dir", str(run_dir),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=environment_without_proxies(),
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # printed once settled; --keep goes on
+        assert line, f"tessera up ended early (logs in {run_dir / 'logs'})"
+        yield System(process=process, summary=json.loads(line), run_dir=run_dir)
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def manifest(name: str, limits: dict[str, Any], *, namespace: str = "team-a", **spec: Any) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "cuda",
+                        "image": "nvidia/cuda:12.4.1-base",
+                        "resources": {"limits": limits},
+                    }
+                ],
+                **spec,
+            },
+        }
+    )
+
+
+def test_the_system_started_and_settled(system: System) -> None:
+    summary = system.summary
+    assert summary["settled"] is True
+    assert summary["pods_by_phase"] == {"Running": 1}
+    assert (summary["mismatched_containers"], summary["overcommitted_gpus"]) == (0, 0)
+    assert summary["endpoints"]["webhook_url"].startswith("https://127.0.0.1:")
+
+
+def test_an_impossible_request_is_refused_at_kubectl_apply_with_the_binder_s_line(
+    system: System,
+) -> None:
+    pod = manifest("too-much", {"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": "16Gi"})
+    refused = system.kubectl("apply", "-f", "-", stdin=pod, check=False)
+    assert refused.returncode != 0
+    assert (
+        'admission webhook "validate.tessera.dev" denied the request: Tessera cannot place this '
+        "pod as written: spec.containers[0].resources.limits[tessera.dev/gpu-memory] (container "
+        "'cuda'): '16Gi' has a unit, but tessera.dev/gpu-memory counts MiB and takes a plain "
+        "number; for 16Gi write 16384"
+    ) in refused.stderr, refused.stderr
+    missing = system.kubectl("get", "pod", "-n", "team-a", "too-much", check=False)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr
+
+
+def test_a_pod_without_scheduler_or_share_count_is_defaulted_and_runs(system: System) -> None:
+    """No schedulerName, memory and cores without tessera.dev/gpu: the webhook makes it a
+    Tessera pod of one share; it runs with exactly that slice (kubectl logs prints its GPU
+    environment), and applying the same file again changes nothing."""
+    pod = manifest(
+        "notebook",
+        {"tessera.dev/gpu-memory": 2048, "tessera.dev/gpu-cores": 25},
+        namespace="team-b",
+    )
+    created = system.kubectl("apply", "-f", "-", stdin=pod)
+    assert "pod/notebook created" in created.stdout
+    stored = system.pod("notebook", "team-b")
+    assert stored["spec"]["schedulerName"] == "tessera"
+    limits = stored["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {
+        "tessera.dev/gpu": "1",
+        "tessera.dev/gpu-memory": "2048",
+        "tessera.dev/gpu-cores": "25",
+    }
+    running = system.wait_running("notebook", "team-b")
+    again = system.kubectl("apply", "-f", "-", stdin=pod)
+    assert again.stdout.strip() in ("pod/notebook unchanged", "pod/notebook configured")
+    assert system.pod("notebook", "team-b")["spec"] == running["spec"]
+    log = system.kubectl("logs", "-n", "team-b", "notebook").stdout
+    env = dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+    assignment = json.loads(running["metadata"]["annotations"]["tessera.dev/assignment"])
+    (share,) = assignment["containers"][0]["gpus"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == share["uuid"]
+    assert env["TESSERA_GPU_MEMORY_LIMIT_MIB"] == "2048"
+    assert env["TESSERA_GPU_CORES"] == "25"
+
+
+def test_logs_of_a_pod_not_running_say_so(system: System) -> None:
+    pod = manifest("waits", {"tessera.dev/gpu": 8})  # eight whole GPUs: no node has them
+    system.kubectl("apply", "-f", "-", stdin=pod)
+    refused = system.kubectl("logs", "-n", "team-a", "waits", check=False)
+    assert refused.returncode != 0
+    assert 'container "cuda" in pod "waits" is waiting to start' in refused.stderr
+
+
+def test_a_memory_units_node_too_large_for_1_mib_devices_runs_with_the_unit_it_chose(
+    system: System,
+) -> None:
+    """4 x T4 in memory-units mode: the device plugin chose 2 MiB devices, said so, and a pod
+    asking GPU memory runs there with its slice."""
+    log = (system.run_dir / "logs" / "deviceplugin-t4m.log").read_text()
+    assert "memory unit 2 MiB chosen" in log
+    pod = manifest(
+        "on-t4",
+        {"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": 3000},
+        namespace="team-c",
+    )
+    body = json.loads(pod)
+    body["metadata"]["annotations"] = {"tessera.dev/gpu-model": "T4"}
+    system.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+    running = system.wait_running("on-t4", "team-c")
+    assert running["spec"]["nodeName"] == "t4m"
+    env = system.kubectl("logs", "-n", "team-c", "on-t4").stdout
+    assert "TESSERA_GPU_MEMORY_LIMIT_MIB=3000" in env.splitlines()
