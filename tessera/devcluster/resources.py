@@ -601,6 +601,32 @@ CORE_EVENT: Final = ResourceType(
     from_view=event_from_core,
 )
 
+SECRET: Final = ResourceType(
+    group="",
+    version="v1",
+    plural="secrets",
+    kind="Secret",
+    namespaced=True,
+)
+STORED_ONLY: Final = tuple(
+    ResourceType(group=group, version=version, plural=plural, kind=kind, namespaced=namespaced)
+    for group, version, plural, kind, namespaced in (
+        ("", "v1", "configmaps", "ConfigMap", True),
+        ("", "v1", "services", "Service", True),
+        ("", "v1", "serviceaccounts", "ServiceAccount", True),
+        ("apps", "v1", "deployments", "Deployment", True),
+        ("apps", "v1", "daemonsets", "DaemonSet", True),
+        ("apps", "v1", "statefulsets", "StatefulSet", True),
+        ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+        ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True),
+        ("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+        ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+        ("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+        ("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    )
+)
+"""Kinds a Helm chart holds, stored as written (no controller acts on them): so that ``helm``
+can map, look up and dry-run a release against the test double (``--dry-run=server``)."""
 MUTATING_WEBHOOKS: Final = ResourceType(
     group="admissionregistration.k8s.io",
     version="v1",
@@ -625,8 +651,10 @@ RESOURCES: Final[tuple[ResourceType, ...]] = (
     LEASE,
     EVENT,
     CORE_EVENT,
+    SECRET,
     MUTATING_WEBHOOKS,
     VALIDATING_WEBHOOKS,
+    *STORED_ONLY,
 )
 
 

@@ -72,6 +72,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "dashboard": {"enabled": True},
     },
     "extender": {"extender": {"enabled": True}},
+    # The admission webhook's certificate from cert-manager (an Issuer of the operator's), its
+    # failure policy relaxed and one more namespace kept away from it.
+    "webhook-cert-manager": {
+        "webhook": {
+            "failurePolicy": "Ignore",
+            "excludeNamespaces": ["batch-legacy"],
+            "certificate": {"issuerRef": {"kind": "ClusterIssuer", "name": "internal-ca"}},
+        }
+    },
+    "no-webhook": {"webhook": {"enabled": False}},
     "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
     "dashboard": {"dashboard": {"enabled": True}},
     # A demo cluster without GPUs (per-node services on every node: null drops the defaults):
@@ -89,3 +99,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 # Rendered as if the cluster served the ServiceMonitor API (serviceMonitor.enabled=auto).
 WITH_SERVICE_MONITOR_API = frozenset({"default", "dashboard", "no-servicemonitor"})
+
+# Rendered as if the cluster served cert-manager's API (webhook.certificate.certManager=auto).
+WITH_CERT_MANAGER_API = frozenset({"webhook-cert-manager"})
