@@ -9,6 +9,7 @@ operator can read the whole map here:
     tessera.pods.deleted          binder -> placer                (stream ``TESSERA_PODS``)
     tessera.assignments.<node>    placer -> binder                (stream ``TESSERA_PLACEMENTS``)
     tessera.placements.rejected   placer -> binder                (stream ``TESSERA_PLACEMENTS``)
+    tessera.placements.invalid    binder -> dashboard: a pod that cannot be placed as written
     tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
     tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
@@ -60,6 +61,9 @@ PODS_PENDING: Final = f"{ROOT}.pods.pending"
 PODS_DELETED: Final = f"{ROOT}.pods.deleted"
 PODS_ALL: Final = f"{ROOT}.pods.>"
 PLACEMENTS_REJECTED: Final = f"{ROOT}.placements.rejected"
+PLACEMENTS_INVALID: Final = f"{ROOT}.placements.invalid"
+"""The binder's verdict on a pod whose request cannot be placed as written (never published as
+pending); the dashboard counts it Pending. In ``TESSERA_PLACEMENTS`` beside the rejections."""
 PLACEMENTS_ALL: Final = f"{ROOT}.placements.>"
 INVENTORY_ALL: Final = f"{ROOT}.inventory.*"
 NODES_ALL: Final = f"{ROOT}.nodes.*"

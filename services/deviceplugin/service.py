@@ -707,6 +707,7 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
 
     def report(registered: bool, reason: str) -> None:
         context.readiness.set("kubelet", registered, reason)
+        metrics.registered.set(1 if registered else 0)
         if registered:
             metrics.registrations.inc()
 

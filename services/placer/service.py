@@ -1477,6 +1477,7 @@ class PlacerService:
                 typical_tasks=len(typical),
                 pending_pods=len(self._waiting),
                 now=self.clock.now(),
+                tenants=stats.tenant_usage(self.view.ledgers(), self.view.tenancy.config.quotas),
             )
             try:
                 await self.bus.kv_put(subjects.KV_STATS, key, codec.encode(figures))

@@ -16,6 +16,7 @@ from shared.messages.assignments import AssignmentRecord, ContainerAllocation
 from shared.messages.base import ContainerSlices
 from shared.messages.bindings import BindingResult
 from shared.messages.nodes import NodeFacts
+from shared.messages.placement import PodInvalid
 from shared.messages.pods import PodDeleted, PodPending
 from shared.runtime.bus import NatsBus
 from tessera.devcluster.apiserver import ApiServer
@@ -93,6 +94,7 @@ async def test_an_invalid_request_is_explained_and_never_published(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
     pending = await collect(bus, subjects.PODS_PENDING)
+    invalid = await collect(bus, subjects.PLACEMENTS_INVALID)
     async with start_binder() as binder:
         api.create(
             POD,
@@ -113,6 +115,11 @@ async def test_an_invalid_request_is_explained_and_never_published(
         await eventually(lambda: pending.deliveries, what="the good pod")
         assert [m.name for m in pending.decoded(PodPending)] == ["good"]
         assert binder.metric("tessera_binder_invalid_pods_total") == 1
+        # Said on tessera.placements.invalid (the dashboard counts it Pending), once.
+        await eventually(lambda: invalid.deliveries, what="the invalid pod said")
+        (said,) = invalid.decoded(PodInvalid)
+        assert (said.name, said.message) == ("bad", explained["message"])
+        assert said.fields == ("metadata.annotations[tessera.dev/gpu-policy]",)
         # Fixed by its owner, it is published.
         api.patch(
             POD,
