@@ -25,6 +25,7 @@ RELEASE = "tessera"
 NAMESPACE = "tessera-system"
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
 CERT_MANAGER_API = "cert-manager.io/v1/Certificate"
+PROMETHEUS_RULE_API = "monitoring.coreos.com/v1/PrometheusRule"
 
 Object = dict[str, Any]
 

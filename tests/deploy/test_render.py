@@ -24,6 +24,7 @@ from tests.deploy.chart import (
     CERT_MANAGER_API,
     CHART_DIR,
     NAMESPACE,
+    PROMETHEUS_RULE_API,
     REPO_ROOT,
     SERVICE_MONITOR_API,
     Object,
@@ -41,11 +42,12 @@ CUSTOM_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1.json",
     ("cert-manager.io/v1", "Certificate"): "certmanager-certificate-v1.json",
     ("cert-manager.io/v1", "Issuer"): "certmanager-issuer-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1.json",
 }
 
 
 def rendered(variant: str) -> tuple[Object, ...]:
-    api = [SERVICE_MONITOR_API] if variant in WITH_SERVICE_MONITOR_API else []
+    api = [SERVICE_MONITOR_API, PROMETHEUS_RULE_API] if variant in WITH_SERVICE_MONITOR_API else []
     if variant in WITH_CERT_MANAGER_API:
         api.append(CERT_MANAGER_API)
     return render(VARIANTS[variant], api)

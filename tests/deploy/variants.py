@@ -97,7 +97,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Rendered as if the cluster served the ServiceMonitor API (serviceMonitor.enabled=auto).
+# Rendered as if the cluster served the Prometheus Operator's APIs (serviceMonitor.enabled and
+# monitoring.prometheusRule.enabled are auto).
 WITH_SERVICE_MONITOR_API = frozenset({"default", "dashboard", "no-servicemonitor"})
 
 # Rendered as if the cluster served cert-manager's API (webhook.certificate.certManager=auto).

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import Any
 
 import pytest
 
+from tests.deploy.test_monitoring import dashboard_expressions, metric_names, rule_expressions
 from tests.harness.nats import environment_without_proxies
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = Path(sys.executable).parent / "kubectl"
 NODES = "a100=2xA100-80GB,t4m=4xT4:mode=memory-units,cpu1=cpu"
+TENANCY = {"quotas": [{"tenant": "team-b", "gpus": 4, "gpu_memory_mib": 65536}]}
 WORKLOAD = [
     {
         "apiVersion": "v1",
@@ -94,10 +97,13 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     run_dir = tmp_path_factory.mktemp("operator")
     workload = run_dir / "workload.json"
     workload.write_text(json.dumps(WORKLOAD))
+    tenancy = run_dir / "tenancy.json"
+    tenancy.write_text(json.dumps(TENANCY))
     process = subprocess.Popen(
         [
             sys.executable, "-m", "tessera.cli", "up", "--keep", "--json", "--gpus", NODES,
             "--workload", str(workload), "--timeout", "120", "--run-dir", str(run_dir),
+            "--tenancy-file", str(tenancy),
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -226,3 +232,37 @@ def test_a_memory_units_node_too_large_for_1_mib_devices_runs_with_the_unit_it_c
     assert running["spec"]["nodeName"] == "t4m"
     env = system.kubectl("logs", "-n", "team-c", "on-t4").stdout
     assert "TESSERA_GPU_MEMORY_LIMIT_MIB=3000" in env.splitlines()
+
+
+def exported_names(port: int) -> set[str]:
+    """Every metric name a service's /metrics carries (families without samples included)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            names.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            names.add(line.split("{")[0].split()[0])
+    return names
+
+
+def test_every_metric_the_alerts_and_the_grafana_dashboard_read_is_exported(
+    system: System,
+) -> None:
+    """Scraped from the live services: the allocation figures from the dashboard, the device
+    plugins' registration, the binders' leadership."""
+    wanted: set[str] = set()
+    for expr in rule_expressions() + dashboard_expressions():
+        wanted |= metric_names(expr)
+    assert len(wanted) >= 15
+    deadline = time.monotonic() + 60
+    while True:
+        exported: set[str] = set()
+        for port in system.endpoints["http_ports"].values():
+            exported |= exported_names(port)
+        missing = wanted - exported
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(1)  # the placers publish statistics every 10 s
+    assert not missing, f"read by the alerts or the dashboard, exported by no service: {missing}"
