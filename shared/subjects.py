@@ -14,6 +14,7 @@ operator can read the whole map here:
     tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
     tessera.extender.pods         placer's extender -> binder, request/reply (no stream)
+    tessera.placer.explain        tessera explain -> placers, request/reply (no stream)
     KV ``tessera-stats``          placer -> dashboard: each placer's latest ``ClusterStats``
 
 KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
@@ -71,6 +72,9 @@ ASSIGNMENTS_ALL: Final = f"{ROOT}.assignments.*"
 ALLOCATIONS_ALL: Final = f"{ROOT}.allocations.*"
 BINDINGS_ALL: Final = f"{ROOT}.bindings.*"
 DEADLETTER_ALL: Final = f"{ROOT}.deadletter.>"
+PLACER_EXPLAIN: Final = f"{ROOT}.placer.explain"
+"""Request/reply: ``tessera explain NAMESPACE/POD`` asks every placer replica; those that know the
+pod answer (outside every stream)."""
 EXTENDER_PODS: Final = f"{ROOT}.extender.pods"
 """Request/reply: the extender asks the binder for the pod it binds (outside every stream: the
 pods stream captures ``tessera.pods.>``)."""

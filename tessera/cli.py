@@ -20,6 +20,7 @@ from services.placer.command import SERVICE as PLACER
 from services.placer.sim.command import COMMAND as SIMULATE
 from services.webhook.command import SERVICE as WEBHOOK
 from shared.runtime.command import Command
+from tessera.explain import COMMAND as EXPLAIN
 from tessera.up.command import COMMAND as UP
 
 COMMANDS: tuple[Command, ...] = (
@@ -31,6 +32,7 @@ COMMANDS: tuple[Command, ...] = (
     WEBHOOK.command(),
     SIMULATE,
     UP,
+    EXPLAIN,
 )
 
 

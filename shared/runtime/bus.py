@@ -423,8 +423,10 @@ class NatsBus:
         reconnect_wait: float = 1.0,
         security: NatsSecurity | None = None,
         request_timeout: float = 5.0,
+        topology: bool = True,
     ) -> NatsBus:
-        """Connect once, then reconnect forever after any later loss; ensure streams and buckets.
+        """Connect once, then reconnect forever after any later loss; ensure streams and buckets
+        (unless ``topology`` is False: a client that only asks questions, ``tessera explain``).
 
         Raises:
             NatsRefusedError: the server refused the credentials or the TLS handshake failed.
@@ -504,7 +506,8 @@ class NatsBus:
         bus = cls(client, request_timeout=request_timeout)
         bus._reconnect_wait = reconnect_wait
         log.info("nats connected", extra={"url": redact_url(url)})
-        await bus.ensure_topology()
+        if topology:
+            await bus.ensure_topology()
         return bus
 
     # --- connection state (callbacks of nats-py) -----------------------------------------------

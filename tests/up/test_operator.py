@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.test_monitoring import dashboard_expressions, metric_names, rule_expressions
-from tests.harness.nats import environment_without_proxies
+from tests.harness.nats import NatsServer, environment_without_proxies
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = Path(sys.executable).parent / "kubectl"
@@ -266,3 +267,60 @@ def test_every_metric_the_alerts_and_the_grafana_dashboard_read_is_exported(
             break
         time.sleep(1)  # the placers publish statistics every 10 s
     assert not missing, f"read by the alerts or the dashboard, exported by no service: {missing}"
+
+
+def explain(
+    system: System, *args: str, nats_url: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable, "-m", "tessera.cli", "explain", *args,
+            "--nats-url", nats_url or system.endpoints["nats_url"],
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=environment_without_proxies(),
+    )  # fmt: skip
+
+
+def test_explain_says_where_a_pod_went_and_why_one_waits(system: System) -> None:
+    placed = system.wait_running("seed")
+    told = explain(system, "default/seed")
+    assert told.returncode == 0, told.stderr
+    lines = told.stdout.splitlines()
+    assert lines[0].startswith(f"Pod default/seed (uid {placed['metadata']['uid']}), from placer-")
+    assert "  claim: placed on node a100" in told.stdout
+    assert "  assignment record: allocated" in told.stdout
+    assert "    main: GPU " in told.stdout and ", 4096 MiB, " in told.stdout
+
+    system.kubectl("apply", "-f", "-", stdin=manifest("too-wide", {"tessera.dev/gpu": 3}))
+    deadline = time.monotonic() + 30
+    while True:  # the placers reject it a moment after it is created
+        told = explain(system, "team-a/too-wide", "-o", "json")
+        if told.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert told.returncode == 0, told.stderr
+    answer = json.loads(told.stdout)
+    assert (answer["namespace"], answer["name"]) == ("team-a", "too-wide")
+    explanation = answer["explanation"]
+    assert explanation["nodes_fitting"] == 0 and explanation["nodes_total"] == 3
+    assert sum(explanation["not_fitting"].values()) == 3
+    people = explain(system, "team-a/too-wide").stdout
+    assert "  nodes now: 0 of 3 fit" in people
+
+
+def test_explain_says_clearly_when_it_cannot(system: System, tmp_path: Path) -> None:
+    unknown = explain(system, "default/no-such-pod", "--timeout-s", "1")
+    assert unknown.returncode == 1
+    assert "no placer knows pod default/no-such-pod" in unknown.stderr
+    usage = explain(system, "no-namespace")
+    assert usage.returncode == 2 and "name the pod as NAMESPACE/POD" in usage.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    unreachable = explain(system, "default/seed", nats_url=f"nats://127.0.0.1:{closed}")
+    assert unreachable.returncode == 3
+    assert f"cannot reach NATS: connection refused by 127.0.0.1:{closed}" in unreachable.stderr
+    with NatsServer() as lonely:  # a NATS no placer uses
+        nobody = explain(system, "default/seed", nats_url=lonely.url)
+    assert nobody.returncode == 3
+    assert "no placer answers on tessera.placer.explain" in nobody.stderr
