@@ -129,6 +129,8 @@ def render(reply: ExplainReply) -> str:
     lines = [f"Pod {reply.namespace}/{reply.name} (uid {reply.pod_uid}), from {reply.replica}"]
     if e.get("held_here"):
         lines.append(f"  held by {reply.replica}: {e['held_here']}")
+    elif e.get("held_by"):
+        lines.append(f"  waiting, held by {e['held_by']}")
     outcome = e.get("last_outcome")
     if outcome:
         said = f"  last outcome here: {outcome['outcome']} at {_when(outcome.get('at'))}"
@@ -146,10 +148,16 @@ def render(reply: ExplainReply) -> str:
         lines += _slices(claim.get("gpus"))
     record = e.get("record")
     if record:
-        lines.append(
-            f"  assignment record: {record['state']} (decided {_when(record.get('decided_at'))}, "
-            f"bound {_when(record.get('bound_at'))}, allocated {_when(record.get('allocated_at'))})"
+        times = ", ".join(
+            f"{what} {_when(record[key])}"
+            for what, key in (
+                ("decided", "decided_at"),
+                ("bound", "bound_at"),
+                ("released", "released_at"),
+            )
+            if record.get(key)
         )
+        lines.append(f"  assignment record: {record['state']} ({times})")
     if "nodes_total" in e:
         lines.append(f"  nodes now: {e['nodes_fitting']} of {e['nodes_total']} fit")
         for verdict in e.get("best_nodes", ())[:5]:

@@ -153,6 +153,9 @@ WATCH_RETRY_S = 1.0
 EXPLAINED_PODS = 10_000
 """Last outcomes kept for ``GET /v1/pods/{uid}``."""
 VERDICTS_SHOWN = 20
+EXPLAIN_DEFER_S = 0.3
+"""A replica not holding a waiting pod answers ``tessera explain`` this much later than the one
+holding it, whose answer (with its last rejection) the asker takes first."""
 STATS_INTERVAL_S = 10.0
 AHEAD_SCAN = 64
 """Board entries ordered before a pod looked at before it commits (``board.first_fitting``)."""
@@ -1551,6 +1554,10 @@ class PlacerService:
         uid = self.find_pod(request.namespace, request.name)
         if uid is None:
             return
+        posted = self.board.get(uid)
+        if uid not in self._items and posted is not None and posted.waiting.holder:
+            # Another replica holds it and knows its last rejection: let it answer first.
+            await asyncio.sleep(EXPLAIN_DEFER_S)
         reply = ExplainReply(
             pod_uid=uid,
             namespace=request.namespace,
@@ -1591,6 +1598,7 @@ class PlacerService:
         outcome = self._outcomes.get(pod_uid)
         item = self._items.get(pod_uid)
         claim = self.view.claim(pod_uid)
+        posted = self.board.get(pod_uid)
         request = (
             item.request
             if item is not None
@@ -1598,11 +1606,15 @@ class PlacerService:
             if outcome is not None and outcome.request is not None
             else translate.pod_request(claim.request)
             if claim is not None and claim.request is not None
+            else posted.request  # waiting, held by another replica
+            if posted is not None
             else None
         )
         answer: dict[str, Any] = {"pod_uid": pod_uid, "replica": self.config.placer_id}
         if item is not None:
             answer["held_here"] = item.stage
+        elif posted is not None:
+            answer["held_by"] = posted.waiting.holder
         if outcome is not None:
             answer["last_outcome"] = msgspec.to_builtins(
                 msgspec.structs.replace(outcome, request=None)
@@ -1621,7 +1633,7 @@ class PlacerService:
                 answer["record"] = msgspec.to_builtins(record) if record else None
         if request is None or self.profile is None:
             answer["nodes"] = []
-            if outcome is None and claim is None:
+            if outcome is None and claim is None and posted is None:
                 answer["error"] = "this replica has not seen the pod"
             return answer
         judged = decider.verdicts(self.view, self.profile, request)

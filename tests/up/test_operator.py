@@ -302,6 +302,7 @@ def test_explain_says_where_a_pod_went_and_why_one_waits(system: System) -> None
     answer = json.loads(told.stdout)
     assert (answer["namespace"], answer["name"]) == ("team-a", "too-wide")
     explanation = answer["explanation"]
+    assert "error" not in explanation, explanation
     assert explanation["nodes_fitting"] == 0 and explanation["nodes_total"] == 3
     assert sum(explanation["not_fitting"].values()) == 3
     people = explain(system, "team-a/too-wide").stdout
