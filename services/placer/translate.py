@@ -30,6 +30,10 @@ Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
   devices (split as above) in MiB: with a unit of 1 MiB that is all of its memory, with a unit
   of N MiB (chosen for a node too large for 1 MiB devices) 1/N of it. Each GPU's memory is
   taken as that much, so no pod is bound that the kubelet would refuse.
+- **Which containers a memory-units node can serve.** Its kubelet calls the device plugin only
+  for ``tessera.dev/gpu-memory``, so a pod with a GPU container that does not ask for it (whole
+  GPUs, or a slice given as a percentage or cores only) is never placed there
+  (:func:`needs_gpu_devices`, :data:`MEMORY_UNITS_ONLY`; ``decider.py`` keeps such nodes out).
 - **CPU and memory.** ``NodeFacts`` counts the requests of every non-terminated pod on the node
   and, apart, the part of it held by Tessera's pods. The node's reservation is the requests of
   the other pods (the difference) plus every Tessera booking, so a Tessera pod is counted once
@@ -73,6 +77,9 @@ UTILIZATION_STEP_PCT = 10
 GPU_RESOURCE = "tessera.dev/gpu"
 GPU_MEMORY_RESOURCE = "tessera.dev/gpu-memory"
 
+MEMORY_UNITS_ONLY = "memory-units mode (ask tessera.dev/gpu-memory to run there)"
+"""Why a memory-units node cannot take a GPU container that asks no ``tessera.dev/gpu-memory``."""
+
 NO_FACTS = "no node facts yet"
 NOT_READY = "node not ready"
 CORDONED = "node cordoned"
@@ -112,6 +119,21 @@ def pod_request(pod: PodPending) -> PodRequest:
         tenant=hints.tenant or pod.namespace,
         priority=pod.priority,
     )
+
+
+def needs_gpu_devices(pod: PodRequest) -> bool:
+    """Whether a container holds GPU shares without asking ``tessera.dev/gpu-memory``: a node in
+    memory-units mode advertises only that resource, and its kubelet asks the device plugin for
+    a container's GPUs only for it, so such a container would run there without its GPUs (the
+    kubelet ignores extended resources its node does not advertise)."""
+    return any(c.shares and c.share_memory_mib is None for c in pod.containers)
+
+
+def memory_units_only(facts: NodeFacts | None) -> bool:
+    """Whether the node's device plugin runs in memory-units mode (``tessera.dev/gpu-memory``
+    advertised, ``tessera.dev/gpu`` not)."""
+    advertised = facts.extended_allocatable if facts is not None else {}
+    return GPU_MEMORY_RESOURCE in advertised and GPU_RESOURCE not in advertised
 
 
 # --- nodes -----------------------------------------------------------------------------------
