@@ -99,7 +99,7 @@ async def _connect_until_stopped(
     name: str,
     stop: asyncio.Event,
     clock: Clock,
-    readiness: Readiness | None = None,
+    readiness: Readiness,
 ) -> Bus | None:
     """The connected bus, or None when a stop came first. NatsRefusedError is not retried.
 
@@ -120,8 +120,7 @@ async def _connect_until_stopped(
             raise
         except Exception as error:  # any failure to reach the server is retried
             cause = unreachable_reason(error, url)
-            if readiness is not None:
-                readiness.set("nats", False, f"cannot reach NATS: {cause}; retrying in {delay:g} s")
+            readiness.set("nats", False, f"cannot reach NATS: {cause}; retrying in {delay:g} s")
             log.warning(
                 f"cannot reach NATS: {cause}; retrying",
                 extra={"url": redact_url(url), "cause": cause, "retry_s": delay},

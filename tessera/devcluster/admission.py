@@ -50,22 +50,20 @@ class CallError(Exception):
 
 
 def _listed(values: list[str] | None, value: str) -> bool:
-    return bool(values) and ("*" in values or value in values)  # type: ignore[operator]
+    return "*" in (values or ()) or value in (values or ())
 
 
-def rules_match(hook: Obj, resource: ResourceType, operation: str, subresource: str = "") -> bool:
-    """Whether one of the webhook's rules covers ``operation`` on ``resource``."""
-    plural = f"{resource.plural}/{subresource}" if subresource else resource.plural
+def rules_match(hook: Obj, resource: ResourceType, operation: str) -> bool:
+    """Whether one of the webhook's rules covers ``operation`` on ``resource`` (the resource
+    itself, not a subresource: ``*`` or its plural, ``*/*`` too)."""
     scope = "Namespaced" if resource.namespaced else "Cluster"
     for rule in hook.get("rules") or []:
+        resources = rule.get("resources") or []
         if (
             _listed(rule.get("operations"), operation)
             and _listed(rule.get("apiGroups"), resource.group)
             and _listed(rule.get("apiVersions"), resource.version)
-            and (
-                _listed(rule.get("resources"), plural)
-                or (not subresource and "*/*" in (rule.get("resources") or []))
-            )
+            and (_listed(resources, resource.plural) or "*/*" in resources)
             and rule.get("scope", "*") in ("*", scope)
         ):
             return True

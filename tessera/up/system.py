@@ -220,9 +220,12 @@ class LocalSystem:
         raise StartError(f"nats-server did not listen on {self.nats_port} within {timeout} s")
 
     def _common(self) -> list[str]:
+        """The options of every service on the bus."""
+        return ["--nats-url", self.nats_url, *self._process()]
+
+    def _process(self) -> list[str]:
+        """The options of every Tessera process: health on a free loopback port, the log level."""
         return [
-            "--nats-url",
-            self.nats_url,
             "--http-host",
             "127.0.0.1",
             "--http-port",
@@ -287,12 +290,7 @@ class LocalSystem:
                 "127.0.0.1",
                 "--tls-port",
                 str(self.webhook_port),
-                "--http-host",
-                "127.0.0.1",
-                "--http-port",
-                "0",
-                "--log-level",
-                self.options.log_level,
+                *self._process(),
             ),
             env=self.env,
         )

@@ -377,6 +377,11 @@ def _rejected(state: State, rejection: PlacementRejected) -> State:
             first_rejected_at=min(known.first_rejected_at, rejection.decided_at),
             rejections=known.rejections + 1,
         )
+    return _with_pending(state, uid, entry)
+
+
+def _with_pending(state: State, uid: str, entry: PendingPod) -> State:
+    """``state`` with ``entry`` as pod ``uid``'s Pending entry."""
     return msgspec.structs.replace(
         state, pending={**state.pending, uid: entry}, pending_version=state.pending_version + 1
     )
@@ -399,11 +404,7 @@ def _queued(state: State, pending: PodPending) -> State:
     if _is_stale_rejection(state, waiting):
         return state
     entry = PendingPod(rejection=waiting, first_rejected_at=pending.created_at, kind="queued")
-    return msgspec.structs.replace(
-        state,
-        pending={**state.pending, pending.uid: entry},
-        pending_version=state.pending_version + 1,
-    )
+    return _with_pending(state, pending.uid, entry)
 
 
 def _invalid(state: State, invalid: PodInvalid) -> State:
@@ -428,11 +429,7 @@ def _invalid(state: State, invalid: PodInvalid) -> State:
         first_rejected_at=known.first_rejected_at if known is not None else invalid.at,
         kind="invalid",
     )
-    return msgspec.structs.replace(
-        state,
-        pending={**state.pending, invalid.pod_uid: entry},
-        pending_version=state.pending_version + 1,
-    )
+    return _with_pending(state, invalid.pod_uid, entry)
 
 
 def _remember_utilization(state: State, inventory: NodeInventory | None) -> State:
