@@ -272,9 +272,12 @@ def test_every_metric_the_alerts_and_the_grafana_dashboard_read_is_exported(
 def explain(
     system: System, *args: str, nats_url: str | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """``tessera explain ARGS`` against the system (waiting up to 10 s for an answer unless ARGS
+    say otherwise: placers on a loaded machine may take seconds to answer)."""
+    timeout = [] if "--timeout-s" in args else ["--timeout-s", "10"]
     return subprocess.run(
         [
-            sys.executable, "-m", "tessera.cli", "explain", *args,
+            sys.executable, "-m", "tessera.cli", "explain", *args, *timeout,
             "--nats-url", nats_url or system.endpoints["nats_url"],
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=60, env=environment_without_proxies(),
