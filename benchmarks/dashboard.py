@@ -1,7 +1,7 @@
 """Dashboard at scale: API latency, record-to-page latency and page render time.
 
     .venv/bin/python benchmarks/dashboard.py [--nodes 100] [--gpus 8] [--requests 200]
-        [--updates 30] [--loads 5] [--screenshot PATH]
+        [--updates 30] [--loads 5] [--push-interval-s 0.25] [--screenshot PATH]
 
 A real ``nats-server`` holds a synthetic cluster (``tests/dashboard/builders.py``: mixed models,
 GPUs filled with whole-GPU and shared slices in every hand-off state, one unhealthy GPU, Pending
@@ -138,6 +138,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--updates", type=int, default=30)
     parser.add_argument("--loads", type=int, default=5)
+    parser.add_argument(
+        "--push-interval-s",
+        default="0.25",
+        help="the dashboard's --push-interval-s (0.25: its default, what an operator runs)",
+    )
     parser.add_argument("--screenshot", type=Path, help="save the page here at the end")
     args = parser.parse_args()
     why = browser_missing()
@@ -158,7 +163,7 @@ def main() -> int:
     with NatsServer() as server:
         # KV values first; rejections once the dashboard listens (it does not replay the stream).
         on_bus(server.url, lambda bus: write_cluster(bus, replace(cluster, rejections=[])))
-        with dashboard_process(server.url, "--push-interval-s", "0.1") as dashboard:
+        with dashboard_process(server.url, "--push-interval-s", args.push_interval_s) as dashboard:
 
             async def reject(bus: NatsBus) -> None:
                 for rejected in cluster.rejections:

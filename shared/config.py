@@ -38,15 +38,32 @@ DEFAULT_NATS_URL: Final = "nats://127.0.0.1:4222"
 #: the Helm chart sets from the pod's ``spec.nodeName`` through the downward API.
 ENV_ALIASES: Final[dict[str, tuple[str, ...]]] = {"node": ("NODE_NAME",)}
 
-S = TypeVar("S", bound="Settings")
+S = TypeVar("S", bound="ProcessSettings")
 
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the key and what was expected."""
 
 
-class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Settings every service has."""
+class ProcessSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Settings every ``tessera`` process has: its health and metrics port, its logging."""
+
+    http_host: Annotated[
+        str, msgspec.Meta(description="address for /healthz, /readyz and /metrics")
+    ] = "0.0.0.0"
+    http_port: Annotated[
+        int, msgspec.Meta(ge=0, le=65535, description="port for /healthz, /readyz, /metrics")
+    ] = 8080
+    log_level: Annotated[
+        Literal["debug", "info", "warning", "error"], msgspec.Meta(description="log level")
+    ] = "info"
+    log_format: Annotated[Literal["json", "text"], msgspec.Meta(description="log line format")] = (
+        "json"
+    )
+
+
+class Settings(ProcessSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Settings every service on the bus has: the above and how to reach NATS."""
 
     nats_url: Annotated[
         str,
@@ -105,18 +122,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             "the host in --nats-url"
         ),
     ] = ""
-    http_host: Annotated[
-        str, msgspec.Meta(description="address for /healthz, /readyz and /metrics")
-    ] = "0.0.0.0"
-    http_port: Annotated[
-        int, msgspec.Meta(ge=0, le=65535, description="port for /healthz, /readyz, /metrics")
-    ] = 8080
-    log_level: Annotated[
-        Literal["debug", "info", "warning", "error"], msgspec.Meta(description="log level")
-    ] = "info"
-    log_format: Annotated[Literal["json", "text"], msgspec.Meta(description="log line format")] = (
-        "json"
-    )
 
 
 def env_var(field: str) -> str:
@@ -129,7 +134,7 @@ def option(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _field_hints(cls: type[Settings]) -> dict[str, Any]:
+def _field_hints(cls: type[ProcessSettings]) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
@@ -159,7 +164,7 @@ def _choices(hint: Any) -> tuple[str, ...] | None:
     return None
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[Settings]) -> None:
+def add_settings_arguments(parser: argparse.ArgumentParser, cls: type[ProcessSettings]) -> None:
     """Add ``--config`` and one option per settings field, documented with env var and default."""
     parser.add_argument(
         "--config",

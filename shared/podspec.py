@@ -20,6 +20,7 @@ most that many: the device plugin would refuse it and the pod fail admission onc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Final, cast, get_args
 
@@ -36,6 +37,9 @@ GPU_POLICIES: Final[tuple[str, ...]] = get_args(GpuPolicy)
 NODE_POLICIES: Final[tuple[str, ...]] = get_args(NodePolicy)
 GPU_TYPES: Final[tuple[str, ...]] = get_args(GpuType)
 MODEL_SEPARATORS: Final = ("|", ",")
+_SUFFIX: Final = re.compile(r"^[+-]?[0-9.]+(Ki|Mi|Gi|Ti|Pi|Ei)$")
+"""A quantity written with a binary byte-size suffix. Decimal suffixes are not: the API server
+itself writes a plain 1000000 as ``1M`` (its canonical form), so they may be nobody's unit."""
 
 
 class FieldError(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +64,12 @@ class InvalidPod(msgspec.Struct, frozen=True, kw_only=True):
     def message(self) -> str:
         return "; ".join(str(e) for e in self.errors)
 
+    @property
+    def reason(self) -> str:
+        """The one line the binder writes on the pod (``PodScheduled`` message and Event) and
+        the admission webhook answers ``kubectl apply`` with."""
+        return f"Tessera cannot place this pod as written: {self.message}"
+
 
 def _allowed(values: tuple[str, ...]) -> str:
     return ", ".join(values)
@@ -78,6 +88,25 @@ def _count(
         errors.append(FieldError(field=field, problem=f"{value} is not allowed; use {allowed}"))
         return None
     return int(number)
+
+
+def _byte_quantity_problem(value: Quantity) -> str | None:
+    """Why a ``tessera.dev/gpu-memory`` value written with a binary unit (``1Gi``) is
+    refused: the resource counts MiB, so ``1Gi`` would ask for 1,073,741,824 MiB. None when the
+    value has no suffix (or is not a quantity at all: :func:`_count` says so)."""
+    if not isinstance(value, str):
+        return None
+    match = _SUFFIX.match(value.strip())
+    if match is None:
+        return None
+    try:
+        mib = mebibytes(value)
+    except QuantityError:
+        return None
+    return (
+        f"{value!r} has a unit, but {names.GPU_MEMORY} counts MiB and takes a plain number; "
+        f"for {value} write {mib}"
+    )
 
 
 def _tessera_limits(container: Container) -> Mapping[str, Quantity]:
@@ -119,17 +148,24 @@ def _container(
         names.GPU_CORES: (1, 100),
     }
     for resource, (low, high) in bounds.items():
-        if resource in limits:
-            count = _count(limits[resource], where(resource), errors, low=low, high=high)
-            if count is not None:
-                counts[resource] = count
+        if resource not in limits:
+            continue
+        if resource == names.GPU_MEMORY:
+            problem = _byte_quantity_problem(limits[resource])
+            if problem is not None:
+                errors.append(FieldError(field=where(resource), problem=problem))
+                continue
+        count = _count(limits[resource], where(resource), errors, low=low, high=high)
+        if count is not None:
+            counts[resource] = count
     shares = counts.get(names.GPU, 0)
     slice_given = [r for r in names.RESOURCES[1:] if r in limits]
     if slice_given and names.GPU not in limits:
         errors.append(
             FieldError(
                 field=where(slice_given[0]),
-                problem=f"needs {names.GPU} (the number of GPU shares) in the same container",
+                problem=f"needs {names.GPU} (the number of GPU shares) in the same container "
+                f"(for one share, add {names.GPU}: 1)",
             )
         )
     elif slice_given and names.GPU in counts and shares == 0:

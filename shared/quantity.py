@@ -31,6 +31,9 @@ _QUANTITY: Final = re.compile(
 )
 
 MIB: Final = 2**20
+_DECIMAL_SUFFIXES: Final = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T"}
+_DECIMAL_SUFFIXES.update({15: "P", 18: "E"})
+_BINARY_SUFFIXES: Final = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 class QuantityError(ValueError):
@@ -85,3 +88,36 @@ def whole(value: str | int | float) -> int | None:
     """The quantity as an integer, or None when it has a fractional part."""
     number = parse_quantity(value)
     return int(number) if number.denominator == 1 else None
+
+
+def canonical(value: str | int | float) -> str:
+    """The quantity as the API server stores it (``Quantity.String()``): ``1`` and ``"1"`` ->
+    ``"1"``, ``"1000m"`` -> ``"1"``, ``"1.5"`` -> ``"1500m"``, ``2000`` -> ``"2k"``,
+    ``"2048Mi"`` -> ``"2Gi"``, ``"1536Mi"`` stays, ``"1e3"`` -> ``"1e3"``.
+
+    The format follows the input's: binary suffixes stay binary (below 1Ki, or when not whole,
+    decimal), exponents stay exponents, everything else is decimal. Values below a nano are
+    rounded up to one, as the API server does. QuantityError when ``value`` is not a quantity.
+    """
+    number = parse_quantity(value)
+    if number == 0:
+        return "0"
+    text = value.strip() if isinstance(value, str) else ""
+    match = _QUANTITY.match(text) if text else None
+    suffix = (match.group(2) or "") if match else ""
+    exponent_form = bool(match and match.group(3) is not None)
+    if suffix in _BINARY and abs(number) >= 1024 and number.denominator == 1:
+        whole, power = int(number), 0
+        while whole % 1024 == 0 and power < len(_BINARY_SUFFIXES) - 1:
+            whole //= 1024
+            power += 1
+        return f"{whole}{_BINARY_SUFFIXES[power]}"
+    # Decimal: an integer mantissa times 10 to a multiple of 3, the largest such exponent.
+    nanos = math.ceil(abs(number) * 10**9) * (1 if number > 0 else -1)
+    exponent = -9
+    while nanos % 1000 == 0 and exponent < 18:
+        nanos //= 1000
+        exponent += 3
+    if exponent_form:
+        return f"{nanos}e{exponent}" if exponent else str(nanos)
+    return f"{nanos}{_DECIMAL_SUFFIXES[exponent]}"

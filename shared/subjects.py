@@ -10,10 +10,12 @@ operator can read the whole map here:
     tessera.pods.restore          binder -> placer                (stream ``TESSERA_PODS``)
     tessera.assignments.<node>    placer -> binder                (stream ``TESSERA_PLACEMENTS``)
     tessera.placements.rejected   placer -> binder                (stream ``TESSERA_PLACEMENTS``)
+    tessera.placements.invalid    binder -> dashboard: a pod that cannot be placed as written
     tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
     tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
     tessera.extender.pods         placer's extender -> binder, request/reply (no stream)
+    tessera.placer.explain        tessera explain -> placers, request/reply (no stream)
     KV ``tessera-stats``          placer -> dashboard: each placer's latest ``ClusterStats``
 
 KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
@@ -64,6 +66,9 @@ PODS_RESTORE: Final = f"{ROOT}.pods.restore"
 """A bound pod's placement, restored from the Kubernetes API into a store that lost it."""
 PODS_ALL: Final = f"{ROOT}.pods.>"
 PLACEMENTS_REJECTED: Final = f"{ROOT}.placements.rejected"
+PLACEMENTS_INVALID: Final = f"{ROOT}.placements.invalid"
+"""The binder's verdict on a pod whose request cannot be placed as written (never published as
+pending); the dashboard counts it Pending. In ``TESSERA_PLACEMENTS`` beside the rejections."""
 PLACEMENTS_ALL: Final = f"{ROOT}.placements.>"
 INVENTORY_ALL: Final = f"{ROOT}.inventory.*"
 NODES_ALL: Final = f"{ROOT}.nodes.*"
@@ -71,6 +76,9 @@ ASSIGNMENTS_ALL: Final = f"{ROOT}.assignments.*"
 ALLOCATIONS_ALL: Final = f"{ROOT}.allocations.*"
 BINDINGS_ALL: Final = f"{ROOT}.bindings.*"
 DEADLETTER_ALL: Final = f"{ROOT}.deadletter.>"
+PLACER_EXPLAIN: Final = f"{ROOT}.placer.explain"
+"""Request/reply: ``tessera explain NAMESPACE/POD`` asks every placer replica; those that know the
+pod answer (outside every stream)."""
 EXTENDER_PODS: Final = f"{ROOT}.extender.pods"
 """Request/reply: the extender asks the binder for the pod it binds (outside every stream: the
 pods stream captures ``tessera.pods.>``)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,13 @@ def test_top_level_help_lists_every_service() -> None:
     assert result.returncode == 0
     for name in SERVICES:
         assert name in result.stdout
+
+
+def test_version_is_the_package_version() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    result = tessera("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"tessera {project['version']}\n"
 
 
 @pytest.mark.parametrize("service", SERVICES)

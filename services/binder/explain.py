@@ -18,7 +18,6 @@ from shared import annotations as names
 from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.placement import PlacementRejected
-from shared.podspec import InvalidPod
 
 SCHEDULED: Final = "PodScheduled"
 UNSCHEDULABLE: Final = "Unschedulable"
@@ -40,10 +39,6 @@ def unschedulable_message(rejected: PlacementRejected) -> str:
     if rejected.unresolvable:
         message += " No change in the cluster can make this request fit; change the request."
     return message
-
-
-def invalid_message(invalid: InvalidPod) -> str:
-    return f"Tessera cannot place this pod as written: {invalid.message}"
 
 
 def reports_unschedulable(pod: Pod, message: str) -> bool:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
@@ -65,9 +66,10 @@ from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
 from shared.messages.allocations import AllocationEvent
+from shared.messages.assignments import holds_gpus
 from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.nodes import NodeFacts
-from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.placement import PlacementDecision, PlacementRejected, PodInvalid
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
 from shared.runtime.bus import Bus, Delivery
@@ -161,6 +163,8 @@ class Binder:
         self._gone: dict[str, _PodRef] = {}
         self._published_pending: dict[str, PodPending] = {}
         self._explained: dict[str, str] = {}
+        self._invalid_published: dict[str, str] = {}
+        """Pod uid -> the reason last published on ``tessera.placements.invalid``."""
         """The PodScheduled=False message last written per pending pod (the informer may lag)."""
         # CPU and memory requested per node, and each bound pod's share of it.
         self._requested: dict[str, Requested] = {}
@@ -437,11 +441,13 @@ class Binder:
             self._gone.pop(uid, None)
             self._published_pending.pop(uid, None)
             self._explained.pop(uid, None)
+            self._invalid_published.pop(uid, None)
             return
         if pod.node or is_extender_pod(pod, self.config.extender_scheduler_names):
             # Bound, or kube-scheduler's to place (it explains such a pod itself).
             self._published_pending.pop(uid, None)
             self._explained.pop(uid, None)
+            self._invalid_published.pop(uid, None)
             return
         parsed = parse_pending(pod)
         if isinstance(parsed, InvalidPod):
@@ -449,7 +455,8 @@ class Binder:
                 await self._publish_deleted(
                     uid, _PodRef(pod.metadata.namespace, pod.metadata.name, None)
                 )
-            await self._explain(pod, explain.invalid_message(parsed), cause="invalid")
+            await self._explain(pod, parsed.reason, cause="invalid")
+            await self._publish_invalid(parsed)
             return
         fingerprint = msgspec.structs.replace(parsed, resource_version="")
         if self._published_pending.get(uid) == fingerprint:
@@ -532,6 +539,27 @@ class Binder:
 
     # --- rejections and allocations ------------------------------------------------------------
 
+    async def _publish_invalid(self, invalid: InvalidPod) -> None:
+        """Say on ``tessera.placements.invalid`` that the pod cannot be placed as written (the
+        dashboard counts it Pending); once per message, de-duplicated across leaders."""
+        if self._invalid_published.get(invalid.uid) == invalid.reason:
+            return
+        self._fence("publish PodInvalid")
+        message = PodInvalid(
+            pod_uid=invalid.uid,
+            namespace=invalid.namespace,
+            name=invalid.name,
+            message=invalid.reason,
+            fields=tuple(error.field for error in invalid.errors),
+            at=self._clock.now(),
+        )
+        await self._bus.js_publish(
+            subjects.PLACEMENTS_INVALID,
+            codec.encode(message),
+            msg_id=f"invalid.{invalid.uid}.{hashlib.sha256(invalid.reason.encode()).hexdigest()[:16]}",
+        )
+        self._invalid_published[invalid.uid] = invalid.reason
+
     async def _explain(self, pod: Pod, message: str, *, cause: str) -> None:
         """``PodScheduled=False`` with ``message`` (unless the pod says so already) and a Warning
         Event. A placer rejection is an occurrence each time (repeats count into the Event's
@@ -613,7 +641,12 @@ class Binder:
             for view in self.records.views():
                 record = view.record
                 live.add(view.key)
-                if record.state != "bound" or record.bound_at is None or view.key in self._warned:
+                if (
+                    record.state != "bound"
+                    or record.bound_at is None
+                    or view.key in self._warned
+                    or not holds_gpus(record)  # nothing to allocate: no device plugin comes
+                ):
                     continue
                 waited = now - record.bound_at
                 if waited < self.config.allocation_warning_s:

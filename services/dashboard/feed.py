@@ -5,8 +5,9 @@
   emits :class:`~services.dashboard.core.state.BucketSynced` with the keys it saw, so keys deleted
   while a watch was down are dropped; a watch that fails is started again after a back-off, and
   the bus ends every watch when the connection to NATS comes back, so they start again.
-* core subscriptions to ``tessera.placements.rejected`` and ``tessera.pods.deleted`` (published
-  with JetStream; the dashboard only listens and never takes a consumer from the services).
+* core subscriptions to ``tessera.placements.rejected``, ``tessera.placements.invalid``,
+  ``tessera.pods.pending`` and ``tessera.pods.deleted`` (published with JetStream; the dashboard
+  only listens and never takes a consumer from the services).
 
 Every value goes through :class:`~shared.runtime.edge.Edge`: one that does not decode, or whose
 KV key does not match what it says (a record of pod A under pod B's key), is counted, logged and
@@ -28,7 +29,9 @@ from services.dashboard.core.state import (
     Event,
     FactsChanged,
     InventoryChanged,
+    PodFoundInvalid,
     PodGone,
+    PodQueued,
     PodRejected,
     RecordChanged,
     StatsChanged,
@@ -41,8 +44,8 @@ from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.nodes import NodeFacts
-from shared.messages.placement import PlacementRejected
-from shared.messages.pods import PodDeleted
+from shared.messages.placement import PlacementRejected, PodInvalid
+from shared.messages.pods import PodDeleted, PodPending
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Bus, Delivery, KvEntry, Subscription
 from shared.runtime.edge import Edge
@@ -97,10 +100,20 @@ class Feed:
         async def deleted(message: PodDeleted) -> None:
             self._sink(PodGone(deleted=message))
 
+        async def queued(message: PodPending) -> None:
+            self._sink(PodQueued(pending=message))
+
+        async def invalid(message: PodInvalid) -> None:
+            self._sink(PodFoundInvalid(invalid=message))
+
         return [
             await self._edge.subscribe(
                 subjects.PLACEMENTS_REJECTED, PlacementRejected, rejected, family="placements"
             ),
+            await self._edge.subscribe(
+                subjects.PLACEMENTS_INVALID, PodInvalid, invalid, family="placements"
+            ),
+            await self._edge.subscribe(subjects.PODS_PENDING, PodPending, queued, family="pods"),
             await self._edge.subscribe(subjects.PODS_DELETED, PodDeleted, deleted, family="pods"),
         ]
 

@@ -34,16 +34,20 @@ from services.dashboard.core.views import (
     FragmentationView,
     NodeView,
     PendingView,
+    RunningView,
     Totals,
     ViewPolicy,
     fragmentation_view,
     inventory_stale,
     node_view,
     pending_view,
+    running_view,
     sorted_nodes,
+    tenants_view,
     totals,
 )
 from shared.clock import Clock
+from shared.messages.stats import TenantUsage
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ class Update(msgspec.Struct, frozen=True, kw_only=True):
     """Every node name in display order, when the set of nodes changed."""
     pending: PendingView | None
     """The Pending table, when it changed."""
+    tenants: tuple[TenantUsage, ...] = ()
 
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,6 +188,10 @@ class LiveView:
         self._sent_status: Status | None = None
         self._sent_fragmentation: tuple[int, bool] = (-1, False)
 
+    @property
+    def policy(self) -> ViewPolicy:
+        return self._policy
+
     # --- input ---------------------------------------------------------------------------
 
     def apply(self, event: Event) -> None:
@@ -239,11 +248,22 @@ class LiveView:
             totals=totals(self.state, views),
             fragmentation=fragmentation_view(self.state, now=now, policy=self._policy),
             nodes=tuple(views),
+            tenants=tenants_view(self.state),
         )
 
     def pending(self, limit: int | None = None) -> PendingView:
         """``/api/v1/pods/pending`` now."""
         return pending_view(self.state, now=self._clock.now(), limit=limit)
+
+    def running(self, *, offset: int, limit: int, match: str) -> RunningView:
+        """``/api/v1/pods/running`` now."""
+        return running_view(
+            self.state, now=self._clock.now(), offset=offset, limit=limit, match=match
+        )
+
+    def node_views(self) -> list[NodeView]:
+        """Every node's view now (cached as the pushes cache them)."""
+        return [view for _, view in self._node_views(self._clock.now())]
 
     # --- pages ---------------------------------------------------------------------------
 
@@ -341,6 +361,7 @@ class LiveView:
             removed=tuple(removed),
             order=tuple(order) if order != list(sent) else None,
             pending=self.pending(self._pending_limit) if pending_changed else None,
+            tenants=tenants_view(self.state),
         )
         self._send([page for page in self._pages if page not in waiting], sse("update", update))
         self._metrics.updates.inc()

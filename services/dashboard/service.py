@@ -2,7 +2,8 @@
 
 ``run_service`` does what it does for every service (logging, HTTP at once, NATS with retries,
 SIGTERM/SIGINT drain the bus and stop HTTP); the dashboard's routes are handed to it before it
-starts, so the page answers before NATS is reachable and says what it is waiting for. The body
+starts, so the page answers before NATS is reachable and says what it is waiting for. Its
+``/metrics`` carries the allocation metrics (``metrics.py``). The body
 feeds the live view from NATS. ``/readyz`` is 503 until NATS is connected and every KV bucket has
 delivered its initial values.
 """
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from services.dashboard.core.views import ViewPolicy
 from services.dashboard.feed import Feed
 from services.dashboard.live import LiveMetrics, LiveView
+from services.dashboard.metrics import AllocationCollector
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.web import DashboardRoutes
 from shared.clock import Clock, SystemClock
@@ -54,6 +56,7 @@ async def run_dashboard(
         metrics=LiveMetrics.create(registry),
     )
     readiness.probe("views", lambda: (live.synced, "" if live.synced else live.waiting_for()))
+    registry.register(AllocationCollector(live, clock.now))
     routes = HttpRoutes()
     DashboardRoutes(live=live).install(routes)
 

@@ -7,6 +7,8 @@ Routes (all GET, all read-only):
   says so).
 * ``/api/v1/cluster``: :class:`~services.dashboard.core.views.ClusterView` as JSON.
 * ``/api/v1/pods/pending[?limit=N]``: :class:`~services.dashboard.core.views.PendingView`.
+* ``/api/v1/pods/running[?filter=TEXT&offset=N&limit=N]``: one page of the placed pods
+  (:class:`~services.dashboard.core.views.RunningView`), by namespace and name.
 * ``/api/v1/events``: server-sent events, a ``snapshot`` then ``update`` events as things change.
 * ``/healthz``, ``/readyz``, ``/metrics``: as every Tessera service (``shared.runtime.health``),
   whose server serves these routes too (:meth:`DashboardRoutes.install`).
@@ -42,6 +44,8 @@ SECURITY_HEADERS: Final[dict[str, str]] = {
     "Cache-Control": "no-cache",
 }
 KEEPALIVE_S: Final = 15.0
+MAX_RUNNING_ROWS: Final = 1000
+"""The most placed pods one ``/api/v1/pods/running`` page carries."""
 
 
 def load_assets() -> dict[str, bytes]:
@@ -72,6 +76,7 @@ class DashboardRoutes:
         routes.get("/static/{name}", self._asset)
         routes.get("/api/v1/cluster", self._cluster)
         routes.get("/api/v1/pods/pending", self._pending)
+        routes.get("/api/v1/pods/running", self._running)
         routes.get("/api/v1/events", self._events)
 
     async def _index(self, _: web.Request, __: Mapping[str, str]) -> web.Response:
@@ -108,6 +113,24 @@ class DashboardRoutes:
                 )
             limit = int(raw)
         return self._not_synced() or _json(self._live.pending(limit))
+
+    async def _running(self, request: web.Request, _: Mapping[str, str]) -> web.Response:
+        numbers: dict[str, int] = {}
+        for name, default, most in (("offset", 0, None), ("limit", 50, MAX_RUNNING_ROWS)):
+            raw = request.query.get(name, str(default))
+            if not raw.isdigit() or (most is not None and int(raw) > most):
+                upto = f" up to {most}" if most is not None else ""
+                return _json(
+                    {"error": f"{name} must be a whole number >= 0{upto}, got {raw!r}"}, status=400
+                )
+            numbers[name] = int(raw)
+        return self._not_synced() or _json(
+            self._live.running(
+                offset=numbers["offset"],
+                limit=numbers["limit"],
+                match=request.query.get("filter", ""),
+            )
+        )
 
     async def _events(self, request: web.Request, _: Mapping[str, str]) -> web.StreamResponse:
         response = web.StreamResponse(

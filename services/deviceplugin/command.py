@@ -51,13 +51,14 @@ class DevicePluginSettings(NodeSettings, frozen=True, kw_only=True, forbid_unkno
     memory_unit_mib: Annotated[
         int,
         msgspec.Meta(
-            ge=1,
-            description="memory-units mode: MiB one device stands for; containers then request "
-            "tessera.dev/gpu-memory in these units (1 = MiB, as the pod API documents). The "
-            "kubelet takes about 50,000 devices per plugin, so nodes with more GPU memory than "
-            "that many units need a larger unit (/readyz says which)",
+            ge=0,
+            description="memory-units mode: MiB one device stands for. The kubelet takes about "
+            "50,000 devices per plugin in one message; 0 = the smallest unit that fits this "
+            "node (1 MiB up to about 50 GiB of GPU memory), logged and shown in /readyz. Pods "
+            "ask tessera.dev/gpu-memory in MiB and the kubelet hands one device per MiB asked, "
+            "so with a unit of N MiB a node offers 1/N of its GPU memory",
         ),
-    ] = 1
+    ] = 0
     plugin_dir: Annotated[
         str,
         msgspec.Meta(description="the kubelet's device plugin directory (holds kubelet.sock)"),

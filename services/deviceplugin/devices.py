@@ -47,6 +47,9 @@ KUBELET_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 
 ID_SEPARATOR: Final = "::"
 
+AUTO_UNIT: Final = 0
+"""``memory_unit_mib`` unset: the smallest unit whose device list the kubelet takes."""
+
 
 class DeviceConfig(msgspec.Struct, frozen=True, kw_only=True):
     """How GPUs become devices; built once from the settings."""
@@ -59,7 +62,8 @@ class DeviceConfig(msgspec.Struct, frozen=True, kw_only=True):
     split_counts: Mapping[str, int] = {}
     """Logical mode: split count per GPU, keyed by GPU UUID or by GPU index as text."""
     memory_unit_mib: int = 1
-    """Memory-units mode: MiB one device stands for."""
+    """Memory-units mode: MiB one device stands for; :data:`AUTO_UNIT` = chosen per node by
+    :func:`choose_memory_unit`."""
 
     @property
     def resource(self) -> str:
@@ -157,17 +161,44 @@ def list_size_problem(devices: tuple[Device, ...], config: DeviceConfig) -> str 
     return _size_problem(estimated_list_bytes(devices), len(devices), config)
 
 
-def inventory_size_problem(inventory: NodeInventory, config: DeviceConfig) -> str | None:
-    """:func:`list_size_problem` of ``advertise(inventory, config)`` without building the list:
-    an upper estimate from the device counts alone, so a GPU claiming absurd memory costs
-    nothing (checked before :func:`advertise`)."""
+def _inventory_list_bytes(inventory: NodeInventory, config: DeviceConfig) -> tuple[int, int]:
+    """(an upper estimate of the ListAndWatch message's size, the device count) for the
+    devices ``inventory`` makes, from the counts alone."""
     size = count = 0
     for gpu in inventory.gpus:
         per_gpu = devices_per_gpu(gpu, config)
         longest_id = len(device_id(gpu, max(per_gpu - 1, 0)))
         count += per_gpu
         size += per_gpu * (_DEVICE_OVERHEAD_BYTES + longest_id + len(UNHEALTHY))
+    return size, count
+
+
+def inventory_size_problem(inventory: NodeInventory, config: DeviceConfig) -> str | None:
+    """:func:`list_size_problem` of ``advertise(inventory, config)`` without building the list:
+    an upper estimate from the device counts alone, so a GPU claiming absurd memory costs
+    nothing (checked before :func:`advertise`)."""
+    size, count = _inventory_list_bytes(inventory, config)
     return _size_problem(size, count, config)
+
+
+def choose_memory_unit(inventory: NodeInventory, config: DeviceConfig) -> int:
+    """Memory-units mode with the unit unset: the smallest unit (MiB) whose device list for
+    ``inventory`` the kubelet takes in one message; 1 MiB wherever that fits (most nodes up to
+    about 50 GiB of GPU memory)."""
+
+    def fits(unit: int) -> bool:
+        trial = msgspec.structs.replace(config, memory_unit_mib=unit)
+        return _inventory_list_bytes(inventory, trial)[0] <= KUBELET_MAX_MESSAGE_BYTES
+
+    # The message only shrinks as the unit grows: the smallest unit that fits, by bisection.
+    low, high = 1, max((gpu.memory_total_mib for gpu in inventory.gpus), default=1)
+    while low < high:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def gpu_of(devices: tuple[Device, ...]) -> dict[str, str]:

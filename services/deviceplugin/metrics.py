@@ -21,6 +21,7 @@ class PluginMetrics:
     cas_conflicts: Counter
     devices: Gauge
     registrations: Counter
+    registered: Gauge
     events_unpublished: Gauge
     records: Gauge
     inventory_age_seconds: Gauge
@@ -54,6 +55,11 @@ class PluginMetrics:
             registrations=Counter(
                 "tessera_deviceplugin_registrations_total",
                 "Successful registrations with the kubelet (one more after each kubelet restart).",
+                registry=registry,
+            ),
+            registered=Gauge(
+                "tessera_deviceplugin_registered",
+                "1 while the plugin is registered with its node's kubelet and serving, else 0.",
                 registry=registry,
             ),
             events_unpublished=Gauge(

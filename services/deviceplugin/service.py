@@ -48,10 +48,12 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from typing import Literal
 
+import msgspec
+
 from services.deviceplugin import allocate, devices, preferred
 from services.deviceplugin.allocate import Allocation, ContainerGrant, RecordView, Refusal
 from services.deviceplugin.config import PluginConfig
-from services.deviceplugin.devices import Device
+from services.deviceplugin.devices import Device, DeviceConfig
 from services.deviceplugin.kubelet import KubeletLink
 from services.deviceplugin.metrics import PluginMetrics
 from services.deviceplugin.server import (
@@ -162,6 +164,8 @@ class DevicePluginService:
         self._devices: tuple[Device, ...] = ()
         self._gpu_of: dict[str, str] = {}
         self._advertised: set[str] = set()
+        self._memory_unit: int | None = None
+        """Memory-units mode with the unit unset: the unit chosen on the first inventory."""
         self._device_problem: str | None = None
         """Why the inventory's devices cannot be advertised (logged once per new reason)."""
         self._retired: set[str] = set()
@@ -632,14 +636,18 @@ class DevicePluginService:
         self._gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
         self._readiness.set("inventory", True)
         await self._revalidate_records(inventory)
-        problem = devices.inventory_size_problem(inventory, self._config.devices)
-        advertised = () if problem else devices.advertise(inventory, self._config.devices)
+        config = self._device_config(inventory)
+        problem = devices.inventory_size_problem(inventory, config)
+        advertised = () if problem else devices.advertise(inventory, config)
         if advertised == self._devices and problem == self._device_problem:
             return
         if problem is not None and problem != self._device_problem:
             log.error(problem)
         self._device_problem = problem
-        self._readiness.set("devices", problem is None, problem or "")
+        unit = f" of {config.memory_unit_mib} MiB" if config.mode == "memory-units" else ""
+        self._readiness.set(
+            "devices", problem is None, problem or f"{len(advertised)} devices{unit}"
+        )
         self._devices = advertised
         self._gpu_of = devices.gpu_of(advertised)
         current = set(self._gpu_of)
@@ -652,6 +660,32 @@ class DevicePluginService:
             extra={"devices": len(advertised), "unhealthy": len(advertised) - healthy},
         )
         await self._devices_changed.bump()
+
+    def _device_config(self, inventory: NodeInventory) -> DeviceConfig:
+        """The device configuration, with the memory unit chosen when it is unset: on the
+        first inventory, then kept (the kubelet's accounting must not change under running
+        pods). Which unit, and what it means, is logged."""
+        config = self._config.devices
+        if config.mode != "memory-units" or config.memory_unit_mib != devices.AUTO_UNIT:
+            return config
+        if self._memory_unit is None:
+            self._memory_unit = unit = devices.choose_memory_unit(inventory, config)
+            total = sum(gpu.memory_total_mib for gpu in inventory.gpus)
+            if unit == 1:
+                log.info(
+                    "memory unit 1 MiB: one device per MiB of GPU memory",
+                    extra={"memory_unit_mib": 1, "gpu_memory_mib": total},
+                )
+            else:
+                log.warning(
+                    f"memory unit {unit} MiB chosen: {total} MiB of GPU memory in 1-MiB devices "
+                    "would not fit the kubelet's 4 MiB ListAndWatch message. Pods still ask "
+                    "tessera.dev/gpu-memory in MiB and the kubelet hands one device per MiB "
+                    f"asked, so this node offers {total // unit} MiB of its GPU memory; use "
+                    "logical mode to offer all of it",
+                    extra={"memory_unit_mib": unit, "gpu_memory_mib": total},
+                )
+        return msgspec.structs.replace(config, memory_unit_mib=self._memory_unit)
 
 
 async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
@@ -668,6 +702,7 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
 
     def report(registered: bool, reason: str) -> None:
         context.readiness.set("kubelet", registered, reason)
+        metrics.registered.set(1 if registered else 0)
         if registered:
             metrics.registrations.inc()
 

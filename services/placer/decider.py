@@ -75,9 +75,10 @@ def decide(
             final=True,
             wake="grown",
         )
-    outcome = view.tenancy.decide(pod, view.index, profile, now=now, avoid=avoid)
+    index, kept_out = _servable(view, pod)
+    outcome = view.tenancy.decide(pod, index, profile, now=now, avoid=avoid)
     if avoid and not isinstance(outcome, Decision):
-        outcome = view.tenancy.decide(pod, view.index, profile, now=now)
+        outcome = view.tenancy.decide(pod, index, profile, now=now)
     if isinstance(outcome, Decision):
         return outcome
     too_large = view.too_large(facts)
@@ -89,10 +90,30 @@ def decide(
             decided_at=now,
         )
         return Waiting(rejection=rejection, final=False, wake="grown")
-    reasons = translate.refine_reasons(outcome.reasons, view.unplaceable())
+    reasons = translate.refine_reasons(
+        (*outcome.reasons, *_kept_out_reason(kept_out)), view.unplaceable()
+    )
     rejection = translate.rejection_of(outcome, reasons)
     wake: Wake = "grown" if outcome.unresolvable else "freed"
     return Waiting(rejection=rejection, final=False, wake=wake)
+
+
+def _servable(view: ClusterView, pod: PodRequest) -> tuple[ClusterIndex, int]:
+    """The index of the nodes that can serve ``pod``'s containers, and how many were kept out:
+    memory-units nodes for a pod with a GPU container asking no ``tessera.dev/gpu-memory``
+    (``translate.needs_gpu_devices``). Only such pods, and only on a cluster that has such
+    nodes, pay for a narrower index."""
+    kept = view.memory_unit_nodes
+    if not kept or not translate.needs_gpu_devices(pod):
+        return view.index, 0
+    narrower = ClusterIndex(node for node in view.index if node.name not in kept)
+    return narrower, len(view.index) - len(narrower)
+
+
+def _kept_out_reason(kept_out: int) -> tuple[RejectionReason, ...]:
+    if not kept_out:
+        return ()
+    return (RejectionReason(reason=translate.MEMORY_UNITS_ONLY, nodes=kept_out),)
 
 
 def decide_on(
@@ -106,6 +127,14 @@ def decide_on(
             decided_at=now,
         )
         return Waiting(rejection=rejection, final=False, wake="freed")
+    if node in view.memory_unit_nodes and translate.needs_gpu_devices(pod):
+        rejection = Rejection(
+            pod_uid=pod.uid,
+            reasons=_kept_out_reason(1),
+            unresolvable=True,
+            decided_at=now,
+        )
+        return Waiting(rejection=rejection, final=False, wake="grown")
     single = ClusterIndex([view.index.node(node)])
     outcome = view.tenancy.decide(pod, single, profile, now=now)
     if isinstance(outcome, Decision):
@@ -196,7 +225,15 @@ def verdicts(
         for sid, (raw, _) in fitting.items()
     }
     found: list[NodeVerdict] = []
+    kept = view.memory_unit_nodes if translate.needs_gpu_devices(pod) else set()
     for name, shape_id in zip(names, shape_ids, strict=True):
+        if name in kept:
+            found.append(
+                NodeVerdict(
+                    node=name, fits=False, reason=translate.MEMORY_UNITS_ONLY, unresolvable=True
+                )
+            )
+            continue
         if shape_id is None:
             found.append(NodeVerdict(node=name, fits=False, reason=UNKNOWN_NODE, unresolvable=True))
             continue

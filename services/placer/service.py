@@ -69,8 +69,9 @@ moves (checked every ``MIX_CHECK_S``). ``--tenancy-file`` is read every ``TENANC
 version that does not parse or check is refused (logged, counted) and the last good one stays.
 
 **Observability.** ``/metrics`` (``metrics.py``); ``GET /v1/pods/{uid}`` explains one pod: its
-last outcome here, its claim and record, and every node's verdict for it now; one structured log
-line per decision.
+last outcome here, its claim and record, and every node's verdict for it now; the same answer
+goes to ``tessera explain NAMESPACE/POD`` over ``tessera.placer.explain`` (request/reply) from
+each replica that knows the pod by that name; one structured log line per decision.
 
 **Extender (issue 14).** With ``--extender-port`` the replica also serves kube-scheduler's
 extender (``extender.py``): :meth:`PlacerService.place` decides a given pod on the node
@@ -122,6 +123,7 @@ from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult
+from shared.messages.explain import ExplainReply, ExplainRequest
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
@@ -156,6 +158,9 @@ REFRESH_S = 1.0
 EXPLAINED_PODS = 10_000
 """Last outcomes kept for ``GET /v1/pods/{uid}``."""
 VERDICTS_SHOWN = 20
+EXPLAIN_DEFER_S = 0.3
+"""A replica not holding a waiting pod answers ``tessera explain`` this much later than the one
+holding it, whose answer (with its last rejection) the asker takes first."""
 STATS_INTERVAL_S = 10.0
 AHEAD_SCAN = 64
 """Board entries ordered before a pod looked at before it commits (``board.first_fitting``)."""
@@ -433,6 +438,8 @@ class PlacerService:
                 self.readiness.set("state", True)
                 if routes is not None:
                     routes.get("/v1/pods/{uid}", self._explain)
+                # Every replica listens (no queue group): those that know the pod answer.
+                await self.bus.subscribe(subjects.PLACER_EXPLAIN, self._on_explain)
                 for loop in (
                     self._consume_pods,
                     self._consume_bindings,
@@ -1586,6 +1593,7 @@ class PlacerService:
                 typical_tasks=len(typical),
                 pending_pods=len(self._waiting),
                 now=self.clock.now(),
+                tenants=stats.tenant_usage(self.view.ledgers(), self.view.tenancy.config.quotas),
             )
             try:
                 await self.bus.kv_put(subjects.KV_STATS, key, codec.encode(figures))
@@ -1647,11 +1655,60 @@ class PlacerService:
     async def _explain(self, request: web.Request, params: Mapping[str, str]) -> web.StreamResponse:
         return web.json_response(self.explain(params["uid"]))
 
+    async def _on_explain(self, delivery: Delivery) -> None:
+        """Answer ``tessera explain`` for a pod this replica knows; stay silent otherwise (another
+        replica may know it: the asker takes the first answer)."""
+        request = await self.edge.accept(delivery, ExplainRequest, family="explain")
+        if request is None or not delivery.reply:
+            return
+        uid = self.find_pod(request.namespace, request.name)
+        if uid is None:
+            return
+        posted = self.board.get(uid)
+        if uid not in self._items and posted is not None and posted.waiting.holder:
+            # Another replica holds it and knows its last rejection: let it answer first.
+            await asyncio.sleep(EXPLAIN_DEFER_S)
+        reply = ExplainReply(
+            pod_uid=uid,
+            namespace=request.namespace,
+            name=request.name,
+            replica=self.config.placer_id,
+            explanation=self.explain(uid),
+        )
+        with contextlib.suppress(Exception):  # the asker gave up, or NATS is away
+            await self.bus.publish(delivery.reply, codec.encode(reply))
+
+    def find_pod(self, namespace: str, name: str) -> str | None:
+        """The UID of pod ``namespace/name`` as this replica knows it (held here, waiting on the
+        board, claimed, or decided lately here), the most recent when several pods had the name;
+        None when it knows no such pod."""
+        found: dict[str, float] = {}
+        for item in self._items.values():
+            if (item.pod.namespace, item.pod.name) == (namespace, name):
+                found[item.pod.uid] = float("inf")
+        for posted_uid in self.board.uids():
+            posted = self.board.get(posted_uid)
+            if posted is None:
+                continue
+            pod = posted.waiting.pod
+            if (pod.namespace, pod.name) == (namespace, name):
+                found.setdefault(pod.uid, posted.waiting.updated_at)
+        for uid, claim in self.view.claims.items():
+            named = claim.booking or claim.request
+            if named is not None and (named.namespace, named.name) == (namespace, name):
+                found[uid] = max(found.get(uid, 0.0), claim.updated_at)
+        for outcome in self._outcomes.values():
+            request = outcome.request
+            if request is not None and (request.namespace, request.name) == (namespace, name):
+                found[outcome.pod_uid] = max(found.get(outcome.pod_uid, 0.0), outcome.at)
+        return max(found, key=lambda uid: found[uid], default=None)
+
     def explain(self, pod_uid: str) -> dict[str, Any]:
         """Everything this replica knows about one pod, and every node's verdict for it now."""
         outcome = self._outcomes.get(pod_uid)
         item = self._items.get(pod_uid)
         claim = self.view.claim(pod_uid)
+        posted = self.board.get(pod_uid)
         request = (
             item.request
             if item is not None
@@ -1659,6 +1716,8 @@ class PlacerService:
             if outcome is not None and outcome.request is not None
             else translate.pod_request(claim.request)
             if claim is not None and claim.request is not None
+            else posted.request  # waiting, held by another replica
+            if posted is not None
             else None
         )
         if request is not None:  # its tenant as the tenancy file makes it now
@@ -1666,6 +1725,8 @@ class PlacerService:
         answer: dict[str, Any] = {"pod_uid": pod_uid, "replica": self.config.placer_id}
         if item is not None:
             answer["held_here"] = item.stage
+        elif posted is not None:
+            answer["held_by"] = posted.waiting.holder
         if outcome is not None:
             answer["last_outcome"] = msgspec.to_builtins(
                 msgspec.structs.replace(outcome, request=None)
@@ -1684,7 +1745,7 @@ class PlacerService:
                 answer["record"] = msgspec.to_builtins(record) if record else None
         if request is None or self.profile is None:
             answer["nodes"] = []
-            if outcome is None and claim is None:
+            if outcome is None and claim is None and posted is None:
                 answer["error"] = "this replica has not seen the pod"
             return answer
         judged = decider.verdicts(self.view, self.profile, request)

@@ -153,6 +153,8 @@ class ClusterView:
         self.tenancy = Tenancy(tenancy)
         self.mix = TaskMix(window=task_mix_window)
         self.index = ClusterIndex(())
+        self.memory_unit_nodes: set[str] = set()
+        """Nodes whose device plugin runs in memory-units mode (``translate.memory_units_only``)."""
         self.loaded = False
         self.freed = 0
         self.grown = 0
@@ -262,13 +264,21 @@ class ClusterView:
         entry = self._entry(facts.node)
         entry.deleted = facts.deleted
         entry.facts = None if facts.deleted else facts
+        self._note_mode(facts.node, entry.facts)
         self._rebuild(facts.node)
 
     def drop_facts(self, node: str) -> None:
         entry = self._nodes.get(node)
         if entry is not None and entry.facts is not None:
             entry.facts = None
+            self._note_mode(node, None)
             self._rebuild(node)
+
+    def _note_mode(self, node: str, facts: NodeFacts | None) -> None:
+        if translate.memory_units_only(facts):
+            self.memory_unit_nodes.add(node)
+        else:
+            self.memory_unit_nodes.discard(node)
 
     def set_ledger(self, node: str, ledger: NodeLedger | None, revision: int) -> bool:
         """Take ``node``'s ledger at ``revision`` (None: the entry was deleted); False when a

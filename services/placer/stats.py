@@ -9,12 +9,14 @@ on them, each share the larger of its compute and memory fractions (a whole GPU 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from services.placer.core.fragmentation import FragmentationModel
+from services.placer.core.groups import TenantQuota
 from services.placer.core.model import GPU_MILLI, GpuState, NodeState
 from services.placer.core.shape import node_shape
-from shared.messages.stats import ClusterStats
+from shared.messages.ledger import Booking
+from shared.messages.stats import ClusterStats, TenantUsage
 
 
 def booked_milli(gpu: GpuState) -> int:
@@ -38,6 +40,7 @@ def cluster_stats(
     typical_tasks: int,
     pending_pods: int,
     now: float,
+    tenants: tuple[TenantUsage, ...] = (),
 ) -> ClusterStats:
     """The statistics of ``nodes`` as one placer sees them at ``now``."""
     count = gpus = capacity = allocated = 0
@@ -68,4 +71,36 @@ def cluster_stats(
         node_fragmented_milli=per_node,
         typical_tasks=typical_tasks,
         pending_pods=pending_pods,
+        tenants=tenants,
+    )
+
+
+def tenant_usage(
+    ledgers: Mapping[str, Iterable[Booking]], quotas: Iterable[TenantQuota]
+) -> tuple[TenantUsage, ...]:
+    """What each tenant holds in ``ledgers`` (every node's bookings) with its quota, by name:
+    every tenant with a booking or a quota. Shares count one each, as quotas count them."""
+    held: dict[str, dict[str, int]] = {}
+    for bookings in ledgers.values():
+        for booking in bookings:
+            tenant = booking.tenant or booking.namespace
+            usage = held.setdefault(tenant, {"pods": 0, "gpus": 0, "memory": 0, "cores": 0})
+            usage["pods"] += 1
+            for container in booking.containers:
+                for piece in container.gpus:
+                    usage["gpus"] += 1
+                    usage["memory"] += piece.memory_mib
+                    usage["cores"] += GPU_MILLI if piece.exclusive else piece.core_milli
+    limits = {quota.tenant: quota for quota in quotas}
+    return tuple(
+        TenantUsage(
+            tenant=tenant,
+            pods=held.get(tenant, {}).get("pods", 0),
+            gpus=held.get(tenant, {}).get("gpus", 0),
+            gpu_memory_mib=held.get(tenant, {}).get("memory", 0),
+            core_milli=held.get(tenant, {}).get("cores", 0),
+            quota_gpus=limits[tenant].gpus if tenant in limits else None,
+            quota_gpu_memory_mib=limits[tenant].gpu_memory_mib if tenant in limits else None,
+        )
+        for tenant in sorted(set(held) | set(limits))
     )

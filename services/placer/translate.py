@@ -24,6 +24,16 @@ Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
   the device plugin advertised through the kubelet), each GPU's slot limit is that total split
   over the GPUs in proportion to their memory (largest remainder), which is how the device
   plugin's logical mode splits them; shares booked on a GPU never exceed its slots.
+- **Memory units.** When the binder reports the node's ``tessera.dev/gpu-memory`` allocatable
+  (the device plugin's memory-units mode: one device per unit of memory), the kubelet hands a
+  container one device per MiB its limit asks for, so a GPU can hold at most its share of those
+  devices (split as above) in MiB: with a unit of 1 MiB that is all of its memory, with a unit
+  of N MiB (chosen for a node too large for 1 MiB devices) 1/N of it. Each GPU's memory is
+  taken as that much, so no pod is bound that the kubelet would refuse.
+- **Which containers a memory-units node can serve.** Its kubelet calls the device plugin only
+  for ``tessera.dev/gpu-memory``, so a pod with a GPU container that does not ask for it (whole
+  GPUs, or a slice given as a percentage or cores only) is never placed there
+  (:func:`needs_gpu_devices`, :data:`MEMORY_UNITS_ONLY`; ``decider.py`` keeps such nodes out).
 - **CPU and memory.** ``NodeFacts`` counts the requests of every non-terminated pod on the node
   and, apart, the part of it held by Tessera's pods. The node's reservation is the requests of
   the other pods (the difference) plus every Tessera booking, so a Tessera pod is counted once
@@ -66,6 +76,10 @@ from shared.messages.pods import PodPending, PodRestore
 FOREIGN_STEP_MIB = 256
 UTILIZATION_STEP_PCT = 10
 GPU_RESOURCE = "tessera.dev/gpu"
+GPU_MEMORY_RESOURCE = "tessera.dev/gpu-memory"
+
+MEMORY_UNITS_ONLY = "memory-units mode (ask tessera.dev/gpu-memory to run there)"
+"""Why a memory-units node cannot take a GPU container that asks no ``tessera.dev/gpu-memory``."""
 
 NO_FACTS = "no node facts yet"
 NOT_READY = "node not ready"
@@ -111,6 +125,21 @@ def pod_request(pod: PodPending) -> PodRequest:
         tenant_label=hints.tenant,
         priority=pod.priority,
     )
+
+
+def needs_gpu_devices(pod: PodRequest) -> bool:
+    """Whether a container holds GPU shares without asking ``tessera.dev/gpu-memory``: a node in
+    memory-units mode advertises only that resource, and its kubelet asks the device plugin for
+    a container's GPUs only for it, so such a container would run there without its GPUs (the
+    kubelet ignores extended resources its node does not advertise)."""
+    return any(c.shares and c.share_memory_mib is None for c in pod.containers)
+
+
+def memory_units_only(facts: NodeFacts | None) -> bool:
+    """Whether the node's device plugin runs in memory-units mode (``tessera.dev/gpu-memory``
+    advertised, ``tessera.dev/gpu`` not)."""
+    advertised = facts.extended_allocatable if facts is not None else {}
+    return GPU_MEMORY_RESOURCE in advertised and GPU_RESOURCE not in advertised
 
 
 # --- nodes -----------------------------------------------------------------------------------
@@ -213,7 +242,14 @@ def node_state(
     gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
     advertised = facts.extended_allocatable.get(GPU_RESOURCE) if facts else None
     slots = slot_limits([g.memory_total_mib for g in gpus], advertised) if advertised else None
-    if advertised == 0:
+    units = facts.extended_allocatable.get(GPU_MEMORY_RESOURCE) if facts else None
+    if units:
+        addressable = slot_limits([g.memory_total_mib for g in gpus], units)
+        gpus = [
+            msgspec.structs.replace(g, memory_total_mib=min(g.memory_total_mib, limit))
+            for g, limit in zip(gpus, addressable, strict=True)
+        ]
+    if advertised == 0 or units == 0:
         # The kubelet's allocatable counts healthy devices: none means every GPU is unusable
         # now (its device plugin is gone or lists nothing), and a pod bound there would be
         # rejected at admission.

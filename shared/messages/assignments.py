@@ -59,3 +59,10 @@ class AssignmentRecord(Message, frozen=True, kw_only=True):
     commit: str = ""
     """The placer commit that made this record (its ledger booking and pod claim carry the same
     id); empty in records written before the placer recorded it."""
+
+
+def holds_gpus(record: AssignmentRecord) -> bool:
+    """Whether any container of the record has a GPU slice. A record without one (a pod Tessera
+    placed that asks for no GPU) is never allocated by a device plugin: the kubelet has nothing
+    to ask it, so its ``bound`` state is final and nobody waits for an allocation."""
+    return any(container.gpus for container in record.containers)

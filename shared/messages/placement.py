@@ -1,4 +1,5 @@
-"""``tessera.assignments.<node>`` and ``tessera.placements.rejected``: the placer's answers."""
+"""``tessera.assignments.<node>`` and ``tessera.placements.rejected``: the placer's answers;
+``tessera.placements.invalid``: the binder's, for a pod that cannot be placed as written."""
 
 from __future__ import annotations
 
@@ -40,3 +41,18 @@ class PlacementRejected(Message, frozen=True, kw_only=True):
     """True when no change in the cluster can make it fit (for example an invalid request)."""
     decided_at: float
     placer_id: str
+
+
+class PodInvalid(Message, frozen=True, kw_only=True):
+    """A Tessera pod whose request cannot be placed as written (``tessera.placements.invalid``).
+
+    The binder never publishes it as pending; it explains it on the pod (``message`` is that
+    line) and says so here, so that the dashboard counts it among the Pending pods."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    message: str
+    fields: tuple[str, ...] = ()
+    """The fields at fault, as ``kubectl explain`` names them."""
+    at: float

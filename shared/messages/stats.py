@@ -11,6 +11,20 @@ from __future__ import annotations
 from shared.messages.base import Message
 
 
+class TenantUsage(Message, frozen=True, kw_only=True):
+    """What one tenant holds in the placer's books, and its quota when the tenancy gives one."""
+
+    tenant: str
+    pods: int = 0
+    gpus: int = 0
+    """GPU shares booked (a whole GPU and a slice each count one, as quotas count them)."""
+    gpu_memory_mib: int = 0
+    core_milli: int = 0
+    """Thousandths of GPUs' SMs (a whole GPU is 1000)."""
+    quota_gpus: int | None = None
+    quota_gpu_memory_mib: int | None = None
+
+
 class ClusterStats(Message, frozen=True, kw_only=True):
     """One placer's view of the whole cluster at ``computed_at``.
 
@@ -39,3 +53,5 @@ class ClusterStats(Message, frozen=True, kw_only=True):
     """Entries in the typical task mix the measure used (0 = the profile's built-in mix)."""
     pending_pods: int = 0
     """Pods in the placer's queue waiting for a fit."""
+    tenants: tuple[TenantUsage, ...] = ()
+    """Per tenant with a booking or a quota, by name (empty in statistics of older placers)."""

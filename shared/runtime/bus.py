@@ -46,11 +46,13 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
 import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -85,6 +87,30 @@ class OutcomeUnknownError(TimeoutError):
 
 class NatsRefusedError(Exception):
     """The server refused the connection for its credentials or TLS; retrying cannot help."""
+
+
+class NatsUnreachableError(ConnectionError):
+    """The server could not be reached (refused, DNS, timeout, network): retrying may help.
+    The message says which (:func:`unreachable_reason`)."""
+
+
+def unreachable_reason(error: BaseException, url: str) -> str:
+    """Why the server at ``url`` could not be reached, for a log line and ``/readyz``: the
+    connection refused, a name DNS cannot resolve, a timeout, another network error."""
+    if isinstance(error, NatsUnreachableError):
+        return str(error)
+    where = urlsplit(url)
+    host = where.hostname or url
+    address = f"{host}:{where.port or 4222}"
+    if isinstance(error, ConnectionRefusedError):
+        return f"connection refused by {address} (is nats-server running there?)"
+    if isinstance(error, socket.gaierror):
+        return f"DNS cannot resolve {host!r}: {error.strerror or error}"
+    if isinstance(error, TimeoutError | nats.errors.TimeoutError):
+        return f"no answer from {address} in time (timeout)"
+    if isinstance(error, OSError) and error.strerror:
+        return f"network error reaching {address}: {error.strerror}"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 class NoResponderError(LookupError):
@@ -454,21 +480,27 @@ class NatsBus:
         security: NatsSecurity | None = None,
         request_timeout: float = 5.0,
         replicas: int = 1,
+        topology: bool = True,
     ) -> NatsBus:
         """Connect once, then reconnect forever after any later loss; ensure streams and buckets
-        (``replicas`` copies of each). ``url`` may name several servers of a cluster, separated by
-        commas.
+        (``replicas`` copies of each; none when ``topology`` is False: a client that only asks
+        questions, ``tessera explain``). ``url`` may name several servers of a cluster,
+        separated by commas.
 
         Raises:
             NatsRefusedError: the server refused the credentials or the TLS handshake failed.
-            OSError, TimeoutError, nats.errors.Error: the server could not be reached; retry.
+            NatsUnreachableError: the server could not be reached (the message says why); retry.
         """
         security = security or NatsSecurity()
         bus: NatsBus | None = None
+        first_errors: list[Exception] = []
+        """What the first connection met (nats-py reports it to the error callback only)."""
 
         async def on_error(error: Exception) -> None:
             if bus is not None:
                 bus._on_error(error)
+            else:
+                first_errors.append(error)
 
         async def on_disconnect() -> None:
             if bus is not None:
@@ -499,15 +531,17 @@ class NatsBus:
 
         try:
             # One attempt only: nats-py would otherwise retry a first connection forever inside
-            # connect(), hiding a refused password behind "connecting". Reconnects are switched on
-            # once connected.
+            # connect(), hiding a refused password (or a server that is not there) behind
+            # "connecting". Without reconnects it gives up on a refused login; with at most one
+            # reconnect attempt it gives up on a server it cannot reach at all (after one retry),
+            # where it would otherwise loop without end. Both are switched on once connected.
             await client.connect(
                 servers=[server.strip() for server in url.split(",") if server.strip()],
                 name=name,
                 # nats-py annotates these seconds as int but takes floats.
                 connect_timeout=connect_timeout,  # type: ignore[arg-type]
                 reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=1,
                 allow_reconnect=False,
                 # 0 = never buffer a publish while disconnected (it raises instead).
                 pending_size=0,
@@ -525,14 +559,18 @@ class NatsBus:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await client.close()
-            reason = refusal_of(error)
+            met = first_errors[-1] if first_errors else error
+            reason = refusal_of(error) or refusal_of(met)
             if reason is not None:
                 raise NatsRefusedError(reason) from None
-            raise
+            raise NatsUnreachableError(unreachable_reason(met, url)) from error
         client.options["allow_reconnect"] = True
+        client.options["max_reconnect_attempts"] = -1
         bus = cls(client, request_timeout=request_timeout, replicas=replicas)
         bus._reconnect_wait = reconnect_wait
         log.info("nats connected", extra={"url": redact_url(url)})
+        if not topology:
+            return bus
         try:
             await bus.ensure_topology()
         except BaseException:  # JetStream not ready yet (a cluster electing): the caller retries

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from shared.config import (
     SECRET_FIELDS,
     ConfigError,
-    Settings,
+    ProcessSettings,
     add_settings_arguments,
     env_var,
     load_settings,
@@ -28,7 +28,7 @@ from shared.config import (
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_BUILT = 3
 
-S = TypeVar("S", bound=Settings)
+S = TypeVar("S", bound=ProcessSettings)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,14 @@ from prometheus_client import CollectorRegistry
 
 from shared.clock import Clock, SystemClock
 from shared.config import NatsSecurity, Settings, nats_security, option, redact_url, url_secrets
-from shared.runtime.bus import Bus, ConnectionMonitor, ConnectionStatus, NatsBus, NatsRefusedError
+from shared.runtime.bus import (
+    Bus,
+    ConnectionMonitor,
+    ConnectionStatus,
+    NatsBus,
+    NatsRefusedError,
+    unreachable_reason,
+)
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, HttpRoutes, Readiness
@@ -89,9 +96,17 @@ Body = Callable[[ServiceContext], Coroutine[Any, Any, None]]
 
 
 async def _connect_until_stopped(
-    connect: Connect, url: str, name: str, stop: asyncio.Event, clock: Clock
+    connect: Connect,
+    url: str,
+    name: str,
+    stop: asyncio.Event,
+    clock: Clock,
+    readiness: Readiness,
 ) -> Bus | None:
-    """The connected bus, or None when a stop came first. NatsRefusedError is not retried."""
+    """The connected bus, or None when a stop came first. NatsRefusedError is not retried.
+
+    Each failed attempt (one per back-off step) is logged with its cause (connection refused,
+    DNS, timeout, network) and put in ``/readyz`` (the ``nats`` check of ``readiness``)."""
     delay = 0.5
     while not stop.is_set():
         attempt = asyncio.create_task(connect(url, name))
@@ -106,13 +121,11 @@ async def _connect_until_stopped(
         except NatsRefusedError:
             raise
         except Exception as error:  # any failure to reach the server is retried
+            cause = unreachable_reason(error, url)
+            readiness.set("nats", False, f"cannot reach NATS: {cause}; retrying in {delay:g} s")
             log.warning(
-                "cannot reach NATS yet; retrying",
-                extra={
-                    "url": redact_url(url),
-                    "error": f"{type(error).__name__}: {error}",
-                    "retry_s": delay,
-                },
+                f"cannot reach NATS: {cause}; retrying",
+                extra={"url": redact_url(url), "cause": cause, "retry_s": delay},
             )
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
@@ -199,7 +212,7 @@ async def run_service(
     try:
         try:
             bus = await _connect_until_stopped(
-                connect, settings.nats_url, f"tessera-{name}", stop, clock
+                connect, settings.nats_url, f"tessera-{name}", stop, clock, readiness
             )
         except NatsRefusedError as error:
             readiness.set("nats", False, str(error))

@@ -101,11 +101,12 @@ class NatsCollector(Collector):
 
 
 def register_runtime_metrics(
-    registry: CollectorRegistry, status: Callable[[], ConnectionStatus | None]
+    registry: CollectorRegistry, status: Callable[[], ConnectionStatus | None] | None
 ) -> None:
     """Process (CPU, memory, file descriptors), Python GC and platform metrics, and the NATS
-    connection, on the service's registry."""
+    connection (``status``; None for a process that uses no NATS), on the service's registry."""
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
-    registry.register(NatsCollector(status))
+    if status is not None:
+        registry.register(NatsCollector(status))

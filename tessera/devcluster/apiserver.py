@@ -6,7 +6,9 @@ is the server, :meth:`ApiServer.write_kubeconfig` writes a kubeconfig with a bea
 
 What it serves (``resources.RESOURCES``): pods (with ``/status`` and ``/binding``), nodes (with
 ``/status``), namespaces (created implicitly by the first object in them), coordination.k8s.io/v1
-leases, events.k8s.io/v1 events and the core v1 view of the same events. For each:
+leases, events.k8s.io/v1 events and the core v1 view of the same events, and
+admissionregistration.k8s.io/v1 mutating and validating webhook configurations, whose webhooks a
+create over HTTP calls as the API server does (``admission.py``). For each:
 
 - get, list (``fieldSelector``, ``labelSelector``, ``limit``/``continue`` pages from one snapshot),
   create (``generateName``, uid, creationTimestamp, the type's defaults and validation: 422 with the
@@ -22,7 +24,8 @@ leases, events.k8s.io/v1 events and the core v1 view of the same events. For eac
   being deleted or its uid differs from the Binding's, sets ``spec.nodeName``, merges the Binding's
   annotations and sets ``PodScheduled=True``, as ``BindingREST`` does;
 - status writes keep the spec, main-resource writes keep the status; a pod's spec is immutable
-  but for the fields the API allows.
+  but for the fields the API allows; quantities are stored in the API server's canonical form;
+- pods/log: a container's log from the simulated kubelet of the pod's node (``pod_logs``).
 
 Boolean query parameters are accepted as ``true``, ``True`` and ``1`` (kubernetes-asyncio sends
 ``True``). Every answer that is not a success is a ``metav1.Status``.
@@ -55,9 +58,12 @@ import msgspec
 from aiohttp import web
 
 from tessera.devcluster import discovery, patches, resources
+from tessera.devcluster.admission import AdmissionChain, Phase
 from tessera.devcluster.resources import (
+    MUTATING_WEBHOOKS,
     NAMESPACE,
     POD,
+    VALIDATING_WEBHOOKS,
     ApiError,
     Obj,
     ResourceType,
@@ -78,6 +84,8 @@ _ENCODER: Final = msgspec.json.Encoder()
 _TRUE: Final = frozenset({"true", "True", "1"})
 DEFAULT_TOKEN: Final = "tessera-dev-token"
 DEFAULT_NAMESPACES: Final = ("default", "kube-system")
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
+"""The label the API server gives every namespace (webhooks' namespaceSelector keys on it)."""
 
 
 # --- faults ----------------------------------------------------------------------------------
@@ -240,6 +248,10 @@ class ApiServer:
         """(verb, resource label) -> requests received over HTTP."""
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.admission = AdmissionChain(self._webhook_configurations)
+        self.pod_logs: Callable[[Obj, str], str] | None = None
+        """pods/log: (pod, container) -> the container's log, as the node's kubelet serves it
+        (the API server proxies to it); None = no kubelet serves logs (404)."""
         for namespace in DEFAULT_NAMESPACES:
             self._ensure_namespace(namespace)
 
@@ -261,7 +273,12 @@ class ApiServer:
         self.url = f"http://{host}:{bound}"
         return self.url
 
+    def _webhook_configurations(self, phase: Phase) -> list[Obj]:
+        kind = MUTATING_WEBHOOKS if phase == "mutating" else VALIDATING_WEBHOOKS
+        return self.objects(kind)
+
     async def stop(self) -> None:
+        await self.admission.close()
         self.store.close_watches()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -317,7 +334,44 @@ class ApiServer:
         return list(self.store.objects(resource, namespace))
 
     def create(self, resource: ResourceType, obj: Obj, namespace: str = "") -> Obj:
-        """Create ``obj`` as the API server would (defaults, validation, implicit namespace)."""
+        """Create ``obj`` as the API server would (defaults, validation, implicit namespace).
+
+        In process: no admission webhook is called (a create over HTTP calls them)."""
+        prepared, namespace = self._prepare_create(resource, obj, namespace)
+        return self._store_created(resource, prepared, namespace)
+
+    async def create_admitted(self, resource: ResourceType, obj: Obj, namespace: str = "") -> Obj:
+        """Create ``obj`` as a client's create over HTTP is: defaults, the mutating admission
+        webhooks, validation, the validating webhooks (``admission.py``), then stored."""
+        meta = obj.get("metadata") or {}
+        if resource.namespaced:
+            namespace = namespace or meta.get("namespace") or "default"
+        labels = self._namespace_labels(namespace)
+        defaulted = clone(obj)
+        resource.defaults(defaulted, self.clock())  # the API server defaults when it decodes
+        mutated = await self.admission.admit(
+            "mutating", resource, defaulted, namespace=namespace, namespace_labels=labels
+        )
+        prepared, namespace = self._prepare_create(resource, mutated, namespace)
+        await self.admission.admit(
+            "validating", resource, prepared, namespace=namespace, namespace_labels=labels
+        )
+        return self._store_created(resource, prepared, namespace)
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str]:
+        found = self.store.get(NAMESPACE, ("", namespace)) if namespace else None
+        labels = dict(((found or {}).get("metadata") or {}).get("labels") or {})
+        if namespace:
+            labels.setdefault(NAMESPACE_NAME_LABEL, namespace)
+        return labels
+
+    def _store_created(self, resource: ResourceType, obj: Obj, namespace: str) -> Obj:
+        if resource.namespaced:
+            self._ensure_namespace(namespace)
+        return self.store.put(resource, obj)
+
+    def _prepare_create(self, resource: ResourceType, obj: Obj, namespace: str) -> tuple[Obj, str]:
+        """``obj`` ready to store (name, uid, defaults, validated), and its namespace."""
         obj = clone(obj)
         meta = obj.setdefault("metadata", {})
         if resource.namespaced:
@@ -371,9 +425,7 @@ class ApiServer:
         errors = resource.validate(obj)
         if errors:
             raise invalid(resource.kind, name, errors)
-        if resource.namespaced:
-            self._ensure_namespace(namespace)
-        return self.store.put(resource, obj)
+        return obj, namespace
 
     def update(
         self, resource: ResourceType, namespace: str, name: str, obj: Obj, subresource: str = ""
@@ -539,6 +591,7 @@ class ApiServer:
                 "kind": "Namespace",
                 "metadata": {
                     "name": namespace,
+                    "labels": {NAMESPACE_NAME_LABEL: namespace},
                     "uid": resources.new_uid(),
                     "creationTimestamp": timestamp(self.clock()),
                 },
@@ -610,6 +663,8 @@ class ApiServer:
 
     async def _dispatch(self, request: web.Request, target: Target, verb: str) -> web.Response:
         resource, namespace, name = target.resource, target.namespace, target.name
+        if verb == "get" and target.subresource == "log":
+            return self._log(request, self.get(resource, namespace, name))
         if verb == "get":
             view = resource.to_view(self.get(resource, namespace, name))
             if discovery.wants_table(request.headers.get("Accept", "")):
@@ -639,7 +694,7 @@ class ApiServer:
                     raise ApiError(400, "BadRequest", "the object must be a JSON object")
                 if request.query.get("fieldValidation") == "Strict":
                     _strict_top_level(body)
-                result = self.create(resource, resource.from_view(body), namespace)
+                result = await self.create_admitted(resource, resource.from_view(body), namespace)
                 code, answer = 201, resource.to_view(result)
             elif verb == "update":
                 if not isinstance(body, dict):
@@ -685,6 +740,32 @@ class ApiServer:
             )
         )
         return _json(answer, code)
+
+    def _log(self, request: web.Request, pod: Obj) -> web.Response:
+        """pods/log: one container's log as text (``container`` names it; a pod of one
+        container needs none), as the kubelet answers through the API server."""
+        names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
+        container = request.query.get("container") or ""
+        if not container:
+            if len(names) != 1:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"a container name must be specified for pod {pod['metadata']['name']}, "
+                    f"choose one of: [{' '.join(names)}]",
+                )
+            container = names[0]
+        if container not in names:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"container {container} is not valid for pod {pod['metadata']['name']}",
+            )
+        if self.pod_logs is None:
+            raise ApiError(404, "NotFound", "no kubelet serves logs for this pod")
+        return web.Response(
+            text=self.pod_logs(pod, container), content_type="text/plain", charset="utf-8"
+        )
 
     def _match(self, request: web.Request, resource: ResourceType) -> Any:
         try:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.kubelet import NodeSpec, Overcommit, PodRecord, SimulatedKubelet
-from tessera.devcluster.resources import POD, Obj
+from tessera.devcluster.resources import POD, ApiError, Obj
 from tessera.devcluster.store import Closed, Watcher
 
 
@@ -62,6 +62,7 @@ class SimulatedCluster:
             )
             for index, spec in enumerate(nodes)
         }
+        self.api.pod_logs = self._logs
         self.created_at: dict[str, float] = {}
         """Pod uid -> when :meth:`create_pod` created it."""
         self._router: asyncio.Task[None] | None = None
@@ -134,6 +135,18 @@ class SimulatedCluster:
         kubelet = self.kubelets.get(node) if node else None
         if kubelet is not None:
             kubelet.pod_event(kind, pod)
+
+    def _logs(self, pod: Obj, container: str) -> str:
+        node = (pod.get("spec") or {}).get("nodeName")
+        kubelet = self.kubelets.get(node) if node else None
+        if kubelet is None:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container "{container}" in pod "{pod["metadata"]["name"]}" is waiting to '
+                "start: the pod is not bound to a node",
+            )
+        return kubelet.logs(pod, container)
 
     # --- helpers for callers --------------------------------------------------------------------
 

@@ -32,7 +32,11 @@ SERVER_VERSION: Final = {
 SHORT_NAMES: Final = {"pods": ["po"], "nodes": ["no"], "namespaces": ["ns"], "events": ["ev"]}
 CATEGORIES: Final = {"pods": ["all"]}
 VERBS: Final = ["create", "delete", "get", "list", "patch", "update", "watch"]
-SUBRESOURCE_VERBS: Final = {"status": ["get", "patch", "update"], "binding": ["create"]}
+SUBRESOURCE_VERBS: Final = {
+    "status": ["get", "patch", "update"],
+    "binding": ["create"],
+    "log": ["get"],
+}
 
 
 def _groups() -> dict[str, list[str]]:

@@ -58,6 +58,8 @@ KUBELET_VERSION: Final = "v1.31.0-tessera-sim"
 ENV_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 ENV_MEMORY: Final = "TESSERA_GPU_MEMORY_LIMIT_MIB"
 ENV_CORES: Final = "TESSERA_GPU_CORES"
+LOGGED_ENV: Final = ("NVIDIA_", "TESSERA_", "CUDA_", "LD_PRELOAD", "VOLCANO_", "ALIYUN_")
+"""What a simulated container's log shows of its environment (``kubectl logs``)."""
 REGISTRATION_TIMEOUT_S: Final = 10.0
 
 
@@ -712,6 +714,31 @@ class SimulatedKubelet:
             "containerStatuses": statuses,
         }
         self._patch_status(pod, status)
+
+    # --- logs ---------------------------------------------------------------------------------
+
+    def logs(self, pod: Obj, container: str) -> str:
+        """What ``kubectl logs`` shows of ``container``: the simulated container runs
+        ``env | grep -E 'NVIDIA_VISIBLE_DEVICES|TESSERA_|CUDA_|LD_PRELOAD'``, so its log is the
+        GPU environment the device plugin gave it (and the mounts). ApiError 400 while the pod
+        is not running here, as the kubelet answers for a container that has not started."""
+        meta = pod["metadata"]
+        record = self.pods.get(meta["uid"])
+        if record is None or record.running_at is None:
+            reason = record.failed_reason if record is not None else ""
+            state = f"failed: {reason}" if reason else "waiting to start"
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container "{container}" in pod "{meta["name"]}" is {state}',
+            )
+        envs = pod_containers_env(record.containers).get(container, {})
+        mounts = [m for r in record.containers if r.container == container for m in r.mounts]
+        lines = [f"{key}={envs[key]}" for key in sorted(envs) if key.startswith(LOGGED_ENV)]
+        lines += [f"mount {host} -> {path}{' (ro)' if ro else ''}" for path, host, ro in mounts]
+        if not lines:
+            lines = ["no GPU environment: this container was given no Tessera device"]
+        return "".join(f"{line}\n" for line in lines)
 
     # --- what the containers hold ---------------------------------------------------------------
 

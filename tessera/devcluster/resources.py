@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from shared.quantity import QuantityError, parse_quantity
+from shared.quantity import QuantityError, canonical, parse_quantity
 
 Obj = dict[str, Any]
 
@@ -214,16 +214,37 @@ def _default_pod(pod: Obj, now: float) -> None:
             for name, value in limits.items():
                 if requests is not None:
                     requests.setdefault(name, value)  # the API server defaults requests to limits
-            for section in ("limits", "requests"):
-                quantities = resources.get(section)
-                if quantities:
-                    resources[section] = {k: str(v) for k, v in quantities.items()}
             container.setdefault("terminationMessagePath", "/dev/termination-log")
             container.setdefault("terminationMessagePolicy", "File")
             container.setdefault("imagePullPolicy", "IfNotPresent")
+    _canonical_quantities(spec)
     status = pod.setdefault("status", {})
     status.setdefault("phase", "Pending")
     status.setdefault("qosClass", _qos_class(spec))
+
+
+def _canonical_quantities(spec: Obj) -> None:
+    """Write every container's resource quantities as the API server stores them (``1`` and
+    ``"1"`` are both ``"1"``, ``"1024Mi"`` is ``"1Gi"``): it decodes them into Quantities, so a
+    client sending the same value in another form changes nothing (a second ``kubectl apply``
+    sends ``1`` where the pod holds ``"1"``). A value that is not a quantity stays as written, for
+    validation to refuse."""
+    for kind in ("containers", "initContainers"):
+        for container in spec.get(kind) or []:
+            if not isinstance(container, dict):
+                continue
+            resources = container.get("resources") or {}
+            for section in ("limits", "requests"):
+                quantities = resources.get(section)
+                if isinstance(quantities, dict) and quantities:
+                    resources[section] = {k: _canonical(v) for k, v in quantities.items()}
+
+
+def _canonical(value: Any) -> Any:
+    try:
+        return canonical(value)
+    except QuantityError:
+        return value if isinstance(value, str) else str(value)
 
 
 def _qos_class(spec: Obj) -> str:
@@ -267,6 +288,7 @@ def _update_pod(old: Obj, new: Obj, subresource: str) -> list[str]:
         _keep(new, old, "metadata", "ownerReferences")
         return []
     new["status"] = copy.deepcopy(old.get("status", {}))
+    _canonical_quantities(new.setdefault("spec", {}))
     if _comparable_pod_spec(old.get("spec", {})) != _comparable_pod_spec(new.get("spec", {})):
         return [
             f"spec: Forbidden: pod updates may not change fields other than {_POD_MUTABLE_SPEC}"
@@ -419,6 +441,44 @@ def _default_namespace(namespace: Obj, now: float) -> None:
     namespace.setdefault("status", {"phase": "Active"})
 
 
+# --- admission webhook configurations ---------------------------------------------------------
+
+
+def _validate_webhook_configuration(configuration: Obj) -> list[str]:
+    """What admissionregistration.k8s.io/v1 refuses in a webhook configuration, as far as the
+    API test double calls the webhooks (names, a client config, v1 reviews, side effects)."""
+    errors: list[str] = []
+    seen: set[str] = set()
+    for i, hook in enumerate(configuration.get("webhooks") or []):
+        where = f"webhooks[{i}]"
+        name = hook.get("name") or ""
+        if not name or "." not in name:
+            errors.append(
+                f"{where}.name: Invalid value: {name!r}: should be a domain with at least three "
+                "segments"
+            )
+        elif name in seen:
+            errors.append(f"{where}.name: Duplicate value: {name!r}")
+        seen.add(name)
+        client = hook.get("clientConfig") or {}
+        if bool(client.get("url")) == bool(client.get("service")):
+            errors.append(
+                f"{where}.clientConfig: Required value: exactly one of url or service is required"
+            )
+        if "v1" not in (hook.get("admissionReviewVersions") or []):
+            errors.append(f"{where}.admissionReviewVersions: Invalid value: must include v1")
+        if hook.get("sideEffects") not in ("None", "NoneOnDryRun"):
+            errors.append(
+                f"{where}.sideEffects: Unsupported value: {hook.get('sideEffects')!r}: "
+                'supported values: "None", "NoneOnDryRun"'
+            )
+        if hook.get("failurePolicy", "Fail") not in ("Fail", "Ignore"):
+            errors.append(
+                f"{where}.failurePolicy: Unsupported value: {hook.get('failurePolicy')!r}"
+            )
+    return errors
+
+
 # --- the table -------------------------------------------------------------------------------
 
 
@@ -488,7 +548,7 @@ POD: Final = ResourceType(
     kind="Pod",
     namespaced=True,
     fields=_pod_fields,
-    subresources=frozenset({"status", "binding"}),
+    subresources=frozenset({"status", "binding", "log"}),
     defaults=_default_pod,
     validate=_validate_pod,
     update_rules=_update_pod,
@@ -541,7 +601,61 @@ CORE_EVENT: Final = ResourceType(
     from_view=event_from_core,
 )
 
-RESOURCES: Final[tuple[ResourceType, ...]] = (POD, NODE, NAMESPACE, LEASE, EVENT, CORE_EVENT)
+SECRET: Final = ResourceType(
+    group="",
+    version="v1",
+    plural="secrets",
+    kind="Secret",
+    namespaced=True,
+)
+STORED_ONLY: Final = tuple(
+    ResourceType(group=group, version=version, plural=plural, kind=kind, namespaced=namespaced)
+    for group, version, plural, kind, namespaced in (
+        ("", "v1", "configmaps", "ConfigMap", True),
+        ("", "v1", "services", "Service", True),
+        ("", "v1", "serviceaccounts", "ServiceAccount", True),
+        ("apps", "v1", "deployments", "Deployment", True),
+        ("apps", "v1", "daemonsets", "DaemonSet", True),
+        ("apps", "v1", "statefulsets", "StatefulSet", True),
+        ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+        ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True),
+        ("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+        ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+        ("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+        ("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    )
+)
+"""Kinds a Helm chart holds, stored as written (no controller acts on them): so that ``helm``
+can map, look up and dry-run a release against the test double (``--dry-run=server``)."""
+MUTATING_WEBHOOKS: Final = ResourceType(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="mutatingwebhookconfigurations",
+    kind="MutatingWebhookConfiguration",
+    namespaced=False,
+    validate=_validate_webhook_configuration,
+)
+VALIDATING_WEBHOOKS: Final = ResourceType(
+    group="admissionregistration.k8s.io",
+    version="v1",
+    plural="validatingwebhookconfigurations",
+    kind="ValidatingWebhookConfiguration",
+    namespaced=False,
+    validate=_validate_webhook_configuration,
+)
+
+RESOURCES: Final[tuple[ResourceType, ...]] = (
+    POD,
+    NODE,
+    NAMESPACE,
+    LEASE,
+    EVENT,
+    CORE_EVENT,
+    SECRET,
+    MUTATING_WEBHOOKS,
+    VALIDATING_WEBHOOKS,
+    *STORED_ONLY,
+)
 
 
 def find(group: str, version: str, plural: str) -> ResourceType | None:

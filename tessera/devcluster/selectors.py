@@ -152,3 +152,30 @@ def selector(field: FieldSelector, label: LabelSelector) -> Selector:
     if not field.requirements and not label.requirements:
         return lambda _fields, _labels: True
     return lambda fields, labels: field.matches(fields) and label.matches(labels)
+
+
+_STRUCTURED_OPERATORS: dict[str, Operator] = {
+    "In": "in",
+    "NotIn": "notin",
+    "Exists": "exists",
+    "DoesNotExist": "!exists",
+}
+
+
+def structured_label_selector(selector_obj: Mapping[str, object] | None) -> LabelSelector:
+    """A ``metav1.LabelSelector`` object (``matchLabels``, ``matchExpressions``), as webhook
+    configurations' ``namespaceSelector`` and ``objectSelector`` are written. Empty or None
+    matches everything. SelectorError on an unknown operator."""
+    requirements: list[Requirement] = []
+    match_labels = (selector_obj or {}).get("matchLabels") or {}
+    if isinstance(match_labels, Mapping):
+        for key, value in match_labels.items():
+            requirements.append(Requirement(str(key), "=", frozenset({str(value)})))
+    expressions = (selector_obj or {}).get("matchExpressions") or []
+    for expression in expressions if isinstance(expressions, list) else []:
+        operator = _STRUCTURED_OPERATORS.get(str(expression.get("operator")))
+        if operator is None:
+            raise SelectorError(f"unknown label selector operator {expression.get('operator')!r}")
+        values = frozenset(str(v) for v in expression.get("values") or [])
+        requirements.append(Requirement(str(expression.get("key", "")), operator, values))
+    return LabelSelector(tuple(requirements))

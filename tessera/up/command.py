@@ -2,7 +2,8 @@
 
 Starts nats-server, the simulated cluster (the Kubernetes API test double and a simulated kubelet
 per node), one real ``tessera inventory --backend fake`` and one ``tessera deviceplugin`` per GPU
-node, the binder(s), two placers and the dashboard (:class:`~tessera.up.system.LocalSystem`);
+node, the binder(s), two placers, the dashboard and the admission webhook
+(:class:`~tessera.up.system.LocalSystem`);
 submits the workload; shows progress (one updating line on a terminal, plain lines otherwise, on
 stderr); and when every pod is settled (Running, Failed with the kubelet's reason, or Pending with
 the placer's reasons, and nothing moved for a moment) prints the summary on stdout (``--json``:
@@ -72,6 +73,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--profile", default="", help="the placers' --profile (default: their default)"
     )
     cluster.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
+    cluster.add_argument(
+        "--no-webhook",
+        action="store_true",
+        help="do not start the admission webhook (pods created with kubectl are then not "
+        "defaulted or checked at create time)",
+    )
     cluster.add_argument(
         "--nats-servers",
         type=int,
@@ -255,6 +262,8 @@ def render_endpoints(endpoints: dict[str, Any], out: TextIO) -> None:
     print(f"  kubectl:     KUBECONFIG={endpoints['kubeconfig']} kubectl get pods -o wide", file=out)
     if endpoints["dashboard_url"]:
         print(f"  dashboard:   {endpoints['dashboard_url']}", file=out)
+    if endpoints["webhook_url"]:
+        print(f"  webhook:     {endpoints['webhook_url']} (mutate, validate)", file=out)
     print("  HTTP ports (/healthz, /readyz, /metrics):", file=out)
     for name, port in sorted(endpoints["http_ports"].items()):
         print(f"    {name:<28} http://127.0.0.1:{port}/", file=out)
@@ -287,6 +296,7 @@ async def run_up(args: argparse.Namespace) -> int:
             binders=args.binders,
             nats_servers=args.nats_servers,
             dashboard=not args.no_dashboard,
+            webhook=not args.no_webhook,
             tenancy_file=tenancy_file,
             placer_args=("--profile", args.profile) if args.profile else (),
             log_level=args.log_level,
@@ -329,6 +339,8 @@ async def run_up(args: argparse.Namespace) -> int:
             out = summary.to_json()
             out["run_dir"] = str(run_dir)
             out["api_refused"] = rejected
+            if args.keep:
+                out["endpoints"] = system.endpoints()
             print(json.dumps(out, indent=None if not sys.stdout.isatty() else 2), flush=True)
         else:
             render(summary, sys.stdout)
@@ -372,8 +384,9 @@ COMMAND = Command(
     name="up",
     summary="run the whole system on this machine against a simulated cluster",
     description="Start nats-server, a simulated Kubernetes cluster (API and kubelets), a fake "
-    "inventory and a device plugin per GPU node, the binder, two placers and the dashboard as "
-    "real processes; submit a workload; show its progress and print a summary (pods by phase, "
+    "inventory and a device plugin per GPU node, the binder, two placers, the dashboard and the "
+    "admission webhook (registered with the API: kubectl's creates go through it) as real "
+    "processes; submit a workload; show its progress and print a summary (pods by phase, "
     "GPU share allocated, latency per stage, containers whose GPU environment does not match "
     "their decided slices, over-committed GPUs). Service logs go to files in the run "
     "directory. Exit codes: 0 done, 1 a problem found (or not settled with --exit-when-done), "

@@ -4,9 +4,11 @@
 a free port), the :class:`~tessera.devcluster.cluster.SimulatedCluster` in this process (the API
 test double and one simulated kubelet per node), then as separate processes one
 ``tessera inventory --backend fake`` and one ``tessera deviceplugin`` per GPU node, the
-binder(s) (leader election on), the placers and the dashboard. It waits until every service is
-ready, every device plugin has registered with its kubelet, and the binder has published every
-node's facts with its devices, so the first pod submitted meets a settled cluster.
+binder(s) (leader election on), the placers, the dashboard and the admission webhook (over TLS,
+with a CA made for the run). It waits until every service is ready, every device plugin has
+registered with its kubelet, and the binder has published every node's facts with its devices,
+then registers the webhook with the API (kubectl's creates go through it), so the first pod
+submitted meets a settled cluster.
 
 With ``nats_servers=3`` NATS is a 3-server JetStream cluster on loopback (each server with its
 own store) and every service keeps three replicas of each stream and bucket.
@@ -19,6 +21,7 @@ Tests, the benchmark and ``tessera up`` share it; :meth:`LocalSystem.kill`,
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import shutil
@@ -39,8 +42,9 @@ from shared.messages.nodes import NodeFacts
 from shared.runtime.bus import NatsBus
 from tessera.devcluster.cluster import SimulatedCluster
 from tessera.devcluster.kubelet import GpuCapacity, NodeSpec
-from tessera.devcluster.resources import LEASE, NODE
+from tessera.devcluster.resources import LEASE, MUTATING_WEBHOOKS, NODE, VALIDATING_WEBHOOKS
 from tessera.up import report
+from tessera.up.certs import ServingCertificate, make_serving_certificate
 from tessera.up.processes import Child, StartError, Supervisor, python_command
 from tessera.up.spec import NodePlan
 
@@ -91,6 +95,8 @@ class SystemOptions:
     placers: int = 2
     binders: int = 1
     dashboard: bool = True
+    webhook: bool = True
+    """Run the admission webhook and register it with the API (pods created over HTTP)."""
     tenancy_file: str = ""
     placer_args: Sequence[str] = ()
     binder_args: Sequence[str] = ()
@@ -132,6 +138,8 @@ class LocalSystem:
         self._route_ports = [free_port() for _ in range(options.nats_servers)]
         self.nats_url = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_ports)
         self.kubeconfig = options.run_dir / "kubeconfig"
+        self.webhook_port = 0
+        self.webhook_cert: ServingCertificate | None = None
         self.bus: NatsBus | None = None
         self.env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", **options.env}
         for proxy in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
@@ -178,7 +186,7 @@ class LocalSystem:
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
         self.bus = await self._connect_bus()
         for plan in self.gpu_nodes:
-            self._start_node_services(plan)
+            self.start_node_services(plan)
         for name in self.binder_names():
             self._start_binder(name)
         for name in self.placer_names():
@@ -189,8 +197,12 @@ class LocalSystem:
                 python_command("dashboard", *self._common()),
                 env=self.env,
             )
+        if self.options.webhook:
+            self._start_webhook()
         self.say(f"started {len(self.service_names())} service processes; waiting until ready")
         await self.wait_ready(self.options.ready_timeout_s)
+        if self.options.webhook:
+            self.register_webhook()
 
     def nats_store(self, name: str) -> Path:
         return self.run_dir / name.replace("nats-server", "nats")
@@ -253,11 +265,18 @@ class LocalSystem:
                 await asyncio.sleep(0.5)
 
     def _common(self) -> list[str]:
+        """The options of every service on the bus."""
         return [
             "--nats-url",
             self.nats_url,
             "--nats-replicas",
             str(len(self.nats_ports)),
+            *self._process(),
+        ]
+
+    def _process(self) -> list[str]:
+        """The options of every Tessera process: health on a free loopback port, the log level."""
+        return [
             "--http-host",
             "127.0.0.1",
             "--http-port",
@@ -266,7 +285,8 @@ class LocalSystem:
             self.options.log_level,
         ]
 
-    def _start_node_services(self, plan: NodePlan) -> None:
+    def start_node_services(self, plan: NodePlan) -> None:
+        """The inventory and device plugin of one GPU node."""
         self.supervisor.start(
             f"inventory/{plan.name}",
             python_command(
@@ -304,6 +324,72 @@ class LocalSystem:
             env=self.env,
         )
 
+    def _start_webhook(self) -> None:
+        self.webhook_port = free_port()
+        self.webhook_cert = make_serving_certificate(
+            self.run_dir / "webhook", ["127.0.0.1", "localhost"]
+        )
+        self.supervisor.start(
+            "webhook",
+            python_command(
+                "webhook",
+                "--tls-cert-file",
+                str(self.webhook_cert.cert_file),
+                "--tls-key-file",
+                str(self.webhook_cert.key_file),
+                "--tls-host",
+                "127.0.0.1",
+                "--tls-port",
+                str(self.webhook_port),
+                *self._process(),
+            ),
+            env=self.env,
+        )
+
+    def register_webhook(self) -> None:
+        """Register the running webhook with the API, as the chart does on a cluster: called on
+        every pod create over HTTP (kubectl), in every namespace but kube-system."""
+        assert self.webhook_cert is not None
+        ca_bundle = base64.b64encode(self.webhook_cert.ca_pem).decode()
+        for kind, path in ((MUTATING_WEBHOOKS, "mutate"), (VALIDATING_WEBHOOKS, "validate")):
+            self.cluster.api.create(
+                kind,
+                {
+                    "metadata": {"name": f"tessera-{path}"},
+                    "webhooks": [
+                        {
+                            "name": f"{path}.tessera.dev",
+                            "clientConfig": {
+                                "url": f"https://127.0.0.1:{self.webhook_port}/{path}",
+                                "caBundle": ca_bundle,
+                            },
+                            "rules": [
+                                {
+                                    "operations": ["CREATE"],
+                                    "apiGroups": [""],
+                                    "apiVersions": ["v1"],
+                                    "resources": ["pods"],
+                                    "scope": "Namespaced",
+                                }
+                            ],
+                            "namespaceSelector": {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/metadata.name",
+                                        "operator": "NotIn",
+                                        "values": ["kube-system"],
+                                    }
+                                ]
+                            },
+                            "failurePolicy": "Fail",
+                            "sideEffects": "None",
+                            "admissionReviewVersions": ["v1"],
+                            "timeoutSeconds": 5,
+                        }
+                    ],
+                },
+            )
+
     def _start_binder(self, name: str) -> None:
         self.supervisor.start(
             name,
@@ -337,18 +423,21 @@ class LocalSystem:
         deadline = time.monotonic() + timeout
         names = self.service_names()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-            waiting = set(names)
+            waiting = {name: "not listening yet" for name in names}
             while waiting:
                 for name in sorted(waiting):
                     self.supervisor.check_alive(name)
-                    if await self._ready(http, name):
-                        waiting.discard(name)
+                    why = await self._not_ready(http, name)
+                    if why is None:
+                        del waiting[name]
+                    else:
+                        waiting[name] = why
                 if not waiting:
                     break
                 if time.monotonic() > deadline:
                     raise StartError(
-                        f"not ready within {timeout:.0f} s: {', '.join(sorted(waiting))} "
-                        f"(logs in {self.supervisor.logs})"
+                        f"not ready within {timeout:.0f} s (logs in {self.supervisor.logs}):"
+                        + "".join(f"\n  {name}: {why}" for name, why in sorted(waiting.items()))
                     )
                 await asyncio.sleep(0.2)
         await self.cluster.wait_registered(
@@ -357,15 +446,25 @@ class LocalSystem:
         )
         await self.wait_node_facts(max(1.0, deadline - time.monotonic()))
 
-    async def _ready(self, http: aiohttp.ClientSession, name: str) -> bool:
+    async def _not_ready(self, http: aiohttp.ClientSession, name: str) -> str | None:
+        """None when ``name`` is ready, else why not: its failing /readyz checks."""
         port = self.supervisor.http_port(name)
         if port is None:
-            return False
+            return "has not said where it listens yet"
         try:
             async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-                return response.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+                if response.status == 200:
+                    return None
+                body = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            return f"/readyz did not answer: {error or type(error).__name__}"
+        checks = body.get("checks") or {} if isinstance(body, dict) else {}
+        failing = [
+            f"{check}: {state.get('reason') or 'not ready'}"
+            for check, state in sorted(checks.items())
+            if isinstance(state, dict) and not state.get("ready")
+        ]
+        return "; ".join(failing) or "not ready"
 
     async def wait_node_facts(self, timeout: float) -> None:
         """Until NATS holds every node's facts, with the devices its kubelet advertises."""
@@ -474,6 +573,7 @@ class LocalSystem:
             "api_url": self.cluster.url,
             "kubeconfig": str(self.kubeconfig),
             "dashboard_url": f"http://127.0.0.1:{dashboard}/" if dashboard else "",
+            "webhook_url": f"https://127.0.0.1:{self.webhook_port}/" if self.webhook_port else "",
             "http_ports": ports,
             "run_dir": str(self.run_dir),
             "logs": str(self.supervisor.logs),

@@ -157,7 +157,7 @@ def test_notes_read_well() -> None:
     invalid = InvalidPod(
         uid="u", namespace="d", name="p", errors=(FieldError(field="f", problem="bad"),)
     )
-    assert explain.invalid_message(invalid) == "Tessera cannot place this pod as written: f: bad"
+    assert invalid.reason == "Tessera cannot place this pod as written: f: bad"
 
 
 def test_event_bodies_are_valid_kubernetes_objects() -> None:

@@ -294,6 +294,25 @@ def test_invalid_requests_name_the_field_and_what_is_allowed(
     assert (result.uid, result.namespace, result.name) == ("uid-1", "default", "p")
 
 
+@pytest.mark.parametrize(
+    ("value", "write"), [("1Gi", 1024), ("512Mi", 512), ("1536Mi", 1536), ("1Ti", 1048576)]
+)
+def test_gpu_memory_with_a_unit_says_it_counts_mib(value: str, write: int) -> None:
+    result = parsed(pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": value})))
+    assert isinstance(result, InvalidPod)
+    assert result.message == (
+        f"{C0}[tessera.dev/gpu-memory] (container 'main'): {value!r} has a unit, but "
+        f"tessera.dev/gpu-memory counts MiB and takes a plain number; for {value} write {write}"
+    )
+
+
+def test_gpu_memory_in_plain_numbers_and_exponents_is_mib() -> None:
+    # The API server stores a plain 2000 as "2k" and 1000000 as "1M" (its canonical form).
+    for value, mib in (("4096", 4096), (4096, 4096), ("4e3", 4000), ("2k", 2000), ("1M", 10**6)):
+        request = valid(pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": value})))
+        assert request.containers[0].gpu_memory_mib == mib
+
+
 def test_fractional_extended_resources_are_refused() -> None:
     body = pod("p", container(extra={"tessera.dev/gpu": 1.5}))
     result = parsed(body)

@@ -13,8 +13,10 @@ from shared import annotations as names
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation
+from shared.messages.base import ContainerSlices
 from shared.messages.bindings import BindingResult
 from shared.messages.nodes import NodeFacts
+from shared.messages.placement import PodInvalid
 from shared.messages.pods import PodDeleted, PodPending
 from shared.runtime.bus import NatsBus
 from tessera.devcluster.apiserver import ApiServer
@@ -92,6 +94,7 @@ async def test_an_invalid_request_is_explained_and_never_published(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
     pending = await collect(bus, subjects.PODS_PENDING)
+    invalid = await collect(bus, subjects.PLACEMENTS_INVALID)
     async with start_binder() as binder:
         api.create(
             POD,
@@ -112,6 +115,11 @@ async def test_an_invalid_request_is_explained_and_never_published(
         await eventually(lambda: pending.deliveries, what="the good pod")
         assert [m.name for m in pending.decoded(PodPending)] == ["good"]
         assert binder.metric("tessera_binder_invalid_pods_total") == 1
+        # Said on tessera.placements.invalid (the dashboard counts it Pending), once.
+        await eventually(lambda: invalid.deliveries, what="the invalid pod said")
+        (said,) = invalid.decoded(PodInvalid)
+        assert (said.name, said.message) == ("bad", explained["message"])
+        assert said.fields == ("metadata.annotations[tessera.dev/gpu-policy]",)
         # Fixed by its owner, it is published.
         api.patch(
             POD,
@@ -317,6 +325,32 @@ async def test_allocation_marks_the_pod_and_a_slow_one_gets_a_warning(
         warning = events_about(api, "slow", "AllocationDelayed")[0]
         assert warning["type"] == "Warning" and "node gpu-1" in warning["note"]
         assert names.ASSIGNED not in api.get(POD, "default", "slow")["metadata"]["annotations"]
+
+
+async def test_a_pod_without_gpus_gets_no_allocation_warning(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """A CPU-only Tessera pod is bound and stays ``bound``: no device plugin will ever allocate
+    it, so it never gets AllocationDelayed (the GPU pod beside it does)."""
+    api.create(NODE, node())
+    async with start_binder(allocation_warning_s=0.3):
+        uids = {}
+        for name, containers in (
+            ("cpu-only", (ContainerSlices(container="main", gpus=()),)),
+            ("gpu", (slices("main", (0, 4096, 25)),)),
+        ):
+            uids[name] = uid_of(api.create(POD, pod(name)))
+            rec = record(uids[name], name, *containers)
+            await put_record(bus, rec)
+            await publish_decision(bus, rec)
+        await eventually(
+            lambda: all(api.get(POD, "default", n)["spec"].get("nodeName") for n in uids),
+            what="both bound",
+        )
+        await eventually(lambda: events_about(api, "gpu", "AllocationDelayed"), what="warning")
+        await asyncio.sleep(0.6)  # two more rounds of the watch
+        assert events_about(api, "cpu-only", "Scheduled"), "bound and told"
+        assert not events_about(api, "cpu-only", "AllocationDelayed")
 
 
 async def test_api_faults_are_retried(

@@ -14,9 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from shared import codec, subjects
+from shared.messages.placement import PodInvalid
+from shared.messages.pods import PodPending
+from shared.messages.stats import TenantUsage
 from shared.runtime.bus import NatsBus
 from tests.dashboard.builders import (
     put_record,
@@ -206,3 +210,99 @@ def test_100_nodes_by_8_gpus_are_all_drawn(
         update_ms = browser.execute_script("return window.tesseraDashboard.perf.lastRenderMs")
         print(f"one-node update render {update_ms:.1f} ms")
         save_artifact(browser, tmp_path, "dashboard-100x8.png")
+
+
+RUNNING_ROWS = (
+    "return Array.from(document.querySelectorAll('#running tbody tr'), r => r.dataset.podUid)"
+)
+
+
+def test_tenants_placed_pods_utilization_and_every_pending_pod(
+    browser: Any, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The per-tenant table (usage against quotas), the placed pods (filtered and paged by the
+    server), each GPU's utilisation over the last minutes, and Pending counting the pods no
+    placer has decided yet and those the binder found invalid."""
+    now = time.time()
+    cluster = synthetic_cluster(4, 4, pending=2, now=now - 60)
+    tenants = (
+        TenantUsage(
+            tenant="research", pods=9, gpus=9, gpu_memory_mib=90_000, core_milli=2500, quota_gpus=16
+        ),
+        TenantUsage(tenant="batch", pods=1, gpus=1, gpu_memory_mib=10240, core_milli=250),
+    )
+    cluster.stats[0] = msgspec.structs.replace(cluster.stats[0], tenants=tenants)
+    later = [
+        msgspec.structs.replace(
+            inv,
+            observed_at=now,
+            gpus=tuple(msgspec.structs.replace(g, utilization_pct=90) for g in inv.gpus),
+        )
+        for inv in cluster.inventories
+    ]
+
+    async def seed(bus: NatsBus) -> None:
+        await write_cluster(bus, cluster)
+
+    async def more(bus: NatsBus) -> None:
+        for rejected in cluster.rejections:  # the page listens from now on
+            await bus.js_publish(subjects.PLACEMENTS_REJECTED, codec.encode(rejected))
+        for inv in later:  # a second reading a minute on: every GPU now has a history
+            await bus.kv_put(
+                subjects.KV_INVENTORY, subjects.node_token(inv.node), codec.encode(inv)
+            )
+        queued = PodPending(
+            uid="q-1", namespace="batch", name="waits", containers=(), created_at=now
+        )
+        await bus.js_publish(subjects.PODS_PENDING, codec.encode(queued))
+        invalid = PodInvalid(
+            pod_uid="bad-1", namespace="batch", name="typo", message="Tessera cannot place", at=now
+        )
+        await bus.js_publish(subjects.PLACEMENTS_INVALID, codec.encode(invalid))
+
+    on_bus(nats_server.url, seed)
+    with dashboard_process(nats_server.url, "--push-interval-s", "0.1") as dashboard:
+        browser.get(dashboard.url)
+        wait_in_page(browser, "window.tesseraDashboard && window.tesseraDashboard.ready")
+        on_bus(nats_server.url, more)
+        wait_in_page(
+            browser,
+            "document.getElementById('pending-count').textContent === '4'",
+            what="2 rejected, 1 not decided yet, 1 invalid",
+        )
+        pending = browser.find_element("id", "pending").text
+        assert "batch/waits queued" in pending and "not decided by a placer yet" in pending
+        assert "batch/typo invalid" in pending and "Tessera cannot place" in pending
+
+        rows = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#tenants tbody tr'),"
+            " r => Array.from(r.cells, c => c.textContent))"
+        )
+        assert rows == [
+            ["research", "9", "9 / 16", "88 GiB", "2.50 GPUs of SMs"],
+            ["batch", "1", "1", "10 GiB", "0.25 GPUs of SMs"],
+        ]
+
+        wait_in_page(browser, "document.querySelectorAll('#nodes .gpu .spark').length === 16")
+        live = [r for r in cluster.records if r.state != "released"]
+        total = len(live)
+        assert total > 20, "enough placed pods for two pages"
+        wait_in_page(
+            browser, f"document.getElementById('running-page').textContent === '1-20 of {total}'"
+        )
+        shown = browser.execute_script(RUNNING_ROWS)
+        by_name = sorted(live, key=lambda r: (r.namespace, r.name, r.pod_uid))
+        assert shown == [r.pod_uid for r in by_name[:20]]
+        browser.find_element("id", "running-next").click()
+        wait_in_page(
+            browser, "document.getElementById('running-page').textContent.startsWith('21-')"
+        )
+        browser.find_element("id", "running-filter").send_keys("inference")
+        expected = [r.pod_uid for r in by_name if r.namespace == "inference"]
+        wait_in_page(
+            browser,
+            f"document.getElementById('running-count').textContent === '{len(expected)}'",
+        )
+        shown = browser.execute_script(RUNNING_ROWS)
+        assert shown == expected[:20]
+        save_artifact(browser, tmp_path, "dashboard-tenants-running.png")

@@ -14,7 +14,9 @@ from services.dashboard.core.state import (
     Event,
     FactsChanged,
     InventoryChanged,
+    PodFoundInvalid,
     PodGone,
+    PodQueued,
     PodRejected,
     RecordChanged,
     State,
@@ -26,9 +28,11 @@ from services.dashboard.core.state import (
     reduce_all,
     stats_key_problem,
 )
-from services.dashboard.core.views import ViewPolicy, cluster_view
+from services.dashboard.core.views import ViewPolicy, cluster_view, pending_view
 from shared import subjects
 from shared.messages.assignments import AssignmentRecord, AssignmentState
+from shared.messages.placement import PodInvalid
+from shared.messages.pods import PodPending
 from tests.dashboard.builders import (
     NOW,
     deleted,
@@ -324,3 +328,46 @@ def test_every_live_slice_is_counted_once_whatever_the_order_across_keys(
     latest = {e.key: e.record for e in events}
     live_memory = sum(1024 for r in latest.values() if r is not None and r.state != "released")
     assert view.totals.gpu_memory_allocated_mib == live_memory
+
+
+def test_pods_not_decided_yet_and_invalid_pods_are_pending_too() -> None:
+    """A pod handed to the placers is Pending until one decides or rejects it (no placer may be
+    running at all); a pod the binder found invalid is Pending until it is deleted."""
+
+    def queued(uid: str) -> PodQueued:
+        return PodQueued(
+            pending=PodPending(
+                uid=uid, namespace="ml", name=f"pod-{uid}", containers=(), created_at=NOW - 5
+            )
+        )
+
+    invalid = PodFoundInvalid(
+        invalid=PodInvalid(pod_uid="bad", namespace="ml", name="bad", message="line", at=NOW)
+    )
+    state = reduce_all(State(), [queued("q"), queued("placed"), queued("rejected"), invalid])
+    assert {uid: p.kind for uid, p in state.pending.items()} == {
+        "q": "queued", "placed": "queued", "rejected": "queued", "bad": "invalid",
+    }  # fmt: skip
+    state = reduce_all(
+        state,
+        [
+            RecordChanged(
+                key=subjects.assignment_key("n1", "placed"),
+                record=record("n1", "placed", share("G0"), decided_at=NOW),
+            ),
+            PodRejected(rejection=rejection("rejected", ("insufficient GPU memory", 2))),
+            queued("rejected"),  # published again (a new binder leader): changes nothing
+            queued("placed"),
+        ],
+    )
+    view = pending_view(state, now=NOW + 10)
+    assert {p.pod_uid: p.kind for p in view.pods} == {
+        "q": "queued", "rejected": "rejected", "bad": "invalid",
+    }  # fmt: skip
+    assert {r.reason: r.pods for r in view.reasons} == {
+        "not decided by a placer yet": 1, "insufficient GPU memory": 1, "invalid request": 1,
+    }  # fmt: skip
+    (bad,) = [p for p in view.pods if p.pod_uid == "bad"]
+    assert (bad.message, bad.unresolvable) == ("line", True)
+    state = reduce_all(state, [PodGone(deleted=deleted("bad")), PodGone(deleted=deleted("q"))])
+    assert set(state.pending) == {"rejected"}

@@ -94,6 +94,19 @@ def test_totals_count_free_only_on_healthy_gpus() -> None:
     assert (t.pods_allocated, t.pods_reserved, t.pods_bound) == (1, 1, 0)
 
 
+def test_a_pod_without_gpus_is_not_counted_as_waiting_for_an_allocation() -> None:
+    """A CPU-only pod Tessera placed stays ``bound`` for good (no device plugin allocates it):
+    it is counted apart, never among the pods on GPUs."""
+    state = two_gpu_node(
+        put(record("n1", "a", share("G0", 0, memory=10240, cores=25), state="bound")),
+        put(record("n1", "cpu-only", state="bound")),
+        put(record("n1", "cpu-done", state="allocated")),
+    )
+    t = cluster_view(state, now=NOW, policy=POLICY).totals
+    assert (t.pods_allocated, t.pods_bound, t.pods_reserved) == (0, 1, 0)
+    assert t.pods_without_gpus == 2
+
+
 def test_an_overcommitted_gpu_is_flagged() -> None:
     state = two_gpu_node(
         put(record("n1", "a", share("G0", 0, memory=30000, cores=60))),

@@ -24,6 +24,8 @@ CHART_DIR = REPO_ROOT / "deploy" / "helm" / "tessera"
 RELEASE = "tessera"
 NAMESPACE = "tessera-system"
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+CERT_MANAGER_API = "cert-manager.io/v1/Certificate"
+PROMETHEUS_RULE_API = "monitoring.coreos.com/v1/PrometheusRule"
 
 Object = dict[str, Any]
 

@@ -28,6 +28,8 @@ from tests.deploy.chart import (
     named,
     option_values,
     render,
+    run_helm,
+    template_args,
 )
 from tests.deploy.variants import VARIANTS
 
@@ -190,6 +192,27 @@ def test_kube_scheduler_runs_that_config_under_its_own_scheduler_name(
     assert volume["configMap"]["name"] == component("scheduler")
     assert config_path.name == "config.yaml"
     assert scheduler.pod["serviceAccountName"] == component("scheduler")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "tag", "image"),
+    [
+        ("v1.31.2", "", "registry.k8s.io/kube-scheduler:v1.31.2"),
+        ("v1.30.4-eks-a737599", "", "registry.k8s.io/kube-scheduler:v1.30.4"),
+        ("v1.33.1+k3s1", "", "registry.k8s.io/kube-scheduler:v1.33.1"),
+        ("v1.31.2", "v1.31.0", "registry.k8s.io/kube-scheduler:v1.31.0"),
+    ],
+)
+def test_the_kube_scheduler_image_follows_the_cluster_version(
+    cluster: str, tag: str, image: str
+) -> None:
+    """A kube-scheduler must match its control plane: the cluster's version unless set."""
+    values = {"extender": {"enabled": True, "scheduler": {"image": {"tag": tag}}}}
+    done = run_helm(*template_args(), "--kube-version", cluster, values=values)
+    assert done.returncode == 0, done.stderr
+    objects = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    scheduler = next(c for c in containers(objects) if c.spec["name"] == "kube-scheduler")
+    assert scheduler.spec["image"] == image
 
 
 def test_extender_values_reach_the_config() -> None:

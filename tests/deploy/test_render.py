@@ -21,8 +21,10 @@ import pytest
 import yaml
 
 from tests.deploy.chart import (
+    CERT_MANAGER_API,
     CHART_DIR,
     NAMESPACE,
+    PROMETHEUS_RULE_API,
     REPO_ROOT,
     SERVICE_MONITOR_API,
     Object,
@@ -30,7 +32,7 @@ from tests.deploy.chart import (
     render,
     run_helm,
 )
-from tests.deploy.variants import VARIANTS, WITH_SERVICE_MONITOR_API
+from tests.deploy.variants import VARIANTS, WITH_CERT_MANAGER_API, WITH_SERVICE_MONITOR_API
 
 # The chart's floor (Chart.yaml kubeVersion), the release the pinned helm/kubectl come with, and
 # the newest kubernetes-validate knows.
@@ -38,11 +40,16 @@ KUBERNETES_VERSIONS = ("1.29.0", "1.35.0", kubernetes_validate.latest_version())
 SCHEMAS = Path(__file__).parent / "schemas"
 CUSTOM_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1.json",
+    ("cert-manager.io/v1", "Certificate"): "certmanager-certificate-v1.json",
+    ("cert-manager.io/v1", "Issuer"): "certmanager-issuer-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1.json",
 }
 
 
 def rendered(variant: str) -> tuple[Object, ...]:
-    api = [SERVICE_MONITOR_API] if variant in WITH_SERVICE_MONITOR_API else []
+    api = [SERVICE_MONITOR_API, PROMETHEUS_RULE_API] if variant in WITH_SERVICE_MONITOR_API else []
+    if variant in WITH_CERT_MANAGER_API:
+        api.append(CERT_MANAGER_API)
     return render(VARIANTS[variant], api)
 
 
@@ -116,7 +123,12 @@ def test_strict_validation_catches_an_unknown_field() -> None:
 
 
 def test_objects_are_namespaced_in_the_release_namespace() -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
     for variant in VARIANTS:
         for obj in rendered(variant):
             namespace = obj["metadata"].get("namespace")
@@ -147,7 +159,8 @@ def test_service_monitor_selects_every_tessera_metrics_service() -> None:
         if selector.items() <= svc["metadata"]["labels"].items()
     }
     assert selected == {
-        f"tessera-{name}" for name in ("placer", "binder", "inventory", "deviceplugin", "dashboard")
+        f"tessera-{name}"
+        for name in ("placer", "binder", "inventory", "deviceplugin", "dashboard", "webhook")
     }
     assert monitor["spec"]["endpoints"] == [
         {"port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}

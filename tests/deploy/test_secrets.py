@@ -107,6 +107,11 @@ def test_credential_files_come_from_the_configured_secret_and_keys() -> None:
     for variant, (option, secret_name, key) in cases.items():
         objects = render(VARIANTS[variant])
         tessera = [c for c in containers(objects) if c.args() and c.args()[0] != "-"]
+        (webhook,) = [c for c in tessera if c.args()[0] == "webhook"]
+        assert not [o for o in option_values(webhook.args()) if o.startswith("--nats")], (
+            "the webhook uses no NATS and gets no NATS credential"
+        )
+        tessera.remove(webhook)
         assert len([c for c in tessera if option in option_values(c.args())]) == 5, variant
         for container in tessera:
             secret, found_key = _mounted_secret_key(
@@ -119,6 +124,9 @@ def test_user_name_comes_from_the_secret_by_reference() -> None:
     objects = render(VARIANTS["clustered-nats-user-password"])
     for container in containers(objects):
         if not container.args() or container.init:
+            continue
+        if container.args()[0] == "webhook":  # no NATS: no NATS user
+            assert not [e for e in container.env() if e["name"].startswith("TESSERA_NATS")]
             continue
         (user,) = [e for e in container.env() if e["name"] == "TESSERA_NATS_USER"]
         assert user["valueFrom"] == {
@@ -138,7 +146,8 @@ def test_an_existing_secret_is_used_and_none_is_rendered() -> None:
             }
         }
     )
-    assert of_kind(objects, "Secret") == []
+    # The only Secret rendered is the webhook's serving certificate, no NATS credential.
+    assert [s["metadata"]["name"] for s in of_kind(objects, "Secret")] == [component("webhook-tls")]
     (placer,) = [c for c in containers(objects) if c.spec["name"] == "placer"]
     secret, key = _mounted_secret_key(placer, option_values(placer.args())["--nats-password-file"])
     assert (secret["secretName"], key) == ("my-nats", "pass")

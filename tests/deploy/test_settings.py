@@ -19,7 +19,14 @@ from services.dashboard.command import SERVICE as DASHBOARD
 from services.deviceplugin.command import SERVICE as DEVICEPLUGIN
 from services.inventory.command import SERVICE as INVENTORY
 from services.placer.command import SERVICE as PLACER
-from shared.config import ENV_ALIASES, Settings, add_settings_arguments, env_var, load_settings
+from services.webhook.command import SERVICE as WEBHOOK
+from shared.config import (
+    ENV_ALIASES,
+    ProcessSettings,
+    add_settings_arguments,
+    env_var,
+    load_settings,
+)
 from tessera.cli import build_parser
 from tests.deploy.chart import Container, containers, option_values, render
 from tests.deploy.variants import VARIANTS
@@ -29,9 +36,9 @@ from tests.deploy.variants import VARIANTS
 # list is emptied when the branches are merged, never left stale.
 NOT_YET_IMPLEMENTED: dict[str, frozenset[str]] = {}
 
-SETTINGS: dict[str, type[Settings]] = {
+SETTINGS: dict[str, type[ProcessSettings]] = {
     service.name: service.settings
-    for service in (INVENTORY, PLACER, BINDER, DEVICEPLUGIN, DASHBOARD)
+    for service in (INVENTORY, PLACER, BINDER, DEVICEPLUGIN, DASHBOARD, WEBHOOK)
 }
 # Values the downward API fills in on a cluster.
 FIELD_REF_SAMPLES = {"spec.nodeName": "gpu-node-1", "metadata.name": "tessera-placer-7d9f-x2k4q"}

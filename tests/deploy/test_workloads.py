@@ -22,7 +22,7 @@ from tests.deploy.chart import (
 )
 from tests.deploy.variants import VARIANTS
 
-TESSERA_SERVICES = {"inventory", "deviceplugin", "placer", "binder", "dashboard"}
+TESSERA_SERVICES = {"inventory", "deviceplugin", "placer", "binder", "dashboard", "webhook"}
 PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 
 
@@ -71,7 +71,7 @@ def test_every_probe_points_at_the_port_its_container_serves(variant: str) -> No
 def test_a_different_http_port_moves_every_tessera_probe() -> None:
     objects = render({"httpPort": 9090, "dashboard": {"enabled": True}})
     tessera = [c for c in containers(objects) if c.args() and c.args()[0] in TESSERA_SERVICES]
-    assert len(tessera) == 5
+    assert len(tessera) == len(TESSERA_SERVICES)
     for container in tessera:
         assert probe_port(container, container.spec["livenessProbe"]) == 9090
         assert served_port(container, objects) == 9090

@@ -80,6 +80,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "production": yaml.safe_load(
         (Path(__file__).parents[2] / "deploy/helm/tessera/values-production.yaml").read_text()
     ),
+    # The admission webhook's certificate from cert-manager (an Issuer of the operator's), its
+    # failure policy relaxed and one more namespace kept away from it.
+    "webhook-cert-manager": {
+        "webhook": {
+            "failurePolicy": "Ignore",
+            "excludeNamespaces": ["batch-legacy"],
+            "certificate": {"issuerRef": {"kind": "ClusterIssuer", "name": "internal-ca"}},
+        }
+    },
+    "no-webhook": {"webhook": {"enabled": False}},
     "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
     "dashboard": {"dashboard": {"enabled": True}},
     # A demo cluster without GPUs (per-node services on every node: null drops the defaults):
@@ -95,5 +105,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
 }
 
-# Rendered as if the cluster served the ServiceMonitor API (serviceMonitor.enabled=auto).
+# Rendered as if the cluster served the Prometheus Operator's APIs (serviceMonitor.enabled and
+# monitoring.prometheusRule.enabled are auto).
 WITH_SERVICE_MONITOR_API = frozenset({"default", "dashboard", "no-servicemonitor"})
+
+# Rendered as if the cluster served cert-manager's API (webhook.certificate.certManager=auto).
+WITH_CERT_MANAGER_API = frozenset({"webhook-cert-manager"})

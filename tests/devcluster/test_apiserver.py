@@ -274,6 +274,49 @@ async def test_patch_formats(k8s: Clients, api: ApiServer) -> None:
     assert replaced.value.status == 422 and "field is immutable" in replaced.value.body
 
 
+async def test_quantities_are_stored_canonical_and_an_equal_rewrite_changes_nothing(
+    k8s: Clients, api: ApiServer
+) -> None:
+    """What a second, unchanged ``kubectl apply`` sends: the pod's quantities in the form the
+    manifest has them (``1``, ``1024Mi``) where the pod holds the stored form (``"1"``, ``"1Gi"``).
+    """
+    body = pod("p", container(cpu=None, ram=None, extra={"tessera.dev/gpu": 1, "memory": "1024Mi"}))
+    created = api.create(POD, body)
+    limits = created["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"tessera.dev/gpu": "1", "memory": "1Gi"}
+    version = created["metadata"]["resourceVersion"]
+    same = await k8s.core.patch_namespaced_pod(
+        "p",
+        "default",
+        {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "resources": {"limits": {"tessera.dev/gpu": 1, "memory": "1024Mi"}},
+                    }
+                ]
+            }
+        },
+    )
+    assert same.metadata.resource_version == version, "an equal value is no change"
+    with pytest.raises(ApiException) as changed:
+        await k8s.core.patch_namespaced_pod(
+            "p",
+            "default",
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "main", "resources": {"limits": {"tessera.dev/gpu": 2}}}
+                    ]
+                }
+            },
+        )
+    assert changed.value.status == 422 and "pod updates may not change fields" in (
+        changed.value.body
+    )
+
+
 async def test_status_patch_merges_conditions_by_type_and_keeps_the_spec(
     k8s: Clients, api: ApiServer
 ) -> None:

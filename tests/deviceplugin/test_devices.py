@@ -156,3 +156,23 @@ def test_logical_invariants(gpus: list[GpuTelemetry], split_count: int, split_me
         assert all(d.id.startswith(the_gpu.uuid) for d in own), "IDs name their GPU"
         assert all(d.healthy == (the_gpu.health == "healthy") for d in own)
     assert listed == devices.advertise(inventory(*reversed(gpus)), config), "order-independent"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "memory_mib", "unit"),
+    [
+        pytest.param(2, 16_384, 1, id="2xT4-fits-in-mib"),
+        pytest.param(4, 16_384, 2, id="4xT4-needs-2-mib"),
+        pytest.param(8, 81_920, 13, id="8xA100-80GB"),
+    ],
+)
+def test_the_memory_unit_chosen_is_the_smallest_the_kubelet_takes(
+    gpus: int, memory_mib: int, unit: int
+) -> None:
+    node = inventory(*(gpu(i, memory_mib=memory_mib) for i in range(gpus)))
+    config = DeviceConfig(mode="memory-units", memory_unit_mib=devices.AUTO_UNIT)
+    assert devices.choose_memory_unit(node, config) == unit
+    at = msgspec.structs.replace(config, memory_unit_mib=unit)
+    assert devices.inventory_size_problem(node, at) is None
+    below = msgspec.structs.replace(config, memory_unit_mib=unit - 1)
+    assert unit == 1 or devices.inventory_size_problem(node, below) is not None

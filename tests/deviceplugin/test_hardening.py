@@ -349,6 +349,23 @@ async def test_a_device_list_too_large_for_the_kubelet_is_refused_before_it_is_b
         assert service.devices == ()
 
 
+async def test_an_unset_memory_unit_is_the_smallest_the_kubelet_takes_and_is_shown(
+    bus: NatsBus,
+) -> None:
+    """4 x 16 GiB in 1 MiB devices is too large a message: unset, the unit is 2 MiB, the
+    devices are advertised, and /readyz says which unit."""
+    await put_inventory(bus, inventory(*(gpu(i, memory_mib=16_384) for i in range(4))))
+    readiness = Readiness()
+    config = DeviceConfig(mode="memory-units", memory_unit_mib=0)
+    async with service_on(bus, devices=config, readiness=readiness, ready=lambda: True) as (
+        service,
+        _,
+    ):
+        await until(lambda: "devices" in readiness.report(), what="the device list decided")
+        assert readiness.report()["devices"] == (True, "32768 devices of 2 MiB")
+        assert len(service.devices) == 4 * 16_384 // 2
+
+
 # --- 7. unhealthy and departed GPUs ---------------------------------------------------------------
 
 

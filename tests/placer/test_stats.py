@@ -7,7 +7,10 @@ import pytest
 
 from services.placer import stats
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
+from services.placer.core.groups import TenantQuota
 from services.placer.core.model import NodeState
+from shared.messages.ledger import BookedContainer, BookedSlice, Booking
+from shared.messages.stats import TenantUsage
 from tests.placer.builders import node
 
 # One typical task: a half GPU with 4 cores. A GPU with less than 500 milli free strands it.
@@ -94,3 +97,42 @@ def test_a_share_counts_by_the_larger_of_its_compute_and_memory() -> None:
 def test_an_empty_cluster_has_no_fragmentation() -> None:
     result = figures()
     assert (result.nodes, result.gpu_milli_capacity, result.fragmentation_pct) == (0, 0, 0.0)
+
+
+def test_tenant_usage_counts_shares_memory_and_compute_with_quotas() -> None:
+    def booking(uid: str, tenant: str, *pieces: BookedSlice) -> Booking:
+        return Booking(
+            pod_uid=uid,
+            namespace="ns-" + uid,
+            name=uid,
+            node="n1",
+            commit="c-" + uid,
+            tenant=tenant,
+            containers=(BookedContainer(container="main", gpus=pieces),),
+            decided_at=1.0,
+            placer_id="p1",
+        )
+
+    def piece(index: int, memory: int, cores: int, exclusive: bool = False) -> BookedSlice:
+        return BookedSlice(
+            index=index, uuid=f"G{index}", memory_mib=memory, core_milli=cores, exclusive=exclusive
+        )
+
+    ledgers = {
+        "n1": (
+            booking("a", "ml", piece(0, 8192, 300)),
+            booking("b", "ml", piece(1, 81920, 0, exclusive=True), piece(2, 81920, 0, True)),
+        ),
+        "n2": (booking("c", "", piece(0, 1024, 100)),),
+    }
+    usage = stats.tenant_usage(
+        ledgers, [TenantQuota(tenant="ml", gpus=4), TenantQuota(tenant="idle", gpu_memory_mib=1)]
+    )
+    assert usage == (
+        TenantUsage(tenant="idle", quota_gpu_memory_mib=1),
+        TenantUsage(
+            tenant="ml", pods=2, gpus=3, gpu_memory_mib=8192 + 2 * 81920, core_milli=2300,
+            quota_gpus=4,
+        ),
+        TenantUsage(tenant="ns-c", pods=1, gpus=1, gpu_memory_mib=1024, core_milli=100),
+    )  # fmt: skip

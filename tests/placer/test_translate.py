@@ -168,6 +168,27 @@ def test_no_advertised_devices_means_no_usable_gpu() -> None:
     assert [g.healthy for g in node(wire.inventory("n1", 2), slots=4).gpus] == [True, True]
 
 
+def test_memory_unit_devices_cap_what_a_gpu_offers() -> None:
+    """Memory-units mode: the kubelet hands one device per MiB a pod asks, so a GPU offers at
+    most its share of the node's devices in MiB (all of it at 1 MiB per device)."""
+
+    def offered(units: int | None) -> list[int]:
+        facts = wire.facts("n1")
+        if units is not None:
+            facts = msgspec.structs.replace(
+                facts, extended_allocatable={"tessera.dev/gpu-memory": units}
+            )
+        state = translate.node_state(
+            "n1", wire.inventory("n1", 2, memory_mib=16384), facts, [], placeable=True
+        )
+        return [g.memory_total_mib for g in state.gpus if g.healthy]
+
+    assert offered(None) == [16384, 16384]  # logical mode: no such limit
+    assert offered(2 * 16384) == [16384, 16384]  # 1 MiB units: all of it
+    assert offered(2 * 8192) == [8192, 8192]  # 2 MiB units: half
+    assert offered(0) == []  # no device advertised: nothing usable
+
+
 def test_bookings_fill_gpus_and_a_whole_gpu_is_exclusive() -> None:
     state = node(
         wire.inventory("n1", 2),

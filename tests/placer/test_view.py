@@ -249,3 +249,39 @@ def test_node_state_of_a_node_without_inventory_has_no_gpus() -> None:
     state: NodeState = translate.node_state("cpu", None, wire.facts("cpu"), [], placeable=True)
     assert state.gpus == ()
     assert state.cpu_milli_total == 64_000
+
+
+def test_a_memory_units_node_takes_only_containers_that_ask_gpu_memory() -> None:
+    """Its kubelet asks its device plugin for a container's GPUs only for tessera.dev/gpu-memory:
+    a whole GPU, or a slice by percentage or cores alone, would run there without its GPUs."""
+    view = view_of("logical", "units", gpus=1)
+    units = msgspec.structs.replace(
+        wire.facts("units", at=NOW), extended_allocatable={"tessera.dev/gpu-memory": 81920}
+    )
+    view.set_facts(units)
+    assert view.memory_unit_nodes == {"units"}
+    whole = translate.pod_request(wire.pending("whole", memory_mib=None, cores=None))
+    by_memory = translate.pod_request(wire.pending("mem", memory_mib=4096, cores=None))
+    assert translate.needs_gpu_devices(whole) and not translate.needs_gpu_devices(by_memory)
+    for _ in range(3):
+        placed = decider.decide(view, PROFILE, whole, now=NOW)
+        assert isinstance(placed, Decision) and placed.node == "logical"
+    assert {v.node: v.reason for v in decider.verdicts(view, PROFILE, whole) if not v.fits} == {
+        "units": translate.MEMORY_UNITS_ONLY
+    }
+    on_units = decider.decide_on(view, PROFILE, whole, "units", now=NOW)
+    assert isinstance(on_units, decider.Waiting)
+    assert [(r.reason, r.nodes) for r in on_units.rejection.reasons] == [
+        (translate.MEMORY_UNITS_ONLY, 1)
+    ]
+    assert isinstance(decider.decide_on(view, PROFILE, by_memory, "units", now=NOW), Decision)
+    # The logical node full: the whole-GPU pod waits, counting the memory-units node apart.
+    view.set_ledger("logical", NodeLedger(node="logical", bookings=(
+        msgspec.structs.replace(booking("x", (0, 81920, 1000), whole=True), node="logical"),
+    )), 1)  # fmt: skip
+    waiting = decider.decide(view, PROFILE, whole, now=NOW)
+    assert isinstance(waiting, decider.Waiting)
+    reasons = {r.reason: r.nodes for r in waiting.rejection.reasons}
+    assert reasons[translate.MEMORY_UNITS_ONLY] == 1 and sum(reasons.values()) == 2
+    view.set_facts(wire.facts("units", at=NOW))  # the plugin switched to logical mode
+    assert view.memory_unit_nodes == set()

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from shared.quantity import QuantityError, mebibytes, milli, parse_quantity, whole
+from shared.quantity import QuantityError, canonical, mebibytes, milli, parse_quantity, whole
 
 
 @pytest.mark.parametrize(
@@ -40,3 +40,27 @@ def test_conversions_round_up_and_whole_numbers() -> None:
     assert milli("1") == 1000 and milli("0.0001") == 1
     assert mebibytes("1Gi") == 1024 and mebibytes("1G") == 954 and mebibytes("1") == 1
     assert whole("4") == 4 and whole("1.5") is None and whole("2000m") == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        (1, "1"),
+        ("1", "1"),
+        ("1000m", "1"),
+        ("1.5", "1500m"),
+        (0.5, "500m"),
+        (2000, "2k"),
+        ("4096", "4096"),
+        ("2048Mi", "2Gi"),
+        ("1536Mi", "1536Mi"),
+        ("3.5Gi", "3584Mi"),
+        ("512", "512"),
+        ("1e3", "1e3"),
+        ("0", "0"),
+        ("1n", "1n"),
+    ],
+)
+def test_canonical_is_what_the_api_server_stores(value: str | int | float, stored: str) -> None:
+    assert canonical(value) == stored
+    assert parse_quantity(canonical(value)) == parse_quantity(value)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -158,11 +160,74 @@ async def test_not_ready_until_nats_is_reachable() -> None:
     async with aiohttp.ClientSession() as http:
         async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
             assert response.status == 200
-        async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-            assert response.status == 503
-            assert (await response.json())["checks"]["nats"]["reason"] == "connecting"
+        reason = await _nats_reason_once_tried(http, port)
+    assert reason == (
+        "cannot reach NATS: connection refused by 127.0.0.1:4222 (is nats-server running "
+        "there?); retrying in 0.5 s"
+    )
     stop.set()
     assert await asyncio.wait_for(task, timeout=10) == 0
+
+
+async def _nats_reason_once_tried(http: aiohttp.ClientSession, port: int) -> str:
+    """The ``nats`` check's reason on /readyz once it is no longer the initial "connecting"."""
+    for _ in range(500):
+        async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
+            assert response.status == 503
+            reason = str((await response.json())["checks"]["nats"]["reason"])
+        if reason != "connecting":
+            return reason
+        await asyncio.sleep(0.02)
+    raise AssertionError("/readyz kept saying 'connecting'")
+
+
+@pytest.mark.parametrize(
+    ("url", "cause"),
+    [
+        pytest.param(
+            "nats://127.0.0.1:{port}", "connection refused by 127.0.0.1:{port}", id="refused"
+        ),
+        pytest.param(
+            "nats://tessera-no-such-host.invalid:4222",
+            "DNS cannot resolve 'tessera-no-such-host.invalid'",
+            id="dns",
+        ),
+    ],
+)
+async def test_an_unreachable_nats_is_logged_and_shown_with_its_cause(
+    url: str, cause: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The real connector: the cause of each failed attempt is logged (once per back-off step)
+    and is what /readyz says, instead of a silent "connecting"."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    url, cause = url.format(port=closed), cause.format(port=closed)
+    stop = asyncio.Event()
+    readiness = Readiness()
+    settings = Settings(nats_url=url, http_host="127.0.0.1", http_port=0, log_format="json")
+    task = asyncio.create_task(
+        run_service(
+            name="lonely", settings=settings, body=echo_body, stop=stop, readiness=readiness
+        )
+    )
+    for _ in range(200):
+        if getattr(readiness, "http_port", None):
+            break
+        await asyncio.sleep(0.02)
+    async with aiohttp.ClientSession() as http:
+        reason = await _nats_reason_once_tried(http, _port_of(readiness))
+    assert reason.startswith(f"cannot reach NATS: {cause}"), reason
+    assert reason.endswith("; retrying in 0.5 s")
+    stop.set()
+    assert await asyncio.wait_for(task, timeout=10) == 0
+    logged = [
+        json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")
+    ]
+    warnings = [entry for entry in logged if entry.get("cause", "").startswith(cause)]
+    assert warnings, logged
+    assert warnings[0]["msg"].startswith(f"cannot reach NATS: {cause}")
+    assert warnings[0]["retry_s"] == 0.5
 
 
 async def test_failing_body_exits_non_zero(nats_server: NatsServer) -> None:

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tessera.up.processes import StartError
+from tessera.up.spec import plan_nodes
+from tessera.up.system import LocalSystem, SystemOptions
 from tests.harness.nats import environment_without_proxies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,3 +124,34 @@ def test_a_killed_tessera_up_leaves_no_process_behind(tmp_path: Path) -> None:
             process.wait()
         assert process.stdout is not None
         process.stdout.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_service_that_never_turns_ready_is_named_with_its_reasons(tmp_path: Path) -> None:
+    """``tessera up`` says why it gave up: each service not ready, with its failing /readyz
+    checks (here a device plugin whose 1 TiB GPU in 1 MiB devices the kubelet cannot take)."""
+    (plan,) = plan_nodes("n=1xBIG-1048576MiB:mode=memory-units")
+    system = LocalSystem(
+        SystemOptions(
+            nodes=[plan],
+            run_dir=tmp_path,
+            plugin_args=("--memory-unit-mib", "1"),
+            env=environment_without_proxies(),
+        )
+    )
+    try:
+        system.start_nats()
+        await system.cluster.start()
+        system.start_node_services(plan)
+        with pytest.raises(StartError) as failed:
+            await system.wait_ready(20)
+    finally:
+        await system.stop()
+    message = str(failed.value)
+    assert "not ready within 20 s" in message
+    assert (
+        "\n  deviceplugin/n: devices: 1048576 devices make a ListAndWatch message of about"
+        in message
+    ), message
+    assert "raise --memory-unit-mib to at least" in message
+    assert "inventory/n" not in message, "the inventory was ready"

@@ -13,13 +13,19 @@ What each input means:
 * ``tessera.placements.rejected``: a pod is Pending with counted reasons. It leaves the Pending
   table when it gets a record that is not released, or when it is deleted; a rejection older than
   the pod's newest record, or for a deleted pod, is stale and changes nothing.
+* ``tessera.pods.pending``: a pod the binder handed to the placers; Pending ("not decided yet")
+  until a placer decides or rejects it. Pods no placer takes (none running) are counted too.
+* ``tessera.placements.invalid``: a pod the binder found invalid (never handed to a placer):
+  Pending for good, until it is deleted.
 * ``tessera.pods.deleted``: the pod is gone for good (UIDs are never reused).
 * KV ``tessera-stats``: each placer's :class:`~shared.messages.stats.ClusterStats`.
 * :class:`BucketSynced`: a (re)started KV watch delivered its initial values; keys the state holds
   but the bucket no longer has were deleted while nobody watched, and are dropped.
 
 Every change bumps the version of the nodes it touches (``node_versions``) and of the Pending
-table (``pending_version``), so the shell pushes only what changed.
+table (``pending_version``), so the shell pushes only what changed. Each GPU's utilisation
+readings of the last :data:`HISTORY_S` seconds (by the inventory's own clock) are kept for the
+page's sparklines.
 """
 
 from __future__ import annotations
@@ -32,14 +38,21 @@ from shared import subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.nodes import NodeFacts
-from shared.messages.placement import PlacementRejected
-from shared.messages.pods import PodDeleted
+from shared.messages.placement import PlacementRejected, PodInvalid
+from shared.messages.pods import PodDeleted, PodPending
 from shared.messages.stats import ClusterStats
 
 DELETED_MEMORY: Final = 10_000
 """Deleted pod UIDs remembered to ignore rejections that arrive after the deletion."""
+HISTORY_S: Final = 600.0
+"""How far back each GPU's utilisation readings are kept."""
+HISTORY_POINTS: Final = 60
+"""At most this many readings per GPU (the newest)."""
+NOT_DECIDED: Final = "not decided by a placer yet"
+INVALID: Final = "invalid request"
 
 Bucket = Literal["inventory", "nodes", "assignments", "stats"]
+PendingKind = Literal["rejected", "queued", "invalid"]
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -79,6 +92,18 @@ class PodRejected(msgspec.Struct, frozen=True, kw_only=True):
     rejection: PlacementRejected
 
 
+class PodQueued(msgspec.Struct, frozen=True, kw_only=True):
+    """The binder handed the pod to the placers (``tessera.pods.pending``)."""
+
+    pending: PodPending
+
+
+class PodFoundInvalid(msgspec.Struct, frozen=True, kw_only=True):
+    """The binder found the pod's request invalid (``tessera.placements.invalid``)."""
+
+    invalid: PodInvalid
+
+
 class PodGone(msgspec.Struct, frozen=True, kw_only=True):
     """The pod was deleted or finished."""
 
@@ -98,6 +123,8 @@ Event = (
     | RecordChanged
     | StatsChanged
     | PodRejected
+    | PodQueued
+    | PodFoundInvalid
     | PodGone
     | BucketSynced
 )
@@ -107,11 +134,16 @@ Event = (
 
 
 class PendingPod(msgspec.Struct, frozen=True, kw_only=True):
-    """The latest rejection of a Pending pod and how long and often it was rejected."""
+    """The latest rejection of a Pending pod and how long and often it was rejected.
+
+    ``kind``: ``rejected`` by a placer (its counted reasons); ``queued``, handed to the placers
+    and not decided yet (no reasons; ``first_rejected_at`` is when the pod was created);
+    ``invalid``, found invalid by the binder (``rejection.message`` is its line)."""
 
     rejection: PlacementRejected
     first_rejected_at: float
     rejections: int = 1
+    kind: PendingKind = "rejected"
 
 
 class State(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +160,8 @@ class State(msgspec.Struct, frozen=True, kw_only=True):
     """Pod UID -> deleted_at, the latest :data:`DELETED_MEMORY` deletions in arrival order."""
     stats: dict[str, ClusterStats] = {}
     """KV key -> the statistics one placer published."""
+    utilization: dict[str, tuple[tuple[float, int], ...]] = {}
+    """GPU UUID -> its (observed_at, utilisation %) readings, oldest first (see HISTORY_S)."""
     node_versions: dict[str, int] = {}
     pending_version: int = 0
     stats_version: int = 0
@@ -189,7 +223,9 @@ def reduce(state: State, event: Event) -> State:
     """The state after ``event``; ``state`` itself is left as it was."""
     match event:
         case InventoryChanged(node=node, inventory=inventory):
-            return _set_node_entry(state, "inventory", node, inventory)
+            return _remember_utilization(
+                _set_node_entry(state, "inventory", node, inventory), inventory
+            )
         case FactsChanged(node=node, facts=facts):
             return _set_node_entry(
                 state, "facts", node, None if facts is None or facts.deleted else facts
@@ -200,6 +236,10 @@ def reduce(state: State, event: Event) -> State:
             return _stats_changed(state, key, stats)
         case PodRejected(rejection=rejection):
             return _rejected(state, rejection)
+        case PodQueued(pending=pending):
+            return _queued(state, pending)
+        case PodFoundInvalid(invalid=invalid):
+            return _invalid(state, invalid)
         case PodGone(deleted=deleted):
             return _pod_gone(state, deleted)
         case BucketSynced(bucket=bucket, keys=keys):
@@ -321,8 +361,13 @@ def _rejected(state: State, rejection: PlacementRejected) -> State:
         return state
     uid = rejection.pod_uid
     known = state.pending.get(uid)
-    if known is None:
-        entry = PendingPod(rejection=rejection, first_rejected_at=rejection.decided_at)
+    if known is None or known.kind != "rejected":
+        entry = PendingPod(
+            rejection=rejection,
+            first_rejected_at=min(rejection.decided_at, known.first_rejected_at)
+            if known is not None
+            else rejection.decided_at,
+        )
     elif known.rejection == rejection:  # a duplicate delivery
         return state
     else:
@@ -332,9 +377,75 @@ def _rejected(state: State, rejection: PlacementRejected) -> State:
             first_rejected_at=min(known.first_rejected_at, rejection.decided_at),
             rejections=known.rejections + 1,
         )
+    return _with_pending(state, uid, entry)
+
+
+def _with_pending(state: State, uid: str, entry: PendingPod) -> State:
+    """``state`` with ``entry`` as pod ``uid``'s Pending entry."""
     return msgspec.structs.replace(
         state, pending={**state.pending, uid: entry}, pending_version=state.pending_version + 1
     )
+
+
+def _queued(state: State, pending: PodPending) -> State:
+    """A pod handed to the placers: Pending, not decided yet, unless a placer already said
+    something about it (or it is placed or gone)."""
+    if pending.extender or pending.uid in state.pending:
+        return state
+    waiting = PlacementRejected(
+        pod_uid=pending.uid,
+        namespace=pending.namespace,
+        name=pending.name,
+        reasons=(),
+        message=NOT_DECIDED,
+        decided_at=pending.created_at,
+        placer_id="",
+    )
+    if _is_stale_rejection(state, waiting):
+        return state
+    entry = PendingPod(rejection=waiting, first_rejected_at=pending.created_at, kind="queued")
+    return _with_pending(state, pending.uid, entry)
+
+
+def _invalid(state: State, invalid: PodInvalid) -> State:
+    """A pod the binder found invalid: Pending (for good) with the binder's line."""
+    if invalid.pod_uid in state.deleted:
+        return state
+    known = state.pending.get(invalid.pod_uid)
+    if known is not None and known.kind == "invalid" and known.rejection.message == invalid.message:
+        return state
+    verdict = PlacementRejected(
+        pod_uid=invalid.pod_uid,
+        namespace=invalid.namespace,
+        name=invalid.name,
+        reasons=(),
+        message=invalid.message,
+        unresolvable=True,
+        decided_at=invalid.at,
+        placer_id="",
+    )
+    entry = PendingPod(
+        rejection=verdict,
+        first_rejected_at=known.first_rejected_at if known is not None else invalid.at,
+        kind="invalid",
+    )
+    return _with_pending(state, invalid.pod_uid, entry)
+
+
+def _remember_utilization(state: State, inventory: NodeInventory | None) -> State:
+    """Add the inventory's utilisation readings to each GPU's history (newer readings only),
+    dropping those older than :data:`HISTORY_S` before the newest."""
+    if inventory is None:
+        return state
+    at = inventory.observed_at
+    updated = dict(state.utilization)
+    for gpu in inventory.gpus:
+        history = updated.get(gpu.uuid, ())
+        if history and history[-1][0] >= at:
+            continue
+        kept = tuple(p for p in history if p[0] >= at - HISTORY_S)
+        updated[gpu.uuid] = (*kept, (at, gpu.utilization_pct))[-HISTORY_POINTS:]
+    return msgspec.structs.replace(state, utilization=updated)
 
 
 def _pod_gone(state: State, deleted: PodDeleted) -> State:

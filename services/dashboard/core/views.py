@@ -20,10 +20,20 @@ from collections.abc import Iterable
 
 import msgspec
 
-from services.dashboard.core.state import State, freshest_stats, live_records, node_names
-from shared.messages.assignments import AssignmentState
+from services.dashboard.core.state import (
+    INVALID,
+    NOT_DECIDED,
+    PendingKind,
+    PendingPod,
+    State,
+    freshest_stats,
+    live_records,
+    node_names,
+)
+from shared.messages.assignments import AssignmentState, holds_gpus
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.placement import RejectionReason
+from shared.messages.stats import TenantUsage
 
 FULL_CORES = 100
 
@@ -71,6 +81,8 @@ class GpuView(msgspec.Struct, frozen=True, kw_only=True):
     free_cores: int
     overcommitted: bool
     slices: tuple[SliceView, ...]
+    utilization_history: tuple[tuple[float, int], ...] = ()
+    """(observed_at, utilisation %) of the last minutes, oldest first."""
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,6 +127,10 @@ class Totals(msgspec.Struct, frozen=True, kw_only=True):
     pods_reserved: int
     pods_bound: int
     pods_allocated: int
+    """Pods holding GPU slices, by hand-off state."""
+    pods_without_gpus: int
+    """Pods Tessera placed that hold no GPU (CPU only): no device plugin allocates them, so they
+    are never counted as waiting for an allocation."""
     pods_pending: int
     stray_slices: int
     """Slices on GPUs missing from their node's inventory."""
@@ -144,6 +160,34 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     totals: Totals
     fragmentation: FragmentationView
     nodes: tuple[NodeView, ...]
+    tenants: tuple[TenantUsage, ...] = ()
+    """Per tenant: what it holds and its quota, from the freshest placer statistics."""
+
+
+class RunningPodView(msgspec.Struct, frozen=True, kw_only=True):
+    """A pod Tessera placed (its record is not released): where, what it holds, how far."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    node: str
+    state: AssignmentState
+    gpus: int
+    """GPU shares (slices) it holds."""
+    gpu_memory_mib: int
+    gpu_cores: int
+    """Percent of a GPU's SMs, summed over its shares."""
+    decided_at: float
+
+
+class RunningView(msgspec.Struct, frozen=True, kw_only=True):
+    """``/api/v1/pods/running``: one page of the placed pods matching a filter."""
+
+    generated_at: float
+    count: int
+    """Pods matching the filter (all pages)."""
+    offset: int
+    pods: tuple[RunningPodView, ...]
 
 
 class PendingPodView(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,6 +204,8 @@ class PendingPodView(msgspec.Struct, frozen=True, kw_only=True):
     last_rejected_at: float
     rejections: int
     waiting_s: float
+    kind: PendingKind = "rejected"
+    """``rejected`` by a placer, ``queued`` (not decided yet), ``invalid`` (as written)."""
 
 
 class ReasonCount(msgspec.Struct, frozen=True, kw_only=True):
@@ -212,7 +258,13 @@ def inventory_stale(state: State, node: str, *, now: float, policy: ViewPolicy) 
     return inventory is not None and now - inventory.observed_at > policy.inventory_stale_s
 
 
-def _gpu_view(gpu: GpuTelemetry | None, uuid: str, index: int, slices: list[SliceView]) -> GpuView:
+def _gpu_view(
+    gpu: GpuTelemetry | None,
+    uuid: str,
+    index: int,
+    slices: list[SliceView],
+    history: tuple[tuple[float, int], ...] = (),
+) -> GpuView:
     """The view of a listed GPU, or of one only records name (``gpu`` None: no capacity)."""
     allocated_memory = sum(s.memory_mib for s in slices)
     allocated_cores = sum(s.cores for s in slices)
@@ -239,6 +291,7 @@ def _gpu_view(gpu: GpuTelemetry | None, uuid: str, index: int, slices: list[Slic
         slices=tuple(
             sorted(slices, key=lambda s: (s.decided_at, s.namespace, s.name, s.container))
         ),
+        utilization_history=history if gpu is not None else (),
     )
 
 
@@ -266,7 +319,10 @@ def node_view(state: State, node: str, *, now: float, policy: ViewPolicy) -> Nod
                         decided_at=record.decided_at,
                     )
                 )
-    gpus = [_gpu_view(gpu, gpu.uuid, gpu.index, slices[gpu.uuid]) for gpu in listed.values()]
+    gpus = [
+        _gpu_view(gpu, gpu.uuid, gpu.index, slices[gpu.uuid], state.utilization.get(gpu.uuid, ()))
+        for gpu in listed.values()
+    ]
     gpus.sort(key=lambda g: (g.index, g.uuid))
     strays = sorted(stray_index.items(), key=lambda item: (item[1], item[0]))
     gpus.extend(_gpu_view(None, uuid, index, slices[uuid]) for uuid, index in strays)
@@ -338,7 +394,9 @@ def totals(state: State, nodes: Iterable[NodeView]) -> Totals:
                 sums["mem_unavailable"] += max(0, gpu.memory_total_mib - gpu.allocated_memory_mib)
                 sums["cores_unavailable"] += max(0, FULL_CORES - gpu.allocated_cores)
     pods: Counter[str] = Counter(
-        record.state for node in state.records for record in live_records(state, node)
+        record.state if holds_gpus(record) else "without_gpus"
+        for node in state.records
+        for record in live_records(state, node)
     )
     return Totals(
         nodes=sums["nodes"],
@@ -359,6 +417,7 @@ def totals(state: State, nodes: Iterable[NodeView]) -> Totals:
         pods_reserved=pods["reserved"],
         pods_bound=pods["bound"],
         pods_allocated=pods["allocated"],
+        pods_without_gpus=pods["without_gpus"],
         pods_pending=len(state.pending),
         stray_slices=sums["stray"],
     )
@@ -393,7 +452,57 @@ def cluster_view(state: State, *, now: float, policy: ViewPolicy) -> ClusterView
         totals=totals(state, nodes),
         fragmentation=fragmentation_view(state, now=now, policy=policy),
         nodes=nodes,
+        tenants=tenants_view(state),
     )
+
+
+def tenants_view(state: State) -> tuple[TenantUsage, ...]:
+    """What each tenant holds and may hold, as the freshest placer statistics say."""
+    stats = freshest_stats(state)
+    return stats.tenants if stats is not None else ()
+
+
+def running_view(
+    state: State, *, now: float, offset: int = 0, limit: int = 50, match: str = ""
+) -> RunningView:
+    """``/api/v1/pods/running``: placed pods (records not released) whose ``namespace/name`` or
+    node contains ``match`` (case-insensitive), by namespace and name, ``limit`` from ``offset``."""
+    wanted = match.strip().lower()
+    found = []
+    for node in state.records:
+        for record in live_records(state, node):
+            if wanted and wanted not in f"{record.namespace}/{record.name} {node}".lower():
+                continue
+            shares = [share for c in record.containers for share in c.gpus]
+            found.append(
+                RunningPodView(
+                    pod_uid=record.pod_uid,
+                    namespace=record.namespace,
+                    name=record.name,
+                    node=record.node,
+                    state=record.state,
+                    gpus=len(shares),
+                    gpu_memory_mib=sum(share.memory_mib for share in shares),
+                    gpu_cores=sum(share.cores for share in shares),
+                    decided_at=record.decided_at,
+                )
+            )
+    found.sort(key=lambda p: (p.namespace, p.name, p.pod_uid))
+    return RunningView(
+        generated_at=now,
+        count=len(found),
+        offset=offset,
+        pods=tuple(found[offset : offset + limit]),
+    )
+
+
+def pending_reasons(entry: PendingPod) -> set[str]:
+    """The reasons a Pending pod counts under: its rejection's, or what it waits for."""
+    if entry.kind == "queued":
+        return {NOT_DECIDED}
+    if entry.kind == "invalid":
+        return {INVALID}
+    return {r.reason for r in entry.rejection.reasons}
 
 
 def pending_view(state: State, *, now: float, limit: int | None = None) -> PendingView:
@@ -407,7 +516,7 @@ def pending_view(state: State, *, now: float, limit: int | None = None) -> Pendi
     )
     reasons: Counter[str] = Counter()
     for entry in entries:
-        reasons.update({r.reason for r in entry.rejection.reasons})
+        reasons.update(pending_reasons(entry))
     shown = entries if limit is None else entries[:limit]
     return PendingView(
         generated_at=now,
@@ -429,6 +538,7 @@ def pending_view(state: State, *, now: float, limit: int | None = None) -> Pendi
                 last_rejected_at=p.rejection.decided_at,
                 rejections=p.rejections,
                 waiting_s=max(0.0, now - p.first_rejected_at),
+                kind=p.kind,
             )
             for p in shown
         ),

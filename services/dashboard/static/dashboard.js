@@ -1,7 +1,9 @@
 // Tessera dashboard: draws the cluster from server-sent events (api/v1/events), no polling.
 //
 // The server sends one "snapshot" (everything) and then "update" events carrying only the nodes
-// whose view changed, the totals, and the Pending table when it changed. Each node is one
+// whose view changed, the totals, the tenants, and the Pending table when it changed. The placed
+// pods table is paged and filtered by the server (api/v1/pods/running), fetched again shortly
+// after an update that changed nodes. Each node is one
 // <article>, replaced as a whole when its view changes. The browser's EventSource reconnects by
 // itself and the server answers a reconnect with a fresh snapshot.
 //
@@ -16,9 +18,12 @@
     totals: null,
     fragmentation: null,
     pending: null,
+    tenants: [],
     connected: false,
     generatedAt: null,
   };
+  const RUNNING_PAGE = 20; // placed pods per page (api/v1/pods/running)
+  const running = { offset: 0, filter: "", count: 0, timer: null, pods: [] };
   const perf = {
     snapshots: 0,
     updates: 0,
@@ -27,7 +32,7 @@
     firstSnapshotAtMs: null, // since navigation start
   };
   const ui = { filter: "", selected: null };
-  window.tesseraDashboard = { model, perf, ready: false };
+  window.tesseraDashboard = { model, perf, running, ready: false };
 
   const $ = (id) => document.getElementById(id);
   const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
@@ -111,7 +116,8 @@
       card(
         "Pods on GPUs",
         `${t.pods_allocated + t.pods_bound + t.pods_reserved}`,
-        `${t.pods_allocated} allocated · ${t.pods_bound} bound · ${t.pods_reserved} reserved`,
+        `${t.pods_allocated} allocated · ${t.pods_bound} bound · ${t.pods_reserved} reserved` +
+          (t.pods_without_gpus ? ` · ${t.pods_without_gpus} placed without a GPU` : ""),
       ),
       card("Pending", `${t.pods_pending}`, "pods waiting for a fit", "", t.pods_pending ? "warn" : ""),
       frag,
@@ -154,7 +160,7 @@
     const cls = `gpu${health}${gpu.overcommitted ? " overcommitted" : ""}`;
     const reason = gpu.health === "healthy" ? "" : `<div class="reason">${esc(gpu.health)}${gpu.health_reason ? `: ${esc(gpu.health_reason)}` : ""}</div>`;
     const stats = gpu.listed
-      ? `${gpu.utilization_pct}% util · ${memoryPair(gpu.memory_used_mib, gpu.memory_total_mib)}`
+      ? `${sparkline(gpu.utilization_history)}${gpu.utilization_pct}% util · ${memoryPair(gpu.memory_used_mib, gpu.memory_total_mib)}`
       : "not in inventory";
     return (
       `<div class="${cls}" data-gpu-uuid="${esc(gpu.uuid)}" data-gpu-index="${gpu.index}" data-node="${esc(node.name)}">` +
@@ -163,6 +169,19 @@
       `<div class="bar cores" aria-hidden="true" title="compute: ${gpu.allocated_cores}% of SMs allocated">${cores.join("")}</div></div>` +
       `<div class="gpu-stats">${stats}</div>${reason}</div>`
     );
+  }
+
+  // Utilisation over the last 10 minutes (the inventory's readings), as a small line.
+  const HISTORY_S = 600;
+  function sparkline(history) {
+    if (!history || history.length < 2) return "";
+    const end = history[history.length - 1][0];
+    const points = history
+      .map(([at, pct]) => `${(60 * (1 - (end - at) / HISTORY_S)).toFixed(1)},${(16 - (16 * pct) / 100).toFixed(1)}`)
+      .join(" ");
+    const values = history.map(([, pct]) => pct);
+    const title = `utilisation, last ${age(end - history[0][0])}: ${Math.min(...values)}–${Math.max(...values)}%`;
+    return `<svg class="spark" viewBox="0 0 60 16" preserveAspectRatio="none" role="img" aria-label="${title}"><title>${title}</title><polyline points="${points}"/></svg>`;
   }
 
   function nodeHtml(node) {
@@ -240,10 +259,20 @@
       .map((r) => `<span class="chip">${esc(r.reason)} <b>${r.pods}</b></span>`)
       .join("");
     const rows = p.pods.map((pod) => {
-      const reasons = pod.reasons
-        .map((r) => `<li>${plural(r.nodes, "node")}: ${esc(r.reason)}</li>`)
-        .join("");
-      const flag = pod.unresolvable ? ' <span class="badge bad">unresolvable</span>' : "";
+      const reasons =
+        pod.kind === "queued"
+          ? "<li>not decided by a placer yet</li>"
+          : pod.kind === "invalid"
+            ? "<li>invalid request (see the message)</li>"
+            : pod.reasons.map((r) => `<li>${plural(r.nodes, "node")}: ${esc(r.reason)}</li>`).join("");
+      const flag =
+        pod.kind === "invalid"
+          ? ' <span class="badge bad">invalid</span>'
+          : pod.kind === "queued"
+            ? ' <span class="badge">queued</span>'
+            : pod.unresolvable
+              ? ' <span class="badge bad">unresolvable</span>'
+              : "";
       return (
         `<tr data-pod-uid="${esc(pod.pod_uid)}"><td>${esc(pod.namespace)}/<b>${esc(pod.name)}</b>${flag}</td>` +
         `<td><ul>${reasons}</ul></td><td>${pod.rejections}</td>` +
@@ -257,6 +286,78 @@
     const more = $("pending-more");
     more.hidden = p.count <= p.pods.length;
     more.textContent = `Showing the ${p.pods.length} oldest of ${p.count}; all of them: api/v1/pods/pending`;
+  }
+
+  // --- tenants -------------------------------------------------------------------------------
+
+  function renderTenants() {
+    const tenants = model.tenants || [];
+    $("tenants-count").textContent = `${tenants.length}`;
+    const rows = tenants.map((t) => {
+      const shares = t.quota_gpus == null ? `${t.gpus}` : `${t.gpus} / ${t.quota_gpus}`;
+      const gpuMeter = t.quota_gpus ? meter(t.gpus, t.quota_gpus, "cores") : "";
+      const mem =
+        t.quota_gpu_memory_mib == null
+          ? memory(t.gpu_memory_mib)
+          : memoryPair(t.gpu_memory_mib, t.quota_gpu_memory_mib);
+      const memMeter = t.quota_gpu_memory_mib ? meter(t.gpu_memory_mib, t.quota_gpu_memory_mib, "mem") : "";
+      return (
+        `<tr data-tenant="${esc(t.tenant)}"><td><b>${esc(t.tenant)}</b></td><td>${t.pods}</td>` +
+        `<td>${shares}${gpuMeter}</td><td>${mem}${memMeter}</td>` +
+        `<td>${(t.core_milli / 1000).toFixed(2)} GPUs of SMs</td></tr>`
+      );
+    });
+    $("tenants").tBodies[0].innerHTML = rows.length
+      ? rows.join("")
+      : '<tr class="empty"><td colspan="5">No tenant holds GPUs or has a quota (or no placer has published statistics yet).</td></tr>';
+  }
+
+  // --- placed pods (api/v1/pods/running: filtered and paged by the server) --------------------
+
+  async function loadRunning() {
+    const query = new URLSearchParams({ offset: running.offset, limit: RUNNING_PAGE, filter: running.filter });
+    let data;
+    try {
+      const response = await fetch(`api/v1/pods/running?${query}`);
+      if (!response.ok) return;
+      data = await response.json();
+    } catch (error) {
+      return; // the next update tries again
+    }
+    if (data.count > 0 && data.offset >= data.count) {
+      running.offset = Math.max(0, Math.floor((data.count - 1) / RUNNING_PAGE) * RUNNING_PAGE);
+      return loadRunning();
+    }
+    running.count = data.count;
+    running.pods = data.pods;
+    renderRunning();
+  }
+
+  function refreshRunningSoon() {
+    if (running.timer) return;
+    running.timer = setTimeout(() => {
+      running.timer = null;
+      loadRunning();
+    }, 500);
+  }
+
+  function renderRunning() {
+    const rows = running.pods.map(
+      (p) =>
+        `<tr data-pod-uid="${esc(p.pod_uid)}"><td>${esc(p.namespace)}/<b>${esc(p.name)}</b></td>` +
+        `<td>${esc(p.node)}</td><td><span class="state s-${esc(p.state)}">${esc(p.state)}</span></td>` +
+        `<td>${p.gpus}</td><td>${p.gpus ? memory(p.gpu_memory_mib) : "–"}</td>` +
+        `<td>${p.gpus ? `${p.gpu_cores}% SMs` : "–"}</td>` +
+        `<td title="${esc(stamp(p.decided_at))}">${esc(clock(p.decided_at))}</td></tr>`,
+    );
+    $("running").tBodies[0].innerHTML = rows.length
+      ? rows.join("")
+      : `<tr class="empty"><td colspan="7">${running.filter ? "No placed pod matches the filter." : "No pod is placed."}</td></tr>`;
+    const last = Math.min(running.offset + RUNNING_PAGE, running.count);
+    $("running-count").textContent = `${running.count}`;
+    $("running-page").textContent = running.count ? `${running.offset + 1}-${last} of ${running.count}` : "";
+    $("running-prev").disabled = running.offset === 0;
+    $("running-next").disabled = last >= running.count;
   }
 
   // --- details -------------------------------------------------------------------------------
@@ -346,12 +447,15 @@
       model.totals = cluster.totals;
       model.fragmentation = cluster.fragmentation;
       model.pending = data.pending;
+      model.tenants = cluster.tenants;
       model.generatedAt = cluster.generated_at;
       renderTotals();
       renderPending();
+      renderTenants();
       renderAllNodes();
       renderDetails();
     });
+    loadRunning();
     perf.snapshots += 1;
     perf.lastRenderMs = ms;
     perf.snapshotRenderMs = ms;
@@ -369,8 +473,10 @@
       if (data.order) model.order = data.order;
       model.totals = data.totals;
       model.fragmentation = data.fragmentation;
+      model.tenants = data.tenants;
       model.generatedAt = data.generated_at;
       renderTotals();
+      renderTenants();
       if (data.pending) {
         model.pending = data.pending;
         renderPending();
@@ -379,6 +485,7 @@
       if (ui.selected) renderDetails();
     });
     perf.updates += 1;
+    if (data.nodes.length || data.removed.length) refreshRunningSoon();
     showConnected(data.connected);
     $("updated").textContent = `updated ${clock(model.generatedAt)}`;
   }
@@ -397,6 +504,23 @@
     $("filter").addEventListener("input", (event) => {
       ui.filter = event.target.value.trim().toLowerCase();
       for (const article of $("nodes").children) applyFilter(article, model.nodes.get(article.dataset.node));
+    });
+    let filterTimer = null;
+    $("running-filter").addEventListener("input", (event) => {
+      clearTimeout(filterTimer);
+      filterTimer = setTimeout(() => {
+        running.filter = event.target.value.trim();
+        running.offset = 0;
+        loadRunning();
+      }, 150);
+    });
+    $("running-prev").addEventListener("click", () => {
+      running.offset = Math.max(0, running.offset - RUNNING_PAGE);
+      loadRunning();
+    });
+    $("running-next").addEventListener("click", () => {
+      running.offset += RUNNING_PAGE;
+      loadRunning();
     });
     const source = new EventSource("api/v1/events");
     source.addEventListener("snapshot", onSnapshot);

@@ -46,6 +46,20 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
+{{/*
+The extender's kube-scheduler image tag: extender.scheduler.image.tag, else the cluster's own
+version (a kube-scheduler must match its control plane), vMAJOR.MINOR.PATCH without a provider's
+suffix (v1.31.2-eks-1234 -> v1.31.2).
+*/}}
+{{- define "tessera.kubeSchedulerTag" -}}
+{{- with .Values.extender.scheduler.image.tag }}
+{{- . }}
+{{- else }}
+{{- $v := semver .Capabilities.KubeVersion.Version }}
+{{- printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
+{{- end }}
+{{- end }}
+
 {{/* Whether the chart runs its own NATS. */}}
 {{- define "tessera.natsEmbedded" -}}
 {{- if not .Values.nats.url }}true{{ end }}
@@ -108,12 +122,18 @@ that names the file. user-password also sends the user name (through secretKeyRe
 
 {{/*
 Arguments of a Tessera container, as a JSON list: the service name (the image's entrypoint is
-`tessera`), the settings every service has, the NATS credential/TLS files, then the service's own
-("args") and the operator's ("extraArgs"). Only file paths reach the command line, never secrets.
+`tessera`), the settings every service has, the NATS credential/TLS files (not with noNats: the
+webhook uses no NATS), then the service's own ("args") and the operator's ("extraArgs"). Only
+file paths reach the command line, never secrets.
 */}}
 {{- define "tessera.args" -}}
 {{- $v := .root.Values -}}
-{{- $args := list .service (printf "--nats-url=%s" (include "tessera.natsUrl" .root)) (printf "--nats-replicas=%s" (include "tessera.natsReplicas" .root)) (printf "--http-port=%v" $v.httpPort) (printf "--log-level=%s" $v.logLevel) (printf "--log-format=%s" $v.logFormat) -}}
+{{- $args := list .service -}}
+{{- if not .noNats -}}
+{{- $args = concat $args (list (printf "--nats-url=%s" (include "tessera.natsUrl" .root)) (printf "--nats-replicas=%s" (include "tessera.natsReplicas" .root))) -}}
+{{- end -}}
+{{- $args = concat $args (list (printf "--http-port=%v" $v.httpPort) (printf "--log-level=%s" $v.logLevel) (printf "--log-format=%s" $v.logFormat)) -}}
+{{- if not .noNats -}}
 {{- $file := include "tessera.natsAuthFile" .root | fromJson -}}
 {{- if $file.setting -}}
 {{- $args = append $args (printf "--%s=%s/%s" $file.setting (include "tessera.natsAuthDir" .root) $file.key) -}}
@@ -128,6 +148,7 @@ Arguments of a Tessera container, as a JSON list: the service name (the image's 
 {{- end -}}
 {{- if $v.nats.tls.serverName -}}
 {{- $args = append $args (printf "--nats-tls-server-name=%s" $v.nats.tls.serverName) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- concat $args (.args | default list) (.extraArgs | default list) | toJson -}}
@@ -206,8 +227,13 @@ readiness are /healthz and /readyz on the port named http, which is --http-port.
 {{- define "tessera.container" -}}
 {{- $root := .root -}}
 {{- $httpPort := dict "name" "http" "containerPort" (int $root.Values.httpPort) "protocol" "TCP" -}}
-{{- $env := concat (.env | default list) (include "tessera.natsEnv" $root | fromJsonArray) -}}
-{{- $mounts := concat (list (dict "name" "tmp" "mountPath" "/tmp")) (include "tessera.natsVolumeMounts" $root | fromJsonArray) (.volumeMounts | default list) -}}
+{{- $env := .env | default list -}}
+{{- $mounts := list (dict "name" "tmp" "mountPath" "/tmp") -}}
+{{- if not .noNats -}}
+{{- $env = concat $env (include "tessera.natsEnv" $root | fromJsonArray) -}}
+{{- $mounts = concat $mounts (include "tessera.natsVolumeMounts" $root | fromJsonArray) -}}
+{{- end -}}
+{{- $mounts = concat $mounts (.volumeMounts | default list) -}}
 - name: {{ .service }}
   image: {{ include "tessera.image" $root }}
   imagePullPolicy: {{ $root.Values.image.pullPolicy }}
@@ -283,7 +309,8 @@ tolerations:
 {{- end }}
 volumes:
   {{- $tmp := dict "name" "tmp" "emptyDir" (dict "medium" "Memory" "sizeLimit" "16Mi") }}
-  {{- concat (list $tmp) (include "tessera.natsVolumes" $root | fromJsonArray) (.volumes | default list) | toYaml | nindent 2 }}
+  {{- $nats := ternary list (include "tessera.natsVolumes" $root | fromJsonArray) (.noNats | default false) }}
+  {{- concat (list $tmp) $nats (.volumes | default list) | toYaml | nindent 2 }}
 {{- end }}
 
 {{/* Spread replicas of a Deployment over nodes when it can (a preference, not a rule). */}}
@@ -332,4 +359,13 @@ podAntiAffinity:
 {{- fail (printf "binder: leader election needs leaseDurationS (%v) > renewDeadlineS (%v) > retryPeriodS (%v)" .leaseDurationS .renewDeadlineS .retryPeriodS) }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+CEL of the webhooks' matchCondition: the pod asks for a tessera.dev/* resource in a container or
+an init container (limits or requests). Other pods never reach the webhook.
+*/}}
+{{- define "tessera.webhookCondition" -}}
+{{- $asks := "c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('tessera.dev/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('tessera.dev/'))))" -}}
+object.spec.containers.exists({{ $asks }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists({{ $asks }}))
 {{- end }}

@@ -1,0 +1,1 @@
+"""``tessera webhook``: the admission webhook (DESIGN section 13)."""

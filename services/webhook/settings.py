@@ -1,0 +1,62 @@
+"""Settings of ``tessera webhook`` (option = field name with ``-``; env ``TESSERA_<FIELD>``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from shared.config import ProcessSettings
+
+
+class WebhookSettings(ProcessSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Admission webhook settings (it needs no NATS: everything it decides is in the pod)."""
+
+    tls_cert_file: Annotated[
+        str,
+        msgspec.Meta(
+            description="serving certificate (PEM, with its chain) the API server verifies "
+            "against the webhook configuration's caBundle; re-read when it changes"
+        ),
+    ] = "/etc/tessera/webhook/tls.crt"
+    tls_key_file: Annotated[
+        str, msgspec.Meta(description="private key (PEM) of --tls-cert-file")
+    ] = "/etc/tessera/webhook/tls.key"
+    tls_host: Annotated[
+        str, msgspec.Meta(description="address the HTTPS endpoints /mutate and /validate listen on")
+    ] = "0.0.0.0"
+    tls_port: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0, le=65535, description="port of /mutate and /validate (HTTPS); 0 = any free port"
+        ),
+    ] = 9443
+    cert_check_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0, description="how often the certificate files are checked for a new version"
+        ),
+    ] = 10.0
+    scheduler_name: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1,
+            description="scheduler set on pods that ask for tessera.dev/* resources with no "
+            "scheduler or default-scheduler",
+        ),
+    ] = "tessera"
+    extender_scheduler_names: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(
+            description="schedulers that ask Tessera's extender (as the binder's "
+            "--extender-scheduler-names): their pods keep their scheduler and are validated; "
+            "list default-scheduler here when the main kube-scheduler runs the extender"
+        ),
+    ] = ()
+    default_gpu_shares: Annotated[
+        bool,
+        msgspec.Meta(
+            description="a container giving tessera.dev/gpu-memory, -memory-percentage or "
+            "-cores without tessera.dev/gpu gets tessera.dev/gpu: 1 (one share), as HAMi does"
+        ),
+    ] = True
