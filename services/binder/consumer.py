@@ -23,6 +23,7 @@ from services.binder.tasks import checkpoint
 from shared.clock import Clock
 from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
+from shared.runtime.follow import FETCH_BATCH, deliveries
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ RETRY_S: Final = 1.0
 """Delay before a message the API or NATS could not serve is delivered again (doubling with each
 delivery, up to ``RETRY_MAX_S``)."""
 RETRY_MAX_S: Final = 30.0
-FETCH_BATCH: Final = 64
 T = TypeVar("T")
 
 
@@ -61,18 +61,6 @@ async def consume(
 ) -> None:
     """Fetch from the durable consumer and handle each message in its own task, up to
     ``max_in_flight`` at once, until cancelled (see the module docstring)."""
-    while True:
-        try:
-            consumer = await bus.pull_consumer(
-                stream=stream, durable=durable, subject=subject, ack_wait=ACK_WAIT_S
-            )
-            break
-        except Exception as error:  # NATS away: try again shortly
-            log.warning(
-                "cannot attach the consumer yet", extra={"consumer": durable, "error": repr(error)}
-            )
-            await clock.sleep(RETRY_S)
-            checkpoint()
     in_flight = 0
     freed = asyncio.Event()
 
@@ -81,29 +69,29 @@ async def consume(
         in_flight -= 1
         freed.set()
 
-    try:
-        async with asyncio.TaskGroup() as group:
-            while True:
-                checkpoint()
-                while in_flight >= max_in_flight:
-                    freed.clear()
-                    await freed.wait()
-                try:
-                    batch = await consumer.fetch(
-                        min(FETCH_BATCH, max_in_flight - in_flight), timeout=1.0
-                    )
-                except Exception as error:
-                    log.warning("fetch failed", extra={"consumer": durable, "error": repr(error)})
-                    await clock.sleep(RETRY_S)
-                    continue
-                for delivery in batch:
-                    in_flight += 1
-                    task = group.create_task(
-                        _handle(delivery, message_type, family, handler, edge=edge, clock=clock)
-                    )
-                    task.add_done_callback(finished)
-    finally:
-        await consumer.close()
+    async def room() -> int:
+        checkpoint()
+        while in_flight >= max_in_flight:
+            freed.clear()
+            await freed.wait()
+        return min(FETCH_BATCH, max_in_flight - in_flight)
+
+    messages = deliveries(
+        bus,
+        clock=clock,
+        stream=stream,
+        durable=durable,
+        subject=subject,
+        ack_wait=ACK_WAIT_S,
+        room=room,
+    )
+    async with contextlib.aclosing(messages), asyncio.TaskGroup() as group:
+        async for delivery in messages:
+            in_flight += 1
+            task = group.create_task(
+                _handle(delivery, message_type, family, handler, edge=edge, clock=clock)
+            )
+            task.add_done_callback(finished)
 
 
 async def _handle(

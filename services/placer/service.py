@@ -91,7 +91,7 @@ import random
 import secrets
 import socket
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -132,6 +132,7 @@ from shared.messages.store import StoreRestored
 from shared.messages.waiting import WaitingPod
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
+from shared.runtime.follow import FETCH_BATCH, deliveries
 from shared.runtime.follow import follow as shared_follow
 from shared.runtime.health import HttpRoutes, Readiness
 from shared.runtime.lifecycle import ServiceContext
@@ -141,7 +142,6 @@ log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 64
 """Commits one replica runs at once."""
-FETCH_BATCH = 64
 MAX_HELD = 100_000
 """The pod consumer's ``max_ack_pending``: pods held (deciding or waiting) across replicas."""
 BACKOFF_MIN_S = 0.5
@@ -665,15 +665,18 @@ class PlacerService:
     # --- pods in -------------------------------------------------------------------------------
 
     async def _consume_pods(self) -> None:
-        consumer = await self.bus.pull_consumer(
+        pods = deliveries(
+            self.bus,
+            clock=self.clock,
             stream=subjects.STREAM_PODS,
             durable="placer",
             subject=subjects.PODS_ALL,
             ack_wait=self.config.ack_wait_s,
             max_ack_pending=MAX_HELD,
+            room=self._room,
         )
-        try:
-            async for delivery in self._deliveries(consumer.fetch, backpressure=True):
+        async with contextlib.aclosing(pods):
+            async for delivery in pods:
                 if delivery.subject == subjects.PODS_DELETED:
                     deleted = await self.edge.accept(delivery, PodDeleted, family="pods")
                     if deleted is not None:
@@ -693,29 +696,13 @@ class PlacerService:
                         reason=f"no pod message is published on {delivery.subject}",
                         kind="subject",
                     )
-        finally:
-            await consumer.close()
 
-    async def _deliveries(
-        self, fetch: Callable[[int, float], Awaitable[list[Delivery]]], *, backpressure: bool
-    ) -> AsyncIterator[Delivery]:
-        delay = 0.5
-        while True:
-            while backpressure and self._busy():
-                self._work.set()
-                await asyncio.sleep(0.005)
-            try:
-                batch = await fetch(FETCH_BATCH, 1.0)
-                delay = 0.5
-            except Exception as error:  # NATS down or slow: try again, the messages stay
-                log.warning(
-                    "cannot fetch; retrying", extra={"error": f"{type(error).__name__}: {error}"}
-                )
-                await self.clock.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            for delivery in batch:
-                yield delivery
+    async def _room(self) -> int:
+        """How many pod messages to fetch now: none while too many are held undecided."""
+        while self._busy():
+            self._work.set()
+            await asyncio.sleep(0.005)
+        return FETCH_BATCH
 
     def _busy(self) -> bool:
         return len(self._items) - len(self._waiting) >= 4 * MAX_IN_FLIGHT
@@ -1387,19 +1374,19 @@ class PlacerService:
     # --- releases ------------------------------------------------------------------------------
 
     async def _consume_bindings(self) -> None:
-        consumer = await self.bus.pull_consumer(
+        bindings = deliveries(
+            self.bus,
+            clock=self.clock,
             stream=subjects.STREAM_BINDINGS,
             durable="placer-bindings",
             subject=subjects.BINDINGS_ALL,
             ack_wait=self.config.ack_wait_s,
         )
-        try:
-            async for delivery in self._deliveries(consumer.fetch, backpressure=False):
+        async with contextlib.aclosing(bindings):
+            async for delivery in bindings:
                 result = await self.edge.accept(delivery, BindingResult, family="bindings")
                 if result is not None:
                     self._spawn(self._on_binding(result, delivery), f"binding-{result.pod_uid}")
-        finally:
-            await consumer.close()
 
     async def _on_binding(self, result: BindingResult, delivery: Delivery) -> None:
         try:

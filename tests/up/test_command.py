@@ -140,7 +140,8 @@ async def test_a_service_that_never_turns_ready_is_named_with_its_reasons(tmp_pa
         )
     )
     try:
-        system.start_nats()
+        for name in system.nats_names():
+            system.start_nats(name)
         await system.cluster.start()
         system.start_node_services(plan)
         with pytest.raises(StartError) as failed:
