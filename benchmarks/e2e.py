@@ -54,9 +54,10 @@ async def main(args: argparse.Namespace) -> None:
     options = SystemOptions(
         nodes=plan_nodes(args.gpus, args.nodes),
         run_dir=run_dir,
-        placers=2,
+        placers=args.placers,
         binders=1,
         dashboard=False,
+        webhook=False,
         ready_timeout_s=900.0,
     )
     started = time.monotonic()
@@ -105,4 +106,5 @@ if __name__ == "__main__":
     parser.add_argument("--gpus", default="8xA100-80GB")
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--placers", type=int, default=2)
     asyncio.run(main(parser.parse_args()))

@@ -2,37 +2,83 @@
 ``dashboard``, ``webhook``) or a tool (``simulate``, ``up``, ``explain``).
 
 Every subcommand has a ``--help`` that lists its settings with their environment variables and
-defaults.
+defaults. Only the command that runs is imported: a service process does not pay for the others
+(the simulated cluster, the simulator, the dashboard...), which a cluster of many per-node
+processes would pay over and over.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from services.binder.command import SERVICE as BINDER
-from services.dashboard.command import SERVICE as DASHBOARD
-from services.deviceplugin.command import SERVICE as DEVICEPLUGIN
-from services.inventory.command import SERVICE as INVENTORY
-from services.placer.command import SERVICE as PLACER
-from services.placer.sim.command import COMMAND as SIMULATE
-from services.webhook.command import SERVICE as WEBHOOK
-from shared.runtime.command import Command
-from tessera.explain import COMMAND as EXPLAIN
-from tessera.up.command import COMMAND as UP
+from shared.runtime.command import Command, ServiceCommand
 
-COMMANDS: tuple[Command, ...] = (
-    INVENTORY.command(),
-    PLACER.command(),
-    BINDER.command(),
-    DEVICEPLUGIN.command(),
-    DASHBOARD.command(),
-    WEBHOOK.command(),
-    SIMULATE,
-    UP,
-    EXPLAIN,
+
+@dataclass(frozen=True)
+class Entry:
+    """A subcommand as the top level lists it, and where its :class:`Command` lives."""
+
+    name: str
+    summary: str
+    target: str
+    """``module:ATTRIBUTE`` of its Command (or ServiceCommand)."""
+
+    def load(self) -> Command:
+        module, attribute = self.target.split(":")
+        found = getattr(importlib.import_module(module), attribute)
+        command: Command = found.command() if isinstance(found, ServiceCommand) else found
+        return command
+
+
+# The summaries repeat the commands' own (tests/test_cli.py holds them equal), so that the top
+# level's --help imports none of them.
+ENTRIES: tuple[Entry, ...] = (
+    Entry(
+        "inventory",
+        "publish NVML telemetry and GPU health for one node",
+        "services.inventory.command:SERVICE",
+    ),
+    Entry("placer", "decide node and GPUs for pending pods", "services.placer.command:SERVICE"),
+    Entry(
+        "binder",
+        "watch pods and nodes, bind decided pods, explain Pending ones",
+        "services.binder.command:SERVICE",
+    ),
+    Entry(
+        "deviceplugin",
+        "serve the kubelet's device plugin API for one node",
+        "services.deviceplugin.command:SERVICE",
+    ),
+    Entry(
+        "dashboard",
+        "serve a live web page of every GPU's slices and every Pending pod",
+        "services.dashboard.command:SERVICE",
+    ),
+    Entry(
+        "webhook",
+        "serve the admission webhook: default Tessera pods, refuse what cannot be placed",
+        "services.webhook.command:SERVICE",
+    ),
+    Entry(
+        "simulate",
+        "replay a pod trace through the placement core and compare policies",
+        "services.placer.sim.command:COMMAND",
+    ),
+    Entry(
+        "up",
+        "run the whole system on this machine against a simulated cluster",
+        "tessera.up.command:COMMAND",
+    ),
+    Entry(
+        "explain",
+        "say where a pod went and why, or why it is Pending (asks the placers)",
+        "tessera.explain:COMMAND",
+    ),
 )
 
 
@@ -44,7 +90,9 @@ def tessera_version() -> str:
         return "unknown"
 
 
-def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+def build_parser(chosen: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``tessera`` parser with the subcommands named in ``chosen`` (every one: None)
+    configured; the others are listed only."""
     parser = argparse.ArgumentParser(
         prog="tessera",
         description="Tessera: GPU sharing for Kubernetes. Services talk over NATS; each "
@@ -53,19 +101,21 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     )
     parser.add_argument("--version", action="version", version=f"tessera {tessera_version()}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
-    for command in commands:
-        child = sub.add_parser(
-            command.name,
-            help=command.summary,
-            description=command.description,
-        )
+    for entry in ENTRIES:
+        if chosen is not None and entry.name not in chosen:
+            sub.add_parser(entry.name, help=entry.summary, add_help=False)
+            continue
+        command = entry.load()
+        child = sub.add_parser(command.name, help=command.summary, description=command.description)
         command.configure(child)
         child.set_defaults(_run=command.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    named = [a for a in arguments if not a.startswith("-")][:1]
+    args = build_parser(named).parse_args(arguments)
     return int(args._run(args))
 
 

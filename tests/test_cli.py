@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.cli import COMMANDS
+from tessera.cli import ENTRIES
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("inventory", "placer", "binder", "deviceplugin", "dashboard")
@@ -68,7 +68,7 @@ def test_configuration_error_is_one_line_and_exit_2() -> None:
 
 
 def test_a_service_without_its_core_says_so_and_exits_non_zero() -> None:
-    unbuilt = [c.name for c in COMMANDS if c.name in SERVICES and _is_placeholder(c.name)]
+    unbuilt = [e.name for e in ENTRIES if e.name in SERVICES and _is_placeholder(e.name)]
     for name in unbuilt:
         result = tessera(name)
         assert result.returncode == 3
@@ -78,3 +78,24 @@ def test_a_service_without_its_core_says_so_and_exits_non_zero() -> None:
 def _is_placeholder(name: str) -> bool:
     module = __import__(f"services.{name}.command", fromlist=["SERVICE"])
     return module.SERVICE.main is None
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
+def test_the_top_level_lists_each_command_with_its_own_summary(entry: object) -> None:
+    """The top level lists the commands without importing them: its summaries must be theirs."""
+    command = entry.load()  # type: ignore[attr-defined]
+    assert (command.name, command.summary) == (entry.name, entry.summary)  # type: ignore[attr-defined]
+
+
+def test_a_service_imports_only_its_own_command() -> None:
+    """A per-node process (hundreds of them in a large simulated cluster) pays for its own code,
+    not for the simulated cluster, the simulator or the dashboard."""
+    probe = (
+        "import sys; from tessera.cli import build_parser; build_parser(['inventory']); "
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('tessera.up', "
+        "'tessera.devcluster', 'services.placer', 'services.dashboard', 'matplotlib')))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert loaded == [], loaded
