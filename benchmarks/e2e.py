@@ -29,6 +29,7 @@ from tessera.up.spec import plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
 
 TICKS = os.sysconf("SC_CLK_TCK")
+CONTROL_PLANE = ("placer", "binder", "nats-server")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -58,6 +59,7 @@ async def main(args: argparse.Namespace) -> None:
         binders=1,
         dashboard=False,
         webhook=False,
+        nodes_per_process=args.nodes_per_process,
         ready_timeout_s=900.0,
     )
     started = time.monotonic()
@@ -96,6 +98,13 @@ async def main(args: argparse.Namespace) -> None:
             "mismatched_containers": summary.mismatched_containers,
             "overcommitted_gpus": summary.overcommitted_gpus,
             "cpu_s_during_run": {k: round(after.get(k, 0) - before.get(k, 0), 1) for k in after},
+            # DESIGN section 7: placer + binder + nats-server, per pod that ran.
+            "control_plane_cpu_ms_per_pod": round(
+                1000
+                * sum(after.get(k, 0) - before.get(k, 0) for k in CONTROL_PLANE)
+                / max(running, 1),
+                2,
+            ),
         }
         print(json.dumps(result, indent=2))
 
@@ -107,4 +116,10 @@ if __name__ == "__main__":
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--placers", type=int, default=2)
+    parser.add_argument(
+        "--nodes-per-process",
+        type=int,
+        default=10,
+        help="GPU nodes whose inventory and device plugin share a process (1: one each)",
+    )
     asyncio.run(main(parser.parse_args()))

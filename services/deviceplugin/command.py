@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
@@ -15,6 +15,9 @@ from services.deviceplugin.devices import DeviceConfig, Mode
 from services.deviceplugin.kubelet import DEFAULT_PLUGIN_DIR, KUBELET_SOCKET, MAX_SOCKET_PATH
 from shared.config import ConfigError, NodeSettings, require_node
 from shared.runtime.command import ServiceCommand
+
+if TYPE_CHECKING:  # the lifecycle (and gRPC) load only when the plugin runs
+    from shared.runtime.lifecycle import Hosted
 
 
 class DevicePluginSettings(NodeSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -176,15 +179,19 @@ def build_config(settings: DevicePluginSettings) -> PluginConfig:
     )
 
 
-async def main(settings: DevicePluginSettings) -> int:
-    """Run the device plugin until SIGTERM; the exit code."""
+async def main(settings: DevicePluginSettings, *, hosted: Hosted | None = None) -> int:
+    """Run the device plugin until SIGTERM; the exit code (``hosted``: one of several services
+    of this process, see ``run_service``)."""
     # Imported here so that `tessera --help` and the other services do not load gRPC.
     from services.deviceplugin.service import run_plugin
     from shared.runtime.lifecycle import run_service
 
     config = build_config(settings)
     return await run_service(
-        name="deviceplugin", settings=settings, body=functools.partial(run_plugin, config=config)
+        name="deviceplugin",
+        settings=settings,
+        body=functools.partial(run_plugin, config=config),
+        hosted=hosted,
     )
 
 

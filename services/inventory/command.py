@@ -22,7 +22,7 @@ from services.inventory.reader import BackendUnavailableError, GpuReader
 from services.inventory.service import InventoryMetrics, InventoryService
 from shared.config import ConfigError, NodeSettings, require_node
 from shared.runtime.command import ServiceCommand
-from shared.runtime.lifecycle import ServiceContext, run_service
+from shared.runtime.lifecycle import Hosted, ServiceContext, run_service
 
 EXIT_BACKEND_UNAVAILABLE: Final = 4
 
@@ -175,8 +175,9 @@ async def inventory_body(
     await service.run()
 
 
-async def main(settings: InventorySettings) -> int:
-    """Entry point of ``tessera inventory``; returns the process exit code."""
+async def main(settings: InventorySettings, *, hosted: Hosted | None = None) -> int:
+    """Entry point of ``tessera inventory``; returns the process exit code (``hosted``: one of
+    several services of this process, see ``run_service``)."""
     node = require_node(settings)
     check(settings)
     reader = build_reader(settings, node=node)
@@ -191,6 +192,7 @@ async def main(settings: InventorySettings) -> int:
             name="inventory",
             settings=settings,
             body=functools.partial(inventory_body, reader=reader, settings=settings, node=node),
+            hosted=hosted,
         )
     finally:
         await reader.close()

@@ -44,7 +44,7 @@ from shared.runtime.bus import (
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, HttpRoutes, Readiness
-from shared.runtime.logs import Redactor, configure_logging
+from shared.runtime.logs import AGENT, Redactor, configure_logging
 from shared.runtime.metrics import EdgeMetrics, register_runtime_metrics
 from shared.runtime.tasks import TaskOwners, cancel_and_wait, owned_context
 
@@ -71,6 +71,15 @@ async def connect_nats(
 ) -> Bus:
     """The real connector: NATS with JetStream streams and KV buckets ensured."""
     return await NatsBus.connect(url, name=name, security=security, replicas=replicas)
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """One of several services a process hosts (``tessera.up.agents``): the host owns stopping
+    and logging, and each hosted service's log lines carry its ``agent`` name."""
+
+    stop: asyncio.Event
+    agent: str
 
 
 class BusClosedError(Exception):
@@ -147,6 +156,7 @@ async def run_service(
     routes: HttpRoutes | None = None,
     stop_grace_s: float = STOP_GRACE_S,
     stop_deadline_s: float = STOP_DEADLINE_S,
+    hosted: Hosted | None = None,
 ) -> int:
     """Run ``body`` until it returns, fails, or a signal (or ``stop``) ends it; return exit code.
 
@@ -154,7 +164,9 @@ async def run_service(
     after a signal the process exits within ``stop_deadline_s`` whatever is stuck.
 
     ``stop``: given, the caller owns stopping (a test, a host running several services) and no
-    signal handler is installed; absent, SIGTERM and SIGINT stop the service.
+    signal handler is installed; absent, SIGTERM and SIGINT stop the service. ``hosted``: one
+    of several services in this process (its stop and its log lines' agent name; the host
+    configured the logs).
 
     ``routes``: GET endpoints served beside /healthz, /readyz and /metrics from the start, before
     NATS is reached (the body may add more through ``ServiceContext.routes``).
@@ -164,9 +176,13 @@ async def run_service(
     """
     security = nats_security(settings)
     redact = Redactor((*security.secrets, *url_secrets(settings.nats_url)))
-    configure_logging(
-        service=name, level=settings.log_level, fmt=settings.log_format, redact=redact
-    )
+    if hosted is None:
+        configure_logging(
+            service=name, level=settings.log_level, fmt=settings.log_format, redact=redact
+        )
+    else:
+        AGENT.set(hosted.agent)
+        stop = hosted.stop
     if connect is None:
 
         async def connect_securely(url: str, client_name: str) -> Bus:

@@ -3,10 +3,14 @@
 Fields passed with ``extra={...}`` become top-level keys, so ``log.warning("rejected message",
 extra={"family": "pods", "reason": r})`` prints ``{"level": "warning", "msg": "rejected message",
 "family": "pods", "reason": ...}``.
+
+A process hosting several services (``tessera.up.agents``, for large simulated clusters) names
+the one a line comes from in ``agent`` (:data:`AGENT`, set in each hosted service's task).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
@@ -22,8 +26,14 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
 }
 
 
+AGENT: contextvars.ContextVar[str] = contextvars.ContextVar("tessera_log_agent", default="")
+"""The hosted service a log line comes from, when one process hosts several ("" otherwise)."""
+
+
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+    fields = {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+    agent = AGENT.get()
+    return {"agent": agent, **fields} if agent else fields
 
 
 class JsonFormatter(logging.Formatter):

@@ -10,7 +10,9 @@ one service (:meth:`Supervisor.kill`) and start it again (:meth:`Supervisor.rest
 same command line and log file.
 
 Each service logs to its own file in the run directory; its HTTP port comes from its
-``service starting`` log line (every service is started with ``--http-port 0``).
+``service starting`` log line (every service is started with ``--http-port 0``). A child may host
+several services (``tessera.up.agents``): each is then known by its own name too
+(:meth:`Supervisor.start`'s ``hosts``), its port read from the line naming it as ``agent``.
 """
 
 from __future__ import annotations
@@ -83,20 +85,40 @@ class Supervisor:
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.children: dict[str, Child] = {}
+        self.hosted: dict[str, str] = {}
+        """Service name -> the child that hosts it (among others)."""
+        self._ports: dict[str, int] = {}
 
-    def start(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> Child:
-        """Start ``argv`` as ``name`` (log in ``logs/<name>.log``)."""
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        hosts: Iterable[str] = (),
+    ) -> Child:
+        """Start ``argv`` as ``name`` (log in ``logs/<name>.log``); ``hosts``: the services it
+        runs, each known by its name from then on."""
         if name in self.children and self.children[name].alive:
             raise ValueError(f"{name} is already running")
         child = self.children.get(name) or Child(
             name=name, argv=argv, log=self.logs / f"{name.replace('/', '-')}.log", env=env
         )
         self.children[name] = child
+        for service in hosts:
+            self.hosted[service] = name
         self._spawn(child)
         return child
 
+    def child(self, name: str) -> Child:
+        """The child running service ``name`` (itself, or the one hosting it)."""
+        return self.children[self.hosted.get(name, name)]
+
     def _spawn(self, child: Child) -> None:
         child.http_port = None
+        for service, host in self.hosted.items():
+            if host == child.name:
+                self._ports.pop(service, None)
         child._log_offset = child.log.stat().st_size if child.log.exists() else 0
         with child.log.open("ab") as sink:
             child.process = subprocess.Popen(
@@ -110,15 +132,15 @@ class Supervisor:
         child.starts += 1
 
     def restart(self, name: str) -> Child:
-        child = self.children[name]
+        child = self.child(name)
         if child.alive:
             raise ValueError(f"{name} is still running")
         self._spawn(child)
         return child
 
     def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
-        """Send ``signum`` to ``name`` and wait for it to exit."""
-        child = self.children[name]
+        """Send ``signum`` to ``name`` (the child running it) and wait for it to exit."""
+        child = self.child(name)
         if child.process is None or child.process.poll() is not None:
             return
         child.kills.append(time.time())
@@ -128,9 +150,11 @@ class Supervisor:
 
     def http_port(self, name: str) -> int | None:
         """The port of ``name``'s ``service starting`` line of its current run, once logged."""
-        child = self.children[name]
-        if child.http_port is not None:
-            return child.http_port
+        hosted = name in self.hosted
+        child = self.child(name)
+        known = self._ports.get(name) if hosted else child.http_port
+        if known is not None:
+            return known
         try:
             with child.log.open("rb") as handle:
                 handle.seek(child._log_offset)
@@ -142,13 +166,18 @@ class Supervisor:
                 continue
             with contextlib.suppress(ValueError):
                 entry = json.loads(line)
-                if entry.get("msg") == "service starting" and "http_port" in entry:
+                if entry.get("msg") != "service starting" or "http_port" not in entry:
+                    continue
+                if not hosted:
                     child.http_port = int(entry["http_port"])
                     return child.http_port
+                if entry.get("agent") == name:
+                    self._ports[name] = int(entry["http_port"])
+                    return self._ports[name]
         return None
 
     def check_alive(self, name: str) -> None:
-        child = self.children[name]
+        child = self.child(name)
         if not child.alive:
             code = child.process.returncode if child.process is not None else None
             raise StartError(

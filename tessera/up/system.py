@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -107,6 +108,9 @@ class SystemOptions:
     env: dict[str, str] = field(default_factory=dict)
     nats_servers: int = 1
     """1, or 3 for a JetStream cluster (three replicas of every stream and bucket)."""
+    nodes_per_process: int = 1
+    """GPU nodes whose inventory and device plugin share one process (``tessera.up.agents``):
+    1 for the chaos tests (a service killed alone), more for large benchmark clusters."""
 
 
 class LocalSystem:
@@ -163,8 +167,14 @@ class LocalSystem:
             return ["nats-server"]
         return [f"nats-server-{i + 1}" for i in range(len(self.nats_ports))]
 
-    def service_names(self) -> list[str]:
+    def process_names(self) -> list[str]:
+        """Every process but NATS's."""
         return [name for name in self.supervisor.children if name not in self.nats_names()]
+
+    def service_names(self) -> list[str]:
+        """Every service, hosted ones by their own name."""
+        hosts = set(self.supervisor.hosted.values())
+        return [n for n in self.process_names() if n not in hosts] + list(self.supervisor.hosted)
 
     # --- start ----------------------------------------------------------------------------------
 
@@ -185,8 +195,11 @@ class LocalSystem:
         self.cluster.write_kubeconfig(self.kubeconfig)
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
         self.bus = await self._connect_bus()
-        for plan in self.gpu_nodes:
-            self.start_node_services(plan)
+        if self.options.nodes_per_process > 1:
+            self._start_agents(self.gpu_nodes)
+        else:
+            for plan in self.gpu_nodes:
+                self.start_node_services(plan)
         for name in self.binder_names():
             self._start_binder(name)
         for name in self.placer_names():
@@ -285,11 +298,10 @@ class LocalSystem:
             self.options.log_level,
         ]
 
-    def start_node_services(self, plan: NodePlan) -> None:
-        """The inventory and device plugin of one GPU node."""
-        self.supervisor.start(
-            f"inventory/{plan.name}",
-            python_command(
+    def node_commands(self, plan: NodePlan) -> dict[str, list[str]]:
+        """The ``tessera`` command lines of one GPU node's inventory and device plugin."""
+        return {
+            f"inventory/{plan.name}": [
                 "inventory",
                 "--node",
                 plan.name,
@@ -299,12 +311,8 @@ class LocalSystem:
                 plan.fake_gpus,
                 *self._common(),
                 *self.options.inventory_args,
-            ),
-            env=self.env,
-        )
-        self.supervisor.start(
-            f"deviceplugin/{plan.name}",
-            python_command(
+            ],
+            f"deviceplugin/{plan.name}": [
                 "deviceplugin",
                 "--node",
                 plan.name,
@@ -320,9 +328,37 @@ class LocalSystem:
                 f"deviceplugin-{plan.name}",
                 *self._common(),
                 *self.options.plugin_args,
-            ),
-            env=self.env,
-        )
+            ],
+        }
+
+    def start_node_services(self, plan: NodePlan) -> None:
+        """The inventory and device plugin of one GPU node, each its own process."""
+        for name, argv in self.node_commands(plan).items():
+            self.supervisor.start(name, python_command(*argv), env=self.env)
+
+    def _start_agents(self, plans: Sequence[NodePlan]) -> None:
+        """Several nodes' services per process (``nodes_per_process``), for large clusters."""
+        size = self.options.nodes_per_process
+        for first in range(0, len(plans), size):
+            agents = {
+                name: argv
+                for plan in plans[first : first + size]
+                for name, argv in self.node_commands(plan).items()
+            }
+            self.supervisor.start(
+                f"agents-{first // size + 1}",
+                [
+                    sys.executable,
+                    "-m",
+                    "tessera.up.agents",
+                    "--agents",
+                    json.dumps(agents),
+                    "--log-level",
+                    self.options.log_level,
+                ],
+                env=self.env,
+                hosts=agents,
+            )
 
     def _start_webhook(self) -> None:
         self.webhook_port = free_port()
@@ -565,7 +601,7 @@ class LocalSystem:
         ports = {
             name: self.supervisor.http_port(name)
             for name in self.service_names()
-            if self.supervisor.children[name].alive
+            if self.supervisor.child(name).alive
         }
         dashboard = ports.get("dashboard")
         return {
@@ -588,7 +624,7 @@ class LocalSystem:
                     await self.bus.drain()
             self.bus = None
         # Services first (they drain to NATS), then NATS, then the cluster they talked to.
-        await asyncio.to_thread(self.supervisor.stop_all, self.service_names())
+        await asyncio.to_thread(self.supervisor.stop_all, self.process_names())
         await asyncio.to_thread(self.supervisor.stop_all, self.nats_names())
         await self.cluster.stop()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
