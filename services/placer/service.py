@@ -603,7 +603,7 @@ class PlacerService:
     async def _consume_pods(self) -> None:
         consumer = await self.bus.pull_consumer(
             stream=subjects.STREAM_PODS,
-            durable="placer",
+            durable=subjects.DURABLE_PLACER_PODS,
             subject=subjects.PODS_ALL,
             ack_wait=self.config.ack_wait_s,
             max_ack_pending=MAX_HELD,
@@ -1291,7 +1291,7 @@ class PlacerService:
     async def _consume_bindings(self) -> None:
         consumer = await self.bus.pull_consumer(
             stream=subjects.STREAM_BINDINGS,
-            durable="placer-bindings",
+            durable=subjects.DURABLE_PLACER_BINDINGS,
             subject=subjects.BINDINGS_ALL,
             ack_wait=self.config.ack_wait_s,
         )

@@ -143,6 +143,29 @@ def _tls_context(security: NatsSecurity) -> ssl.SSLContext | None:
     return context
 
 
+DEFAULT_INBOX_PREFIX = "_INBOX"
+
+
+def _bucket_stream(bucket: str, history: int) -> js_api.StreamConfig:
+    """The stream of a KV bucket as nats-py's ``create_key_value`` makes it, except that it
+    refuses rollups: a ``Nats-Rollup: all`` header on a write to any one key would otherwise
+    purge the whole bucket, so an identity allowed to write only its own node's keys could wipe
+    every node's records. Tessera never purges a key (deletes are delete markers)."""
+    return js_api.StreamConfig(
+        name=f"KV_{bucket}",
+        subjects=[f"$KV.{bucket}.>"],
+        allow_direct=False,
+        allow_rollup_hdrs=False,
+        deny_delete=True,
+        discard=js_api.DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        max_consumers=-1,
+        max_msgs=-1,
+        max_msgs_per_subject=history,
+        num_replicas=1,
+    )
+
+
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
 
@@ -397,8 +420,15 @@ class NatsBus:
         reconnect_wait: float = 1.0,
         security: NatsSecurity | None = None,
         request_timeout: float = 5.0,
+        inbox_prefix: str = DEFAULT_INBOX_PREFIX,
+        update_topology: bool = True,
     ) -> NatsBus:
         """Connect once, then reconnect forever after any later loss; ensure streams and buckets.
+
+        ``inbox_prefix``: where replies to this client go (``shared.permissions.inbox_prefix``:
+        a service's identity may only listen under its own). ``update_topology``: whether this
+        client may change an existing stream's or bucket's configuration; one that may not only
+        creates what is missing (see :meth:`ensure_topology`).
 
         Raises:
             NatsRefusedError: the server refused the credentials or the TLS handshake failed.
@@ -454,6 +484,7 @@ class NatsBus:
                 closed_cb=on_closed,
                 reconnect_to_server_handler=next_attempt,
                 **security.client_options(),
+                inbox_prefix=inbox_prefix,
                 tls=_tls_context(security),
                 tls_hostname=security.tls_server_name or None,
             )
@@ -470,7 +501,7 @@ class NatsBus:
         bus = cls(client, request_timeout=request_timeout)
         bus._reconnect_wait = reconnect_wait
         log.info("nats connected", extra={"url": redact_url(url)})
-        await bus.ensure_topology()
+        await bus.ensure_topology(update=update_topology)
         return bus
 
     # --- connection state (callbacks of nats-py) -----------------------------------------------
@@ -580,9 +611,11 @@ class NatsBus:
                 "(read it back)"
             ) from None
 
-    async def ensure_topology(self) -> None:
+    async def ensure_topology(self, *, update: bool = True) -> None:
         """Create every stream and KV bucket Tessera uses (retention and age limits from
-        ``shared.subjects``); existing ones keep their retention, only their subjects follow."""
+        ``shared.subjects``); existing ones keep their retention, only their subjects follow,
+        and a bucket made before rollups were refused stops taking them. ``update=False``: only
+        create what is missing (an identity that may not change configurations)."""
         for name, stream_subjects in subjects.STREAMS.items():
             try:
                 info = await self._js.stream_info(name)
@@ -598,12 +631,17 @@ class NatsBus:
                     max_age=subjects.STREAM_MAX_AGE_S.get(name),
                 )
                 continue
-            if set(info.config.subjects or ()) != set(stream_subjects):
+            if update and set(info.config.subjects or ()) != set(stream_subjects):
                 config = info.config
                 config.subjects = list(stream_subjects)
                 await self._js.update_stream(config)
         for bucket, history in subjects.KV_BUCKETS.items():
             await self._bucket(bucket, history=history)
+            if update:
+                info = await self._js.stream_info(f"KV_{bucket}")
+                if info.config.allow_rollup_hdrs:
+                    info.config.allow_rollup_hdrs = False
+                    await self._js.update_stream(info.config)
 
     async def _bucket(self, bucket: str, *, history: int = 1) -> KeyValue:
         kv = self._kv.get(bucket)
@@ -612,9 +650,8 @@ class NatsBus:
         try:
             kv = await self._js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
-            kv = await self._js.create_key_value(
-                config=js_api.KeyValueConfig(bucket=bucket, history=history)
-            )
+            await self._js.add_stream(_bucket_stream(bucket, history))
+            kv = await self._js.key_value(bucket)
         self._kv[bucket] = kv
         return kv
 
