@@ -37,6 +37,7 @@ from tessera.devcluster.cluster import SimulatedCluster
 from tessera.devcluster.kubelet import GpuCapacity, NodeSpec
 from tessera.devcluster.resources import LEASE, NODE
 from tessera.up import report
+from tessera.up.identities import Identities, Identity
 from tessera.up.processes import Child, StartError, Supervisor, python_command
 from tessera.up.spec import NodePlan
 
@@ -95,6 +96,9 @@ class SystemOptions:
     log_level: str = "info"
     ready_timeout_s: float = 120.0
     env: dict[str, str] = field(default_factory=dict)
+    nats_permissions: bool = True
+    """One NATS identity per service and per node, with ``shared.permissions``' subject
+    permissions (off: every process connects anonymously with every right)."""
 
 
 class LocalSystem:
@@ -124,6 +128,11 @@ class LocalSystem:
         )
         self.nats_port = free_port()
         self.nats_url = f"nats://127.0.0.1:{self.nats_port}"
+        self.identities = (
+            Identities(options.run_dir / "nats-auth", [plan.name for plan in self.gpu_nodes])
+            if options.nats_permissions
+            else None
+        )
         self.kubeconfig = options.run_dir / "kubeconfig"
         self.bus: NatsBus | None = None
         self.env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", **options.env}
@@ -163,7 +172,8 @@ class LocalSystem:
         await self.cluster.start()
         self.cluster.write_kubeconfig(self.kubeconfig)
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
-        self.bus = await NatsBus.connect(self.nats_url, name="tessera-up")
+        admin = self.identities.of("admin").security() if self.identities else None
+        self.bus = await NatsBus.connect(self.nats_url, name="tessera-up", security=admin)
         for plan in self.gpu_nodes:
             self._start_node_services(plan)
         for name in self.binder_names():
@@ -174,17 +184,24 @@ class LocalSystem:
             self.supervisor.start(
                 "dashboard",
                 python_command("dashboard", *self._common()),
-                env=self.env,
+                env=self._env_as("dashboard"),
             )
         self.say(f"started {len(self.service_names())} service processes; waiting until ready")
         await self.wait_ready(self.options.ready_timeout_s)
 
     def start_nats(self) -> Child:
         store = self.run_dir / "nats"
+        config: list[str] = []
+        if self.identities is not None:
+            path = self.identities.directory / "nats-server.conf"
+            path.write_text(self.identities.server_config())
+            os.chmod(path, 0o600)  # it holds every password
+            config = ["-c", str(path)]
         return self.supervisor.start(
             "nats-server",
             [
                 nats_server_binary(),
+                *config,
                 "-a",
                 "127.0.0.1",
                 "-p",
@@ -206,6 +223,14 @@ class LocalSystem:
                 return
             await asyncio.sleep(0.05)
         raise StartError(f"nats-server did not listen on {self.nats_port} within {timeout} s")
+
+    def identity(self, role: str, node: str | None = None) -> Identity | None:
+        """The NATS identity of ``role`` (on ``node``); None when permissions are off."""
+        return self.identities.of(role, node) if self.identities is not None else None
+
+    def _env_as(self, role: str, node: str | None = None) -> dict[str, str]:
+        identity = self.identity(role, node)
+        return {**self.env, **identity.env()} if identity is not None else self.env
 
     def _common(self) -> list[str]:
         return [
@@ -233,7 +258,7 @@ class LocalSystem:
                 *self._common(),
                 *self.options.inventory_args,
             ),
-            env=self.env,
+            env=self._env_as("inventory", plan.name),
         )
         self.supervisor.start(
             f"deviceplugin/{plan.name}",
@@ -254,7 +279,7 @@ class LocalSystem:
                 *self._common(),
                 *self.options.plugin_args,
             ),
-            env=self.env,
+            env=self._env_as("deviceplugin", plan.name),
         )
 
     def _start_binder(self, name: str) -> None:
@@ -270,7 +295,7 @@ class LocalSystem:
                 *self._common(),
                 *self.options.binder_args,
             ),
-            env=self.env,
+            env=self._env_as("binder"),
         )
 
     def _start_placer(self, name: str) -> None:
@@ -280,7 +305,7 @@ class LocalSystem:
         self.supervisor.start(
             name,
             python_command("placer", *args, *self._common(), *self.options.placer_args),
-            env=self.env,
+            env=self._env_as("placer"),
         )
 
     # --- readiness ------------------------------------------------------------------------------
@@ -346,6 +371,16 @@ class LocalSystem:
         obj = self.cluster.api.find(NODE, "", node)
         allocatable = ((obj or {}).get("status") or {}).get("allocatable") or {}
         return {k: int(v) for k, v in allocatable.items() if k.startswith("tessera.dev/")}
+
+    def bus_violations(self) -> list[str]:
+        """The permission violations nats-server logged (an identity refused a subject): none
+        while every service works within its permissions."""
+        log = self.supervisor.children["nats-server"].log
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if " Violation - " in line]
 
     # --- chaos ----------------------------------------------------------------------------------
 
@@ -416,8 +451,11 @@ class LocalSystem:
             if self.supervisor.children[name].alive
         }
         dashboard = ports.get("dashboard")
+        admin = self.identity("admin")
         return {
             "nats_url": self.nats_url,
+            "nats_user": admin.user if admin else "",
+            "nats_password_file": str(admin.password_file) if admin else "",
             "api_url": self.cluster.url,
             "kubeconfig": str(self.kubeconfig),
             "dashboard_url": f"http://127.0.0.1:{dashboard}/" if dashboard else "",

@@ -26,6 +26,8 @@ async def test_every_pod_runs_with_its_slices_through_kills_of_every_kind(tmp_pa
     )
     async with LocalSystem(options) as system:
         report = await chaos_run(system, pods=150, seed=7, window_s=8.0)
+    # Through every kill and restart, each service stayed within its NATS permissions.
+    assert system.bus_violations() == []
     assert [o.name.split("/")[0] for o in report.outages] != [], report.log
     assert len(report.outages) == 4 and all(o.up_at < float("inf") for o in report.outages)
     # Every replaced pod was explained by an outage (chaos_run asserts it); say how many.
