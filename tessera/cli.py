@@ -1,5 +1,5 @@
 """``tessera``: run a service (``inventory``, ``placer``, ``binder``, ``deviceplugin``,
-``dashboard``) or a tool (``simulate``, ``up``).
+``dashboard``) or a tool (``simulate``, ``up``, ``nats-permissions``).
 
 Every subcommand has a ``--help`` that lists its settings with their environment variables and
 defaults.
@@ -18,6 +18,7 @@ from services.inventory.command import SERVICE as INVENTORY
 from services.placer.command import SERVICE as PLACER
 from services.placer.sim.command import COMMAND as SIMULATE
 from shared.runtime.command import Command
+from tessera.nats_permissions import COMMAND as NATS_PERMISSIONS
 from tessera.up.command import COMMAND as UP
 
 COMMANDS: tuple[Command, ...] = (
@@ -28,6 +29,7 @@ COMMANDS: tuple[Command, ...] = (
     DASHBOARD.command(),
     SIMULATE,
     UP,
+    NATS_PERMISSIONS,
 )
 
 
