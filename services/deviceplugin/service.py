@@ -25,6 +25,16 @@ never waits for the event, and a publish that fails never fails an Allocate alre
 A record whose GPU is unhealthy is not granted (the next servable record is), and device IDs of
 GPUs no longer listed are refused.
 
+Only what a placer committed is granted (issue 19; ``shared.commits``): the pod's claim in
+``tessera-claims`` must name the record's commit, and this node's entry in ``tessera-ledger``
+must book it with the same slices. Neither is read on the Allocate path: the node's ledger entry
+is mirrored by a KV watch, and a pod's claim is read when its record first arrives (placers write
+the claim before the record, and the record long before the kubelet's Allocate). A record that
+still matches no commit at Allocate has its claim and the ledger read again once, then waits like
+a missing record (``record_wait_s``) and is refused as ``uncommitted`` with the reason, counted in
+``tessera_deviceplugin_allocations_total{outcome="uncommitted"}``; it never blocks a record that
+does match.
+
 Claims across NATS outages (issue 9): a claim is never sent while disconnected and nothing of
 it lands later (the bus never buffers writes). An Allocate that finds NATS away waits up to
 ``nats_wait_s`` for it to come back (a restart takes seconds; a refusal would fail the pod at
@@ -65,6 +75,7 @@ from shared.clock import Clock
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.ledger import NodeLedger, PodClaim
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, KvEntry, OutcomeUnknownError
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
@@ -91,6 +102,13 @@ MAX_UNCONFIRMED = 64
 UNCONFIRMED_TTL_S = 30.0
 """How long an unconfirmed claim answers a retry. A retry comes within seconds; later, the same
 device IDs are more likely another pod's, which must not get this record's slices."""
+
+CLAIM_REREAD_S = 0.25
+"""An Allocate reads a pod's claim (and the ledger entry) again only when it was last read longer
+ago than this."""
+
+MAX_CLAIM_REREADS = 8
+"""Claims one Allocate reads again at most (made-up records must not make it slow)."""
 
 SAME_NODE_LIMITS = validation.InventoryLimits(max_future_s=60.0)
 """The inventory is produced on this node, by this node's clock: a minute ahead is already a lie."""
@@ -167,10 +185,20 @@ class DevicePluginService:
         self._retired: set[str] = set()
         """Device IDs advertised before and no longer (their GPU left the inventory)."""
         self._devices_changed = _Versioned()
+        self._ledger: NodeLedger | None = None
+        """This node's entry in ``tessera-ledger`` (every booking on the node)."""
+        self._claims: dict[str, PodClaim] = {}
+        """The claims (``tessera-claims``) of pods with a record here, by pod UID."""
+        self._claim_read_at: dict[str, float] = {}
+        """When (monotonic) each pod's claim was last read."""
+        self._claims_wanted: asyncio.Queue[str] = asyncio.Queue()
+        self._ledger_read_at = -math.inf
+        """When (monotonic) an Allocate last read the ledger entry itself."""
         self._allocate_lock = asyncio.Lock()
         self._publishing: set[asyncio.Task[None]] = set()
         readiness.set("inventory", False, f"no inventory received for node {config.node} yet")
         readiness.set("records", False, "loading assignment records")
+        readiness.set("ledger", False, "loading this node's ledger entry")
         metrics.inventory_age_seconds.set_function(self._inventory_age)
         metrics.count_records_with(lambda: [view.record.state for view in self._records.values()])
 
@@ -202,9 +230,12 @@ class DevicePluginService:
 
     def preferred(self, requests: Sequence[PreferenceRequest]) -> list[tuple[str, ...]]:
         answers = []
+        servable = allocate.committed(
+            self._records.values(), claims=self._claims, ledger=self._ledger
+        )
         for request in requests:
             view = allocate.pick_record(
-                self._records.values(), count=request.size, resource=self._config.resource
+                servable, count=request.size, resource=self._config.resource
             )
             container = (
                 allocate.next_container(view.record, self._config.resource) if view else None
@@ -273,8 +304,13 @@ class DevicePluginService:
                 options=self._config.response,
                 now=self._clock.now(),
                 plugin_id=self._config.plugin_id,
+                claims=self._claims,
+                ledger=self._ledger,
             )
             if isinstance(plan, Refusal):
+                unconfirmed = self._uncommitted(len(device_ids))
+                if unconfirmed and await self._reread_commits(unconfirmed):
+                    continue  # a claim or the ledger entry may have lagged: plan again
                 if plan.kind == "no_record" and not self._bus.connected:
                     # The record may be waiting in KV while NATS restarts: wait for the
                     # connection, then give the record watch its usual time to catch up.
@@ -283,11 +319,14 @@ class DevicePluginService:
                     deadline = max(deadline, self._clock.monotonic() + self._config.record_wait_s)
                     continue
                 remaining = deadline - self._clock.monotonic()
-                # Only a missing record can still arrive (the binder's write may trail the
-                # kubelet's call); anything else is final.
-                if plan.kind != "no_record" or remaining <= 0:
+                # Only a missing record (or a commit not read yet) can still arrive (the
+                # binder's write may trail the kubelet's call); anything else is final.
+                if (plan.kind != "no_record" and not unconfirmed) or remaining <= 0:
                     return plan
-                if not await self._records_changed.wait_past(seen, timeout=remaining):
+                # Claims are not watched: while some wait, read them again now and then.
+                pause = min(remaining, CLAIM_REREAD_S) if unconfirmed else remaining
+                changed = await self._records_changed.wait_past(seen, timeout=pause)
+                if not changed and not unconfirmed:
                     return plan
                 continue
             key = plan.claimed.key
@@ -569,7 +608,115 @@ class DevicePluginService:
             self._records.pop(view.key, None)
         else:
             self._records[view.key] = view
+            self._want_claim(view.record)
         await self._records_changed.bump()
+
+    # --- commits: this node's ledger entry and the pods' claims --------------------------------
+
+    def _want_claim(self, record: AssignmentRecord) -> None:
+        """Have the pod's claim read unless the one held already names the record's commit."""
+        if record.state not in ("reserved", "bound"):
+            return
+        claim = self._claims.get(record.pod_uid)
+        if claim is None or claim.booking is None or claim.booking.commit != record.commit:
+            self._claims_wanted.put_nowait(record.pod_uid)
+
+    async def follow_commits(self) -> None:
+        """Mirror this node's ledger entry and read the claims of the pods recorded here."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._follow_ledger(), name="ledger")
+            group.create_task(self._read_wanted_claims(), name="claims")
+
+    async def _follow_ledger(self) -> None:
+        key = subjects.ledger_key(self._config.node)
+        while True:
+            watch = self._bus.kv_watch(subjects.KV_LEDGER, key)
+            try:
+                async for entry in watch:
+                    if entry is None:
+                        self._readiness.set("ledger", True)
+                    elif entry.deleted:
+                        await self._take_ledger(None)
+                    else:
+                        await self._take_ledger(entry)
+            finally:
+                with contextlib.suppress(Exception):
+                    await watch.aclose()  # type: ignore[attr-defined]
+            log.warning("ledger watch ended; watching again")
+            await self._clock.sleep(WATCH_RETRY_S)
+
+    async def _take_ledger(self, entry: KvEntry | None) -> None:
+        ledger = None
+        if entry is not None:
+            delivery = Delivery(subject=f"$KV.{subjects.KV_LEDGER}.{entry.key}", data=entry.value)
+            ledger = await self._edge.accept(delivery, NodeLedger, family="ledger")
+            if ledger is None or ledger.node != self._config.node:
+                return  # undecodable (dead-lettered), or not this node's: keep what we hold
+        self._ledger = ledger
+        await self._records_changed.bump()
+
+    async def _read_wanted_claims(self) -> None:
+        while True:
+            uid = await self._claims_wanted.get()
+            while True:
+                try:
+                    await self._read_claim(uid)
+                    break
+                except Exception as error:  # NATS away: the Allocate path reads it again too
+                    log.warning(
+                        "cannot read a pod's claim yet",
+                        extra={"pod_uid": uid, "error": f"{type(error).__name__}: {error}"},
+                    )
+                    await self._clock.sleep(WATCH_RETRY_S)
+
+    async def _read_claim(self, uid: str) -> None:
+        self._claim_read_at[uid] = self._clock.monotonic()
+        entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(uid))
+        claim = None
+        if entry is not None:
+            delivery = Delivery(subject=f"$KV.{subjects.KV_CLAIMS}.{entry.key}", data=entry.value)
+            claim = await self._edge.accept(delivery, PodClaim, family="claims")
+        if claim is None or claim.pod_uid != uid:
+            self._claims.pop(uid, None)
+        else:
+            self._claims[uid] = claim
+        await self._records_changed.bump()
+
+    def _uncommitted(self, count: int) -> list[RecordView]:
+        """The bound records an Allocate of ``count`` devices could take that match no commit."""
+        views = allocate.matching_records(
+            self._records.values(), count=count, resource=self._config.resource
+        )
+        return [
+            v for v in views if allocate.uncommitted(v, claims=self._claims, ledger=self._ledger)
+        ]
+
+    async def _reread_commits(self, views: Sequence[RecordView]) -> bool:
+        """Read again the ledger entry and the claims of ``views`` not read in the last
+        :data:`CLAIM_REREAD_S` (at most :data:`MAX_CLAIM_REREADS` claims); whether it read any."""
+        now = self._clock.monotonic()
+        uids = [
+            v.record.pod_uid
+            for v in views
+            if now - self._claim_read_at.get(v.record.pod_uid, -math.inf) >= CLAIM_REREAD_S
+        ][:MAX_CLAIM_REREADS]
+        ledger_due = now - self._ledger_read_at >= CLAIM_REREAD_S
+        if not uids and not ledger_due:
+            return False
+        try:
+            if ledger_due:
+                self._ledger_read_at = now
+                entry = await self._bus.kv_get(
+                    subjects.KV_LEDGER, subjects.ledger_key(self._config.node)
+                )
+                await self._take_ledger(entry)
+            for uid in uids:
+                await self._read_claim(uid)
+        except Exception as error:  # NATS away: plan with what is held
+            log.warning(
+                "cannot read commits again", extra={"error": f"{type(error).__name__}: {error}"}
+            )
+        return True
 
     async def _forget(self, key: str) -> None:
         """Stop serving ``key`` (the last accepted version stays the reference for rewrites)."""
@@ -578,6 +725,10 @@ class DevicePluginService:
 
     async def _deleted(self, key: str) -> None:
         """The key is gone from the bucket: forget everything about it."""
+        known = self._accepted.get(key)
+        if known is not None:
+            self._claims.pop(known.record.pod_uid, None)
+            self._claim_read_at.pop(known.record.pod_uid, None)
         self._accepted.pop(key, None)
         self._rejected.pop(key, None)
         await self._forget(key)
@@ -706,6 +857,7 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(service.follow_records(), name="records")
             group.create_task(service.follow_inventory(), name="inventory")
+            group.create_task(service.follow_commits(), name="commits")
             group.create_task(link.run(), name="kubelet")
     finally:
         # Before run_service drains the bus: events of committed claims must still go out.

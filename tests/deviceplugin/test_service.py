@@ -78,6 +78,7 @@ async def service_on(
     readiness: Readiness | None = None,
     ready: Callable[[], bool] | None = None,
     nats_wait_s: float = 0.0,
+    record_wait_s: float = 0.2,
 ) -> AsyncIterator[tuple[DevicePluginService, CollectorRegistry]]:
     """The service without gRPC, following records and inventory; entered once ``ready()``
     (default: every readiness check passes)."""
@@ -91,7 +92,7 @@ async def service_on(
             response=ResponseOptions(),
             plugin_dir=Path("/nonexistent"),
             endpoint="unused.sock",
-            record_wait_s=0.2,
+            record_wait_s=record_wait_s,
             nats_wait_s=nats_wait_s,
             plugin_id="svc-test",
         ),
@@ -105,6 +106,7 @@ async def service_on(
         tasks = [
             group.create_task(service.follow_records()),
             group.create_task(service.follow_inventory()),
+            group.create_task(service.follow_commits()),
         ]
         await until(ready or (lambda: readiness.ready), what=f"service ready {readiness.report()}")
         try:
