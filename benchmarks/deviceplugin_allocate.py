@@ -47,8 +47,8 @@ from shared.messages.ledger import NodeLedger  # noqa: E402
 from shared.runtime.bus import NatsBus  # noqa: E402
 from shared.runtime.health import Readiness  # noqa: E402
 from shared.runtime.lifecycle import run_service  # noqa: E402
-from tests.deviceplugin.builders import booking_of, claim_of  # noqa: E402
 from tests.deviceplugin.fake_kubelet import FakeKubelet  # noqa: E402
+from tests.harness.commits import booking_of, claim_of  # noqa: E402
 from tests.harness.nats import NatsServer  # noqa: E402
 
 NODE = "bench-node"

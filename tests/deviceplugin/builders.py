@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from shared.commits import CORE_MILLI_PER_PERCENT
 from shared.messages.assignments import AssignmentRecord, AssignmentState, ContainerAllocation
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.inventory import GpuHealthState, GpuTelemetry, NodeInventory
-from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
 
 NODE = "gpu-node-1.example.com"
 GPU_RESOURCE = "tessera.dev/gpu"
@@ -67,8 +65,8 @@ def record(
     allocated: tuple[ContainerAllocation, ...] = (),
     commit: str | None = None,
 ) -> AssignmentRecord:
-    """A record of commit ``commit`` (default ``commit-<uid>``): :func:`booking_of` and
-    :func:`claim_of` are that commit's booking and claim."""
+    """A record of commit ``commit`` (default ``commit-<uid>``; ``tests.harness.commits`` writes
+    that commit's claim and booking)."""
     return AssignmentRecord(
         pod_uid=uid,
         namespace="ml",
@@ -82,44 +80,3 @@ def record(
         allocated=allocated,
         commit=f"commit-{uid}" if commit is None else commit,
     )
-
-
-def booking_of(record: AssignmentRecord) -> Booking:
-    """The ledger booking a placer wrote for ``record`` (its slices, its commit)."""
-    return Booking(
-        pod_uid=record.pod_uid,
-        namespace=record.namespace,
-        name=record.name,
-        node=record.node,
-        commit=record.commit,
-        containers=tuple(
-            BookedContainer(
-                container=c.container,
-                gpus=tuple(
-                    BookedSlice(
-                        index=s.index,
-                        uuid=s.uuid,
-                        memory_mib=s.memory_mib,
-                        core_milli=s.cores * CORE_MILLI_PER_PERCENT,
-                    )
-                    for s in c.gpus
-                ),
-                resources=c.resources,
-            )
-            for c in record.containers
-        ),
-        decided_at=record.decided_at,
-        placer_id=record.placer_id,
-    )
-
-
-def claim_of(record: AssignmentRecord) -> PodClaim:
-    """The ``placed`` claim naming ``record``'s commit."""
-    return PodClaim(
-        pod_uid=record.pod_uid, state="placed", booking=booking_of(record), updated_at=0.0
-    )
-
-
-def ledger_of(*records: AssignmentRecord, node: str = NODE) -> NodeLedger:
-    """A node's ledger entry booking ``records``."""
-    return NodeLedger(node=node, bookings=tuple(booking_of(r) for r in records))

@@ -20,12 +20,12 @@ from services.deviceplugin.service import run_plugin
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
-from shared.messages.ledger import NodeLedger
 from shared.runtime.bus import Bus
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
-from tests.deviceplugin.builders import NODE, booking_of, claim_of
+from tests.deviceplugin.builders import NODE
 from tests.deviceplugin.fake_kubelet import FakeKubelet
+from tests.harness.commits import commit
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 
@@ -123,23 +123,9 @@ async def put_inventory(bus: Bus, inventory: NodeInventory) -> None:
     await bus.publish(subjects.inventory(inventory.node), codec.encode(inventory))
 
 
-async def commit(bus: Bus, record: AssignmentRecord) -> None:
-    """Write what a placer writes before ``record``: the pod's claim naming its commit and its
-    booking in the node's ledger entry (the device plugin grants only committed records)."""
-    await bus.kv_put(
-        subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), codec.encode(claim_of(record))
-    )
-    key = subjects.ledger_key(record.node)
-    entry = await bus.kv_get(subjects.KV_LEDGER, key)
-    held = codec.decode(entry.value, NodeLedger).bookings if entry is not None else ()
-    kept = tuple(b for b in held if b.pod_uid != record.pod_uid)
-    ledger = NodeLedger(node=record.node, bookings=(*kept, booking_of(record)))
-    await bus.kv_put(subjects.KV_LEDGER, key, codec.encode(ledger))
-
-
 async def put_record(bus: Bus, record: AssignmentRecord) -> int:
-    """Commit ``record`` (:func:`commit`) and write it the way the binder does; returns its
-    revision."""
+    """Commit ``record`` (its claim and booking, as the placer writes them first) and write it
+    the way the binder does; returns its revision."""
     await commit(bus, record)
     return await bus.kv_put(
         subjects.KV_ASSIGNMENTS,

@@ -23,15 +23,13 @@ from tests.deviceplugin.builders import (
     GPU_RESOURCE,
     MEMORY_RESOURCE,
     NODE,
-    booking_of,
-    claim_of,
     container,
     gpu,
-    ledger_of,
     record,
     share,
     uuid,
 )
+from tests.harness.commits import booking_of, claim_of, ledger_of
 
 GPUS = {g.uuid: g for g in (gpu(0, memory_mib=16_384), gpu(1, memory_mib=24_576), gpu(2))}
 NOW = 1_700_000_500.0
@@ -74,7 +72,7 @@ def plan(
         now=NOW,
         plugin_id="dp-test",
         claims={r.pod_uid: claim_of(r) for r in records} if claims is None else claims,
-        ledger=ledger_of(*records) if ledger is None else ledger,
+        ledger=(ledger_of(*records) if records else None) if ledger is None else ledger,
     )
 
 

@@ -18,10 +18,11 @@ from services.deviceplugin._proto import api_pb2
 from services.deviceplugin.allocate import ContainerGrant, Refusal
 from shared import codec, subjects
 from shared.runtime.bus import NatsBus
-from tests.deviceplugin.builders import claim_of, container, gpu, inventory, record, share, uuid
-from tests.deviceplugin.conftest import PluginFactory, commit, get_record, put_inventory, put_record
+from tests.deviceplugin.builders import container, gpu, inventory, record, share, uuid
+from tests.deviceplugin.conftest import PluginFactory, get_record, put_inventory, put_record
 from tests.deviceplugin.fake_kubelet import FakeKubelet
 from tests.deviceplugin.test_service import service_on
+from tests.harness.commits import claim_of, commit
 
 WHOLE = record("whole", container("main", share(0, memory_mib=16_384, cores=100)))
 """A real pod holding GPU 0 (16 GiB) whole."""
