@@ -563,7 +563,7 @@ class PlacerService:
             return
         record = await self._decode(entry, subjects.KV_ASSIGNMENTS, AssignmentRecord, "assignments")
         if isinstance(record, AssignmentRecord):
-            self.view.set_record(entry.key, record, entry.revision)
+            self.view.set_record(entry.key, record, entry.revision, seen_at=self.clock.now())
 
     async def _on_tenant(self, entry: KvEntry) -> None:
         if entry.deleted:
