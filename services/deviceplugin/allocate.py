@@ -458,6 +458,37 @@ def pre_start_check(
     )
 
 
+# --- what this plugin granted, across its restarts ---------------------------------------------
+
+
+class Granted(msgspec.Struct, frozen=True, kw_only=True):
+    """What this plugin granted of one record: its commit and the containers answered."""
+
+    commit: str
+    containers: tuple[str, ...]
+
+
+def granted_of(record: AssignmentRecord) -> Granted:
+    """What granting ``record`` (as committed after an Allocate) gave away."""
+    return Granted(commit=record.commit, containers=tuple(a.container for a in record.allocated))
+
+
+def granted_problem(record: AssignmentRecord, granted: Granted | None) -> str | None:
+    """Why ``record`` contradicts what this plugin granted of it (``granted``, kept across its
+    restarts); None when it does not. A record of another commit at the key is a new placement
+    (the commit check decides whether it is believed); a released one gives everything back."""
+    if granted is None or granted.commit != record.commit or record.state == "released":
+        return None
+    answered = tuple(a.container for a in record.allocated)
+    if answered[: len(granted.containers)] == granted.containers:
+        return None
+    return (
+        f"this plugin granted container {', '.join(granted.containers)} of commit "
+        f"{record.commit} (before a restart, kept in its state file); the record says "
+        f"{', '.join(answered) or 'none'} allocated in state {record.state}: moved backwards"
+    )
+
+
 def allocation_message_id(event: AllocationEvent) -> str:
     """JetStream de-duplication ID of ``event``: a retried publish is stored once."""
     return f"{event.pod_uid}/{event.container}/{len(event.device_ids)}"

@@ -45,7 +45,9 @@ kubelet's retry with the same device IDs reads the record again and gets the ans
 would have given (granted if it landed, planned afresh if not).
 
 All state lives here, not in the gRPC server, so a kubelet restart (new socket, new registration)
-loses nothing.
+loses nothing. What it granted also goes to a state file (:mod:`~services.deviceplugin.grants`),
+loaded before any record is taken, so that after a restart of the plugin itself a record moved
+backwards (``allocated -> bound``) is refused rather than granted twice.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from services.deviceplugin import allocate, devices, preferred
 from services.deviceplugin.allocate import Allocation, ContainerGrant, RecordView, Refusal
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.devices import Device
+from services.deviceplugin.grants import GrantFile, state_file
 from services.deviceplugin.kubelet import KubeletLink
 from services.deviceplugin.metrics import PluginMetrics
 from services.deviceplugin.server import (
@@ -157,6 +160,7 @@ class DevicePluginService:
         clock: Clock,
         metrics: PluginMetrics,
         readiness: Readiness,
+        grants: GrantFile,
     ) -> None:
         self._config = config
         self._bus = bus
@@ -171,6 +175,9 @@ class DevicePluginService:
         checked against (kept when a rewrite is refused)."""
         self._rejected: dict[str, int] = {}
         """Key -> the revision last dead-lettered, so a re-read does not dead-letter it twice."""
+        self._grants = grants
+        self._given = grants.load()
+        """What this plugin granted (kept across its restarts), by record key."""
         self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
         """Claims sent whose outcome could not be read back, by their sorted device IDs, with
         when (monotonic) they were sent."""
@@ -391,6 +398,18 @@ class DevicePluginService:
                 continue
             return await self._granted(plan, revision)
 
+    def _forget_grants(self, keys: set[str]) -> None:
+        """Released or gone: what was granted of these records is free again."""
+        gone = keys & set(self._given)
+        for key in gone:
+            del self._given[key]
+        if gone:
+            self._save_grants()
+
+    def _save_grants(self) -> None:
+        if not self._grants.save(self._given):
+            self._metrics.grant_file_failures.inc()
+
     async def _connected_by(self, deadline: float) -> bool:
         """Wait until NATS is connected or ``deadline`` (monotonic) passes; True when connected."""
         while not self._bus.connected:
@@ -408,10 +427,13 @@ class DevicePluginService:
         )
 
     async def _granted(self, plan: Allocation, revision: int) -> ContainerGrant:
-        """The claim of ``plan`` is committed at ``revision``: keep it, publish, answer."""
+        """The claim of ``plan`` is committed at ``revision``: keep it (in the state file too),
+        publish, answer."""
         await self._remember(
             RecordView(key=plan.claimed.key, revision=revision, record=plan.record)
         )
+        self._given[plan.claimed.key] = allocate.granted_of(plan.record)
+        self._save_grants()
         self._publish(plan.event)
         log.info(
             "allocated",
@@ -552,6 +574,7 @@ class DevicePluginService:
                 if entry is None:
                     for key in set(self._accepted) - (initial or set()):
                         await self._deleted(key)  # gone while no watch was running
+                    self._forget_grants(set(self._given) - (initial or set()))
                     initial = None
                     self._readiness.set("records", True)
                     log.info("assignment records loaded", extra={"records": len(self._records)})
@@ -579,9 +602,11 @@ class DevicePluginService:
             self._rejected[key] = revision
             await self._forget(key)
             return
-        problem = validation.assignment_problem(
-            record, key=key, inventory=self._inventory
-        ) or validation.transition_problem(known.record if known else None, record)
+        problem = (
+            validation.assignment_problem(record, key=key, inventory=self._inventory)
+            or validation.transition_problem(known.record if known else None, record)
+            or allocate.granted_problem(record, self._given.get(key))
+        )
         if problem:
             await self._refuse(key, revision, delivery, problem)
             return
@@ -606,6 +631,7 @@ class DevicePluginService:
         self._accepted[view.key] = view
         if view.record.state == "released":
             self._records.pop(view.key, None)
+            self._forget_grants({view.key})
         else:
             self._records[view.key] = view
             self._want_claim(view.record)
@@ -729,6 +755,7 @@ class DevicePluginService:
         if known is not None:
             self._claims.pop(known.record.pod_uid, None)
             self._claim_read_at.pop(known.record.pod_uid, None)
+        self._forget_grants({key})
         self._accepted.pop(key, None)
         self._rejected.pop(key, None)
         await self._forget(key)
@@ -821,6 +848,7 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
         clock=context.clock,
         metrics=metrics,
         readiness=context.readiness,
+        grants=GrantFile(state_file(config.plugin_dir, config.endpoint)),
     )
 
     def report(registered: bool, reason: str) -> None:

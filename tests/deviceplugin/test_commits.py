@@ -9,18 +9,28 @@ ones the issue found granted.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import msgspec
 import pytest
 
-from services.deviceplugin._proto import api_pb2
 from services.deviceplugin.allocate import ContainerGrant, Refusal
+from services.deviceplugin.grants import GrantFile, state_file
 from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord
 from shared.runtime.bus import NatsBus
-from tests.deviceplugin.builders import container, gpu, inventory, record, share, uuid
-from tests.deviceplugin.conftest import PluginFactory, get_record, put_inventory, put_record
+from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
+from tests.deviceplugin.conftest import (
+    PluginFactory,
+    get_record,
+    put_inventory,
+    put_record,
+    until,
+)
 from tests.deviceplugin.fake_kubelet import FakeKubelet
+from tests.deviceplugin.test_hardening import dead_letters, next_letter, regress_to_bound
+from tests.deviceplugin.test_plugin import allocate_request
 from tests.deviceplugin.test_service import service_on
 from tests.harness.commits import claim_of, commit
 
@@ -37,9 +47,8 @@ def device(ordinal: int) -> list[str]:
     return [f"{uuid(0)}::{ordinal}"]
 
 
-async def forge(bus: NatsBus, forged: object) -> None:
+async def forge(bus: NatsBus, forged: AssignmentRecord) -> None:
     """Write a record as any writer of the bucket can, with no commit behind it."""
-    assert hasattr(forged, "pod_uid") and hasattr(forged, "node")
     await bus.kv_put(
         subjects.KV_ASSIGNMENTS,
         subjects.assignment_key(forged.node, forged.pod_uid),
@@ -55,20 +64,14 @@ async def test_a_forged_record_on_a_gpu_held_whole_is_refused_over_grpc(
     await put_record(bus, WHOLE)
     await forge(bus, GHOST)
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
-        request = api_pb2.AllocateRequest(
-            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=device(0))]
-        )
         # The older forged record does not block the real one: the real pod gets its GPU.
-        response = await stub.Allocate(request, timeout=10)
+        response = await stub.Allocate(allocate_request(device(0)), timeout=10)
         envs = response.container_responses[0].envs
         assert envs["TESSERA_GPU_MEMORY_LIMIT_MIB"] == "16384"
         assert response.container_responses[0].annotations["tessera.dev/pod-uid"] == "whole"
         # The next Allocate finds only the forged record, and refuses it with the reason.
-        request = api_pb2.AllocateRequest(
-            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=device(1))]
-        )
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.Allocate(request, timeout=10)
+            await stub.Allocate(allocate_request(device(1)), timeout=10)
     details = refused.value.details() or ""
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "assignment record" in details and "is not granted" in details, details
@@ -119,3 +122,55 @@ async def test_a_record_whose_claim_arrives_late_is_granted_once_it_does(bus: Na
         )
         granted = await asyncio.wait_for(call, 5)
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+
+
+# --- after a restart of the plugin, what it granted stays granted ------------------------------
+
+
+async def test_a_record_moved_backwards_while_the_plugin_was_down_is_not_granted_twice(
+    bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory, plugin_dir: Path
+) -> None:
+    """Issue 19: after a plugin restart, a record moved backwards (allocated -> bound) was
+    granted again: two containers on one slice. The plugin keeps what it granted in a state file
+    (in a subdirectory of the plugin directory, which a kubelet restart leaves alone)."""
+    letters = await dead_letters(bus, "assignments")
+    await put_inventory(bus, inventory(gpu(0)))
+    once = record("once", container("main", share(0)))
+    await put_record(bus, once)
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        granted = await stub.Allocate(allocate_request(device(0)), timeout=10)
+        assert granted.container_responses[0].annotations["tessera.dev/pod-uid"] == "once"
+    await kubelet.restart()  # the kubelet deletes every file of its plugin directory too
+    assert state_file(plugin_dir, plugin.endpoint).exists()
+    await regress_to_bound(bus, "once")  # a writer moves the record back while the plugin is down
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Allocate(allocate_request(device(1)), timeout=10)
+        letter = await next_letter(letters)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "moved backwards" in letter.reason and "before a restart" in letter.reason
+    assert (await get_record(bus, "once")).state == "bound", "granted once only"
+
+
+async def test_a_grant_is_forgotten_once_its_record_is_released(
+    bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory, plugin_dir: Path
+) -> None:
+    """The state file holds only live grants: the key may serve a new placement later."""
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("first", container("main", share(0))))
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        await stub.Allocate(allocate_request(device(0)), timeout=10)
+        grants = GrantFile(state_file(plugin_dir, plugin.endpoint))
+        assert set(grants.load()) == {subjects.assignment_key(NODE, "first")}
+        stored = await get_record(bus, "first")
+        released = msgspec.structs.replace(stored, state="released", released_at=1_700_000_900.0)
+        await bus.kv_put(
+            subjects.KV_ASSIGNMENTS, subjects.assignment_key(NODE, "first"), codec.encode(released)
+        )
+        await until(lambda: grants.load() == {}, what="the grant forgotten")
+    # Placed again on this node by a new commit: granted again, after a restart too.
+    again = record("first", container("main", share(0)), commit="commit-first-again")
+    await put_record(bus, again)
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        granted = await stub.Allocate(allocate_request(device(1)), timeout=10)
+    assert granted.container_responses[0].annotations["tessera.dev/pod-uid"] == "first"
