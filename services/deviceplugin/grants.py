@@ -12,14 +12,21 @@ subdirectories), so the file lives in a subdirectory, on the host path the plugi
 
 The kubelet's PodResources API would tell which pods hold devices too, but it needs another host
 socket mounted and names pods, not records or commits; the plugin's own file answers exactly the
-question, and costs one small write (no fsync: it must survive the plugin process, not the node,
-whose containers all start again after a crash) per Allocate.
+question, and costs one small write per Allocate (no fsync: it must survive the plugin process,
+not the node, whose containers all start again after a crash).
+
+The write is not on the Allocate path: it took 0.5 ms at the median and 5 ms at p99 on a busy
+test VM's disk, the whole Allocate budget. The service answers the kubelet, then its writer
+task saves the latest grants in a worker thread (changes made meanwhile go in the next write),
+and a stopping plugin writes what is left. So the file may trail the last grant by one write: a
+record moved backwards in that moment and a plugin killed in the same moment is the residue.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -45,6 +52,9 @@ class GrantFile:
         self.path = path
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(dict[str, Granted])
+        self._lock = threading.Lock()
+        self._written = -1
+        """The generation last written: an older snapshot never replaces a newer one."""
 
     def load(self) -> dict[str, Granted]:
         """What the file holds; nothing when it is missing or cannot be read (logged)."""
@@ -67,14 +77,19 @@ class GrantFile:
             )
             return {}
 
-    def save(self, granted: Mapping[str, Granted]) -> bool:
-        """Replace the file with ``granted`` (write aside, then rename); False when it failed
-        (logged): the grant stands, only a restart could no longer see it."""
+    def save(self, granted: Mapping[str, Granted], generation: int = 0) -> bool:
+        """Replace the file with ``granted``, snapshot number ``generation`` (write aside, then
+        rename; safe from any thread); False when it failed (logged): the grant stands, only a
+        restart could no longer see it."""
         temporary = self.path.with_suffix(".tmp")
         try:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            temporary.write_bytes(self._encoder.encode(dict(granted)))
-            os.replace(temporary, self.path)
+            with self._lock:
+                if generation < self._written:
+                    return True  # a newer snapshot is on disk already
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                temporary.write_bytes(self._encoder.encode(dict(granted)))
+                os.replace(temporary, self.path)
+                self._written = generation
         except OSError as error:
             log.error(
                 "cannot write the grant state file",

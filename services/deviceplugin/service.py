@@ -178,6 +178,8 @@ class DevicePluginService:
         self._grants = grants
         self._given = grants.load()
         """What this plugin granted (kept across its restarts), by record key."""
+        self._grants_dirty = asyncio.Event()
+        self._grants_changed = 0
         self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
         """Claims sent whose outcome could not be read back, by their sorted device IDs, with
         when (monotonic) they were sent."""
@@ -407,8 +409,25 @@ class DevicePluginService:
             self._save_grants()
 
     def _save_grants(self) -> None:
-        if not self._grants.save(self._given):
-            self._metrics.grant_file_failures.inc()
+        """Have the state file written (by :meth:`keep_grants`, off the Allocate path)."""
+        self._grants_changed += 1
+        self._grants_dirty.set()
+
+    async def keep_grants(self) -> None:
+        """Write the state file of grants whenever they changed, in a worker thread."""
+        while True:
+            await self._grants_dirty.wait()
+            self._grants_dirty.clear()
+            snapshot, generation = dict(self._given), self._grants_changed
+            if not await asyncio.to_thread(self._grants.save, snapshot, generation):
+                self._metrics.grant_file_failures.inc()
+
+    def write_grants(self) -> None:
+        """Write what :meth:`keep_grants` has not yet (at stop)."""
+        if self._grants_dirty.is_set():
+            self._grants_dirty.clear()
+            if not self._grants.save(self._given, self._grants_changed):
+                self._metrics.grant_file_failures.inc()
 
     async def _connected_by(self, deadline: float) -> bool:
         """Wait until NATS is connected or ``deadline`` (monotonic) passes; True when connected."""
@@ -886,7 +905,9 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
             group.create_task(service.follow_records(), name="records")
             group.create_task(service.follow_inventory(), name="inventory")
             group.create_task(service.follow_commits(), name="commits")
+            group.create_task(service.keep_grants(), name="grants")
             group.create_task(link.run(), name="kubelet")
     finally:
+        service.write_grants()
         # Before run_service drains the bus: events of committed claims must still go out.
         await finish(service.flush(timeout=EVENT_FLUSH_S))

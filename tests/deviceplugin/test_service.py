@@ -140,6 +140,7 @@ async def _service_on(
             group.create_task(service.follow_records()),
             group.create_task(service.follow_inventory()),
             group.create_task(service.follow_commits()),
+            group.create_task(service.keep_grants()),
         ]
         await until(ready or (lambda: readiness.ready), what=f"service ready {readiness.report()}")
         try:
