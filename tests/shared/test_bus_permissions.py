@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from shared import permissions, subjects
+from shared.config import NatsSecurity
 from shared.runtime.bus import Bus, Delivery, NatsBus
 from tessera.up.identities import Identities
+from tests.harness import secure
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 
@@ -315,3 +317,33 @@ async def test_no_identity_can_read_another_s_replies(cluster: Cluster) -> None:
     finally:
         await plugin.drain()
         await placer.drain()
+
+
+async def test_a_per_node_user_jwt_in_operator_mode_takes_the_same_permissions(
+    tmp_path: Path,
+) -> None:
+    """Where a NATS in operator mode issues per-node credentials (the way README gives for
+    per-node identities on a cluster), the same table makes the user JWT's permissions."""
+    grant = permissions.permissions("deviceplugin", NODE_A)
+    claims = {"pub": {"allow": list(grant.publish)}, "sub": {"allow": list(grant.subscribe)}}
+    operator = secure.operator_mode(user_permissions=claims)
+    creds = tmp_path / "deviceplugin.creds"
+    creds.write_text(operator.creds)
+    with NatsServer(operator.server_config) as server:
+        plugin = await NatsBus.connect(
+            server.url,
+            name="tessera-deviceplugin",
+            security=NatsSecurity(creds_file=str(creds)),
+            inbox_prefix=permissions.inbox_prefix("deviceplugin", NODE_A),
+            update_topology=False,
+            request_timeout=QUIET_S,
+        )
+        try:
+            own = subjects.assignment_key(NODE_A, "uid-1")
+            await plugin.kv_put(subjects.KV_ASSIGNMENTS, own, b"{}")
+            with pytest.raises(TimeoutError):  # refused: no answer comes
+                await plugin.kv_put(subjects.KV_ASSIGNMENTS, RECORD_B, b"{}")
+            with pytest.raises(TimeoutError):
+                await plugin.kv_put(subjects.KV_LEDGER, subjects.ledger_key(NODE_A), b"{}")
+        finally:
+            await plugin.drain()
