@@ -61,6 +61,9 @@ MAX_CAS_ATTEMPTS: Final = 16
 COMMIT_RECHECK_S: Final = 5.0
 """A record found to match no commit is checked again after this long (a claim may be rebuilt)."""
 
+MAX_COMMIT_CHECKS: Final = 10_000
+"""Records whose commit check is remembered; beyond it, those of records gone are forgotten."""
+
 
 class DecisionBinder:
     """Binds decided pods (see the module docstring)."""
@@ -183,6 +186,10 @@ class DecisionBinder:
             claim=_decoded(claim_entry.value if claim_entry else None, PodClaim),
             ledger=_decoded(ledger_entry.value if ledger_entry else None, NodeLedger),
         )
+        if len(self._committed) + len(self._uncommitted) > MAX_COMMIT_CHECKS:
+            held = self._records.get
+            self._committed = {k: r for k, r in self._committed.items() if held(k)}
+            self._uncommitted = {k: c for k, c in self._uncommitted.items() if held(k)}
         if problem is None:
             self._committed[view.key] = view.revision
             return True

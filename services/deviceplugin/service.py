@@ -29,10 +29,11 @@ Only what a placer committed is granted (issue 19; ``shared.commits``): the pod'
 ``tessera-claims`` must name the record's commit, and this node's entry in ``tessera-ledger``
 must book it with the same slices. Neither is read on the Allocate path: the node's ledger entry
 is mirrored by a KV watch, and a pod's claim is read when its record first arrives (placers write
-the claim before the record, and the record long before the kubelet's Allocate). A record that
-still matches no commit at Allocate has its claim and the ledger read again once, then waits like
-a missing record (``record_wait_s``) and is refused as ``uncommitted`` with the reason, counted in
-``tessera_deviceplugin_allocations_total{outcome="uncommitted"}``; it never blocks a record that
+the claim before the record, and the record long before the kubelet's Allocate). While a record
+still matches no commit at Allocate, its claim and the ledger entry are read again (every
+``CLAIM_REREAD_S``) as it waits like a missing record (``record_wait_s``); then it is refused as
+``uncommitted`` with the reason, counted in
+``tessera_deviceplugin_allocations_total{outcome="uncommitted"}``. It never blocks a record that
 does match.
 
 Claims across NATS outages (issue 9): a claim is never sent while disconnected and nothing of
@@ -180,6 +181,7 @@ class DevicePluginService:
         """What this plugin granted (kept across its restarts), by record key."""
         self._grants_dirty = asyncio.Event()
         self._grants_changed = 0
+        self._writing: asyncio.Future[bool] | None = None
         self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
         """Claims sent whose outcome could not be read back, by their sorted device IDs, with
         when (monotonic) they were sent."""
@@ -419,11 +421,16 @@ class DevicePluginService:
             await self._grants_dirty.wait()
             self._grants_dirty.clear()
             snapshot, generation = dict(self._given), self._grants_changed
-            if not await asyncio.to_thread(self._grants.save, snapshot, generation):
+            self._writing = asyncio.ensure_future(
+                asyncio.to_thread(self._grants.save, snapshot, generation)
+            )
+            if not await asyncio.shield(self._writing):
                 self._metrics.grant_file_failures.inc()
 
-    def write_grants(self) -> None:
-        """Write what :meth:`keep_grants` has not yet (at stop)."""
+    async def write_grants(self) -> None:
+        """At stop: let a write in progress end, then write what is not written yet."""
+        if self._writing is not None:
+            await asyncio.wait({self._writing})
         if self._grants_dirty.is_set():
             self._grants_dirty.clear()
             if not self._grants.save(self._given, self._grants_changed):
@@ -676,11 +683,16 @@ class DevicePluginService:
         key = subjects.ledger_key(self._config.node)
         while True:
             watch = self._bus.kv_watch(subjects.KV_LEDGER, key)
+            present = False
             try:
                 async for entry in watch:
                     if entry is None:
+                        if not present:  # none now (deleted while no watch was running)
+                            await self._take_ledger(None)
                         self._readiness.set("ledger", True)
-                    elif entry.deleted:
+                        continue
+                    present = True
+                    if entry.deleted:
                         await self._take_ledger(None)
                     else:
                         await self._take_ledger(entry)
@@ -908,6 +920,6 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
             group.create_task(service.keep_grants(), name="grants")
             group.create_task(link.run(), name="kubelet")
     finally:
-        service.write_grants()
+        await finish(service.write_grants())
         # Before run_service drains the bus: events of committed claims must still go out.
         await finish(service.flush(timeout=EVENT_FLUSH_S))

@@ -144,6 +144,7 @@ def _tls_context(security: NatsSecurity) -> ssl.SSLContext | None:
 
 
 DEFAULT_INBOX_PREFIX = "_INBOX"
+"""nats-py's reply-subject prefix, for a client that is none of Tessera's identities."""
 
 
 def _bucket_stream(bucket: str, history: int) -> js_api.StreamConfig:

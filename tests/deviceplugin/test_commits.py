@@ -161,7 +161,8 @@ async def test_a_grant_is_forgotten_once_its_record_is_released(
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         await stub.Allocate(allocate_request(device(0)), timeout=10)
         grants = GrantFile(state_file(plugin_dir, plugin.endpoint))
-        assert set(grants.load()) == {subjects.assignment_key(NODE, "first")}
+        granted_key = {subjects.assignment_key(NODE, "first")}
+        await until(lambda: set(grants.load()) == granted_key, what="the grant written")
         stored = await get_record(bus, "first")
         released = msgspec.structs.replace(stored, state="released", released_at=1_700_000_900.0)
         await bus.kv_put(
