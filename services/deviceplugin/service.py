@@ -111,6 +111,9 @@ CLAIM_REREAD_S = 0.25
 """An Allocate reads a pod's claim (and the ledger entry) again only when it was last read longer
 ago than this."""
 
+MAX_CLAIMS_AT_ONCE = 32
+"""Claims read together when records arrive in a burst."""
+
 MAX_CLAIM_REREADS = 8
 """Claims one Allocate reads again at most (made-up records must not make it slow)."""
 
@@ -713,18 +716,25 @@ class DevicePluginService:
         await self._records_changed.bump()
 
     async def _read_wanted_claims(self) -> None:
+        """Read the wanted claims, those wanted at once together (a burst of records is read in
+        a few round trips, not one after the other)."""
         while True:
-            uid = await self._claims_wanted.get()
-            while True:
-                try:
-                    await self._read_claim(uid)
-                    break
-                except Exception as error:  # NATS away: the Allocate path reads it again too
+            wanted = [await self._claims_wanted.get()]
+            while not self._claims_wanted.empty() and len(wanted) < MAX_CLAIMS_AT_ONCE:
+                wanted.append(self._claims_wanted.get_nowait())
+            wanted = list(dict.fromkeys(wanted))
+            while wanted:
+                results = await asyncio.gather(
+                    *(self._read_claim(uid) for uid in wanted), return_exceptions=True
+                )
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors:  # NATS away: the Allocate path reads them again too
                     log.warning(
-                        "cannot read a pod's claim yet",
-                        extra={"pod_uid": uid, "error": f"{type(error).__name__}: {error}"},
+                        "cannot read pods' claims yet",
+                        extra={"pods": len(errors), "error": f"{type(errors[0]).__name__}"},
                     )
                     await self._clock.sleep(WATCH_RETRY_S)
+                wanted = [u for u, r in zip(wanted, results, strict=True) if r is not None]
 
     async def _read_claim(self, uid: str) -> None:
         self._claim_read_at[uid] = self._clock.monotonic()

@@ -463,7 +463,10 @@ async def test_a_record_no_placer_committed_is_released_by_reconciliation(
             )
 
         await eventually(released, timeout=15, what="the made-up record released")
-        assert placer.metric("tessera_placer_repairs_total", kind="release-record") == 1
+        await eventually(
+            lambda: placer.metric("tessera_placer_repairs_total", kind="release-record") == 1,
+            what="the release counted",
+        )
 
 
 async def test_quota_charges_are_derived_again_from_placements_before_ready(
