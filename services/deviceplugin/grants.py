@@ -17,9 +17,9 @@ not the node, whose containers all start again after a crash).
 
 The write is not on the Allocate path: it took 0.5 ms at the median and 5 ms at p99 on a busy
 test VM's disk, the whole Allocate budget. The service answers the kubelet, then its writer
-task saves the latest grants in a worker thread (changes made meanwhile go in the next write),
-and a stopping plugin writes what is left. So the file may trail the last grant by one write: a
-record moved backwards in that moment and a plugin killed in the same moment is the residue.
+task saves the grants of the last 50 ms in one write in a worker thread, and a stopping plugin
+writes what is left. So the file may trail the last grants by that much: a record moved
+backwards in that moment and the plugin killed (not stopped) in the same moment is the residue.
 """
 
 from __future__ import annotations

@@ -111,6 +111,10 @@ CLAIM_REREAD_S = 0.25
 """An Allocate reads a pod's claim (and the ledger entry) again only when it was last read longer
 ago than this."""
 
+GRANTS_WRITE_DELAY_S = 0.05
+"""How long grants gather before the state file is written: a burst of Allocates costs one write
+(each write hands a thread a file to replace: under a busy disk, up to milliseconds)."""
+
 MAX_CLAIMS_AT_ONCE = 32
 """Claims read together when records arrive in a burst."""
 
@@ -419,9 +423,11 @@ class DevicePluginService:
         self._grants_dirty.set()
 
     async def keep_grants(self) -> None:
-        """Write the state file of grants whenever they changed, in a worker thread."""
+        """Write the state file of grants whenever they changed, in a worker thread, the changes
+        of :data:`GRANTS_WRITE_DELAY_S` in one write."""
         while True:
             await self._grants_dirty.wait()
+            await self._clock.sleep(GRANTS_WRITE_DELAY_S)
             self._grants_dirty.clear()
             snapshot, generation = dict(self._given), self._grants_changed
             self._writing = asyncio.ensure_future(
