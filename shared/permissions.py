@@ -4,7 +4,7 @@ DESIGN section 11: one NATS identity per service, and per node for the per-node 
 subject permissions. This module is the one place the permission table is written; it is built
 from the names in :mod:`shared.subjects`, so a renamed subject or a new bucket changes the
 permissions with it. Everything that configures a NATS server derives from it: ``tessera up``
-(:func:`server_authorization`), the Helm chart (its ``files/nats-permissions.json``, written by
+(:func:`server_authorization`), the Helm chart (its ``files/nats-permissions.conf``, written by
 ``tessera nats-permissions`` and checked against this module by the tests), and the tests that
 run every service against a real ``nats-server`` holding exactly these permissions.
 
@@ -57,7 +57,7 @@ TOPOLOGY_OWNERS: Final[frozenset[Role]] = frozenset({"placer"})
 
 ANY_NODE: Final = "*"
 NODE_PLACEHOLDER: Final = "__NODE__"
-"""Stands for a node token in :func:`chart_table` (no node name can produce it: node names are
+"""Stands for a node token in :func:`chart_variables` (no node name can produce it: node names are
 lower case)."""
 
 

@@ -329,9 +329,9 @@ class DevicePluginService:
                 unconfirmed = self._uncommitted(len(device_ids))
                 if unconfirmed and await self._reread_commits(unconfirmed):
                     continue  # a claim or the ledger entry may have lagged: plan again
-                if plan.kind == "no_record" and not self._bus.connected:
-                    # The record may be waiting in KV while NATS restarts: wait for the
-                    # connection, then give the record watch its usual time to catch up.
+                if (plan.kind == "no_record" or unconfirmed) and not self._bus.connected:
+                    # The record (or its claim) may be waiting in KV while NATS restarts: wait
+                    # for the connection, then give the watches their usual time to catch up.
                     if not await self._connected_by(nats_deadline):
                         return plan
                     deadline = max(deadline, self._clock.monotonic() + self._config.record_wait_s)
