@@ -3,9 +3,12 @@
     .venv/bin/python benchmarks/deviceplugin_allocate.py [--calls 2000] [--batch 50]
 
 A fake kubelet (the test one) registers the plugin; a real ``nats-server`` holds the assignment
-records. Records are written in batches the way the binder writes them (one bound pod per record,
-one container needing one logical device), the kubelet calls Allocate for each, and the finished
-records are deleted before the next batch, so the plugin's view stays the size of a busy node. Each
+records. Records are written in batches the way the placer and binder write them (each pod's
+claim and its booking in the node's ledger entry first, then one bound record per pod, one
+container needing one logical device), the kubelet calls Allocate for each, and the finished
+records are deleted before the next batch, so the plugin's view stays the size of a busy node.
+The plugin grants only records that match their commit: it mirrors the node's ledger entry and
+reads each pod's claim when its record arrives, so the check itself is in memory. Each
 measured call is the full path: gRPC in, pick the record, compare-and-set in the KV bucket, publish
 the allocation event to JetStream, gRPC out. Prints p50/p90/p99/max latency and calls per second,
 then where the time goes: the mean time inside the plugin (its own ``allocate_seconds`` histogram:
@@ -40,10 +43,12 @@ from shared import codec, subjects  # noqa: E402
 from shared.messages.assignments import AssignmentRecord  # noqa: E402
 from shared.messages.base import ContainerSlices, GpuSlice  # noqa: E402
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
+from shared.messages.ledger import NodeLedger  # noqa: E402
 from shared.runtime.bus import NatsBus  # noqa: E402
 from shared.runtime.health import Readiness  # noqa: E402
 from shared.runtime.lifecycle import run_service  # noqa: E402
 from tests.deviceplugin.fake_kubelet import FakeKubelet  # noqa: E402
+from tests.harness.commits import booking_of, claim_of  # noqa: E402
 from tests.harness.nats import NatsServer  # noqa: E402
 
 NODE = "bench-node"
@@ -91,7 +96,18 @@ def bound_record(n: int) -> AssignmentRecord:
         decided_at=1_000_000.0 + n,
         placer_id="bench",
         bound_at=1_000_000.5 + n,
+        commit=f"bench-{n}",
     )
+
+
+async def commit_batch(bus: NatsBus, records: list[AssignmentRecord]) -> None:
+    """What the placers wrote before these records: each pod's claim, the node's bookings."""
+    for record in records:
+        await bus.kv_put(
+            subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), codec.encode(claim_of(record))
+        )
+    ledger = NodeLedger(node=NODE, bookings=tuple(booking_of(r) for r in records))
+    await bus.kv_put(subjects.KV_LEDGER, subjects.ledger_key(NODE), codec.encode(ledger))
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -141,6 +157,7 @@ async def measure(calls: int, batch: int, warmup: int) -> None:
                 for first in range(0, calls + warmup, batch):
                     numbers = range(first, min(first + batch, calls + warmup))
                     keys = []
+                    await commit_batch(bus, [bound_record(n) for n in numbers])
                     for n in numbers:
                         record = bound_record(n)
                         key = subjects.assignment_key(NODE, record.pod_uid)
@@ -219,7 +236,10 @@ def plan_cost(batch: int, rounds: int = 2000) -> float:
     """Seconds of one ``plan_allocation`` over ``batch`` bound records (the pure core alone)."""
     inventory = node_inventory()
     gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
-    views = [RecordView(key=f"k{n}", revision=n + 1, record=bound_record(n)) for n in range(batch)]
+    records = [bound_record(n) for n in range(batch)]
+    views = [RecordView(key=f"k{n}", revision=n + 1, record=r) for n, r in enumerate(records)]
+    claims = {r.pod_uid: claim_of(r) for r in records}
+    ledger = NodeLedger(node=NODE, bookings=tuple(booking_of(r) for r in records))
     advertised = {f"{gpu_uuid(i)}::{n}" for i in range(GPUS) for n in range(40)}
     started = time.perf_counter()
     for n in range(rounds):
@@ -233,6 +253,8 @@ def plan_cost(batch: int, rounds: int = 2000) -> float:
             options=allocate.ResponseOptions(),
             now=2_000_000.0,
             plugin_id="bench",
+            claims=claims,
+            ledger=ledger,
         )
     return (time.perf_counter() - started) / rounds
 

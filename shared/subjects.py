@@ -156,6 +156,16 @@ STREAM_MAX_AGE_S: Final[dict[str, float]] = {
     STREAM_DEADLETTER: 7 * 24 * 3600.0,
 }
 
+# --- durable consumers -------------------------------------------------------------------------
+
+DURABLE_PLACER_PODS: Final = "placer"
+"""Every placer replica's shared consumer of ``TESSERA_PODS``."""
+DURABLE_PLACER_BINDINGS: Final = "placer-bindings"
+"""The placers' consumer of ``TESSERA_BINDINGS``."""
+DURABLE_BINDER_DECISIONS: Final = "binder-decisions"
+DURABLE_BINDER_REJECTIONS: Final = "binder-rejections"
+DURABLE_BINDER_ALLOCATIONS: Final = "binder-allocations"
+
 # --- KV buckets -----------------------------------------------------------------------------
 
 KV_INVENTORY: Final = "tessera-inventory"

@@ -1,5 +1,5 @@
 """``tessera``: run a service (``inventory``, ``placer``, ``binder``, ``deviceplugin``,
-``dashboard``, ``webhook``) or a tool (``simulate``, ``up``, ``explain``).
+``dashboard``, ``webhook``) or a tool (``simulate``, ``up``, ``explain``, ``nats-permissions``).
 
 Every subcommand has a ``--help`` that lists its settings with their environment variables and
 defaults. Only the command that runs is imported: a service process does not pay for the others
@@ -78,6 +78,11 @@ ENTRIES: tuple[Entry, ...] = (
         "explain",
         "say where a pod went and why, or why it is Pending (asks the placers)",
         "tessera.explain:COMMAND",
+    ),
+    Entry(
+        "nats-permissions",
+        "print the NATS subject permissions of each Tessera service identity",
+        "tessera.nats_permissions:COMMAND",
     ),
 )
 

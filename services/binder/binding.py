@@ -6,7 +6,10 @@ node's lock, so two decisions on one node never pass the ambiguity gate together
 times out has an unknown outcome and is read back); create the Binding (the assignment
 annotations ride on it and land with ``spec.nodeName`` in one write; 409 with the pod already on
 this node counts as done); publish the ``BindingResult``. A decision held at the gate waits for the
-record it waits on to move, at most ``gate_timeout_s``, then fails back to the placer. Failures
+record it waits on to move, at most ``gate_timeout_s``, then fails back to the placer. The gate
+waits only for records that stand for a placer's commit (``shared.commits``: the pod's claim and
+the node's ledger entry, read when a record first holds a decision back): a record anyone else
+made up holds no real pod back, and is counted in ``tessera_binder_gate_ignored_total``. Failures
 after the compare-and-set publish ``failed`` or ``gone`` so the placer releases the booking; an
 API or NATS outage raises, and the message is delivered again.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
 from services.binder import explain
 from services.binder.consumer import AlreadyHandlingError
@@ -43,15 +46,23 @@ from services.binder.records import RecordMirror
 from services.binder.tasks import checkpoint
 from shared import codec, subjects
 from shared.clock import Clock
+from shared.commits import commit_problem
 from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult, BindOutcome
+from shared.messages.ledger import NodeLedger, PodClaim
 from shared.messages.placement import PlacementDecision
 from shared.runtime.bus import Bus
 
 log = logging.getLogger(__name__)
 
 MAX_CAS_ATTEMPTS: Final = 16
+
+COMMIT_RECHECK_S: Final = 5.0
+"""A record found to match no commit is checked again after this long (a claim may be rebuilt)."""
+
+MAX_COMMIT_CHECKS: Final = 10_000
+"""Records whose commit check is remembered; beyond it, those of records gone are forgotten."""
 
 
 class DecisionBinder:
@@ -85,6 +96,10 @@ class DecisionBinder:
         self._fence = fence
         self._binding: set[str] = set()
         self._node_locks: dict[str, asyncio.Lock] = {}
+        self._committed: dict[str, int] = {}
+        """Record key -> the revision found to match its commit."""
+        self._uncommitted: dict[str, tuple[int, float]] = {}
+        """Record key -> (revision, when checked) found to match no commit."""
 
     async def handle(self, decision: PlacementDecision) -> None:
         """Bind one decided pod (idempotent: a redelivery finds the work done)."""
@@ -124,16 +139,19 @@ class DecisionBinder:
             async with self._node_lock(decision.node):
                 version = self._records.changed.version
                 record = await self._records.read(key)
-                plan = plan_bind(
-                    decision=decision,
-                    pod=pod,
-                    record=record,
-                    node_records=self._records.on_node(decision.node),
-                    resources=self._gate_resources(decision.node, record.record)
-                    if record is not None
-                    else frozenset(),
-                    now=self._clock.now(),
-                )
+                while True:
+                    plan = plan_bind(
+                        decision=decision,
+                        pod=pod,
+                        record=record,
+                        node_records=self._gate_records(decision.node),
+                        resources=self._gate_resources(decision.node, record.record)
+                        if record is not None
+                        else frozenset(),
+                        now=self._clock.now(),
+                    )
+                    if not isinstance(plan, Wait) or await self._stands_for_commit(plan.blocker):
+                        break
                 step = claim_of(plan)
                 if step is not None and not await self._claim(*step):
                     continue  # someone wrote the record meanwhile: read it and plan again
@@ -141,6 +159,47 @@ class DecisionBinder:
         raise ApiUnavailableError(
             "update assignment record", f"{key} kept changing under {MAX_CAS_ATTEMPTS} claims"
         )
+
+    def _gate_records(self, node: str) -> list[RecordView]:
+        """The node's records the gate may wait for: all but those found to match no commit."""
+        now = self._clock.monotonic()
+        return [
+            view
+            for view in self._records.on_node(node)
+            if not (
+                (found := self._uncommitted.get(view.key)) is not None
+                and found[0] == view.revision
+                and now - found[1] < COMMIT_RECHECK_S
+            )
+        ]
+
+    async def _stands_for_commit(self, view: RecordView) -> bool:
+        """Whether ``view`` is what a placer committed (reads its claim and its node's ledger
+        entry once per revision); one that is not is remembered, counted and logged."""
+        if self._committed.get(view.key) == view.revision:
+            return True
+        record = view.record
+        claim_entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid))
+        ledger_entry = await self._bus.kv_get(subjects.KV_LEDGER, subjects.ledger_key(record.node))
+        problem = commit_problem(
+            record,
+            claim=_decoded(claim_entry.value if claim_entry else None, PodClaim),
+            ledger=_decoded(ledger_entry.value if ledger_entry else None, NodeLedger),
+        )
+        if len(self._committed) + len(self._uncommitted) > MAX_COMMIT_CHECKS:
+            held = self._records.get
+            self._committed = {k: r for k, r in self._committed.items() if held(k)}
+            self._uncommitted = {k: c for k, c in self._uncommitted.items() if held(k)}
+        if problem is None:
+            self._committed[view.key] = view.revision
+            return True
+        self._uncommitted[view.key] = (view.revision, self._clock.monotonic())
+        self._metrics.gate_ignored.inc()
+        log.warning(
+            "the ambiguity gate ignores a record that matches no commit",
+            extra={"record": view.key, "reason": problem},
+        )
+        return False
 
     async def _claim(self, claim: RecordView, record: AssignmentRecord) -> bool:
         """Compare-and-set ``claim`` -> ``record``; False when someone else wrote first."""
@@ -284,3 +343,16 @@ class DecisionBinder:
             action="Binding",
             note=explain.scheduled_note(record),
         )
+
+
+T = TypeVar("T")
+
+
+def _decoded(data: bytes | None, kind: type[T]) -> T | None:
+    """``data`` as ``kind``; None when absent or undecodable (only placers write these)."""
+    if data is None:
+        return None
+    try:
+        return codec.decode(data, kind)
+    except codec.DecodeError:
+        return None

@@ -18,6 +18,7 @@ class BinderMetrics:
     watch_restarts: Counter
     leader: Gauge
     gate_waits: Counter
+    gate_ignored: Counter
     pods_published: Counter
     invalid_pods: Counter
     explained: Counter
@@ -62,6 +63,12 @@ class BinderMetrics:
                 "tessera_binder_gate_waits_total",
                 "Decisions held back by the ambiguity gate, by how the wait ended.",
                 ["outcome"],
+                registry=registry,
+            ),
+            gate_ignored=Counter(
+                "tessera_binder_gate_ignored_total",
+                "Bound records the ambiguity gate did not wait for: they match no placer commit "
+                "(their pod's claim or their node's ledger entry does not hold them).",
                 registry=registry,
             ),
             pods_published=Counter(

@@ -81,9 +81,6 @@ from shared.runtime.tasks import finish
 log = logging.getLogger(__name__)
 
 NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
-DURABLE_DECISIONS: Final = "binder-decisions"
-DURABLE_REJECTIONS: Final = "binder-rejections"
-DURABLE_ALLOCATIONS: Final = "binder-allocations"
 LOOKUP_QUEUE: Final = "tessera-binder"
 STOP_STEP_S: Final = 3.0
 T = TypeVar("T")
@@ -362,7 +359,7 @@ class Binder:
                 group.create_task(self._work(self.node_queue, self._sync_node), name=f"nodes-{i}")
             group.create_task(
                 self._consume(
-                    durable=DURABLE_DECISIONS,
+                    durable=subjects.DURABLE_BINDER_DECISIONS,
                     stream=subjects.STREAM_PLACEMENTS,
                     subject=subjects.ASSIGNMENTS_ALL,
                     message_type=PlacementDecision,
@@ -373,7 +370,7 @@ class Binder:
             )
             group.create_task(
                 self._consume(
-                    durable=DURABLE_REJECTIONS,
+                    durable=subjects.DURABLE_BINDER_REJECTIONS,
                     stream=subjects.STREAM_PLACEMENTS,
                     subject=subjects.PLACEMENTS_REJECTED,
                     message_type=PlacementRejected,
@@ -384,7 +381,7 @@ class Binder:
             )
             group.create_task(
                 self._consume(
-                    durable=DURABLE_ALLOCATIONS,
+                    durable=subjects.DURABLE_BINDER_ALLOCATIONS,
                     stream=subjects.STREAM_ALLOCATIONS,
                     subject=subjects.ALLOCATIONS_ALL,
                     message_type=AllocationEvent,

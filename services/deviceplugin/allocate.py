@@ -2,9 +2,11 @@
 
 The kubelet's Allocate carries device IDs only, never the pod. The rule: take the oldest ``bound``
 record on this node whose next device-holding container needs exactly as many devices as the
-kubelet picked, answer from that record whatever IDs were picked (the record, not the IDs, says
-which GPU and how much of it), and move the record on: one more :class:`ContainerAllocation`, and
-``allocated`` once every device-holding container is answered. The shell commits the new record
+kubelet picked and that stands for a placer's commit (``shared.commits``: the pod's claim names
+the record's commit, the node's ledger books it with the same slices; issue 19), answer from that
+record whatever IDs were picked (the record, not the IDs, says which GPU and how much of it), and
+move the record on: one more :class:`ContainerAllocation`, and ``allocated`` once every
+device-holding container is answered. The shell commits the new record
 with a compare-and-set on the revision it was read at, so two plugin processes can never claim one
 record twice; on a conflict it re-reads and plans again.
 
@@ -41,17 +43,20 @@ from typing import Final, Literal
 
 import msgspec
 
+from shared.commits import commit_problem
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry
+from shared.messages.ledger import NodeLedger, PodClaim
 
 Isolation = Literal["none", "mps", "hami-core"]
 Compat = Literal["volcano", "aliyun"]
-RefusalKind = Literal["invalid", "no_record", "unavailable", "conflict"]
+RefusalKind = Literal["invalid", "no_record", "uncommitted", "unavailable", "conflict"]
 """``invalid``: the kubelet's request itself is wrong. ``no_record``: no bound record waits for a
-container of that size (yet). ``unavailable``: the decided GPU is not usable now. ``conflict``: the
-record kept changing under the claim."""
+container of that size (yet). ``uncommitted``: the records that do are not what a placer
+committed (forged, or their claim and booking not read yet). ``unavailable``: the decided GPU is
+not usable now. ``conflict``: the record kept changing under the claim."""
 
 MPS_PIPE_CONTAINER_PATH: Final = "/tmp/nvidia-mps"
 HAMI_CORE_CONTAINER_PATH: Final = "/usr/local/vgpu/libvgpu.so"
@@ -338,13 +343,16 @@ def plan_allocation(
     options: ResponseOptions,
     now: float,
     plugin_id: str,
+    claims: Mapping[str, PodClaim],
+    ledger: NodeLedger | None,
     retired: AbstractSet[str] = frozenset(),
 ) -> Allocation | Refusal:
     """Decide one container's Allocate: which record, its next state, the response, the event.
 
-    The oldest matching bound record that can be served now wins; one that cannot (its GPU
-    unhealthy or not listed) never blocks a younger one. When none can, the oldest one's reason
-    is the answer.
+    The oldest matching bound record that can be served now wins; one that cannot (it matches
+    no commit, by ``claims``, the pods' claims by UID, and ``ledger``, the node's ledger entry;
+    or its GPU is unhealthy or not listed) never blocks a younger one. When none can, the oldest
+    one's reason is the answer.
     """
     refusal = check_device_ids(device_ids, advertised, retired)
     if refusal is not None:
@@ -362,6 +370,10 @@ def plan_allocation(
     for view in matching:
         container = next_container(view.record, resource)
         assert container is not None  # matching_records only returns records with one
+        forged = uncommitted(view, claims=claims, ledger=ledger)
+        if forged is not None:
+            first_refusal = first_refusal or forged
+            continue
         grant = container_grant(view.record, container, gpus=gpus, options=options)
         if isinstance(grant, Refusal):
             first_refusal = first_refusal or grant
@@ -384,6 +396,26 @@ def plan_allocation(
         )
     assert first_refusal is not None
     return first_refusal
+
+
+def uncommitted(
+    view: RecordView, *, claims: Mapping[str, PodClaim], ledger: NodeLedger | None
+) -> Refusal | None:
+    """The refusal of a record that is not what a placer committed, or None when it is."""
+    problem = commit_problem(view.record, claim=claims.get(view.record.pod_uid), ledger=ledger)
+    if problem is None:
+        return None
+    return Refusal(
+        kind="uncommitted",
+        message=f"assignment record {view.key} is not granted: {problem}",
+    )
+
+
+def committed(
+    views: Iterable[RecordView], *, claims: Mapping[str, PodClaim], ledger: NodeLedger | None
+) -> list[RecordView]:
+    """The records that stand for a placer's commit."""
+    return [v for v in views if uncommitted(v, claims=claims, ledger=ledger) is None]
 
 
 def _sickness(uuid: str, gpus: Mapping[str, GpuTelemetry]) -> str:
@@ -423,6 +455,37 @@ def pre_start_check(
     return Refusal(
         kind="no_record",
         message=f"no assignment record was allocated the devices {', '.join(wanted)}",
+    )
+
+
+# --- what this plugin granted, across its restarts ---------------------------------------------
+
+
+class Granted(msgspec.Struct, frozen=True, kw_only=True):
+    """What this plugin granted of one record: its commit and the containers answered."""
+
+    commit: str
+    containers: tuple[str, ...]
+
+
+def granted_of(record: AssignmentRecord) -> Granted:
+    """What granting ``record`` (as committed after an Allocate) gave away."""
+    return Granted(commit=record.commit, containers=tuple(a.container for a in record.allocated))
+
+
+def granted_problem(record: AssignmentRecord, granted: Granted | None) -> str | None:
+    """Why ``record`` contradicts what this plugin granted of it (``granted``, kept across its
+    restarts); None when it does not. A record of another commit at the key is a new placement
+    (the commit check decides whether it is believed); a released one gives everything back."""
+    if granted is None or granted.commit != record.commit or record.state == "released":
+        return None
+    answered = tuple(a.container for a in record.allocated)
+    if answered[: len(granted.containers)] == granted.containers:
+        return None
+    return (
+        f"this plugin granted container {', '.join(granted.containers)} of commit "
+        f"{record.commit} (before a restart, kept in its state file); the record says "
+        f"{', '.join(answered) or 'none'} allocated in state {record.state}: moved backwards"
     )
 
 

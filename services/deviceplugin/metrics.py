@@ -25,6 +25,7 @@ class PluginMetrics:
     events_unpublished: Gauge
     records: Gauge
     inventory_age_seconds: Gauge
+    grant_file_failures: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PluginMetrics:
@@ -76,6 +77,12 @@ class PluginMetrics:
             inventory_age_seconds=Gauge(
                 "tessera_deviceplugin_inventory_age_seconds",
                 "Seconds since the inventory in use was observed (NaN before the first).",
+                registry=registry,
+            ),
+            grant_file_failures=Counter(
+                "tessera_deviceplugin_grant_file_failures_total",
+                "Writes of the state file of granted records that failed (a restart would not "
+                "know those grants).",
                 registry=registry,
             ),
         )

@@ -31,6 +31,7 @@ API_VERSION: Final = "v1beta1"
 STATUS_OF_REFUSAL: Final[dict[RefusalKind, grpc.StatusCode]] = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "no_record": grpc.StatusCode.FAILED_PRECONDITION,
+    "uncommitted": grpc.StatusCode.PERMISSION_DENIED,
     "unavailable": grpc.StatusCode.UNAVAILABLE,
     "conflict": grpc.StatusCode.ABORTED,
 }

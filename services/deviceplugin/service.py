@@ -26,6 +26,17 @@ never waits for the event, and a publish that fails never fails an Allocate alre
 A record whose GPU is unhealthy is not granted (the next servable record is), and device IDs of
 GPUs no longer listed are refused.
 
+Only what a placer committed is granted (issue 19; ``shared.commits``): the pod's claim in
+``tessera-claims`` must name the record's commit, and this node's entry in ``tessera-ledger``
+must book it with the same slices. Neither is read on the Allocate path: the node's ledger entry
+is mirrored by a KV watch, and a pod's claim is read when its record first arrives (placers write
+the claim before the record, and the record long before the kubelet's Allocate). While a record
+still matches no commit at Allocate, its claim and the ledger entry are read again (every
+``CLAIM_REREAD_S``) as it waits like a missing record (``record_wait_s``); then it is refused as
+``uncommitted`` with the reason, counted in
+``tessera_deviceplugin_allocations_total{outcome="uncommitted"}``. It never blocks a record that
+does match.
+
 Claims across NATS outages (issue 9): a claim is never sent while disconnected and nothing of
 it lands later (the bus never buffers writes). An Allocate that finds NATS away waits up to
 ``nats_wait_s`` for it to come back (a restart takes seconds; a refusal would fail the pod at
@@ -36,7 +47,9 @@ kubelet's retry with the same device IDs reads the record again and gets the ans
 would have given (granted if it landed, planned afresh if not).
 
 All state lives here, not in the gRPC server, so a kubelet restart (new socket, new registration)
-loses nothing.
+loses nothing. What it granted also goes to a state file (:mod:`~services.deviceplugin.grants`),
+loaded before any record is taken, so that after a restart of the plugin itself a record moved
+backwards (``allocated -> bound``) is refused rather than granted twice.
 """
 
 from __future__ import annotations
@@ -54,6 +67,7 @@ from services.deviceplugin import allocate, devices, preferred
 from services.deviceplugin.allocate import Allocation, ContainerGrant, RecordView, Refusal
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.devices import Device, DeviceConfig
+from services.deviceplugin.grants import GrantFile, state_file
 from services.deviceplugin.kubelet import KubeletLink
 from services.deviceplugin.metrics import PluginMetrics
 from services.deviceplugin.server import (
@@ -67,6 +81,7 @@ from shared.clock import Clock
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.ledger import NodeLedger, PodClaim
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, KvEntry, OutcomeUnknownError
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
@@ -93,6 +108,22 @@ MAX_UNCONFIRMED = 64
 UNCONFIRMED_TTL_S = 30.0
 """How long an unconfirmed claim answers a retry. A retry comes within seconds; later, the same
 device IDs are more likely another pod's, which must not get this record's slices."""
+
+CLAIM_REREAD_S = 0.25
+"""An Allocate reads a pod's claim (and the ledger entry) again only when it was last read longer
+ago than this."""
+
+GRANTS_WRITE_DELAY_S = 0.05
+"""How long grants gather before the state file is written: a burst of Allocates costs one write
+(each write hands a thread a file to replace: under a busy disk, up to milliseconds)."""
+
+CLAIM_RETRY_S = 1.0
+"""How long before claims NATS could not give are read again."""
+MAX_CLAIMS_AT_ONCE = 32
+"""Claims read together when records arrive in a burst."""
+
+MAX_CLAIM_REREADS = 8
+"""Claims one Allocate reads again at most (made-up records must not make it slow)."""
 
 SAME_NODE_LIMITS = validation.InventoryLimits(max_future_s=60.0)
 """The inventory is produced on this node, by this node's clock: a minute ahead is already a lie."""
@@ -141,6 +172,7 @@ class DevicePluginService:
         clock: Clock,
         metrics: PluginMetrics,
         readiness: Readiness,
+        grants: GrantFile,
     ) -> None:
         self._config = config
         self._bus = bus
@@ -155,6 +187,12 @@ class DevicePluginService:
         checked against (kept when a rewrite is refused)."""
         self._rejected: dict[str, int] = {}
         """Key -> the revision last dead-lettered, so a re-read does not dead-letter it twice."""
+        self._grants = grants
+        self._given = grants.load()
+        """What this plugin granted (kept across its restarts), by record key."""
+        self._grants_dirty = asyncio.Event()
+        self._grants_changed = 0
+        self._writing: asyncio.Future[bool] | None = None
         self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
         """Claims sent whose outcome could not be read back, by their sorted device IDs, with
         when (monotonic) they were sent."""
@@ -171,10 +209,20 @@ class DevicePluginService:
         self._retired: set[str] = set()
         """Device IDs advertised before and no longer (their GPU left the inventory)."""
         self._devices_changed = _Versioned()
+        self._ledger: NodeLedger | None = None
+        """This node's entry in ``tessera-ledger`` (every booking on the node)."""
+        self._claims: dict[str, PodClaim] = {}
+        """The claims (``tessera-claims``) of pods with a record here, by pod UID."""
+        self._claim_read_at: dict[str, float] = {}
+        """When (monotonic) each pod's claim was last read."""
+        self._claims_wanted: asyncio.Queue[str] = asyncio.Queue()
+        self._ledger_read_at = -math.inf
+        """When (monotonic) an Allocate last read the ledger entry itself."""
         self._allocate_lock = asyncio.Lock()
         self._publishing: set[asyncio.Task[None]] = set()
         readiness.set("inventory", False, f"no inventory received for node {config.node} yet")
         readiness.set("records", False, "loading assignment records")
+        readiness.set("ledger", False, "loading this node's ledger entry")
         metrics.inventory_age_seconds.set_function(self._inventory_age)
         metrics.count_records_with(lambda: [view.record.state for view in self._records.values()])
 
@@ -206,9 +254,12 @@ class DevicePluginService:
 
     def preferred(self, requests: Sequence[PreferenceRequest]) -> list[tuple[str, ...]]:
         answers = []
+        servable = allocate.committed(
+            self._records.values(), claims=self._claims, ledger=self._ledger
+        )
         for request in requests:
             view = allocate.pick_record(
-                self._records.values(), count=request.size, resource=self._config.resource
+                servable, count=request.size, resource=self._config.resource
             )
             container = (
                 allocate.next_container(view.record, self._config.resource) if view else None
@@ -277,21 +328,29 @@ class DevicePluginService:
                 options=self._config.response,
                 now=self._clock.now(),
                 plugin_id=self._config.plugin_id,
+                claims=self._claims,
+                ledger=self._ledger,
             )
             if isinstance(plan, Refusal):
-                if plan.kind == "no_record" and not self._bus.connected:
-                    # The record may be waiting in KV while NATS restarts: wait for the
-                    # connection, then give the record watch its usual time to catch up.
+                unconfirmed = self._uncommitted(len(device_ids))
+                if unconfirmed and await self._reread_commits(unconfirmed):
+                    continue  # a claim or the ledger entry may have lagged: plan again
+                if (plan.kind == "no_record" or unconfirmed) and not self._bus.connected:
+                    # The record (or its claim) may be waiting in KV while NATS restarts: wait
+                    # for the connection, then give the watches their usual time to catch up.
                     if not await self._connected_by(nats_deadline):
                         return plan
                     deadline = max(deadline, self._clock.monotonic() + self._config.record_wait_s)
                     continue
                 remaining = deadline - self._clock.monotonic()
-                # Only a missing record can still arrive (the binder's write may trail the
-                # kubelet's call); anything else is final.
-                if plan.kind != "no_record" or remaining <= 0:
+                # Only a missing record (or a commit not read yet) can still arrive (the
+                # binder's write may trail the kubelet's call); anything else is final.
+                if (plan.kind != "no_record" and not unconfirmed) or remaining <= 0:
                     return plan
-                if not await self._records_changed.wait_past(seen, timeout=remaining):
+                # Claims are not watched: while some wait, read them again now and then.
+                pause = min(remaining, CLAIM_REREAD_S) if unconfirmed else remaining
+                changed = await self._records_changed.wait_past(seen, timeout=pause)
+                if not changed and not unconfirmed:
                     return plan
                 continue
             key = plan.claimed.key
@@ -356,6 +415,42 @@ class DevicePluginService:
                 continue
             return await self._granted(plan, revision)
 
+    def _forget_grants(self, keys: set[str]) -> None:
+        """Released or gone: what was granted of these records is free again."""
+        gone = keys & set(self._given)
+        for key in gone:
+            del self._given[key]
+        if gone:
+            self._save_grants()
+
+    def _save_grants(self) -> None:
+        """Have the state file written (by :meth:`keep_grants`, off the Allocate path)."""
+        self._grants_changed += 1
+        self._grants_dirty.set()
+
+    async def keep_grants(self) -> None:
+        """Write the state file of grants whenever they changed, in a worker thread, the changes
+        of :data:`GRANTS_WRITE_DELAY_S` in one write."""
+        while True:
+            await self._grants_dirty.wait()
+            await self._clock.sleep(GRANTS_WRITE_DELAY_S)
+            self._grants_dirty.clear()
+            snapshot, generation = dict(self._given), self._grants_changed
+            self._writing = asyncio.ensure_future(
+                asyncio.to_thread(self._grants.save, snapshot, generation)
+            )
+            if not await asyncio.shield(self._writing):
+                self._metrics.grant_file_failures.inc()
+
+    async def write_grants(self) -> None:
+        """At stop: let a write in progress end, then write what is not written yet."""
+        if self._writing is not None:
+            await asyncio.wait({self._writing})
+        if self._grants_dirty.is_set():
+            self._grants_dirty.clear()
+            if not self._grants.save(self._given, self._grants_changed):
+                self._metrics.grant_file_failures.inc()
+
     async def _connected_by(self, deadline: float) -> bool:
         """Wait until NATS is connected or ``deadline`` (monotonic) passes; True when connected."""
         while not self._bus.connected:
@@ -373,10 +468,13 @@ class DevicePluginService:
         )
 
     async def _granted(self, plan: Allocation, revision: int) -> ContainerGrant:
-        """The claim of ``plan`` is committed at ``revision``: keep it, publish, answer."""
+        """The claim of ``plan`` is committed at ``revision``: keep it (in the state file too),
+        publish, answer."""
         await self._remember(
             RecordView(key=plan.claimed.key, revision=revision, record=plan.record)
         )
+        self._given[plan.claimed.key] = allocate.granted_of(plan.record)
+        self._save_grants()
         self._publish(plan.event)
         log.info(
             "allocated",
@@ -519,6 +617,7 @@ class DevicePluginService:
     async def _records_loaded(self, listed: set[str]) -> None:
         for key in set(self._accepted) - listed:
             await self._deleted(key)  # gone while no watch was running
+        self._forget_grants(set(self._given) - listed)
         self._readiness.set("records", True)
         log.info("assignment records loaded", extra={"records": len(self._records)})
 
@@ -535,9 +634,11 @@ class DevicePluginService:
             self._rejected[key] = revision
             await self._forget(key)
             return
-        problem = validation.assignment_problem(
-            record, key=key, inventory=self._inventory
-        ) or validation.transition_problem(known.record if known else None, record)
+        problem = (
+            validation.assignment_problem(record, key=key, inventory=self._inventory)
+            or validation.transition_problem(known.record if known else None, record)
+            or allocate.granted_problem(record, self._given.get(key))
+        )
         if problem:
             await self._refuse(key, revision, delivery, problem)
             return
@@ -562,9 +663,126 @@ class DevicePluginService:
         self._accepted[view.key] = view
         if view.record.state == "released":
             self._records.pop(view.key, None)
+            self._forget_grants({view.key})
         else:
             self._records[view.key] = view
+            self._want_claim(view.record)
         await self._records_changed.bump()
+
+    # --- commits: this node's ledger entry and the pods' claims --------------------------------
+
+    def _want_claim(self, record: AssignmentRecord) -> None:
+        """Have the pod's claim read unless the one held already names the record's commit."""
+        if record.state not in ("reserved", "bound"):
+            return
+        claim = self._claims.get(record.pod_uid)
+        if claim is None or claim.booking is None or claim.booking.commit != record.commit:
+            self._claims_wanted.put_nowait(record.pod_uid)
+
+    async def follow_commits(self) -> None:
+        """Mirror this node's ledger entry and read the claims of the pods recorded here."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._follow_ledger(), name="ledger")
+            group.create_task(self._read_wanted_claims(), name="claims")
+
+    async def _follow_ledger(self) -> None:
+        async def on_entry(entry: KvEntry) -> None:
+            await self._take_ledger(None if entry.deleted else entry)
+
+        async def on_loaded(listed: set[str]) -> None:
+            if not listed:  # none now (deleted while no watch was running)
+                await self._take_ledger(None)
+            self._readiness.set("ledger", True)
+
+        await follow(
+            self._bus,
+            subjects.KV_LEDGER,
+            keys=subjects.ledger_key(self._config.node),
+            on_entry=on_entry,
+            on_loaded=on_loaded,
+            clock=self._clock,
+            what="ledger",
+        )
+
+    async def _take_ledger(self, entry: KvEntry | None) -> None:
+        ledger = None
+        if entry is not None:
+            delivery = Delivery(subject=f"$KV.{subjects.KV_LEDGER}.{entry.key}", data=entry.value)
+            ledger = await self._edge.accept(delivery, NodeLedger, family="ledger")
+            if ledger is None or ledger.node != self._config.node:
+                return  # undecodable (dead-lettered), or not this node's: keep what we hold
+        self._ledger = ledger
+        await self._records_changed.bump()
+
+    async def _read_wanted_claims(self) -> None:
+        """Read the wanted claims, those wanted at once together (a burst of records is read in
+        a few round trips, not one after the other)."""
+        while True:
+            wanted = [await self._claims_wanted.get()]
+            while not self._claims_wanted.empty() and len(wanted) < MAX_CLAIMS_AT_ONCE:
+                wanted.append(self._claims_wanted.get_nowait())
+            wanted = list(dict.fromkeys(wanted))
+            while wanted:
+                results = await asyncio.gather(
+                    *(self._read_claim(uid) for uid in wanted), return_exceptions=True
+                )
+                errors = [r for r in results if isinstance(r, BaseException)]
+                if errors:  # NATS away: the Allocate path reads them again too
+                    log.warning(
+                        "cannot read pods' claims yet",
+                        extra={"pods": len(errors), "error": f"{type(errors[0]).__name__}"},
+                    )
+                    await self._clock.sleep(CLAIM_RETRY_S)
+                wanted = [u for u, r in zip(wanted, results, strict=True) if r is not None]
+
+    async def _read_claim(self, uid: str) -> None:
+        self._claim_read_at[uid] = self._clock.monotonic()
+        entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(uid))
+        claim = None
+        if entry is not None:
+            delivery = Delivery(subject=f"$KV.{subjects.KV_CLAIMS}.{entry.key}", data=entry.value)
+            claim = await self._edge.accept(delivery, PodClaim, family="claims")
+        if claim is None or claim.pod_uid != uid:
+            self._claims.pop(uid, None)
+        else:
+            self._claims[uid] = claim
+        await self._records_changed.bump()
+
+    def _uncommitted(self, count: int) -> list[RecordView]:
+        """The bound records an Allocate of ``count`` devices could take that match no commit."""
+        views = allocate.matching_records(
+            self._records.values(), count=count, resource=self._config.resource
+        )
+        return [
+            v for v in views if allocate.uncommitted(v, claims=self._claims, ledger=self._ledger)
+        ]
+
+    async def _reread_commits(self, views: Sequence[RecordView]) -> bool:
+        """Read again the ledger entry and the claims of ``views`` not read in the last
+        :data:`CLAIM_REREAD_S` (at most :data:`MAX_CLAIM_REREADS` claims); whether it read any."""
+        now = self._clock.monotonic()
+        uids = [
+            v.record.pod_uid
+            for v in views
+            if now - self._claim_read_at.get(v.record.pod_uid, -math.inf) >= CLAIM_REREAD_S
+        ][:MAX_CLAIM_REREADS]
+        ledger_due = now - self._ledger_read_at >= CLAIM_REREAD_S
+        if not uids and not ledger_due:
+            return False
+        try:
+            if ledger_due:
+                self._ledger_read_at = now
+                entry = await self._bus.kv_get(
+                    subjects.KV_LEDGER, subjects.ledger_key(self._config.node)
+                )
+                await self._take_ledger(entry)
+            for uid in uids:
+                await self._read_claim(uid)
+        except Exception as error:  # NATS away: plan with what is held
+            log.warning(
+                "cannot read commits again", extra={"error": f"{type(error).__name__}: {error}"}
+            )
+        return True
 
     async def _forget(self, key: str) -> None:
         """Stop serving ``key`` (the last accepted version stays the reference for rewrites)."""
@@ -573,6 +791,11 @@ class DevicePluginService:
 
     async def _deleted(self, key: str) -> None:
         """The key is gone from the bucket: forget everything about it."""
+        known = self._accepted.get(key)
+        if known is not None:
+            self._claims.pop(known.record.pod_uid, None)
+            self._claim_read_at.pop(known.record.pod_uid, None)
+        self._forget_grants({key})
         self._accepted.pop(key, None)
         self._rejected.pop(key, None)
         await self._forget(key)
@@ -698,6 +921,7 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
         clock=context.clock,
         metrics=metrics,
         readiness=context.readiness,
+        grants=GrantFile(state_file(config.plugin_dir, config.endpoint)),
     )
 
     def report(registered: bool, reason: str) -> None:
@@ -735,7 +959,10 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(service.follow_records(), name="records")
             group.create_task(service.follow_inventory(), name="inventory")
+            group.create_task(service.follow_commits(), name="commits")
+            group.create_task(service.keep_grants(), name="grants")
             group.create_task(link.run(), name="kubelet")
     finally:
+        await finish(service.write_grants())
         # Before run_service drains the bus: events of committed claims must still go out.
         await finish(service.flush(timeout=EVENT_FLUSH_S))

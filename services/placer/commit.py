@@ -423,13 +423,23 @@ class RecordFacts(msgspec.Struct, frozen=True, kw_only=True):
     bound_at: float | None = None
     released_at: float | None = None
     revision: int = 0
+    seen_at: float = 0.0
+    """When this placer first saw the key live (its clock; 0 = unknown). The record's own dates
+    are its writer's word: a made-up record may date itself in the future."""
 
     @property
     def live(self) -> bool:
         return self.state != "released"
 
+    @property
+    def observed_at(self) -> float:
+        """Since when the record is known: when seen, else its decision time."""
+        return self.seen_at or self.decided_at
 
-def record_facts(key: str, record: AssignmentRecord, revision: int) -> RecordFacts:
+
+def record_facts(
+    key: str, record: AssignmentRecord, revision: int, *, seen_at: float = 0.0
+) -> RecordFacts:
     return RecordFacts(
         key=key,
         node=record.node,
@@ -440,6 +450,7 @@ def record_facts(key: str, record: AssignmentRecord, revision: int) -> RecordFac
         bound_at=record.bound_at,
         released_at=record.released_at,
         revision=revision,
+        seen_at=seen_at,
     )
 
 
@@ -469,7 +480,10 @@ class Repair(msgspec.Struct, frozen=True, kw_only=True):
     - ``finish-requeue``: the record of the claimed booking was released (failed binding, reserve
       timeout) but the claim still says placed: requeue the pod;
     - ``publish-requeue``: a requeued pod that was not put back on ``tessera.pods.pending`` yet;
-    - ``release-record``: a live record whose commit the claim no longer names;
+    - ``release-record``: a live record whose commit the claim no longer names (on the claim's
+      node), or that no claim names at all: a record no placer committed (issue 19: anyone
+      allowed to write records could make one up), released once this placer has known it for
+      the grace period;
     - ``requeue-lost``: a placed claim with neither booking nor live record: requeue the pod;
     - ``adopt-charge``: a booked placement with a live record whose tenant has a quota but whose
       commit is not charged (placed before the quota existed, or by a replica that had not read it
@@ -554,12 +568,14 @@ def plan_repairs(
         ):
             repairs.append(Repair(kind="publish-requeue", pod_uid=uid, booking=named))
     for record in sorted(by_key.values(), key=lambda r: r.key):
-        if not record.live or not record.commit:
+        if not record.live:
             continue
         claim = claims.get(record.pod_uid)
-        if claim is None or claim.booking is None:
+        named = claim.booking if claim is not None else None
+        if named is not None and (named.commit, named.node) == (record.commit, record.node):
             continue
-        if claim.booking.commit != record.commit and settled(record.decided_at, claim.updated_at):
+        stamps = (record.observed_at,) if claim is None else (record.observed_at, claim.updated_at)
+        if settled(*stamps):
             repairs.append(
                 Repair(kind="release-record", pod_uid=record.pod_uid, record_key=record.key)
             )

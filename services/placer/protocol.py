@@ -410,16 +410,16 @@ class CommitProtocol:
             await self.store.uncharge(fence)
 
     async def release_orphan(self, key: str, pod_uid: str) -> None:
-        """Release a live record whose commit the pod's claim does not name."""
+        """Release a live record whose commit the pod's claim does not name on its node (or
+        that no claim names: no placer committed it)."""
         claim = (await self.store.read(self.store.claims, subjects.claim_key(pod_uid))).value
-        named = claim.booking.commit if claim is not None and claim.booking else None
-        placed = claim is not None and claim.state == "placed"
+        named = claim.booking if claim is not None and claim.state == "placed" else None
         now = self.clock.now()
 
         def release(record: AssignmentRecord | None) -> AssignmentRecord | None:
             if record is None or record.state == "released":
                 return None
-            if placed and record.commit == named:
+            if named is not None and (record.commit, record.node) == (named.commit, named.node):
                 return None  # the claim names it after all
             return msgspec.structs.replace(record, state="released", released_at=now)
 

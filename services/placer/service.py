@@ -601,7 +601,7 @@ class PlacerService:
             return
         record = await self._decode(entry, subjects.KV_ASSIGNMENTS, AssignmentRecord, "assignments")
         if isinstance(record, AssignmentRecord):
-            self.view.set_record(entry.key, record, entry.revision)
+            self.view.set_record(entry.key, record, entry.revision, seen_at=self.clock.now())
 
     async def _on_tenant(self, entry: KvEntry) -> None:
         if entry.deleted:
@@ -669,7 +669,7 @@ class PlacerService:
             self.bus,
             clock=self.clock,
             stream=subjects.STREAM_PODS,
-            durable="placer",
+            durable=subjects.DURABLE_PLACER_PODS,
             subject=subjects.PODS_ALL,
             ack_wait=self.config.ack_wait_s,
             max_ack_pending=MAX_HELD,
@@ -1378,7 +1378,7 @@ class PlacerService:
             self.bus,
             clock=self.clock,
             stream=subjects.STREAM_BINDINGS,
-            durable="placer-bindings",
+            durable=subjects.DURABLE_PLACER_BINDINGS,
             subject=subjects.BINDINGS_ALL,
             ack_wait=self.config.ack_wait_s,
         )

@@ -329,7 +329,11 @@ class ClusterView:
 
     # --- records and claims --------------------------------------------------------------------
 
-    def set_record(self, key: str, record: AssignmentRecord | None, revision: int) -> bool:
+    def set_record(
+        self, key: str, record: AssignmentRecord | None, revision: int, *, seen_at: float = 0.0
+    ) -> bool:
+        """Take in a record version; ``seen_at``: now, by this placer's clock (a key keeps the
+        time it was first seen live, however often it is rewritten)."""
         known = self.records.get(key)
         if known is not None and revision <= known.revision:
             return False
@@ -338,7 +342,9 @@ class ClusterView:
                 del self.records[key]
                 self._recount(known.node, known.pod_uid, None)
             return True
-        facts = record_facts(key, record, revision)
+        if known is not None and known.live:
+            seen_at = known.seen_at
+        facts = record_facts(key, record, revision, seen_at=seen_at)
         self.records[key] = facts
         self._recount(record.node, record.pod_uid, facts)
         return True

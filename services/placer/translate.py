@@ -63,9 +63,8 @@ from services.placer.core.model import (
     RejectionReason,
     Reservation,
 )
+from shared.commits import record_containers
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.base import ContainerSlices
-from shared.messages.base import GpuSlice as WireSlice
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.nodes import NodeFacts
@@ -387,25 +386,6 @@ def restored_record(booking: Booking, restore: PodRestore) -> AssignmentRecord:
     )
 
 
-def _container_slices(booking: Booking) -> tuple[ContainerSlices, ...]:
-    return tuple(
-        ContainerSlices(
-            container=c.container,
-            gpus=tuple(
-                WireSlice(
-                    uuid=s.uuid,
-                    index=s.index,
-                    memory_mib=s.memory_mib,
-                    cores=-(-s.core_milli * 100 // GPU_MILLI),
-                )
-                for s in c.gpus
-            ),
-            resources=c.resources,
-        )
-        for c in booking.containers
-    )
-
-
 def record_of(booking: Booking) -> AssignmentRecord:
     """The ``reserved`` assignment record a committed booking hands to the binder."""
     return AssignmentRecord(
@@ -413,7 +393,7 @@ def record_of(booking: Booking) -> AssignmentRecord:
         namespace=booking.namespace,
         name=booking.name,
         node=booking.node,
-        containers=_container_slices(booking),
+        containers=record_containers(booking),
         state="reserved",
         decided_at=booking.decided_at,
         placer_id=booking.placer_id,
@@ -434,7 +414,7 @@ def decision_message(
         namespace=booking.namespace,
         name=booking.name,
         node=booking.node,
-        containers=_container_slices(booking),
+        containers=record_containers(booking),
         score=score,
         scores=dict(scores or {}),
         explanation=explanation,

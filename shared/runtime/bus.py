@@ -186,6 +186,30 @@ def _tls_context(security: NatsSecurity) -> ssl.SSLContext | None:
     return context
 
 
+DEFAULT_INBOX_PREFIX = "_INBOX"
+"""nats-py's reply-subject prefix, for a client that is none of Tessera's identities."""
+
+
+def _bucket_stream(bucket: str, history: int, replicas: int) -> js_api.StreamConfig:
+    """The stream of a KV bucket as nats-py's ``create_key_value`` makes it, except that it
+    refuses rollups: a ``Nats-Rollup: all`` header on a write to any one key would otherwise
+    purge the whole bucket, so an identity allowed to write only its own node's keys could wipe
+    every node's records. Tessera never purges a key (deletes are delete markers)."""
+    return js_api.StreamConfig(
+        name=f"KV_{bucket}",
+        subjects=[f"$KV.{bucket}.>"],
+        allow_direct=False,
+        allow_rollup_hdrs=False,
+        deny_delete=True,
+        discard=js_api.DiscardPolicy.NEW,
+        duplicate_window=120.0,
+        max_consumers=-1,
+        max_msgs=-1,
+        max_msgs_per_subject=history,
+        num_replicas=replicas,
+    )
+
+
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
 
@@ -438,6 +462,7 @@ class NatsBus:
         self._nc = client
         self._js = client.jetstream(timeout=request_timeout)
         self._replicas = replicas
+        self._update_topology = True
         self._kv: dict[str, KeyValue] = {}
         self._topology = asyncio.Lock()
         self._topology_at = -1.0
@@ -481,11 +506,18 @@ class NatsBus:
         request_timeout: float = 5.0,
         replicas: int = 1,
         topology: bool = True,
+        inbox_prefix: str = DEFAULT_INBOX_PREFIX,
+        update_topology: bool = True,
     ) -> NatsBus:
         """Connect once, then reconnect forever after any later loss; ensure streams and buckets
         (``replicas`` copies of each; none when ``topology`` is False: a client that only asks
         questions, ``tessera explain``). ``url`` may name several servers of a cluster,
         separated by commas.
+
+        ``inbox_prefix``: where replies to this client go (``shared.permissions.inbox_prefix``:
+        a service's identity may only listen under its own). ``update_topology``: whether this
+        client may change an existing stream's or bucket's configuration; one that may not only
+        creates what is missing (see :meth:`ensure_topology`).
 
         Raises:
             NatsRefusedError: the server refused the credentials or the TLS handshake failed.
@@ -551,6 +583,7 @@ class NatsBus:
                 closed_cb=on_closed,
                 reconnect_to_server_handler=next_attempt,
                 **security.client_options(),
+                inbox_prefix=inbox_prefix,
                 tls=_tls_context(security),
                 tls_hostname=security.tls_server_name or None,
             )
@@ -567,6 +600,7 @@ class NatsBus:
         client.options["allow_reconnect"] = True
         client.options["max_reconnect_attempts"] = -1
         bus = cls(client, request_timeout=request_timeout, replicas=replicas)
+        bus._update_topology = update_topology
         bus._reconnect_wait = reconnect_wait
         log.info("nats connected", extra={"url": redact_url(url)})
         if not topology:
@@ -752,14 +786,20 @@ class NatsBus:
                 "(read it back)"
             ) from None
 
-    async def ensure_topology(self) -> None:
+    async def ensure_topology(self) -> list[str]:
         """Create every stream and KV bucket Tessera uses (retention and age limits from
         ``shared.subjects``, ``replicas`` copies), and the store's epoch; existing ones keep their
-        retention, only their subjects and replica count follow."""
+        retention, only their subjects and replica count follow, and a bucket made before rollups
+        were refused stops taking them; a client that may not change configurations
+        (``update_topology=False`` at connect) only creates what is missing. Returns the streams
+        it created."""
+        update = self._update_topology
+        created: list[str] = []
         for name, stream_subjects in subjects.STREAMS.items():
             try:
                 info = await self._js.stream_info(name)
             except nats.js.errors.NotFoundError:
+                created.append(name)
                 await self._js.add_stream(
                     name=name,
                     subjects=list(stream_subjects),
@@ -773,7 +813,7 @@ class NatsBus:
                 )
                 continue
             config = info.config
-            if (
+            if update and (
                 set(config.subjects or ()) != set(stream_subjects)
                 or (config.num_replicas or 1) != self._replicas
             ):
@@ -781,13 +821,23 @@ class NatsBus:
                 config.num_replicas = self._replicas
                 await self._js.update_stream(config)
         for bucket, history in subjects.KV_BUCKETS.items():
-            await self._bucket(bucket, history=history)
+            await self._bucket(bucket, history=history, created=created)
+            if update:
+                info = await self._js.stream_info(f"KV_{bucket}")
+                if (
+                    info.config.allow_rollup_hdrs
+                    or (info.config.num_replicas or 1) != self._replicas
+                ):
+                    info.config.allow_rollup_hdrs = False
+                    info.config.num_replicas = self._replicas
+                    await self._js.update_stream(info.config)
         meta = await self._bucket(subjects.KV_META)
         fresh = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
         with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
             await meta.create(subjects.META_EPOCH, codec.encode(fresh))  # the first one stays
         entry = await meta.get(subjects.META_EPOCH)
         self._take_epoch(codec.decode(entry.value or b"", StoreEpoch).epoch)
+        return created
 
     async def restore_topology(self, *, reason: str) -> None:
         """Create again whatever stream or bucket is missing (one check at a time; a check
@@ -796,40 +846,34 @@ class NatsBus:
         async with self._topology:
             if loop.time() - self._topology_at < 0.5:
                 return
-            before = set(await self._stream_names())
             self._kv.clear()
-            await self.ensure_topology()
+            created = await self.ensure_topology()
             self._topology_at = loop.time()
-        missing = sorted(set(await self._stream_names()) - before)
-        if missing:
+        if created:
             self.topology_restores += 1
             log.warning(
                 "NATS had lost streams or buckets; created them again",
-                extra={"reason": reason, "created": missing},
+                extra={"reason": reason, "created": created},
             )
 
-    async def _stream_names(self) -> list[str]:
-        return [info.config.name or "" for info in await self._js.streams_info()]
-
-    async def _bucket(self, bucket: str, *, history: int | None = None) -> KeyValue:
+    async def _bucket(
+        self, bucket: str, *, history: int | None = None, created: list[str] | None = None
+    ) -> KeyValue:
+        """The bucket, created when missing (named in ``created`` then)."""
         kv = self._kv.get(bucket)
         if kv is not None:
             return kv
         try:
             kv = await self._js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
-            kv = await self._js.create_key_value(
-                config=js_api.KeyValueConfig(
-                    bucket=bucket,
-                    history=history or subjects.KV_BUCKETS.get(bucket, 1),
-                    replicas=self._replicas,
+            await self._js.add_stream(
+                _bucket_stream(
+                    bucket, history or subjects.KV_BUCKETS.get(bucket, 1), self._replicas
                 )
             )
-        else:
-            stream = await self._js.stream_info(f"KV_{bucket}")
-            if (stream.config.num_replicas or 1) != self._replicas:
-                stream.config.num_replicas = self._replicas
-                await self._js.update_stream(stream.config)
+            kv = await self._js.key_value(bucket)
+            if created is not None:
+                created.append(f"KV_{bucket}")
         self._kv[bucket] = kv
         return kv
 

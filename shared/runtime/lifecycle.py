@@ -25,15 +25,26 @@ import faulthandler
 import io
 import logging
 import signal
+import typing
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 
+from shared import permissions
 from shared.clock import Clock, SystemClock
-from shared.config import NatsSecurity, Settings, nats_security, option, redact_url, url_secrets
+from shared.config import (
+    NatsSecurity,
+    NodeSettings,
+    Settings,
+    nats_security,
+    option,
+    redact_url,
+    url_secrets,
+)
 from shared.runtime.bus import (
+    DEFAULT_INBOX_PREFIX,
     Bus,
     ConnectionMonitor,
     ConnectionStatus,
@@ -67,10 +78,36 @@ Connect = Callable[[str, str], Coroutine[Any, Any, Bus]]
 
 
 async def connect_nats(
-    url: str, name: str, security: NatsSecurity | None = None, replicas: int = 1
+    url: str,
+    name: str,
+    security: NatsSecurity | None = None,
+    *,
+    replicas: int = 1,
+    inbox_prefix: str = DEFAULT_INBOX_PREFIX,
+    update_topology: bool = True,
 ) -> Bus:
     """The real connector: NATS with JetStream streams and KV buckets ensured."""
-    return await NatsBus.connect(url, name=name, security=security, replicas=replicas)
+    return await NatsBus.connect(
+        url,
+        name=name,
+        security=security,
+        replicas=replicas,
+        inbox_prefix=inbox_prefix,
+        update_topology=update_topology,
+    )
+
+
+def bus_identity(name: str, settings: Settings) -> tuple[str, bool]:
+    """(inbox prefix, may update the topology) of service ``name``: what its NATS identity's
+    permissions (``shared.permissions``) allow. Names that are not a Tessera role get nats-py's
+    defaults."""
+    if not permissions.is_role(name):
+        return DEFAULT_INBOX_PREFIX, True
+    role = typing.cast(permissions.Role, name)
+    node = None
+    if role in permissions.NODE_ROLES and isinstance(settings, NodeSettings) and settings.node:
+        node = settings.node
+    return permissions.inbox_prefix(role, node), permissions.may_update_topology(role)
 
 
 @dataclass(frozen=True)
@@ -184,9 +221,17 @@ async def run_service(
         AGENT.set(hosted.agent)
         stop = hosted.stop
     if connect is None:
+        inbox_prefix, update_topology = bus_identity(name, settings)
 
         async def connect_securely(url: str, client_name: str) -> Bus:
-            return await connect_nats(url, client_name, security, settings.nats_replicas)
+            return await connect_nats(
+                url,
+                client_name,
+                security,
+                replicas=settings.nats_replicas,
+                inbox_prefix=inbox_prefix,
+                update_topology=update_topology,
+            )
 
         connect = connect_securely
     clock = clock or SystemClock()

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 API_VERSION: Final = "v1beta1"
 KUBELET_SOCKET: Final = "kubelet.sock"
+KUBELET_CHECKPOINT: Final = "kubelet_internal_checkpoint"
+"""The device manager's own file in the plugin directory, the one it keeps when it starts."""
 KUBELET_VERSION: Final = "v1.31.0-tessera-sim"
 ENV_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 ENV_MEMORY: Final = "TESSERA_GPU_MEMORY_LIMIT_MIB"
@@ -256,8 +258,9 @@ class SimulatedKubelet:
             await server.stop(0)
 
     async def restart(self) -> None:
-        """What a restarting kubelet does to its plugins: stop, delete every socket in the
-        plugin directory, serve again; plugins must register again."""
+        """What a restarting kubelet does to its plugins: stop, delete every file in the
+        plugin directory but its own checkpoint (subdirectories are kept), serve again; plugins
+        must register again."""
         for plugin in list(self._plugins.values()):
             await self._drop_plugin(plugin)
         self._plugins.clear()
@@ -265,7 +268,7 @@ class SimulatedKubelet:
         if server is not None:
             await server.stop(0)
         for path in self.plugin_dir.iterdir():
-            if path.is_socket():
+            if not path.is_dir() and path.name != KUBELET_CHECKPOINT:
                 path.unlink()
         self._registered.clear()
         await self._serve()

@@ -121,6 +121,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--run-dir", type=Path, help="where logs, the kubeconfig and NATS's store go (a temp dir)"
     )
     run.add_argument("--log-level", default="info", help="services' log level (info)")
+    run.add_argument(
+        "--no-nats-permissions",
+        action="store_true",
+        help="let every process connect to NATS anonymously with every right, instead of one "
+        "identity per service and per node with subject permissions (the default)",
+    )
 
 
 def _load(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -258,6 +264,12 @@ def render(summary: Summary, out: TextIO) -> None:
 def render_endpoints(endpoints: dict[str, Any], out: TextIO) -> None:
     print("\nEverything keeps running (Ctrl-C stops it all):", file=out)
     print(f"  NATS:        {endpoints['nats_url']}", file=out)
+    if endpoints["nats_user"]:
+        print(
+            f"               as {endpoints['nats_user']}, password in "
+            f"{endpoints['nats_password_file']}",
+            file=out,
+        )
     print(f"  API:         {endpoints['api_url']}", file=out)
     print(f"  kubectl:     KUBECONFIG={endpoints['kubeconfig']} kubectl get pods -o wide", file=out)
     if endpoints["dashboard_url"]:
@@ -300,6 +312,7 @@ async def run_up(args: argparse.Namespace) -> int:
             tenancy_file=tenancy_file,
             placer_args=("--profile", args.profile) if args.profile else (),
             log_level=args.log_level,
+            nats_permissions=not args.no_nats_permissions,
         ),
         say=progress.say,
     )

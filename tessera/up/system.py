@@ -46,6 +46,7 @@ from tessera.devcluster.kubelet import GpuCapacity, NodeSpec
 from tessera.devcluster.resources import LEASE, MUTATING_WEBHOOKS, NODE, VALIDATING_WEBHOOKS
 from tessera.up import report
 from tessera.up.certs import ServingCertificate, make_serving_certificate
+from tessera.up.identities import Identities, Identity
 from tessera.up.processes import Child, StartError, Supervisor, python_command
 from tessera.up.spec import NodePlan
 
@@ -111,6 +112,9 @@ class SystemOptions:
     nodes_per_process: int = 1
     """GPU nodes whose inventory and device plugin share one process (``tessera.up.agents``):
     1 for the chaos tests (a service killed alone), more for large benchmark clusters."""
+    nats_permissions: bool = True
+    """One NATS identity per service and per node, with ``shared.permissions``' subject
+    permissions (off: every process connects anonymously with every right)."""
 
 
 class LocalSystem:
@@ -141,6 +145,11 @@ class LocalSystem:
         self.nats_ports = [free_port() for _ in range(options.nats_servers)]
         self._route_ports = [free_port() for _ in range(options.nats_servers)]
         self.nats_url = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_ports)
+        self.identities = (
+            Identities(options.run_dir / "nats-auth", [plan.name for plan in self.gpu_nodes])
+            if options.nats_permissions
+            else None
+        )
         self.kubeconfig = options.run_dir / "kubeconfig"
         self.webhook_port = 0
         self.webhook_cert: ServingCertificate | None = None
@@ -208,7 +217,7 @@ class LocalSystem:
             self.supervisor.start(
                 "dashboard",
                 python_command("dashboard", *self._common()),
-                env=self.env,
+                env=self._env_as("dashboard"),
             )
         if self.options.webhook:
             self._start_webhook()
@@ -235,10 +244,17 @@ class LocalSystem:
                 "--routes",
                 routes,
             ]
+        config: list[str] = []
+        if self.identities is not None:
+            path = self.identities.directory / "nats-server.conf"
+            path.write_text(self.identities.server_config())
+            os.chmod(path, 0o600)  # it holds every password
+            config = ["-c", str(path)]
         return self.supervisor.start(
             name,
             [
                 nats_server_binary(),
+                *config,
                 "-a",
                 "127.0.0.1",
                 "-p",
@@ -269,13 +285,33 @@ class LocalSystem:
         deadline = time.monotonic() + timeout
         while True:
             try:
+                admin = self.identities.of("admin").security() if self.identities else None
                 return await NatsBus.connect(
-                    self.nats_url, name="tessera-up", replicas=len(self.nats_ports)
+                    self.nats_url,
+                    name="tessera-up",
+                    replicas=len(self.nats_ports),
+                    security=admin,
                 )
             except Exception as error:
                 if time.monotonic() > deadline:
                     raise StartError(f"NATS JetStream not ready: {error}") from None
                 await asyncio.sleep(0.5)
+
+    def identity(self, role: str, node: str | None = None) -> Identity | None:
+        """The NATS identity of ``role`` (on ``node``); None when permissions are off."""
+        return self.identities.of(role, node) if self.identities is not None else None
+
+    def _env_as(self, role: str, node: str | None = None) -> dict[str, str]:
+        identity = self.identity(role, node)
+        return {**self.env, **identity.env()} if identity is not None else self.env
+
+    def _login_as(self, role: str, node: str) -> list[str]:
+        """The options that log a per-node service in as its own identity (options, not the
+        environment: several nodes' services may share one process)."""
+        identity = self.identity(role, node)
+        if identity is None:
+            return []
+        return ["--nats-user", identity.user, "--nats-password-file", str(identity.password_file)]
 
     def _common(self) -> list[str]:
         """The options of every service on the bus."""
@@ -310,6 +346,7 @@ class LocalSystem:
                 "--fake-gpus",
                 plan.fake_gpus,
                 *self._common(),
+                *self._login_as("inventory", plan.name),
                 *self.options.inventory_args,
             ],
             f"deviceplugin/{plan.name}": [
@@ -327,6 +364,7 @@ class LocalSystem:
                 "--plugin-id",
                 f"deviceplugin-{plan.name}",
                 *self._common(),
+                *self._login_as("deviceplugin", plan.name),
                 *self.options.plugin_args,
             ],
         }
@@ -439,7 +477,7 @@ class LocalSystem:
                 *self._common(),
                 *self.options.binder_args,
             ),
-            env=self.env,
+            env=self._env_as("binder"),
         )
 
     def _start_placer(self, name: str) -> None:
@@ -449,7 +487,7 @@ class LocalSystem:
         self.supervisor.start(
             name,
             python_command("placer", *args, *self._common(), *self.options.placer_args),
-            env=self.env,
+            env=self._env_as("placer"),
         )
 
     # --- readiness ------------------------------------------------------------------------------
@@ -529,6 +567,16 @@ class LocalSystem:
         allocatable = ((obj or {}).get("status") or {}).get("allocatable") or {}
         return {k: int(v) for k, v in allocatable.items() if k.startswith("tessera.dev/")}
 
+    def bus_violations(self) -> list[str]:
+        """The permission violations nats-server logged (an identity refused a subject): none
+        while every service works within its permissions."""
+        log = self.supervisor.children["nats-server"].log
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if " Violation - " in line]
+
     # --- chaos ----------------------------------------------------------------------------------
 
     def kill(self, name: str) -> None:
@@ -604,8 +652,11 @@ class LocalSystem:
             if self.supervisor.child(name).alive
         }
         dashboard = ports.get("dashboard")
+        admin = self.identity("admin")
         return {
             "nats_url": self.nats_url,
+            "nats_user": admin.user if admin else "",
+            "nats_password_file": str(admin.password_file) if admin else "",
             "api_url": self.cluster.url,
             "kubeconfig": str(self.kubeconfig),
             "dashboard_url": f"http://127.0.0.1:{dashboard}/" if dashboard else "",

@@ -121,7 +121,9 @@ def record(
     state: str = "reserved",
     decided_at: float = DECIDED_AT,
     bound_at: float | None = None,
+    commit: str | None = None,
 ) -> AssignmentRecord:
+    """A record of commit ``commit`` (default ``commit-<uid>``)."""
     return AssignmentRecord(
         pod_uid=uid,
         namespace=namespace,
@@ -132,6 +134,7 @@ def record(
         decided_at=decided_at,
         placer_id="placer-test",
         bound_at=bound_at,
+        commit=f"commit-{uid}" if commit is None else commit,
     )
 
 

@@ -473,6 +473,30 @@ async def test_a_pod_held_at_the_gate_too_long_fails_back_to_the_placer(
     assert (await get_record(bus, second.pod_uid)).state == "reserved"  # type: ignore[union-attr]
 
 
+async def test_a_forged_bound_record_holds_no_real_pod_at_the_gate(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """Issue 19: a made-up bound record (no claim, no booking behind it) on the pod's node with
+    the same device count and other slices held a real pod at the gate until it timed out."""
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    api.create(NODE, node())
+    ghost = record("ghost", "ghost", slices("main", (0, 1, 1)), state="bound", bound_at=1.0)
+    await bus.kv_put(
+        subjects.KV_ASSIGNMENTS,
+        subjects.assignment_key(ghost.node, ghost.pod_uid),
+        codec.encode(ghost),
+    )
+    async with start_binder(gate_timeout_s=5.0) as binder:
+        real = record(uid_of(api.create(POD, pod("real"))), "real", slices("main", (1, 1, 1)))
+        await put_record(bus, real)
+        await publish_decision(bus, real)
+        await eventually(lambda: len(results.deliveries) == 1, timeout=4.0, what="a result")
+        ignored = binder.metric("tessera_binder_gate_ignored_total")
+    (result,) = results.decoded(BindingResult)
+    assert (result.name, result.outcome) == ("real", "bound"), result
+    assert ignored == 1
+
+
 async def test_node_facts_follow_nodes_and_the_pods_on_them(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:

@@ -140,7 +140,15 @@ def test_an_empty_tenancy_is_a_valid_one() -> None:
 
 
 def test_external_tls_without_a_ca_secret_trusts_the_images_store() -> None:
-    objects = render({"nats": {"url": "tls://nats.example.com:4222", "tls": {"enabled": True}}})
+    objects = render(
+        {
+            "nats": {
+                "url": "tls://nats.example.com:4222",
+                "tls": {"enabled": True},
+                "auth": {"type": "none"},
+            }
+        }
+    )
     (placer,) = [c for c in containers(objects) if c.spec["name"] == "placer"]
     assert option_values(placer.args())["--nats-url"] == "tls://nats.example.com:4222"
     assert not [a for a in placer.args() if a.startswith("--nats-tls-")]

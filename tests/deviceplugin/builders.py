@@ -63,7 +63,10 @@ def record(
     bound_at: float = 1_700_000_100.0,
     node: str = NODE,
     allocated: tuple[ContainerAllocation, ...] = (),
+    commit: str | None = None,
 ) -> AssignmentRecord:
+    """A record of commit ``commit`` (default ``commit-<uid>``; ``tests.harness.commits`` writes
+    that commit's claim and booking)."""
     return AssignmentRecord(
         pod_uid=uid,
         namespace="ml",
@@ -75,4 +78,5 @@ def record(
         placer_id="placer-0",
         bound_at=bound_at if state != "reserved" else None,
         allocated=allocated,
+        commit=f"commit-{uid}" if commit is None else commit,
     )

@@ -25,6 +25,7 @@ from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
 from tests.deviceplugin.builders import NODE
 from tests.deviceplugin.fake_kubelet import FakeKubelet
+from tests.harness.commits import commit
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 
@@ -123,7 +124,9 @@ async def put_inventory(bus: Bus, inventory: NodeInventory) -> None:
 
 
 async def put_record(bus: Bus, record: AssignmentRecord) -> int:
-    """Write an assignment record the way the binder does; returns its revision."""
+    """Commit ``record`` (its claim and booking, as the placer writes them first) and write it
+    the way the binder does; returns its revision."""
+    await commit(bus, record)
     return await bus.kv_put(
         subjects.KV_ASSIGNMENTS,
         subjects.assignment_key(record.node, record.pod_uid),

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from services.deviceplugin._proto import api_pb2, api_pb2_grpc
+from tessera.devcluster.kubelet import KUBELET_CHECKPOINT
 
 
 class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -65,10 +66,12 @@ class FakeKubelet:
             await server.stop(0)
 
     async def restart(self) -> None:
-        """Stop, wipe the plugin directory's sockets (as the kubelet does), serve again."""
+        """Stop, wipe the plugin directory (as the kubelet's device manager does at start:
+        every file but its checkpoint, subdirectories kept), serve again."""
         await self.stop()
         for path in self.plugin_dir.iterdir():
-            path.unlink()
+            if not path.is_dir() and path.name != KUBELET_CHECKPOINT:
+                path.unlink()
         await self.start()
 
     async def registered(self, timeout: float = 10.0) -> Any:

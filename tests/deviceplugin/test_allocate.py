@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,6 +18,7 @@ from services.deviceplugin.allocate import (
 )
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation
 from shared.messages.inventory import GpuTelemetry
+from shared.messages.ledger import NodeLedger, PodClaim
 from tests.deviceplugin.builders import (
     GPU_RESOURCE,
     MEMORY_RESOURCE,
@@ -27,6 +29,7 @@ from tests.deviceplugin.builders import (
     share,
     uuid,
 )
+from tests.harness.commits import booking_of, claim_of, ledger_of
 
 GPUS = {g.uuid: g for g in (gpu(0, memory_mib=16_384), gpu(1, memory_mib=24_576), gpu(2))}
 NOW = 1_700_000_500.0
@@ -53,7 +56,11 @@ def plan(
     gpus: dict[str, GpuTelemetry] = GPUS,
     resource: str = GPU_RESOURCE,
     advertised: frozenset[str] = ADVERTISED,
+    claims: dict[str, PodClaim] | None = None,
+    ledger: NodeLedger | None = None,
 ) -> Allocation | Refusal:
+    """Plan over ``records``, each committed (its claim and booking held) unless ``claims`` and
+    ``ledger`` say otherwise."""
     return allocate.plan_allocation(
         device_ids,
         views(*records),
@@ -64,6 +71,8 @@ def plan(
         options=options,
         now=NOW,
         plugin_id="dp-test",
+        claims={r.pod_uid: claim_of(r) for r in records} if claims is None else claims,
+        ledger=(ledger_of(*records) if records else None) if ledger is None else ledger,
     )
 
 
@@ -343,6 +352,73 @@ def test_pre_start_check(
         assert refusal is None
     else:
         assert refusal is not None and says in refusal.message
+
+
+# --- only committed records (issue 19) -----------------------------------------------------------
+
+REAL = record("real", container("main", share(0, memory_mib=16_384, cores=100)))
+"""A pod holding GPU 0 whole, committed."""
+FORGED = record("ghost", container("main", share(0, memory_mib=1024, cores=10)), commit="c-x")
+"""A well-formed bound record of a pod that does not exist, on the GPU ``REAL`` holds whole."""
+
+
+def with_claim(target: AssignmentRecord, **changes: object) -> dict[str, PodClaim]:
+    return {target.pod_uid: msgspec.structs.replace(claim_of(target), **changes)}
+
+
+MOVED = msgspec.structs.replace(REAL, node="gpu-node-2.example.com")
+UNCOMMITTED: list[tuple[AssignmentRecord, dict[str, PodClaim], NodeLedger, str]] = [
+    (FORGED, {}, ledger_of(REAL), "no placer claimed pod ml/pod-ghost"),
+    (
+        FORGED,
+        with_claim(FORGED, booking=booking_of(REAL)),
+        ledger_of(REAL),
+        "names commit commit-real, the record c-x",
+    ),
+    (FORGED, with_claim(FORGED, state="requeued"), ledger_of(FORGED), "is requeued, not placed"),
+    (FORGED, with_claim(FORGED), ledger_of(REAL), "ledger holds nothing for pod ml/pod-ghost"),
+    (
+        msgspec.structs.replace(REAL, containers=FORGED.containers),
+        with_claim(REAL),
+        ledger_of(REAL),
+        "slices of pod ml/pod-real are not the ones commit commit-real booked",
+    ),
+    (
+        msgspec.structs.replace(FORGED, commit=""),
+        with_claim(FORGED),
+        ledger_of(FORGED),
+        "no commit",
+    ),
+    (MOVED, with_claim(REAL), ledger_of(REAL), "is node gpu-node-1.example.com's"),
+]
+
+
+@pytest.mark.parametrize(
+    ("forged", "claims", "ledger", "says"),
+    UNCOMMITTED,
+    ids=[
+        "no-claim",
+        "claim-of-another-commit",
+        "requeued",
+        "not-booked",
+        "other-slices",
+        "no-commit",
+        "moved-to-another-node",
+    ],
+)
+def test_a_record_that_matches_no_commit_is_refused_with_the_reason(
+    forged: AssignmentRecord, claims: dict[str, PodClaim], ledger: NodeLedger, says: str
+) -> None:
+    result = plan(ids(0, 0), forged, claims=claims, ledger=ledger)
+    assert isinstance(result, Refusal) and result.kind == "uncommitted", result
+    assert says in result.message
+
+
+def test_a_forged_older_record_never_blocks_the_committed_one() -> None:
+    forged = msgspec.structs.replace(FORGED, bound_at=REAL.bound_at - 50.0)  # older: first pick
+    result = granted(plan(ids(0, 3), forged, REAL, claims=with_claim(REAL), ledger=ledger_of(REAL)))
+    assert result.claimed.record.pod_uid == "real"
+    assert result.grant.envs["TESSERA_GPU_MEMORY_LIMIT_MIB"] == "16384"
 
 
 # --- properties -------------------------------------------------------------------------------

@@ -74,6 +74,32 @@ async def test_an_allocate_during_a_nats_restart_waits_and_is_granted_once(
     assert [a.device_ids for a in stored.allocated] == [DEVICES], "claimed exactly once"
 
 
+async def test_a_claim_not_read_yet_when_nats_restarts_is_read_once_it_is_back(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    """The plugin reads a pod's claim when its record arrives; when that read found nothing yet
+    (or had not happened) and NATS then restarts, Allocate waits for NATS and reads it again
+    rather than refusing the pod as uncommitted."""
+    await put_inventory(bus, inventory(gpu(0)))
+    late = record("late-claim", container("main", share(0)))
+    await put_record(bus, late)
+    claim = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
+    assert claim is not None
+    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
+    async with service_on(bus, nats_wait_s=60) as (service, _):
+        await until(lambda: bool(service.held_records), what="the record held")
+        await asyncio.sleep(0.3)  # its claim was read, and found missing
+        await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid), claim.value)
+        nats_server.kill()
+        await until(lambda: not bus.connected, what="the outage")
+        waiting = asyncio.ensure_future(service.allocate([DEVICES]))
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "it waits for NATS instead of refusing"
+        nats_server.start()
+        granted = await asyncio.wait_for(waiting, timeout=40)
+    assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+
+
 class LostAnswerBus:
     """The real bus, except that the first compare-and-set's answer is lost (it lands or not, as
     told) and the next ``unreadable`` reads fail as when NATS is still unreachable."""
@@ -96,7 +122,8 @@ class LostAnswerBus:
         return await self._bus.kv_update(bucket, key, value, revision=revision)
 
     async def kv_get(self, bucket: str, key: str) -> Any:
-        if self.unreadable > 0:
+        # Reading the record back fails; the claim and ledger were read when it arrived.
+        if self.unreadable > 0 and bucket == subjects.KV_ASSIGNMENTS:
             self.unreadable -= 1
             raise BusUnavailableError("not connected to NATS (test)")
         return await self._bus.kv_get(bucket, key)

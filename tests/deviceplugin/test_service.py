@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from services.deviceplugin.allocate import ContainerGrant, Refusal, ResponseOptions
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.devices import DeviceConfig
+from services.deviceplugin.grants import GrantFile, state_file
 from services.deviceplugin.metrics import PluginMetrics
 from services.deviceplugin.service import DevicePluginService
 from shared import codec, subjects
@@ -78,9 +80,40 @@ async def service_on(
     readiness: Readiness | None = None,
     ready: Callable[[], bool] | None = None,
     nats_wait_s: float = 0.0,
+    record_wait_s: float = 0.2,
+    plugin_dir: Path | None = None,
 ) -> AsyncIterator[tuple[DevicePluginService, CollectorRegistry]]:
     """The service without gRPC, following records and inventory; entered once ``ready()``
-    (default: every readiness check passes)."""
+    (default: every readiness check passes). ``plugin_dir`` keeps its state file (default: a
+    fresh directory)."""
+    with contextlib.ExitStack() as cleanup:
+        if plugin_dir is None:
+            plugin_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="dp-")))
+        async with _service_on(
+            bus,
+            clock,
+            devices=devices,
+            readiness=readiness,
+            ready=ready,
+            nats_wait_s=nats_wait_s,
+            record_wait_s=record_wait_s,
+            plugin_dir=plugin_dir,
+        ) as running:
+            yield running
+
+
+@contextlib.asynccontextmanager
+async def _service_on(
+    bus: Any,
+    clock: Clock | None,
+    *,
+    devices: DeviceConfig | None,
+    readiness: Readiness | None,
+    ready: Callable[[], bool] | None,
+    nats_wait_s: float,
+    record_wait_s: float,
+    plugin_dir: Path,
+) -> AsyncIterator[tuple[DevicePluginService, CollectorRegistry]]:
     registry = CollectorRegistry()
     clock = clock or SystemClock()
     readiness = readiness or Readiness()
@@ -89,9 +122,9 @@ async def service_on(
             node=NODE,
             devices=devices or DeviceConfig(),
             response=ResponseOptions(),
-            plugin_dir=Path("/nonexistent"),
+            plugin_dir=plugin_dir,
             endpoint="unused.sock",
-            record_wait_s=0.2,
+            record_wait_s=record_wait_s,
             nats_wait_s=nats_wait_s,
             plugin_id="svc-test",
         ),
@@ -100,11 +133,14 @@ async def service_on(
         clock=clock,
         metrics=PluginMetrics.create(registry),
         readiness=readiness,
+        grants=GrantFile(state_file(plugin_dir, "unused.sock")),
     )
     async with asyncio.TaskGroup() as group:
         tasks = [
             group.create_task(service.follow_records()),
             group.create_task(service.follow_inventory()),
+            group.create_task(service.follow_commits()),
+            group.create_task(service.keep_grants()),
         ]
         await until(ready or (lambda: readiness.ready), what=f"service ready {readiness.report()}")
         try:

@@ -55,3 +55,6 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loca
         yield local
     finally:
         await local.stop()
+    # Every service did its job within its NATS permissions (one identity each, per node for
+    # the device plugins and inventories): the server refused nothing.
+    assert local.bus_violations() == []

@@ -28,9 +28,11 @@ def options(tmp_path: Path, **overrides: object) -> SystemOptions:
     return SystemOptions(**(fields | overrides))  # type: ignore[arg-type]
 
 
-def each_outage_ended(report: ChaosReport, count: int) -> None:
+def each_outage_ended(system: LocalSystem, report: ChaosReport, count: int) -> None:
     assert len(report.outages) == count, report.log
     assert all(o.up_at < float("inf") for o in report.outages), report.log
+    # Through every kill and restart, each service stayed within its NATS permissions.
+    assert system.bus_violations() == []
     # Every replaced pod was explained by an outage (chaos_run asserts it); say how many.
     print(f"{len(report.replaced)} pods replaced: {[f.name for f in report.replaced]}")
 
@@ -38,7 +40,7 @@ def each_outage_ended(report: ChaosReport, count: int) -> None:
 async def test_every_pod_runs_with_its_slices_through_kills_of_every_kind(tmp_path: Path) -> None:
     async with LocalSystem(options(tmp_path)) as system:
         report = await chaos_run(system, pods=150, seed=7, window_s=8.0)
-    each_outage_ended(report, 4)
+    each_outage_ended(system, report, 4)
 
 
 async def test_nats_losing_its_whole_store_loses_no_pod_and_over_commits_nothing(
@@ -51,7 +53,7 @@ async def test_nats_losing_its_whole_store_loses_no_pod_and_over_commits_nothing
         report = await chaos_run(
             system, pods=120, seed=11, window_s=8.0, targets=("nats-store", "placer")
         )
-    each_outage_ended(report, 2)
+    each_outage_ended(system, report, 2)
 
 
 async def test_one_of_three_nats_servers_killed_loses_nothing(tmp_path: Path) -> None:
@@ -61,4 +63,4 @@ async def test_one_of_three_nats_servers_killed_loses_nothing(tmp_path: Path) ->
         report = await chaos_run(
             system, pods=120, seed=5, window_s=8.0, targets=("nats-server", "placer")
         )
-    each_outage_ended(report, 2)
+    each_outage_ended(system, report, 2)

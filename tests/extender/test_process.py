@@ -1,6 +1,8 @@
 """Extender mode with the real processes: ``tessera placer --extender-port`` and ``tessera
-binder --extender-scheduler-names`` over a real nats-server, against the Kubernetes API test
-double; a taken extender port stops the placer at start with one line naming the option (exit 2)."""
+binder --extender-scheduler-names`` over a real nats-server, each under its own NATS identity and
+subject permissions (the placer asks the binder for the pod, the binder answers to the placer's
+inbox), against the Kubernetes API test double; a taken extender port stops the placer at start
+with one line naming the option (exit 2)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from shared.runtime.bus import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NODE, POD
+from tessera.up.identities import Identities
 from tests.binder.builders import container, node, pod
 from tests.binder.conftest import eventually
 from tests.binder.test_command import ROOT, Process
@@ -21,7 +23,7 @@ from tests.harness.nats import NatsServer, environment_without_proxies
 from tests.placer import wire
 
 
-async def spawn(service: str, *args: str) -> Process:
+async def spawn(service: str, *args: str, env: dict[str, str] | None = None) -> Process:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -33,7 +35,7 @@ async def spawn(service: str, *args: str) -> Process:
         "0",
         *args,
         cwd=ROOT,
-        env=environment_without_proxies(),
+        env={**environment_without_proxies(), **(env or {})},
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -47,10 +49,24 @@ def extender_port(placer: Process) -> int:
 
 
 async def test_the_processes_filter_and_bind_a_pod_kube_scheduler_sends(
-    api: ApiServer, nats_server: NatsServer, bus: NatsBus, kubeconfig: Path
+    api: ApiServer, kubeconfig: Path, tmp_path: Path
+) -> None:
+    identities = Identities(tmp_path / "auth", ["gpu-1"])
+    with NatsServer(identities.server_config()) as nats_server:
+        await _filter_and_bind(api, kubeconfig, nats_server, identities)
+        log = (nats_server.directory / "server.log").read_text()
+    assert " Violation - " not in log
+
+
+async def _filter_and_bind(
+    api: ApiServer, kubeconfig: Path, nats_server: NatsServer, identities: Identities
 ) -> None:
     api.create(NODE, node("gpu-1", gpus=8))
-    await wire.put_inventory(bus, wire.inventory("gpu-1", 2, at=time.time()))
+    inventory = await identities.connect(nats_server.url, "inventory", "gpu-1")
+    try:
+        await wire.put_inventory(inventory, wire.inventory("gpu-1", 2, at=time.time()))
+    finally:
+        await inventory.drain()
     binder = await spawn(
         "binder",
         "--nats-url",
@@ -60,6 +76,7 @@ async def test_the_processes_filter_and_bind_a_pod_kube_scheduler_sends(
         "--no-leader-elect",
         "--extender-scheduler-names",
         "tessera-extender",
+        env=identities.of("binder").env(),
     )
     placer = await spawn(
         "placer",
@@ -71,6 +88,7 @@ async def test_the_processes_filter_and_bind_a_pod_kube_scheduler_sends(
         "15",
         "--inventory-stale-s",
         "3600",
+        env=identities.of("placer").env(),
     )
     try:
         await eventually(

@@ -164,9 +164,12 @@ class OperatorMode:
     creds: str
 
 
-def operator_mode(*, user_expires_at: float | None = None) -> OperatorMode:
+def operator_mode(
+    *, user_expires_at: float | None = None, user_permissions: dict[str, Any] | None = None
+) -> OperatorMode:
     """Operator -> account (JetStream enabled) -> user, with a memory resolver and the system
-    account JetStream needs; the user's JWT expires at ``user_expires_at`` when given."""
+    account JetStream needs; the user's JWT expires at ``user_expires_at`` when given, and
+    carries ``user_permissions`` (its ``pub``, ``sub`` and ``resp`` claims) when given."""
     operator_seed, operator = new_nkey(nkeys.PREFIX_BYTE_OPERATOR)
     account_seed, account = new_nkey(nkeys.PREFIX_BYTE_ACCOUNT)
     user_seed, user = new_nkey(nkeys.PREFIX_BYTE_USER)
@@ -207,7 +210,9 @@ def operator_mode(*, user_expires_at: float | None = None) -> OperatorMode:
         "iss": account,
         "sub": user,
         "name": "tessera-service",
-        "nats": {"type": "user", "version": 2, "pub": {}, "sub": {}} | unlimited,
+        "nats": {"type": "user", "version": 2, "pub": {}, "sub": {}}
+        | unlimited
+        | (user_permissions or {}),
     }
     if user_expires_at is not None:
         user_claims["exp"] = int(user_expires_at)

@@ -234,6 +234,38 @@ def test_reconciliation_leaves_what_may_still_be_in_flight() -> None:
     ]
 
 
+def forged(node: str = "n1", commit_id: str = "c-made-up", **changes: object) -> RecordFacts:
+    """A live record no placer committed, first seen by this placer at ``NOW``."""
+    return msgspec.structs.replace(
+        facts_of("bound", commit_id, node), seen_at=NOW, bound_at=NOW, **changes
+    )
+
+
+@pytest.mark.parametrize(
+    ("claims", "record"),
+    [
+        pytest.param({}, forged(), id="no-claim"),
+        pytest.param({}, forged(commit_id=""), id="no-claim-no-commit"),
+        pytest.param({}, forged(decided_at=NOW + 10 * 365 * 86400.0), id="dated-years-ahead"),
+        pytest.param({"a": claim("placed")}, forged(commit_id=""), id="claimed-no-commit"),
+        # The real commit's id, on another node than the one it booked.
+        pytest.param({"a": claim("placed")}, forged("n2", A.commit), id="real-commit-moved"),
+    ],
+)
+def test_a_live_record_no_placer_committed_is_swept_once_known_for_the_grace(
+    claims: dict[str, PodClaim], record: RecordFacts
+) -> None:
+    """Issue 19: forged records stayed forever. The placer owns releases and holds every claim,
+    so it releases a live record no claim names (on its node) once it has known it for the
+    grace period, whatever date the record gives itself."""
+    ledgers = {"n1": (A,)} if claims else {}
+    early = commit.plan_repairs(ledgers, claims, [record], now=NOW + 5, grace_s=10)
+    assert [r.kind for r in early if r.kind == "release-record"] == []
+    late = commit.plan_repairs(ledgers, claims, [record], now=NOW + 10, grace_s=10)
+    released = [r for r in late if r.kind == "release-record"]
+    assert released == [Repair(kind="release-record", pod_uid="a", record_key=record.key)]
+
+
 def test_message_ids_name_the_commit() -> None:
     assert commit.decision_msg_id(A) == f"decision.a.{A.commit}"
     assert commit.requeue_msg_id(A) == f"requeue.a.{A.commit}"

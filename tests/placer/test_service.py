@@ -31,6 +31,7 @@ from shared.messages.pods import PlacementHints
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery, NatsBus
 from tests.harness.nats import NatsServer
+from tests.harness.wait import eventually
 from tests.placer import wire
 from tests.placer.conftest import (
     PlacerFactory,
@@ -478,6 +479,40 @@ async def test_half_done_commits_are_repaired_before_ready(
         assert {d.pod_uid for d in await decisions(bus)} == {"unclaimed", "unrecorded"}
         assert placer.metric("tessera_placer_repairs_total", kind="roll-forward") == 1
         assert placer.metric("tessera_placer_repairs_total", kind="create-record") == 1
+
+
+async def test_a_record_no_placer_committed_is_released_by_reconciliation(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    """Issue 19: a made-up bound record (no claim, no booking) stayed forever."""
+    await wire.put_node(bus, "n1", 2)
+    ghost = AssignmentRecord(
+        pod_uid="ghost",
+        namespace="default",
+        name="ghost",
+        node="n1",
+        containers=translate.record_of(_booking("ghost", "n1", "c-ghost")).containers,
+        state="bound",
+        decided_at=time.time() + 10 * 365 * 86400.0,  # dates itself years ahead
+        placer_id="nobody",
+        bound_at=time.time(),
+        commit="c-ghost",
+    )
+    key = subjects.assignment_key("n1", "ghost")
+    await bus.kv_put(subjects.KV_ASSIGNMENTS, key, codec.encode(ghost))
+    async with start_placer(reconcile_interval_s=0.5) as placer:
+
+        async def released() -> bool:
+            entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+            return entry is not None and codec.decode(entry.value, AssignmentRecord).state == (
+                "released"
+            )
+
+        await eventually(released, timeout=15, what="the made-up record released")
+        await eventually(
+            lambda: placer.metric("tessera_placer_repairs_total", kind="release-record") == 1,
+            what="the release counted",
+        )
 
 
 async def test_quota_charges_are_derived_again_from_placements_before_ready(

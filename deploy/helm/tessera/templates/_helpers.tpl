@@ -98,12 +98,23 @@ existing single server).
 {{- end }}
 
 {{/*
+The Tessera services that log in to NATS, each as itself with nats.auth.type=per-service (the
+roles of shared/permissions.py; the chart's tests check the two lists agree).
+*/}}
+{{- define "tessera.natsRoles" -}}
+{{- list "placer" "binder" "dashboard" "inventory" "deviceplugin" | toJson }}
+{{- end }}
+
+{{/*
 The one credential file a service reads for nats.auth.type: its Secret key and the setting
-that names the file. user-password also sends the user name (through secretKeyRef).
+that names the file. Takes root and service. user-password also sends the user name (through
+secretKeyRef); per-service, the service's own password (its user name is the service's).
 */}}
 {{- define "tessera.natsAuthFile" -}}
-{{- $auth := .Values.nats.auth }}
-{{- if eq $auth.type "user-password" }}
+{{- $auth := .root.Values.nats.auth }}
+{{- if eq $auth.type "per-service" }}
+{{- dict "key" .service "setting" "nats-password-file" | toJson }}
+{{- else if eq $auth.type "user-password" }}
 {{- dict "key" $auth.secretKeys.password "setting" "nats-password-file" | toJson }}
 {{- else if eq $auth.type "token" }}
 {{- dict "key" $auth.secretKeys.token "setting" "nats-token-file" | toJson }}
@@ -134,7 +145,7 @@ file paths reach the command line, never secrets.
 {{- end -}}
 {{- $args = concat $args (list (printf "--http-port=%v" $v.httpPort) (printf "--log-level=%s" $v.logLevel) (printf "--log-format=%s" $v.logFormat)) -}}
 {{- if not .noNats -}}
-{{- $file := include "tessera.natsAuthFile" .root | fromJson -}}
+{{- $file := include "tessera.natsAuthFile" . | fromJson -}}
 {{- if $file.setting -}}
 {{- $args = append $args (printf "--%s=%s/%s" $file.setting (include "tessera.natsAuthDir" .root) $file.key) -}}
 {{- end -}}
@@ -154,28 +165,36 @@ file paths reach the command line, never secrets.
 {{- concat $args (.args | default list) (.extraArgs | default list) | toJson -}}
 {{- end }}
 
-{{/* Environment every Tessera container gets, as a JSON list (the NATS user from the Secret). */}}
+{{/*
+Environment every Tessera container gets, as a JSON list: the NATS user (from the Secret with
+user-password; the service's own name with per-service). Takes root and service.
+*/}}
 {{- define "tessera.natsEnv" -}}
 {{- $env := list -}}
-{{- if eq .Values.nats.auth.type "user-password" -}}
-{{- $ref := dict "name" (include "tessera.natsAuthSecret" .) "key" .Values.nats.auth.secretKeys.user -}}
+{{- $v := .root.Values -}}
+{{- if eq $v.nats.auth.type "user-password" -}}
+{{- $ref := dict "name" (include "tessera.natsAuthSecret" .root) "key" $v.nats.auth.secretKeys.user -}}
 {{- $env = append $env (dict "name" "TESSERA_NATS_USER" "valueFrom" (dict "secretKeyRef" $ref)) -}}
+{{- else if eq $v.nats.auth.type "per-service" -}}
+{{- $env = append $env (dict "name" "TESSERA_NATS_USER" "value" .service) -}}
 {{- end -}}
 {{- $env | toJson -}}
 {{- end }}
 
+{{/* Mounts of the NATS credential and TLS files, as a JSON list. Takes root and service. */}}
 {{- define "tessera.natsVolumeMounts" -}}
 {{- $mounts := list -}}
+{{- $root := .root -}}
 {{- $file := include "tessera.natsAuthFile" . | fromJson -}}
 {{- if $file.setting -}}
-{{- $mounts = append $mounts (dict "name" "nats-auth" "mountPath" (include "tessera.natsAuthDir" .) "readOnly" true) -}}
+{{- $mounts = append $mounts (dict "name" "nats-auth" "mountPath" (include "tessera.natsAuthDir" $root) "readOnly" true) -}}
 {{- end -}}
-{{- if .Values.nats.tls.enabled -}}
-{{- if include "tessera.natsCaSecret" . -}}
-{{- $mounts = append $mounts (dict "name" "nats-ca" "mountPath" (include "tessera.natsCaDir" .) "readOnly" true) -}}
+{{- if $root.Values.nats.tls.enabled -}}
+{{- if include "tessera.natsCaSecret" $root -}}
+{{- $mounts = append $mounts (dict "name" "nats-ca" "mountPath" (include "tessera.natsCaDir" $root) "readOnly" true) -}}
 {{- end -}}
-{{- if .Values.nats.tls.clientSecret -}}
-{{- $mounts = append $mounts (dict "name" "nats-client-cert" "mountPath" (include "tessera.natsClientCertDir" .) "readOnly" true) -}}
+{{- if $root.Values.nats.tls.clientSecret -}}
+{{- $mounts = append $mounts (dict "name" "nats-client-cert" "mountPath" (include "tessera.natsClientCertDir" $root) "readOnly" true) -}}
 {{- end -}}
 {{- end -}}
 {{- $mounts | toJson -}}
@@ -183,24 +202,26 @@ file paths reach the command line, never secrets.
 
 {{/*
 Volumes of the NATS credential and TLS files. Key files are readable by the pod's group only
-(defaultMode 288 = 0440, group = fsGroup), never world-readable.
+(defaultMode 288 = 0440, group = fsGroup), never world-readable; with per-service, a pod gets
+its own service's password and no other. Takes root and service.
 */}}
 {{- define "tessera.natsVolumes" -}}
 {{- $volumes := list -}}
+{{- $root := .root -}}
 {{- $file := include "tessera.natsAuthFile" . | fromJson -}}
 {{- if $file.setting -}}
-{{- $secret := dict "secretName" (include "tessera.natsAuthSecret" .) "defaultMode" 288 "items" (list (dict "key" $file.key "path" $file.key)) -}}
+{{- $secret := dict "secretName" (include "tessera.natsAuthSecret" $root) "defaultMode" 288 "items" (list (dict "key" $file.key "path" $file.key)) -}}
 {{- $volumes = append $volumes (dict "name" "nats-auth" "secret" $secret) -}}
 {{- end -}}
-{{- if .Values.nats.tls.enabled -}}
-{{- if include "tessera.natsCaSecret" . -}}
-{{- $key := .Values.nats.tls.caKey -}}
-{{- $ca := dict "secretName" (include "tessera.natsCaSecret" .) "defaultMode" 292 "items" (list (dict "key" $key "path" $key)) -}}
+{{- if $root.Values.nats.tls.enabled -}}
+{{- if include "tessera.natsCaSecret" $root -}}
+{{- $key := $root.Values.nats.tls.caKey -}}
+{{- $ca := dict "secretName" (include "tessera.natsCaSecret" $root) "defaultMode" 292 "items" (list (dict "key" $key "path" $key)) -}}
 {{- $volumes = append $volumes (dict "name" "nats-ca" "secret" $ca) -}}
 {{- end -}}
-{{- if .Values.nats.tls.clientSecret -}}
+{{- if $root.Values.nats.tls.clientSecret -}}
 {{- $items := list (dict "key" "tls.crt" "path" "tls.crt") (dict "key" "tls.key" "path" "tls.key") -}}
-{{- $client := dict "secretName" .Values.nats.tls.clientSecret "defaultMode" 288 "items" $items -}}
+{{- $client := dict "secretName" $root.Values.nats.tls.clientSecret "defaultMode" 288 "items" $items -}}
 {{- $volumes = append $volumes (dict "name" "nats-client-cert" "secret" $client) -}}
 {{- end -}}
 {{- end -}}
@@ -227,11 +248,12 @@ readiness are /healthz and /readyz on the port named http, which is --http-port.
 {{- define "tessera.container" -}}
 {{- $root := .root -}}
 {{- $httpPort := dict "name" "http" "containerPort" (int $root.Values.httpPort) "protocol" "TCP" -}}
+{{- $nats := dict "root" $root "service" .service -}}
 {{- $env := .env | default list -}}
 {{- $mounts := list (dict "name" "tmp" "mountPath" "/tmp") -}}
 {{- if not .noNats -}}
-{{- $env = concat $env (include "tessera.natsEnv" $root | fromJsonArray) -}}
-{{- $mounts = concat $mounts (include "tessera.natsVolumeMounts" $root | fromJsonArray) -}}
+{{- $env = concat $env (include "tessera.natsEnv" $nats | fromJsonArray) -}}
+{{- $mounts = concat $mounts (include "tessera.natsVolumeMounts" $nats | fromJsonArray) -}}
 {{- end -}}
 {{- $mounts = concat $mounts (.volumeMounts | default list) -}}
 - name: {{ .service }}
@@ -309,7 +331,7 @@ tolerations:
 {{- end }}
 volumes:
   {{- $tmp := dict "name" "tmp" "emptyDir" (dict "medium" "Memory" "sizeLimit" "16Mi") }}
-  {{- $nats := ternary list (include "tessera.natsVolumes" $root | fromJsonArray) (.noNats | default false) }}
+  {{- $nats := ternary list (include "tessera.natsVolumes" (dict "root" $root "service" .component) | fromJsonArray) (.noNats | default false) }}
   {{- concat (list $tmp) $nats (.volumes | default list) | toYaml | nindent 2 }}
 {{- end }}
 
@@ -329,6 +351,9 @@ podAntiAffinity:
 {{- define "tessera.validate" -}}
 {{- $auth := .Values.nats.auth }}
 {{- $embedded := include "tessera.natsEmbedded" . }}
+{{- if and (not $embedded) (eq $auth.type "per-service") (not $auth.existingSecret) }}
+{{- fail "nats.auth.type=per-service with an external NATS (nats.url) needs nats.auth.existingSecret: a Secret with each service's password under its name (placer, binder, dashboard, inventory, deviceplugin), for the users you made on your server (`tessera nats-permissions` prints their permissions)" }}
+{{- end }}
 {{- if and $embedded (eq $auth.type "creds") }}
 {{- fail "nats.auth.type=creds needs an external NATS server (set nats.url): the embedded server has no operator or account resolver" }}
 {{- end }}

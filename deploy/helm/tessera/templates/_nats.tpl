@@ -9,7 +9,7 @@ Secret. Its own template so that the StatefulSet can carry a checksum of it.
 {{- $name := include "tessera.componentName" (dict "root" . "component" "nats") }}
 {{- $headless := printf "%s-headless" $name }}
 {{- $clustered := gt (int $n.replicas) 1 }}
-{{- $authFile := has $auth.type (list "user-password" "token") }}
+{{- $authFile := has $auth.type (list "user-password" "token" "per-service") }}
 nats.conf: |
   server_name: $POD_NAME
   listen: 0.0.0.0:4222
@@ -54,6 +54,13 @@ nats.conf: |
     ]
   }
   {{- end }}
+{{- if eq $auth.type "per-service" }}
+# Each Tessera service's subject permissions (files/nats-permissions.conf, generated from
+# shared/permissions.py); auth.sh puts them before the users that refer to them. The per-node
+# services' identities speak for every node ("*" for the node).
+permissions.conf: |
+  {{- .Files.Get "files/nats-permissions.conf" | replace "__NODE__" "*" | nindent 2 }}
+{{- end }}
 {{- if $authFile }}
 # Writes the server's authorization block from the mounted Secret. Values are quoted and
 # escaped, so any password or token works (digits only, spaces, quotes, backslashes); NATS's own
@@ -64,8 +71,17 @@ auth.sh: |
   out=/etc/nats/auth/auth.conf
   quote() { printf '"%s"' "$(sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' "$secret/$1")"; }
   {
+    {{- if eq $auth.type "per-service" }}
+    cat /etc/nats/config/permissions.conf
+    {{- end }}
     printf '%s\n' 'authorization {'
-    {{- if eq $auth.type "user-password" }}
+    {{- if eq $auth.type "per-service" }}
+    printf '%s\n' '  users = ['
+    {{- range $role := include "tessera.natsRoles" . | fromJsonArray }}
+    printf '    { user: "{{ $role }}", password: %s, permissions: ${{ printf "PERMISSIONS_%s" (upper $role) }} }\n' "$(quote {{ $role }})"
+    {{- end }}
+    printf '%s\n' '  ]'
+    {{- else if eq $auth.type "user-password" }}
     printf '  user: %s\n' "$(quote user)"
     printf '  password: %s\n' "$(quote password)"
     {{- else }}

@@ -1,0 +1,99 @@
+"""The device plugin's memory of what it granted, across its own restarts (issue 19).
+
+A plugin that restarted sees each record fresh: it cannot tell that a record now ``bound`` was
+``allocated`` by it before (a writer moved it backwards), and would grant its slices twice. So
+every grant is also written to a small state file, loaded at start before any record is taken
+(``allocate.granted_problem`` checks each record against it), and a key is forgotten once its
+record is released or gone from the bucket.
+
+Where: ``<plugin dir>/tessera-state/<endpoint>.granted.json``. The kubelet deletes every file of
+its device plugin directory when it starts (its sockets, and whatever else is there, but not
+subdirectories), so the file lives in a subdirectory, on the host path the plugin already has.
+
+The kubelet's PodResources API would tell which pods hold devices too, but it needs another host
+socket mounted and names pods, not records or commits; the plugin's own file answers exactly the
+question, and costs one small write per Allocate (no fsync: it must survive the plugin process,
+not the node, whose containers all start again after a crash).
+
+The write is not on the Allocate path: it took 0.5 ms at the median and 5 ms at p99 on a busy
+test VM's disk, the whole Allocate budget. The service answers the kubelet, then its writer
+task saves the grants of the last 50 ms in one write in a worker thread, and a stopping plugin
+writes what is left. So the file may trail the last grants by that much: a record moved
+backwards in that moment and the plugin killed (not stopped) in the same moment is the residue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from services.deviceplugin.allocate import Granted
+
+log = logging.getLogger(__name__)
+
+STATE_DIR: Final = "tessera-state"
+
+
+def state_file(plugin_dir: Path, endpoint: str) -> Path:
+    """Where the plugin serving ``endpoint`` in ``plugin_dir`` keeps what it granted."""
+    return plugin_dir / STATE_DIR / f"{endpoint}.granted.json"
+
+
+class GrantFile:
+    """Load and save the granted records (record key -> :class:`Granted`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._encoder = msgspec.json.Encoder()
+        self._decoder = msgspec.json.Decoder(dict[str, Granted])
+        self._lock = threading.Lock()
+        self._written = -1
+        """The generation last written: an older snapshot never replaces a newer one."""
+
+    def load(self) -> dict[str, Granted]:
+        """What the file holds; nothing when it is missing or cannot be read (logged)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as error:
+            log.error(
+                "cannot read the grant state file",
+                extra={"path": str(self.path), "error": str(error)},
+            )
+            return {}
+        try:
+            return self._decoder.decode(data)
+        except msgspec.DecodeError as error:
+            log.error(
+                "the grant state file does not decode; starting without it",
+                extra={"path": str(self.path), "error": str(error)},
+            )
+            return {}
+
+    def save(self, granted: Mapping[str, Granted], generation: int = 0) -> bool:
+        """Replace the file with ``granted``, snapshot number ``generation`` (write aside, then
+        rename; safe from any thread); False when it failed (logged): the grant stands, only a
+        restart could no longer see it."""
+        temporary = self.path.with_suffix(".tmp")
+        try:
+            with self._lock:
+                if generation < self._written:
+                    return True  # a newer snapshot is on disk already
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                temporary.write_bytes(self._encoder.encode(dict(granted)))
+                os.replace(temporary, self.path)
+                self._written = generation
+        except OSError as error:
+            log.error(
+                "cannot write the grant state file",
+                extra={"path": str(self.path), "error": str(error)},
+            )
+            return False
+        return True

@@ -1,0 +1,177 @@
+"""Issue 19 against the device plugin over a real nats-server: it grants only what a placer
+committed (the pod's claim names the record's commit, the node's ledger books its slices).
+
+Whoever may write ``tessera-assignments`` (a device plugin for its node, the binder, a bug) can
+write a well-formed record; only placers write claims and the ledger. The forgeries here are the
+ones the issue found granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import msgspec
+import pytest
+
+from services.deviceplugin.allocate import ContainerGrant, Refusal
+from services.deviceplugin.grants import GrantFile, state_file
+from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord
+from shared.runtime.bus import NatsBus
+from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
+from tests.deviceplugin.conftest import (
+    PluginFactory,
+    get_record,
+    put_inventory,
+    put_record,
+    until,
+)
+from tests.deviceplugin.fake_kubelet import FakeKubelet
+from tests.deviceplugin.test_hardening import dead_letters, next_letter, regress_to_bound
+from tests.deviceplugin.test_plugin import allocate_request
+from tests.deviceplugin.test_service import service_on
+from tests.harness.commits import claim_of, commit
+
+WHOLE = record("whole", container("main", share(0, memory_mib=16_384, cores=100)))
+"""A real pod holding GPU 0 (16 GiB) whole."""
+GHOST = record(
+    "ghost", container("main", share(0, memory_mib=1024, cores=10)), bound_at=1_700_000_050.0
+)
+"""A well-formed bound record of a pod that does not exist, on the GPU ``WHOLE`` holds, older
+than it (so the oldest-first rule would pick it first)."""
+
+
+def device(ordinal: int) -> list[str]:
+    return [f"{uuid(0)}::{ordinal}"]
+
+
+async def forge(bus: NatsBus, forged: AssignmentRecord) -> None:
+    """Write a record as any writer of the bucket can, with no commit behind it."""
+    await bus.kv_put(
+        subjects.KV_ASSIGNMENTS,
+        subjects.assignment_key(forged.node, forged.pod_uid),
+        codec.encode(forged),
+    )
+
+
+async def test_a_forged_record_on_a_gpu_held_whole_is_refused_over_grpc(
+    bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
+) -> None:
+    """The issue's finding: granted TESSERA_GPU_MEMORY_LIMIT_MIB=1024 beside a whole-GPU pod."""
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, WHOLE)
+    await forge(bus, GHOST)
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        # The older forged record does not block the real one: the real pod gets its GPU.
+        response = await stub.Allocate(allocate_request(device(0)), timeout=10)
+        envs = response.container_responses[0].envs
+        assert envs["TESSERA_GPU_MEMORY_LIMIT_MIB"] == "16384"
+        assert response.container_responses[0].annotations["tessera.dev/pod-uid"] == "whole"
+        # The next Allocate finds only the forged record, and refuses it with the reason.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Allocate(allocate_request(device(1)), timeout=10)
+    details = refused.value.details() or ""
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "assignment record" in details and "is not granted" in details, details
+    assert "no placer claimed pod ml/pod-ghost (uid ghost): it has no claim" in details
+    assert (await get_record(bus, "ghost")).state == "bound", "nothing was claimed"
+
+
+async def test_a_real_commit_copied_onto_other_slices_or_another_pod_is_refused_and_counted(
+    bus: NatsBus,
+) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    await commit(bus, WHOLE)  # the real commit (claim and booking); its record is not written yet
+    copies = [
+        # The real pod's commit, on a slice that was never booked.
+        msgspec.structs.replace(WHOLE, containers=GHOST.containers),
+        # The real pod's commit id on a pod that does not exist.
+        msgspec.structs.replace(GHOST, commit=WHOLE.commit),
+    ]
+    async with service_on(bus) as (service, registry):
+        for forged in copies:
+            await forge(bus, forged)
+            result = await service.allocate([tuple(device(0))])
+            assert isinstance(result, Refusal) and result.kind == "uncommitted", result
+            await bus.kv_delete(
+                subjects.KV_ASSIGNMENTS, subjects.assignment_key(forged.node, forged.pod_uid)
+            )
+        refused = registry.get_sample_value(
+            "tessera_deviceplugin_allocations_total", {"outcome": "uncommitted"}
+        )
+        assert refused == len(copies)
+        await put_record(bus, WHOLE)
+        granted = await service.allocate([tuple(device(0))])
+        assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+
+
+async def test_a_record_whose_claim_arrives_late_is_granted_once_it_does(bus: NatsBus) -> None:
+    """A claim read before it existed (a NATS store rebuilt, a placer slower than its record)
+    is read again at Allocate, which waits for it like for a late record."""
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, WHOLE)
+    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(WHOLE.pod_uid))
+    async with service_on(bus, record_wait_s=5.0) as (service, _):
+        call = asyncio.create_task(service.allocate([tuple(device(0))]))
+        await asyncio.sleep(0.3)
+        assert not call.done()
+        await bus.kv_put(
+            subjects.KV_CLAIMS, subjects.claim_key(WHOLE.pod_uid), codec.encode(claim_of(WHOLE))
+        )
+        granted = await asyncio.wait_for(call, 5)
+    assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+
+
+# --- after a restart of the plugin, what it granted stays granted ------------------------------
+
+
+async def test_a_record_moved_backwards_while_the_plugin_was_down_is_not_granted_twice(
+    bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory, plugin_dir: Path
+) -> None:
+    """Issue 19: after a plugin restart, a record moved backwards (allocated -> bound) was
+    granted again: two containers on one slice. The plugin keeps what it granted in a state file
+    (in a subdirectory of the plugin directory, which a kubelet restart leaves alone)."""
+    letters = await dead_letters(bus, "assignments")
+    await put_inventory(bus, inventory(gpu(0)))
+    once = record("once", container("main", share(0)))
+    await put_record(bus, once)
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        granted = await stub.Allocate(allocate_request(device(0)), timeout=10)
+        assert granted.container_responses[0].annotations["tessera.dev/pod-uid"] == "once"
+    await kubelet.restart()  # the kubelet deletes every file of its plugin directory too
+    assert state_file(plugin_dir, plugin.endpoint).exists()
+    await regress_to_bound(bus, "once")  # a writer moves the record back while the plugin is down
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Allocate(allocate_request(device(1)), timeout=10)
+        letter = await next_letter(letters)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "moved backwards" in letter.reason and "before a restart" in letter.reason
+    assert (await get_record(bus, "once")).state == "bound", "granted once only"
+
+
+async def test_a_grant_is_forgotten_once_its_record_is_released(
+    bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory, plugin_dir: Path
+) -> None:
+    """The state file holds only live grants: the key may serve a new placement later."""
+    await put_inventory(bus, inventory(gpu(0)))
+    await put_record(bus, record("first", container("main", share(0))))
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        await stub.Allocate(allocate_request(device(0)), timeout=10)
+        grants = GrantFile(state_file(plugin_dir, plugin.endpoint))
+        granted_key = {subjects.assignment_key(NODE, "first")}
+        await until(lambda: set(grants.load()) == granted_key, what="the grant written")
+        stored = await get_record(bus, "first")
+        released = msgspec.structs.replace(stored, state="released", released_at=1_700_000_900.0)
+        await bus.kv_put(
+            subjects.KV_ASSIGNMENTS, subjects.assignment_key(NODE, "first"), codec.encode(released)
+        )
+        await until(lambda: grants.load() == {}, what="the grant forgotten")
+    # Placed again on this node by a new commit: granted again, after a restart too.
+    again = record("first", container("main", share(0)), commit="commit-first-again")
+    await put_record(bus, again)
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        granted = await stub.Allocate(allocate_request(device(1)), timeout=10)
+    assert granted.container_responses[0].annotations["tessera.dev/pod-uid"] == "first"
