@@ -142,11 +142,17 @@ def _all_streams() -> list[str]:
 
 
 def _topology(role: Role) -> list[str]:
-    # Also the store's epoch: whoever creates the streams of an empty store creates it
-    # (shared.messages.store); every role reads it after each reconnect.
-    grants = [*_kv_write(subjects.KV_META, subjects.META_EPOCH), *_kv_read(subjects.KV_META)]
+    # Also the store's epoch: whoever creates the streams of an empty store creates it, and
+    # every role reads it after each reconnect (shared.messages.store; a get, no watch).
+    # Any stream's info (read-only metadata) in one grant rather than one per stream: the grants
+    # travel in a per-node user JWT, which nats-server takes only under its 4 KiB control line.
+    grants = [
+        *_kv_write(subjects.KV_META, subjects.META_EPOCH),
+        f"{_API}.STREAM.MSG.GET.{kv_stream(subjects.KV_META)}",
+        f"{_API}.STREAM.INFO.*",
+    ]
     for stream in _all_streams():
-        grants += [f"{_API}.STREAM.INFO.{stream}", f"{_API}.STREAM.CREATE.{stream}"]
+        grants.append(f"{_API}.STREAM.CREATE.{stream}")
         if role in TOPOLOGY_OWNERS:
             grants.append(f"{_API}.STREAM.UPDATE.{stream}")
     return grants
@@ -177,6 +183,7 @@ def _placer() -> tuple[list[str], list[str]]:
             subjects.KV_ASSIGNMENTS,
             subjects.KV_TENANTS,
             subjects.KV_WAITING,
+            subjects.KV_META,  # whether the binder restored a lost store
         ),
     ]
     # The extender waits for its pods' results; `tessera explain` asks the placers.

@@ -319,12 +319,15 @@ async def test_no_identity_can_read_another_s_replies(cluster: Cluster) -> None:
         await placer.drain()
 
 
+@pytest.mark.parametrize("node", [NODE_A, "ip-10-0-12-34." + "n" * 48], ids=["short", "63 chars"])
 async def test_a_per_node_user_jwt_in_operator_mode_takes_the_same_permissions(
-    tmp_path: Path,
+    tmp_path: Path, node: str
 ) -> None:
     """Where a NATS in operator mode issues per-node credentials (the way README gives for
-    per-node identities on a cluster), the same table makes the user JWT's permissions."""
-    grant = permissions.permissions("deviceplugin", NODE_A)
+    per-node identities on a cluster), the same table makes the user JWT's permissions, and the
+    JWT of a node with a hostname's longest name still fits nats-server's default control
+    line (a CONNECT over 4 KiB is refused: "maximum control line exceeded")."""
+    grant = permissions.permissions("deviceplugin", node)
     claims = {"pub": {"allow": list(grant.publish)}, "sub": {"allow": list(grant.subscribe)}}
     operator = secure.operator_mode(user_permissions=claims)
     creds = tmp_path / "deviceplugin.creds"
@@ -334,16 +337,16 @@ async def test_a_per_node_user_jwt_in_operator_mode_takes_the_same_permissions(
             server.url,
             name="tessera-deviceplugin",
             security=NatsSecurity(creds_file=str(creds)),
-            inbox_prefix=permissions.inbox_prefix("deviceplugin", NODE_A),
+            inbox_prefix=permissions.inbox_prefix("deviceplugin", node),
             update_topology=False,
             request_timeout=QUIET_S,
         )
         try:
-            own = subjects.assignment_key(NODE_A, "uid-1")
+            own = subjects.assignment_key(node, "uid-1")
             await plugin.kv_put(subjects.KV_ASSIGNMENTS, own, b"{}")
             with pytest.raises(TimeoutError):  # refused: no answer comes
                 await plugin.kv_put(subjects.KV_ASSIGNMENTS, RECORD_B, b"{}")
             with pytest.raises(TimeoutError):
-                await plugin.kv_put(subjects.KV_LEDGER, subjects.ledger_key(NODE_A), b"{}")
+                await plugin.kv_put(subjects.KV_LEDGER, subjects.ledger_key(node), b"{}")
         finally:
             await plugin.drain()
