@@ -11,8 +11,8 @@ placer committed (``services/placer/commit.py``):
 A well-formed record that any writer of ``tessera-assignments`` made up (a pod that does not
 exist, slices on a GPU another pod holds whole, the slices of a real pod moved to another node)
 fails one of these, and :func:`commit_problem` says which. The device plugin grants only records
-that pass, the binder's ambiguity gate waits only for records that pass, and the placer releases
-live records that match no commit.
+that pass, the binder's ambiguity gate waits only for records that pass or that a placer is
+withdrawing (:func:`withdrawing`), and the placer releases live records that match no commit.
 """
 
 from __future__ import annotations
@@ -89,3 +89,22 @@ def commit_problem(
     if record_containers(booking) != record.containers:
         return f"the record's slices of pod {pod} are not the ones commit {record.commit} booked"
     return None
+
+
+def withdrawing(record: AssignmentRecord, *, claim: PodClaim | None) -> bool:
+    """Whether ``record`` is of a commit a placer made and is now taking back: the pod's claim
+    (only placers write claims) still names the record's commit on its node but is no longer
+    ``placed`` (the pod was deleted: the claim turns ``deleted`` before the record is fenced).
+
+    Such a record fails :func:`commit_problem`, yet a device plugin that read the claim while it
+    was ``placed`` may still grant it until the record is fenced ``released``; so the binder's
+    ambiguity gate keeps waiting for it, or two bound records on a node would be ambiguous.
+    """
+    return (
+        bool(record.commit)
+        and claim is not None
+        and claim.state != "placed"
+        and claim.booking is not None
+        and claim.booking.commit == record.commit
+        and claim.booking.node == record.node
+    )

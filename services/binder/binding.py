@@ -7,11 +7,12 @@ times out has an unknown outcome and is read back); create the Binding (the assi
 annotations ride on it and land with ``spec.nodeName`` in one write; 409 with the pod already on
 this node counts as done); publish the ``BindingResult``. A decision held at the gate waits for the
 record it waits on to move, at most ``gate_timeout_s``, then fails back to the placer. The gate
-waits only for records that stand for a placer's commit (``shared.commits``: the pod's claim and
-the node's ledger entry, read when a record first holds a decision back): a record anyone else
-made up holds no real pod back, and is counted in ``tessera_binder_gate_ignored_total``. Failures
-after the compare-and-set publish ``failed`` or ``gone`` so the placer releases the booking; an
-API or NATS outage raises, and the message is delivered again.
+waits only for records that stand for a placer's commit, or one a placer is withdrawing
+(``shared.commits``: the pod's claim and the node's ledger entry, read when a record first holds
+a decision back): a record anyone else made up holds no real pod back, and is counted in
+``tessera_binder_gate_ignored_total``. Failures after the compare-and-set publish ``failed`` or
+``gone`` so the placer releases the booking; an API or NATS outage raises, and the message is
+delivered again.
 """
 
 from __future__ import annotations
@@ -43,16 +44,16 @@ from services.binder.plan import (
     plan_bind,
 )
 from services.binder.records import RecordMirror
-from services.binder.tasks import checkpoint
 from shared import codec, subjects
 from shared.clock import Clock
-from shared.commits import commit_problem
+from shared.commits import commit_problem, withdrawing
 from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult, BindOutcome
 from shared.messages.ledger import NodeLedger, PodClaim
 from shared.messages.placement import PlacementDecision
 from shared.runtime.bus import Bus
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -181,16 +182,19 @@ class DecisionBinder:
         record = view.record
         claim_entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid))
         ledger_entry = await self._bus.kv_get(subjects.KV_LEDGER, subjects.ledger_key(record.node))
+        claim = _decoded(claim_entry.value if claim_entry else None, PodClaim)
         problem = commit_problem(
             record,
-            claim=_decoded(claim_entry.value if claim_entry else None, PodClaim),
+            claim=claim,
             ledger=_decoded(ledger_entry.value if ledger_entry else None, NodeLedger),
         )
         if len(self._committed) + len(self._uncommitted) > MAX_COMMIT_CHECKS:
             held = self._records.get
             self._committed = {k: r for k, r in self._committed.items() if held(k)}
             self._uncommitted = {k: c for k, c in self._uncommitted.items() if held(k)}
-        if problem is None:
+        if problem is None or withdrawing(record, claim=claim):
+            # A withdrawn commit's record may be granted until its placer fences it (a new
+            # revision), so the gate waits for it as for a committed one.
             self._committed[view.key] = view.revision
             return True
         self._uncommitted[view.key] = (view.revision, self._clock.monotonic())

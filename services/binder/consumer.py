@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from services.binder.gateway import ApiUnavailableError
-from services.binder.tasks import checkpoint
 from shared.clock import Clock
 from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
 from shared.runtime.follow import FETCH_BATCH, deliveries
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 

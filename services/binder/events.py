@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from services.binder import explain
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
 from services.binder.metrics import BinderMetrics
-from services.binder.tasks import checkpoint
 from shared import annotations as names
 from shared.clock import Clock
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 

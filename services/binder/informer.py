@@ -25,8 +25,8 @@ from typing import Generic
 
 from services.binder.gateway import ApiUnavailableError, ClusterGateway, Kind, WatchExpiredError
 from services.binder.metrics import BinderMetrics
-from services.binder.tasks import checkpoint
 from shared.clock import Clock
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 

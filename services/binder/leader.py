@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 from services.binder.gateway import ApiUnavailableError, Body, ClusterGateway
 from services.binder.objects import Lease, LeaseSpec
-from services.binder.tasks import checkpoint
 from shared import annotations as names
 from shared.clock import Clock
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ import logging
 from collections import OrderedDict
 
 from services.binder.plan import RecordView
-from services.binder.tasks import checkpoint
 from shared import subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,6 @@ from services.binder.objects import Node
 from services.binder.plan import decision_of
 from services.binder.records import RecordMirror
 from services.binder.restoring import StoreRestorer
-from services.binder.tasks import checkpoint
 from services.binder.workqueue import WorkQueue
 from shared import annotations as names
 from shared import codec, subjects
@@ -76,7 +75,7 @@ from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
-from shared.runtime.tasks import finish
+from shared.runtime.tasks import checkpoint, finish
 
 log = logging.getLogger(__name__)
 

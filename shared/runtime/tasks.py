@@ -11,6 +11,7 @@ again each owned task that was asked to stop but runs on (:meth:`TaskOwners.lost
 Cleanup that must run to its end during that stop (write the queued Events, give the Lease back,
 close an HTTP client after its last use) goes through :func:`finish`: it is not re-cancelled, and
 the cancel that interrupted its caller is raised once it is done. Each cleanup bounds itself.
+Loops that run until cancelled call :func:`checkpoint` each turn.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ _OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 
 TaskFactory = Any
 """asyncio's task factory: ``(loop, coro, **kwargs) -> Future`` (typeshed has no name for it)."""
+
+
+def checkpoint() -> None:
+    """Raise CancelledError if this task was asked to stop, even where a library swallowed the
+    cancel (the request stays recorded: ``Task.cancelling()``). Loops that run until cancelled
+    call it each turn, so one lost cancel does not keep them running until the lifecycle's next
+    one (or forever, where one cancel is all there is: a TaskGroup's, a test's)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def cancel_and_wait(future: asyncio.Future[Any]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from services.placer.commit import deleted_claim
 from shared import annotations as names
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
@@ -30,6 +31,7 @@ from tests.binder.conftest import (
     put_record,
     validate_writes,
 )
+from tests.harness.commits import claim_of
 
 MERGE = "application/merge-patch+json"
 
@@ -495,6 +497,45 @@ async def test_a_forged_bound_record_holds_no_real_pod_at_the_gate(
     (result,) = results.decoded(BindingResult)
     assert (result.name, result.outcome) == ("real", "bound"), result
     assert ignored == 1
+
+
+async def test_a_deleted_pods_bound_record_holds_the_gate_until_it_is_fenced(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """A chaos run: a pod was rejected at admission and deleted; its placer turned the claim
+    ``deleted`` but had not fenced the record yet. The gate let the next pod of the same device
+    count through, and the device plugin (which read the claim while it was placed) granted the
+    deleted pod's slices to it. Until the record is fenced, the gate waits for it."""
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    api.create(NODE, node())
+    gone = record("gone", "gone", slices("main", (0, 8192, 10)), state="bound", bound_at=1.0)
+    await put_record(bus, gone)
+    await bus.kv_put(
+        subjects.KV_CLAIMS,
+        subjects.claim_key(gone.pod_uid),
+        codec.encode(deleted_claim(gone.pod_uid, claim_of(gone), reason="deleted", now=2.0)),
+    )
+    async with start_binder(gate_timeout_s=1.0) as binder:
+        held = record(uid_of(api.create(POD, pod("held"))), "held", slices("main", (0, 4096, 5)))
+        await put_record(bus, held)
+        await publish_decision(bus, held)
+        await eventually(lambda: len(results.deliveries) == 1, what="the held pod's result")
+        fenced = msgspec.structs.replace(gone, state="released", released_at=3.0)
+        await bus.kv_put(
+            subjects.KV_ASSIGNMENTS,
+            subjects.assignment_key(gone.node, gone.pod_uid),
+            codec.encode(fenced),
+        )
+        later = record(uid_of(api.create(POD, pod("later"))), "later", slices("main", (0, 4096, 5)))
+        await put_record(bus, later)
+        await publish_decision(bus, later)
+        await eventually(lambda: len(results.deliveries) == 2, what="the later pod's result")
+        ignored = binder.metric("tessera_binder_gate_ignored_total")
+    first, second = results.decoded(BindingResult)
+    assert (first.name, first.outcome) == ("held", "failed"), first
+    assert "waits for default/gone on node gpu-1 to be allocated first" in first.reason
+    assert (second.name, second.outcome) == ("later", "bound"), second
+    assert ignored == 0
 
 
 async def test_node_facts_follow_nodes_and_the_pods_on_them(
