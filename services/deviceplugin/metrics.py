@@ -19,6 +19,7 @@ class PluginMetrics:
     allocations: Counter
     allocate_seconds: Histogram
     cas_conflicts: Counter
+    records_reread: Counter
     devices: Gauge
     registrations: Counter
     registered: Gauge
@@ -45,6 +46,12 @@ class PluginMetrics:
             cas_conflicts=Counter(
                 "tessera_deviceplugin_claim_conflicts_total",
                 "Record claims lost to a concurrent writer (re-read and planned again).",
+                registry=registry,
+            ),
+            records_reread=Counter(
+                "tessera_deviceplugin_records_reread_total",
+                "Allocates that found a record only by reading the bucket afresh (the records "
+                "watch had not delivered it: a silent watch on a NATS cluster).",
                 registry=registry,
             ),
             devices=Gauge(

@@ -21,10 +21,11 @@ it was read at, answer the kubelet and publish the :class:`AllocationEvent` to
 waited for at shutdown). A lost compare-and-set means another writer (a second plugin
 process, the binder) moved the record: re-read it and plan again, so no record is ever claimed
 twice. When no record matches yet, Allocate waits up to ``record_wait_s`` for the binder's write
-to arrive before refusing. The record in the KV bucket is the source of truth, so the kubelet
-never waits for the event, and a publish that fails never fails an Allocate already committed.
-A record whose GPU is unhealthy is not granted (the next servable record is), and device IDs of
-GPUs no longer listed are refused.
+to arrive before refusing, reading this node's records afresh at its start and end (a watch on
+a NATS cluster can go silent for seconds: ``_reread_records``). The record in the KV bucket is
+the source of truth, so the kubelet never waits for the event, and a publish that fails never
+fails an Allocate already committed. A record whose GPU is unhealthy is not granted (the next
+servable record is), and device IDs of GPUs no longer listed are refused.
 
 Only what a placer committed is granted (issue 19; ``shared.commits``): the pod's claim in
 ``tessera-claims`` must name the record's commit, and this node's entry in ``tessera-ledger``
@@ -55,6 +56,7 @@ backwards (``allocated -> bound``) is refused rather than granted twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -116,6 +118,12 @@ ago than this."""
 GRANTS_WRITE_DELAY_S = 0.05
 """How long grants gather before the state file is written: a burst of Allocates costs one write
 (each write hands a thread a file to replace: under a busy disk, up to milliseconds)."""
+
+RECORD_REREAD_S = 0.5
+"""An Allocate that finds no record reads this node's records afresh at most this often."""
+
+RECORD_READ_TIMEOUT_S = 1.0
+"""How long one fresh read of the records may take."""
 
 CLAIM_RETRY_S = 1.0
 """How long before claims NATS could not give are read again."""
@@ -218,6 +226,8 @@ class DevicePluginService:
         self._claims_wanted: asyncio.Queue[str] = asyncio.Queue()
         self._ledger_read_at = -math.inf
         """When (monotonic) an Allocate last read the ledger entry itself."""
+        self._records_read_at = -math.inf
+        """When (monotonic) an Allocate last read this node's records afresh."""
         self._allocate_lock = asyncio.Lock()
         self._publishing: set[asyncio.Task[None]] = set()
         readiness.set("inventory", False, f"no inventory received for node {config.node} yet")
@@ -335,6 +345,8 @@ class DevicePluginService:
                 unconfirmed = self._uncommitted(len(device_ids))
                 if unconfirmed and await self._reread_commits(unconfirmed):
                     continue  # a claim or the ledger entry may have lagged: plan again
+                if plan.kind == "no_record" and await self._reread_records():
+                    continue  # the bucket held what the watch had not delivered: plan again
                 if (plan.kind == "no_record" or unconfirmed) and not self._bus.connected:
                     # The record (or its claim) may be waiting in KV while NATS restarts: wait
                     # for the connection, then give the watches their usual time to catch up.
@@ -351,6 +363,8 @@ class DevicePluginService:
                 pause = min(remaining, CLAIM_REREAD_S) if unconfirmed else remaining
                 changed = await self._records_changed.wait_past(seen, timeout=pause)
                 if not changed and not unconfirmed:
+                    if plan.kind == "no_record" and await self._reread_records(now=True):
+                        continue  # the watch stayed silent, the bucket did not: plan again
                     return plan
                 continue
             key = plan.claimed.key
@@ -756,6 +770,45 @@ class DevicePluginService:
         return [
             v for v in views if allocate.uncommitted(v, claims=self._claims, ledger=self._ledger)
         ]
+
+    async def _reread_records(self, *, now: bool = False) -> bool:
+        """Read this node's records afresh (a new watch's initial values), at most every
+        :data:`RECORD_REREAD_S` unless ``now``; whether that took anything the standing watch
+        had not delivered.
+
+        A pod reaches the kubelet only once its record is bound in the bucket, so a record
+        missing at Allocate is one the standing watch has not delivered yet: on a NATS cluster
+        whose server holding the watch's consumer died, the watch stays silent until nats-py
+        notices (``shared.runtime.bus.WATCH_HEARTBEAT_S``), and a fresh one is read at once."""
+        started = self._clock.monotonic()
+        if not self._bus.connected or (
+            not now and started - self._records_read_at < RECORD_REREAD_S
+        ):
+            return False
+        self._records_read_at = started
+        seen = self._records_changed.version
+        watch = self._bus.kv_watch(
+            subjects.KV_ASSIGNMENTS, subjects.assignment_keys_of(self._config.node)
+        )
+        try:
+            async with asyncio.timeout(RECORD_READ_TIMEOUT_S):
+                async for entry in watch:
+                    if entry is None:
+                        break
+                    if not entry.deleted:  # deletions are the standing watch's to apply
+                        await self._apply_record_entry(entry)
+        except Exception as error:  # NATS away or slow: wait for the watch as before
+            log.warning(
+                "cannot read records again", extra={"error": f"{type(error).__name__}: {error}"}
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await watch.aclose()  # type: ignore[attr-defined]
+        taken = self._records_changed.version != seen
+        if taken:
+            self._metrics.records_reread.inc()
+            log.warning("the records watch had not delivered records a fresh read found")
+        return taken
 
     async def _reread_commits(self, views: Sequence[RecordView]) -> bool:
         """Read again the ledger entry and the claims of ``views`` not read in the last

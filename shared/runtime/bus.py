@@ -66,7 +66,7 @@ from nats.js.kv import KeyValue
 from shared import codec, subjects
 from shared.config import NatsSecurity, redact_url
 from shared.messages.store import StoreEpoch
-from shared.runtime.tasks import cancel_and_wait
+from shared.runtime.tasks import cancel_and_wait, checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,25 @@ class NatsUnreachableError(ConnectionError):
     The message says which (:func:`unreachable_reason`)."""
 
 
+def _address(url: str) -> tuple[str, str]:
+    """(host, host:port) of one server URL (an unparsable one as it is)."""
+    try:
+        where = urlsplit(url.strip())
+        host = where.hostname or url
+        return host, f"{host}:{where.port or 4222}"
+    except ValueError:
+        return url, url
+
+
 def unreachable_reason(error: BaseException, url: str) -> str:
-    """Why the server at ``url`` could not be reached, for a log line and ``/readyz``: the
-    connection refused, a name DNS cannot resolve, a timeout, another network error."""
+    """Why the server at ``url`` (several, comma-separated: a cluster) could not be reached, for a
+    log line and ``/readyz``: the connection refused, a name DNS cannot resolve, a timeout,
+    another network error."""
     if isinstance(error, NatsUnreachableError):
         return str(error)
-    where = urlsplit(url)
-    host = where.hostname or url
-    address = f"{host}:{where.port or 4222}"
+    servers = [_address(part) for part in url.split(",") if part.strip()] or [(url, url)]
+    host = ", ".join(dict.fromkeys(h for h, _ in servers))
+    address = ", ".join(a for _, a in servers)
     if isinstance(error, ConnectionRefusedError):
         return f"connection refused by {address} (is nats-server running there?)"
     if isinstance(error, socket.gaierror):
@@ -212,6 +223,12 @@ def _bucket_stream(bucket: str, history: int, replicas: int) -> js_api.StreamCon
 
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
+
+WATCH_HEARTBEAT_S = 1.0
+"""The server's idle heartbeat on a KV watch. nats-py recreates a watch's consumer after two
+heartbeats missed: on a NATS cluster whose server holding the consumer died while this client's
+own server lives on, the watch is silent, not lost, and with nats-py's default of 5 s it stayed
+silent for 10 s or more (a device plugin then refused pods whose records it never saw)."""
 
 _MISSING = (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 """What nats-py raises when the stream (or consumer) an operation needs does not exist: a
@@ -1076,6 +1093,7 @@ class NatsBus:
             # as well, since a stream holds at most 1,000 of them (with nats-py's 5 minutes,
             # the 1,001st listing within 5 minutes failed).
             inactive_threshold=WATCH_INACTIVE_S,
+            idle_heartbeat=WATCH_HEARTBEAT_S,
         )
         prefix = len(f"$KV.{bucket}.")
         lost = self._lost
@@ -1086,6 +1104,7 @@ class NatsBus:
             if not awaited:
                 yield None
             while True:
+                checkpoint()  # nats-py's requests above may have swallowed a stop's cancel
                 if arrived.empty():
                     following = asyncio.ensure_future(arrived.get())
                     await asyncio.wait({following, lost}, return_when=asyncio.FIRST_COMPLETED)

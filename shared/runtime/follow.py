@@ -20,6 +20,7 @@ from typing import Final
 
 from shared.clock import Clock
 from shared.runtime.bus import Bus, Delivery, KvEntry
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ async def follow(
     name = what or bucket
     delay = RETRY_S
     while True:
+        checkpoint()  # a cancel lost in library code must not start the watch again
         watch = bus.kv_watch(bucket, keys)
         listed: set[str] | None = set()
         try:

@@ -24,7 +24,7 @@ from shared import codec, subjects
 from shared.clock import Clock, SystemClock
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord
-from shared.runtime.bus import NatsBus
+from shared.runtime.bus import KvEntry, NatsBus
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.metrics import EdgeMetrics
@@ -148,6 +148,50 @@ async def _service_on(
         finally:
             for task in tasks:
                 task.cancel()
+
+
+class SilentWatchBus:
+    """The real bus, except that the first watch of the assignments bucket goes silent after its
+    initial values: what a watch does on a NATS cluster when the server holding its consumer
+    dies while the client's own server lives on (nats-py notices only heartbeats later)."""
+
+    def __init__(self, bus: NatsBus) -> None:
+        self._bus = bus
+        self.silenced = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+        if bucket != subjects.KV_ASSIGNMENTS or self.silenced:
+            return self._bus.kv_watch(bucket, keys)
+        self.silenced = True
+        return self._silent_after_initial_values(bucket, keys)
+
+    async def _silent_after_initial_values(
+        self, bucket: str, keys: str
+    ) -> AsyncIterator[KvEntry | None]:
+        async with contextlib.aclosing(self._bus.kv_watch(bucket, keys)) as watch:  # type: ignore[type-var]
+            async for entry in watch:
+                yield entry
+                if entry is None:
+                    break
+        await asyncio.Event().wait()
+
+
+async def test_a_record_a_silent_watch_never_delivered_is_read_afresh_at_allocate(
+    bus: NatsBus,
+) -> None:
+    await put_inventory(bus, inventory(gpu(0)))
+    silent = SilentWatchBus(bus)
+    async with service_on(silent, record_wait_s=5.0) as (service, registry):
+        assert silent.silenced
+        await put_record(bus, record("late", container("main", share(0))))
+        result = await service.allocate([(f"{uuid(0)}::0",)])
+        assert isinstance(result, list) and isinstance(result[0], ContainerGrant), result
+        assert registry.get_sample_value("tessera_deviceplugin_records_reread_total") == 1
+    stored = await get_record(bus, "late")
+    assert stored.state == "allocated"
 
 
 @pytest.mark.parametrize(

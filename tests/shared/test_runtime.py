@@ -192,6 +192,12 @@ async def _nats_reason_once_tried(http: aiohttp.ClientSession, port: int) -> str
             "DNS cannot resolve 'tessera-no-such-host.invalid'",
             id="dns",
         ),
+        # A cluster's servers, none up (a comma-separated URL once crashed the retry loop).
+        pytest.param(
+            "nats://127.0.0.1:{port},nats://127.0.0.1:{port}",
+            "connection refused by 127.0.0.1:{port}, 127.0.0.1:{port}",
+            id="cluster",
+        ),
     ],
 )
 async def test_an_unreachable_nats_is_logged_and_shown_with_its_cause(

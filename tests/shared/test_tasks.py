@@ -1,14 +1,21 @@
 """Stops are never lost: cancel_and_wait waits for the cancelled task without swallowing a stop of
-the caller, and a loop waiting with a timeout stops however its stop arrives."""
+the caller, a loop waiting with a timeout stops however its stop arrives, and a KV watch stops
+even where library code lost its cancel."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from shared import subjects
+from shared.clock import SystemClock
+from shared.runtime.bus import KvEntry, NatsBus
+from shared.runtime.follow import follow
 from shared.runtime.tasks import cancel_and_wait
 
 
@@ -109,3 +116,43 @@ async def test_wait_for_loses_that_stop_on_python_3_11() -> None:
     # cancelled as a KV watch finished its cleanup), and of a placer that once did not stop
     # within 30 s of SIGTERM (its retry loop waits this way for changes that come constantly).
     assert not await _stop_arriving_as_the_wait_ends("asyncio.wait_for")
+
+
+class SwallowingBus:
+    """The real bus, except that starting a watch first waits inside ``asyncio.wait_for`` (as
+    nats-py's requests do) for a reply the test sends just as the stop comes."""
+
+    def __init__(self, bus: NatsBus) -> None:
+        self._bus = bus
+        self.waiting = asyncio.Event()
+        self.reply = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+        self.waiting.set()
+        await asyncio.wait_for(self.reply.wait(), 10)  # the library's way
+        async with contextlib.aclosing(self._bus.kv_watch(bucket, keys)) as watch:  # type: ignore[type-var]
+            async for entry in watch:
+                yield entry
+
+
+async def test_a_kv_watch_whose_stop_a_library_swallowed_stops_anyway(bus: NatsBus) -> None:
+    """A mirror's watch loop cancelled as a library call inside it returns: on Python 3.11 the
+    cancel is lost there, and the watch, once started, would wait for changes forever."""
+    swallowing = SwallowingBus(bus)
+
+    async def ignore(_: KvEntry) -> None:
+        return None
+
+    follower = asyncio.create_task(
+        follow(swallowing, subjects.KV_LEDGER, on_entry=ignore, clock=SystemClock())
+    )
+    await swallowing.waiting.wait()
+    swallowing.reply.set()
+    await asyncio.sleep(0)  # the library's wait finishes...
+    follower.cancel()  # ...and the stop comes before the loop has run on
+    await asyncio.wait({follower}, timeout=5.0)
+    assert follower.done(), "the watch ran on after its stop"
+    assert follower.cancelled()
