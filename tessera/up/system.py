@@ -570,12 +570,14 @@ class LocalSystem:
     def bus_violations(self) -> list[str]:
         """The permission violations nats-server logged (an identity refused a subject): none
         while every service works within its permissions."""
-        log = self.supervisor.children["nats-server"].log
-        try:
-            text = log.read_text(errors="replace")
-        except OSError:
-            return []
-        return [line for line in text.splitlines() if " Violation - " in line]
+        found: list[str] = []
+        for name in self.nats_names():
+            try:
+                text = self.supervisor.children[name].log.read_text(errors="replace")
+            except OSError:
+                continue
+            found += [line for line in text.splitlines() if " Violation - " in line]
+        return found
 
     # --- chaos ----------------------------------------------------------------------------------
 

@@ -22,29 +22,28 @@ and claimed, every placed claim booked and recorded, every charge is a live reco
 lost, nothing left half done.
 
 :class:`BrokenQuotaMachine` is the same machine with the charge left out (each replica enforcing
-the quota on its own view only, as the placer did before ``tessera-tenants``): the invariant must
-catch it.
+the quota on its own view only, as the placer did before ``tessera-tenants``): driven through the
+race the search found, its invariants must catch it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 from prometheus_client import CollectorRegistry
 
@@ -280,7 +279,9 @@ class Replica:
     store: Store
     protocol: CommitProtocol
     inbox: list[tuple[str, str, bytes | None, int]] = field(default_factory=list)
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    tasks: dict[asyncio.Task[Any], None] = field(default_factory=dict)
+    """In the order spawned (a set's order follows the tasks' addresses, so a kill cancelled
+    them in an order that changed with whatever else the process had imported)."""
 
 
 PROFILE = build_profile("binpack")
@@ -299,8 +300,15 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.kv = Kv()
         self.gates = Gates()
         self.clock = FakeClock()
+        self.commits = 0
+        """Commit ids count up: a run depends on the examples drawn, never on the global
+        random state earlier tests left (which made the broken-quota check order-dependent)."""
         self.replicas = [self._replica(n) for n in range(REPLICAS)]
         self.kv.listeners.append(self._fan_out)
+
+    def _next_commit(self) -> int:
+        self.commits += 1
+        return self.commits
 
     def _fan_out(self, bucket: str, key: str, data: bytes | None, revision: int) -> None:
         for replica in self.replicas:
@@ -350,8 +358,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
         async def start() -> None:
             task = asyncio.get_running_loop().create_task(guarded())
-            replica.tasks.add(task)
-            task.add_done_callback(replica.tasks.discard)
+            replica.tasks[task] = None
+            task.add_done_callback(lambda done: replica.tasks.pop(done, None))
             await self._settle()
 
         self._run(start())
@@ -375,7 +383,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             outcome.reservation,
             PODS[pod],
             tenant=r.view.tenancy.tenant_of(request).tenant,
-            commit=f"r{replica}.{random.getrandbits(32):08x}",
+            commit=f"r{replica}.{self._next_commit():08x}",
             decided_at=self.clock.now(),
             placer_id=f"r{replica}",
         )
@@ -534,8 +542,9 @@ class ProtocolMachine(RuleBasedStateMachine):
 
             self._run(finish())
             state = self._state()
-            event(f"live records at the end: {len(state.live_records())}")
-            event(f"claims: {sorted(c.state for c in state.claims.values())}")
+            if currently_in_test_context():  # not when a test drives the machine by hand
+                event(f"live records at the end: {len(state.live_records())}")
+                event(f"claims: {sorted(c.state for c in state.claims.values())}")
             wire.check_invariants(state, INVENTORIES, slots={name: SLOTS for name in NODES})
             wire.check_quotas(state, QUOTAS)
             if self.charges:  # and nothing charged that is not placed
@@ -564,17 +573,25 @@ class BrokenQuotaMachine(ProtocolMachine):
     charges = False
 
 
+def _two_replicas_place_both_team_pods_at_once(machine: ProtocolMachine) -> None:
+    """The interleaving the search shrinks to: replica 1 decides ``q1`` for the first GPU of node
+    ``a``; replica 0, not having seen it, decides ``p0`` there and ``q0`` beside it on the
+    second GPU; the machine then lets everything through. Replica 0's booking finds the ledger
+    changed, reads it again and books what still fits: capacity is checked again, the tenant's
+    quota only where it is charged."""
+    machine.decide(replica=1, pod="q1")
+    machine.decide(replica=0, pod="p0")
+    machine.decide(replica=0, pod="q0")
+    machine.teardown()
+
+
 def test_a_quota_checked_only_on_each_replicas_view_is_caught() -> None:
+    """The race the charge exists for, driven by hand: without the charge the machine catches the
+    tenant over its quota; with it, the same race ends within the quota.
+
+    Not a derandomized search: which examples hypothesis draws changed with the tests that ran
+    before in the process (the search found this in 300 examples alone, not after the binder's
+    tests), so a search here passed or failed by test order."""
     with pytest.raises(AssertionError, match="over its quota"):
-        run_state_machine_as_test(
-            BrokenQuotaMachine,
-            settings=settings(
-                max_examples=300,
-                stateful_step_count=50,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                phases=(Phase.generate,),
-                suppress_health_check=[HealthCheck.too_slow],
-            ),
-        )
+        _two_replicas_place_both_team_pods_at_once(BrokenQuotaMachine())
+    _two_replicas_place_both_team_pods_at_once(ProtocolMachine())

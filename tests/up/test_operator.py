@@ -275,10 +275,18 @@ def explain(
     """``tessera explain ARGS`` against the system (waiting up to 10 s for an answer unless ARGS
     say otherwise: placers on a loaded machine may take seconds to answer)."""
     timeout = [] if "--timeout-s" in args else ["--timeout-s", "10"]
+    login = []  # the system's own NATS holds per-service identities: log in as its admin
+    if nats_url is None and system.endpoints["nats_user"]:
+        login = [
+            "--nats-user",
+            system.endpoints["nats_user"],
+            "--nats-password-file",
+            system.endpoints["nats_password_file"],
+        ]
     return subprocess.run(
         [
             sys.executable, "-m", "tessera.cli", "explain", *args, *timeout,
-            "--nats-url", nats_url or system.endpoints["nats_url"],
+            "--nats-url", nats_url or system.endpoints["nats_url"], *login,
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=60, env=environment_without_proxies(),
     )  # fmt: skip
