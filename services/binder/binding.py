@@ -6,7 +6,8 @@ node's lock, so two decisions on one node never pass the ambiguity gate together
 times out has an unknown outcome and is read back); create the Binding (the assignment
 annotations ride on it and land with ``spec.nodeName`` in one write; 409 with the pod already on
 this node counts as done); publish the ``BindingResult``. A decision held at the gate waits for the
-record it waits on to move, at most ``gate_timeout_s``, then fails back to the placer. The gate
+record it waits on to move, at most ``gate_timeout_s`` for each record it waits on (a queue that
+moves never times out), then fails back to the placer. The gate
 waits only for records that stand for a placer's commit, or one a placer is withdrawing
 (``shared.commits``: the pod's claim and the node's ledger entry, read when a record first holds
 a decision back): a record anyone else made up holds no real pod back, and is counted in
@@ -226,14 +227,14 @@ class DecisionBinder:
         return True
 
     async def _bind(self, decision: PlacementDecision) -> None:
-        gate_deadline: float | None = None
+        gate_deadline = 0.0
+        blocked_by: tuple[str, int] | None = None
         while True:
             checkpoint()
             plan, version = await self._plan(decision)
             if isinstance(plan, Wait):
                 now = self._clock.monotonic()
-                if gate_deadline is None:
-                    gate_deadline = now + self._gate_timeout_s
+                if blocked_by is None:
                     log.info(
                         "held by the ambiguity gate",
                         extra={
@@ -241,17 +242,26 @@ class DecisionBinder:
                             "reason": plan.reason,
                         },
                     )
+                blocker = (plan.blocker.key, plan.blocker.revision)
+                if blocker != blocked_by:
+                    # The node's queue moved (another pod got its devices, or the one waited on
+                    # advanced): wait again in full. Only a blocker that stays put fails the pod
+                    # back; a deadline counted from the first wait failed the tail of every
+                    # burst queued on one node, and its requeue landed on the same node again.
+                    blocked_by = blocker
+                    gate_deadline = now + self._gate_timeout_s
                 if now >= gate_deadline:
                     self._metrics.gate_waits.labels(outcome="timed_out").inc()
                     await self._report(
                         decision,
                         "failed",
-                        f"{plan.reason}; gave up after {self._gate_timeout_s:g} s",
+                        f"{plan.reason}; gave up after {self._gate_timeout_s:g} s without "
+                        "it moving",
                     )
                     return
                 await self._records.changed.wait_past(version, min(1.0, gate_deadline - now))
                 continue
-            if gate_deadline is not None:
+            if blocked_by is not None:
                 self._metrics.gate_waits.labels(outcome="passed").inc()
             break
         if isinstance(plan, Drop):

@@ -475,6 +475,48 @@ async def test_a_pod_held_at_the_gate_too_long_fails_back_to_the_placer(
     assert (await get_record(bus, second.pod_uid)).state == "reserved"  # type: ignore[union-attr]
 
 
+async def test_a_queue_that_moves_never_times_out_at_the_gate(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """Issue 22: a burst queued on one node passes the gate one pod per Allocate. A deadline
+    counted from the first wait failed the tail of the queue (and its requeue landed on the same
+    node again); a waiting pod now times out only when the record it waits on stays put."""
+    results = await collect(bus, subjects.BINDINGS_ALL)
+    timeout_s = 2.0
+    async with start_binder(gate_timeout_s=timeout_s):
+        queued = []
+        for name, gpu_index in (("first", 0), ("second", 1), ("third", 2)):
+            uid = uid_of(api.create(POD, pod(name)))
+            queued.append(record(uid, name, slices("main", (gpu_index, 1, 1))))
+        for rec in queued:
+            await put_record(bus, rec)
+            await publish_decision(bus, rec)
+        started = asyncio.get_running_loop().time()
+        by_name = {rec.name: rec for rec in queued}
+        for count in (1, 2, 3):
+            await eventually(
+                lambda count=count: len(results.deliveries) == count,
+                timeout=timeout_s,
+                what=f"{count} pods bound",
+            )
+            latest = results.decoded(BindingResult)[-1]
+            assert latest.outcome == "bound", latest
+            # Each Allocate comes 0.6 of the gate's time after the last: the last pod waits 1.2
+            # times the gate's time in all, behind two records that each moved in time.
+            await asyncio.sleep(0.6 * timeout_s)
+            bound = await get_record(bus, by_name[latest.name].pod_uid)
+            assert bound is not None and bound.state == "bound"
+            await bus.kv_put(
+                subjects.KV_ASSIGNMENTS,
+                subjects.assignment_key(bound.node, bound.pod_uid),
+                codec.encode(msgspec.structs.replace(bound, state="allocated")),
+            )
+        waited = asyncio.get_running_loop().time() - started
+    outcomes = {r.name: r.outcome for r in results.decoded(BindingResult)}
+    assert outcomes == {"first": "bound", "second": "bound", "third": "bound"}, outcomes
+    assert waited > timeout_s, "the last pod waited longer than one gate time"
+
+
 async def test_a_forged_bound_record_holds_no_real_pod_at_the_gate(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
