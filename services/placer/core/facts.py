@@ -12,7 +12,6 @@ import functools
 from dataclasses import dataclass
 
 from services.placer.core.model import GPU_MILLI, ContainerRequest, PodRequest
-from services.placer.core.shape import GpuShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +41,6 @@ class ShareAsk:
         memory = self.memory_on(gpu_total_mib)
         memory_milli = -(-memory * GPU_MILLI // gpu_total_mib) if gpu_total_mib else 0
         return max(self.core_milli, memory_milli)
-
-    def fits(self, gpu: GpuShape) -> bool:
-        """Whether one share of this ask fits on ``gpu`` as it is now (health included)."""
-        if not gpu.healthy or gpu.exclusive or gpu.slots_free == 0:
-            return False
-        if self.whole:
-            return gpu.idle
-        return gpu.core_milli_free >= self.core_milli and gpu.memory_free_mib >= self.memory_on(
-            gpu.memory_total_mib
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, runtime_checkable
 
@@ -36,9 +36,7 @@ import msgspec
 
 from services.placer.core.facts import PodFacts, ShareAsk, pod_facts
 from services.placer.core.index import ClusterIndex
-from services.placer.core.ledger import take_share
 from services.placer.core.model import (
-    GPU_MILLI,
     ContainerPlacement,
     Decision,
     GpuSlice,
@@ -49,6 +47,7 @@ from services.placer.core.model import (
     RejectionReason,
     Reservation,
 )
+from services.placer.core.search import assign, slice_memory
 from services.placer.core.shape import GpuShape, NodeShape, gpu_shape
 
 StatusCode = Literal["success", "unschedulable", "unresolvable"]
@@ -113,23 +112,26 @@ class NormalizingScore(Score, Protocol):
 
 
 class GpuChooser(Protocol):
-    """Picks the GPU for one share among ``candidates`` (all fit, none used by this container).
+    """Orders the GPUs one share may go on, most preferred first: the GPU choice's only say.
 
-    ``working`` is the node's GPUs with the pod's earlier shares already taken; ``placed`` are
-    those earlier shares. Must be deterministic given ``rng``.
+    ``gpus`` are ``node.gpus`` as the pod's earlier shares left them (``gpus[i]`` is
+    ``node.gpus[i]``), ``candidates`` the positions the share fits on that its container does not
+    use yet, ``chosen`` the positions of the pod's earlier shares. The search over GPUs
+    (``search.py``) takes the first candidate and goes on to the next only when the first leaves a
+    later share no room. Must be deterministic given ``rng``.
     """
 
     name: str
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState: ...
+    ) -> list[int]: ...
 
 
 TieBreak = Literal["rank", "random"]
@@ -423,49 +425,48 @@ def gpu_admitted(facts: PodFacts, gpu: GpuShape, gpu_filters: Sequence[GpuFilter
 
 
 def _slice_for(ask: ShareAsk, gpu: GpuState) -> GpuSlice:
-    if ask.whole:
-        return GpuSlice(
-            index=gpu.index,
-            uuid=gpu.uuid,
-            memory_mib=gpu.memory_free_mib,
-            core_milli=GPU_MILLI,
-            exclusive=True,
-        )
     return GpuSlice(
         index=gpu.index,
         uuid=gpu.uuid,
-        memory_mib=ask.memory_on(gpu.memory_total_mib),
+        memory_mib=slice_memory(ask, gpu),
         core_milli=ask.core_milli,
+        exclusive=ask.whole,
     )
 
 
 def place_on_node(
     facts: PodFacts, node: NodeState, profile: Profile, rng: random.Random
 ) -> Reservation | None:
-    """Choose GPUs for every share of ``facts`` on ``node`` with the profile's chooser.
+    """Choose GPUs for every share of ``facts`` on ``node``: the search over GPUs
+    (``search.py``) in the order of the profile's chooser.
 
-    The chooser picks share by share, so for a pod of several containers its early picks can
-    leave a later share nowhere to go where the fit filter's smallest-fitting-GPU-first order
-    (which found the node fits) does not: then that order places the pod. None only when the
-    shares do not fit at all (the fit filter guarantees they do for a chosen node).
+    The chooser's search finds GPUs whenever the fit filter's does (both are complete); should it
+    run out of steps first, the fit filter's own assignment (the same search on the node's shape)
+    is taken. None only when the shares do not fit at all, which the fit filter rules out for a
+    node it passed.
     """
     chooser = profile.chooser_for(facts)
+    gpus = [gpu_shape(g) for g in node.gpus]
+    admitted = [gpu_admitted(facts, g, profile.gpu_filters) for g in gpus]
 
-    def chosen(
-        working: list[GpuState], candidates: list[GpuState], placed: list[GpuSlice]
-    ) -> GpuState:
-        return chooser.pick(facts, node, working, candidates, placed, rng)
+    def prefer(now: Sequence[GpuShape], candidates: list[int], chosen: Sequence[int]) -> list[int]:
+        return chooser.order(facts, node, now, candidates, chosen, rng)
 
-    def smallest_fitting(
-        working: list[GpuState], candidates: list[GpuState], placed: list[GpuSlice]
-    ) -> GpuState:
-        return min(candidates, key=_room_left)
-
-    containers = _choose_gpus(facts, node, profile, chosen)
-    if containers is None and len(facts.asks) > 1:
-        containers = _choose_gpus(facts, node, profile, smallest_fitting)
-    if containers is None:
+    positions = assign(facts.asks, gpus, admitted, prefer)
+    if positions is None:
+        shaped = sorted(range(len(gpus)), key=gpus.__getitem__)  # the node shape's GPU order
+        found = assign(facts.asks, [gpus[i] for i in shaped], [admitted[i] for i in shaped])
+        positions = None if found is None else tuple(shaped[p] for p in found)
+    if positions is None:
         return None
+    flat = iter(positions)
+    containers = tuple(
+        ContainerPlacement(
+            container=ask.container,
+            gpus=tuple(_slice_for(ask, node.gpus[next(flat)]) for _ in range(ask.shares)),
+        )
+        for ask in facts.asks
+    )
     return Reservation(
         pod_uid=facts.request.uid,
         node=node.name,
@@ -474,48 +475,3 @@ def place_on_node(
         containers=containers,
         kind=facts.kind,
     )
-
-
-def _room_left(gpu: GpuState) -> tuple[int, int]:
-    shape = gpu_shape(gpu)
-    return shape.memory_free_mib, shape.core_milli_free
-
-
-_Pick = Callable[[list[GpuState], list[GpuState], list[GpuSlice]], GpuState]
-"""Which candidate GPU takes the next share: (working GPUs, candidates, slices placed so far)."""
-
-
-def _choose_gpus(
-    facts: PodFacts, node: NodeState, profile: Profile, pick: _Pick
-) -> tuple[ContainerPlacement, ...] | None:
-    """Every share of ``facts`` on a GPU of ``node``, one share at a time as ``pick`` says; None
-    when a share has no room."""
-    working = list(node.gpus)
-    position = {g.index: i for i, g in enumerate(working)}
-    admitted = {
-        g.index for g in node.gpus if gpu_admitted(facts, gpu_shape(g), profile.gpu_filters)
-    }
-    placed: list[GpuSlice] = []
-    containers: list[ContainerPlacement] = []
-    for ask in facts.asks:
-        used: set[int] = set()
-        mine: list[GpuSlice] = []
-        for _ in range(ask.shares):
-            candidates = [
-                g
-                for g in working
-                if g.index in admitted and g.index not in used and ask.fits(gpu_shape(g))
-            ]
-            if not candidates:
-                return None
-            gpu = pick(working, candidates, placed)
-            piece = _slice_for(ask, gpu)
-            taken = take_share(gpu, piece, facts.request.uid)
-            if isinstance(taken, str):
-                return None
-            working[position[gpu.index]] = taken
-            used.add(gpu.index)
-            mine.append(piece)
-            placed.append(piece)
-        containers.append(ContainerPlacement(container=ask.container, gpus=tuple(mine)))
-    return tuple(containers)
