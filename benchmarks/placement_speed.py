@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.placer.core.framework import decide
+from services.placer.core.cycle import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile

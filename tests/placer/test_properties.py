@@ -24,8 +24,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from services.placer.core.cycle import decide
 from services.placer.core.facts import ShareAsk, pod_facts
-from services.placer.core.framework import decide, place_on_node
+from services.placer.core.framework import place_on_node
 from services.placer.core.index import ClusterIndex
 from services.placer.core.ledger import book
 from services.placer.core.model import (

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.placer.core.cycle import decide
 from services.placer.core.facts import ShareAsk, pod_facts
-from services.placer.core.framework import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.ledger import take_share
 from services.placer.core.model import Decision, GpuSlice, GpuState, NodeState, PodRequest

@@ -11,7 +11,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from services.placer.core.model import GPU_MILLI, ContainerRequest, PodRequest
+from services.placer.core.model import (
+    GPU_MILLI,
+    ContainerRequest,
+    PodRequest,
+    Rejection,
+    RejectionReason,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,4 +155,14 @@ def pod_facts(request: PodRequest) -> PodFacts:
         fractional=fractional,
         kind=kind,
         invalid=_invalid(request),
+    )
+
+
+def invalid_rejection(facts: PodFacts, *, nodes: int, now: float) -> Rejection:
+    """The rejection of a request that can never be placed (``facts.invalid``): unresolvable."""
+    return Rejection(
+        pod_uid=facts.request.uid,
+        reasons=(RejectionReason(reason=f"invalid request: {facts.invalid}", nodes=nodes),),
+        unresolvable=True,
+        decided_at=now,
     )

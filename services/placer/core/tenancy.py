@@ -7,9 +7,10 @@ the service shell owns one and keeps it current:
 - ``configure(config, cluster)`` swaps the config *live*: membership is resolved again and written
   onto the cluster's node states, so the very next decision uses it (no restart);
 - ``annotate(node)`` marks a node's groups before the shell stores new inventory for it;
-- ``decide(pod, cluster, profile, now=...)`` chooses the pod's group (label, best fit, or the
-  tenant's permitted set), runs the framework with the ``group`` filter and the ``quota``
-  PreFilter, and checks the exact quota once GPUs are chosen;
+- ``choose(pod, cluster)`` chooses the pod's group (label, best fit, or the tenant's permitted
+  set) and ``over_quota(tenant, reservation)`` checks the exact quota once GPUs are chosen: the
+  placement cycle (``cycle.py``) runs them around the framework, whose ``group`` filter and
+  ``quota`` PreFilter come from ``plugins()``;
 - ``reserve(pod, decision, cluster)`` / ``release(uid, cluster)`` book and give back the
   reservation in the ledger *and* the tenant's usage, both idempotent;
 - ``set_committed(tenant, charges)`` tells it what the shared usage entry of a tenant with a quota
@@ -23,13 +24,9 @@ the service shell owns one and keeps it current:
 
 from __future__ import annotations
 
-import random
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import msgspec
-
-from services.placer.core import framework
 from services.placer.core.facts import pod_facts
 from services.placer.core.groups import (
     GroupChoice,
@@ -45,8 +42,6 @@ from services.placer.core.model import (
     Decision,
     NodeState,
     PodRequest,
-    Rejection,
-    RejectionReason,
     Reservation,
 )
 from services.placer.core.plugins.groups import GroupFilter
@@ -164,50 +159,11 @@ class Tenancy:
     def choose(self, pod: PodRequest, cluster: ClusterIndex) -> GroupChoice:
         return choose_group(pod_facts(pod), self.config, self.membership, _Nodes(cluster))
 
-    def decide(
-        self,
-        pod: PodRequest,
-        cluster: ClusterIndex,
-        profile: framework.Profile,
-        *,
-        now: float,
-        rng: random.Random | None = None,
-        avoid: Collection[str] = (),
-    ) -> Decision | Rejection:
-        """Place ``pod`` within its group, permissions and quota (nothing is booked yet).
-
-        ``avoid``: nodes not to choose (see ``framework.decide``).
-
-        ``profile`` must carry this tenancy's plugins (``build_profile(..., **plugins())``).
-        """
-        if pod_facts(pod).invalid:
-            return framework.decide(pod, cluster, profile, now=now, rng=rng)
-        choice = self.choose(pod, cluster)
-        if not choice.ok:
-            return Rejection(
-                pod_uid=pod.uid,
-                reasons=(RejectionReason(reason=choice.reason, nodes=len(cluster)),),
-                unresolvable=choice.unresolvable,
-                decided_at=now,
-            )
-        placed = (
-            pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
-        )
-        decision = framework.decide(placed, cluster, profile, now=now, rng=rng, avoid=avoid)
-        if isinstance(decision, Rejection):
-            return decision
-        reason = self._over_quota(pod.tenant, decision)
-        if reason:
-            return Rejection(
-                pod_uid=pod.uid,
-                reasons=(RejectionReason(reason=reason, nodes=1),),
-                decided_at=now,
-            )
-        return decision
-
-    def _over_quota(self, tenant: str, decision: Decision) -> str:
+    def over_quota(self, tenant: str, reservation: Reservation) -> str:
+        """Why ``reservation`` would take ``tenant`` over its quota (the exact check, once GPUs
+        are chosen); empty when it would not."""
         return quota_reason(
-            self.quota_of(tenant), self.used(tenant), reservation_usage(decision.reservation)
+            self.quota_of(tenant), self.used(tenant), reservation_usage(reservation)
         )
 
     # -- booking ---------------------------------------------------------------------------------

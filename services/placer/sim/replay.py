@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from services.placer.core.cycle import decide
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
-from services.placer.core.framework import Profile, decide
+from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import (
     ContainerRequest,
