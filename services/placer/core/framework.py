@@ -35,7 +35,7 @@ import random
 import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal, Protocol, cast, runtime_checkable
+from typing import Final, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -372,17 +372,18 @@ def _select(
     feasible = 0
     added = 0
     for sid, ranks in cluster.groups.items():
-        value = memo.get(sid)
-        if value is None:
+        if sid in memo:
+            value = memo[sid]
+        else:
             value = memo[sid] = judge(pod, shapes[sid])
             added += 1
-        if isinstance(value, str):
+        if value.__class__ is str:  # why the shape does not fit
             continue
-        usable = len(_usable(ranks, excluded))
+        usable = len(_usable(ranks, excluded)) if excluded else len(ranks)
         if not usable:
             continue
         feasible += usable
-        total = cast(float, value)  # no plugin normalises
+        total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
         if total > best:
             best = total
             tied = [sid]

@@ -131,7 +131,7 @@ def assign(
     starts = {first: n for n, first in enumerate(dict.fromkeys(firsts))}
     """Position in ``shares`` of each container's first share -> the container's place in
     ``asks``."""
-    if not _may_fit(asks, gpus, admitted):
+    if len(shares) > 1 and not _may_fit(asks, gpus, admitted):
         return None
     rooms = list(gpus)
     chosen: list[int] = []
