@@ -46,7 +46,7 @@ def trace_cluster(policy: str, seed: int) -> str:
     result = replay(
         nodes,
         tasks,
-        build_profile(policy, typical_tasks=typical),
+        policy,
         order=node_order(nodes, seed=seed),
         typical=typical,
         seed=seed,
