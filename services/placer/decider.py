@@ -183,14 +183,7 @@ def verdicts(
             )
             continue
         if detail and shape_id not in weighted:
-            raw = judgement if isinstance(judgement, tuple) else None
-            shape = index.shapes[shape_id]
-            weighted[shape_id] = {
-                plugin.name: weight * value
-                for (plugin, weight), value in zip(
-                    chosen.scores, raw or chosen.raw_scores(prepared.facts, shape), strict=True
-                )
-            }
+            weighted[shape_id] = chosen.weighted(prepared.facts, index.shapes[shape_id])
         found.append(
             NodeVerdict(
                 node=name, fits=True, score=totals[shape_id], scores=weighted.get(shape_id, {})

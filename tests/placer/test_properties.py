@@ -231,7 +231,7 @@ def test_the_filter_says_a_node_fits_exactly_when_gpus_are_found_there(
 ) -> None:
     compiled = GROUPED[profile].for_pod(request)
     facts = pod_facts(request)
-    fits = compiled.reject_reason(facts, node_shape(state)) is None
+    fits = not isinstance(compiled.judge(facts, node_shape(state)), str)
     found = place_on_node(facts, state, compiled, random.Random(7)) if fits else None
     assert fits == fits_by_brute_force(request, state)
     assert fits == (found is not None)

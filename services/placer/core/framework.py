@@ -191,15 +191,10 @@ class Profile:
             return self.gpu_choices[policy]
         return self.gpu_choice
 
-    def reject_reason(self, pod: PodFacts, shape: NodeShape) -> str | None:
-        for plugin in self.filters:
-            reason = plugin.filter(pod, shape)
-            if reason is not None:
-                return reason
-        return None
-
-    def raw_scores(self, pod: PodFacts, shape: NodeShape) -> list[float]:
-        return [plugin.score(pod, shape) for plugin, _ in self.scores]
+    def weighted(self, pod: PodFacts, shape: NodeShape) -> dict[str, float]:
+        """Each plugin's weighted score of a feasible shape (a decision's and an explanation's
+        detail)."""
+        return {plugin.name: weight * plugin.score(pod, shape) for plugin, weight in self.scores}
 
     @property
     def normalizing(self) -> bool:
@@ -207,7 +202,7 @@ class Profile:
         return self._normalizing
 
     def totals(self, rows: Sequence[Sequence[float]]) -> list[float]:
-        """The weighted score of each feasible shape, given its :meth:`raw_scores`; a
+        """The weighted score of each feasible shape, given its raw scores (:meth:`judge`); a
         normalising plugin's column is rescaled over ``rows`` first, as a decision does over
         every feasible shape."""
         columns: list[Sequence[float]] = [[row[i] for row in rows] for i in range(len(self.scores))]
@@ -231,7 +226,7 @@ class Profile:
 
     def judge(self, pod: PodFacts, shape: NodeShape) -> Judgement:
         """Why ``shape`` does not fit the pod, else its score: the weighted total, or for a
-        profile that normalises its :meth:`raw_scores` (weighted by :meth:`totals` once every
+        profile that normalises each plugin's raw score (weighted by :meth:`totals` once every
         feasible shape's are known)."""
         for plugin in self.filters:
             reason = plugin.filter(pod, shape)
@@ -321,15 +316,12 @@ def schedule(
     reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
     if reservation is None:  # the fit filter said yes, so this is a bug
         raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
-    shape = cluster.shape_of(node.name)
-    scores = {
-        plugin.name: weight * value
-        for (plugin, weight), value in zip(
-            profile.scores, profile.raw_scores(pod, shape), strict=True
-        )
-    }
     return Decision(
-        reservation=reservation, score=best, scores=scores, feasible_nodes=feasible, decided_at=now
+        reservation=reservation,
+        score=best,
+        scores=profile.weighted(pod, cluster.shape_of(node.name)),
+        feasible_nodes=feasible,
+        decided_at=now,
     )
 
 
