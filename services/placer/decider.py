@@ -161,8 +161,7 @@ def verdicts(
         totals = dict(zip(fitting, chosen.totals(rows), strict=True))
     else:
         totals = {sid: cast(float, total) for sid, total in fitting.items()}
-    weighted: dict[int, dict[str, float]] = {}
-    """Each fitting shape's weighted score per plugin (with ``detail``)."""
+    weighted: dict[int, dict[str, float]] = {}  # with detail: each fitting shape's, per plugin
     found: list[NodeVerdict] = []
     for name, shape_id in zip(names, shape_ids, strict=True):
         if shape_id is None:

@@ -124,13 +124,10 @@ def assign(
     """Positions in ``gpus`` where ``asks``' shares go, one per share in ask order: the first
     assignment in ``prefer``'s order; None when the shares do not fit (module docstring)."""
     shares = [ask for ask in asks for _ in range(ask.shares)]
-    firsts: list[int] = []
-    """For each share, the position in ``shares`` of its container's first share."""
+    firsts: list[int] = []  # for each share, the position of its container's first share
     for ask in asks:
         firsts += [len(firsts)] * ask.shares
-    starts = {first: n for n, first in enumerate(dict.fromkeys(firsts))}
-    """Position in ``shares`` of each container's first share -> the container's place in
-    ``asks``."""
+    starts = {first: n for n, first in enumerate(dict.fromkeys(firsts))}  # -> place in asks
     if len(shares) > 1 and not _may_fit(asks, gpus, admitted):
         return None
     rooms = list(gpus)
