@@ -1,11 +1,15 @@
 """Placement quality on the Alibaba 2023 GPU traces, FGD methodology, against the published figures.
 
-Runs ``tessera simulate``'s replay for every (trace, policy, seed) and prints, per trace, the
-unallocated GPU share at 100 % arrived (mean and median over seeds), the published mean where the
-perf-anchor note gives one, and the gap. Asserts nothing.
+Runs ``tessera simulate``'s replay for every (trace, task mix, policy, seed) and prints, per trace
+and mix, the unallocated GPU share at 100 % arrived (mean and median over seeds), the published
+mean where the perf-anchor note gives one, and the gap. Asserts nothing.
+
+``--mixes trace`` (default) gives FGD and tessera the whole trace's typical task mix in advance,
+as the FGD artifact does (the published figures are measured so); ``online`` the mix the placer
+service learns from the pods placed so far; ``trace,online`` runs both.
 
     .venv/bin/python benchmarks/placement_quality.py --traces default --seeds 42-51 --jobs 2
-    .venv/bin/python benchmarks/placement_quality.py --traces all --seeds 42-51 --jobs 2
+    .venv/bin/python benchmarks/placement_quality.py --traces all --mixes trace,online --jobs 2
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from services.placer.sim import report
 from services.placer.sim.command import Job, parse_seeds, run_jobs
+from services.placer.sim.replay import Mix
 from services.placer.sim.trace import load_nodes, load_tasks
 from services.placer.sim.workload import typical_tasks
 
@@ -76,25 +81,34 @@ def main() -> int:
     parser.add_argument("--traces", default="default", help="comma-separated, or 'all'")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
+    parser.add_argument("--mixes", default="trace", help="trace, online, or trace,online")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the full summaries here")
     args = parser.parse_args()
     traces = sorted(PUBLISHED) if args.traces == "all" else args.traces.split(",")
+    mixes: list[Mix] = []
+    for mix in args.mixes.split(","):
+        if mix not in ("trace", "online"):
+            parser.error(f"unknown task mix {mix!r} (known: trace, online)")
+        mixes.append("online" if mix == "online" else "trace")
     nodes = tuple(load_nodes(DATA / "openb_node_list_gpu_node.csv"))
-    everything = {}
-    for trace in traces:
+    everything: dict[str, dict[str, object]] = {}
+    for trace, mix in ((trace, mix) for trace in traces for mix in mixes):
         original = tuple(load_tasks(DATA / f"openb_pod_list_{trace}.csv"))
         typical = typical_tasks(original)
         jobs = [
-            Job(policy, seed, nodes, original, typical, 1.3)
+            Job(policy, seed, nodes, original, typical, 1.3, mix)
             for policy in args.policies.split(",")
             for seed in args.seeds
         ]
         started = time.perf_counter()
         summary = report.summarize(run_jobs(jobs, args.jobs, show=False))
         elapsed = time.perf_counter() - started
-        everything[trace] = summary
-        print(f"\n== {trace}: {len(args.seeds)} seeds, {elapsed:.0f} s wall, --jobs {args.jobs}")
+        everything[f"{trace}/{mix}"] = summary
+        print(
+            f"\n== {trace}, {mix} task mix: {len(args.seeds)} seeds, {elapsed:.0f} s wall, "
+            f"--jobs {args.jobs}"
+        )
         print(
             f"{'policy':<11} {'unalloc@100 mean':>17} {'median':>7} {'published':>9} {'gap':>6} "
             f"{'unalloc@130':>11} {'frag@100':>8}"

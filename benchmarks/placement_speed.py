@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.placer.core.framework import decide
+from services.placer.core.cycle import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile
@@ -46,7 +46,7 @@ def trace_cluster(policy: str, seed: int) -> str:
     result = replay(
         nodes,
         tasks,
-        build_profile(policy, typical_tasks=typical),
+        policy,
         order=node_order(nodes, seed=seed),
         typical=typical,
         seed=seed,

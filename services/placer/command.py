@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
+from services.placer import mix
 from services.placer.config import (
     ConfigFileError,
     is_builtin_profile,
@@ -84,7 +85,7 @@ class PlacerSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
             description="newest placed pods the typical task mix (FGD, tessera profile) is "
             "learned from",
         ),
-    ] = 2000
+    ] = mix.WINDOW
     ack_wait_s: Annotated[
         float,
         msgspec.Meta(

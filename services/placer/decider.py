@@ -1,7 +1,8 @@
 """Deciding one pod on the current :class:`~.state.ClusterView` (pure: no I/O, time passed in).
 
-:func:`decide` runs the placement core for a pod (tenancy's group choice and quota, then the
-profile), and when nothing fits says how the pod should wait:
+:func:`decide` runs the placement cycle for a pod (``core/cycle.py``: validation, the tenancy's
+group choice and quota, the profile) on the view, and when nothing fits says how the pod should
+wait:
 
 - an **invalid** request is final: rejected as unresolvable and never tried again;
 - a pod **too large for every node** (or refused by the tenancy config: unknown group, no
@@ -10,21 +11,24 @@ profile), and when nothing fits says how the pod should wait:
 - any other pod waits for capacity to be given back (``wake="freed"``).
 
 The same view serves the scheduler extender (issue 14): :func:`decide_on` places a pod on the one
-node kube-scheduler chose, and :func:`verdicts` is filter and prioritize over a list of nodes. Both
-go through the same profile, tenancy and, in the shell, the same commit.
+node kube-scheduler chose, and :func:`verdicts` is filter and prioritize over a list of nodes:
+the same cycle's steps before any node is looked at (``cycle.prepare``), then each node's
+judgement from the memo decisions select from. All go through the same profile, tenancy and,
+in the shell, the same commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import msgspec
 
 from services.placer import translate
+from services.placer.core import cycle, framework
 from services.placer.core.facts import pod_facts
-from services.placer.core.framework import CycleState, Profile
+from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
 from services.placer.core.plugins.fit import CAPACITY_REASONS
@@ -60,27 +64,16 @@ def decide(
     only when nothing else fits (then the pod is decided as if none were avoided).
     """
     facts = pod_facts(pod)
-    if facts.invalid:
-        return Waiting(
-            rejection=Rejection(
-                pod_uid=pod.uid,
-                reasons=(
-                    RejectionReason(
-                        reason=f"invalid request: {facts.invalid}", nodes=len(view.index)
-                    ),
-                ),
-                unresolvable=True,
-                decided_at=now,
-            ),
-            final=True,
-            wake="grown",
-        )
-    index, kept_out = _servable(view, pod)
-    outcome = view.tenancy.decide(pod, index, profile, now=now, avoid=avoid)
-    if avoid and not isinstance(outcome, Decision):
-        outcome = view.tenancy.decide(pod, index, profile, now=now)
+    index, kept_out = (view.index, 0) if facts.invalid else _servable(view, pod)
+    outcome = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoid)
     if isinstance(outcome, Decision):
         return outcome
+    if facts.invalid:
+        return Waiting(rejection=outcome, final=True, wake="grown")
+    if avoid:
+        outcome = cycle.decide(pod, index, profile, view.tenancy, now=now)
+        if isinstance(outcome, Decision):
+            return outcome
     too_large = view.too_large(facts)
     if too_large:
         rejection = Rejection(
@@ -136,7 +129,7 @@ def decide_on(
         )
         return Waiting(rejection=rejection, final=False, wake="grown")
     single = ClusterIndex([view.index.node(node)])
-    outcome = view.tenancy.decide(pod, single, profile, now=now)
+    outcome = cycle.decide(pod, single, profile, view.tenancy, now=now)
     if isinstance(outcome, Decision):
         return outcome
     why = view.reason(node)
@@ -178,52 +171,26 @@ def verdicts(
     scheduling cycle, for pods that often ask alike).
     """
     names = sorted(n.name for n in view.index) if nodes is None else list(nodes)
-    facts = pod_facts(pod)
-    if facts.invalid:
-        why = f"invalid request: {facts.invalid}"
-        return [NodeVerdict(node=n, fits=False, reason=why, unresolvable=True) for n in names]
-    choice = view.tenancy.choose(pod, view.index)
-    if not choice.ok:
+    index = view.index
+    prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
+    if isinstance(prepared, Rejection):  # invalid, refused by the tenancy, over the quota
+        why = prepared.reasons[0].reason
         return [
-            NodeVerdict(node=n, fits=False, reason=choice.reason, unresolvable=choice.unresolvable)
+            NodeVerdict(node=n, fits=False, reason=why, unresolvable=prepared.unresolvable)
             for n in names
         ]
-    placed = pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
-    chosen = profile.for_pod(placed)
-    facts = chosen.facts(placed, placed.placement_key())
-    state = CycleState()
-    for pre in chosen.pre_filters:  # the tenant's quota: no node helps a pod over it
-        status = pre.pre_filter(facts, view.index, state)
-        if not status.ok:
-            unresolvable = status.code == "unresolvable"
-            return [
-                NodeVerdict(node=n, fits=False, reason=status.reason, unresolvable=unresolvable)
-                for n in names
-            ]
-    index = view.index
-    memo = chosen.judged(index, placed.placement_key())
-    shape_of = index.shape_id_or_none
-    shape_ids = [shape_of(name) for name in names]
-    judged: dict[int, str | tuple[list[float], float]] = {}
-    for shape_id in shape_ids:
-        if shape_id is None or shape_id in judged:
-            continue
-        judgement = memo.get(shape_id)
-        if judgement is None:
-            judgement = memo[shape_id] = chosen.judge(facts, index.shapes[shape_id])
-            index.memo_size += 1
-        judged[shape_id] = judgement
-    fitting = {sid: j for sid, j in judged.items() if not isinstance(j, str)}
+    chosen = prepared.profile
+    shape_ids = [index.shape_id_or_none(name) for name in names]
+    judged = framework.judgements(
+        prepared.facts, index, chosen, (sid for sid in shape_ids if sid is not None)
+    )
+    fitting = {sid: score for sid, score in judged.items() if not isinstance(score, str)}
     if chosen.normalizing:
-        totals = chosen.totals([raw for raw, _ in fitting.values()])
-        fitting = {
-            sid: (raw, t) for (sid, (raw, _)), t in zip(fitting.items(), totals, strict=True)
-        }
-    plugins = [(plugin.name, weight) for plugin, weight in chosen.scores]
-    weighted = {
-        sid: {name: w * v for (name, w), v in zip(plugins, raw, strict=True)} if detail else {}
-        for sid, (raw, _) in fitting.items()
-    }
+        rows = [cast(tuple[float, ...], raw) for raw in fitting.values()]
+        totals = dict(zip(fitting, chosen.totals(rows), strict=True))
+    else:
+        totals = {sid: cast(float, total) for sid, total in fitting.items()}
+    weighted: dict[int, dict[str, float]] = {}  # with detail: each fitting shape's, per plugin
     found: list[NodeVerdict] = []
     kept = view.memory_unit_nodes if translate.needs_gpu_devices(pod) else set()
     for name, shape_id in zip(names, shape_ids, strict=True):
@@ -250,12 +217,14 @@ def verdicts(
                     unresolvable=judgement not in CAPACITY_REASONS,
                 )
             )
-        else:
-            found.append(
-                NodeVerdict(
-                    node=name, fits=True, score=fitting[shape_id][1], scores=weighted[shape_id]
-                )
+            continue
+        if detail and shape_id not in weighted:
+            weighted[shape_id] = chosen.weighted(prepared.facts, index.shapes[shape_id])
+        found.append(
+            NodeVerdict(
+                node=name, fits=True, score=totals[shape_id], scores=weighted.get(shape_id, {})
             )
+        )
     return found
 
 

@@ -10,9 +10,9 @@ from what it places:
   placement. Its spec is (CPU milli, GPU count, GPU milli per GPU, memory MiB), GPU milli being
   the larger of the share's compute and memory fractions of its GPU (1000 for a whole GPU).
 - **Sliding window.** The newest ``window`` pods by decision time (``--task-mix-window``,
-  default 2,000). From them, :func:`~.core.fragmentation.typical_mix` keeps the most frequent
-  specs covering 95 % of the window, each with the median memory of its spec, as in the FGD paper's
-  methodology.
+  default :data:`WINDOW`). From them, :func:`~.core.fragmentation.typical_mix` keeps the most
+  frequent specs covering 95 % of the window, each with the median memory of its spec, as in the
+  FGD paper's methodology.
 - **Prior.** Until enough pods were seen the learned mix is noisy, so it is blended with
   :data:`~.core.profiles.DEFAULT_TYPICAL_TASKS` (a generic shared-GPU cluster) counted as
   :data:`PRIOR_PODS` pods: with ``n`` pods in the window the learned mix weighs
@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 import msgspec
 
 from services.placer.core.fragmentation import TypicalTask, typical_mix, with_median_memory
-from services.placer.core.model import GPU_MILLI
+from services.placer.core.model import GPU_MILLI, Reservation
 from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS
-from shared.messages.ledger import Booking
 
+WINDOW = 2000
+"""Placed pods the mix is learned from, by default."""
 PRIOR_PODS = 200
 """How many pods the prior mix counts as."""
 
@@ -49,22 +50,24 @@ class TaskSpec(msgspec.Struct, frozen=True, kw_only=True, order=True):
     memory_mib: int
 
 
-def task_spec(booking: Booking, gpu_memory_mib: Callable[[str, int], int | None]) -> TaskSpec:
-    """The spec of a booked pod; ``gpu_memory_mib(node, index)`` gives a GPU's total memory."""
-    slices = [s for c in booking.containers for s in c.gpus]
+def task_spec(
+    reservation: Reservation, gpu_memory_mib: Callable[[str, int], int | None]
+) -> TaskSpec:
+    """The spec of a placed pod; ``gpu_memory_mib(node, index)`` gives a GPU's total memory."""
+    slices = [s for c in reservation.containers for s in c.gpus]
     milli = 0
     for piece in slices:
         if piece.exclusive:
             milli = GPU_MILLI
             break
-        total = gpu_memory_mib(booking.node, piece.index) or FALLBACK_GPU_MIB
+        total = gpu_memory_mib(reservation.node, piece.index) or FALLBACK_GPU_MIB
         memory = -(-piece.memory_mib * GPU_MILLI // total)
         milli = max(milli, piece.core_milli, min(GPU_MILLI, memory))
     return TaskSpec(
-        cpu_milli=booking.cpu_milli,
+        cpu_milli=reservation.cpu_milli,
         gpu_milli=milli,
         gpu_count=len(slices),
-        memory_mib=booking.memory_mib,
+        memory_mib=reservation.memory_mib,
     )
 
 

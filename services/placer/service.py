@@ -99,7 +99,7 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from services.placer import board, decider, stats, translate
+from services.placer import board, decider, mix, stats, translate
 from services.placer.board import Posted, WaitingBoard
 from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
@@ -185,7 +185,7 @@ class PlacerConfig:
     release_retention_s: float = 3600.0
     inventory_stale_s: float = 30.0
     max_commit_retries: int = 8
-    task_mix_window: int = 2000
+    task_mix_window: int = mix.WINDOW
     ack_wait_s: float = 30.0
     reconcile_interval_s: float = 30.0
     mix_check_s: float = MIX_CHECK_S

@@ -366,11 +366,14 @@ class ClusterView:
             return True
         self.claim_revisions[pod_uid] = revision
         self.claims[pod_uid] = claim
-        if claim.booking is not None:
-            self.mix.observe(
-                pod_uid, task_spec(claim.booking, self.gpu_memory), claim.booking.decided_at
-            )
+        self._observe(pod_uid, claim)
         return True
+
+    def _observe(self, pod_uid: str, claim: PodClaim) -> None:
+        """Count a placed pod in the task mix."""
+        if claim.booking is not None:
+            placed = translate.reservation_of(claim.booking)
+            self.mix.observe(pod_uid, task_spec(placed, self.gpu_memory), claim.booking.decided_at)
 
     # --- tenants' charges ----------------------------------------------------------------------
 
@@ -474,10 +477,7 @@ class ClusterView:
         for name in sorted(self._nodes):
             self._rebuild(name)
         for uid, claim in self.claims.items():  # now that every GPU's size is known
-            if claim.booking is not None:
-                self.mix.observe(
-                    uid, task_spec(claim.booking, self.gpu_memory), claim.booking.decided_at
-                )
+            self._observe(uid, claim)
 
     # --- deriving node states ------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.placer.core.cycle import decide
 from services.placer.core.fragmentation import TypicalTask, fill_waste, with_median_memory
-from services.placer.core.framework import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision
 from services.placer.core.plugins.fed_fgd import FedFragmentation

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from services.placer.core.facts import PodFacts
-from services.placer.core.framework import SUCCESS, CycleState, Status, decide
+from services.placer.core.cycle import decide
+from services.placer.core.facts import PodFacts, pod_facts
+from services.placer.core.framework import SUCCESS, CycleState, Status, judgements
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection
 from services.placer.core.profiles import build_profile
@@ -213,3 +214,14 @@ def test_same_input_same_decision_across_fresh_profiles() -> None:
         decide(request, ClusterIndex(nodes), build_profile("tessera"), now=1) for _ in range(3)
     ]
     assert outcomes[0] == outcomes[1] == outcomes[2]
+
+
+def test_the_extenders_judgements_and_decisions_share_one_memo() -> None:
+    cluster = ClusterIndex([node(f"n{i}").gpu(used=100 * i).build() for i in range(4)])
+    profile = build_profile("fgd")
+    request = pod().share(300).build()
+    judged = judgements(pod_facts(request), cluster, profile, cluster.groups)
+    assert len(judged) == len(cluster.groups) == cluster.memo_size == 4
+    result = decided(decide(request, cluster, profile, now=0))
+    assert cluster.memo_size == 4  # nothing judged twice
+    assert result.score == max(judged.values())

@@ -9,8 +9,9 @@ import pytest
 from services.placer.core.facts import pod_facts
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.framework import GpuChooser
-from services.placer.core.model import GpuSlice, NodeState, PodRequest
+from services.placer.core.model import NodeState, PodRequest
 from services.placer.core.plugins import gpu_choice
+from services.placer.core.search import share_fits
 from services.placer.core.shape import gpu_shape
 from tests.placer.builders import node, pod
 
@@ -21,22 +22,23 @@ def pick(
     chooser: GpuChooser,
     request: PodRequest,
     state: NodeState,
-    placed: tuple[GpuSlice, ...] = (),
+    chosen: tuple[int, ...] = (),
 ) -> int:
+    """The GPU index ``chooser`` puts first for the pod's next share (``state``'s GPUs are in
+    index order, so positions are indices)."""
     facts = pod_facts(request)
     ask = facts.asks[0]
+    gpus = [gpu_shape(g) for g in state.gpus]
     # Shares of one container never share a GPU; colocate cases place an *earlier container*.
-    taken = set() if isinstance(chooser, gpu_choice.Colocate) else {p.index for p in placed}
-    candidates = [g for g in state.gpus if ask.fits(gpu_shape(g)) and g.index not in taken]
-    return chooser.pick(facts, state, state.gpus, candidates, placed, random.Random(1)).index
-
-
-def slice_on(index: int) -> GpuSlice:
-    return GpuSlice(index=index, uuid="", memory_mib=0, core_milli=0)
+    taken = set() if isinstance(chooser, gpu_choice.Colocate) else set(chosen)
+    candidates = [i for i, g in enumerate(gpus) if share_fits(ask, g) and i not in taken]
+    order = chooser.order(facts, state, gpus, candidates, chosen, random.Random(1))
+    assert sorted(order) == candidates  # an order of the candidates, nothing else
+    return state.gpus[order[0]].index
 
 
 @pytest.mark.parametrize(
-    ("chooser", "request_", "state", "placed", "expected"),
+    ("chooser", "request_", "state", "chosen", "expected"),
     [
         pytest.param(
             gpu_choice.Binpack(),
@@ -82,7 +84,7 @@ def slice_on(index: int) -> GpuSlice:
             gpu_choice.Colocate(),
             pod().share(100).build(),
             node("n").gpu(used=600).gpu(used=100).build(),
-            (slice_on(1),),
+            (1,),
             1,
             id="colocate-with-an-earlier-container",
         ),
@@ -95,7 +97,7 @@ def slice_on(index: int) -> GpuSlice:
             .gpu(numa=0)
             .gpu(numa=1, nvlink=(1,))
             .build(),
-            (slice_on(1),),
+            (1,),
             3,
             id="topology-nvlink-peer",
         ),
@@ -103,7 +105,7 @@ def slice_on(index: int) -> GpuSlice:
             gpu_choice.Topology(),
             pod().container(shares=2, mib=1_000).build(),
             node("n").gpu(numa=1).gpu(numa=0).gpu(numa=0).gpu(numa=1).build(),
-            (slice_on(0),),
+            (0,),
             3,
             id="topology-same-numa",
         ),
@@ -130,19 +132,18 @@ def test_gpu_choice(
     chooser: GpuChooser,
     request_: PodRequest,
     state: NodeState,
-    placed: tuple[GpuSlice, ...],
+    chosen: tuple[int, ...],
     expected: int,
 ) -> None:
-    assert pick(chooser, request_, state, placed) == expected
+    assert pick(chooser, request_, state, chosen) == expected
 
 
 def test_random_choice_is_uniform_over_fitting_gpus() -> None:
     state = node("n").gpus(4).gpu(used=900).build()
     facts = pod_facts(pod().share(300).build())
     rng = random.Random(11)
-    fitting = state.gpus[:4]
+    gpus = [gpu_shape(g) for g in state.gpus]
     seen = {
-        gpu_choice.Random().pick(facts, state, state.gpus, fitting, (), rng).index
-        for _ in range(200)
+        gpu_choice.Random().order(facts, state, gpus, [0, 1, 2, 3], (), rng)[0] for _ in range(200)
     }
     assert seen == {0, 1, 2, 3}

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.placer.core.cycle import decide
 from services.placer.core.facts import pod_facts
 from services.placer.core.groups import (
     GpuKind,
@@ -272,7 +273,7 @@ def test_choose_group(request_: PodRequest, chosen: str | None, reason: str) -> 
 def test_best_fit_counts_what_is_left_not_the_size() -> None:
     # "small" has 2 A100s, "large" 8; with one of small's GPUs taken, a 2-GPU pod goes to large.
     cluster, tenancy, profile = tenant_cluster(NODES, CHOICE_CONFIG)
-    first = tenancy.decide(pod("first", shares=1, models=("A100",)), cluster, profile, now=0.0)
+    first = decide(pod("first", shares=1, models=("A100",)), cluster, profile, tenancy, now=0.0)
     assert isinstance(first, Decision)
     assert tenancy.reserve(pod("first", shares=1), first, cluster) is None
     assert tenancy.choose(pod("second", shares=1, models=("A100",)), cluster).group == "small"
@@ -299,11 +300,11 @@ def test_a_pod_lands_only_on_its_groups_gpus_even_on_a_shared_node() -> None:
     placed: set[tuple[str, int]] = set()
     for i in range(2):
         request = pod(f"v{i}", tenant="vision")
-        decision = tenancy.decide(request, cluster, profile, now=0.0)
+        decision = decide(request, cluster, profile, tenancy, now=0.0)
         placed |= _gpus_of(decision)
         assert tenancy.reserve(request, decision, cluster) is None  # type: ignore[arg-type]
     assert placed == {("n0", 2), ("n0", 3)}
-    full = tenancy.decide(pod("v2", tenant="vision"), cluster, profile, now=0.0)
+    full = decide(pod("v2", tenant="vision"), cluster, profile, tenancy, now=0.0)
     assert isinstance(full, Rejection)
     assert "no resource group has room" in full.message
 
@@ -312,11 +313,11 @@ def test_non_gpu_pod_with_a_group_label_stays_on_the_groups_nodes() -> None:
     config = TenancyConfig(groups=(group("g", nodes=("n1",)),))
     nodes = [node("n0", cpu_milli=128_000), node("n1")]
     cluster, tenancy, profile = tenant_cluster(nodes, config)
-    decision = tenancy.decide(pod("c", shares=0, group="g"), cluster, profile, now=0.0)
+    decision = decide(pod("c", shares=0, group="g"), cluster, profile, tenancy, now=0.0)
     assert isinstance(decision, Decision) and decision.node == "n1"
     # Only n0 has the CPU, but it is outside the group: the pod waits rather than leave it.
-    outside = tenancy.decide(
-        pod("c2", shares=0, group="g", cpu_milli=100_000), cluster, profile, now=0.0
+    outside = decide(
+        pod("c2", shares=0, group="g", cpu_milli=100_000), cluster, profile, tenancy, now=0.0
     )
     assert isinstance(outside, Rejection)
     assert outside.message == "1 node: insufficient CPU; 1 node: not in resource group 'g'"
@@ -325,13 +326,13 @@ def test_non_gpu_pod_with_a_group_label_stays_on_the_groups_nodes() -> None:
 def test_groups_are_updated_live_and_the_next_decision_uses_them() -> None:
     before = TenancyConfig(groups=(group("pool", nodes=("n0",)),))
     cluster, tenancy, profile = tenant_cluster([node("n0"), node("n1")], before)
-    first = tenancy.decide(pod("a"), cluster, profile, now=0.0)
+    first = decide(pod("a"), cluster, profile, tenancy, now=0.0)
     assert isinstance(first, Decision) and first.node == "n0"
     assert tenancy.reserve(pod("a"), first, cluster) is None
 
     after = TenancyConfig(groups=(group("pool", nodes=("n1",)),))
     assert tenancy.configure(after, cluster) == 2  # both nodes re-marked, nothing restarted
-    second = tenancy.decide(pod("b"), cluster, profile, now=1.0)
+    second = decide(pod("b"), cluster, profile, tenancy, now=1.0)
     assert isinstance(second, Decision) and second.node == "n1"
     assert cluster.ledger.get("a") is not None  # the earlier placement is kept
 
@@ -345,9 +346,9 @@ def test_a_new_node_is_marked_before_it_is_stored() -> None:
         )
     )
     cluster, tenancy, profile = tenant_cluster([node("n0")], config)
-    assert isinstance(tenancy.decide(pod("a"), cluster, profile, now=0.0), Rejection)
+    assert isinstance(decide(pod("a"), cluster, profile, tenancy, now=0.0), Rejection)
     cluster.put(tenancy.annotate(node("n0"), labels={"pool": "g"}))
-    assert isinstance(tenancy.decide(pod("a"), cluster, profile, now=0.0), Decision)
+    assert isinstance(decide(pod("a"), cluster, profile, tenancy, now=0.0), Decision)
 
 
 # -- automatic grouping ----------------------------------------------------------------------------
@@ -463,7 +464,7 @@ def test_a_pod_never_lands_outside_its_group_or_permissions(
         request = pod(
             f"p{i}", tenant=tenant, group=label, shares=shares, mib=mib if shares else None
         )
-        decision = tenancy.decide(request, cluster, profile, now=float(i))
+        decision = decide(request, cluster, profile, tenancy, now=float(i))
         if isinstance(decision, Rejection):
             continue
         chosen = tenancy.choose(request, cluster).group

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.placer.core.cycle import decide
 from services.placer.core.facts import pod_facts
 from services.placer.core.framework import Profile
 from services.placer.core.groups import TenancyConfig, TenantQuota
@@ -127,17 +128,17 @@ def _three_gpu_cluster(quota: TenantQuota) -> tuple[ClusterIndex, Tenancy, Profi
 def test_prefilter_rejects_as_data_with_the_remaining_quota() -> None:
     cluster, tenancy, profile = _three_gpu_cluster(RESEARCH)
     first = pod("a", mib=40_960)
-    decision = tenancy.decide(first, cluster, profile, now=0.0)
+    decision = decide(first, cluster, profile, tenancy, now=0.0)
     assert isinstance(decision, Decision)
     assert tenancy.reserve(first, decision, cluster) is None
-    rejected = tenancy.decide(pod("b", mib=40_960), cluster, profile, now=1.0)
+    rejected = decide(pod("b", mib=40_960), cluster, profile, tenancy, now=1.0)
     assert isinstance(rejected, Rejection)
     assert not rejected.unresolvable  # releasing the tenant's pods makes room
     assert rejected.message == (
         "2 nodes: tenant research: GPU memory quota exceeded "
         "(requested 40960 MiB, remaining 8192 MiB)"
     )
-    other = tenancy.decide(pod("c", tenant="vision", mib=40_960), cluster, profile, now=1.0)
+    other = decide(pod("c", tenant="vision", mib=40_960), cluster, profile, tenancy, now=1.0)
     assert isinstance(other, Decision)  # quotas are per tenant
 
 
@@ -149,7 +150,7 @@ def test_exact_usage_is_checked_once_gpus_are_chosen() -> None:
     quota = TenantQuota(tenant="research", gpu_memory_mib=30_000)
     nodes = [node("big", gpus=1, gpu_mib=40_960), node("small", gpus=1, gpu_mib=20_480)]
     cluster, tenancy, profile = tenant_cluster(nodes, TenancyConfig(quotas=(quota,)))
-    decision = tenancy.decide(pod("w"), cluster, profile, now=0.0)
+    decision = decide(pod("w"), cluster, profile, tenancy, now=0.0)
     assert isinstance(decision, Rejection)
     assert decision.message == (
         "1 node: tenant research: GPU memory quota exceeded "
@@ -161,17 +162,17 @@ def test_exact_usage_is_checked_once_gpus_are_chosen() -> None:
 def test_quota_is_updated_live_and_release_gives_quota_back() -> None:
     cluster, tenancy, profile = _three_gpu_cluster(TenantQuota(tenant="research", gpus=1))
     first = pod("a")
-    decision = tenancy.decide(first, cluster, profile, now=0.0)
+    decision = decide(first, cluster, profile, tenancy, now=0.0)
     assert isinstance(decision, Decision)
     assert tenancy.reserve(first, decision, cluster) is None
-    assert isinstance(tenancy.decide(pod("b"), cluster, profile, now=1.0), Rejection)
+    assert isinstance(decide(pod("b"), cluster, profile, tenancy, now=1.0), Rejection)
 
     tenancy.configure(TenancyConfig(quotas=(TenantQuota(tenant="research", gpus=2),)), cluster)
-    assert isinstance(tenancy.decide(pod("b"), cluster, profile, now=2.0), Decision)
+    assert isinstance(decide(pod("b"), cluster, profile, tenancy, now=2.0), Decision)
 
     tenancy.configure(TenancyConfig(quotas=(TenantQuota(tenant="research", gpus=0),)), cluster)
     assert tenancy.used("research").gpus == 1  # lowering a quota evicts nothing
-    assert isinstance(tenancy.decide(pod("b"), cluster, profile, now=3.0), Rejection)
+    assert isinstance(decide(pod("b"), cluster, profile, tenancy, now=3.0), Rejection)
     assert tenancy.release("a", cluster) and not tenancy.release("a", cluster)
     assert tenancy.used("research") == Usage()
 
@@ -179,7 +180,7 @@ def test_quota_is_updated_live_and_release_gives_quota_back() -> None:
 def test_reserve_books_both_or_neither() -> None:
     cluster, tenancy, profile = _three_gpu_cluster(RESEARCH)
     request = pod("a", mib=10_000)
-    decision = tenancy.decide(request, cluster, profile, now=0.0)
+    decision = decide(request, cluster, profile, tenancy, now=0.0)
     assert isinstance(decision, Decision)
     # Book the same GPUs for another pod behind the tenancy's back: the ledger refuses the
     # second booking of the now-busy exclusive GPU, and the tenant is not charged for it.
@@ -241,7 +242,7 @@ def test_a_tenants_quota_is_never_exceeded(
                 tenancy.release(placed.pop(number % len(placed)), cluster)
         else:
             request = pod(f"p{i}", tenant=tenant, shares=number, mib=mib)
-            decision = tenancy.decide(request, cluster, profile, now=float(i))
+            decision = decide(request, cluster, profile, tenancy, now=float(i))
             if (
                 isinstance(decision, Decision)
                 and tenancy.reserve(request, decision, cluster) is None

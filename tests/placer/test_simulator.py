@@ -10,10 +10,29 @@ from pathlib import Path
 import pytest
 
 from services.placer.core.fragmentation import TypicalTask
-from services.placer.core.profiles import build_profile
-from services.placer.sim.replay import Curves, replay
+from services.placer.core.groups import (
+    NodeSelector,
+    ResourceGroup,
+    TenancyConfig,
+    TenantPermission,
+    TenantQuota,
+)
+from services.placer.sim.replay import (
+    MODEL_LABEL,
+    SIM_GPU_MEMORY_MIB,
+    Curves,
+    Mix,
+    ReplayResult,
+    replay,
+)
+from services.placer.sim.synthetic import synthetic_nodes, synthetic_tasks
 from services.placer.sim.trace import TraceError, TraceNode, TraceTask, load_nodes, load_tasks
-from services.placer.sim.workload import node_order, tuned_tasks, typical_tasks
+from services.placer.sim.workload import (
+    cluster_gpu_milli,
+    node_order,
+    tuned_tasks,
+    typical_tasks,
+)
 from tessera.cli import main
 
 
@@ -33,9 +52,7 @@ def test_replay_metrics_by_hand() -> None:
     # Arrived 600/1200/1800/2000 -> buckets 30/60/90/100; allocated 600/1200/1200/1400.
     # Fragments for a 600 task: n1 400 free (stranded), n2 1000 (fits): 400 -> 800 -> 800 -> 600.
     tasks = [share("a", 600), share("b", 600), share("c", 600), share("d", 200)]
-    result = replay(
-        TWO_NODES, tasks, build_profile("binpack"), order=["n1", "n2"], typical=ONLY_600, seed=1
-    )
+    result = replay(TWO_NODES, tasks, "binpack", order=["n1", "n2"], typical=ONLY_600, seed=1)
     assert result.failed == 1
     assert result.curves.buckets() == [30, 60, 90, 100]
     assert result.curves.alloc_at(60) == pytest.approx(60)
@@ -43,6 +60,89 @@ def test_replay_metrics_by_hand() -> None:
     assert 100 - result.curves.alloc_at(100) == pytest.approx(30)  # type: ignore[operator]
     assert result.curves.frag_at(30) == pytest.approx(20)
     assert result.curves.frag_at(100) == pytest.approx(30)
+
+
+def whole(name: str, tenant: str, cpu: int = 1_000) -> TraceTask:
+    return TraceTask(
+        name=name, cpu_milli=cpu, memory_mib=1_000, gpu_count=1, gpu_milli=1000, tenant=tenant
+    )
+
+
+FOUR_NODES = [
+    TraceNode(name=f"n{i}", cpu_milli=64_000, memory_mib=64_000, gpus=2, model=model)
+    for i, model in enumerate(("A100", "A100", "T4", "T4"))
+]
+TENANCY = TenancyConfig(
+    groups=(
+        ResourceGroup(
+            name="a100s", tenants=("ls",), nodes=NodeSelector(labels={MODEL_LABEL: "A100"})
+        ),
+    ),
+    permissions=(TenantPermission(tenant="be", nodes=NodeSelector(labels={MODEL_LABEL: "T4"})),),
+    quotas=(TenantQuota(tenant="be", gpus=2),),
+)
+
+
+def test_a_replay_keeps_each_tenant_in_its_group_and_quota() -> None:
+    # ls's pods go in its group of the two A100 nodes (4 GPUs); be may use only the T4 nodes,
+    # and two GPUs in all. Six pods each.
+    tasks = [whole(f"{t}{i}", t) for i in range(6) for t in ("ls", "be")]
+    result = replay(
+        FOUR_NODES,
+        tasks,
+        "binpack",
+        order=[n.name for n in FOUR_NODES],
+        typical=ONLY_600,
+        seed=1,
+        tenancy=TENANCY,
+    )
+    ls, be = result.tenants["ls"], result.tenants["be"]
+    assert (ls.placed, ls.waiting, ls.gpus, ls.gpu_milli) == (4, 2, 4, 4_000)
+    assert (be.placed, be.waiting, be.gpus) == (2, 4, 2)
+    assert result.failed == 6
+    assert ls.gpu_memory_mib == be.gpu_memory_mib * 2 == 4 * SIM_GPU_MEMORY_MIB
+
+
+def test_without_a_tenancy_the_same_tasks_all_fit() -> None:
+    tasks = [whole(f"{t}{i}", t) for i in range(4) for t in ("ls", "be")]
+    result = replay(
+        FOUR_NODES, tasks, "binpack", order=[n.name for n in FOUR_NODES], typical=ONLY_600, seed=1
+    )
+    assert result.failed == 0
+    assert {t: r.placed for t, r in result.tenants.items()} == {"ls": 4, "be": 4}
+
+
+@pytest.mark.parametrize(
+    ("burst", "failed", "allocated"),
+    [
+        pytest.param(1, 1, 30.0, id="in-trace-order-the-share-strands-the-whole-gpu"),
+        pytest.param(2, 1, 100.0, id="a-burst-places-the-larger-pod-first"),
+    ],
+)
+def test_bursts_are_placed_in_the_queue_order(burst: int, failed: int, allocated: float) -> None:
+    one_gpu = [TraceNode(name="n1", cpu_milli=8_000, memory_mib=64_000, gpus=1, model="A")]
+    tasks = [share("small", 300), whole("big", "")]
+    result = replay(one_gpu, tasks, "binpack", order=["n1"], typical=ONLY_600, seed=1, burst=burst)
+    assert result.failed == failed
+    assert result.curves.alloc_at(130) == pytest.approx(allocated)
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "fgd"])
+def test_an_online_mix_is_learned_from_the_pods_placed(policy: str) -> None:
+    nodes, original = synthetic_nodes(), synthetic_tasks(600)
+    typical = typical_tasks(original)
+    tasks = tuned_tasks(original, cluster_gpu_milli(nodes), seed=5)
+
+    def run(mix: Mix) -> ReplayResult:
+        order = node_order(nodes, seed=5)
+        return replay(nodes, tasks, policy, order=order, typical=typical, seed=5, mix=mix)
+
+    trace, online, again = run("trace"), run("online"), run("online")
+    assert trace.profile_builds == 1
+    assert online.profile_builds > 1  # compiled again as the mix moved
+    assert (online.failed, online.curves) == (again.failed, again.curves)  # deterministic
+    if policy == "bestfit":  # reads no mix: the same placements either way
+        assert (online.failed, online.curves) == (trace.failed, trace.curves)
 
 
 def test_curve_falls_back_to_neighbouring_buckets() -> None:
@@ -170,6 +270,10 @@ def test_cli_table_and_parallel_jobs(capsys: pytest.CaptureFixture[str]) -> None
         pytest.param(["--trace", "/nonexistent/pods.csv"], "no such file", id="missing-trace"),
         pytest.param(["--nodes", "x.csv"], "--nodes needs --trace", id="nodes-without-trace"),
         pytest.param(["--jobs", "0"], "--jobs must be at least 1", id="jobs"),
+        pytest.param(["--burst", "0"], "--burst must be at least 1", id="burst"),
+        pytest.param(
+            ["--tenancy-file", "/nonexistent/tenancy.json"], "cannot read", id="missing-tenancy"
+        ),
     ],
 )
 def test_cli_clear_errors(
@@ -179,6 +283,36 @@ def test_cli_clear_errors(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_cli_replays_under_a_tenancy_file_and_reports_each_tenant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes = write(
+        tmp_path / "nodes.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        + "".join(f"n{i},64000,262144,4,{'A100' if i < 2 else 'T4'}\n" for i in range(4)),
+    )
+    pods = write(
+        tmp_path / "pods.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
+        + "".join(f"p{i},4000,8192,1,250,,{'LS' if i % 2 else 'BE'}\n" for i in range(24)),
+    )
+    tenancy = write(
+        tmp_path / "tenancy.toml",
+        '[[quotas]]\ntenant = "be"\ngpus = 5\n\n'
+        '[[groups]]\nname = "a100s"\ntenants = ["ls"]\n'
+        'nodes = { labels = { "nvidia.com/gpu.product" = "A100" } }\n',
+    )
+    argv = ["simulate", "--trace", str(pods), "--nodes", str(nodes), "--policy", "bestfit"]
+    assert main([*argv, "--tenancy-file", str(tenancy), "--seeds", "1-2"]) == 0
+    table = capsys.readouterr().out
+    assert "tenancy " in table and "bestfit, per tenant at the end" in table
+    assert main([*argv, "--tenancy-file", str(tenancy), "--json"]) == 0
+    tenants = json.loads(capsys.readouterr().out)["policies"]["bestfit"]["tenants"]
+    assert tenants["be"]["gpus"] == 5  # its quota, of about 40 shares asked
+    assert tenants["be"]["waiting"] > 30
+    assert 0 < tenants["ls"]["gpus"] <= 2 * 16  # the A100 nodes hold 16 such tasks each (CPU)
 
 
 def test_cli_rejects_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.placer.core import cycle
 from services.placer.core.groups import (
     NamespaceTenancy,
     NodeSelector,
@@ -72,13 +73,13 @@ CONFIG = TenancyConfig(
 def test_a_label_does_not_escape_the_namespaces_quota() -> None:
     cluster, tenancy, profile = tenant_cluster(NODES, CONFIG)
     first = pod("q-1", tenant="quota-team")
-    decision = tenancy.decide(first, cluster, profile, now=0.0)
+    decision = cycle.decide(first, cluster, profile, tenancy, now=0.0)
     assert isinstance(decision, Decision)
     assert tenancy.reserve(first, decision, cluster) is None
-    sibling = tenancy.decide(pod("q-2", tenant="quota-team"), cluster, profile, now=1.0)
+    sibling = cycle.decide(pod("q-2", tenant="quota-team"), cluster, profile, tenancy, now=1.0)
     assert isinstance(sibling, Rejection) and "quota exceeded" in sibling.message
-    rider = tenancy.decide(
-        pod("q-3", tenant="quota-team", label="free-rider"), cluster, profile, now=1.0
+    rider = cycle.decide(
+        pod("q-3", tenant="quota-team", label="free-rider"), cluster, profile, tenancy, now=1.0
     )
     assert isinstance(rider, Rejection) and rider.unresolvable
     assert rider.message == (
@@ -92,11 +93,11 @@ def test_a_label_does_not_escape_the_namespaces_permissions() -> None:
     cluster, tenancy, profile = tenant_cluster(NODES, CONFIG)
     for i, label in enumerate(("", "restricted")):
         request = pod(f"r-{i}", tenant="restricted", label=label)
-        decision = tenancy.decide(request, cluster, profile, now=float(i))
+        decision = cycle.decide(request, cluster, profile, tenancy, now=float(i))
         assert isinstance(decision, Decision) and decision.node == "node-4"
         assert tenancy.reserve(request, decision, cluster) is None
-    outside = tenancy.decide(
-        pod("r-2", tenant="restricted", label="anyone"), cluster, profile, now=2.0
+    outside = cycle.decide(
+        pod("r-2", tenant="restricted", label="anyone"), cluster, profile, tenancy, now=2.0
     )
     assert isinstance(outside, Rejection) and outside.unresolvable
     assert "may not choose tenant 'anyone'" in outside.message
@@ -116,7 +117,7 @@ def test_a_label_does_not_enter_another_tenants_group(
     cluster, tenancy, profile = tenant_cluster(NODES, CONFIG)
     request = pod("h", tenant="hostile", label=label, group=group)
     assert not tenancy.choose(request, cluster).ok
-    refused = tenancy.decide(request, cluster, profile, now=0.0)
+    refused = cycle.decide(request, cluster, profile, tenancy, now=0.0)
     assert isinstance(refused, Rejection) and refused.unresolvable
     assert reason in refused.message
 
@@ -125,24 +126,26 @@ def test_a_mapped_namespace_is_charged_to_its_tenant_or_the_choice_it_is_allowed
     cluster, tenancy, profile = tenant_cluster(NODES, CONFIG)
     for uid, label in (("own", ""), ("chosen", "shared")):
         request = pod(uid, tenant="lab", label=label)
-        decision = tenancy.decide(request, cluster, profile, now=0.0)
+        decision = cycle.decide(request, cluster, profile, tenancy, now=0.0)
         assert isinstance(decision, Decision), decision
         assert tenancy.reserve(request, decision, cluster) is None
     assert {t: u.gpus for t, u in tenancy.usage.tenants().items()} == {"research": 1, "shared": 1}
     # Both quotas are full now: each pod waits on its own tenant's, never on "lab".
     for label, tenant in (("", "research"), ("shared", "shared")):
-        over = tenancy.decide(pod("more", tenant="lab", label=label), cluster, profile, now=1.0)
+        over = cycle.decide(
+            pod("more", tenant="lab", label=label), cluster, profile, tenancy, now=1.0
+        )
         assert isinstance(over, Rejection) and f"tenant {tenant}: GPU quota" in over.message
 
 
 def test_a_refused_label_is_granted_live_when_the_tenancy_file_allows_it() -> None:
     cluster, tenancy, profile = tenant_cluster(NODES, CONFIG)
     asking = pod("a", tenant="hostile", label="guests")
-    assert isinstance(tenancy.decide(asking, cluster, profile, now=0.0), Rejection)
+    assert isinstance(cycle.decide(asking, cluster, profile, tenancy, now=0.0), Rejection)
     allowed = NamespaceTenancy(namespace="hostile", choices=("guests",))
     tenancy.configure(TenancyConfig(namespaces=(allowed,)), cluster)
     assert tenancy.resolve(asking).tenant == "guests"
-    assert isinstance(tenancy.decide(asking, cluster, profile, now=1.0), Decision)
+    assert isinstance(cycle.decide(asking, cluster, profile, tenancy, now=1.0), Decision)
 
 
 def test_the_tenant_a_request_carries_is_never_trusted() -> None:
@@ -151,7 +154,7 @@ def test_the_tenant_a_request_carries_is_never_trusted() -> None:
         uid="f", namespace="quota-team", tenant="free-rider", containers=pod("x").containers
     )
     assert tenancy.resolve(forged).tenant == "quota-team"
-    first = tenancy.decide(forged, cluster, profile, now=0.0)
+    first = cycle.decide(forged, cluster, profile, tenancy, now=0.0)
     assert isinstance(first, Decision)
     assert tenancy.reserve(forged, first, cluster) is None
     assert set(tenancy.usage.tenants()) == {"quota-team"}
@@ -192,7 +195,7 @@ def test_no_label_moves_a_pod_outside_its_namespaces_allowed_tenants(
         assert choice.tenant in allowed
         assert choice.ok == (not label or label in allowed)
         assert choice.tenant == (label if choice.ok and label else own)
-        outcome = tenancy.decide(request, cluster, profile, now=float(i))
+        outcome = cycle.decide(request, cluster, profile, tenancy, now=float(i))
         assert isinstance(outcome, Decision) == choice.ok
         if isinstance(outcome, Decision):
             assert tenancy.reserve(request, outcome, cluster) is None

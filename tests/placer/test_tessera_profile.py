@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.placer.core.cycle import decide
 from services.placer.core.facts import pod_facts
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
-from services.placer.core.framework import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, NodeState, PodRequest
 from services.placer.core.plugins.fed_fgd import FedFragmentation

@@ -187,9 +187,9 @@ def test_the_mix_is_the_same_whatever_order_the_pods_were_seen_in() -> None:
 
 
 def test_a_booked_pod_spec_measures_shares_on_their_gpu() -> None:
-    share = booking("a", (0, 8192, 300))
+    share = translate.reservation_of(booking("a", (0, 8192, 300)))
     assert mix.task_spec(share, lambda node, index: 16_384).gpu_milli == 500  # memory > cores
-    whole = booking("b", (0, 16_384, 1000), whole=True)
+    whole = translate.reservation_of(booking("b", (0, 16_384, 1000), whole=True))
     assert mix.task_spec(whole, lambda node, index: None).gpu_milli == 1000
 
 

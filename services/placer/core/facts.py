@@ -11,8 +11,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from services.placer.core.model import GPU_MILLI, ContainerRequest, PodRequest
-from services.placer.core.shape import GpuShape
+from services.placer.core.model import (
+    GPU_MILLI,
+    ContainerRequest,
+    PodRequest,
+    Rejection,
+    RejectionReason,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,16 +47,6 @@ class ShareAsk:
         memory = self.memory_on(gpu_total_mib)
         memory_milli = -(-memory * GPU_MILLI // gpu_total_mib) if gpu_total_mib else 0
         return max(self.core_milli, memory_milli)
-
-    def fits(self, gpu: GpuShape) -> bool:
-        """Whether one share of this ask fits on ``gpu`` as it is now (health included)."""
-        if not gpu.healthy or gpu.exclusive or gpu.slots_free == 0:
-            return False
-        if self.whole:
-            return gpu.idle
-        return gpu.core_milli_free >= self.core_milli and gpu.memory_free_mib >= self.memory_on(
-            gpu.memory_total_mib
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,4 +155,14 @@ def pod_facts(request: PodRequest) -> PodFacts:
         fractional=fractional,
         kind=kind,
         invalid=_invalid(request),
+    )
+
+
+def invalid_rejection(facts: PodFacts, *, nodes: int, now: float) -> Rejection:
+    """The rejection of a request that can never be placed (``facts.invalid``): unresolvable."""
+    return Rejection(
+        pod_uid=facts.request.uid,
+        reasons=(RejectionReason(reason=f"invalid request: {facts.invalid}", nodes=nodes),),
+        unresolvable=True,
+        decided_at=now,
     )

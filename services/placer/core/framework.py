@@ -1,8 +1,10 @@
-"""The placement framework: extension points, a compiled profile, and ``decide``.
+"""The placement framework: extension points, a compiled profile, and ``schedule``.
 
-One decision runs, in order (kube-scheduler's shape, DESIGN section 5):
+The steps of placing one pod (kube-scheduler's shape, DESIGN section 5; ``cycle.py`` runs them in
+this order, with validation and the tenancy's group choice before):
 
-1. **PreFilter** once per pod (validation, quota): a non-success :class:`Status` rejects the pod.
+1. **PreFilter** once per pod (:meth:`Profile.pre_filter`: the tenant's quota): a non-success
+   :class:`Status` rejects the pod.
 2. **Filter** per node shape (CPU, memory, GPU fit, health, model, group): ``None`` passes, a
    string is the reason the shape fails; rejections count reasons over nodes.
    **GpuFilter** narrows which GPUs a pod may use at all (model, group); the fit filter and the
@@ -10,8 +12,11 @@ One decision runs, in order (kube-scheduler's shape, DESIGN section 5):
 3. **Score** per feasible shape, each 0..100, summed with the profile's weights.
 4. **Select** the highest total; ties go to the best tie-break rank (or a uniform draw among the
    tied nodes for a ``random`` profile, from the RNG the caller passes).
-5. **GPU choice** inside the chosen node, share by share, on the real node state.
-6. The caller **reserves** the result through the ledger (``ClusterIndex.reserve``).
+5. **GPU choice** inside the chosen node: the search over GPUs (``search.py``) in the order of the
+   profile's chooser, the same search the fit filter ran.
+6. The caller **reserves** the result through the ledger.
+
+:func:`schedule` runs steps 2 to 5.
 
 Filters and scores must be pure functions of ``(PodFacts, NodeShape)``: the framework evaluates
 each distinct shape once per distinct request and memoises the result, which is what makes 10,000
@@ -28,17 +33,15 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol, runtime_checkable
+from typing import Final, Literal, Protocol, runtime_checkable
 
 import msgspec
 
 from services.placer.core.facts import PodFacts, ShareAsk, pod_facts
 from services.placer.core.index import ClusterIndex
-from services.placer.core.ledger import take_share
 from services.placer.core.model import (
-    GPU_MILLI,
     ContainerPlacement,
     Decision,
     GpuSlice,
@@ -49,6 +52,7 @@ from services.placer.core.model import (
     RejectionReason,
     Reservation,
 )
+from services.placer.core.search import assign, slice_memory
 from services.placer.core.shape import GpuShape, NodeShape, gpu_shape
 
 StatusCode = Literal["success", "unschedulable", "unresolvable"]
@@ -113,28 +117,34 @@ class NormalizingScore(Score, Protocol):
 
 
 class GpuChooser(Protocol):
-    """Picks the GPU for one share among ``candidates`` (all fit, none used by this container).
+    """Orders the GPUs one share may go on, most preferred first: the GPU choice's only say.
 
-    ``working`` is the node's GPUs with the pod's earlier shares already taken; ``placed`` are
-    those earlier shares. Must be deterministic given ``rng``.
+    ``gpus`` are ``node.gpus`` as the pod's earlier shares left them (``gpus[i]`` is
+    ``node.gpus[i]``), ``candidates`` the positions the share fits on that its container does not
+    use yet, ``chosen`` the positions of the pod's earlier shares. The search over GPUs
+    (``search.py``) takes the first candidate and goes on to the next only when the first leaves a
+    later share no room. Must be deterministic given ``rng``.
     """
 
     name: str
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState: ...
+    ) -> list[int]: ...
 
 
 TieBreak = Literal["rank", "random"]
-JUDGED: Final = "judged"
-"""Tags :meth:`Profile.judged` memos among the decisions' memos of a profile."""
+Judgement = str | float | tuple[float, ...]
+"""Why a node shape does not fit a pod, else its score: the weighted total, or, for a profile
+that normalises, each plugin's raw score (the totals depend on every feasible shape)."""
+AVOIDED: Final = "not to be chosen this time (a commit there was just lost)"
+"""Why a feasible node is in a rejection: every feasible node was to be avoided."""
 
 
 @dataclass(eq=False)
@@ -181,15 +191,10 @@ class Profile:
             return self.gpu_choices[policy]
         return self.gpu_choice
 
-    def reject_reason(self, pod: PodFacts, shape: NodeShape) -> str | None:
-        for plugin in self.filters:
-            reason = plugin.filter(pod, shape)
-            if reason is not None:
-                return reason
-        return None
-
-    def raw_scores(self, pod: PodFacts, shape: NodeShape) -> list[float]:
-        return [plugin.score(pod, shape) for plugin, _ in self.scores]
+    def weighted(self, pod: PodFacts, shape: NodeShape) -> dict[str, float]:
+        """Each plugin's weighted score of a feasible shape (a decision's and an explanation's
+        detail)."""
+        return {plugin.name: weight * plugin.score(pod, shape) for plugin, weight in self.scores}
 
     @property
     def normalizing(self) -> bool:
@@ -197,7 +202,7 @@ class Profile:
         return self._normalizing
 
     def totals(self, rows: Sequence[Sequence[float]]) -> list[float]:
-        """The weighted score of each feasible shape, given its :meth:`raw_scores`; a
+        """The weighted score of each feasible shape, given its raw scores (:meth:`judge`); a
         normalising plugin's column is rescaled over ``rows`` first, as a decision does over
         every feasible shape."""
         columns: list[Sequence[float]] = [[row[i] for row in rows] for i in range(len(self.scores))]
@@ -210,38 +215,37 @@ class Profile:
             for r in range(len(rows))
         ]
 
-    def judge(self, pod: PodFacts, shape: NodeShape) -> str | tuple[list[float], float]:
-        """Why the shape does not fit the pod, or its raw scores and their weighted sum (the
-        total when no plugin normalises; see :meth:`judged`)."""
-        reason = self.reject_reason(pod, shape)
-        if reason is not None:
-            return reason
-        raw = self.raw_scores(pod, shape)
-        return raw, sum(weight * value for (_, weight), value in zip(self.scores, raw, strict=True))
+    def pre_filter(self, pod: PodFacts, cluster: ClusterIndex) -> Status:
+        """The first PreFilter's refusal of ``pod``, or success (once per pod, before any node)."""
+        state = CycleState()
+        for plugin in self.pre_filters:
+            status = plugin.pre_filter(pod, cluster, state)
+            if not status.ok:
+                return status
+        return SUCCESS
 
-    def judged(
-        self, cluster: ClusterIndex, key: PodRequest
-    ) -> dict[int, str | tuple[list[float], float]]:
-        """The memo of :meth:`judge` for requests equal to ``key`` on ``cluster``, by shape id.
-
-        It lives beside the decisions' memo (dropped with it when the index compacts or the
-        profile is rebuilt) and counts towards the same limit: the scheduler extender judges
-        every candidate node on each call, and kube-scheduler sends pods of the same request
-        (a job's replicas) one after the other.
-        """
-        return self._memo_for(cluster, (JUDGED, key))
-
-    def _evaluate(self, pod: PodFacts, shape: NodeShape) -> float | None:
-        for check in self.filters:
-            if check.filter(pod, shape) is not None:
-                return None
+    def judge(self, pod: PodFacts, shape: NodeShape) -> Judgement:
+        """Why ``shape`` does not fit the pod, else its score: the weighted total, or for a
+        profile that normalises each plugin's raw score (weighted by :meth:`totals` once every
+        feasible shape's are known)."""
+        for plugin in self.filters:
+            reason = plugin.filter(pod, shape)
+            if reason is not None:
+                return reason
+        if self._normalizing:
+            return tuple(plugin.score(pod, shape) for plugin, _ in self.scores)
         total = 0.0
         for scorer, weight in self.scores:
             total += weight * scorer.score(pod, shape)
         return total
 
-    def _memo_for(self, cluster: ClusterIndex, key: object) -> dict[int, Any]:
-        """The memo of ``key`` on ``cluster``: shape ids only mean something within one index."""
+    def judged(self, cluster: ClusterIndex, key: PodRequest) -> dict[int, Judgement]:
+        """The memo of :meth:`judge` for requests equal to ``key`` (``placement_key()``) on
+        ``cluster``, by shape id: what decisions select from, and what the scheduler extender's
+        filter and prioritize answer from (kube-scheduler sends a job's replicas one after the
+        other). Shape ids only mean something within one index, so the memo lives on it, and is
+        dropped when the index compacts, the profile is rebuilt or :attr:`memo_limit` is
+        passed."""
         memos = cluster.memos.get(self)
         if memos is None or cluster.memo_size > self.memo_limit:
             memos = cluster.memos[self] = {}
@@ -271,8 +275,8 @@ def _rng_for(pod: PodRequest) -> random.Random:
     return random.Random(zlib.crc32(pod.uid.encode()))
 
 
-def decide(
-    pod: PodRequest,
+def schedule(
+    pod: PodFacts,
     cluster: ClusterIndex,
     profile: Profile,
     *,
@@ -280,44 +284,24 @@ def decide(
     rng: random.Random | None = None,
     avoid: Collection[str] = (),
 ) -> Decision | Rejection:
-    """Place ``pod`` on ``cluster`` with ``profile``; deterministic for equal inputs and RNG state.
+    """Filter, Score, select and GPU choice for a pod past its PreFilters (``cycle.prepare``);
+    deterministic for equal inputs and RNG state.
 
     ``avoid``: nodes not to choose (the service's replicas just lost a compare-and-set on them);
-    they are judged as usual, only never picked. Nothing is booked: the caller passes
-    ``Decision.reservation`` to ``cluster.reserve``.
+    they are judged as usual, only never picked. Nothing is booked: the caller reserves
+    ``Decision.reservation``.
     """
     excluded = frozenset(cluster.rank_of(name) for name in avoid if name in cluster)
-    profile = profile.for_pod(pod)
-    key = pod.placement_key()
-    facts = profile.facts(pod, key)
-    if facts.invalid:
-        return Rejection(
-            pod_uid=pod.uid,
-            reasons=(
-                RejectionReason(reason=f"invalid request: {facts.invalid}", nodes=len(cluster)),
-            ),
-            unresolvable=True,
-            decided_at=now,
-        )
-    state = CycleState()
-    for pre in profile.pre_filters:
-        status = pre.pre_filter(facts, cluster, state)
-        if not status.ok:
-            return Rejection(
-                pod_uid=pod.uid,
-                reasons=(RejectionReason(reason=status.reason, nodes=len(cluster)),),
-                unresolvable=status.code == "unresolvable",
-                decided_at=now,
-            )
-    if profile._normalizing:
-        picked = _select_normalized(facts, cluster, profile, excluded)
+    memo = profile.judged(cluster, pod.request.placement_key())
+    if profile.normalizing:
+        picked = _select_normalized(pod, cluster, profile, excluded)
     else:
-        picked = _select(facts, key, cluster, profile, excluded)
+        picked = _select(pod, cluster, profile, memo, excluded)
     if picked is None:
-        return _rejection(facts, cluster, profile, now)
+        return _rejection(pod, cluster, memo, now)
     tied, best, feasible = picked
     if profile.tie_break == "random":
-        rng = rng or _rng_for(pod)
+        rng = rng or _rng_for(pod.request)
         total = sum(len(_usable(cluster.groups[sid], excluded)) for sid in tied)
         draw = rng.randrange(total)
         for sid in tied:
@@ -329,35 +313,52 @@ def decide(
     else:
         rank = min(_usable(cluster.groups[sid], excluded)[0] for sid in tied)
     node = cluster.node(cluster.name_at(rank))
-    reservation = place_on_node(facts, node, profile, rng or _rng_for(pod))
-    if reservation is None:  # the fit filter said yes, so this is a plugin bug
+    reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
+    if reservation is None:  # the fit filter said yes, so this is a bug
         raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
-    shape = cluster.shape_of(node.name)
-    scores = {
-        plugin.name: weight * value
-        for (plugin, weight), value in zip(
-            profile.scores, profile.raw_scores(facts, shape), strict=True
-        )
-    }
     return Decision(
-        reservation=reservation, score=best, scores=scores, feasible_nodes=feasible, decided_at=now
+        reservation=reservation,
+        score=best,
+        scores=profile.weighted(pod, cluster.shape_of(node.name)),
+        feasible_nodes=feasible,
+        decided_at=now,
     )
+
+
+def judgements(
+    pod: PodFacts, cluster: ClusterIndex, profile: Profile, shape_ids: Iterable[int]
+) -> dict[int, Judgement]:
+    """:meth:`Profile.judge` of each of ``shape_ids``, from the memo decisions select from."""
+    memo = profile.judged(cluster, pod.request.placement_key())
+    found: dict[int, Judgement] = {}
+    for sid in shape_ids:
+        if sid not in found:
+            judgement = memo.get(sid)
+            if judgement is None:
+                judgement = memo[sid] = profile.judge(pod, cluster.shapes[sid])
+                cluster.memo_size += 1
+            found[sid] = judgement
+    return found
 
 
 def _usable(ranks: list[int], excluded: frozenset[int]) -> list[int]:
     return [r for r in ranks if r not in excluded] if excluded else ranks
 
 
+Picked = tuple[list[int], float, int]
+"""The shapes tied on the best total (with a node to choose), that total, and how many nodes to
+choose from fit."""
+
+
 def _select(
-    facts: PodFacts,
-    key: PodRequest,
+    pod: PodFacts,
     cluster: ClusterIndex,
     profile: Profile,
-    excluded: frozenset[int] = frozenset(),
-) -> tuple[list[int], float, int] | None:
-    memo = profile._memo_for(cluster, key)
+    memo: dict[int, Judgement],
+    excluded: frozenset[int],
+) -> Picked | None:
     shapes = cluster.shapes
-    evaluate = profile._evaluate
+    judge = profile.judge
     best = -math.inf
     tied: list[int] = []
     feasible = 0
@@ -366,18 +367,19 @@ def _select(
         if sid in memo:
             value = memo[sid]
         else:
-            value = memo[sid] = evaluate(facts, shapes[sid])
+            value = memo[sid] = judge(pod, shapes[sid])
             added += 1
-        if value is None:
+        if value.__class__ is str:  # why the shape does not fit
             continue
-        usable = len(_usable(ranks, excluded))
+        usable = len(_usable(ranks, excluded)) if excluded else len(ranks)
         if not usable:
             continue
         feasible += usable
-        if value > best:
-            best = value
+        total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
+        if total > best:
+            best = total
             tied = [sid]
-        elif value == best:
+        elif total == best:
             tied.append(sid)
     cluster.memo_size += added
     if not tied:
@@ -386,36 +388,38 @@ def _select(
 
 
 def _select_normalized(
-    facts: PodFacts,
-    cluster: ClusterIndex,
-    profile: Profile,
-    excluded: frozenset[int] = frozenset(),
-) -> tuple[list[int], float, int] | None:
-    rows: list[tuple[int, list[float]]] = []
+    pod: PodFacts, cluster: ClusterIndex, profile: Profile, excluded: frozenset[int]
+) -> Picked | None:
+    judged = judgements(pod, cluster, profile, cluster.groups)
+    rows: list[tuple[int, tuple[float, ...]]] = []
     feasible = 0
     for sid, ranks in cluster.groups.items():
-        shape = cluster.shapes[sid]
+        raw = judged[sid]
         usable = len(_usable(ranks, excluded))
-        if usable and profile.reject_reason(facts, shape) is None:
-            rows.append((sid, profile.raw_scores(facts, shape)))
+        if usable and isinstance(raw, tuple):
+            rows.append((sid, raw))
             feasible += usable
     if not rows:
         return None
-    totals = profile.totals([row for _, row in rows])
+    totals = profile.totals([raw for _, raw in rows])
     best = max(totals)
     return [rows[r][0] for r in range(len(rows)) if totals[r] == best], best, feasible
 
 
-def _rejection(facts: PodFacts, cluster: ClusterIndex, profile: Profile, now: float) -> Rejection:
+def _rejection(
+    pod: PodFacts, cluster: ClusterIndex, memo: dict[int, Judgement], now: float
+) -> Rejection:
+    """Why no node was chosen, counted over nodes (every shape is in ``memo`` by now)."""
     counts: dict[str, int] = {}
     for sid, ranks in cluster.groups.items():
-        reason = profile.reject_reason(facts, cluster.shapes[sid]) or "no GPUs could be chosen"
+        reason = memo[sid]
+        reason = reason if isinstance(reason, str) else AVOIDED
         counts[reason] = counts.get(reason, 0) + len(ranks)
     reasons = tuple(
         RejectionReason(reason=reason, nodes=n)
         for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     )
-    return Rejection(pod_uid=facts.request.uid, reasons=reasons, decided_at=now)
+    return Rejection(pod_uid=pod.request.uid, reasons=reasons, decided_at=now)
 
 
 def gpu_admitted(facts: PodFacts, gpu: GpuShape, gpu_filters: Sequence[GpuFilter]) -> bool:
@@ -423,49 +427,48 @@ def gpu_admitted(facts: PodFacts, gpu: GpuShape, gpu_filters: Sequence[GpuFilter
 
 
 def _slice_for(ask: ShareAsk, gpu: GpuState) -> GpuSlice:
-    if ask.whole:
-        return GpuSlice(
-            index=gpu.index,
-            uuid=gpu.uuid,
-            memory_mib=gpu.memory_free_mib,
-            core_milli=GPU_MILLI,
-            exclusive=True,
-        )
     return GpuSlice(
         index=gpu.index,
         uuid=gpu.uuid,
-        memory_mib=ask.memory_on(gpu.memory_total_mib),
+        memory_mib=slice_memory(ask, gpu),
         core_milli=ask.core_milli,
+        exclusive=ask.whole,
     )
 
 
 def place_on_node(
     facts: PodFacts, node: NodeState, profile: Profile, rng: random.Random
 ) -> Reservation | None:
-    """Choose GPUs for every share of ``facts`` on ``node`` with the profile's chooser.
+    """Choose GPUs for every share of ``facts`` on ``node``: the search over GPUs
+    (``search.py``) in the order of the profile's chooser.
 
-    The chooser picks share by share, so for a pod of several containers its early picks can
-    leave a later share nowhere to go where the fit filter's smallest-fitting-GPU-first order
-    (which found the node fits) does not: then that order places the pod. None only when the
-    shares do not fit at all (the fit filter guarantees they do for a chosen node).
+    The chooser's search finds GPUs whenever the fit filter's does (both are complete); should it
+    run out of steps first, the fit filter's own assignment (the same search on the node's shape)
+    is taken. None only when the shares do not fit at all, which the fit filter rules out for a
+    node it passed.
     """
     chooser = profile.chooser_for(facts)
+    gpus = [gpu_shape(g) for g in node.gpus]
+    admitted = [gpu_admitted(facts, g, profile.gpu_filters) for g in gpus]
 
-    def chosen(
-        working: list[GpuState], candidates: list[GpuState], placed: list[GpuSlice]
-    ) -> GpuState:
-        return chooser.pick(facts, node, working, candidates, placed, rng)
+    def prefer(now: Sequence[GpuShape], candidates: list[int], chosen: Sequence[int]) -> list[int]:
+        return chooser.order(facts, node, now, candidates, chosen, rng)
 
-    def smallest_fitting(
-        working: list[GpuState], candidates: list[GpuState], placed: list[GpuSlice]
-    ) -> GpuState:
-        return min(candidates, key=_room_left)
-
-    containers = _choose_gpus(facts, node, profile, chosen)
-    if containers is None and len(facts.asks) > 1:
-        containers = _choose_gpus(facts, node, profile, smallest_fitting)
-    if containers is None:
+    positions = assign(facts.asks, gpus, admitted, prefer)
+    if positions is None:
+        shaped = sorted(range(len(gpus)), key=gpus.__getitem__)  # the node shape's GPU order
+        found = assign(facts.asks, [gpus[i] for i in shaped], [admitted[i] for i in shaped])
+        positions = None if found is None else tuple(shaped[p] for p in found)
+    if positions is None:
         return None
+    flat = iter(positions)
+    containers = tuple(
+        ContainerPlacement(
+            container=ask.container,
+            gpus=tuple(_slice_for(ask, node.gpus[next(flat)]) for _ in range(ask.shares)),
+        )
+        for ask in facts.asks
+    )
     return Reservation(
         pod_uid=facts.request.uid,
         node=node.name,
@@ -474,48 +477,3 @@ def place_on_node(
         containers=containers,
         kind=facts.kind,
     )
-
-
-def _room_left(gpu: GpuState) -> tuple[int, int]:
-    shape = gpu_shape(gpu)
-    return shape.memory_free_mib, shape.core_milli_free
-
-
-_Pick = Callable[[list[GpuState], list[GpuState], list[GpuSlice]], GpuState]
-"""Which candidate GPU takes the next share: (working GPUs, candidates, slices placed so far)."""
-
-
-def _choose_gpus(
-    facts: PodFacts, node: NodeState, profile: Profile, pick: _Pick
-) -> tuple[ContainerPlacement, ...] | None:
-    """Every share of ``facts`` on a GPU of ``node``, one share at a time as ``pick`` says; None
-    when a share has no room."""
-    working = list(node.gpus)
-    position = {g.index: i for i, g in enumerate(working)}
-    admitted = {
-        g.index for g in node.gpus if gpu_admitted(facts, gpu_shape(g), profile.gpu_filters)
-    }
-    placed: list[GpuSlice] = []
-    containers: list[ContainerPlacement] = []
-    for ask in facts.asks:
-        used: set[int] = set()
-        mine: list[GpuSlice] = []
-        for _ in range(ask.shares):
-            candidates = [
-                g
-                for g in working
-                if g.index in admitted and g.index not in used and ask.fits(gpu_shape(g))
-            ]
-            if not candidates:
-                return None
-            gpu = pick(working, candidates, placed)
-            piece = _slice_for(ask, gpu)
-            taken = take_share(gpu, piece, facts.request.uid)
-            if isinstance(taken, str):
-                return None
-            working[position[gpu.index]] = taken
-            used.add(gpu.index)
-            mine.append(piece)
-            placed.append(piece)
-        containers.append(ContainerPlacement(container=ask.container, gpus=tuple(mine)))
-    return tuple(containers)

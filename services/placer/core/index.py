@@ -46,8 +46,8 @@ class ClusterIndex:
         """shape id -> sorted tie-break ranks of the nodes in that shape."""
         self.ledger = Ledger()
         self.memos: dict[object, dict[Any, dict[int, Any]]] = {}
-        """Per profile: the framework's memo of (request, shape id) -> evaluation (and of
-        ``(JUDGED, request)`` -> reason or raw scores, ``Profile.judged``)."""
+        """Per profile: the framework's memo of (request, shape id) -> judgement
+        (``Profile.judged``)."""
         self.memo_size = 0
         self._sorted = order is None
         self.shape_limit = 4 * len(names) + 4096

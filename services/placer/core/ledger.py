@@ -6,11 +6,16 @@ memory, or a GPU's memory, cores or slots, or that lands on an unhealthy or excl
 over-commit is impossible by construction, whatever the caller computed. :class:`Ledger` keeps the
 reservations by pod UID so that ``reserve`` of a pod already booked and ``release`` of a pod not
 booked are no-ops (redelivered messages, a deletion after a failed bind).
+
+Whether one share fits on a GPU is :func:`refusal`, the one fit rule: the ledger books with it,
+and the fit filter and the GPU choice search with it (``search.py``), so that what the core
+decides is what the ledger books.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -22,20 +27,65 @@ def _slices(reservation: Reservation) -> Iterator[GpuSlice]:
         yield from container.gpus
 
 
+class GpuRoom(Protocol):
+    """What the fit rule reads of a GPU: a ``GpuState``, or the ``GpuShape`` filters see."""
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def exclusive(self) -> bool: ...
+
+    @property
+    def idle(self) -> bool: ...
+
+    @property
+    def memory_free_mib(self) -> int: ...
+
+    @property
+    def core_milli_free(self) -> int: ...
+
+    @property
+    def slots_free(self) -> int: ...
+
+
+Refusal = Literal["", "unhealthy", "exclusive", "not idle", "memory", "cores", "slots"]
+
+_REFUSED: dict[Refusal, str] = {
+    "unhealthy": "GPU {index} is unhealthy",
+    "exclusive": "GPU {index} is held exclusively",
+    "not idle": "GPU {index} is not idle",
+    "memory": "GPU {index}: {asked} MiB asked, {free} free",
+    "cores": "GPU {index}: cores over-committed",
+    "slots": "GPU {index}: no logical device left",
+}
+
+
+def refusal(gpu: GpuRoom, memory_mib: int, core_milli: int, whole: bool) -> Refusal:
+    """Why one share of ``memory_mib`` and ``core_milli`` (``whole``: the GPU held exclusively)
+    cannot go on ``gpu`` as it is now; empty when it fits. The one fit rule (module docstring)."""
+    if not gpu.healthy:
+        return "unhealthy"
+    if gpu.exclusive:
+        return "exclusive"
+    if whole and not gpu.idle:
+        return "not idle"
+    if memory_mib > gpu.memory_free_mib:
+        return "memory"
+    if core_milli > gpu.core_milli_free:
+        return "cores"
+    if gpu.slots_free == 0:
+        return "slots"
+    return ""
+
+
 def take_share(gpu: GpuState, piece: GpuSlice, pod_uid: str) -> GpuState | str:
     """``gpu`` with ``piece`` reserved on it, or why it cannot be."""
-    if not gpu.healthy:
-        return f"GPU {gpu.index} is unhealthy"
-    if gpu.exclusive:
-        return f"GPU {gpu.index} is held exclusively"
-    if piece.exclusive and not gpu.idle:
-        return f"GPU {gpu.index} is not idle"
-    if piece.memory_mib > gpu.memory_free_mib:
-        return f"GPU {gpu.index}: {piece.memory_mib} MiB asked, {gpu.memory_free_mib} free"
-    if piece.core_milli > gpu.core_milli_free:
-        return f"GPU {gpu.index}: cores over-committed"
-    if gpu.slots_total and gpu.slots_reserved >= gpu.slots_total:
-        return f"GPU {gpu.index}: no logical device left"
+    why = refusal(gpu, piece.memory_mib, piece.core_milli, piece.exclusive)
+    if why:
+        return _REFUSED[why].format(
+            index=gpu.index, asked=piece.memory_mib, free=gpu.memory_free_mib
+        )
     holders = gpu.holders if pod_uid in gpu.holders else tuple(sorted((*gpu.holders, pod_uid)))
     return msgspec.structs.replace(
         gpu,

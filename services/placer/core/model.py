@@ -59,6 +59,12 @@ class GpuState(msgspec.Struct, frozen=True, kw_only=True):
         return GPU_MILLI - self.core_milli_reserved
 
     @property
+    def slots_free(self) -> int:
+        """Logical devices left; -1 = no limit. Clamped at 0: a view may briefly count more
+        shares than slots (a replica's own decision in flight beside another replica's commit)."""
+        return max(0, self.slots_total - self.slots_reserved) if self.slots_total else -1
+
+    @property
     def idle(self) -> bool:
         """Nothing reserved on it by Tessera: it can be handed out whole."""
         return (

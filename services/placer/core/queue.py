@@ -40,13 +40,12 @@ from enum import Enum
 
 import msgspec
 
-from services.placer.core.facts import pod_facts
+from services.placer.core.facts import invalid_rejection, pod_facts
 from services.placer.core.model import (
     GPU_MILLI,
     ClusterSnapshot,
     PodRequest,
     Rejection,
-    RejectionReason,
 )
 
 PPM = 1_000_000
@@ -150,12 +149,7 @@ def admit(
     """Validate ``request`` and mark it GPU / non-GPU, or say why it can never be placed."""
     facts = pod_facts(request)
     if facts.invalid:
-        return Rejection(
-            pod_uid=request.uid,
-            reasons=(RejectionReason(reason=facts.invalid, nodes=0),),
-            unresolvable=True,
-            decided_at=now,
-        )
+        return invalid_rejection(facts, nodes=0, now=now)
     return QueuedPod(
         request=request,
         mark=PodMark.GPU if facts.gpu_count else PodMark.NON_GPU,

@@ -34,14 +34,18 @@ class GpuShape(msgspec.Struct, frozen=True, order=True, kw_only=True):
     """Sorted, so that shapes stay totally ordered."""
 
 
+def free_milli(memory_free_mib: int, memory_total_mib: int, core_milli_free: int) -> int:
+    """GPU milli a new share could still use on a healthy GPU nobody holds whole: the smaller of
+    its free compute and free memory, in thousandths of the GPU."""
+    memory_milli = memory_free_mib * GPU_MILLI // memory_total_mib if memory_total_mib else 0
+    return max(0, min(core_milli_free, memory_milli))
+
+
 def gpu_free_milli(gpu: GpuState) -> int:
     """How much of ``gpu`` a new share could still use, in GPU milli (0 when it takes nothing)."""
     if not gpu.healthy or gpu.exclusive:
         return 0
-    memory_milli = (
-        gpu.memory_free_mib * GPU_MILLI // gpu.memory_total_mib if gpu.memory_total_mib else 0
-    )
-    return max(0, min(gpu.core_milli_free, memory_milli))
+    return free_milli(gpu.memory_free_mib, gpu.memory_total_mib, gpu.core_milli_free)
 
 
 def gpu_shape(gpu: GpuState) -> GpuShape:
@@ -51,9 +55,7 @@ def gpu_shape(gpu: GpuState) -> GpuShape:
         memory_total_mib=gpu.memory_total_mib,
         memory_free_mib=gpu.memory_free_mib,
         core_milli_free=gpu.core_milli_free,
-        # Clamped: a view may briefly count more shares than slots (a replica's own decision in
-        # flight beside another replica's commit), and -1 means "no limit".
-        slots_free=max(0, gpu.slots_total - gpu.slots_reserved) if gpu.slots_total else -1,
+        slots_free=gpu.slots_free,
         idle=gpu.idle,
         exclusive=gpu.exclusive,
         healthy=gpu.healthy,

@@ -11,10 +11,11 @@ the service shell owns one and keeps it current:
   the file maps the namespace to), or the tenant its ``tessera.dev/tenant`` label asks for when
   the namespace may choose it (``groups.choose_tenant``). Whatever tenant the request carried
   is replaced, so the shell's hands cannot move a pod between tenants;
-- ``decide(pod, cluster, profile, now=...)`` resolves the pod's tenant (a label it may not
-  choose refuses the pod), chooses its group (label, best fit, or the tenant's permitted set),
-  runs the framework with the ``group`` filter and the ``quota`` PreFilter, and checks the exact
-  quota once GPUs are chosen;
+- ``choose(pod, cluster)`` chooses the pod's group within its resolved tenant's (label, best fit,
+  or the tenant's permitted set; a label it may not choose refuses the pod) and
+  ``over_quota(tenant, reservation)`` checks the exact quota once GPUs are chosen: the placement
+  cycle (``cycle.py``) runs them around the framework, whose ``group`` filter and ``quota``
+  PreFilter come from ``plugins()``;
 - ``reserve(pod, decision, cluster)`` / ``release(uid, cluster)`` book and give back the
   reservation in the ledger *and* the tenant's usage, both idempotent;
 - ``set_committed(tenant, charges)`` tells it what the shared usage entry of a tenant with a quota
@@ -28,13 +29,11 @@ the service shell owns one and keeps it current:
 
 from __future__ import annotations
 
-import random
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
 
-from services.placer.core import framework
 from services.placer.core.facts import pod_facts
 from services.placer.core.groups import (
     GroupChoice,
@@ -53,8 +52,6 @@ from services.placer.core.model import (
     Decision,
     NodeState,
     PodRequest,
-    Rejection,
-    RejectionReason,
     Reservation,
 )
 from services.placer.core.plugins.groups import GroupFilter
@@ -177,7 +174,7 @@ class Tenancy:
 
     def resolve(self, pod: PodRequest) -> PodRequest:
         """``pod`` with the tenant :meth:`tenant_of` gives it (its namespace's own when the label
-        is refused: :meth:`decide` and :meth:`choose` refuse such a pod)."""
+        is refused: :meth:`choose` refuses such a pod)."""
         return _with_tenant(pod, self.tenant_of(pod).tenant)
 
     # -- deciding --------------------------------------------------------------------------------
@@ -190,51 +187,11 @@ class Tenancy:
         facts = pod_facts(_with_tenant(pod, tenant.tenant))
         return choose_group(facts, self.config, self.membership, _Nodes(cluster))
 
-    def decide(
-        self,
-        pod: PodRequest,
-        cluster: ClusterIndex,
-        profile: framework.Profile,
-        *,
-        now: float,
-        rng: random.Random | None = None,
-        avoid: Collection[str] = (),
-    ) -> Decision | Rejection:
-        """Place ``pod`` within its group, permissions and quota (nothing is booked yet).
-
-        ``avoid``: nodes not to choose (see ``framework.decide``).
-
-        ``profile`` must carry this tenancy's plugins (``build_profile(..., **plugins())``).
-        """
-        if pod_facts(pod).invalid:
-            return framework.decide(pod, cluster, profile, now=now, rng=rng)
-        pod = self.resolve(pod)
-        choice = self.choose(pod, cluster)
-        if not choice.ok:
-            return Rejection(
-                pod_uid=pod.uid,
-                reasons=(RejectionReason(reason=choice.reason, nodes=len(cluster)),),
-                unresolvable=choice.unresolvable,
-                decided_at=now,
-            )
-        placed = (
-            pod if choice.group == pod.group else msgspec.structs.replace(pod, group=choice.group)
-        )
-        decision = framework.decide(placed, cluster, profile, now=now, rng=rng, avoid=avoid)
-        if isinstance(decision, Rejection):
-            return decision
-        reason = self._over_quota(pod.tenant, decision)
-        if reason:
-            return Rejection(
-                pod_uid=pod.uid,
-                reasons=(RejectionReason(reason=reason, nodes=1),),
-                decided_at=now,
-            )
-        return decision
-
-    def _over_quota(self, tenant: str, decision: Decision) -> str:
+    def over_quota(self, tenant: str, reservation: Reservation) -> str:
+        """Why ``reservation`` would take ``tenant`` over its quota (the exact check, once GPUs
+        are chosen); empty when it would not."""
         return quota_reason(
-            self.quota_of(tenant), self.used(tenant), reservation_usage(decision.reservation)
+            self.quota_of(tenant), self.used(tenant), reservation_usage(reservation)
         )
 
     # -- booking ---------------------------------------------------------------------------------

@@ -1,9 +1,19 @@
-"""``tessera simulate``: replay a trace (or the built-in workload) through the placement core.
+"""``tessera simulate``: replay a trace (or the built-in workload) through the placer's path.
 
 Follows the FGD paper's methodology (``research/perf-anchor.md`` section 4): GPU nodes only,
 trace sorted then shuffled per seed, tuned to 130 % of GPU capacity, a per-seed node order for
-tie-breaks, metrics after every task. Prints a table (or ``--json``) of allocated, unallocated and
+tie-breaks, metrics after every task. Every task goes through the placer's queue and placement
+cycle (``sim/replay.py``). Prints a table (or ``--json``) of allocated, unallocated and
 fragmented GPU share at 100 % and 130 % arrived workload, mean and median over the seeds.
+
+- ``--mix trace`` (default): FGD and the tessera profile know the whole trace's typical task mix
+  in advance, as in the FGD artifact (the published figures are measured so); ``--mix online``:
+  they learn it as the placer service does, from the pods placed so far.
+- ``--tenancy-file FILE``: the operator's groups, permissions and quotas (JSON or TOML, as for
+  ``tessera placer``); a task's tenant is the trace's ``tenant`` column, else its ``qos`` class
+  in lower case. The table then adds each tenant's pods placed and waiting and what it holds.
+- ``--burst N``: tasks arrive N at a time and are placed in the queue's order (priority, then
+  larger pods first).
 """
 
 from __future__ import annotations
@@ -20,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.fragmentation import TypicalTask
+from services.placer.core.groups import TenancyConfig
 from services.placer.core.profiles import BUILTIN, ProfileError, build_profile
 from services.placer.sim import report
-from services.placer.sim.replay import ReplayResult, replay
+from services.placer.sim.replay import Mix, ReplayResult, replay
 from services.placer.sim.synthetic import synthetic_nodes, synthetic_tasks
 from services.placer.sim.trace import TraceError, TraceNode, TraceTask, load_nodes, load_tasks
 from services.placer.sim.workload import cluster_gpu_milli, node_order, tuned_tasks, typical_tasks
@@ -83,6 +95,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", type=float, default=1.3, help="tune the workload to this x GPU capacity (1.3)"
     )
+    parser.add_argument(
+        "--mix",
+        choices=("trace", "online"),
+        default="trace",
+        help="the typical task mix FGD and tessera score with: the whole trace's, known in advance "
+        "(trace, the default, as the FGD artifact), or learned from the pods placed so far, as "
+        "the placer service does (online)",
+    )
+    parser.add_argument(
+        "--tenancy-file",
+        type=Path,
+        help="groups, permissions and quotas (JSON or TOML, as tessera placer --tenancy-file); "
+        "a task's tenant is the trace's tenant column, else its qos class in lower case",
+    )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=1,
+        help="tasks arriving at once, placed in the queue's order (1: the trace's order)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="replays run in parallel processes (1)")
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
@@ -99,20 +131,25 @@ class Job:
     original: tuple[TraceTask, ...]
     typical: tuple[TypicalTask, ...]
     target: float
+    mix: Mix = "trace"
+    tenancy: TenancyConfig | None = None
+    burst: int = 1
 
 
 def run_job(job: Job, progress: Callable[[int], None] | None = None) -> ReplayResult:
     tasks = tuned_tasks(
         job.original, cluster_gpu_milli(job.nodes), seed=job.seed, target=job.target
     )
-    profile = build_profile(job.policy, typical_tasks=job.typical)
     return replay(
         job.nodes,
         tasks,
-        profile,
+        job.policy,
         order=node_order(job.nodes, seed=job.seed),
         typical=job.typical,
         seed=job.seed,
+        mix=job.mix,
+        tenancy=job.tenancy,
+        burst=job.burst,
         progress=progress,
     )
 
@@ -166,6 +203,20 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.target <= 10:
         print("tessera simulate: --target must be in (0, 10]", file=err)
         return EXIT_USAGE
+    if args.burst < 1:
+        print("tessera simulate: --burst must be at least 1", file=err)
+        return EXIT_USAGE
+    tenancy = None
+    if args.tenancy_file is not None:
+        try:
+            text = args.tenancy_file.read_bytes()
+            tenancy = parse_tenancy(text, source=str(args.tenancy_file))
+        except OSError as error:
+            print(f"tessera simulate: cannot read {args.tenancy_file}: {error}", file=err)
+            return EXIT_USAGE
+        except ConfigFileError as error:
+            print(f"tessera simulate: {error}", file=err)
+            return EXIT_USAGE
     if args.plot is not None and not _can_plot():
         print(
             "tessera simulate: --plot needs matplotlib, which is not installed "
@@ -181,7 +232,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"tessera simulate: {error}", file=err)
         return EXIT_USAGE
     jobs = [
-        Job(policy, seed, tuple(nodes), tuple(original), typical, args.target)
+        Job(
+            policy,
+            seed,
+            tuple(nodes),
+            tuple(original),
+            typical,
+            args.target,
+            args.mix,
+            tenancy,
+            args.burst,
+        )
         for policy in args.policy
         for seed in args.seeds
     ]
@@ -192,11 +253,18 @@ def run(args: argparse.Namespace) -> int:
     summary["nodes"] = len(nodes)
     summary["gpus"] = sum(n.gpus for n in nodes)
     summary["target"] = args.target
+    summary["mix"] = args.mix
+    summary["burst"] = args.burst
+    summary["tenancy_file"] = str(args.tenancy_file) if args.tenancy_file else ""
     if args.json:
         print(json.dumps(summary, indent=None, sort_keys=False))
     else:
+        seeds = _seed_text(args.seeds)
         print(
-            f"{source}: {len(nodes)} nodes, {summary['gpus']} GPUs, seeds {_seed_text(args.seeds)}"
+            f"{source}: {len(nodes)} nodes, {summary['gpus']} GPUs, seeds {seeds}, "
+            f"{args.mix} task mix"
+            + (f", bursts of {args.burst}" if args.burst > 1 else "")
+            + (f", tenancy {args.tenancy_file}" if args.tenancy_file else "")
         )
         print(report.table(summary))
     if args.plot is not None:

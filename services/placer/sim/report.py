@@ -1,4 +1,5 @@
-"""Summaries of replays: per-policy mean and median over seeds, as a table or one JSON object."""
+"""Summaries of replays: per-policy mean and median over seeds, as a table or one JSON object;
+with a tenancy config, each tenant's pods and holdings at the end, mean over seeds."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from services.placer.sim.replay import ReplayResult
+from services.placer.sim.replay import ReplayResult, TenantResult
 
 
 def _stat(values: Sequence[float]) -> dict[str, float]:
@@ -47,8 +48,23 @@ def summarize(results: Sequence[ReplayResult]) -> dict[str, Any]:
             "failed_tasks": round(statistics.fmean(r.failed for r in runs)),
             "wall_s": round(sum(r.wall_s for r in runs), 3),
             "decisions_per_s": round(statistics.fmean(r.decisions_per_s for r in runs), 1),
+            "profile_builds": round(statistics.fmean(r.profile_builds for r in runs), 1),
+            "tenants": _tenants(runs),
         }
     return {"policies": policies}
+
+
+def _tenants(runs: Sequence[ReplayResult]) -> dict[str, dict[str, float]]:
+    """Each tenant's end state, mean over ``runs`` (a tenant absent from a run counts as 0)."""
+    names = sorted({name for r in runs for name in r.tenants})
+    found: dict[str, dict[str, float]] = {}
+    for name in names:
+        held = [r.tenants.get(name, TenantResult()) for r in runs]
+        found[name or "(none)"] = {
+            what: round(statistics.fmean(getattr(t, what) for t in held), 1)
+            for what in ("placed", "waiting", "gpu_milli", "gpus", "gpu_memory_mib")
+        }
+    return found
 
 
 def curve(results: Sequence[ReplayResult], policy: str) -> list[tuple[int, float]]:
@@ -83,4 +99,19 @@ def table(summary: dict[str, Any]) -> str:
             f"{len(p['seeds']):>5} {p['wall_s']:>7.1f}"
         )
     lines.append("(percent of cluster GPU capacity; mean over seeds unless marked median)")
+    if summary.get("tenancy_file"):
+        gpus = summary["gpus"]
+        for name, p in summary["policies"].items():
+            lines.append("")
+            lines.append(f"{name}, per tenant at the end (mean over seeds):")
+            lines.append(
+                f"  {'tenant':<16} {'placed':>7} {'waiting':>7} {'GPU share %':>11} "
+                f"{'GPUs held':>9} {'GPU MiB':>10}"
+            )
+            for tenant, t in p["tenants"].items():
+                lines.append(
+                    f"  {tenant:<16} {t['placed']:>7.0f} {t['waiting']:>7.0f} "
+                    f"{100 * t['gpu_milli'] / (1000 * gpus):>11.2f} {t['gpus']:>9.0f} "
+                    f"{t['gpu_memory_mib']:>10.0f}"
+                )
     return "\n".join(lines)

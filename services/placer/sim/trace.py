@@ -1,5 +1,9 @@
 """Reading Alibaba-format traces (``openb_node_list_*.csv``, ``openb_pod_list_*.csv``).
 
+A task's tenant (for ``tessera simulate --tenancy-file``) is its ``tenant`` column when the trace
+has one, else its ``qos`` class in lower case (the Alibaba traces: ``ls``, ``be``, ``burstable``,
+``guaranteed``), else empty.
+
 A missing file, a missing column or a bad value is a :class:`TraceError` naming the file, the line
 and the column; the simulator turns it into a one-line error and exit code 2.
 """
@@ -36,6 +40,7 @@ class TraceTask:
     gpu_milli: int
     """Per GPU: 1..1000 for one GPU (a share below 1000), 1000 for whole GPUs, 0 without GPU."""
     models: tuple[str, ...] = ()
+    tenant: str = ""
 
     @property
     def total_gpu_milli(self) -> int:
@@ -118,6 +123,7 @@ def load_tasks(path: Path) -> list[TraceTask]:
                 gpu_count=gpu_count,
                 gpu_milli=gpu_milli,
                 models=tuple(m for m in spec.split("|") if m) if spec and spec != "nan" else (),
+                tenant=(row.get("tenant") or row.get("qos") or "").strip().lower(),
             )
         )
     if not tasks:

@@ -52,6 +52,7 @@ def tuned_tasks(
                 gpu_count=pick.gpu_count,
                 gpu_milli=pick.gpu_milli,
                 models=pick.models,
+                tenant=pick.tenant,
             )
         )
         total += pick.total_gpu_milli

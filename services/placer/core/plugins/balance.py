@@ -24,6 +24,7 @@ import msgspec
 
 from services.placer.core.facts import PodFacts
 from services.placer.core.model import GPU_MILLI
+from services.placer.core.search import share_fits
 from services.placer.core.shape import NodeShape
 
 NAME = "balanced"
@@ -59,7 +60,7 @@ class BalanceScore:
             busy = 1.0 - shape.gpu_free_milli_total / capacity if capacity else 1.0
             return 100.0 * (a.w1 * balance + a.w2 * busy) / (a.w1 + a.w2)
         ask = pod.asks[0]
-        fitting = [g for g in shape.gpus if ask.fits(g)]
+        fitting = [g for g in shape.gpus if share_fits(ask, g)]
         if not fitting:
             return 0.0
         gpu = min(fitting, key=lambda g: (g.free_milli, g.memory_free_mib))

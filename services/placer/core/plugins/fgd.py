@@ -17,8 +17,8 @@ from services.placer.core.facts import PodFacts
 from services.placer.core.fragmentation import FILL_TIE, FragmentationModel
 from services.placer.core.framework import GpuFilter, gpu_admitted
 from services.placer.core.model import GPU_MILLI
-from services.placer.core.plugins.fit import fit_gpus
 from services.placer.core.plugins.gpu_choice import sigmoid
+from services.placer.core.search import assign, share_fits
 from services.placer.core.shape import GpuShape, NodeShape
 
 NAME = "fgd"
@@ -62,7 +62,7 @@ class FgdScore:
             best: float | None = None
             seen: GpuShape | None = None
             for i, gpu in enumerate(shape.gpus):
-                if gpu == seen or not ask.fits(gpu):
+                if gpu == seen or not share_fits(ask, gpu):
                     continue
                 if self.gpu_filters and not gpu_admitted(pod, gpu, self.gpu_filters):
                     continue
@@ -80,7 +80,7 @@ class FgdScore:
         after = list(free)
         if pod.asks:
             admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
-            positions = fit_gpus(pod, shape.gpus, admitted) or []
+            positions = assign(pod.asks, shape.gpus, admitted) or ()
             flat = [ask for ask in pod.asks for _ in range(ask.shares)]
             for ask, i in zip(flat, positions, strict=False):
                 taken = GPU_MILLI if ask.whole else ask.milli_on(shape.gpus[i].memory_total_mib)

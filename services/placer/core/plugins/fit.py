@@ -1,11 +1,12 @@
 """Fit: can the node take the pod at all? CPU, memory, and every GPU share on an allowed GPU.
 
-``NodeFit`` is the filter every profile runs first. A pod's shares are tried on the node's GPUs
-greedily, container by container, each share on a distinct GPU of its container (shares of
-different containers of one pod may share a GPU), smallest fitting GPU first. GPUs the pod may not
-use (``GpuFilter``: model, group) and unhealthy or exclusively held GPUs are never candidates.
-Physical (whole) shares need an idle GPU; virtual shares need their memory (MiB or percent of the
-GPU) and cores free, where memory held by processes Tessera did not place counts as used.
+``NodeFit`` is the filter every profile runs first. Whether the pod's shares fit on the node's
+GPUs is the search over GPUs (``search.py``: each share of a container on a distinct GPU, shares of
+different containers of one pod may share a GPU), the same search the GPU choice runs, with the
+ledger's fit rule. GPUs the pod may not use (``GpuFilter``: model, group) and unhealthy or
+exclusively held GPUs are never candidates. Physical (whole) shares need an idle GPU; virtual
+shares need their memory (MiB or percent of the GPU) and cores free, where memory held by
+processes Tessera did not place counts as used.
 
 ``GpuModel`` is the GPU filter for ``tessera.dev/gpu-model`` / ``gpu-model-exclude``.
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.placer.core.facts import PodFacts, ShareAsk
+from services.placer.core.facts import PodFacts
 from services.placer.core.framework import GpuFilter, gpu_admitted
+from services.placer.core.search import assign, share_fits
 from services.placer.core.shape import GpuShape, NodeShape
 
 NAME = "fit"
@@ -36,58 +38,6 @@ class GpuModel:
 
     def admits_gpu(self, pod: PodFacts, gpu: GpuShape) -> bool:
         return pod.request.allows_model(gpu.model)
-
-
-class _Room:
-    """What is left of one GPU while a pod's shares are tried on it."""
-
-    __slots__ = ("core", "exclusive", "idle", "memory", "slots", "total")
-
-    def __init__(self, gpu: GpuShape) -> None:
-        self.memory = gpu.memory_free_mib
-        self.core = gpu.core_milli_free
-        self.slots = gpu.slots_free
-        self.idle = gpu.idle
-        self.exclusive = gpu.exclusive or not gpu.healthy
-        self.total = gpu.memory_total_mib
-
-    def fits(self, ask: ShareAsk) -> bool:
-        if self.exclusive or self.slots == 0:
-            return False
-        if ask.whole:
-            return self.idle
-        return self.core >= ask.core_milli and self.memory >= ask.memory_on(self.total)
-
-    def take(self, ask: ShareAsk) -> None:
-        if ask.whole:
-            self.exclusive = True
-        else:
-            self.core -= ask.core_milli
-            self.memory -= ask.memory_on(self.total)
-        self.idle = False
-        if self.slots > 0:
-            self.slots -= 1
-
-
-def fit_gpus(pod: PodFacts, gpus: Sequence[GpuShape], admitted: Sequence[bool]) -> list[int] | None:
-    """Positions in ``gpus`` (one per share, in ask order) a greedy fit would use, or None."""
-    rooms = [_Room(g) for g in gpus]
-    chosen: list[int] = []
-    for ask in pod.asks:
-        used: set[int] = set()
-        for _ in range(ask.shares):
-            best = -1
-            for i, room in enumerate(rooms):
-                if not (admitted[i] and i not in used and room.fits(ask)):
-                    continue
-                if best < 0 or (room.memory, room.core) < (rooms[best].memory, rooms[best].core):
-                    best = i
-            if best < 0:
-                return None
-            rooms[best].take(ask)
-            used.add(best)
-            chosen.append(best)
-    return chosen
 
 
 class NodeFit:
@@ -111,12 +61,12 @@ class NodeFit:
             ask = pod.asks[0]
             # Capacity first: it rules most GPUs out and costs less than the GPU filters.
             for gpu in shape.gpus:
-                if ask.fits(gpu) and gpu_admitted(pod, gpu, self.gpu_filters):
+                if share_fits(ask, gpu) and gpu_admitted(pod, gpu, self.gpu_filters):
                     return None
             admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
         else:
             admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
-            if fit_gpus(pod, shape.gpus, admitted) is not None:
+            if assign(pod.asks, shape.gpus, admitted) is not None:
                 return None
         return self._why_not(pod, shape, admitted)
 

@@ -1,7 +1,9 @@
-"""GPU choice inside the chosen node: which physical GPU each share lands on.
+"""GPU choice inside the chosen node: the order in which a share tries the node's GPUs.
 
-Every chooser gets only GPUs the share fits on and that its container does not use yet, and
-returns one of them; ties always end on the lowest GPU index, so choices are deterministic.
+A chooser only orders; the search over GPUs (``search.py``) places each share on the first GPU in
+that order that leaves the pod's later shares room, so for a pod of one share the first GPU is the
+choice. Every chooser orders only GPUs the share fits on that its container does not use yet, and
+ties always end on the lowest GPU index, so choices are deterministic.
 
 - ``binpack`` (seed 004): the fitting GPU with the least free memory.
 - ``spread`` (seed 000, flag 1): the least-loaded GPU by live utilisation, then the most free
@@ -14,7 +16,8 @@ returns one of them; ties always end on the lowest GPU index, so choices are det
 - ``fgd``: the GPU whose use leaves the node least fragmented for the typical task mix (the FGD
   paper's choice, first index on equal integer scores, or the fill-waste tie-break first when
   given); whole GPUs by lowest index.
-- ``random``: a uniformly random candidate (the paper's Random policy), from the caller's RNG.
+- ``random``: a uniformly random candidate first (the paper's Random policy), from the caller's
+  RNG, then the others by index.
 """
 
 from __future__ import annotations
@@ -25,75 +28,81 @@ from collections.abc import Sequence
 
 from services.placer.core.facts import PodFacts
 from services.placer.core.fragmentation import FILL_TIE, FragmentationModel
-from services.placer.core.model import GpuSlice, GpuState, NodeState
-from services.placer.core.shape import gpu_free_milli
+from services.placer.core.model import NodeState
+from services.placer.core.shape import GpuShape
 
 
 class Binpack:
     name = "binpack"
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState:
-        return min(candidates, key=lambda g: (g.memory_free_mib, gpu_free_milli(g), g.index))
+    ) -> list[int]:
+        return sorted(
+            candidates,
+            key=lambda i: (gpus[i].memory_free_mib, gpus[i].free_milli, node.gpus[i].index),
+        )
 
 
 class Spread:
     name = "spread"
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState:
-        return min(candidates, key=lambda g: (g.utilization_pct, -g.memory_free_mib, g.index))
+    ) -> list[int]:
+        return sorted(
+            candidates,
+            key=lambda i: (gpus[i].utilization_pct, -gpus[i].memory_free_mib, node.gpus[i].index),
+        )
 
 
 class FirstFit:
     name = "first-fit"
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState:
-        return min(candidates, key=lambda g: g.index)
+    ) -> list[int]:
+        return sorted(candidates, key=lambda i: node.gpus[i].index)
 
 
 class Colocate:
     name = "colocate"
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState:
-        serving = {s.index for s in placed}
+    ) -> list[int]:
+        serving = set(chosen)
         uid = pod.request.uid
-        return min(
+        return sorted(
             candidates,
-            key=lambda g: (
-                not (g.index in serving or (uid and uid in g.holders)),
-                g.memory_free_mib,
-                g.index,
+            key=lambda i: (
+                not (i in serving or (uid and uid in node.gpus[i].holders)),
+                gpus[i].memory_free_mib,
+                node.gpus[i].index,
             ),
         )
 
@@ -101,36 +110,36 @@ class Colocate:
 class Topology:
     name = "topology"
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState:
-        if not placed:
+    ) -> list[int]:
+        static = node.gpus
+        if not chosen:
             # Start where the most candidate peers are reachable over NVLink.
-            pool = {g.index for g in candidates}
-            return min(
+            pool = {static[i].index for i in candidates}
+            return sorted(
                 candidates,
-                key=lambda g: (
-                    -sum(1 for p in g.nvlink_peers if p in pool),
-                    g.memory_free_mib,
-                    g.index,
+                key=lambda i: (
+                    -sum(1 for p in static[i].nvlink_peers if p in pool),
+                    gpus[i].memory_free_mib,
+                    static[i].index,
                 ),
             )
-        taken = {s.index for s in placed}
-        first = next((g for g in working if g.index == placed[0].index), None)
-        numa = first.numa_node if first is not None else -1
-        return min(
+        taken = {static[i].index for i in chosen}
+        numa = static[chosen[0]].numa_node
+        return sorted(
             candidates,
-            key=lambda g: (
-                -sum(1 for p in g.nvlink_peers if p in taken),
-                g.numa_node != numa,
-                g.memory_free_mib,
-                g.index,
+            key=lambda i: (
+                -sum(1 for p in static[i].nvlink_peers if p in taken),
+                static[i].numa_node != numa,
+                gpus[i].memory_free_mib,
+                static[i].index,
             ),
         )
 
@@ -151,28 +160,26 @@ class Fgd:
         self.fill_waste = fill_waste
         """Break equal points by the fill waste the GPU loses (as ``FgdScore`` does)."""
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState:
-        ordered = sorted(candidates, key=lambda g: g.index)
+    ) -> list[int]:
+        index = [g.index for g in node.gpus]
+        ordered = sorted(candidates, key=index.__getitem__)
         if not pod.fractional:
-            return ordered[0]
-        models = frozenset(g.model for g in working)
-        free = [gpu_free_milli(g) for g in working]
+            return ordered
+        models = frozenset(g.model for g in node.gpus)
+        free = [g.free_milli for g in gpus]
         before = self.model.node(models, node.cpu_milli_free, node.memory_mib_free, free)
         cpu_after = node.cpu_milli_free - pod.cpu_milli
         memory_after = node.memory_mib_free - pod.memory_mib
-        position = {g.index: i for i, g in enumerate(working)}
-        best: GpuState | None = None
-        best_score = -1.0
-        for gpu in ordered:
-            i = position[gpu.index]
+        scores: dict[int, float] = {}
+        for i in ordered:
             after_free = list(free)
             after_free[i] = max(0, after_free[i] - pod.share_milli)
             after = self.model.node(models, cpu_after, memory_after, after_free)
@@ -181,25 +188,25 @@ class Fgd:
                 score = float(int(score))
             if self.fill_waste is not None:
                 score += FILL_TIE * (self.fill_waste[free[i]] - self.fill_waste[after_free[i]])
-            if score > best_score:
-                best, best_score = gpu, score
-        assert best is not None
-        return best
+            scores[i] = score
+        return sorted(ordered, key=lambda i: -scores[i])  # stable: equal scores by index
 
 
 class Random:
     name = "random"
 
-    def pick(
+    def order(
         self,
         pod: PodFacts,
         node: NodeState,
-        working: Sequence[GpuState],
-        candidates: Sequence[GpuState],
-        placed: Sequence[GpuSlice],
+        gpus: Sequence[GpuShape],
+        candidates: Sequence[int],
+        chosen: Sequence[int],
         rng: random.Random,
-    ) -> GpuState:
-        return rng.choice(sorted(candidates, key=lambda g: g.index))
+    ) -> list[int]:
+        ordered = sorted(candidates, key=lambda i: node.gpus[i].index)
+        first = rng.choice(ordered)
+        return [first, *(i for i in ordered if i != first)]
 
 
 def sigmoid(x: float) -> float:
