@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Final, Literal, cast
 
 import msgspec
 
@@ -38,6 +38,13 @@ Wake = Literal["freed", "grown"]
 
 UNKNOWN_NODE = "no Tessera node facts or GPU inventory"
 """Why a node the placer has never heard of does not fit (kube-scheduler may name any node)."""
+
+
+QUEUE_SPREAD: Final = (2, 8)
+"""Queue lengths on a node (pods between decision and Allocate) from which a decision looks for
+room on other nodes first, level by level. The binder's gate lets one pod per device count onto
+a node at a time (bind -> Allocate takes about 0.25 s), so a burst packed onto one node at a
+time is placed at one node's pace; spread, every node that fits takes its share (issue 22)."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +69,24 @@ def decide(
 
     ``avoid``: nodes where this pod's commit just lost to another replica's; they are chosen
     only when nothing else fits (then the pod is decided as if none were avoided).
+
+    A burst is spread over the nodes that fit (:data:`QUEUE_SPREAD`): nodes with a queue of pods
+    between decision and Allocate (``view.queued_nodes``) are chosen only when no node with a
+    shorter queue fits. In steady state queues are empty and the profile alone chooses.
     """
     facts = pod_facts(pod)
     index, kept_out = (view.index, 0) if facts.invalid else _servable(view, pod)
-    outcome = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoid)
+    avoided = frozenset(avoid)
+    tried = {avoided}
+    for queue in () if facts.invalid else QUEUE_SPREAD:
+        excluded = avoided | view.queued_nodes(queue)
+        if excluded in tried or len(excluded) >= len(index):
+            continue  # the same attempt again, or no node left to try
+        tried.add(excluded)
+        spread = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+        if isinstance(spread, Decision):
+            return spread
+    outcome = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoided)
     if isinstance(outcome, Decision):
         return outcome
     if facts.invalid:

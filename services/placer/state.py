@@ -59,6 +59,7 @@ class _Node:
         "charged",
         "deleted",
         "facts",
+        "handing_off",
         "inventory",
         "ledger",
         "ledger_revision",
@@ -78,6 +79,8 @@ class _Node:
         self.tentative: dict[str, Booking] = {}
         self.records: set[str] = set()
         """Pod UIDs with a record on this node."""
+        self.handing_off: set[str] = set()
+        """Pod UIDs whose record here is ``reserved`` or ``bound``: not allocated yet."""
         self.reason = ""
         self.signature: Signature | None = None
         self.charged: set[str] = set()
@@ -170,6 +173,9 @@ class ClusterView:
         """Pod UID -> nodes whose committed ledger books it."""
         self._signatures: Counter[Signature] = Counter()
         self._now = 0.0
+        self._handoffs: dict[str, int] = {}
+        """Node -> its pods between decision and Allocate (only nodes with any): records not
+        allocated yet and this replica's tentative bookings (:meth:`queued_nodes`)."""
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -232,6 +238,20 @@ class ClusterView:
 
     def claim(self, pod_uid: str) -> PodClaim | None:
         return self.claims.get(pod_uid)
+
+    def queued_nodes(self, at_least: int) -> frozenset[str]:
+        """Nodes with at least ``at_least`` pods between decision and Allocate. The binder's
+        gate lets one such pod per device count through to a node at a time, so pods decided
+        onto a node whose queue is long wait there in line (``decider.decide`` spreads a burst
+        over other nodes rather than lengthen it)."""
+        return frozenset(node for node, count in self._handoffs.items() if count >= at_least)
+
+    def _count_handoffs(self, node: str, entry: _Node) -> None:
+        count = len(entry.handing_off.union(entry.tentative))
+        if count:
+            self._handoffs[node] = count
+        else:
+            self._handoffs.pop(node, None)
 
     # --- node inputs ---------------------------------------------------------------------------
 
@@ -319,12 +339,15 @@ class ClusterView:
             self._rebuild(node)
 
     def add_tentative(self, booking: Booking) -> None:
-        self._entry(booking.node).tentative[booking.pod_uid] = booking
+        entry = self._entry(booking.node)
+        entry.tentative[booking.pod_uid] = booking
+        self._count_handoffs(booking.node, entry)
         self._rebuild(booking.node)
 
     def drop_tentative(self, node: str, pod_uid: str) -> None:
         entry = self._nodes.get(node)
         if entry is not None and entry.tentative.pop(pod_uid, None) is not None:
+            self._count_handoffs(node, entry)
             self._rebuild(node)
 
     # --- records and claims --------------------------------------------------------------------
@@ -355,6 +378,11 @@ class ClusterView:
             entry.records.discard(pod_uid)
         else:
             entry.records.add(pod_uid)
+        if facts is not None and facts.state in ("reserved", "bound"):
+            entry.handing_off.add(pod_uid)
+        else:
+            entry.handing_off.discard(pod_uid)
+        self._count_handoffs(node, entry)
 
     def set_claim(self, pod_uid: str, claim: PodClaim | None, revision: int) -> bool:
         if revision <= self.claim_revisions.get(pod_uid, 0):

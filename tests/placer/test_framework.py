@@ -196,6 +196,33 @@ def test_extension_points_for_quota_and_groups() -> None:
     assert result.reservation.containers[0].gpus[0].index == 1
 
 
+def test_a_random_tie_break_draws_alike_whatever_the_index_went_through() -> None:
+    """A placer restarted on a cluster draws the node one that ran all along draws: the
+    index's shape ids (in which order the tied shapes come) follow the history of node states,
+    so the draw must not (found when a restarted placer chose another node, issue 22)."""
+    profile = build_profile("random")
+
+    def cluster() -> ClusterIndex:
+        return ClusterIndex([node(name).gpu(used=used).build() for name, used in NODES_USED])
+
+    straight, travelled = cluster(), cluster()
+    for name, _ in NODES_USED[:2]:  # these two nodes leave their shape and come back to it
+        only_here = ClusterIndex([travelled.node(name)])
+        visit = decided(decide(pod(f"visit-{name}").share(100).build(), only_here, profile, now=0))
+        assert travelled.reserve(visit.reservation) is None
+        assert travelled.release(visit.reservation.pod_uid)
+    assert list(travelled.groups) != list(straight.groups), "the shapes now come in another order"
+    for i in range(20):
+        request = pod(f"p{i}").share(100).build()
+        assert (
+            decided(decide(request, straight, profile, now=0, rng=random.Random(i))).node
+            == decided(decide(request, travelled, profile, now=0, rng=random.Random(i))).node
+        )
+
+
+NODES_USED = [("a", 100), ("b", 200), ("c", 300), ("d", 400)]
+
+
 def test_reserving_a_decision_changes_only_the_chosen_node() -> None:
     nodes = [node(f"n{i}").gpus(2).build() for i in range(4)]
     cluster = ClusterIndex(nodes)

@@ -187,7 +187,13 @@ async def _run_decides(restart: bool, start_placer: PlacerFactory, bus: NatsBus)
         await _place_in_order(bus, first)
         service = placer.service
         assert service is not None
-        await until(lambda: service.mix_compiled, what="the learned mix compiled into the profile")
+        # Every pod's claim in the mix (the view sees each claim by its watch, maybe after the
+        # pod's result), and that mix compiled: else the pod decided next may meet a profile a
+        # pod short of the one a restarted placer compiles, and a near-tie goes another way.
+        await until(
+            lambda: len(service.view.mix) == len(first) and service.mix_compiled,
+            what="the learned mix of every pod compiled into the profile",
+        )
         if not restart:
             await _place_in_order(bus, ["x"])
     if restart:

@@ -21,7 +21,7 @@ from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS, build_profile
 from services.placer.core.shape import gpu_shape
 from services.placer.state import ClusterView
 from shared.config import ConfigError
-from shared.messages.ledger import NodeLedger
+from shared.messages.ledger import Booking, NodeLedger
 from tests.placer import wire
 from tests.placer.builders import node
 from tests.placer.test_translate import NOW, booking
@@ -79,6 +79,43 @@ def test_a_decision_avoids_the_nodes_it_is_told_to_and_falls_back_when_nothing_e
     assert other.node != first.node
     only = decider.decide(view, PROFILE, pod, now=NOW, avoid={"a", "b"})
     assert isinstance(only, Decision)  # nothing else fits: decided as if none were avoided
+
+
+def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
+    """Issue 22: the binder lets one pod per device count onto a node at a time, so a packing
+    profile that sends a whole burst to one node places it at that node's pace. A node with
+    pods between decision and Allocate (records not allocated yet, tentative bookings) is
+    chosen only when no node with a shorter queue fits; once allocated, packing resumes."""
+    view = view_of("a", "b", "c")
+    pod = translate.pod_request(wire.pending("p", memory_mib=4096, cores=5))
+
+    def on(node: str, uid: str) -> Booking:
+        return msgspec.structs.replace(booking(uid, (0, 4096, 50)), node=node)
+
+    first = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(first, Decision) and first.node == "a"
+    queued = [on("a", "q1"), on("a", "q2")]
+    for held in queued:
+        view.add_tentative(held)
+    assert view.queued_nodes(2) == {"a"}
+    spread = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(spread, Decision) and spread.node != "a", "a's queue is long"
+    # Committed (booked in the ledger) and recorded: still queued until allocated.
+    assert view.set_ledger("a", NodeLedger(node="a", bookings=tuple(queued)), revision=5)
+    for key, held in enumerate(queued, start=1):
+        view.set_record(f"a.{held.pod_uid}", translate.record_of(held), key)
+    assert view.queued_nodes(2) == {"a"}
+    for other in ("b", "c"):  # every node queued alike: the profile alone chooses
+        for uid in ("r1", "r2"):
+            view.add_tentative(on(other, f"{other}-{uid}"))
+    packed = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(packed, Decision) and packed.node == "a"
+    for key, held in enumerate(queued, start=1):  # allocated: a's queue is gone
+        allocated = msgspec.structs.replace(translate.record_of(held), state="allocated")
+        view.set_record(f"a.{held.pod_uid}", allocated, key + 10)
+    assert view.queued_nodes(1) == {"b", "c"}
+    again = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(again, Decision) and again.node == "a"
 
 
 def test_a_gpu_counted_beyond_its_slots_takes_nothing_more() -> None:

@@ -302,6 +302,10 @@ def schedule(
     tied, best, feasible = picked
     if profile.tie_break == "random":
         rng = rng or _rng_for(pod.request)
+        # Drawn in rank order: the index's shape ids (and so ``tied``'s order) follow the
+        # history of node states, and a placer restarted on the same cluster must draw the
+        # same node as one that ran all along.
+        tied.sort(key=lambda sid: cluster.groups[sid][0])
         total = sum(len(_usable(cluster.groups[sid], excluded)) for sid in tied)
         draw = rng.randrange(total)
         for sid in tied:
