@@ -28,6 +28,28 @@ from shared.config import (
 EXIT_CONFIG_ERROR = 2
 EXIT_NOT_BUILT = 3
 
+EVENT_LOOP_ENV = "TESSERA_EVENT_LOOP"
+"""``asyncio`` runs a service on asyncio's own event loop instead of uvloop's."""
+
+T = TypeVar("T")
+
+
+def run_event_loop(main: Coroutine[Any, Any, T], *, environ: dict[str, str]) -> T:
+    """Run ``main`` to its end on uvloop's event loop (NATS round trips about 15 % faster than on
+    asyncio's own, issue 22), or on asyncio's where uvloop is not installed or ``environ``
+    names ``TESSERA_EVENT_LOOP=asyncio``."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if environ.get(EVENT_LOOP_ENV, "uvloop") != "asyncio":
+        try:
+            import uvloop
+        except ImportError:  # an install without it (not a platform uvloop supports)
+            pass
+        else:
+            factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
 S = TypeVar("S", bound=ProcessSettings)
 
 
@@ -77,7 +99,7 @@ class ServiceCommand(Generic[S]):
                         file=sys.stderr,
                     )
                     return EXIT_NOT_BUILT
-                return asyncio.run(self.main(settings))
+                return run_event_loop(self.main(settings), environ=dict(os.environ))
             except ConfigError as error:
                 print(f"tessera {self.name}: configuration error: {error}", file=sys.stderr)
                 return EXIT_CONFIG_ERROR

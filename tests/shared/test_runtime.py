@@ -22,6 +22,7 @@ from shared.config import Settings
 from shared.messages.deadletter import DeadLetter
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, NatsBus
+from shared.runtime.command import run_event_loop
 from shared.runtime.edge import REASON_HEADER, Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import Body, ServiceContext, run_service
@@ -514,3 +515,20 @@ async def test_not_ready_before_the_body_has_registered_its_own_checks(
     async with running_echo(nats_server, body) as (_, _, readiness):
         assert readiness.report()["loaded"] == (True, "")
     assert seen_at_start == [False]
+
+
+@pytest.mark.parametrize(
+    ("environ", "loop_module"),
+    [
+        pytest.param({}, "uvloop", id="default"),
+        pytest.param({"TESSERA_EVENT_LOOP": "uvloop"}, "uvloop", id="uvloop"),
+        pytest.param({"TESSERA_EVENT_LOOP": "asyncio"}, "asyncio", id="asyncio"),
+    ],
+)
+def test_services_run_on_uvloop_unless_told_otherwise(
+    environ: dict[str, str], loop_module: str
+) -> None:
+    async def which_loop() -> str:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+    assert run_event_loop(which_loop(), environ=environ) == loop_module
