@@ -36,11 +36,10 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from services.deviceplugin import allocate  # noqa: E402
 from services.deviceplugin._proto import api_pb2  # noqa: E402
-from services.deviceplugin.allocate import RecordView  # noqa: E402
 from services.deviceplugin.command import DevicePluginSettings, build_config  # noqa: E402
 from services.deviceplugin.service import run_plugin  # noqa: E402
 from shared import codec, subjects  # noqa: E402
-from shared.messages.assignments import AssignmentRecord  # noqa: E402
+from shared.messages.assignments import AssignmentRecord, RecordView  # noqa: E402
 from shared.messages.base import ContainerSlices, GpuSlice  # noqa: E402
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
 from shared.messages.ledger import NodeLedger  # noqa: E402

@@ -49,14 +49,15 @@ from typing import Final
 import msgspec
 
 from shared import subjects
+from shared.annotations import GPU, PREFIX
 from shared.messages.assignments import STATE_ORDER, AssignmentRecord
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 
-GPU_RESOURCE: Final = "tessera.dev/gpu"
+GPU_RESOURCE: Final = GPU
 """The resource whose count is the number of GPU shares of a container (one slice each)."""
 
-RESOURCE_PREFIX: Final = "tessera.dev/"
+RESOURCE_PREFIX: Final = PREFIX
 
 MAX_CORES_PERCENT: Final = 100
 MAX_GPU_CONTAINERS: Final = 64

@@ -36,7 +36,6 @@ from services.binder.plan import (
     BindPlan,
     Drop,
     ObservedPod,
-    RecordView,
     Report,
     Wait,
     claim_of,
@@ -49,7 +48,7 @@ from shared import codec, subjects
 from shared.clock import Clock
 from shared.commits import commit_problem, withdrawing
 from shared.kubeobjects import Pod
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.bindings import BindingResult, BindOutcome
 from shared.messages.ledger import NodeLedger, PodClaim
 from shared.messages.placement import PlacementDecision

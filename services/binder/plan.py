@@ -33,17 +33,9 @@ import msgspec
 
 from shared import annotations as names
 from shared.kubeobjects import Pod
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.bindings import BindOutcome
 from shared.messages.placement import PlacementDecision
-
-
-class RecordView(msgspec.Struct, frozen=True, kw_only=True):
-    """An assignment record with the KV key and revision it was read at."""
-
-    key: str
-    revision: int
-    record: AssignmentRecord
 
 
 class ObservedPod(msgspec.Struct, frozen=True, kw_only=True):

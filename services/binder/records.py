@@ -8,47 +8,22 @@ deleted records leave the mirror. A record that does not decode is dead-lettered
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 
-from services.binder.plan import RecordView
 from shared import subjects
 from shared.clock import Clock
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
-from shared.runtime.tasks import checkpoint
+from shared.runtime.tasks import ChangeCounter, checkpoint
 
 log = logging.getLogger(__name__)
 
 TOMBSTONES = 100_000
 """Revisions of released or deleted keys remembered, so an older version arriving late (our own
 write racing the watch) cannot bring a record back."""
-
-
-class Changes:
-    """A change counter tasks wait on (several waiters, no lost wake-ups)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._condition = asyncio.Condition()
-
-    async def bump(self) -> None:
-        async with self._condition:
-            self.version += 1
-            self._condition.notify_all()
-
-    async def wait_past(self, version: int, timeout: float) -> bool:
-        """True once the version moved past ``version``; False when ``timeout`` ran out."""
-        async with self._condition:
-            try:
-                async with asyncio.timeout(timeout):  # never loses a cancellation (wait_for can)
-                    await self._condition.wait_for(lambda: self.version != version)
-            except TimeoutError:
-                return False
-        return True
 
 
 class RecordMirror:
@@ -61,7 +36,7 @@ class RecordMirror:
         self._views: dict[str, RecordView] = {}
         self._by_node: dict[str, dict[str, RecordView]] = {}
         self._gone: OrderedDict[str, int] = OrderedDict()
-        self.changed = Changes()
+        self.changed = ChangeCounter()
         self.loaded = False
 
     def get(self, key: str) -> RecordView | None:

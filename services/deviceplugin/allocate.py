@@ -45,7 +45,7 @@ import msgspec
 
 from shared.commits import commit_problem
 from shared.messages.allocations import AllocationEvent
-from shared.messages.assignments import AssignmentRecord, ContainerAllocation
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import NodeLedger, PodClaim
@@ -95,14 +95,6 @@ class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True):
     envs: dict[str, str]
     mounts: tuple[Mount, ...] = ()
     annotations: dict[str, str] = {}
-
-
-class RecordView(msgspec.Struct, frozen=True, kw_only=True):
-    """An assignment record as read from the KV bucket, with the revision it was read at."""
-
-    key: str
-    revision: int
-    record: AssignmentRecord
 
 
 class Allocation(msgspec.Struct, frozen=True, kw_only=True):

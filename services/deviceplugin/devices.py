@@ -24,13 +24,14 @@ from typing import Final, Literal
 
 import msgspec
 
+from shared import annotations as names
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 
 Mode = Literal["logical", "memory-units"]
 
 RESOURCE_BY_MODE: Final[dict[Mode, str]] = {
-    "logical": "tessera.dev/gpu",
-    "memory-units": "tessera.dev/gpu-memory",
+    "logical": names.GPU,
+    "memory-units": names.GPU_MEMORY,
 }
 
 HEALTHY: Final = "Healthy"

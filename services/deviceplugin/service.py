@@ -66,7 +66,7 @@ from typing import Literal
 import msgspec
 
 from services.deviceplugin import allocate, devices, preferred
-from services.deviceplugin.allocate import Allocation, ContainerGrant, RecordView, Refusal
+from services.deviceplugin.allocate import Allocation, ContainerGrant, Refusal
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.devices import Device, DeviceConfig
 from services.deviceplugin.grants import GrantFile, state_file
@@ -81,7 +81,7 @@ from services.deviceplugin.server import (
 from shared import codec, subjects, validation
 from shared.clock import Clock
 from shared.messages.allocations import AllocationEvent
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import NodeLedger, PodClaim
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, KvEntry, OutcomeUnknownError
@@ -89,7 +89,7 @@ from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
-from shared.runtime.tasks import finish
+from shared.runtime.tasks import ChangeCounter, finish
 
 log = logging.getLogger(__name__)
 
@@ -140,29 +140,6 @@ ReadBack = int | None | Literal["unknown"]
 """What reading a claim back found: its revision (it landed), None (it did not), or "unknown"."""
 
 
-class _Versioned:
-    """A change counter tasks can wait on (several waiters, no lost wake-ups)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._changed = asyncio.Condition()
-
-    async def bump(self) -> None:
-        async with self._changed:
-            self.version += 1
-            self._changed.notify_all()
-
-    async def wait_past(self, version: int, timeout: float | None = None) -> bool:
-        """True once the version moved past ``version``; False when ``timeout`` ran out."""
-        async with self._changed:
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._changed.wait_for(lambda: self.version != version)
-            except TimeoutError:
-                return False
-        return True
-
-
 def _record_delivery(key: str, data: bytes) -> Delivery:
     """A KV entry of the assignments bucket, as the edge sees a delivery."""
     return Delivery(subject=f"$KV.{subjects.KV_ASSIGNMENTS}.{key}", data=data)
@@ -204,7 +181,7 @@ class DevicePluginService:
         self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
         """Claims sent whose outcome could not be read back, by their sorted device IDs, with
         when (monotonic) they were sent."""
-        self._records_changed = _Versioned()
+        self._records_changed = ChangeCounter()
         self._inventory: NodeInventory | None = None
         self._gpus: dict[str, GpuTelemetry] = {}
         self._devices: tuple[Device, ...] = ()
@@ -216,7 +193,7 @@ class DevicePluginService:
         """Why the inventory's devices cannot be advertised (logged once per new reason)."""
         self._retired: set[str] = set()
         """Device IDs advertised before and no longer (their GPU left the inventory)."""
-        self._devices_changed = _Versioned()
+        self._devices_changed = ChangeCounter()
         self._ledger: NodeLedger | None = None
         """This node's entry in ``tessera-ledger`` (every booking on the node)."""
         self._claims: dict[str, PodClaim] = {}

@@ -63,6 +63,7 @@ from services.placer.core.model import (
     RejectionReason,
     Reservation,
 )
+from shared import annotations as names
 from shared.commits import record_containers
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuTelemetry, NodeInventory
@@ -74,8 +75,8 @@ from shared.messages.pods import PodPending, PodRestore
 
 FOREIGN_STEP_MIB = 256
 UTILIZATION_STEP_PCT = 10
-GPU_RESOURCE = "tessera.dev/gpu"
-GPU_MEMORY_RESOURCE = "tessera.dev/gpu-memory"
+GPU_RESOURCE = names.GPU
+GPU_MEMORY_RESOURCE = names.GPU_MEMORY
 
 MEMORY_UNITS_ONLY = "memory-units mode (ask tessera.dev/gpu-memory to run there)"
 """Why a memory-units node cannot take a GPU container that asks no ``tessera.dev/gpu-memory``."""

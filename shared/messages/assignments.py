@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
+import msgspec
+
 from shared.messages.base import ContainerSlices, Message
 
 AssignmentState = Literal["reserved", "bound", "allocated", "released"]
@@ -59,6 +61,15 @@ class AssignmentRecord(Message, frozen=True, kw_only=True):
     commit: str = ""
     """The placer commit that made this record (its ledger booking and pod claim carry the same
     id); empty in records written before the placer recorded it."""
+
+
+class RecordView(msgspec.Struct, frozen=True, kw_only=True):
+    """An assignment record as a reader holds it: with the KV key and the revision it was read
+    at (what its next compare-and-set is made on). Not a wire message."""
+
+    key: str
+    revision: int
+    record: AssignmentRecord
 
 
 def holds_gpus(record: AssignmentRecord) -> bool:

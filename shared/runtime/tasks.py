@@ -32,6 +32,30 @@ TaskFactory = Any
 """asyncio's task factory: ``(loop, coro, **kwargs) -> Future`` (typeshed has no name for it)."""
 
 
+class ChangeCounter:
+    """A version number tasks wait on to move (several waiters, no lost wake-ups): a mirror
+    bumps it on each change it takes; a waiter notes the version, looks, and waits past it."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._condition = asyncio.Condition()
+
+    async def bump(self) -> None:
+        async with self._condition:
+            self.version += 1
+            self._condition.notify_all()
+
+    async def wait_past(self, version: int, timeout: float | None = None) -> bool:
+        """True once the version moved past ``version``; False when ``timeout`` ran out."""
+        async with self._condition:
+            try:
+                async with asyncio.timeout(timeout):  # never loses a cancellation (wait_for can)
+                    await self._condition.wait_for(lambda: self.version != version)
+            except TimeoutError:
+                return False
+        return True
+
+
 def checkpoint() -> None:
     """Raise CancelledError if this task was asked to stop, even where a library swallowed the
     cancel (the request stays recorded: ``Task.cancelling()``). Loops that run until cancelled

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-ASSIGNMENT: Final = "tessera.dev/assignment"
-BIND_TIME: Final = "tessera.dev/bind-time"
+from shared import annotations as names
+
+ASSIGNMENT: Final = names.ASSIGNMENT
+BIND_TIME: Final = names.BIND_TIME
 STAGES: Final = (
     "created_to_decided",
     "decided_to_bound",
@@ -180,7 +182,7 @@ def container_problem(envs: Mapping[str, str], slices: Sequence[Slice]) -> str:
 
 def _tessera_devices(container: Mapping[str, Any]) -> bool:
     limits = (container.get("resources") or {}).get("limits") or {}
-    return any(k in ("tessera.dev/gpu", "tessera.dev/gpu-memory") for k in limits)
+    return any(k in (names.GPU, names.GPU_MEMORY) for k in limits)
 
 
 def mismatches(pod: Mapping[str, Any], seen: PodSeen | None) -> list[str]:

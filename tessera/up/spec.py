@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
+from shared import annotations as names
+
 DEFAULT_NODES: Final = 5
 DEFAULT_GPUS: Final = "4xA100-80GB,4xH100-80GB,8xT4,4xL4,cpu"
 
@@ -87,7 +89,7 @@ class NodePlan:
 
     @property
     def resource(self) -> str:
-        return "tessera.dev/gpu" if self.mode == "logical" else "tessera.dev/gpu-memory"
+        return names.GPU if self.mode == "logical" else names.GPU_MEMORY
 
     def describe(self) -> str:
         if not self.gpus:

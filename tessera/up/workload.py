@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from services.placer.sim.trace import TraceError, load_tasks
+from shared import annotations as names
 
 Obj = dict[str, Any]
 SCHEDULER: Final = "tessera"
@@ -45,13 +46,13 @@ def container(
 ) -> Obj:
     limits: dict[str, str] = {}
     if gpu is not None:
-        limits["tessera.dev/gpu"] = str(gpu)
+        limits[names.GPU] = str(gpu)
     if memory_mib is not None:
-        limits["tessera.dev/gpu-memory"] = str(memory_mib)
+        limits[names.GPU_MEMORY] = str(memory_mib)
     if memory_pct is not None:
-        limits["tessera.dev/gpu-memory-percentage"] = str(memory_pct)
+        limits[names.GPU_MEMORY_PERCENTAGE] = str(memory_pct)
     if cores is not None:
-        limits["tessera.dev/gpu-cores"] = str(cores)
+        limits[names.GPU_CORES] = str(cores)
     resources: Obj = {"requests": {"cpu": cpu, "memory": memory}}
     if limits:
         resources["limits"] = limits

@@ -14,7 +14,6 @@ from services.binder.plan import (
     Bind,
     Drop,
     ObservedPod,
-    RecordView,
     Report,
     Wait,
     claim_of,
@@ -23,7 +22,7 @@ from services.binder.plan import (
 )
 from shared import annotations as names
 from shared import codec
-from shared.messages.assignments import AssignmentRecord, ContainerAllocation
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
 from shared.messages.base import ContainerSlices, GpuSlice
 from tests.binder.builders import NODE, decision, record, slices
 

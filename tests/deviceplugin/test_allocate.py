@@ -12,11 +12,10 @@ from services.deviceplugin.allocate import (
     Allocation,
     ContainerGrant,
     Mount,
-    RecordView,
     Refusal,
     ResponseOptions,
 )
-from shared.messages.assignments import AssignmentRecord, ContainerAllocation
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import NodeLedger, PodClaim
 from tests.deviceplugin.builders import (
