@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if pytest_asyncio.is_async_test(item):
             # First, so that it is torn down last: after every other fixture has stopped what it
             # started (a server, a bus), in the test's event loop.
-            item.fixturenames.insert(0, "_reap_leftover_tasks")  # type: ignore[attr-defined]
+            item.fixturenames.insert(0, "_reap_leftover_tasks")
 
 
 @pytest.fixture

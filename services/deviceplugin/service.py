@@ -780,7 +780,7 @@ class DevicePluginService:
             )
         finally:
             with contextlib.suppress(Exception):
-                await watch.aclose()  # type: ignore[attr-defined]
+                await watch.aclose()
         taken = self._records_changed.version != seen
         if taken:
             self._metrics.records_reread.inc()

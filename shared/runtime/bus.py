@@ -49,7 +49,7 @@ import secrets
 import socket
 import ssl
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
@@ -395,7 +395,7 @@ class Bus(Protocol):
         """Every live key of the bucket."""
         ...
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
         """Current values of matching keys, then one ``None`` marking "initial values done",
         then every later change, until the iterator is closed."""
         ...
@@ -1046,7 +1046,7 @@ class NatsBus:
                 live[entry.key] = not entry.deleted
         return [key for key, alive in live.items() if alive]
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
         """Initial values, ``None``, then changes; ends (once reconnected) when the connection
         is lost. A watch does not survive a server restart: nats-py's consumer behind it may
         stay silent for many seconds after the reconnect, so callers watch again and take the

@@ -71,7 +71,7 @@ async def follow(
             delay = min(delay * 2, MAX_RETRY_S)
         finally:
             with contextlib.suppress(Exception):
-                await watch.aclose()  # type: ignore[attr-defined]
+                await watch.aclose()
         await clock.sleep(delay)
 
 

@@ -86,7 +86,7 @@ async def informing(
 
 
 def restarts(metrics: BinderMetrics, reason: str) -> float:
-    return metrics.watch_restarts.labels(resource="pods", reason=reason)._value.get()
+    return float(metrics.watch_restarts.labels(resource="pods", reason=reason)._value.get())
 
 
 def churn(api: ApiServer, round_: int) -> None:

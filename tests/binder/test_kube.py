@@ -52,7 +52,7 @@ async def gateway_for(
 
 
 def errors(metrics: BinderMetrics, verb: str, code: str) -> float:
-    return metrics.api_errors.labels(verb=verb, code=code)._value.get()
+    return float(metrics.api_errors.labels(verb=verb, code=code)._value.get())
 
 
 async def test_configuration_sources_and_their_errors(tmp_path: Path, kubeconfig: Path) -> None:

@@ -63,7 +63,7 @@ async def electors(
             )
         )
         elector = LeaderElector(
-            gateway=gateway,  # type: ignore[arg-type]
+            gateway=gateway,
             clock=clock,
             namespace="tessera",
             name="binder",

@@ -23,9 +23,9 @@ import pytest
 import trustme
 import yaml
 
+from tessera.up.system import nats_server_binary
 from tests.deploy.chart import CHART_DIR, NAMESPACE, Object, component, containers, named, render
 from tests.deploy.variants import PASSWORD, TOKEN, VARIANTS
-from tests.harness.nats import nats_server_binary
 
 NATS_HOST = f"{component('nats')}.{NAMESPACE}.svc"
 POD_NAME = f"{component('nats')}-0"
@@ -64,7 +64,7 @@ class NatsPod:
         found = [v for v in self.pod["volumes"] if v["name"] == name]
         found += [{"name": name, "claim": c} for c in claims if c["metadata"]["name"] == name]
         (volume,) = found
-        return volume
+        return dict(volume)
 
     def _fill(self, mount: Object) -> None:
         volume = self.volume(mount["name"])

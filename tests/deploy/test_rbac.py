@@ -102,9 +102,9 @@ def test_only_the_binder_and_kube_scheduler_mount_a_token(variant: str) -> None:
         assert account["automountServiceAccountToken"] is (name in with_token), name
     for container in containers(objects):
         pod = container.pod
-        account = pod.get("serviceAccountName")
-        mounts = pod.get("automountServiceAccountToken", account in with_token)
-        assert mounts is (account in with_token), container.where
+        account_name = pod.get("serviceAccountName")
+        mounts = pod.get("automountServiceAccountToken", account_name in with_token)
+        assert mounts is (account_name in with_token), container.where
 
 
 def test_the_rights_check_sees_an_extra_verb() -> None:

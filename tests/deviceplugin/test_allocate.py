@@ -15,7 +15,12 @@ from services.deviceplugin.allocate import (
     Refusal,
     ResponseOptions,
 )
-from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
+from shared.messages.assignments import (
+    AssignmentRecord,
+    AssignmentState,
+    ContainerAllocation,
+    RecordView,
+)
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import NodeLedger, PodClaim
 from tests.deviceplugin.builders import (
@@ -414,6 +419,7 @@ def test_a_record_that_matches_no_commit_is_refused_with_the_reason(
 
 
 def test_a_forged_older_record_never_blocks_the_committed_one() -> None:
+    assert REAL.bound_at is not None
     forged = msgspec.structs.replace(FORGED, bound_at=REAL.bound_at - 50.0)  # older: first pick
     result = granted(plan(ids(0, 3), forged, REAL, claims=with_claim(REAL), ledger=ledger_of(REAL)))
     assert result.claimed.record.pod_uid == "real"
@@ -432,7 +438,7 @@ def bound_records(draw: st.DrawFn) -> list[AssignmentRecord]:
         containers = [
             container(f"c{k}", *(share(i % 3) for i in range(size))) for k, size in enumerate(sizes)
         ]
-        state = draw(st.sampled_from(["reserved", "bound", "bound", "allocated"]))
+        state: AssignmentState = draw(st.sampled_from(["reserved", "bound", "bound", "allocated"]))
         bound_at = draw(st.floats(1.0, 1000.0, allow_nan=False))
         records.append(record(f"u{n}", *containers, state=state, bound_at=bound_at))
     return records

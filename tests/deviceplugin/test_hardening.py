@@ -430,9 +430,10 @@ async def test_metrics_count_records_held_and_the_inventory_age(
     await put_record(bus, record("a", container("main", share(0))))
     await put_record(bus, record("b", container("main", share(0)), bound_at=1_700_000_200.0))
     async with service_on(bus, clock) as (service, registry):
-        held = lambda state: registry.get_sample_value(  # noqa: E731
-            "tessera_deviceplugin_records", {"state": state}
-        )
+
+        def held(state: str) -> float | None:
+            return registry.get_sample_value("tessera_deviceplugin_records", {"state": state})
+
         await until(lambda: held("bound") == 2, what="two bound records counted")
         assert isinstance(await service.allocate([device(0)]), list)
         assert (held("bound"), held("allocated")) == (1, 1)

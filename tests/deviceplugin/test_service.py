@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +162,7 @@ class SilentWatchBus:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bus, name)
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
         if bucket != subjects.KV_ASSIGNMENTS or self.silenced:
             return self._bus.kv_watch(bucket, keys)
         self.silenced = True
@@ -170,8 +170,8 @@ class SilentWatchBus:
 
     async def _silent_after_initial_values(
         self, bucket: str, keys: str
-    ) -> AsyncIterator[KvEntry | None]:
-        async with contextlib.aclosing(self._bus.kv_watch(bucket, keys)) as watch:  # type: ignore[type-var]
+    ) -> AsyncGenerator[KvEntry | None, None]:
+        async with contextlib.aclosing(self._bus.kv_watch(bucket, keys)) as watch:
             async for entry in watch:
                 yield entry
                 if entry is None:

@@ -22,6 +22,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
@@ -130,7 +131,7 @@ async def chaos_run(
         result.outages[down] = dataclasses.replace(result.outages[down], up_at=clock())
         note(f"restarted {name}")
 
-    def pod(n: int, generation: int = 0) -> dict:
+    def pod(n: int, generation: int = 0) -> dict[str, Any]:
         suffix = f"-r{generation}" if generation else ""
         shape = n % 3
         container = (

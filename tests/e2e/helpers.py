@@ -121,7 +121,7 @@ def _seen(system: LocalSystem, pod: Obj) -> report.PodSeen | None:
 
 def gpus_of(system: LocalSystem, pod: Obj) -> list[str]:
     """The GPU UUIDs the kubelet recorded for the pod, container by container."""
-    uuids = []
+    uuids: list[str] = []
     for envs in envs_of(system, pod).values():
         uuids.extend(u for u in envs.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u)
     return uuids

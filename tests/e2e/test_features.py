@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from tests.e2e.helpers import (
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(240)]
 
 
-def submit(system: LocalSystem, namespace: str, pods: list[dict]) -> None:
+def submit(system: LocalSystem, namespace: str, pods: list[dict[str, Any]]) -> None:
     for manifest in pods:
         manifest["metadata"]["namespace"] = namespace
         system.cluster.create_pod(manifest)

@@ -5,6 +5,7 @@ answer; two binds racing for the last slice; a binding that fails is given back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -75,7 +76,8 @@ async def test_bind_commits_has_the_binder_bind_and_then_answers(
     ):
         assert placer.service is not None and placer.service.extender_port is not None
         port = placer.service.extender_port
-        await eventually(lambda: placer.service.view.facts("gpu-1"), what="the node's facts")  # type: ignore[union-attr]
+        service = placer.service
+        await eventually(lambda: service.view.facts("gpu-1"), what="the node's facts")
         train = gpu_pod(api, "train", 4096)
         uid = train["metadata"]["uid"]
 
@@ -144,7 +146,7 @@ async def test_two_binds_racing_for_the_last_slice_one_wins_nothing_is_over_comm
         for placer in (a, b):
             assert placer.service is not None and placer.service.extender_port is not None
             ports.append(placer.service.extender_port)
-            await eventually(lambda p=placer: p.service.view.facts("gpu-1"), what="facts")  # type: ignore[misc]
+            await eventually(functools.partial(placer.service.view.facts, "gpu-1"), what="facts")
         first, second = gpu_pod(api, "first", size), gpu_pod(api, "second", size)
         # Both pass filter on either replica: the slice is free when kube-scheduler looks.
         for port, name in zip(ports, ("first", "second"), strict=True):

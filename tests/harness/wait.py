@@ -5,13 +5,33 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
 
+@overload
 async def eventually(
-    condition: Callable[[], T | Awaitable[T]],
+    condition: Callable[[], Awaitable[T]],
+    *,
+    timeout: float = ...,
+    what: str | Callable[[], str] = ...,
+    interval: float = ...,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    condition: Callable[[], T],
+    *,
+    timeout: float = ...,
+    what: str | Callable[[], str] = ...,
+    interval: float = ...,
+) -> T: ...
+
+
+async def eventually(
+    condition: Callable[[], Any],
     *,
     timeout: float = 20.0,
     what: str | Callable[[], str] = "",
@@ -28,7 +48,7 @@ async def eventually(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[no-any-return]
+            return value  # type: ignore[no-any-return]  # T, or what T's awaitable gave
         if loop.time() > deadline:
             described = what() if callable(what) else what
             raise AssertionError(

@@ -21,7 +21,7 @@ from shared import codec, subjects
 from shared.messages.inventory import NodeInventory
 from shared.runtime.bus import Bus, NatsBus
 from shared.runtime.health import Readiness
-from shared.runtime.lifecycle import run_service
+from shared.runtime.lifecycle import ServiceContext, run_service
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
 from tests.inventory.helpers import NODE, Inbox, harness, running
@@ -238,11 +238,11 @@ async def test_runs_under_the_service_runtime_with_health_and_metrics_over_http(
     readiness = Readiness()
     await reader.open()
 
-    async def body(context: object) -> None:
+    async def body(context: ServiceContext) -> None:
         await inventory_body(
             context,
             reader=reader,
-            settings=settings,  # type: ignore[arg-type]
+            settings=settings,
             node=NODE,
         )
 

@@ -4,7 +4,8 @@ nothing: a placer goes on placing through the kill, and every pod is placed once
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,9 +23,9 @@ PODS = 180  # fits: 6 nodes x 4 GPUs x 8 slices of 2 GiB
 
 
 @pytest.fixture
-def cluster() -> AsyncIterator[NatsCluster]:
+def cluster() -> Iterator[NatsCluster]:
     with NatsCluster(3) as started:
-        yield started  # type: ignore[misc]
+        yield started
 
 
 async def connect(url: str) -> NatsBus:
@@ -36,7 +37,9 @@ async def connect(url: str) -> NatsBus:
         except Exception:
             return None
 
-    return await eventually(attempt, timeout=60, interval=0.5, what="JetStream cluster ready")
+    bus = await eventually(attempt, timeout=60, interval=0.5, what="JetStream cluster ready")
+    assert bus is not None
+    return bus
 
 
 async def test_every_stream_and_bucket_has_three_replicas(cluster: NatsCluster) -> None:
@@ -100,7 +103,7 @@ async def _publish(bus: NatsBus, pods: list[PodPending]) -> None:
     """Publish every pod, retrying any the killed server left unacknowledged (the binder's
     workers do the same): JetStream's de-duplication keeps one copy of each."""
     for pod in pods:
-        await eventually(lambda pod=pod: _published(bus, pod), timeout=30, what=pod.uid)
+        await eventually(functools.partial(_published, bus, pod), timeout=30, what=pod.uid)
 
 
 async def _published(bus: NatsBus, pod: PodPending) -> bool:

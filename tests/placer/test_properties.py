@@ -129,7 +129,9 @@ def requests(draw: st.DrawFn, uid: str = "p") -> PodRequest:
     cpu = draw(st.sampled_from([500, 4_000, 16_000]))
     kind = draw(st.sampled_from(["cpu", "gpu", "gpu", "gpu"]))
     if kind == "cpu":
-        found = (ContainerRequest(name="main", cpu_milli=cpu, memory_mib=1_024),)
+        found: tuple[ContainerRequest, ...] = (
+            ContainerRequest(name="main", cpu_milli=cpu, memory_mib=1_024),
+        )
     else:
         count = draw(st.integers(1, 3))
         found = tuple(draw(containers(f"c{i}", cpu)) for i in range(count))
@@ -308,7 +310,9 @@ def test_same_input_same_decision(
     assert first == second
 
 
-def _gpu(index: int, *, reserved: int = 0, foreign: int = 0, cores: int = 0, healthy: bool = True):
+def _gpu(
+    index: int, *, reserved: int = 0, foreign: int = 0, cores: int = 0, healthy: bool = True
+) -> GpuState:
     return GpuState(
         index=index,
         uuid=f"n0-GPU-{index}",
@@ -321,7 +325,9 @@ def _gpu(index: int, *, reserved: int = 0, foreign: int = 0, cores: int = 0, hea
     )
 
 
-def _share(name: str, *, mib: int | None = None, pct: int | None = None, cores: int | None = None):
+def _share(
+    name: str, *, mib: int | None = None, pct: int | None = None, cores: int | None = None
+) -> ContainerRequest:
     return ContainerRequest(
         name=name,
         shares=1,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -246,8 +246,15 @@ class GatedBus:
     async def kv_keys(self, bucket: str) -> list[str]:
         raise NotImplementedError
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
         raise NotImplementedError
+
+    async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:
+        raise NotImplementedError
+
+    @property
+    def store_epoch(self) -> str:
+        return ""
 
     async def drain(self) -> None:
         return None

@@ -10,7 +10,7 @@ from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.groups import TenantQuota
 from services.placer.core.model import NodeState
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
-from shared.messages.stats import TenantUsage
+from shared.messages.stats import ClusterStats, TenantUsage
 from tests.placer.builders import node
 
 # One typical task: a half GPU with 4 cores. A GPU with less than 500 milli free strands it.
@@ -19,7 +19,7 @@ HALF_GPU = FragmentationModel(
 )
 
 
-def figures(*nodes: NodeState) -> stats.ClusterStats:
+def figures(*nodes: NodeState) -> ClusterStats:
     return stats.cluster_stats(
         nodes,
         HALF_GPU,

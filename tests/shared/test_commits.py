@@ -19,7 +19,7 @@ REAL = record("uid-1", "real", slices("main", (0, 4096, 5)), state="bound", boun
 
 
 def moved(**changes: object) -> AssignmentRecord:
-    return msgspec.structs.replace(REAL, **changes)  # type: ignore[arg-type]
+    return msgspec.structs.replace(REAL, **changes)
 
 
 Case = tuple[AssignmentRecord, PodClaim | None, NodeLedger | None]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import nkeys
 import pytest
 
@@ -206,7 +207,7 @@ def test_unusable_security_settings_are_configuration_errors(
     fields: dict[str, str], message: str
 ) -> None:
     with pytest.raises(ConfigError) as error:
-        nats_security(Settings(**fields))
+        nats_security(msgspec.convert(fields, Settings))
     assert message in str(error.value)
 
 

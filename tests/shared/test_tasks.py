@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -130,10 +130,10 @@ class SwallowingBus:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bus, name)
 
-    async def kv_watch(self, bucket: str, keys: str = ">") -> AsyncIterator[KvEntry | None]:
+    async def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
         self.waiting.set()
         await asyncio.wait_for(self.reply.wait(), 10)  # the library's way
-        async with contextlib.aclosing(self._bus.kv_watch(bucket, keys)) as watch:  # type: ignore[type-var]
+        async with contextlib.aclosing(self._bus.kv_watch(bucket, keys)) as watch:
             async for entry in watch:
                 yield entry
 

@@ -41,7 +41,12 @@ def node_inventory(*gpus: GpuTelemetry, **fields: Any) -> NodeInventory:
 
 def piece(gpu_index: int = 0, **fields: Any) -> GpuSlice:
     """A slice of GPU ``gpu_index``; ``fields`` override (a wrong index, memory, cores)."""
-    values = {"uuid": f"GPU-{gpu_index}", "index": gpu_index, "memory_mib": 4096, "cores": 30}
+    values: dict[str, Any] = {
+        "uuid": f"GPU-{gpu_index}",
+        "index": gpu_index,
+        "memory_mib": 4096,
+        "cores": 30,
+    }
     values |= fields
     return GpuSlice(**values)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tessera.up import report
@@ -117,7 +119,7 @@ def test_container_problems(envs: dict[str, str], slices: list[report.Slice], wr
     assert (wrong in problem) if wrong else problem == ""
 
 
-def _pod(uid: str, containers: dict[str, list[tuple[str, int, int]]]) -> dict:
+def _pod(uid: str, containers: dict[str, list[tuple[str, int, int]]]) -> dict[str, Any]:
     import json
 
     assignment = {

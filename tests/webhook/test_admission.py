@@ -53,7 +53,7 @@ def patched(obj: dict[str, Any], review: Review) -> dict[str, Any]:
     """``obj`` after the review's JSONPatch (add operations, as the webhook writes them)."""
     response = review.answer.response
     assert response.patch_type == "JSONPatch"
-    result = json.loads(json.dumps(obj))
+    result: dict[str, Any] = json.loads(json.dumps(obj))
     for op in json.loads(base64.b64decode(response.patch)):
         assert op["op"] == "add"
         *parents, last = [
