@@ -117,7 +117,9 @@ def _tessera_limits(container: Container) -> Mapping[str, Quantity]:
     return merged
 
 
-def _base_request(container: Container, resource: str) -> Quantity | None:
+def container_request(container: Container, resource: str) -> Quantity | None:
+    """What ``container`` requests of ``resource``: its request, else its limit (as Kubernetes
+    defaults a request from the limit)."""
     requests = container.resources.requests or {}
     limits = container.resources.limits or {}
     return requests.get(resource, limits.get(resource))
@@ -201,7 +203,7 @@ def _container(
         )
     cpu_milli = memory_mib = 0
     for resource, convert in (("cpu", milli), ("memory", mebibytes)):
-        value = _base_request(container, resource)
+        value = container_request(container, resource)
         if value is None:
             continue
         try:

@@ -14,8 +14,9 @@ import msgspec
 
 from services.binder.objects import Node
 from shared import annotations as names
-from shared.kubeobjects import Container, Pod, Quantity
+from shared.kubeobjects import Pod, Quantity
 from shared.messages.nodes import NodeFacts
+from shared.podspec import container_request
 from shared.quantity import MIB, QuantityError, mebibytes, milli, parse_quantity, whole
 
 
@@ -53,16 +54,10 @@ def _amount(value: Quantity | None, convert: Callable[[Quantity], int]) -> int:
         return 0
 
 
-def _container_request(container: Container, resource: str) -> Quantity | None:
-    requests = container.resources.requests or {}
-    limits = container.resources.limits or {}
-    return requests.get(resource, limits.get(resource))
-
-
 def _pod_amount(pod: Pod, resource: str, convert: Callable[[Quantity], int]) -> int:
-    apps = sum(_amount(_container_request(c, resource), convert) for c in pod.spec.containers)
+    apps = sum(_amount(container_request(c, resource), convert) for c in pod.spec.containers)
     inits = max(
-        (_amount(_container_request(c, resource), convert) for c in pod.spec.init_containers or ()),
+        (_amount(container_request(c, resource), convert) for c in pod.spec.init_containers or ()),
         default=0,
     )
     overhead = _amount((pod.spec.overhead or {}).get(resource), convert)

@@ -386,13 +386,17 @@ def fence_action(current: AssignmentRecord | None, commit: str) -> FenceAction:
     return "write" if current.state == "released" else "blocked"
 
 
+def released(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
+    """``record`` released at ``now``: the one transition every release writes."""
+    return msgspec.structs.replace(record, state="released", released_at=now)
+
+
 def released_record(
     current: AssignmentRecord | None, booking: Booking, *, now: float
 ) -> AssignmentRecord:
     """The fence for ``booking``: its record (or a fresh one) in state ``released``."""
     base = current if current is not None and current.commit == booking.commit else None
-    base = base or record_of(booking)
-    return msgspec.structs.replace(base, state="released", released_at=now)
+    return released(base or record_of(booking), now=now)
 
 
 # --- message ids -----------------------------------------------------------------------------

@@ -241,7 +241,7 @@ class CommitProtocol:
             if only_reserved and record.state != "reserved":
                 kept = True  # the binder bound it first
                 return None
-            return msgspec.structs.replace(record, state="released", released_at=now)
+            return commit.released(record, now=now)
 
         await self.store.update_record(subjects.assignment_key(node, pod_uid), release)
         if kept:
@@ -421,7 +421,7 @@ class CommitProtocol:
                 return None
             if named is not None and (record.commit, record.node) == (named.commit, named.node):
                 return None  # the claim names it after all
-            return msgspec.structs.replace(record, state="released", released_at=now)
+            return commit.released(record, now=now)
 
         await self.store.update_record(key, release)
 
