@@ -1,84 +1,11 @@
 """The placer's shell: NATS in, the pure core, KV commits and NATS out (issue 10).
 
-**Inputs.** Pending and deleted pods come from the ``TESSERA_PODS`` stream through the one durable
-consumer ``placer`` that every replica shares (explicit ack); binding results through the durable
-consumer ``placer-bindings``. Inventory, node facts, ledger entries, pod claims, assignment
-records and tenants' charges come from KV watches into one :class:`~.state.ClusterView`, and the
-waiting pods every replica holds into the :class:`~.board.WaitingBoard`. On start every watch
-delivers its bucket's current values first; only when all of them have, and a reconciliation pass
-(:func:`~.commit.plan_repairs`) has run over them, does ``/readyz`` turn ready and the pod
-consumer start: a restarted or added replica decides from exactly what the others see.
-
-**Deciding and committing.** Pods are decided one at a time in seed 002's queue order
-(``core/queue.py``) on the view, and committed concurrently (up to ``MAX_IN_FLIGHT``): charge the
-tenant's quota when it has one (compare-and-set on the tenant's usage entry, checked against the
-quota: exact across replicas), book in the node's ledger entry by compare-and-set at the revision
-the decision saw, claim the pod
-(create-only), create its ``reserved`` record, publish the ``PlacementDecision`` on
-``tessera.assignments.<node>`` (JetStream, de-duplicated by commit id), and only then ack the pod
-message (``commit.py`` has the protocol and why each step is safe). While a commit is in flight
-its booking counts as *tentative* in the view, so the next decision does not count on the same
-room; bookings for one node waiting on each other are written by one compare-and-set (a group
-commit). A lost compare-and-set re-reads the node and decides the pod again, away from that node
-(and, for ``CONTENDED_S``, this replica keeps other pods off it too: another replica is packing
-it), at most ``max_commit_retries`` times (counted); after that, or when NATS fails mid-commit, the
-message is nak'ed and comes back later: whatever was written is found again (a booking without a
-claim is finished, never decided twice). A pod whose quota charge is refused (another replica's
-commit filled the quota first) is decided again and waits over its quota like any other.
-
-**Order across replicas.** Before committing a pod, the replica places first any pod waiting on
-the board (``board.py``: posted by whichever replica holds it) that is ordered before it and fits
-now, and decides the pod again after it: seed 002's order holds for pods contending for freed
-room, whichever replicas hold them. Built-in profiles break score ties by a draw seeded by
-the pod UID (``service_profile``), so concurrent decisions spread over equally good nodes.
-
-**Pods that fit nowhere** are published on ``tessera.placements.rejected`` with counted reasons
-(again only when the reasons change) and *kept*: the replica holds the JetStream message un-acked
-and tells the server it is still in progress every third of ``ack_wait``. This is the backlog's
-durability, chosen over a copy in KV: JetStream already gives each message exactly one holder and
-hands it to another replica when the holder stops sending progress (killed, partitioned) or naks
-it (stopping cleanly), so no waiting pod lives only in one replica's memory and there is no second
-copy of the backlog to keep consistent. The consumer is created with a large ``max_ack_pending`` so
-that waiting pods never block the delivery of new ones. A waiting pod is tried again when
-something that could let it fit changed (``ClusterView.freed``: capacity given back, a node added
-or made schedulable, a GPU healthy again, a tenant's quota charge given back, the tenancy config),
-with a per-pod backoff from
-``BACKOFF_MIN_S`` to ``BACKOFF_MAX_S``, and at the latest every ``SAFETY_RETRY_S``; waiting pods
-whose request is equal to one that just failed on the same cluster state are not decided again.
-A waiting pod is posted on the board; its holder takes it off once the pod's claim says placed or
-deleted (reconciliation sweeps what a stopped holder left). A
-pod too large for every node (or refused by the tenancy config) waits only for the node shapes or
-the config to change; an invalid request is rejected as unresolvable and acked.
-
-**Releases.** ``PodDeleted`` and a ``gone`` binding result: claim -> ``deleted``, record
-released, booking removed. A ``failed`` binding result and a ``reserved`` record not bound within
-``reserve_timeout_s``: record -> ``released`` (the timeout only from ``reserved``: the binder's
-``reserved -> bound`` compare-and-set wins or loses against it), claim -> ``requeued``, booking
-removed, and the pod put back on ``tessera.pods.pending`` so it is placed again. Each is acked
-only once durable; each is idempotent (exactly once in effect). Released records and the claims of
-deleted pods are purged after ``release_retention_s``.
-
-**Telemetry, policy, tenancy.** Inventory is believed only as ``shared.validation.take_inventory``
-says, the rule the device plugin applies too (bounded values, not dated ahead of this clock, the
-same producer's next sequence or else the fresher snapshot); what it refuses is dead-lettered
-and the node keeps its last good snapshot. A node whose inventory is older than
-``inventory_stale_s`` is not placed on, nor one without node facts; foreign GPU memory and
-unhealthy GPUs count as the translation says (``translate.py``). The profile (``--profile``) is
-compiled with the task mix learned from the claims (``mix.py``) and compiled again when the mix
-moves (checked every ``MIX_CHECK_S``). ``--tenancy-file`` is read every ``TENANCY_CHECK_S``; a
-version that does not parse or check is refused (logged, counted) and the last good one stays.
-
-**Observability.** ``/metrics`` (``metrics.py``); ``GET /v1/pods/{uid}`` explains one pod: its
-last outcome here, its claim and record, and every node's verdict for it now; the same answer
-goes to ``tessera explain NAMESPACE/POD`` over ``tessera.placer.explain`` (request/reply) from
-each replica that knows the pod by that name; one structured log line per decision.
-
-**Extender (issue 14).** With ``--extender-port`` the replica also serves kube-scheduler's
-extender (``extender.py``): :meth:`PlacerService.place` decides a given pod on the node
-kube-scheduler chose and commits it through the same path, returning the outcome;
-``decider.verdicts`` answers filter and prioritize from the same view. A pod placed that way is
-answered, never held: one that does not fit is not published as rejected (kube-scheduler explains
-it and tries it again).
+Wiring and the decide-and-commit loop of one placer replica: KV watches into the
+:class:`~.state.ClusterView`, pods from the shared durable consumer, decisions from the core,
+commits through :class:`~.protocol.CommitProtocol`, waiting pods held and posted on the board,
+releases, upkeep and ``tessera explain``. How it all fits together (inputs, the commit protocol,
+order across replicas, waiting pods, releases, telemetry, the extender): ``docs/architecture.md``,
+section "The placer's shell".
 """
 
 from __future__ import annotations
