@@ -76,8 +76,9 @@ class BinderSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
         float,
         msgspec.Meta(
             gt=0,
-            description="how long a pod waits at the ambiguity gate for an earlier pod on its node "
-            "to be allocated before its decision fails back to the placer",
+            description="how long a pod waits at the ambiguity gate for the earlier pod it waits "
+            "on to move (be allocated, or make way for the next) before its decision fails back "
+            "to the placer; a queue that moves never times out",
         ),
     ] = 30.0
     allocation_warning_s: Annotated[
