@@ -71,6 +71,13 @@ def nats_server_binary() -> str:
     return found
 
 
+NATS_PORT_ATTEMPTS = 3
+"""How many sets of free ports ``tessera up`` tries for its NATS servers."""
+
+PORT_TAKEN = "address already in use"
+"""What nats-server logs when its port was bound first by another process."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -142,9 +149,10 @@ class LocalSystem:
             ],
             workdir=self.socket_dir,
         )
-        self.nats_ports = [free_port() for _ in range(options.nats_servers)]
-        self._route_ports = [free_port() for _ in range(options.nats_servers)]
-        self.nats_url = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_ports)
+        self.nats_ports: list[int] = []
+        self._route_ports: list[int] = []
+        self.nats_url = ""
+        self._choose_nats_ports(options.nats_servers)
         self.identities = (
             Identities(options.run_dir / "nats-auth", [plan.name for plan in self.gpu_nodes])
             if options.nats_permissions
@@ -197,9 +205,7 @@ class LocalSystem:
     async def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"run directory {self.run_dir} (service logs in {self.supervisor.logs})")
-        for name in self.nats_names():
-            self.start_nats(name)
-        await self._wait_nats()
+        await self._start_nats()
         await self.cluster.start()
         self.cluster.write_kubeconfig(self.kubeconfig)
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
@@ -228,6 +234,31 @@ class LocalSystem:
 
     def nats_store(self, name: str) -> Path:
         return self.run_dir / name.replace("nats-server", "nats")
+
+    def _choose_nats_ports(self, servers: int) -> None:
+        self.nats_ports = [free_port() for _ in range(servers)]
+        self._route_ports = [free_port() for _ in range(servers)]
+        self.nats_url = ",".join(f"nats://127.0.0.1:{port}" for port in self.nats_ports)
+
+    async def _start_nats(self, attempts: int = NATS_PORT_ATTEMPTS) -> None:
+        """Start every NATS server and wait until each listens. Their ports are chosen free
+        beforehand (a cluster's routes must be known to every server before any starts), so
+        another process may bind one first: then all start again on new ports."""
+        for attempt in range(1, attempts + 1):
+            for name in self.nats_names():
+                self.start_nats(name)
+            try:
+                await self._wait_nats()
+                return
+            except StartError as error:
+                if PORT_TAKEN not in str(error) or attempt == attempts:
+                    raise
+                self.say(f"a NATS port was taken before its server bound it; new ports ({attempt})")
+                names = self.nats_names()
+                self.supervisor.stop_all(names)
+                for name in names:  # started again with the new ports, not the old command
+                    del self.supervisor.children[name]
+                self._choose_nats_ports(len(names))
 
     def start_nats(self, name: str) -> Child:
         index = self.nats_names().index(name)
@@ -262,23 +293,32 @@ class LocalSystem:
                 "-js",
                 "-sd",
                 str(self.nats_store(name)),
+                "--ports_file_dir",
+                str(self._nats_ports_dir(name)),
                 *cluster,
             ],
             env=self.env,
         )
 
+    def _nats_ports_dir(self, name: str) -> Path:
+        """Where nats-server writes the ports it listens on, once it does."""
+        path = self.run_dir / f"{name}-ports"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     async def _wait_nats(self, timeout: float = 30.0) -> None:
+        """Until every NATS server says it listens (its ports file: a connection to the port
+        could reach another process that took the port first, while this server exits)."""
         deadline = time.monotonic() + timeout
         for name, port in zip(self.nats_names(), self.nats_ports, strict=True):
-            while True:
+            pid = self.supervisor.children[name].pid
+            listening = self._nats_ports_dir(name) / f"nats-server_{pid}.ports"
+            while not listening.exists():
                 self.supervisor.check_alive(name)
-                with contextlib.suppress(OSError):
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.close()
-                    break
                 if time.monotonic() > deadline:
                     raise StartError(f"{name} did not listen on {port} within {timeout} s")
                 await asyncio.sleep(0.05)
+            self.supervisor.check_alive(name)
 
     async def _connect_bus(self, timeout: float = 60.0) -> NatsBus:
         """The system's own bus; on a cluster, once JetStream has elected its leaders."""

@@ -23,7 +23,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from tessera.up.system import nats_server_binary
+from tessera.up.system import PORT_TAKEN, nats_server_binary
+
+PORT_ATTEMPTS = 3
+"""How many sets of free ports a :class:`NatsCluster` tries."""
 
 
 class NatsServer:
@@ -145,9 +148,13 @@ class NatsCluster:
     start it again on its port and store)."""
 
     def __init__(self, size: int = 3) -> None:
-        routes = [free_port() for _ in range(size)]
+        self.size = size
+        self.servers = self._servers()
+
+    def _servers(self) -> list[NatsServer]:
+        routes = [free_port() for _ in range(self.size)]
         route_urls = ", ".join(f"nats-route://127.0.0.1:{port}" for port in routes)
-        self.servers = [
+        return [
             NatsServer(
                 config=(
                     f"server_name: n{i}\n"
@@ -164,13 +171,23 @@ class NatsCluster:
         return ",".join(server.url for server in self.servers)
 
     def __enter__(self) -> NatsCluster:
-        try:
-            for server in self.servers:
-                server.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        # The ports are chosen free before the servers start (each must know the others'
+        # routes), so another process may bind one first (seen once in five loaded CI runs):
+        # then every server starts again on new ports.
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                for server in self.servers:
+                    server.start()
+                return self
+            except RuntimeError as error:
+                self.stop()
+                if PORT_TAKEN not in str(error) or attempt == PORT_ATTEMPTS:
+                    raise
+                self.servers = self._servers()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def stop(self) -> None:
         for server in self.servers:
