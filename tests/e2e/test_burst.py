@@ -9,6 +9,7 @@ burst over the nodes, and a wait times out only when the record it waits on stay
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -62,9 +63,7 @@ async def test_a_burst_of_identical_pods_onto_ten_nodes_fails_none(tmp_path: Pat
             shape = w.container(gpu=1, memory_mib=4096, cores=5, cpu="10m", memory="16Mi")
             system.cluster.create_pod(w.pod(f"b-{i}", [shape], namespace=NAMESPACE))
         pods = await settle(system, NAMESPACE, BURST, timeout=420.0)
-        by_phase: dict[str, int] = {}
-        for pod in pods:
-            by_phase[phase(pod) or "Pending"] = by_phase.get(phase(pod) or "Pending", 0) + 1
+        by_phase = Counter(phase(pod) or "Pending" for pod in pods)
         print(f"{BURST} pods onto {NODES} nodes: {by_phase}")
         assert by_phase.get("Failed", 0) == 0, by_phase
         assert by_phase.get("Running", 0) > BURST // 2, by_phase

@@ -22,6 +22,9 @@ def moved(**changes: object) -> AssignmentRecord:
     return msgspec.structs.replace(REAL, **changes)
 
 
+DELETED = deleted_claim(REAL.pod_uid, claim_of(REAL), reason="gone", now=2.0)
+"""REAL's claim once its pod was deleted (its booking still named)."""
+
 Case = tuple[AssignmentRecord, PodClaim | None, NodeLedger | None]
 CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
     # name: (record, claim, ledger), the problem found (a fragment), withdrawing
@@ -55,7 +58,7 @@ CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
     "pod deleted, record not yet fenced": (
         lambda: (
             REAL,
-            deleted_claim(REAL.pod_uid, claim_of(REAL), reason="gone", now=2.0),
+            DELETED,
             ledger_of(REAL),
         ),
         "is deleted, not placed",
@@ -70,7 +73,7 @@ CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
     "deleted claim, record copied to another node": (
         lambda: (
             moved(node="gpu-9"),
-            deleted_claim(REAL.pod_uid, claim_of(REAL), reason="gone", now=2.0),
+            DELETED,
             None,
         ),
         "is deleted, not placed",
@@ -79,7 +82,7 @@ CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
     "deleted claim of another commit": (
         lambda: (
             moved(commit="forged"),
-            deleted_claim(REAL.pod_uid, claim_of(REAL), reason="gone", now=2.0),
+            DELETED,
             None,
         ),
         "is deleted, not placed",
