@@ -27,7 +27,7 @@ from services.placer.extender_api import (
     priorities,
     refused,
 )
-from services.placer.service import service_profile
+from services.placer.shell.upkeep import service_profile
 from services.placer.state import ClusterView
 from services.placer.translate import pod_request
 from tests.placer import wire

@@ -266,7 +266,7 @@ async def test_an_unschedulable_pod_waits_and_is_placed_when_capacity_is_freed(
         assert last.unresolvable
         assert "GPU cores must be 1..100 percent" in last.reasons[0].reason
         assert placer.service is not None
-        await until(lambda: "bad" not in placer.service._items, what="the invalid pod let go")
+        await until(lambda: "bad" not in placer.service.held.items, what="the invalid pod let go")
 
 
 async def test_binding_failures_gone_pods_and_reserve_timeouts_release(

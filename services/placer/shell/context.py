@@ -1,0 +1,134 @@
+"""What every job of one placer replica's shell shares: its settings, its ports, the view and
+the commit path, and the few flags that wake its loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.placer import mix
+from services.placer.board import WaitingBoard
+from services.placer.core.framework import Profile
+from services.placer.core.groups import TenancyConfig
+from services.placer.core.model import PodRequest
+from services.placer.core.profiles import ProfileSpec
+from services.placer.decider import Waiting
+from services.placer.metrics import PlacerMetrics
+from services.placer.protocol import CommitProtocol
+from services.placer.state import ClusterView
+from services.placer.store import Store
+from shared.clock import Clock
+from shared.runtime.bus import Bus
+from shared.runtime.edge import Edge
+
+log = logging.getLogger("services.placer.service")
+
+MAX_IN_FLIGHT = 64
+"""Commits one replica runs at once."""
+MIX_CHECK_S = 5.0
+TENANCY_CHECK_S = 2.0
+STATS_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class PlacerConfig:
+    """The placer's settings, checked (see ``command.py``)."""
+
+    placer_id: str
+    profile: ProfileSpec | str = "tessera"
+    tenancy_file: str = ""
+    tenancy: TenancyConfig | None = None
+    """The tenancy file's content at start (already parsed and checked)."""
+    reserve_timeout_s: float = 120.0
+    release_retention_s: float = 3600.0
+    inventory_stale_s: float = 30.0
+    max_commit_retries: int = 8
+    task_mix_window: int = mix.WINDOW
+    ack_wait_s: float = 30.0
+    reconcile_interval_s: float = 30.0
+    mix_check_s: float = MIX_CHECK_S
+    """How often the learned task mix is compared with the one the profile was compiled with."""
+    tenancy_check_s: float = TENANCY_CHECK_S
+    """How often the tenancy file is read for a new version."""
+    stats_interval_s: float = STATS_INTERVAL_S
+    """How often the cluster statistics (``ClusterStats``, for the dashboard) are published."""
+    extender_port: int = 0
+    """Serve kube-scheduler's extender on this port (0: off)."""
+    extender_host: str = "0.0.0.0"
+    extender_bind_timeout_s: float = 4.0
+    """The extender answers ``bind`` within this (below kube-scheduler's ``httpTimeout``)."""
+
+    @property
+    def profile_name(self) -> str:
+        spec = self.profile
+        return spec if isinstance(spec, str) else spec.name
+
+
+class Spawner:
+    """The replica's background tasks: started by name, logged when they fail, cancelled on
+    stop."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("placer task failed", exc_info=task.exception())
+
+    def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
+@dataclass(eq=False)
+class Shell:
+    """The state the shell's jobs share (each job keeps its own beside it)."""
+
+    config: PlacerConfig
+    bus: Bus
+    edge: Edge
+    clock: Clock
+    metrics: PlacerMetrics
+    view: ClusterView
+    store: Store
+    protocol: CommitProtocol
+    board: WaitingBoard = field(default_factory=WaitingBoard)
+    tasks: Spawner = field(default_factory=Spawner)
+    work: asyncio.Event = field(default_factory=asyncio.Event)
+    """Wakes the place loop: pods queued, a commit finished, the store restored."""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Wakes the retry loop: the view's change counters moved."""
+    profile: Profile | None = None
+    """The compiled profile (``upkeep``); None until the view is loaded."""
+    restored_epoch: str = ""
+    """The store epoch the binder last said it restored (``watches``)."""
+    failed_at: tuple[int, int] = (-1, -1)
+    failed_keys: dict[PodRequest, Waiting] = field(default_factory=dict)
+    """Pod shapes known not to fit since the view's change counters were ``failed_at``."""
+    _seen_change: tuple[int, int] = (0, 0)
+
+    @property
+    def restored(self) -> bool:
+        """Whether what is bound is in the store (DESIGN section 12): the binder said so for the
+        store's epoch. Nothing new is decided before, so no running pod's GPUs go to another."""
+        return bool(self.bus.store_epoch) and self.restored_epoch == self.bus.store_epoch
+
+    def poke(self) -> None:
+        """Wake the retry loop when the view's change counters moved."""
+        seen = (self.view.freed, self.view.grown)
+        if seen != self._seen_change:
+            self._seen_change = seen
+            self.changed.set()
+
+    def forget_failed(self) -> None:
+        """Shapes that did not fit may fit now (a new profile or tenancy config)."""
+        self.failed_keys = {}

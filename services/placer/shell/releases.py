@@ -1,0 +1,166 @@
+"""Placements given back: pods deleted or gone before binding, bindings that failed, records
+not bound within the reserve timeout; and the purge of what was released long ago. Each is
+acked only once durable and is idempotent (the protocol has why)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from services.placer.shell.context import Shell, log
+from services.placer.shell.held import Held, Outcome
+from services.placer.shell.waiting import WaitingPods
+from shared import subjects
+from shared.messages.bindings import BindingResult
+from shared.runtime.bus import Delivery
+from shared.runtime.follow import deliveries
+
+
+class Releases:
+    """Gives placements back (see the module docstring)."""
+
+    def __init__(self, *, shell: Shell, held: Held, waiting: WaitingPods) -> None:
+        self._shell = shell
+        self._held = held
+        self._waiting = waiting
+        self._releasing: set[str] = set()
+
+    async def consume_bindings(self) -> None:
+        shell = self._shell
+        bindings = deliveries(
+            shell.bus,
+            clock=shell.clock,
+            stream=subjects.STREAM_BINDINGS,
+            durable=subjects.DURABLE_PLACER_BINDINGS,
+            subject=subjects.BINDINGS_ALL,
+            ack_wait=shell.config.ack_wait_s,
+        )
+        async with contextlib.aclosing(bindings):
+            async for delivery in bindings:
+                result = await shell.edge.accept(delivery, BindingResult, family="bindings")
+                if result is not None:
+                    shell.tasks.spawn(
+                        self._on_binding(result, delivery), f"binding-{result.pod_uid}"
+                    )
+
+    async def _on_binding(self, result: BindingResult, delivery: Delivery) -> None:
+        try:
+            if result.outcome == "gone":
+                await self.release_deleted(
+                    result.pod_uid, cause="gone", reason=result.reason or "pod gone before binding"
+                )
+            elif result.outcome == "failed":
+                await self.release_requeue(
+                    result.pod_uid,
+                    result.node,
+                    cause="failed",
+                    reason=result.reason or "binding failed",
+                    only_reserved=False,
+                    reported_at=result.at,
+                )
+        except Exception as error:
+            log.warning(
+                "cannot act on a binding result yet; it comes back",
+                extra={"pod_uid": result.pod_uid, "error": f"{type(error).__name__}: {error}"},
+            )
+            with contextlib.suppress(Exception):
+                await delivery.nak(1.0)
+            return
+        await self._held.ack([delivery])
+
+    async def release_deleted(self, pod_uid: str, *, cause: str, reason: str) -> None:
+        """The pod is gone (deleted, or the binder found it gone): give everything back."""
+        shell, held = self._shell, self._held
+        given_back = await shell.protocol.release_deleted(pod_uid, reason=reason)
+        item = held.items.get(pod_uid)
+        if item is not None and item.stage != "committing":
+            del held.items[pod_uid]
+            held.waiting.pop(pod_uid, None)
+            held.queue.remove(pod_uid)
+            held.resolve(
+                item,
+                Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=shell.clock.now()),
+            )
+            await held.ack(item.deliveries)
+        self._waiting.unpost(pod_uid)
+        shell.metrics.releases.labels(cause=cause).inc()
+        held.remember(
+            Outcome(pod_uid=pod_uid, outcome="deleted", message=reason, at=shell.clock.now())
+        )
+        log.info(
+            "pod released",
+            extra={
+                "pod_uid": pod_uid,
+                "cause": cause,
+                "nodes": sorted({b.node for b in given_back}),
+            },
+        )
+
+    async def release_requeue(
+        self,
+        pod_uid: str,
+        node: str,
+        *,
+        cause: str,
+        reason: str,
+        only_reserved: bool,
+        reported_at: float = 0.0,
+    ) -> bool:
+        """Give the placement on ``node`` back and place the pod again (see the protocol)."""
+        released = await self._shell.protocol.release_requeue(
+            pod_uid, node, reason=reason, only_reserved=only_reserved, reported_at=reported_at
+        )
+        if released:
+            self._shell.metrics.releases.labels(cause=cause).inc()
+            log.info(
+                "pod released to be placed again",
+                extra={"pod_uid": pod_uid, "node": node, "cause": cause, "reason": reason},
+            )
+        return released
+
+    async def timeout_loop(self) -> None:
+        """Release ``reserved`` records the binder did not bind within the reserve timeout."""
+        shell = self._shell
+        timeout_s = shell.config.reserve_timeout_s
+        period = max(0.5, min(5.0, timeout_s / 4))
+        while True:
+            await shell.clock.sleep(period)
+            now = shell.clock.now()
+            for record in list(shell.view.records.values()):
+                if (
+                    record.state == "reserved"
+                    and now - record.decided_at >= timeout_s
+                    and record.key not in self._releasing
+                ):
+                    self._releasing.add(record.key)
+                    shell.tasks.spawn(
+                        self._time_out(record.key, record.pod_uid, record.node), "timeout"
+                    )
+
+    async def _time_out(self, key: str, pod_uid: str, node: str) -> None:
+        try:
+            await self.release_requeue(
+                pod_uid,
+                node,
+                cause="timeout",
+                reason=f"not bound within {self._shell.config.reserve_timeout_s:g} s",
+                only_reserved=True,
+            )
+        except Exception as error:
+            log.warning(
+                "reserve timeout release failed; tried again",
+                extra={"pod_uid": pod_uid, "error": f"{type(error).__name__}: {error}"},
+            )
+        finally:
+            self._releasing.discard(key)
+
+    async def purge_loop(self) -> None:
+        """Delete released records and deleted pods' claims after the retention period."""
+        shell = self._shell
+        retention_s = shell.config.release_retention_s
+        period = max(1.0, min(60.0, retention_s / 4))
+        while True:
+            await shell.clock.sleep(period)
+            try:
+                await shell.protocol.purge(retention_s=retention_s)
+            except Exception as error:
+                log.warning("purge failed; tried again", extra={"error": str(error)})
