@@ -4,19 +4,19 @@ A decision for pod P on node N is committed in three writes, each a compare-and-
 create-only write, then published, then the pod message is acked; when P's tenant has a quota, a
 fourth write comes first:
 
-0. **Charge** (``tessera-tenants``, the tenant's entry, compare-and-set): the charge of P's
-   commit (GPU shares and memory) is added only if every charge of the entry *as read*, plus this
-   one, fits in the quota (:func:`charge_all`); a lost compare-and-set reads the entry again and
-   checks again (the node choice does not depend on it, so P is not decided again unless the quota
-   is full: then P waits like any pod over its quota). This is what makes a quota exact across
-   replicas, the way the ledger makes GPUs exact: every replica's view may lag, the entry cannot.
-   A tenant without a quota writes nothing here (no cost, no contention); the commits of a tenant
-   with one serialise on its entry (those of one replica go in one write, like bookings), which
-   lists one charge per placed pod that takes from the quota (at most :data:`MAX_TENANT_CHARGES`).
-   Why charge *before* booking: a pod over its quota costs no ledger write and never holds node
-   capacity, not even for a moment; and every booking of a charged commit is covered, so a release
-   gives the booking back first and the charge after (:func:`without_charge`): usage never counts
-   less than is held.
+0. **Charge** (``tessera-tenants``, the tenant's entry, compare-and-set): the charge of P's commit
+   (GPU shares and memory) is added only if every charge of the entry *as read*, plus this one,
+   fits in the quota (:func:`~.charges.charge_all`); a lost compare-and-set reads the entry again
+   and checks again (the node choice does not depend on it, so P is not decided again unless the
+   quota is full: then P waits like any pod over its quota). This is what makes a quota exact
+   across replicas, the way the ledger makes GPUs exact: every replica's view may lag, the entry
+   cannot. A tenant without a quota writes nothing here (no cost, no contention); the commits of a
+   tenant with one serialise on its entry (those of one replica go in one write, like bookings),
+   which lists one charge per placed pod that takes from the quota (at most
+   :data:`~.charges.MAX_TENANT_CHARGES`). Why charge *before* booking: a pod over its quota costs
+   no ledger write and never holds node capacity, not even for a moment; and every booking of a
+   charged commit is covered, so a release gives the booking back first and the charge after
+   (:func:`~.charges.without_charge`): usage never counts less than is held.
 1. **Book** (``tessera-ledger``, N's entry, compare-and-set at the revision the decision saw; the
    bookings of several decisions for N may go in one write, :func:`book_all`): the booking takes
    the capacity. Before the write, :func:`check_booking` books it on N's state as
@@ -50,28 +50,25 @@ record), which is why a commit slower than reconciliation cannot end with a live
 charge another pod's commit has taken since.
 
 Every step is idempotent and every later step can be redone from what the earlier ones wrote, so a
-placer killed between two writes leaves a state :func:`plan_repairs` (and, for charges,
-:func:`plan_charge_repairs`) recognises (it runs at start, before the placer is ready, and then
-periodically); and the un-acked pod message comes back to a replica that finds P's booking and
-finishes the commit instead of deciding again.
+placer killed between two writes leaves a state :func:`~.repairs.plan_repairs` (and, for charges,
+:func:`~.repairs.plan_charge_repairs`) recognises (it runs at start, before the placer is ready,
+and then periodically); and the un-acked pod message comes back to a replica that finds P's booking
+and finishes the commit instead of deciding again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import msgspec
 
-from services.placer.core.groups import TenantQuota
 from services.placer.core.ledger import book
 from services.placer.core.model import NodeState
-from services.placer.core.quota import Usage, quota_reason, reservation_usage
 from services.placer.translate import record_of, reservation_of
-from shared.messages.assignments import AssignmentRecord, AssignmentState
-from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
+from shared.messages.assignments import AssignmentRecord
+from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from shared.messages.pods import PodPending
-from shared.subjects import assignment_key
 from shared.validation import may_replace
 
 # --- ledger ----------------------------------------------------------------------------------
@@ -186,129 +183,6 @@ def without_booking(
     return NodeLedger(node=ledger.node, bookings=kept, updated_at=now)
 
 
-# --- tenant charges --------------------------------------------------------------------------
-
-MAX_TENANT_CHARGES = 2000
-"""Charges one tenant's entry holds at most (about 300 bytes each: 2,000 stay well inside NATS's
-default 1 MiB message). One charge per placed pod that counts against the quota, so a quota of
-more than this many GPU shares cannot be used up; a pod past it is refused with that reason
-rather than by a KV write that fails."""
-
-
-def charge_of(booking: Booking, *, now: float) -> TenantCharge:
-    """What ``booking`` counts against its tenant's quota."""
-    usage = reservation_usage(reservation_of(booking))
-    return TenantCharge(
-        pod_uid=booking.pod_uid,
-        namespace=booking.namespace,
-        name=booking.name,
-        node=booking.node,
-        commit=booking.commit,
-        gpus=usage.gpus,
-        gpu_memory_mib=usage.gpu_memory_mib,
-        charged_at=now,
-        placer_id=booking.placer_id,
-    )
-
-
-def counts_against(quota: TenantQuota, charge: TenantCharge) -> bool:
-    """Whether ``charge`` takes anything ``quota`` limits (a pod without GPU memory takes nothing
-    from a memory-only quota): only those are charged, so a tenant's entry never lists more
-    charges than its quota could hold."""
-    return (quota.gpus is not None and charge.gpus > 0) or (
-        quota.gpu_memory_mib is not None and charge.gpu_memory_mib > 0
-    )
-
-
-def charge_usage(charge: TenantCharge) -> Usage:
-    return Usage(gpus=charge.gpus, gpu_memory_mib=charge.gpu_memory_mib)
-
-
-def charged(ledger: TenantLedger | None) -> Usage:
-    """Everything ``ledger`` charges."""
-    total = Usage()
-    for charge in ledger.charges if ledger else ():
-        total = total + charge_usage(charge)
-    return total
-
-
-def charge_all(
-    ledger: TenantLedger | None,
-    tenant: str,
-    quota: TenantQuota | None,
-    charges: Sequence[TenantCharge],
-    *,
-    now: float,
-) -> tuple[TenantLedger | None, dict[str, str]]:
-    """The tenant's entry with every charge of ``charges`` that fits in ``quota`` on top of what
-    the entry holds, one after the other; None when there is nothing to write.
-
-    Also returns why each refused charge (by commit id) does not fit. A charge of a commit the
-    entry already lists counts as done (a retry). Several commits of one tenant are charged by one
-    compare-and-set this way (a group commit, like :func:`book_all`).
-    """
-    refused: dict[str, str] = {}
-    accepted: list[TenantCharge] = []
-    used = charged(ledger)
-    listed = {c.commit for c in (ledger.charges if ledger else ())}
-    for charge in charges:
-        if charge.commit in listed:
-            continue
-        asked = charge_usage(charge)
-        reason = quota_reason(quota, used, asked)
-        if not reason and len(listed) >= MAX_TENANT_CHARGES:
-            reason = (
-                f"tenant {tenant}: {len(listed)} placements are charged against its quota, the "
-                f"most one usage entry holds"
-            )
-        if reason:
-            refused[charge.commit] = reason
-            continue
-        used = used + asked
-        listed.add(charge.commit)
-        accepted.append(charge)
-    if not accepted:
-        return None, refused
-    kept = ledger.charges if ledger else ()
-    return TenantLedger(tenant=tenant, charges=(*kept, *accepted), updated_at=now), refused
-
-
-def with_charge(
-    ledger: TenantLedger | None, tenant: str, charge: TenantCharge, *, now: float
-) -> TenantLedger | None:
-    """The entry with ``charge`` added whatever the quota (a placement that already exists is
-    counted, it is not refused); None when it is listed already."""
-    if ledger is not None and any(c.commit == charge.commit for c in ledger.charges):
-        return None
-    kept = ledger.charges if ledger else ()
-    return TenantLedger(tenant=tenant, charges=(*kept, charge), updated_at=now)
-
-
-def without_charge(ledger: TenantLedger | None, commit: str, *, now: float) -> TenantLedger | None:
-    """The entry without the charge of ``commit``; None: it holds none (nothing to write)."""
-    if ledger is None:
-        return None
-    kept = tuple(c for c in ledger.charges if c.commit != commit)
-    if len(kept) == len(ledger.charges):
-        return None
-    return TenantLedger(tenant=ledger.tenant, charges=kept, updated_at=now)
-
-
-def fence_of(charge: TenantCharge, tenant: str) -> Booking:
-    """The booking-shaped fence of a charge whose commit never booked: what :func:`released_record`
-    needs to leave the commit's record ``released`` (it holds no GPUs)."""
-    return Booking(
-        pod_uid=charge.pod_uid,
-        namespace=charge.namespace,
-        name=charge.name,
-        node=charge.node,
-        commit=charge.commit,
-        tenant=tenant,
-        decided_at=charge.charged_at,
-        placer_id=charge.placer_id,
-    )
-
-
 # --- claims ----------------------------------------------------------------------------------
 
 ClaimVerdict = Literal["create", "take", "mine", "lost", "deleted"]
@@ -410,224 +284,3 @@ def decision_msg_id(booking: Booking) -> str:
 
 def requeue_msg_id(booking: Booking) -> str:
     return f"requeue.{booking.pod_uid}.{booking.commit}"
-
-
-# --- reconciliation --------------------------------------------------------------------------
-
-
-class RecordFacts(msgspec.Struct, frozen=True, kw_only=True):
-    """What reconciliation needs of one assignment record (the cache keeps only this)."""
-
-    key: str
-    node: str
-    pod_uid: str
-    state: AssignmentState
-    commit: str
-    decided_at: float
-    bound_at: float | None = None
-    released_at: float | None = None
-    revision: int = 0
-    seen_at: float = 0.0
-    """When this placer first saw the key live (its clock; 0 = unknown). The record's own dates
-    are its writer's word: a made-up record may date itself in the future."""
-
-    @property
-    def live(self) -> bool:
-        return self.state != "released"
-
-    @property
-    def observed_at(self) -> float:
-        """Since when the record is known: when seen, else its decision time."""
-        return self.seen_at or self.decided_at
-
-
-def record_facts(
-    key: str, record: AssignmentRecord, revision: int, *, seen_at: float = 0.0
-) -> RecordFacts:
-    return RecordFacts(
-        key=key,
-        node=record.node,
-        pod_uid=record.pod_uid,
-        state=record.state,
-        commit=record.commit,
-        decided_at=record.decided_at,
-        bound_at=record.bound_at,
-        released_at=record.released_at,
-        revision=revision,
-        seen_at=seen_at,
-    )
-
-
-RepairKind = Literal[
-    "roll-forward",
-    "create-record",
-    "unbook-stale",
-    "rebook",
-    "finish-requeue",
-    "publish-requeue",
-    "release-record",
-    "requeue-lost",
-    "adopt-charge",
-    "drop-charge",
-]
-
-
-class Repair(msgspec.Struct, frozen=True, kw_only=True):
-    """One repair :func:`plan_repairs` asks the shell to carry out with the usual primitives.
-
-    - ``roll-forward``: a booking no claim names yet (a placer stopped after booking): create the
-      claim for it (create-only: if another claim won, the booking is given back), then its record;
-    - ``create-record``: the claim names the booking but its record is missing: create it;
-    - ``unbook-stale``: a booking the claim does not name (lost claim, requeued, deleted): fence
-      its record and give it back;
-    - ``rebook``: a live record whose booking is missing from the ledger: book it again;
-    - ``finish-requeue``: the record of the claimed booking was released (failed binding, reserve
-      timeout) but the claim still says placed: requeue the pod;
-    - ``publish-requeue``: a requeued pod that was not put back on ``tessera.pods.pending`` yet;
-    - ``release-record``: a live record whose commit the claim no longer names (on the claim's
-      node), or that no claim names at all: a record no placer committed (issue 19: anyone
-      allowed to write records could make one up), released once this placer has known it for
-      the grace period;
-    - ``requeue-lost``: a placed claim with neither booking nor live record: requeue the pod;
-    - ``adopt-charge``: a booked placement with a live record whose tenant has a quota but whose
-      commit is not charged (placed before the quota existed, or by a replica that had not read it
-      yet): charge it, whatever the quota (what is allocated stays allocated);
-    - ``drop-charge``: a charge whose commit is neither booked, nor recorded live, nor named by a
-      placed claim (a placer stopped between charging and booking, or a release between booking
-      and charging): fence its record, then take the charge off.
-    """
-
-    kind: RepairKind
-    pod_uid: str
-    booking: Booking | None = None
-    record_key: str = ""
-    charge: TenantCharge | None = None
-    tenant: str = ""
-
-
-def plan_repairs(
-    ledgers: Mapping[str, Sequence[Booking]],
-    claims: Mapping[str, PodClaim],
-    records: Iterable[RecordFacts],
-    *,
-    now: float,
-    grace_s: float,
-) -> list[Repair]:
-    """Repairs that bring ledgers, claims and records back to agreement (see :class:`Repair`).
-
-    Only states older than ``grace_s`` are repaired, so a commit or a release still in flight in
-    some replica is not raced (racing would be safe, only wasted work).
-    """
-
-    def settled(*stamps: float) -> bool:
-        return now - max(stamps) >= grace_s
-
-    repairs: list[Repair] = []
-    by_key: dict[str, RecordFacts] = {}
-    for facts in records:
-        by_key[facts.key] = facts
-    booked: dict[str, set[str]] = {}
-    for node, bookings in sorted(ledgers.items()):
-        for b in bookings:
-            booked.setdefault(b.pod_uid, set()).add(b.commit)
-            claim = claims.get(b.pod_uid)
-            if claim is None:
-                if settled(b.decided_at):
-                    repairs.append(Repair(kind="roll-forward", pod_uid=b.pod_uid, booking=b))
-                continue
-            named = claim.booking
-            if claim.state == "placed" and named is not None and named.commit == b.commit:
-                record = by_key.get(assignment_key(node, b.pod_uid))
-                if record is None or record.commit != b.commit:
-                    if settled(b.decided_at, claim.updated_at):
-                        repairs.append(Repair(kind="create-record", pod_uid=b.pod_uid, booking=b))
-                elif not record.live and settled(claim.updated_at, record.released_at or 0.0):
-                    repairs.append(Repair(kind="finish-requeue", pod_uid=b.pod_uid, booking=b))
-                continue
-            if settled(b.decided_at, claim.updated_at):
-                repairs.append(Repair(kind="unbook-stale", pod_uid=b.pod_uid, booking=b))
-    for uid, claim in sorted(claims.items()):
-        named = claim.booking
-        if named is None:
-            continue
-        key = assignment_key(named.node, uid)
-        record = by_key.get(key)
-        live_here = record is not None and record.live and record.commit == named.commit
-        if claim.state == "placed":
-            if named.commit in booked.get(uid, ()):
-                continue
-            if live_here:
-                repairs.append(Repair(kind="rebook", pod_uid=uid, booking=named))
-            elif settled(claim.updated_at):
-                repairs.append(Repair(kind="requeue-lost", pod_uid=uid, booking=named))
-            continue
-        if live_here and settled(claim.updated_at):
-            repairs.append(Repair(kind="release-record", pod_uid=uid, record_key=key))
-        if (
-            claim.state == "requeued"
-            and not claim.requeue_published
-            and claim.request is not None
-            and not claim.request.extender  # kube-scheduler places it again by itself
-            and settled(claim.updated_at)
-        ):
-            repairs.append(Repair(kind="publish-requeue", pod_uid=uid, booking=named))
-    for record in sorted(by_key.values(), key=lambda r: r.key):
-        if not record.live:
-            continue
-        claim = claims.get(record.pod_uid)
-        named = claim.booking if claim is not None else None
-        if named is not None and (named.commit, named.node) == (record.commit, record.node):
-            continue
-        stamps = (record.observed_at,) if claim is None else (record.observed_at, claim.updated_at)
-        if settled(*stamps):
-            repairs.append(
-                Repair(kind="release-record", pod_uid=record.pod_uid, record_key=record.key)
-            )
-    return repairs
-
-
-def plan_charge_repairs(
-    tenants: Mapping[str, TenantLedger],
-    quotas: Mapping[str, TenantQuota],
-    ledgers: Mapping[str, Sequence[Booking]],
-    claims: Mapping[str, PodClaim],
-    records: Iterable[RecordFacts],
-    *,
-    now: float,
-    grace_s: float,
-) -> list[Repair]:
-    """Repairs that bring the tenants' charges back to what is booked and recorded: derived again
-    from the ledger, the claims and the records (``adopt-charge``, ``drop-charge`` in
-    :class:`Repair`). ``quotas``: the quota of each tenant that has one now.
-
-    Only states older than ``grace_s`` are repaired: a commit charges a moment before it books.
-    Racing one that is slower than that is still safe: the charge goes only after the fence, and
-    the fenced commit never gets a live record.
-    """
-    live = {r.commit for r in records if r.live and r.commit}
-    placed = {
-        c.booking.commit for c in claims.values() if c.state == "placed" and c.booking is not None
-    }
-    booked: dict[str, Booking] = {}
-    for node in sorted(ledgers):
-        for b in ledgers[node]:
-            booked[b.commit] = b
-    repairs: list[Repair] = []
-    listed: set[str] = set()
-    for tenant in sorted(tenants):
-        for charge in tenants[tenant].charges:
-            listed.add(charge.commit)
-            if charge.commit in booked or charge.commit in live or charge.commit in placed:
-                continue
-            if now - charge.charged_at >= grace_s:
-                repairs.append(
-                    Repair(kind="drop-charge", pod_uid=charge.pod_uid, charge=charge, tenant=tenant)
-                )
-    for commit_id, b in booked.items():
-        quota = quotas.get(b.tenant)
-        if quota is None or commit_id in listed or commit_id not in live:
-            continue
-        if not counts_against(quota, charge_of(b, now=now)) or now - b.decided_at < grace_s:
-            continue
-        repairs.append(Repair(kind="adopt-charge", pod_uid=b.pod_uid, booking=b, tenant=b.tenant))
-    return repairs

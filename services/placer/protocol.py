@@ -16,7 +16,7 @@ from typing import Literal
 
 import msgspec
 
-from services.placer import commit, translate
+from services.placer import charges, commit, repairs, translate
 from services.placer.core.model import Decision
 from services.placer.metrics import PlacerMetrics
 from services.placer.state import ClusterView
@@ -305,14 +305,14 @@ class CommitProtocol:
     # --- reconciling ---------------------------------------------------------------------------
 
     async def reconcile(self, *, grace_s: float) -> int:
-        """Carry out :func:`~.commit.plan_repairs` over the view; how many repairs succeeded."""
+        """Carry out :func:`~.repairs.plan_repairs` over the view; how many repairs succeeded."""
         view = self.view
         ledgers = view.ledgers()
         now = self.clock.now()
-        repairs = commit.plan_repairs(
+        planned = repairs.plan_repairs(
             ledgers, view.claims, view.records.values(), now=now, grace_s=grace_s
         )
-        repairs += commit.plan_charge_repairs(
+        planned += repairs.plan_charge_repairs(
             view.tenant_ledgers(),
             view.tenancy.quotas(),
             ledgers,
@@ -322,7 +322,7 @@ class CommitProtocol:
             grace_s=grace_s,
         )
         done = 0
-        for repair in repairs:
+        for repair in planned:
             try:
                 await self.repair(repair)
             except Exception as error:
@@ -340,7 +340,7 @@ class CommitProtocol:
             log.info("repaired", extra={"kind": repair.kind, "pod_uid": repair.pod_uid})
         return done
 
-    async def repair(self, repair: commit.Repair) -> None:
+    async def repair(self, repair: repairs.Repair) -> None:
         booking = repair.booking
         if repair.kind == "release-record":
             await self.release_orphan(repair.record_key, repair.pod_uid)
@@ -390,7 +390,7 @@ class CommitProtocol:
             and claim.booking.commit == charge.commit
         ):
             return
-        fence = commit.fence_of(charge, tenant)
+        fence = charges.fence_of(charge, tenant)
         now = self.clock.now()
         live = False
 

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from services.placer import translate
-from services.placer.commit import RecordFacts, charge_usage, charged, record_facts
+from services.placer.charges import charge_usage, charged
 from services.placer.core.facts import PodFacts
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
@@ -39,6 +39,7 @@ from services.placer.core.model import NodeState
 from services.placer.core.quota import Usage
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
+from services.placer.repairs import RecordFacts, record_facts
 from shared import validation
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory

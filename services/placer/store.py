@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from services.placer import commit, translate
+from services.placer import charges, commit, translate
 from services.placer.metrics import PlacerMetrics
 from services.placer.state import ClusterView
 from shared import codec, subjects
@@ -331,7 +331,7 @@ class Store:
         return Entry(ledger, revision)
 
     async def charge(self, booking: Booking) -> str:
-        """Charge ``booking`` to its tenant's quota (``commit.charge_all``), when it has one.
+        """Charge ``booking`` to its tenant's quota (``charges.charge_all``), when it has one.
 
         Returns "" when charged (or nothing to charge: no quota, or nothing it limits), else why
         the quota refuses it. A lost compare-and-set reads the entry again and checks again;
@@ -341,8 +341,8 @@ class Store:
         quota = self._view.tenancy.quota_of(tenant) if tenant else None
         if quota is None:
             return ""
-        charge = commit.charge_of(booking, now=self._clock.now())
-        if not commit.counts_against(quota, charge):
+        charge = charges.charge_of(booking, now=self._clock.now())
+        if not charges.counts_against(quota, charge):
             return ""
 
         async def write(batch: list[TenantCharge]) -> dict[str, str]:
@@ -351,7 +351,7 @@ class Store:
             def change(ledger: TenantLedger | None) -> TenantLedger | None:
                 nonlocal refused
                 quota = self._view.tenancy.quota_of(tenant)
-                written, refused = commit.charge_all(
+                written, refused = charges.charge_all(
                     ledger, tenant, quota, batch, now=self._clock.now()
                 )
                 return written
@@ -380,7 +380,7 @@ class Store:
         )
 
         def change(ledger: TenantLedger | None) -> TenantLedger | None:
-            return commit.without_charge(ledger, booking.commit, now=self._clock.now())
+            return charges.without_charge(ledger, booking.commit, now=self._clock.now())
 
         async with self._lock(_tenant_lock_key(tenant)):
             await self.transact(
@@ -393,10 +393,10 @@ class Store:
     async def adopt_charge(self, booking: Booking) -> None:
         """Charge a placement that exists already, whatever the quota (a repair)."""
         tenant = booking.tenant
-        charge = commit.charge_of(booking, now=self._clock.now())
+        charge = charges.charge_of(booking, now=self._clock.now())
 
         def change(ledger: TenantLedger | None) -> TenantLedger | None:
-            return commit.with_charge(ledger, tenant, charge, now=self._clock.now())
+            return charges.with_charge(ledger, tenant, charge, now=self._clock.now())
 
         async with self._lock(_tenant_lock_key(tenant)):
             await self.transact(self.tenants, subjects.tenant_key(tenant), change)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.placer import commit
-from services.placer.commit import RecordFacts
+from services.placer import charges, commit, repairs
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.quota import Usage
+from services.placer.repairs import RecordFacts
 from services.placer.state import ClusterView
 from shared import subjects
 from shared.messages.ledger import Booking, PodClaim, TenantCharge, TenantLedger
@@ -24,7 +24,7 @@ def pod(uid: str, *pieces: tuple[int, int, int]) -> Booking:
 
 
 def charge(uid: str, *pieces: tuple[int, int, int], at: float = NOW) -> TenantCharge:
-    return commit.charge_of(pod(uid, *pieces), now=at)
+    return charges.charge_of(pod(uid, *pieces), now=at)
 
 
 def ledger(*charges: TenantCharge) -> TenantLedger:
@@ -34,8 +34,8 @@ def ledger(*charges: TenantCharge) -> TenantLedger:
 def test_a_charge_counts_the_shares_and_memory_its_booking_holds() -> None:
     two = charge("a", (0, 8192, 300), (1, 4096, 300))
     assert (two.gpus, two.gpu_memory_mib, two.commit, two.node) == (2, 12288, "c-a", "n1")
-    assert commit.charged(ledger(two, charge("b"))) == Usage(gpus=3, gpu_memory_mib=20480)
-    assert commit.charged(None) == Usage()
+    assert charges.charged(ledger(two, charge("b"))) == Usage(gpus=3, gpu_memory_mib=20480)
+    assert charges.charged(None) == Usage()
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,9 @@ def test_charges_fit_the_quota_one_after_the_other_on_the_entry_as_read(
     held: tuple[str, ...], asked: list[str], written: list[str] | None, refused: dict[str, str]
 ) -> None:
     entry = ledger(*(charge(uid) for uid in held)) if held else None
-    result, why = commit.charge_all(entry, "ml", QUOTA, [charge(uid) for uid in asked], now=NOW + 1)
+    result, why = charges.charge_all(
+        entry, "ml", QUOTA, [charge(uid) for uid in asked], now=NOW + 1
+    )
     if written is None:
         assert result is None
     else:
@@ -66,7 +68,7 @@ def test_charges_fit_the_quota_one_after_the_other_on_the_entry_as_read(
 
 def test_a_memory_quota_refuses_what_the_share_count_allows() -> None:
     big = charge("big", (0, 16_000, 500))
-    result, why = commit.charge_all(ledger(charge("a")), "ml", QUOTA, [big], now=NOW)
+    result, why = charges.charge_all(ledger(charge("a")), "ml", QUOTA, [big], now=NOW)
     assert result is None
     left = "remaining 11808 MiB"
     assert why == {
@@ -75,9 +77,9 @@ def test_a_memory_quota_refuses_what_the_share_count_allows() -> None:
 
 
 def test_an_entry_holds_a_bounded_number_of_charges() -> None:
-    full = ledger(*(charge(f"p{i}", (0, 1, 1)) for i in range(commit.MAX_TENANT_CHARGES)))
+    full = ledger(*(charge(f"p{i}", (0, 1, 1)) for i in range(charges.MAX_TENANT_CHARGES)))
     huge = TenantQuota(tenant="ml", gpus=10**9)
-    result, why = commit.charge_all(full, "ml", huge, [charge("one-more")], now=NOW)
+    result, why = charges.charge_all(full, "ml", huge, [charge("one-more")], now=NOW)
     assert result is None
     assert why == {
         "c-one-more": "tenant ml: 2000 placements are charged against its quota, the most one "
@@ -87,24 +89,24 @@ def test_an_entry_holds_a_bounded_number_of_charges() -> None:
 
 def test_no_quota_charges_everything() -> None:
     many = [charge(f"p{i}") for i in range(5)]
-    result, why = commit.charge_all(None, "ml", None, many, now=NOW)
+    result, why = charges.charge_all(None, "ml", None, many, now=NOW)
     assert result is not None and len(result.charges) == 5 and why == {}
 
 
 def test_adopting_and_giving_back_charges_are_idempotent() -> None:
     entry = ledger(charge("a"), charge("b"))
     over = charge("c", (0, 30_000, 100))
-    adopted = commit.with_charge(entry, "ml", over, now=NOW)  # whatever the quota
+    adopted = charges.with_charge(entry, "ml", over, now=NOW)  # whatever the quota
     assert adopted is not None and [c.pod_uid for c in adopted.charges] == ["a", "b", "c"]
-    assert commit.with_charge(adopted, "ml", over, now=NOW) is None
-    left = commit.without_charge(entry, "c-a", now=NOW)
+    assert charges.with_charge(adopted, "ml", over, now=NOW) is None
+    left = charges.without_charge(entry, "c-a", now=NOW)
     assert left is not None and [c.pod_uid for c in left.charges] == ["b"]
-    assert commit.without_charge(left, "c-a", now=NOW) is None
-    assert commit.without_charge(None, "c-a", now=NOW) is None
+    assert charges.without_charge(left, "c-a", now=NOW) is None
+    assert charges.without_charge(None, "c-a", now=NOW) is None
 
 
 def test_the_fence_of_a_charge_is_a_released_record_of_its_commit_holding_nothing() -> None:
-    fence = commit.fence_of(charge("a"), "ml")
+    fence = charges.fence_of(charge("a"), "ml")
     record = commit.released_record(None, fence, now=NOW + 3)
     key = subjects.assignment_key(fence.node, fence.pod_uid)
     assert (key, record.state, record.commit, record.containers) == ("n1.a", "released", "c-a", ())
@@ -118,10 +120,10 @@ CORES = pod("a", (0, 0, 300))  # a share of the SMs only: no GPU memory
 
 def test_only_what_a_quota_limits_is_charged() -> None:
     gpus_only = TenantQuota(tenant="ml", gpus=4)
-    assert commit.counts_against(gpus_only, charge("a", (0, 0, 300)))
-    assert not commit.counts_against(MEMORY_ONLY, charge("a", (0, 0, 300)))
-    assert commit.counts_against(MEMORY_ONLY, charge("a"))
-    assert not commit.counts_against(TenantQuota(tenant="ml"), charge("a"))
+    assert charges.counts_against(gpus_only, charge("a", (0, 0, 300)))
+    assert not charges.counts_against(MEMORY_ONLY, charge("a", (0, 0, 300)))
+    assert charges.counts_against(MEMORY_ONLY, charge("a"))
+    assert not charges.counts_against(TenantQuota(tenant="ml"), charge("a"))
 
 
 def live(state: str = "reserved", commit_id: str = "c-a") -> RecordFacts:
@@ -179,11 +181,11 @@ def test_reconciliation_derives_the_charges_from_bookings_records_and_claims(
     expected: list[str],
 ) -> None:
     tenants = {"ml": ledger(*charges)} if charges else {}
-    repairs = commit.plan_charge_repairs(
+    planned = repairs.plan_charge_repairs(
         tenants, quotas, ledgers, claims, records, now=NOW + 100, grace_s=10
     )
-    assert [r.kind for r in repairs] == expected
-    for repair in repairs:
+    assert [r.kind for r in planned] == expected
+    for repair in planned:
         assert repair.tenant == "ml" and repair.pod_uid == "a"
         assert (repair.charge is not None) == (repair.kind == "drop-charge")
 
@@ -192,13 +194,13 @@ def test_reconciliation_leaves_charges_and_bookings_that_may_be_in_flight() -> N
     recent = charge("a", at=NOW + 95)
     young = msgspec.structs.replace(A, decided_at=NOW + 95)
     assert (
-        commit.plan_charge_repairs(
+        repairs.plan_charge_repairs(
             {"ml": ledger(recent)}, {"ml": QUOTA}, {}, {}, [], now=NOW + 100, grace_s=10
         )
         == []
     )
     assert (
-        commit.plan_charge_repairs(
+        repairs.plan_charge_repairs(
             {}, {"ml": QUOTA}, {"n1": (young,)}, {}, [live()], now=NOW + 100, grace_s=10
         )
         == []

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.placer import commit, translate
-from services.placer.commit import RecordFacts, Repair
+from services.placer import commit, repairs, translate
+from services.placer.repairs import RecordFacts, Repair
 from shared.messages.assignments import AssignmentRecord, AssignmentState
 from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from tests.placer import wire
@@ -222,14 +222,14 @@ def test_reconciliation_plans_one_repair_per_half_done_state(
     records: list[RecordFacts],
     expected: list[tuple[str, object]],
 ) -> None:
-    planned = commit.plan_repairs(ledgers, claims, records, now=NOW + 60, grace_s=10)  # type: ignore[arg-type]
+    planned = repairs.plan_repairs(ledgers, claims, records, now=NOW + 60, grace_s=10)  # type: ignore[arg-type]
     assert [(r.kind, r.booking) for r in planned] == expected
 
 
 def test_reconciliation_leaves_what_may_still_be_in_flight() -> None:
-    planned = commit.plan_repairs({"n1": (A,)}, {}, [], now=NOW + 1, grace_s=10)
+    planned = repairs.plan_repairs({"n1": (A,)}, {}, [], now=NOW + 1, grace_s=10)
     assert planned == []
-    assert commit.plan_repairs({"n1": (A,)}, {}, [], now=NOW + 10, grace_s=10) == [
+    assert repairs.plan_repairs({"n1": (A,)}, {}, [], now=NOW + 10, grace_s=10) == [
         Repair(kind="roll-forward", pod_uid="a", booking=A)
     ]
 
@@ -259,9 +259,9 @@ def test_a_live_record_no_placer_committed_is_swept_once_known_for_the_grace(
     so it releases a live record no claim names (on its node) once it has known it for the
     grace period, whatever date the record gives itself."""
     ledgers = {"n1": (A,)} if claims else {}
-    early = commit.plan_repairs(ledgers, claims, [record], now=NOW + 5, grace_s=10)
+    early = repairs.plan_repairs(ledgers, claims, [record], now=NOW + 5, grace_s=10)
     assert [r.kind for r in early if r.kind == "release-record"] == []
-    late = commit.plan_repairs(ledgers, claims, [record], now=NOW + 10, grace_s=10)
+    late = repairs.plan_repairs(ledgers, claims, [record], now=NOW + 10, grace_s=10)
     released = [r for r in late if r.kind == "release-record"]
     assert released == [Repair(kind="release-record", pod_uid="a", record_key=record.key)]
 

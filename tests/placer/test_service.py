@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from services.placer import commit, translate
+from services.placer import charges, translate
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult
@@ -536,7 +536,7 @@ async def test_quota_charges_are_derived_again_from_placements_before_ready(
     await bus.kv_put(subjects.KV_CLAIMS, "old", codec.encode(claim))
     record = msgspec.structs.replace(translate.record_of(old), state="bound")
     await bus.kv_put(subjects.KV_ASSIGNMENTS, "n1.old", codec.encode(record))
-    stray = commit.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() - 60)
+    stray = charges.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() - 60)
     tenant = TenantLedger(tenant="ml", charges=(stray,), updated_at=time.time() - 60)
     await bus.kv_put(subjects.KV_TENANTS, subjects.tenant_key("ml"), codec.encode(tenant))
 
@@ -566,7 +566,7 @@ async def test_a_stray_charge_given_back_while_running_wakes_the_pod_waiting_ove
     await wire.put_node(bus, "n1", 4)
     async with start_placer(tenancy_file=str(tenancy), reconcile_interval_s=1.0) as placer:
         # Charged "in 5 s": reconciliation leaves it alone until then (a commit in flight).
-        stray = commit.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() + 5)
+        stray = charges.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() + 5)
         tenant = TenantLedger(tenant="ml", charges=(stray,), updated_at=time.time())
         await bus.kv_put(subjects.KV_TENANTS, subjects.tenant_key("ml"), codec.encode(tenant))
         await place_q1_then_refuse_q2(bus, placer, why="the stray charge holds a share")
