@@ -10,8 +10,10 @@ from collections.abc import Sequence
 
 from services.placer.core.groups import TenantQuota
 from services.placer.core.quota import Usage, quota_reason, reservation_usage
+from services.placer.core.tenancy import Tenancy
 from services.placer.translate import reservation_of
 from shared.messages.ledger import Booking, TenantCharge, TenantLedger
+from shared.subjects import tenant_key
 
 # --- tenant charges --------------------------------------------------------------------------
 
@@ -134,3 +136,45 @@ def fence_of(charge: TenantCharge, tenant: str) -> Booking:
         decided_at=charge.charged_at,
         placer_id=charge.placer_id,
     )
+
+
+class TenantEntries:
+    """Each tenant's usage entry as the placer's view holds it, with its KV revision; the
+    committed charges of each go into ``tenancy``'s usage."""
+
+    def __init__(self, tenancy: Tenancy) -> None:
+        self._tenancy = tenancy
+        self._entries: dict[str, tuple[TenantLedger, int]] = {}
+
+    def ledger(self, tenant: str) -> tuple[TenantLedger | None, int]:
+        """``tenant``'s usage entry and its revision (None, 0: none yet)."""
+        held = self._entries.get(tenant)
+        return held if held is not None else (None, 0)
+
+    def ledgers(self) -> dict[str, TenantLedger]:
+        return {tenant: ledger for tenant, (ledger, _) in self._entries.items()}
+
+    def keys(self) -> set[str]:
+        return {tenant_key(tenant) for tenant in self._entries}
+
+    def take(self, ledger: TenantLedger, revision: int) -> tuple[bool, bool]:
+        """Take a tenant's usage entry at ``revision``: (taken: no newer one is held, gave back:
+        its charges now add up to less than before)."""
+        held = self._entries.get(ledger.tenant)
+        if held is not None and revision <= held[1]:
+            return False, False
+        before = charged(held[0]) if held is not None else Usage()
+        self._entries[ledger.tenant] = (ledger, revision)
+        self._tenancy.set_committed(
+            ledger.tenant, {c.pod_uid: charge_usage(c) for c in ledger.charges}
+        )
+        after = charged(ledger)
+        return True, after.gpus < before.gpus or after.gpu_memory_mib < before.gpu_memory_mib
+
+    def forget(self, key: str) -> bool:
+        """Forget the entry under ``key`` (the store no longer has it); whether there was one."""
+        gone = [t for t in self._entries if tenant_key(t) == key]
+        for tenant in gone:
+            del self._entries[tenant]
+            self._tenancy.set_committed(tenant, {})
+        return bool(gone)

@@ -313,7 +313,7 @@ class CommitProtocol:
             ledgers, view.claims, view.records.values(), now=now, grace_s=grace_s
         )
         planned += repairs.plan_charge_repairs(
-            view.tenant_ledgers(),
+            view.tenants.ledgers(),
             view.tenancy.quotas(),
             ledgers,
             view.claims,

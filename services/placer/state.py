@@ -31,12 +31,12 @@ from collections import Counter
 from collections.abc import Iterator
 
 from services.placer import translate
-from services.placer.charges import charge_usage, charged
+from services.placer.capacity import Capacities, Signature, gives_room, signature_of
+from services.placer.charges import TenantEntries
 from services.placer.core.facts import PodFacts
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import NodeState
-from services.placer.core.quota import Usage
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
 from services.placer.repairs import RecordFacts, record_facts
@@ -45,12 +45,9 @@ from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
-from shared.subjects import node_from_token, node_token, tenant_key
+from shared.subjects import node_from_token, node_token
 
 UNREADABLE = "ledger entry unreadable"
-
-Signature = tuple[int, int, tuple[tuple[str, int], ...]]
-"""A node's capacity when empty: CPU, memory, and (model, memory) of each GPU."""
 
 
 class _Node:
@@ -109,38 +106,32 @@ def _shown(bookings: list[Booking]) -> frozenset[tuple[str, str]]:
     return frozenset((b.pod_uid, b.commit) for b in bookings)
 
 
-def _signature(node: NodeState) -> Signature:
-    return (
-        node.cpu_milli_total,
-        node.memory_mib_total,
-        tuple(sorted((g.model, g.memory_total_mib) for g in node.gpus)),
-    )
+class _BookedUsage:
+    """Keeps tenant usage equal to the bookings: each pod counted once, wherever it is booked
+    (committed or tentative)."""
 
+    def __init__(self, tenancy: Tenancy) -> None:
+        self._tenancy = tenancy
+        self._pod_nodes: dict[str, set[str]] = {}
+        """Pod UID -> nodes holding a booking of it."""
 
-def _freed(old: NodeState | None, new: NodeState) -> bool:
-    """Whether ``new`` could take a pod that ``old`` could not (capacity given back)."""
-    if not new.schedulable:
-        return False
-    if old is None or not old.schedulable:
-        return True
-    if new.cpu_milli_free > old.cpu_milli_free or new.memory_mib_free > old.memory_mib_free:
-        return True
-    before = {g.index: g for g in old.gpus}
-    for gpu in new.gpus:
-        was = before.get(gpu.index)
-        if was is None:
-            return True
-        if gpu.healthy and not was.healthy:
-            return True
-        if gpu.healthy and (
-            gpu.memory_free_mib > was.memory_free_mib
-            or gpu.core_milli_free > was.core_milli_free
-            or gpu.slots_reserved < was.slots_reserved
-            or (was.exclusive and not gpu.exclusive)
-            or gpu.groups != was.groups
-        ):
-            return True
-    return new.groups != old.groups
+    def count(self, node: str, charged: set[str], bookings: list[Booking]) -> set[str]:
+        """Count ``node``'s ``bookings`` (``charged``: its pods counted so far); the pods counted
+        now."""
+        here = {b.pod_uid: b for b in bookings}
+        for uid in charged - here.keys():
+            nodes = self._pod_nodes.get(uid)
+            if nodes is not None:
+                nodes.discard(node)
+                if not nodes:
+                    del self._pod_nodes[uid]
+                    self._tenancy.usage.refund(uid)
+        for uid in here.keys() - charged:
+            nodes = self._pod_nodes.setdefault(uid, set())
+            if not nodes:
+                self._tenancy.adopt(here[uid].tenant, translate.reservation_of(here[uid]))
+            nodes.add(node)
+        return set(here)
 
 
 class ClusterView:
@@ -165,14 +156,13 @@ class ClusterView:
         self.claims: dict[str, PodClaim] = {}
         self.claim_revisions: dict[str, int] = {}
         self.records: dict[str, RecordFacts] = {}
-        self.tenants: dict[str, tuple[TenantLedger, int]] = {}
-        """Tenant -> its usage entry (``tessera-tenants``) and the entry's revision."""
+        self.tenants = TenantEntries(self.tenancy)
+        """Each tenant's usage entry (``tessera-tenants``) and the entry's revision."""
         self._nodes: dict[str, _Node] = {}
-        self._pod_nodes: dict[str, set[str]] = {}
-        """Pod UID -> nodes holding a booking of it (committed or tentative)."""
+        self._usage = _BookedUsage(self.tenancy)
         self._committed: dict[str, set[str]] = {}
         """Pod UID -> nodes whose committed ledger books it."""
-        self._signatures: Counter[Signature] = Counter()
+        self._signatures = Capacities()
         self._now = 0.0
         self._handoffs: dict[str, int] = {}
         """Node -> its pods between decision and Allocate (only nodes with any): records not
@@ -406,29 +396,13 @@ class ClusterView:
 
     # --- tenants' charges ----------------------------------------------------------------------
 
-    def tenant_ledger(self, tenant: str) -> tuple[TenantLedger | None, int]:
-        """``tenant``'s usage entry and its revision (None, 0: none yet)."""
-        held = self.tenants.get(tenant)
-        return held if held is not None else (None, 0)
-
-    def tenant_ledgers(self) -> dict[str, TenantLedger]:
-        return {tenant: ledger for tenant, (ledger, _) in self.tenants.items()}
-
     def set_tenant_ledger(self, ledger: TenantLedger, revision: int) -> bool:
         """Take a tenant's usage entry at ``revision``; False when a newer one is held. A charge
         given back counts as freed room (pods over the tenant's quota may fit now)."""
-        held = self.tenants.get(ledger.tenant)
-        if held is not None and revision <= held[1]:
-            return False
-        before = charged(held[0]) if held is not None else Usage()
-        self.tenants[ledger.tenant] = (ledger, revision)
-        self.tenancy.set_committed(
-            ledger.tenant, {c.pod_uid: charge_usage(c) for c in ledger.charges}
-        )
-        after = charged(ledger)
-        if after.gpus < before.gpus or after.gpu_memory_mib < before.gpu_memory_mib:
+        taken, gave_back = self.tenants.take(ledger, revision)
+        if gave_back:
             self.freed += 1
-        return True
+        return taken
 
     # --- keys deleted while no watch ran -------------------------------------------------------
 
@@ -455,14 +429,9 @@ class ClusterView:
         if entry is not None and entry.ledger is not None:
             self._take_ledger(node, entry, None, 0)
 
-    def tenant_keys(self) -> set[str]:
-        return {tenant_key(tenant) for tenant in self.tenants}
-
     def forget_tenant(self, key: str) -> None:
         """A tenant's usage entry the store no longer has (see :meth:`forget_ledger`)."""
-        for tenant in [t for t in self.tenants if tenant_key(t) == key]:
-            del self.tenants[tenant]
-            self.tenancy.set_committed(tenant, {})
+        if self.tenants.forget(key):
             self.freed += 1
 
     def forget_claim(self, pod_uid: str) -> None:
@@ -534,7 +503,7 @@ class ClusterView:
         """Derive node ``name``'s state again and store it in the index (after the load)."""
         entry = self._nodes[name]
         bookings = entry.bookings()
-        self._charge(name, entry, bookings)
+        entry.charged = self._usage.count(name, entry.charged, bookings)
         if not self.loaded:
             return
         old = self.index.node(name) if name in self.index else None
@@ -554,53 +523,22 @@ class ClusterView:
             self.index.put(state)
         else:
             return
-        signature = _signature(state)
+        signature = signature_of(state)
         if signature != entry.signature:
             self._forget_signature(entry)
             entry.signature = signature
-            self._signatures[signature] += 1
+            self._signatures.add(signature)
             self.grown += 1
-        if _freed(old, state):
+        if gives_room(old, state):
             self.freed += 1
 
     def _forget_signature(self, entry: _Node) -> None:
         if entry.signature is not None:
-            self._signatures[entry.signature] -= 1
-            if self._signatures[entry.signature] <= 0:
-                del self._signatures[entry.signature]
+            self._signatures.remove(entry.signature)
             entry.signature = None
-
-    def _charge(self, name: str, entry: _Node, bookings: list[Booking]) -> None:
-        """Keep tenant usage equal to the bookings (each pod counted once, wherever booked)."""
-        here = {b.pod_uid: b for b in bookings}
-        for uid in entry.charged - here.keys():
-            nodes = self._pod_nodes.get(uid)
-            if nodes is not None:
-                nodes.discard(name)
-                if not nodes:
-                    del self._pod_nodes[uid]
-                    self.tenancy.usage.refund(uid)
-        for uid in here.keys() - entry.charged:
-            nodes = self._pod_nodes.setdefault(uid, set())
-            if not nodes:
-                self.tenancy.adopt(here[uid].tenant, translate.reservation_of(here[uid]))
-            nodes.add(name)
-        entry.charged = set(here)
 
     # --- capacity ------------------------------------------------------------------------------
 
     def too_large(self, pod: PodFacts) -> str:
         """Why no known node could hold ``pod`` even with nothing on it; empty when one could."""
-        if not self._signatures:
-            return ""
-        request = pod.request
-        for cpu, memory, gpus in self._signatures:
-            if cpu < pod.cpu_milli or memory < pod.memory_mib:
-                continue
-            allowed = [mib for model, mib in gpus if request.allows_model(model)]
-            if all(
-                sum(1 for mib in allowed if ask.memory_on(mib) <= mib) >= ask.shares
-                for ask in pod.asks
-            ):
-                return ""
-        return "larger than any node can hold (CPU, memory, or GPUs of an allowed model)"
+        return self._signatures.too_large(pod)

@@ -327,7 +327,7 @@ class Store:
     # --- tenants' charges ----------------------------------------------------------------------
 
     def _cached_tenant(self, tenant: str) -> Entry[TenantLedger]:
-        ledger, revision = self._view.tenant_ledger(tenant)
+        ledger, revision = self._view.tenants.ledger(tenant)
         return Entry(ledger, revision)
 
     async def charge(self, booking: Booking) -> str:

@@ -224,7 +224,7 @@ def test_the_view_counts_charges_of_pods_it_has_not_seen_booked_and_frees_what_i
     assert view.set_tenant_ledger(ledger(charge("a")), 6)
     assert view.freed == freed + 1
     assert view.tenancy.used("ml") == Usage(gpus=1, gpu_memory_mib=8192)
-    assert view.tenant_ledger("ml")[1] == 6
+    assert view.tenants.ledger("ml")[1] == 6
     assert view.set_tenant_ledger(ledger(charge("a"), charge("c")), 7)
     assert view.freed == freed + 1  # more charged: nothing freed
 

@@ -95,7 +95,7 @@ class Watches:
                 subjects.KV_TENANTS,
                 self._on_tenant,
                 "tenants",
-                view.tenant_keys,
+                view.tenants.keys,
                 view.forget_tenant,
                 durable=True,
             ),
