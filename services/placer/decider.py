@@ -249,6 +249,42 @@ def verdicts(
     return found
 
 
+def unjudged(
+    view: ClusterView, profile: Profile, pod: PodRequest, nodes: Iterable[str] | None = None
+) -> list[int]:
+    """The node shapes (ids) :func:`verdicts` would still have to judge to answer for ``pod``
+    over ``nodes`` (default: every node): empty when its answer comes from judgements made
+    before (the memo). Judgements are kept by the shape they were made on, so a node whose shape
+    changed is one more shape to judge here, never a stale answer."""
+    index = view.index
+    prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
+    if isinstance(prepared, Rejection):  # answered without looking at any node
+        return []
+    memo = prepared.profile.judged(index, prepared.facts.request.placement_key())
+    if nodes is None:
+        shape_ids: Iterable[int] = index.groups
+    else:
+        shape_ids = dict.fromkeys(
+            sid for sid in map(index.shape_id_or_none, nodes) if sid is not None
+        )
+    return [sid for sid in shape_ids if sid not in memo]
+
+
+def judge_shapes(
+    view: ClusterView, profile: Profile, pod: PodRequest, shape_ids: Iterable[int]
+) -> int:
+    """Judge ``pod`` on the shapes ``shape_ids`` (from :func:`unjudged`) into the memo
+    :func:`verdicts` answers from, as it would judge them; how many were judged. Shapes no node
+    has any more are skipped (the view may have moved on since the ids were listed)."""
+    index = view.index
+    prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
+    if isinstance(prepared, Rejection):
+        return 0
+    current = [sid for sid in shape_ids if sid in index.groups]
+    framework.judgements(prepared.facts, index, prepared.profile, current)
+    return len(current)
+
+
 def quota_status(view: ClusterView, pod: PodRequest) -> str:
     """The pod's tenant quota as it stands (empty when the tenant has none)."""
     quota = view.tenancy.quota_of(pod.tenant)

@@ -9,7 +9,9 @@ and asks Tessera only about GPUs. Each placer replica serves the extender on its
   replica keeps current from the same KV buckets: the pod is parsed as the binder parses pods
   (``shared.podspec``) and every candidate node judged as a decision would judge it
   (:func:`~.decider.verdicts`: the same profile, tenancy, quota and reasons as the placer's own
-  rejections). Pods that ask for no ``tessera.dev/*`` resource pass untouched.
+  rejections). Pods that ask for no ``tessera.dev/*`` resource pass untouched. The requests
+  asked about are kept judged in the background as node shapes change (``ready.py``), so a
+  request seen before is answered from judgements made ahead of the call.
 - **bind** places the pod's GPUs on the node kube-scheduler chose. kube-scheduler's bind call
   names the pod but does not carry it, so the extender asks the binder for it
   (``tessera.extender.pods``), then decides and commits through the placer's own path
@@ -55,6 +57,7 @@ from services.placer.extender_api import (
     refused,
 )
 from services.placer.metrics import PlacerMetrics
+from services.placer.ready import ReadyJudgements
 from shared import codec, subjects
 from shared.config import ConfigError
 from shared.messages.bindings import BindingResult
@@ -113,6 +116,8 @@ class Extender:
         self._subscription: Subscription | None = None
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.judgements = ReadyJudgements(lambda: (service.view, service.profile), metrics)
+        """The requests asked about, kept judged in the background (``ready.py``)."""
 
     # --- serving -------------------------------------------------------------------------------
 
@@ -129,9 +134,11 @@ class Extender:
         await self._runner.setup()
         await web.SockSite(self._runner, listener).start()
         self.port = int(listener.getsockname()[1])
+        self.judgements.start()
         return self.port
 
     async def stop(self) -> None:
+        await self.judgements.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -171,26 +178,32 @@ class Extender:
 
     # --- filter and prioritize -----------------------------------------------------------------
 
-    def _judge(
-        self, args: ExtenderArgs, candidates: list[str]
+    async def _judge(
+        self, args: ExtenderArgs, candidates: list[str], verb: str
     ) -> list[decider.NodeVerdict] | str | None:
         """The candidates' verdicts; a reason when the request is invalid; None for a pod that
-        asks for no Tessera resource."""
+        asks for no Tessera resource. Judged before (``ready.py``) when the request was asked
+        about before; whatever was judged when, the answer is ``decider.verdicts`` on the view
+        as it is now."""
         if not requests_tessera(args.pod):
             return None
         parsed = parse_pending(args.pod)
         if isinstance(parsed, InvalidPod):
             return f"invalid request: {parsed.message}"
+        asked = translate.pod_request(parsed)
+        await self.judgements.ready(
+            self._service.view.tenancy.resolve(asked), candidates, verb=verb
+        )
         profile = self._service.profile
         assert profile is not None  # loaded
-        view = self._service.view
-        request = view.tenancy.resolve(translate.pod_request(parsed))
+        view = self._service.view  # as it is now, after the judging yielded to the loop
+        request = view.tenancy.resolve(asked)
         return decider.verdicts(view, profile, request, candidates, detail=False)
 
     async def _filter(self, body: bytes) -> Answer:
         args = filter_args(body)
         candidates = args.candidates()
-        judged = self._judge(args, candidates)
+        judged = await self._judge(args, candidates, "filter")
         if judged is None:
             answer = passed(args, candidates, candidates)
         elif isinstance(judged, str):
@@ -202,7 +215,7 @@ class Extender:
     async def _prioritize(self, body: bytes) -> Answer:
         args = filter_args(body)
         candidates = args.candidates()
-        judged = self._judge(args, candidates)
+        judged = await self._judge(args, candidates, "prioritize")
         scores = priorities(judged) if isinstance(judged, list) else indifferent(candidates)
         return msgspec.json.encode(scores), "ok"
 

@@ -43,6 +43,8 @@ class PlacerMetrics:
     unknown_outcomes: Counter
     extender_requests: Counter
     extender_seconds: Histogram
+    extender_judgements: Counter
+    extender_background_judgements: Counter
     placed_ahead: Counter
 
     @classmethod
@@ -162,6 +164,21 @@ class PlacerMetrics:
                 "bound the pod).",
                 ["verb"],
                 buckets=LATENCY_BUCKETS,
+                registry=registry,
+            ),
+            extender_judgements=Counter(
+                "tessera_placer_extender_judgements_total",
+                "Extender filter and prioritize calls for Tessera pods, by verb and by where the "
+                "judgements came from: ready (judged before, in the background or by an earlier "
+                "call, on every candidate's node shape) or judged (some shapes judged during the "
+                "call: a request not seen before, or shapes that changed since).",
+                ["verb", "source"],
+                registry=registry,
+            ),
+            extender_background_judgements=Counter(
+                "tessera_placer_extender_background_judgements_total",
+                "(request, node shape) judgements the extender made in the background, ahead of "
+                "kube-scheduler's calls.",
                 registry=registry,
             ),
             placed_ahead=Counter(

@@ -49,6 +49,9 @@ class ClusterIndex:
         """Per profile: the framework's memo of (request, shape id) -> judgement
         (``Profile.judged``)."""
         self.memo_size = 0
+        self.changes = 0
+        """Counts every node entering or leaving a shape and every compaction: a reader that saw
+        the same count saw the same shapes (the extender's background judging polls it)."""
         self._sorted = order is None
         self.shape_limit = 4 * len(names) + 4096
         """Interned shapes kept before the table is rebuilt (see the module docstring)."""
@@ -103,6 +106,7 @@ class ClusterIndex:
         self.groups = {}
         self.memos.clear()
         self.memo_size = 0
+        self.changes += 1
         for name in self._names_by_rank:
             sid = self._intern(current[name])
             self._node_shape[name] = sid
@@ -110,6 +114,7 @@ class ClusterIndex:
         self.shape_limit = 4 * len(self._nodes) + 4096
 
     def _enter(self, name: str, node: NodeState) -> None:
+        self.changes += 1
         sid = self._intern(node_shape(node))
         self._node_shape[name] = sid
         ranks = self.groups.get(sid)
@@ -119,6 +124,7 @@ class ClusterIndex:
             bisect.insort(ranks, self._rank[name])
 
     def _leave(self, name: str) -> None:
+        self.changes += 1
         sid = self._node_shape.pop(name)
         ranks = self.groups[sid]
         del ranks[bisect.bisect_left(ranks, self._rank[name])]
