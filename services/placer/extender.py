@@ -37,12 +37,13 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import msgspec
 from aiohttp import web
 
 from services.placer import decider, translate
+from services.placer.core.framework import Profile
 from services.placer.extender_api import (
     BadRequestError,
     ExtenderArgs,
@@ -58,15 +59,45 @@ from services.placer.extender_api import (
 )
 from services.placer.metrics import PlacerMetrics
 from services.placer.ready import ReadyJudgements
+from services.placer.shell.held import Outcome
+from services.placer.state import ClusterView
 from shared import codec, subjects
 from shared.config import ConfigError
 from shared.messages.bindings import BindingResult
 from shared.messages.extender import PodLookup, PodLookupReply
+from shared.messages.pods import PodPending
 from shared.podspec import InvalidPod, parse_pending, requests_tessera
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, NoResponderError, Subscription
 
-if TYPE_CHECKING:
-    from services.placer.service import PlacerService
+
+class Placements(Protocol):
+    """What the extender needs of its placer replica (``service.PlacerService``)."""
+
+    @property
+    def loaded(self) -> bool:
+        """Every bucket loaded and reconciled."""
+
+    @property
+    def view(self) -> ClusterView: ...
+
+    @property
+    def profile(self) -> Profile | None: ...
+
+    async def place(self, pod: PodPending, *, node: str | None = None) -> Outcome:
+        """Decide ``pod`` on ``node`` and commit it; the outcome once committed or refused."""
+
+    async def release_requeue(
+        self,
+        pod_uid: str,
+        node: str,
+        *,
+        cause: str,
+        reason: str,
+        only_reserved: bool,
+        reported_at: float = 0.0,
+    ) -> bool:
+        """Give the placement on ``node`` back; whether this call released it."""
+
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +133,7 @@ class Extender:
     def __init__(
         self,
         *,
-        service: PlacerService,
+        service: Placements,
         bus: Bus,
         metrics: PlacerMetrics,
         bind_timeout_s: float,

@@ -19,7 +19,7 @@ from services.placer.core.profiles import build_profile
 from services.placer.extender_api import priorities
 from services.placer.metrics import PlacerMetrics
 from services.placer.ready import ReadyJudgements
-from services.placer.service import service_profile
+from services.placer.shell.upkeep import service_profile
 from services.placer.state import ClusterView
 from services.placer.translate import pod_request
 from tests.placer import wire
