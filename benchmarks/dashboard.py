@@ -45,7 +45,7 @@ from services.dashboard.core.state import (  # noqa: E402
 )
 from services.dashboard.core.views import ViewPolicy, cluster_view  # noqa: E402
 from shared import codec, subjects  # noqa: E402
-from shared.runtime.bus import NatsBus  # noqa: E402
+from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.dashboard.builders import (  # noqa: E402
     Cluster,
     put_record,

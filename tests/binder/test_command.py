@@ -20,7 +20,7 @@ from services.binder.config import pod_namespace
 from shared import subjects
 from shared.config import ConfigError
 from shared.messages.bindings import BindingResult
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import LEASE, NODE, POD
 from tests.binder.builders import node, pod, record, slices

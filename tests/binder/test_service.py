@@ -19,7 +19,7 @@ from shared.messages.bindings import BindingResult
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PodInvalid
 from shared.messages.pods import PodDeleted, PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import EVENT, LEASE, NODE, POD
 from tests.binder.builders import container, decision, node, pod, record, rejection, slices

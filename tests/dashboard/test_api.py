@@ -11,7 +11,8 @@ import aiohttp
 
 from shared import codec, subjects
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.dashboard.builders import (
     deleted,
     facts,

@@ -21,7 +21,7 @@ from shared import codec, subjects
 from shared.messages.placement import PodInvalid
 from shared.messages.pods import PodPending
 from shared.messages.stats import TenantUsage
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.dashboard.builders import (
     put_record,
     record,

@@ -18,7 +18,8 @@ from services.deviceplugin.command import DevicePluginSettings, build_config
 from shared import codec, subjects
 from shared.config import ConfigError
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, gpu, inventory
 from tests.deviceplugin.conftest import put_inventory
 from tests.deviceplugin.fake_kubelet import FakeKubelet

@@ -19,7 +19,7 @@ from services.deviceplugin.allocate import ContainerGrant, Refusal
 from services.deviceplugin.grants import GrantFile, state_file
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import (
     PluginFactory,

@@ -20,9 +20,10 @@ from services.deviceplugin.devices import DeviceConfig
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
 from shared.runtime.edge import DEADLETTER_PAYLOAD_LIMIT
 from shared.runtime.health import Readiness
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import PluginFactory, get_record, put_inventory, put_record, until
 from tests.deviceplugin.fake_kubelet import FakeKubelet

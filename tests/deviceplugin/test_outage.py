@@ -13,7 +13,8 @@ from services.deviceplugin.allocate import ContainerGrant, Refusal
 from services.deviceplugin.service import UNCONFIRMED_TTL_S
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
-from shared.runtime.bus import BusUnavailableError, NatsBus, OutcomeUnknownError
+from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import get_record, put_inventory, put_record, until
 from tests.deviceplugin.test_service import service_on

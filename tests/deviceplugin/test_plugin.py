@@ -13,7 +13,8 @@ from services.deviceplugin._proto import api_pb2
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import (
     MEMORY_RESOURCE,
     NODE,

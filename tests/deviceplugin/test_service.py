@@ -24,10 +24,11 @@ from shared import codec, subjects
 from shared.clock import Clock, SystemClock
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord
-from shared.runtime.bus import KvEntry, NatsBus
+from shared.runtime.bus import KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import get_record, put_inventory, put_record, until
 from tests.harness.clock import FakeClock

@@ -12,7 +12,7 @@ from typing import Any
 from shared import annotations as names
 from shared import subjects
 from shared.messages.pods import PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NODE, POD
 from tests.binder.builders import container, node, pod

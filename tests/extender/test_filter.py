@@ -17,7 +17,7 @@ from shared.kubeobjects import Pod
 from shared.messages.placement import PlacementDecision
 from shared.messages.pods import PodPending
 from shared.podspec import parse_pending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.extender.conftest import free_port, golden, post
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory, stream_messages, until

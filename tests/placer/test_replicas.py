@@ -29,7 +29,7 @@ import pytest
 
 from shared import subjects
 from shared.messages.pods import PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire

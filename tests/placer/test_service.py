@@ -29,7 +29,8 @@ from shared.messages.ledger import (
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.pods import PlacementHints
 from shared.messages.stats import ClusterStats
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire

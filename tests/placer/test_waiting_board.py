@@ -22,7 +22,7 @@ import msgspec
 from shared import codec, subjects
 from shared.messages.pods import PodPending
 from shared.messages.waiting import WaitingPod
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
