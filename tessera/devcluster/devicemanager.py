@@ -125,16 +125,20 @@ class DeviceManager:
         await server.start()
         self._server = server
 
-    async def restart(self) -> None:
-        """What a restarting kubelet does to its plugins: stop, delete every file in the
-        plugin directory but its own checkpoint (subdirectories are kept), serve again; plugins
-        must register again."""
+    async def _stop_serving(self) -> None:
+        """Drop every plugin and stop serving ``kubelet.sock``."""
         for plugin in list(self._plugins.values()):
             await self._drop_plugin(plugin)
         self._plugins.clear()
         server, self._server = self._server, None
         if server is not None:
             await server.stop(0)
+
+    async def restart(self) -> None:
+        """What a restarting kubelet does to its plugins: stop, delete every file in the
+        plugin directory but its own checkpoint (subdirectories are kept), serve again; plugins
+        must register again."""
+        await self._stop_serving()
         for path in self.plugin_dir.iterdir():
             if not path.is_dir() and path.name != KUBELET_CHECKPOINT:
                 path.unlink()
@@ -282,11 +286,7 @@ class DeviceManager:
                         )
                     )
                 except grpc.aio.AioRpcError as error:
-                    raise AdmissionError(
-                        "UnexpectedAdmissionError",
-                        f"Allocate failed due to rpc error: code = {_code_name(error)} desc = "
-                        f"{error.details()}, which is unexpected",
-                    ) from None
+                    raise _rpc_failure(error) from None
                 answer = response.container_responses[0] if response.container_responses else None
                 given.append(
                     ContainerRecord(
@@ -329,11 +329,7 @@ class DeviceManager:
                     )
                 )
             except grpc.aio.AioRpcError as error:
-                raise AdmissionError(
-                    "UnexpectedAdmissionError",
-                    f"Allocate failed due to rpc error: code = {_code_name(error)} desc = "
-                    f"{error.details()}, which is unexpected",
-                ) from None
+                raise _rpc_failure(error) from None
             if answer.container_responses:
                 preferred = list(answer.container_responses[0].deviceIDs)
                 free = set(available)
@@ -350,3 +346,12 @@ def _code_name(error: grpc.aio.AioRpcError) -> str:
     code = error.code()
     name = code.name if code is not None else "Unknown"
     return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _rpc_failure(error: grpc.aio.AioRpcError) -> AdmissionError:
+    """How the kubelet rejects a pod whose Allocate (or preferred allocation) call failed."""
+    return AdmissionError(
+        "UnexpectedAdmissionError",
+        f"Allocate failed due to rpc error: code = {_code_name(error)} desc = "
+        f"{error.details()}, which is unexpected",
+    )

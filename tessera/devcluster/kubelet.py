@@ -166,12 +166,7 @@ class SimulatedKubelet(DeviceManager):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
-        for plugin in list(self._plugins.values()):
-            await self._drop_plugin(plugin)
-        self._plugins.clear()
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(0)
+        await self._stop_serving()
 
     # --- the Node -------------------------------------------------------------------------------
 
