@@ -18,7 +18,6 @@ from tests.dashboard.builders import (
     facts,
     gpu,
     inventory,
-    put_record,
     record,
     rejection,
     share,
@@ -27,6 +26,7 @@ from tests.dashboard.builders import (
     write_cluster,
 )
 from tests.dashboard.conftest import Dashboard, eventually, running_dashboard
+from tests.harness.kv import put_record
 from tests.harness.nats import NatsServer
 
 

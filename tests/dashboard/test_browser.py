@@ -23,7 +23,6 @@ from shared.messages.pods import PodPending
 from shared.messages.stats import TenantUsage
 from shared.runtime.nats import NatsBus
 from tests.dashboard.builders import (
-    put_record,
     record,
     rejection,
     share,
@@ -38,6 +37,7 @@ from tests.dashboard.process import (
     require_browser,
     wait_in_page,
 )
+from tests.harness.kv import put_record
 from tests.harness.nats import NatsServer
 
 
