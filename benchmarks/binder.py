@@ -48,7 +48,8 @@ from shared.messages.base import ContainerSlices, GpuSlice  # noqa: E402
 from shared.messages.bindings import BindingResult  # noqa: E402
 from shared.messages.placement import PlacementDecision  # noqa: E402
 from shared.messages.pods import PodPending  # noqa: E402
-from shared.runtime.bus import Delivery, NatsBus  # noqa: E402
+from shared.runtime.bus import Delivery  # noqa: E402
+from shared.runtime.nats import NatsBus  # noqa: E402
 from tessera.devcluster.apiserver import ApiServer  # noqa: E402
 from tessera.devcluster.resources import LEASE, NODE, POD  # noqa: E402
 from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402

@@ -45,10 +45,9 @@ from services.dashboard.core.state import (  # noqa: E402
 )
 from services.dashboard.core.views import ViewPolicy, cluster_view  # noqa: E402
 from shared import codec, subjects  # noqa: E402
-from shared.runtime.bus import NatsBus  # noqa: E402
+from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.dashboard.builders import (  # noqa: E402
     Cluster,
-    put_record,
     record,
     share,
     synthetic_cluster,
@@ -61,6 +60,7 @@ from tests.dashboard.process import (  # noqa: E402
     on_bus,
     wait_in_page,
 )
+from tests.harness.kv import put_record  # noqa: E402
 from tests.harness.nats import NatsServer  # noqa: E402
 
 WATCH_SLICES = """

@@ -43,9 +43,9 @@ from shared.messages.assignments import AssignmentRecord, RecordView  # noqa: E4
 from shared.messages.base import ContainerSlices, GpuSlice  # noqa: E402
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
 from shared.messages.ledger import NodeLedger  # noqa: E402
-from shared.runtime.bus import NatsBus  # noqa: E402
 from shared.runtime.health import Readiness  # noqa: E402
 from shared.runtime.lifecycle import run_service  # noqa: E402
+from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.deviceplugin.fake_kubelet import FakeKubelet  # noqa: E402
 from tests.harness.commits import booking_of, claim_of  # noqa: E402
 from tests.harness.nats import NatsServer  # noqa: E402

@@ -45,7 +45,7 @@ import aiohttp  # noqa: E402
 from shared import codec, subjects  # noqa: E402
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
 from shared.messages.nodes import NodeFacts  # noqa: E402
-from shared.runtime.bus import NatsBus  # noqa: E402
+from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
 from tests.harness.store import mark_restored  # noqa: E402
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/kv_watch.py [--keys 10000] [--rounds 5] [--listings 500]
 
-Two figures, each for ``NatsBus`` (``shared/runtime/bus.py``) and for nats-py's ``KeyValue``
+Two figures, each for ``NatsBus`` (``shared/runtime/nats/``) and for nats-py's ``KeyValue``
 beside it, on one real ``nats-server``:
 
 - initial values: the time from starting a watch over ``--keys`` keys (1.5 KB each, the size of
@@ -28,7 +28,7 @@ import nats.js.errors
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared import subjects
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 
 

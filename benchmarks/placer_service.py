@@ -50,7 +50,8 @@ from shared import codec, subjects  # noqa: E402
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
 from shared.messages.nodes import NodeFacts  # noqa: E402
 from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
-from shared.runtime.bus import Delivery, NatsBus  # noqa: E402
+from shared.runtime.bus import Delivery  # noqa: E402
+from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
 from tests.harness.store import mark_restored  # noqa: E402
 

@@ -134,7 +134,7 @@ STREAM_ALLOCATIONS: Final = "TESSERA_ALLOCATIONS"
 STREAM_BINDINGS: Final = "TESSERA_BINDINGS"
 STREAM_DEADLETTER: Final = "TESSERA_DEADLETTER"
 
-#: Stream name -> the subjects it captures. Creation is idempotent (see ``shared.runtime.bus``).
+#: Stream name -> the subjects it captures. Creation is idempotent (``shared.runtime.nats.store``).
 STREAMS: Final[dict[str, tuple[str, ...]]] = {
     STREAM_PODS: (PODS_ALL,),
     STREAM_PLACEMENTS: (ASSIGNMENTS_ALL, PLACEMENTS_ALL),

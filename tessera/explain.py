@@ -33,14 +33,9 @@ from shared.config import (
     nats_security,
 )
 from shared.messages.explain import ExplainReply, ExplainRequest
-from shared.runtime.bus import (
-    NatsBus,
-    NatsRefusedError,
-    NatsUnreachableError,
-    NoResponderError,
-    unreachable_reason,
-)
+from shared.runtime.bus import NoResponderError
 from shared.runtime.command import EXIT_CONFIG_ERROR, Command
+from shared.runtime.nats import NatsBus, NatsRefusedError, NatsUnreachableError, unreachable_reason
 
 EXIT_UNKNOWN: Final = 1
 EXIT_UNREACHABLE: Final = 3

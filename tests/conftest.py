@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from hypothesis import settings
 
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
 

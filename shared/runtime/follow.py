@@ -2,7 +2,7 @@
 runs (:func:`follow`), and the one pull loop every durable consumer runs (:func:`deliveries`).
 
 A watch ends when the server drops it or the connection is lost, and fails when NATS is away or
-its store is being checked after a reconnect (a bucket recreated, ``shared.runtime.bus``). Either
+its store is being checked after a reconnect (a bucket recreated, ``shared.runtime.nats``). Either
 way the mirror must go on: a loop that let the error through stopped its service (a device plugin
 died on one ``nats: timeout`` in a start-up storm; a binder on a NATS server killed). So:
 each watch gives its initial values, then ``on_loaded`` with the keys they listed (a key the

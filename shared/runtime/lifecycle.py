@@ -43,20 +43,13 @@ from shared.config import (
     redact_url,
     url_secrets,
 )
-from shared.runtime.bus import (
-    DEFAULT_INBOX_PREFIX,
-    Bus,
-    ConnectionMonitor,
-    ConnectionStatus,
-    NatsBus,
-    NatsRefusedError,
-    unreachable_reason,
-)
+from shared.runtime.bus import Bus, ConnectionMonitor, ConnectionStatus
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, HttpRoutes, Readiness
 from shared.runtime.logs import AGENT, Redactor, configure_logging
 from shared.runtime.metrics import EdgeMetrics, register_runtime_metrics
+from shared.runtime.nats import DEFAULT_INBOX_PREFIX, NatsBus, NatsRefusedError, unreachable_reason
 from shared.runtime.tasks import TaskOwners, cancel_and_wait, owned_context
 
 log = logging.getLogger(__name__)

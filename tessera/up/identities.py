@@ -18,7 +18,7 @@ from typing import Final
 
 from shared import permissions
 from shared.config import NatsSecurity
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 
 ADMIN: Final = "admin"
 

@@ -40,7 +40,7 @@ import aiohttp
 from services.inventory.fake import FakeReader, parse_fake_gpus
 from shared import codec, subjects
 from shared.messages.nodes import NodeFacts
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.cluster import SimulatedCluster
 from tessera.devcluster.kubelet import GpuCapacity, NodeSpec
 from tessera.devcluster.resources import LEASE, MUTATING_WEBHOOKS, NODE, VALIDATING_WEBHOOKS

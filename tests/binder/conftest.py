@@ -28,7 +28,6 @@ from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
 from tessera.devcluster.apiserver import ApiServer
 from tests.binder.builders import NODE
-from tests.harness.commits import commit
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually as shared_eventually
 
@@ -58,19 +57,6 @@ async def collect(bus: Bus, subject: str) -> Collector:
     collector = Collector()
     await bus.subscribe(subject, collector)
     return collector
-
-
-async def put_record(bus: Bus, record: AssignmentRecord) -> int:
-    """Create the record as the placer does (its claim and booking first, then the record
-    create-only)."""
-    await commit(bus, record)
-    revision = await bus.kv_create(
-        subjects.KV_ASSIGNMENTS,
-        subjects.assignment_key(record.node, record.pod_uid),
-        codec.encode(record),
-    )
-    assert revision is not None, "the record already exists"
-    return revision
 
 
 async def get_record(bus: Bus, uid: str, node: str = NODE) -> AssignmentRecord | None:

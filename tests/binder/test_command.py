@@ -20,12 +20,13 @@ from services.binder.config import pod_namespace
 from shared import subjects
 from shared.config import ConfigError
 from shared.messages.bindings import BindingResult
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import LEASE, NODE, POD
 from tests.binder.builders import node, pod, record, slices
-from tests.binder.conftest import collect, eventually, put_record
+from tests.binder.conftest import collect, eventually
 from tests.binder.test_service import publish_decision, uid_of
+from tests.harness.kv import create_committed
 from tests.harness.nats import NatsServer, environment_without_proxies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +234,7 @@ async def test_two_binders_elect_one_leader_and_the_standby_takes_over_after_sig
             assert leading == (binder is leader), (binder.identity, metrics[-400:])
 
         first = record(uid_of(api.create(POD, pod("first"))), "first")
-        await put_record(bus, first)
+        await create_committed(bus, first)
         await publish_decision(bus, first)
         await eventually(lambda: results.deliveries, what="the leader binds")
 
@@ -257,7 +258,7 @@ async def test_two_binders_elect_one_leader_and_the_standby_takes_over_after_sig
             "second",
             slices("main", (1, 4096, 25), devices=2),
         )
-        await put_record(bus, second)
+        await create_committed(bus, second)
         await publish_decision(bus, second)
         await eventually(lambda: len(results.deliveries) == 2, what="the new leader binds")
         assert [r.outcome for r in results.decoded(BindingResult)] == ["bound", "bound"]

@@ -17,7 +17,7 @@ from shared.kubeobjects import Pod
 from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NODE, POD
 from tests.binder.builders import container, node, pod

@@ -19,7 +19,7 @@ from shared.messages.bindings import BindingResult
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PodInvalid
 from shared.messages.pods import PodDeleted, PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import EVENT, LEASE, NODE, POD
 from tests.binder.builders import container, decision, node, pod, record, rejection, slices
@@ -28,10 +28,10 @@ from tests.binder.conftest import (
     collect,
     eventually,
     get_record,
-    put_record,
     validate_writes,
 )
 from tests.harness.commits import claim_of
+from tests.harness.kv import create_committed
 
 MERGE = "application/merge-patch+json"
 
@@ -141,7 +141,7 @@ async def test_a_decision_binds_the_pod_and_a_redelivery_changes_nothing(
     async with start_binder() as binder:
         uid = uid_of(api.create(POD, pod("train")))
         rec = record(uid, "train", slices("main", (3, 8192, 30)))
-        await put_record(bus, rec)
+        await create_committed(bus, rec)
         await publish_decision(bus, rec)
         await eventually(lambda: results.deliveries, what="the binding result")
         result = results.decoded(BindingResult)[0]
@@ -194,7 +194,7 @@ async def test_garbage_assignment_records_are_refused_and_binding_goes_on(
         )
         uid = uid_of(api.create(POD, pod("train")))
         rec = record(uid, "train", slices("main", (3, 8192, 30)))
-        await put_record(bus, rec)
+        await create_committed(bus, rec)
         await publish_decision(bus, rec)
         await eventually(lambda: results.deliveries, what="the binding result")
         assert results.decoded(BindingResult)[0].outcome == "bound"
@@ -215,13 +215,13 @@ async def test_gone_pods_and_stale_decisions(
     async with start_binder() as binder:
         uid = uid_of(api.create(POD, pod("brief")))
         rec = record(uid, "brief")
-        await put_record(bus, rec)
+        await create_committed(bus, rec)
         api.delete(POD, "default", "brief")
         await publish_decision(bus, rec)
         await eventually(lambda: results.deliveries, what="a result for the gone pod")
         assert results.decoded(BindingResult)[0].outcome == "gone"
         stale = record(uid_of(api.create(POD, pod("late"))), "late", state="released")
-        await put_record(bus, stale)
+        await create_committed(bus, stale)
         await publish_decision(bus, stale)
         await eventually(
             lambda: binder.metric("tessera_binder_binds_total", outcome="dropped"),
@@ -292,7 +292,7 @@ async def test_allocation_marks_the_pod_and_a_slow_one_gets_a_warning(
             uids[name] = uid_of(api.create(POD, pod(name)))
             gpu = 0 if name == "fast" else 1
             rec = record(uids[name], name, slices("main", (gpu, 4096, 25), devices=2 - gpu))
-            await put_record(bus, rec)
+            await create_committed(bus, rec)
             await publish_decision(bus, rec)
         await eventually(
             lambda: all(api.get(POD, "default", n)["spec"].get("nodeName") for n in uids),
@@ -343,7 +343,7 @@ async def test_a_pod_without_gpus_gets_no_allocation_warning(
         ):
             uids[name] = uid_of(api.create(POD, pod(name)))
             rec = record(uids[name], name, *containers)
-            await put_record(bus, rec)
+            await create_committed(bus, rec)
             await publish_decision(bus, rec)
         await eventually(
             lambda: all(api.get(POD, "default", n)["spec"].get("nodeName") for n in uids),
@@ -363,7 +363,7 @@ async def test_api_faults_are_retried(
     async with start_binder() as binder:
         uid = uid_of(api.create(POD, pod("p")))
         rec = record(uid, "p")
-        await put_record(bus, rec)
+        await create_committed(bus, rec)
         api.faults.add(verb="create", resource="pods/binding", status=503, times=2)
         await publish_decision(bus, rec)
         await eventually(lambda: results.deliveries, what="bound despite two 503s")
@@ -375,7 +375,7 @@ async def test_api_faults_are_retried(
         # Down for longer than the client retries: the message comes back until it works.
         uid2 = uid_of(api.create(POD, pod("q")))
         rec2 = record(uid2, "q", slices("main", (1, 4096, 25), devices=2))
-        await put_record(bus, rec2)
+        await create_committed(bus, rec2)
         outage = api.faults.add(verb="create", resource="pods/binding", status=500, times=None)
         await publish_decision(bus, rec2)
         await eventually(lambda: outage.hits >= 8, what="the outage to be retried a few times")
@@ -431,7 +431,7 @@ async def test_the_ambiguity_gate_holds_under_parallel_same_size_decisions(
                 uid = uid_of(api.create(POD, pod(f"p{i}")))
                 recs.append(record(uid, f"p{i}", slices("main", (i % 8, 1024 * (1 + i % 3), 10))))
             for rec in recs:
-                await put_record(bus, rec)
+                await create_committed(bus, rec)
             await asyncio.gather(*(publish_decision(bus, rec) for rec in recs))
             await eventually(
                 lambda: len(results.deliveries) == count,
@@ -463,7 +463,7 @@ async def test_a_pod_held_at_the_gate_too_long_fails_back_to_the_placer(
         first = record(uid_of(api.create(POD, pod("first"))), "first", slices("main", (0, 1, 1)))
         second = record(uid_of(api.create(POD, pod("second"))), "second", slices("main", (1, 1, 1)))
         for rec in (first, second):
-            await put_record(bus, rec)
+            await create_committed(bus, rec)
             await publish_decision(bus, rec)
         await eventually(lambda: len(results.deliveries) == 2, what="two results")
     outcomes = {r.name: r for r in results.decoded(BindingResult)}
@@ -489,7 +489,7 @@ async def test_a_queue_that_moves_never_times_out_at_the_gate(
             uid = uid_of(api.create(POD, pod(name)))
             queued.append(record(uid, name, slices("main", (gpu_index, 1, 1))))
         for rec in queued:
-            await put_record(bus, rec)
+            await create_committed(bus, rec)
             await publish_decision(bus, rec)
         started = asyncio.get_running_loop().time()
         by_name = {rec.name: rec for rec in queued}
@@ -532,7 +532,7 @@ async def test_a_forged_bound_record_holds_no_real_pod_at_the_gate(
     )
     async with start_binder(gate_timeout_s=5.0) as binder:
         real = record(uid_of(api.create(POD, pod("real"))), "real", slices("main", (1, 1, 1)))
-        await put_record(bus, real)
+        await create_committed(bus, real)
         await publish_decision(bus, real)
         await eventually(lambda: len(results.deliveries) == 1, timeout=4.0, what="a result")
         ignored = binder.metric("tessera_binder_gate_ignored_total")
@@ -551,7 +551,7 @@ async def test_a_deleted_pods_bound_record_holds_the_gate_until_it_is_fenced(
     results = await collect(bus, subjects.BINDINGS_ALL)
     api.create(NODE, node())
     gone = record("gone", "gone", slices("main", (0, 8192, 10)), state="bound", bound_at=1.0)
-    await put_record(bus, gone)
+    await create_committed(bus, gone)
     await bus.kv_put(
         subjects.KV_CLAIMS,
         subjects.claim_key(gone.pod_uid),
@@ -559,7 +559,7 @@ async def test_a_deleted_pods_bound_record_holds_the_gate_until_it_is_fenced(
     )
     async with start_binder(gate_timeout_s=1.0) as binder:
         held = record(uid_of(api.create(POD, pod("held"))), "held", slices("main", (0, 4096, 5)))
-        await put_record(bus, held)
+        await create_committed(bus, held)
         await publish_decision(bus, held)
         await eventually(lambda: len(results.deliveries) == 1, what="the held pod's result")
         fenced = msgspec.structs.replace(gone, state="released", released_at=3.0)
@@ -569,7 +569,7 @@ async def test_a_deleted_pods_bound_record_holds_the_gate_until_it_is_fenced(
             codec.encode(fenced),
         )
         later = record(uid_of(api.create(POD, pod("later"))), "later", slices("main", (0, 4096, 5)))
-        await put_record(bus, later)
+        await create_committed(bus, later)
         await publish_decision(bus, later)
         await eventually(lambda: len(results.deliveries) == 2, what="the later pod's result")
         ignored = binder.metric("tessera_binder_gate_ignored_total")
@@ -642,7 +642,7 @@ async def test_a_new_leader_finishes_what_the_last_one_left_half_done(
     # Its pod was deleted while no binder ran.
     orphan = record("no-such-pod", "orphan", slices("main", (2, 4096, 25), devices=3))
     for rec in (half, already, orphan):
-        await put_record(bus, rec)
+        await create_committed(bus, rec)
     results = await collect(bus, subjects.BINDINGS_ALL)
     deleted = await collect(bus, subjects.PODS_DELETED)
     async with start_binder():
@@ -663,7 +663,7 @@ async def test_a_reconcile_step_the_api_refuses_is_tried_again(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
     half = record(uid_of(api.create(POD, pod("half"))), "half", state="bound", bound_at=1.0)
-    await put_record(bus, half)
+    await create_committed(bus, half)
     outage = api.faults.add(verb="create", resource="pods/binding", status=500, times=None)
     async with start_binder():
         await eventually(lambda: outage.hits >= 4, what="the first attempt to fail")
@@ -711,7 +711,7 @@ async def test_every_kind_of_object_the_binder_writes_is_valid_kubernetes(
     async with start_binder(allocation_warning_s=0.3):
         uid = uid_of(api.create(POD, pod("p")))
         rec = record(uid, "p")
-        await put_record(bus, rec)
+        await create_committed(bus, rec)
         await publish_decision(bus, rec)
         await eventually(
             lambda: api.find(POD, "default", "p")["spec"].get("nodeName"),  # type: ignore[index]

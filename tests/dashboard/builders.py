@@ -17,6 +17,7 @@ from shared.messages.placement import PlacementRejected, RejectionReason
 from shared.messages.pods import PodDeleted
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Bus
+from tests.harness.kv import put_facts, put_inventory, put_record
 
 NOW = 1_700_000_000.0
 
@@ -243,20 +244,12 @@ def synthetic_cluster(
     return cluster
 
 
-async def put_record(bus: Bus, value: AssignmentRecord) -> None:
-    await bus.kv_put(
-        subjects.KV_ASSIGNMENTS,
-        subjects.assignment_key(value.node, value.pod_uid),
-        codec.encode(value),
-    )
-
-
 async def write_cluster(bus: Bus, cluster: Cluster) -> None:
     """Put every KV value and publish every rejection, as the services would."""
     for inv in cluster.inventories:
-        await bus.kv_put(subjects.KV_INVENTORY, subjects.node_token(inv.node), codec.encode(inv))
+        await put_inventory(bus, inv)
     for fact in cluster.facts:
-        await bus.kv_put(subjects.KV_NODES, subjects.node_token(fact.node), codec.encode(fact))
+        await put_facts(bus, fact)
     for value in cluster.records:
         await put_record(bus, value)
     for placer in cluster.stats:

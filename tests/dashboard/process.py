@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import environment_without_proxies
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,13 +11,13 @@ import aiohttp
 
 from shared import codec, subjects
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.dashboard.builders import (
     deleted,
     facts,
     gpu,
     inventory,
-    put_record,
     record,
     rejection,
     share,
@@ -26,6 +26,7 @@ from tests.dashboard.builders import (
     write_cluster,
 )
 from tests.dashboard.conftest import Dashboard, eventually, running_dashboard
+from tests.harness.kv import put_record
 from tests.harness.nats import NatsServer
 
 

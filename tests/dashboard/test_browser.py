@@ -21,9 +21,8 @@ from shared import codec, subjects
 from shared.messages.placement import PodInvalid
 from shared.messages.pods import PodPending
 from shared.messages.stats import TenantUsage
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.dashboard.builders import (
-    put_record,
     record,
     rejection,
     share,
@@ -38,6 +37,7 @@ from tests.dashboard.process import (
     require_browser,
     wait_in_page,
 )
+from tests.harness.kv import put_record
 from tests.harness.nats import NatsServer
 
 

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.dashboard.builders import synthetic_cluster, write_cluster
 from tests.dashboard.process import ROOT, dashboard_process, on_bus
 from tests.harness.nats import NatsServer

@@ -17,7 +17,7 @@ import pytest
 
 from shared import permissions, subjects
 from shared.config import NatsSecurity
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.deploy.chart import (
     CHART_DIR,
     component,

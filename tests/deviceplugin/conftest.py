@@ -19,13 +19,11 @@ from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.service import run_plugin
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.inventory import NodeInventory
 from shared.runtime.bus import Bus
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
 from tests.deviceplugin.builders import NODE
 from tests.deviceplugin.fake_kubelet import FakeKubelet
-from tests.harness.commits import commit
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 
@@ -113,25 +111,6 @@ def start_plugin(nats_server: NatsServer, plugin_dir: Path) -> PluginFactory:
             assert await asyncio.wait_for(task, timeout=10) == 0
 
     return running
-
-
-async def put_inventory(bus: Bus, inventory: NodeInventory) -> None:
-    """Write the node's inventory the way the inventory service does: KV entry and subject."""
-    await bus.kv_put(
-        subjects.KV_INVENTORY, subjects.node_token(inventory.node), codec.encode(inventory)
-    )
-    await bus.publish(subjects.inventory(inventory.node), codec.encode(inventory))
-
-
-async def put_record(bus: Bus, record: AssignmentRecord) -> int:
-    """Commit ``record`` (its claim and booking, as the placer writes them first) and write it
-    the way the binder does; returns its revision."""
-    await commit(bus, record)
-    return await bus.kv_put(
-        subjects.KV_ASSIGNMENTS,
-        subjects.assignment_key(record.node, record.pod_uid),
-        codec.encode(record),
-    )
 
 
 async def get_record(bus: Bus, uid: str, node: str = NODE) -> AssignmentRecord:

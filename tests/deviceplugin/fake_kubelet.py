@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from services.deviceplugin._proto import api_pb2, api_pb2_grpc
-from tessera.devcluster.kubelet import KUBELET_CHECKPOINT
+from tessera.devcluster.devicemanager import KUBELET_CHECKPOINT
 
 
 class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]

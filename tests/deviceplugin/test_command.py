@@ -18,10 +18,11 @@ from services.deviceplugin.command import DevicePluginSettings, build_config
 from shared import codec, subjects
 from shared.config import ConfigError
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, gpu, inventory
-from tests.deviceplugin.conftest import put_inventory
 from tests.deviceplugin.fake_kubelet import FakeKubelet
+from tests.harness.kv import announce_inventory
 from tests.harness.nats import NatsServer, environment_without_proxies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +141,7 @@ def test_build_config_rejects_a_missing_node() -> None:
 async def test_the_real_process_registers_and_stops_cleanly_on_sigterm(
     nats_server: NatsServer, bus: NatsBus, kubelet: FakeKubelet, plugin_dir: Path
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
+    await announce_inventory(bus, inventory(gpu(0)))
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -19,13 +19,11 @@ from services.deviceplugin.allocate import ContainerGrant, Refusal
 from services.deviceplugin.grants import GrantFile, state_file
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import (
     PluginFactory,
     get_record,
-    put_inventory,
-    put_record,
     until,
 )
 from tests.deviceplugin.fake_kubelet import FakeKubelet
@@ -33,6 +31,7 @@ from tests.deviceplugin.test_hardening import dead_letters, next_letter, regress
 from tests.deviceplugin.test_plugin import allocate_request
 from tests.deviceplugin.test_service import service_on
 from tests.harness.commits import claim_of, commit
+from tests.harness.kv import announce_inventory, put_committed
 
 WHOLE = record("whole", container("main", share(0, memory_mib=16_384, cores=100)))
 """A real pod holding GPU 0 (16 GiB) whole."""
@@ -60,8 +59,8 @@ async def test_a_forged_record_on_a_gpu_held_whole_is_refused_over_grpc(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
     """The issue's finding: granted TESSERA_GPU_MEMORY_LIMIT_MIB=1024 beside a whole-GPU pod."""
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, WHOLE)
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, WHOLE)
     await forge(bus, GHOST)
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         # The older forged record does not block the real one: the real pod gets its GPU.
@@ -82,7 +81,7 @@ async def test_a_forged_record_on_a_gpu_held_whole_is_refused_over_grpc(
 async def test_a_real_commit_copied_onto_other_slices_or_another_pod_is_refused_and_counted(
     bus: NatsBus,
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
+    await announce_inventory(bus, inventory(gpu(0)))
     await commit(bus, WHOLE)  # the real commit (claim and booking); its record is not written yet
     copies = [
         # The real pod's commit, on a slice that was never booked.
@@ -102,7 +101,7 @@ async def test_a_real_commit_copied_onto_other_slices_or_another_pod_is_refused_
             "tessera_deviceplugin_allocations_total", {"outcome": "uncommitted"}
         )
         assert refused == len(copies)
-        await put_record(bus, WHOLE)
+        await put_committed(bus, WHOLE)
         granted = await service.allocate([tuple(device(0))])
         assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
 
@@ -110,8 +109,8 @@ async def test_a_real_commit_copied_onto_other_slices_or_another_pod_is_refused_
 async def test_a_record_whose_claim_arrives_late_is_granted_once_it_does(bus: NatsBus) -> None:
     """A claim read before it existed (a NATS store rebuilt, a placer slower than its record)
     is read again at Allocate, which waits for it like for a late record."""
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, WHOLE)
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, WHOLE)
     await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(WHOLE.pod_uid))
     async with service_on(bus, record_wait_s=5.0) as (service, _):
         call = asyncio.create_task(service.allocate([tuple(device(0))]))
@@ -134,9 +133,9 @@ async def test_a_record_moved_backwards_while_the_plugin_was_down_is_not_granted
     granted again: two containers on one slice. The plugin keeps what it granted in a state file
     (in a subdirectory of the plugin directory, which a kubelet restart leaves alone)."""
     letters = await dead_letters(bus, "assignments")
-    await put_inventory(bus, inventory(gpu(0)))
+    await announce_inventory(bus, inventory(gpu(0)))
     once = record("once", container("main", share(0)))
-    await put_record(bus, once)
+    await put_committed(bus, once)
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         granted = await stub.Allocate(allocate_request(device(0)), timeout=10)
         assert granted.container_responses[0].annotations["tessera.dev/pod-uid"] == "once"
@@ -156,8 +155,8 @@ async def test_a_grant_is_forgotten_once_its_record_is_released(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory, plugin_dir: Path
 ) -> None:
     """The state file holds only live grants: the key may serve a new placement later."""
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("first", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("first", container("main", share(0))))
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         await stub.Allocate(allocate_request(device(0)), timeout=10)
         grants = GrantFile(state_file(plugin_dir, plugin.endpoint))
@@ -171,7 +170,7 @@ async def test_a_grant_is_forgotten_once_its_record_is_released(
         await until(lambda: grants.load() == {}, what="the grant forgotten")
     # Placed again on this node by a new commit: granted again, after a restart too.
     again = record("first", container("main", share(0)), commit="commit-first-again")
-    await put_record(bus, again)
+    await put_committed(bus, again)
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         granted = await stub.Allocate(allocate_request(device(1)), timeout=10)
     assert granted.container_responses[0].annotations["tessera.dev/pod-uid"] == "first"

@@ -20,14 +20,16 @@ from services.deviceplugin.devices import DeviceConfig
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
 from shared.runtime.edge import DEADLETTER_PAYLOAD_LIMIT
 from shared.runtime.health import Readiness
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
-from tests.deviceplugin.conftest import PluginFactory, get_record, put_inventory, put_record, until
+from tests.deviceplugin.conftest import PluginFactory, get_record, until
 from tests.deviceplugin.fake_kubelet import FakeKubelet
 from tests.deviceplugin.test_service import service_on
 from tests.harness.clock import FakeClock
+from tests.harness.kv import announce_inventory, put_committed
 
 Letters = asyncio.Queue[DeadLetter]
 
@@ -66,7 +68,7 @@ async def test_an_oversized_bad_value_is_dead_lettered_truncated_and_the_plugin_
     huge = b'{"pod_uid": "' + b"\x01" * 400_000 + b'"'
     assignments = await dead_letters(bus, "assignments")
     inventories = await dead_letters(bus, "inventory")
-    await put_inventory(bus, inventory(gpu(0)))
+    await announce_inventory(bus, inventory(gpu(0)))
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         await bus.kv_put(subjects.KV_ASSIGNMENTS, key("huge"), huge)
         await bus.publish(subjects.inventory(NODE), huge)
@@ -74,7 +76,7 @@ async def test_an_oversized_bad_value_is_dead_lettered_truncated_and_the_plugin_
             assert letter.payload_truncated and letter.payload_bytes == len(huge)
             assert len(letter.payload.encode()) <= DEADLETTER_PAYLOAD_LIMIT
             assert letter.payload.startswith('{"pod_uid": "\x01')
-        await put_record(bus, record("after", container("main", share(0))))
+        await put_committed(bus, record("after", container("main", share(0))))
         response = await stub.Allocate(
             api_pb2.AllocateRequest(
                 container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=device(0))]
@@ -136,7 +138,7 @@ async def test_records_that_cannot_be_believed_are_dead_lettered_and_never_serve
     bus: NatsBus,
 ) -> None:
     letters = await dead_letters(bus, "assignments")
-    await put_inventory(bus, inventory(gpu(0, memory_mib=81_920)))
+    await announce_inventory(bus, inventory(gpu(0, memory_mib=81_920)))
     async with service_on(bus) as (service, registry):
         for uid, bad, _ in BAD_RECORDS:
             await bus.kv_put(subjects.KV_ASSIGNMENTS, key(uid), codec.encode(bad))
@@ -196,8 +198,8 @@ async def test_a_record_moved_backwards_is_refused_and_served_once_only(
     bus: NatsBus, rewrite: Callable[[NatsBus, str], Awaitable[None]], says: str
 ) -> None:
     letters = await dead_letters(bus, "assignments")
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("once", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("once", container("main", share(0))))
     async with service_on(bus) as (service, _):
         assert isinstance((await service.allocate([device(0)]))[0], ContainerGrant)  # type: ignore[index]
         await rewrite(bus, "once")
@@ -212,11 +214,11 @@ async def test_a_record_moved_backwards_is_refused_and_served_once_only(
 
 async def test_a_record_of_a_vanished_gpu_does_not_block_a_valid_newer_one(bus: NatsBus) -> None:
     letters = await dead_letters(bus, "assignments")
-    await put_inventory(bus, inventory(gpu(0), gpu(1)))
-    await put_record(bus, record("old", container("main", share(1)), bound_at=1_700_000_100.0))
-    await put_record(bus, record("new", container("main", share(0)), bound_at=1_700_000_200.0))
+    await announce_inventory(bus, inventory(gpu(0), gpu(1)))
+    await put_committed(bus, record("old", container("main", share(1)), bound_at=1_700_000_100.0))
+    await put_committed(bus, record("new", container("main", share(0)), bound_at=1_700_000_200.0))
     async with service_on(bus) as (service, _):
-        await put_inventory(bus, inventory(gpu(0), at=1_700_000_300.0))  # GPU 1 is gone
+        await announce_inventory(bus, inventory(gpu(0), at=1_700_000_300.0))  # GPU 1 is gone
         letter = await next_letter(letters)
         assert f"names GPU {uuid(1)}, which node {NODE} does not list" in letter.reason
         result = await service.allocate([device(0)])
@@ -227,8 +229,8 @@ async def test_a_record_of_a_vanished_gpu_does_not_block_a_valid_newer_one(bus: 
 
 async def test_a_record_rewritten_to_another_node_is_forgotten_not_retried(bus: NatsBus) -> None:
     letters = await dead_letters(bus, "assignments")
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("moved", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("moved", container("main", share(0))))
     async with service_on(bus) as (service, registry):
         stored = await get_record(bus, "moved")
         await bus.kv_put(
@@ -252,7 +254,7 @@ async def test_inventory_that_cannot_be_believed_is_dead_lettered_and_real_snaps
     real = msgspec.structs.replace(
         inventory(gpu(0), at=1_700_000_000.0), producer="node/1/1.0", sequence=5
     )
-    await put_inventory(bus, real)
+    await announce_inventory(bus, real)
     async with service_on(bus) as (service, _):
         ten_years = msgspec.structs.replace(
             inventory(gpu(7), at=real.observed_at), observed_at=4_000_000_000.0, producer="fake"
@@ -302,7 +304,7 @@ async def test_a_forged_snapshot_in_the_inventorys_name_cannot_keep_its_devices_
     honest = msgspec.structs.replace(
         inventory(gpu(0), gpu(1), at=at), producer="node/1/1.0", sequence=5
     )
-    await put_inventory(bus, honest)
+    await announce_inventory(bus, honest)
     sick = (
         gpu(0, health="unhealthy", reason="XID 79"),
         gpu(1, health="unhealthy", reason="XID 79"),
@@ -334,7 +336,7 @@ async def test_a_device_list_too_large_for_the_kubelet_is_refused_before_it_is_b
     bus: NatsBus,
 ) -> None:
     """1 TiB in 1 MiB units would be a million devices: refused with the fix, nothing built."""
-    await put_inventory(bus, inventory(gpu(0, memory_mib=1 << 20)))
+    await announce_inventory(bus, inventory(gpu(0, memory_mib=1 << 20)))
     readiness = Readiness()
     config = DeviceConfig(mode="memory-units")
     async with service_on(bus, devices=config, readiness=readiness, ready=lambda: True) as (
@@ -354,7 +356,7 @@ async def test_an_unset_memory_unit_is_the_smallest_the_kubelet_takes_and_is_sho
 ) -> None:
     """4 x 16 GiB in 1 MiB devices is too large a message: unset, the unit is 2 MiB, the
     devices are advertised, and /readyz says which unit."""
-    await put_inventory(bus, inventory(*(gpu(i, memory_mib=16_384) for i in range(4))))
+    await announce_inventory(bus, inventory(*(gpu(i, memory_mib=16_384) for i in range(4))))
     readiness = Readiness()
     config = DeviceConfig(mode="memory-units", memory_unit_mib=0)
     async with service_on(bus, devices=config, readiness=readiness, ready=lambda: True) as (
@@ -372,13 +374,15 @@ async def test_an_unset_memory_unit_is_the_smallest_the_kubelet_takes_and_is_sho
 async def test_an_unhealthy_gpu_is_not_granted_and_does_not_block_a_healthy_one(
     bus: NatsBus,
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0, health="unhealthy", reason="XID 79"), gpu(1)))
-    await put_record(bus, record("sick", container("main", share(0)), bound_at=1_700_000_100.0))
+    await announce_inventory(bus, inventory(gpu(0, health="unhealthy", reason="XID 79"), gpu(1)))
+    await put_committed(bus, record("sick", container("main", share(0)), bound_at=1_700_000_100.0))
     async with service_on(bus) as (service, _):
         refused = await service.allocate([device(1)])
         assert isinstance(refused, Refusal) and refused.kind == "unavailable"
         assert f"GPU {uuid(0)} (unhealthy: XID 79)" in refused.message
-        await put_record(bus, record("well", container("main", share(1)), bound_at=1_700_000_200.0))
+        await put_committed(
+            bus, record("well", container("main", share(1)), bound_at=1_700_000_200.0)
+        )
         await until(
             lambda: any(view.record.pod_uid == "well" for view in service.held_records),
             what="the healthy record",
@@ -389,10 +393,10 @@ async def test_an_unhealthy_gpu_is_not_granted_and_does_not_block_a_healthy_one(
 
 
 async def test_device_ids_of_a_gpu_no_longer_listed_are_refused(bus: NatsBus) -> None:
-    await put_inventory(bus, inventory(gpu(0), gpu(1)))
-    await put_record(bus, record("r", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0), gpu(1)))
+    await put_committed(bus, record("r", container("main", share(0))))
     async with service_on(bus) as (service, _):
-        await put_inventory(bus, inventory(gpu(0), at=1_700_000_300.0))
+        await announce_inventory(bus, inventory(gpu(0), at=1_700_000_300.0))
         await until(lambda: {d.gpu_uuid for d in service.devices} == {uuid(0)}, what="GPU 1 gone")
         result = await service.allocate([device(1)])
         assert isinstance(result, Refusal) and result.kind == "invalid"
@@ -405,8 +409,8 @@ async def test_device_ids_of_a_gpu_no_longer_listed_are_refused(bus: NatsBus) ->
 async def test_grpc_refusals_reach_the_kubelet_with_the_reason(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0, health="unhealthy", reason="XID 48")))
-    await put_record(bus, record("sick", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0, health="unhealthy", reason="XID 48")))
+    await put_committed(bus, record("sick", container("main", share(0))))
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Allocate(
@@ -426,9 +430,9 @@ async def test_metrics_count_records_held_and_the_inventory_age(
     bus: NatsBus, clock: FakeClock
 ) -> None:
     observed = clock.now() - 12.0
-    await put_inventory(bus, inventory(gpu(0), at=observed))
-    await put_record(bus, record("a", container("main", share(0))))
-    await put_record(bus, record("b", container("main", share(0)), bound_at=1_700_000_200.0))
+    await announce_inventory(bus, inventory(gpu(0), at=observed))
+    await put_committed(bus, record("a", container("main", share(0))))
+    await put_committed(bus, record("b", container("main", share(0)), bound_at=1_700_000_200.0))
     async with service_on(bus, clock) as (service, registry):
 
         def held(state: str) -> float | None:

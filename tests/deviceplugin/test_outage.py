@@ -13,11 +13,13 @@ from services.deviceplugin.allocate import ContainerGrant, Refusal
 from services.deviceplugin.service import UNCONFIRMED_TTL_S
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
-from shared.runtime.bus import BusUnavailableError, NatsBus, OutcomeUnknownError
+from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
-from tests.deviceplugin.conftest import get_record, put_inventory, put_record, until
+from tests.deviceplugin.conftest import get_record, until
 from tests.deviceplugin.test_service import service_on
 from tests.harness.clock import FakeClock
+from tests.harness.kv import announce_inventory, put_committed
 from tests.harness.nats import NatsServer
 
 DEVICES = (f"{uuid(0)}::0",)
@@ -26,8 +28,8 @@ DEVICES = (f"{uuid(0)}::0",)
 async def test_a_claim_refused_during_an_outage_never_lands_and_the_retry_is_granted(
     nats_server: NatsServer, bus: NatsBus
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("outage", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("outage", container("main", share(0))))
     events = await bus.pull_consumer(
         stream=subjects.STREAM_ALLOCATIONS, durable="outage", subject=subjects.allocations(NODE)
     )
@@ -57,8 +59,8 @@ async def test_an_allocate_during_a_nats_restart_waits_and_is_granted_once(
     nats_server: NatsServer, bus: NatsBus
 ) -> None:
     """A NATS restart must not fail the pod at admission: Allocate waits for the connection."""
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("restart", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("restart", container("main", share(0))))
     async with service_on(bus, nats_wait_s=60) as (service, _):
         nats_server.kill()
         await until(lambda: not bus.connected, what="the outage")
@@ -80,9 +82,9 @@ async def test_a_claim_not_read_yet_when_nats_restarts_is_read_once_it_is_back(
     """The plugin reads a pod's claim when its record arrives; when that read found nothing yet
     (or had not happened) and NATS then restarts, Allocate waits for NATS and reads it again
     rather than refusing the pod as uncommitted."""
-    await put_inventory(bus, inventory(gpu(0)))
+    await announce_inventory(bus, inventory(gpu(0)))
     late = record("late-claim", container("main", share(0)))
-    await put_record(bus, late)
+    await put_committed(bus, late)
     claim = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
     assert claim is not None
     await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
@@ -133,8 +135,8 @@ class LostAnswerBus:
 async def test_an_unconfirmed_claim_is_answered_on_the_kubelets_retry(
     bus: NatsBus, lands: bool
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("unsure", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("unsure", container("main", share(0))))
     lossy = LostAnswerBus(bus, lands=lands, unreadable=2)
     async with service_on(lossy) as (service, _):
         first = await service.allocate([DEVICES])
@@ -153,8 +155,8 @@ async def test_an_unconfirmed_claim_is_answered_on_the_kubelets_retry(
 async def test_a_claim_whose_answer_was_lost_is_read_back_at_once_when_it_can_be(
     bus: NatsBus,
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("readable", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("readable", container("main", share(0))))
     async with service_on(LostAnswerBus(bus, lands=True, unreadable=0)) as (service, _):
         granted = await service.allocate([DEVICES])
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
@@ -165,8 +167,8 @@ async def test_an_unconfirmed_claim_does_not_answer_a_retry_that_comes_too_late(
     bus: NatsBus, clock: FakeClock
 ) -> None:
     """Later, the same device IDs are more likely another pod's: it must not get these slices."""
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("late", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("late", container("main", share(0))))
     async with service_on(LostAnswerBus(bus, lands=True, unreadable=1), clock) as (service, _):
         first = await service.allocate([DEVICES])
         assert isinstance(first, Refusal) and first.kind == "unavailable"

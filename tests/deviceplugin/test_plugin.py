@@ -13,7 +13,8 @@ from services.deviceplugin._proto import api_pb2
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
 from shared.messages.deadletter import DeadLetter
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import (
     MEMORY_RESOURCE,
     NODE,
@@ -24,8 +25,9 @@ from tests.deviceplugin.builders import (
     share,
     uuid,
 )
-from tests.deviceplugin.conftest import PluginFactory, get_record, put_inventory, put_record, until
+from tests.deviceplugin.conftest import PluginFactory, get_record, until
 from tests.deviceplugin.fake_kubelet import FakeKubelet
+from tests.harness.kv import announce_inventory, put_committed
 
 TWO_GPUS = inventory(gpu(0, memory_mib=4096, numa=0), gpu(1, memory_mib=8192, numa=1))
 
@@ -69,7 +71,7 @@ async def fetch_events(consumer: Any, expected: int, window: float = 5.0) -> lis
 async def test_registers_and_lists_every_device_with_numa_topology(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
+    await announce_inventory(bus, TWO_GPUS)
     async with start_plugin() as plugin:
         registration = await kubelet.registered()
         assert (registration.version, registration.endpoint, registration.resource_name) == (
@@ -95,7 +97,7 @@ async def test_registers_and_lists_every_device_with_numa_topology(
 async def test_list_and_watch_sends_a_new_list_after_a_health_change(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
+    await announce_inventory(bus, TWO_GPUS)
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         stream = stub.ListAndWatch(api_pb2.Empty())
         first = await asyncio.wait_for(stream.read(), 5)
@@ -117,9 +119,9 @@ async def test_list_and_watch_sends_a_new_list_after_a_health_change(
 async def test_kubelet_restart_reregisters_without_losing_assignment_state(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(bus, record("before", container("main", share(0)), bound_at=100.0))
-    await put_record(bus, record("after", container("main", share(1)), bound_at=200.0))
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(bus, record("before", container("main", share(0)), bound_at=100.0))
+    await put_committed(bus, record("after", container("main", share(1)), bound_at=200.0))
     async with start_plugin() as plugin:
         await kubelet.registered()
         async with kubelet.plugin(plugin.endpoint) as stub:
@@ -148,7 +150,7 @@ async def test_kubelet_restart_reregisters_without_losing_assignment_state(
 async def test_refused_registration_is_retried_and_shown_on_readyz(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
+    await announce_inventory(bus, TWO_GPUS)
     kubelet.refuse = "resource tessera.dev/gpu is already registered"
     async with start_plugin(wait_ready=False) as plugin:
         await until(
@@ -166,7 +168,7 @@ async def test_not_ready_until_the_kubelet_answers_the_registration(
 ) -> None:
     # Inventory and records are ready at once; a slow Register must still keep /readyz false
     # (it said ready before the plugin socket was served, and an Allocate then found no socket).
-    await put_inventory(bus, TWO_GPUS)
+    await announce_inventory(bus, TWO_GPUS)
     kubelet.answer_registrations.clear()
     async with start_plugin(wait_ready=False) as plugin:
         await until(lambda: kubelet.register_calls == 1, what="a registration under way")
@@ -187,8 +189,8 @@ async def test_not_ready_until_the_kubelet_answers_the_registration(
 async def test_single_container_pod_is_allocated_from_its_record(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(bus, record("solo", container("main", share(1, memory_mib=3000, cores=25))))
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(bus, record("solo", container("main", share(1, memory_mib=3000, cores=25))))
     events = await allocation_events(bus)
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         granted = await allocate(stub, ids(0, 1))  # the kubelet picked a device of GPU 0
@@ -213,8 +215,8 @@ async def test_single_container_pod_is_allocated_from_its_record(
 async def test_multi_container_pod_is_answered_container_by_container(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(
         bus,
         record(
             "multi",
@@ -244,9 +246,9 @@ async def test_multi_container_pod_is_answered_container_by_container(
 async def test_two_same_size_pods_each_get_their_own_decided_gpu(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(bus, record("first", container("main", share(1)), bound_at=100.0))
-    await put_record(bus, record("second", container("main", share(0)), bound_at=200.0))
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(bus, record("first", container("main", share(1)), bound_at=100.0))
+    await put_committed(bus, record("second", container("main", share(0)), bound_at=200.0))
     everything = [*ids(0, 0, 1), *ids(1, 0, 1, 2, 3)]
     preferred_request = api_pb2.PreferredAllocationRequest(
         container_requests=[
@@ -272,8 +274,8 @@ async def test_two_same_size_pods_each_get_their_own_decided_gpu(
 async def test_memory_units_mode_advertises_units_and_allocates_by_memory(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0, memory_mib=2048), gpu(1, memory_mib=1024)))
-    await put_record(
+    await announce_inventory(bus, inventory(gpu(0, memory_mib=2048), gpu(1, memory_mib=1024)))
+    await put_committed(
         bus,
         record(
             "mem", container("main", share(1, memory_mib=768), devices=3, resource=MEMORY_RESOURCE)
@@ -351,8 +353,8 @@ async def test_isolation_provider_variables_and_mounts(
     envs: dict[str, str],
     mounts: list[tuple[str, str, bool]],
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(bus, record("iso", container("main", share(1, memory_mib=3000, cores=25))))
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(bus, record("iso", container("main", share(1, memory_mib=3000, cores=25))))
     async with start_plugin(**overrides) as plugin, kubelet.plugin(plugin.endpoint) as stub:
         granted = await allocate(stub, ids(1, 2))
     assert dict(granted.envs) == {
@@ -394,8 +396,8 @@ async def test_allocate_errors_say_what_is_missing(
     code: grpc.StatusCode,
     message: str,
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(bus, record("one", container("main", share(0))))
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(bus, record("one", container("main", share(0))))
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Allocate(allocate_request(device_ids), timeout=5)
@@ -407,12 +409,12 @@ async def test_allocate_errors_say_what_is_missing(
 async def test_allocate_waits_for_a_record_the_binder_writes_late(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
+    await announce_inventory(bus, TWO_GPUS)
     async with start_plugin(record_wait_s=5.0) as plugin, kubelet.plugin(plugin.endpoint) as stub:
         call = asyncio.create_task(allocate(stub, ids(0, 0)))
         await asyncio.sleep(0.2)
         assert not call.done()
-        await put_record(bus, record("late", container("main", share(1))))
+        await put_committed(bus, record("late", container("main", share(1))))
         granted = await asyncio.wait_for(call, 5)
     assert granted.envs["NVIDIA_VISIBLE_DEVICES"] == uuid(1)
 
@@ -424,8 +426,8 @@ async def test_two_plugin_processes_never_claim_one_record_twice(
     start_plugin: PluginFactory,
     plugin_dir: Path,
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(bus, record("contested", container("main", share(0))))
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(bus, record("contested", container("main", share(0))))
     events = await allocation_events(bus)
     other_dir = plugin_dir / "other"
     other_dir.mkdir()
@@ -462,7 +464,7 @@ async def test_malformed_inventory_is_dead_lettered_and_the_plugin_keeps_serving
         await letters.put(delivery)
 
     await bus.subscribe(subjects.deadletter("inventory"), collect)
-    await put_inventory(bus, TWO_GPUS)
+    await announce_inventory(bus, TWO_GPUS)
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         await bus.publish(subjects.inventory(NODE), b'{"node": "x", "gpus": "many"}')
         letter = codec.decode((await asyncio.wait_for(letters.get(), 5)).data, DeadLetter)
@@ -477,8 +479,8 @@ async def test_malformed_inventory_is_dead_lettered_and_the_plugin_keeps_serving
 async def test_pre_start_refuses_a_container_whose_gpu_turned_unhealthy(
     bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory
 ) -> None:
-    await put_inventory(bus, TWO_GPUS)
-    await put_record(bus, record("pre", container("main", share(1))))
+    await announce_inventory(bus, TWO_GPUS)
+    await put_committed(bus, record("pre", container("main", share(1))))
     async with start_plugin(pre_start=True) as plugin, kubelet.plugin(plugin.endpoint) as stub:
         assert (await kubelet.registered()).options.pre_start_required
         await allocate(stub, ids(0, 1))
@@ -489,7 +491,7 @@ async def test_pre_start_refuses_a_container_whose_gpu_turned_unhealthy(
             gpu(1, memory_mib=8192, health="unhealthy", reason="XID 48"),
             at=TWO_GPUS.observed_at + 1,
         )
-        await put_inventory(bus, sick)
+        await announce_inventory(bus, sick)
         await asyncio.sleep(0.2)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.PreStartContainer(request, timeout=5)

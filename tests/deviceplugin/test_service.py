@@ -24,13 +24,15 @@ from shared import codec, subjects
 from shared.clock import Clock, SystemClock
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord
-from shared.runtime.bus import KvEntry, NatsBus
+from shared.runtime.bus import KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
-from tests.deviceplugin.conftest import get_record, put_inventory, put_record, until
+from tests.deviceplugin.conftest import get_record, until
 from tests.harness.clock import FakeClock
+from tests.harness.kv import announce_inventory, put_committed
 
 Competitor = Callable[[NatsBus, str, int], Awaitable[None]]
 
@@ -182,11 +184,11 @@ class SilentWatchBus:
 async def test_a_record_a_silent_watch_never_delivered_is_read_afresh_at_allocate(
     bus: NatsBus,
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
+    await announce_inventory(bus, inventory(gpu(0)))
     silent = SilentWatchBus(bus)
     async with service_on(silent, record_wait_s=5.0) as (service, registry):
         assert silent.silenced
-        await put_record(bus, record("late", container("main", share(0))))
+        await put_committed(bus, record("late", container("main", share(0))))
         result = await service.allocate([(f"{uuid(0)}::0",)])
         assert isinstance(result, list) and isinstance(result[0], ContainerGrant), result
         assert registry.get_sample_value("tessera_deviceplugin_records_reread_total") == 1
@@ -204,8 +206,8 @@ async def test_a_record_a_silent_watch_never_delivered_is_read_afresh_at_allocat
 async def test_a_lost_compare_and_set_is_reread_and_planned_again(
     bus: NatsBus, competitor: Competitor, granted: bool, state_after: str
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("raced", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("raced", container("main", share(0))))
     async with service_on(RacingBus(bus, competitor)) as (service, registry):
         result = await service.allocate([(f"{uuid(0)}::0",)])
     assert registry.get_sample_value("tessera_deviceplugin_claim_conflicts_total") == 1
@@ -221,7 +223,7 @@ async def test_a_lost_compare_and_set_is_reread_and_planned_again(
 
 async def test_device_list_is_resent_only_when_it_changes(bus: NatsBus) -> None:
     first = inventory(gpu(0, memory_mib=4096))
-    await put_inventory(bus, first)
+    await announce_inventory(bus, first)
     async with service_on(bus) as (service, _):
         lists = service.device_lists()
         initial = await anext(lists)
@@ -264,8 +266,8 @@ class FlakyPublishBus:
 async def test_an_event_whose_publish_fails_is_retried_until_it_is_stored(
     bus: NatsBus, clock: FakeClock
 ) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("flaky", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("flaky", container("main", share(0))))
     consumer = await bus.pull_consumer(
         stream=subjects.STREAM_ALLOCATIONS, durable="flaky", subject=subjects.allocations(NODE)
     )
@@ -300,8 +302,8 @@ class UnreachableKvBus:
 
 
 async def test_a_bus_failure_during_the_claim_is_a_refusal_not_a_crash(bus: NatsBus) -> None:
-    await put_inventory(bus, inventory(gpu(0)))
-    await put_record(bus, record("down", container("main", share(0))))
+    await announce_inventory(bus, inventory(gpu(0)))
+    await put_committed(bus, record("down", container("main", share(0))))
     async with service_on(UnreachableKvBus(bus)) as (service, _):
         result = await service.allocate([(f"{uuid(0)}::0",)])
     assert isinstance(result, Refusal) and result.kind == "unavailable"

@@ -12,12 +12,13 @@ from typing import Any
 from shared import annotations as names
 from shared import subjects
 from shared.messages.pods import PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NODE, POD
 from tests.binder.builders import container, node, pod
 from tests.binder.conftest import BinderFactory, collect, eventually
 from tests.extender.conftest import free_port, golden, post
+from tests.harness import kv
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory
 
@@ -28,7 +29,7 @@ GPU_MIB = wire.GPU_MIB
 async def gpu_node(api: ApiServer, bus: NatsBus, name: str, gpus: int) -> None:
     """The node in the API (the binder publishes its facts) and its GPUs (the inventory's part)."""
     api.create(NODE, node(name, gpus=4 * gpus))
-    await wire.put_inventory(bus, wire.inventory(name, gpus, at=time.time()))
+    await kv.put_inventory(bus, wire.inventory(name, gpus, at=time.time()))
 
 
 def gpu_pod(api: ApiServer, name: str, memory: int) -> dict[str, Any]:

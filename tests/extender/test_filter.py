@@ -17,8 +17,9 @@ from shared.kubeobjects import Pod
 from shared.messages.placement import PlacementDecision
 from shared.messages.pods import PodPending
 from shared.podspec import parse_pending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.extender.conftest import free_port, golden, post
+from tests.harness import kv
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory, stream_messages, until
 
@@ -36,9 +37,9 @@ async def cluster(bus: NatsBus) -> None:
         ("gpu-busy", 2, (6144,)),
         ("gpu-full", 1, (14336,)),
     ):
-        await wire.put_inventory(bus, wire.inventory(node, gpus, used_mib=used, at=now))
-        await wire.put_facts(bus, wire.facts(node, at=now))
-    await wire.put_facts(bus, wire.facts("cpu-only", at=now))
+        await kv.put_inventory(bus, wire.inventory(node, gpus, used_mib=used, at=now))
+        await kv.put_facts(bus, wire.facts(node, at=now))
+    await kv.put_facts(bus, wire.facts("cpu-only", at=now))
 
 
 def tenancy(directory: Path) -> str:

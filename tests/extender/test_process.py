@@ -19,6 +19,7 @@ from tests.binder.builders import container, node, pod
 from tests.binder.conftest import eventually
 from tests.binder.test_command import ROOT, Process
 from tests.extender.conftest import free_port, post
+from tests.harness import kv
 from tests.harness.nats import NatsServer, environment_without_proxies
 from tests.placer import wire
 
@@ -64,7 +65,7 @@ async def _filter_and_bind(
     api.create(NODE, node("gpu-1", gpus=8))
     inventory = await identities.connect(nats_server.url, "inventory", "gpu-1")
     try:
-        await wire.put_inventory(inventory, wire.inventory("gpu-1", 2, at=time.time()))
+        await kv.put_inventory(inventory, wire.inventory("gpu-1", 2, at=time.time()))
     finally:
         await inventory.drain()
     binder = await spawn(

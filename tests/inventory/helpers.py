@@ -15,8 +15,9 @@ from services.inventory.service import InventoryMetrics, InventoryService
 from services.inventory.snapshot import Deadbands, Policy
 from shared import codec, subjects
 from shared.messages.inventory import NodeInventory
-from shared.runtime.bus import Bus, Delivery, NatsBus
+from shared.runtime.bus import Bus, Delivery
 from shared.runtime.health import Readiness
+from shared.runtime.nats import NatsBus
 from tests.harness.clock import FakeClock
 from tests.harness.wait import eventually as shared_eventually
 

@@ -15,8 +15,8 @@ import pytest
 from services.inventory.command import EXIT_BACKEND_UNAVAILABLE
 from shared import codec, subjects
 from shared.messages.inventory import NodeInventory
-from shared.runtime.bus import NatsBus
 from shared.runtime.command import EXIT_CONFIG_ERROR
+from shared.runtime.nats import NatsBus
 from tessera.cli import main as tessera_main
 from tests.harness.nats import NatsServer, environment_without_proxies
 from tests.inventory.conftest import GPU_A, GPU_B

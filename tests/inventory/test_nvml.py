@@ -22,7 +22,7 @@ from services.inventory.reader import (
     NodeReading,
 )
 from shared.messages.inventory import GpuLink, GpuProcess
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.clock import FakeClock
 from tests.inventory.conftest import GPU_A, GPU_B
 from tests.inventory.helpers import NODE, Inbox, eventually, harness, running

@@ -19,9 +19,10 @@ from services.inventory.fake import FakeReader, parse_fake_gpus
 from services.inventory.reader import HealthEvent, NodeReadError, NodeReading
 from shared import codec, subjects
 from shared.messages.inventory import NodeInventory
-from shared.runtime.bus import Bus, NatsBus
+from shared.runtime.bus import Bus
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext, run_service
+from shared.runtime.nats import NatsBus
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
 from tests.inventory.helpers import NODE, Inbox, harness, running

@@ -19,9 +19,9 @@ from services.placer.command import PlacerSettings, build_config
 from services.placer.service import PlacerService, run_placer
 from shared import codec, subjects
 from shared.messages.placement import PlacementRejected
-from shared.runtime.bus import NatsBus
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 from tests.harness.store import mark_restored
 from tests.harness.wait import eventually

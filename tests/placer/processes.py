@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import environment_without_proxies
 from tests.harness.store import mark_restored
 from tests.placer.conftest import http_get

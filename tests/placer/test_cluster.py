@@ -11,7 +11,7 @@ import pytest
 
 from shared import subjects
 from shared.messages.pods import PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsCluster
 from tests.harness.wait import eventually
 from tests.placer import wire

@@ -29,7 +29,8 @@ import pytest
 
 from shared import subjects
 from shared.messages.pods import PodPending
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
+from tests.harness import kv
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
@@ -97,8 +98,8 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
     now = time.time()
     inventories = {node: wire.inventory(node, GPUS, at=now) for node in NODES}
     for node in NODES:
-        await wire.put_inventory(bus, inventories[node])
-        await wire.put_facts(bus, wire.facts(node, slots=SLOTS, at=now))
+        await kv.put_inventory(bus, inventories[node])
+        await kv.put_facts(bus, wire.facts(node, slots=SLOTS, at=now))
     tenancy = tmp_path / "tenancy.json"
     tenancy.write_text(json.dumps(TENANCY))
     options = ("--tenancy-file", str(tenancy))

@@ -9,7 +9,7 @@ import functools
 from shared import codec, subjects
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.pods import PodRestore
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 from tests.harness.store import mark_restored
 from tests.harness.wait import eventually
 from tests.placer import wire

@@ -29,7 +29,9 @@ from shared.messages.ledger import (
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.pods import PlacementHints
 from shared.messages.stats import ClusterStats
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
+from tests.harness import kv
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
@@ -336,7 +338,7 @@ async def test_stale_inventory_and_missing_node_facts_keep_pods_off_a_node(
     bus: NatsBus, start_placer: PlacerFactory
 ) -> None:
     await wire.put_node(bus, "old", 2, at=time.time() - 100)
-    await wire.put_inventory(bus, wire.inventory("nofacts", 2, at=time.time()))
+    await kv.put_inventory(bus, wire.inventory("nofacts", 2, at=time.time()))
     async with start_placer() as placer:
         await wire.publish_pod(bus, wire.pending("u1"))
         await until(
@@ -348,7 +350,7 @@ async def test_stale_inventory_and_missing_node_facts_keep_pods_off_a_node(
             ("GPU inventory stale (heartbeat missed)", 1),
             ("no node facts yet", 1),
         }
-        await wire.put_inventory(bus, wire.inventory("old", 2, at=time.time()))  # heartbeat
+        await kv.put_inventory(bus, wire.inventory("old", 2, at=time.time()))  # heartbeat
         state = await settled(bus, placed("u1"), what="u1 placed once old is fresh")
         assert live_of(state, "u1")[0].node == "old"
 
@@ -680,10 +682,10 @@ async def test_inventory_that_cannot_be_believed_never_reaches_a_decision(
         view = placer.service.view
         honest = view.inventory("n1")
         now = time.time()
-        await wire.put_inventory(bus, wire.inventory("n1", 2, memory_mib=10**12, at=now))
+        await kv.put_inventory(bus, wire.inventory("n1", 2, memory_mib=10**12, at=now))
         assert "1000000000000 MiB of memory (1..1048576 MiB are believed)" in await reason()
         year = wire.inventory("n1", 2, health=sick, at=now + 365 * 86_400)  # type: ignore[arg-type]
-        await wire.put_inventory(bus, year)
+        await kv.put_inventory(bus, year)
         assert "s ahead of this clock (at most 300 s is believed)" in await reason()
         assert view.inventory("n1") == honest
 
@@ -699,7 +701,7 @@ async def test_inventory_that_cannot_be_believed_never_reaches_a_decision(
         assert live_of(await wire.cluster_state(bus), "giant") == []
 
         ahead = wire.inventory("n1", 2, health=sick, at=time.time() + 250)  # type: ignore[arg-type]
-        await wire.put_inventory(bus, ahead)
+        await kv.put_inventory(bus, ahead)
         await until(lambda: view.inventory("n1") != honest, what="the forgery believed")
         held = view.inventory("n1")
         assert held is not None and held.observed_at <= time.time()  # not 250 s ahead
@@ -708,7 +710,7 @@ async def test_inventory_that_cannot_be_believed_never_reaches_a_decision(
             lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") >= 1,
             what="next refused on the forged unhealthy GPUs",
         )
-        await wire.put_inventory(bus, wire.inventory("n1", 2, at=time.time()))  # the heartbeat
+        await kv.put_inventory(bus, wire.inventory("n1", 2, at=time.time()))  # the heartbeat
         state = await settled(bus, placed("next"), what="next placed once the heartbeat is back")
         wire.check_invariants(state, {"n1": wire.inventory("n1", 2)})
 

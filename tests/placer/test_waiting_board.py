@@ -22,7 +22,8 @@ import msgspec
 from shared import codec, subjects
 from shared.messages.pods import PodPending
 from shared.messages.waiting import WaitingPod
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
+from tests.harness import kv
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
@@ -50,8 +51,8 @@ async def test_a_replica_places_a_higher_pod_another_replica_holds_before_its_ow
 ) -> None:
     now = time.time()
     inventory = wire.inventory("n1", 1, at=now)
-    await wire.put_inventory(bus, inventory)
-    await wire.put_facts(bus, wire.facts("n1", at=now))
+    await kv.put_inventory(bus, inventory)
+    await kv.put_facts(bus, wire.facts("n1", at=now))
 
     def whole(uid: str, priority: int = 0) -> PodPending:
         pod = wire.pending(uid, memory_mib=None, cores=None)  # a whole GPU

@@ -19,6 +19,7 @@ from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
 from shared.runtime.bus import Bus
+from tests.harness.kv import put_facts, put_inventory
 
 NOW = 1_700_000_000.0
 GPU_MIB = 16_384
@@ -115,14 +116,6 @@ def pending(
         created_at=NOW,
         resource_version="1",
     )
-
-
-async def put_inventory(bus: Bus, value: NodeInventory) -> None:
-    await bus.kv_put(subjects.KV_INVENTORY, subjects.node_token(value.node), codec.encode(value))
-
-
-async def put_facts(bus: Bus, value: NodeFacts) -> None:
-    await bus.kv_put(subjects.KV_NODES, subjects.node_token(value.node), codec.encode(value))
 
 
 async def put_node(

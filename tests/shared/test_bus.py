@@ -15,10 +15,10 @@ from shared.runtime.bus import (
     BusUnavailableError,
     Delivery,
     KvEntry,
-    NatsBus,
     NoResponderError,
     OutcomeUnknownError,
 )
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 
 

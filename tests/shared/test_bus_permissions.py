@@ -23,7 +23,8 @@ import pytest
 
 from shared import permissions, subjects
 from shared.config import NatsSecurity
-from shared.runtime.bus import Bus, Delivery, NatsBus
+from shared.runtime.bus import Bus, Delivery
+from shared.runtime.nats import NatsBus
 from tessera.up.identities import Identities
 from tests.harness import secure
 from tests.harness.nats import NatsServer

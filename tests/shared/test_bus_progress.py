@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from shared import subjects
-from shared.runtime.bus import NatsBus
+from shared.runtime.nats import NatsBus
 
 
 async def test_a_message_kept_in_progress_is_not_redelivered(bus: NatsBus) -> None:

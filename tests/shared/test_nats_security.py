@@ -27,11 +27,12 @@ from shared.config import (
     nats_security,
     redact_url,
 )
-from shared.runtime.bus import Bus, NatsBus, NatsRefusedError
+from shared.runtime.bus import Bus
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import run_service
 from shared.runtime.logs import Redactor
+from shared.runtime.nats import NatsBus, NatsRefusedError
 from tessera.cli import main as tessera_main
 from tests.harness import secure
 from tests.harness.nats import NatsServer

@@ -21,12 +21,13 @@ from shared import codec, subjects
 from shared.config import Settings
 from shared.messages.deadletter import DeadLetter
 from shared.messages.pods import PodPending
-from shared.runtime.bus import Bus, BusUnavailableError, Delivery, NatsBus
+from shared.runtime.bus import Bus, BusUnavailableError, Delivery
 from shared.runtime.command import run_event_loop
 from shared.runtime.edge import REASON_HEADER, Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import Body, ServiceContext, run_service
 from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.nats import NatsBus
 from shared.runtime.tasks import finish
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer

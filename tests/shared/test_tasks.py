@@ -14,8 +14,9 @@ import pytest
 
 from shared import subjects
 from shared.clock import SystemClock
-from shared.runtime.bus import KvEntry, NatsBus
+from shared.runtime.bus import KvEntry
 from shared.runtime.follow import follow
+from shared.runtime.nats import NatsBus
 from shared.runtime.tasks import cancel_and_wait
 
 
