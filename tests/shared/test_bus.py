@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.msg import Msg as NatsMsg
 
 from shared import subjects
 from shared.runtime.bus import (
@@ -19,6 +20,7 @@ from shared.runtime.bus import (
     OutcomeUnknownError,
 )
 from shared.runtime.nats import NatsBus
+from shared.runtime.nats.kv import stream_sequence
 from tests.harness.nats import NatsServer
 
 
@@ -416,3 +418,16 @@ async def test_streams_are_bounded_pods_by_acknowledgement_the_rest_by_age(
             assert config.max_age == pytest.approx(age), name
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.KV_tessera-ledger.abc123.1.4711.9.1732400000000000000.0",
+        "$JS.ACK._.ACCHASH.KV_tessera-ledger.abc123.2.4712.10.1732400000000000000.3.rnd",
+        "$JS.ACK.hub.ACCHASH.KV_x.c.1.1.1.1732400000000000000.0.token",
+    ],
+)
+def test_a_watch_reads_the_stream_sequence_as_nats_py_does(reply: str) -> None:
+    expected = NatsMsg.Metadata._from_reply(reply).sequence.stream
+    assert stream_sequence(reply) == expected

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -15,10 +14,19 @@ from nats.js import api as js_api
 
 from shared.runtime.bus import WATCH_HEARTBEAT_S, KvEntry
 from shared.runtime.nats.store import NatsStore
-from shared.runtime.tasks import cancel_and_wait, checkpoint
+from shared.runtime.tasks import checkpoint
 
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
+
+
+def stream_sequence(reply: str) -> int:
+    """The stream sequence of a JetStream message from its reply subject (what nats-py's
+    ``Msg.metadata`` parses, without building the rest): ``$JS.ACK.<stream>.<consumer>.
+    <delivered>.<stream seq>.<consumer seq>.<time>.<pending>``, or the newer form with a domain
+    and an account hash after ``ACK`` and a random token at the end."""
+    tokens = reply.split(".")
+    return int(tokens[5] if len(tokens) == 9 else tokens[7])
 
 
 class NatsKv(NatsStore):
@@ -118,7 +126,7 @@ class NatsKv(NatsStore):
             existing = await self._js.stream_info(stream, subjects_filter=subject)
         awaited = set(existing.state.subjects or ())
         # Bounded, as nats-py's own watcher: a slow reader holds the messages back in nats-py.
-        arrived: asyncio.Queue[NatsMsg] = asyncio.Queue(maxsize=256)
+        arrived: asyncio.Queue[NatsMsg | None] = asyncio.Queue(maxsize=256)
         subscription = await self._js.subscribe(
             subject,
             stream=stream,
@@ -134,7 +142,15 @@ class NatsKv(NatsStore):
         )
         prefix = len(f"$KV.{bucket}.")
         lost = self._lost
-        following: asyncio.Future[Any] | None = None
+
+        # The connection's loss wakes a reader waiting on an empty queue; one that has messages
+        # at hand reads them first and sees the loss once the queue is empty. One future per
+        # watch, not one per message: a watch is the hottest loop of every service.
+        def wake(_: object) -> None:
+            if arrived.empty():
+                arrived.put_nowait(None)
+
+        lost.add_done_callback(wake)
         consumer = ""
         try:
             consumer = (await subscription.consumer_info()).name
@@ -142,21 +158,17 @@ class NatsKv(NatsStore):
                 yield None
             while True:
                 checkpoint()  # nats-py's requests above may have swallowed a stop's cancel
-                if arrived.empty():
-                    following = asyncio.ensure_future(arrived.get())
-                    await asyncio.wait({following, lost}, return_when=asyncio.FIRST_COMPLETED)
-                    if not following.done():
-                        await cancel_and_wait(following)
-                        await self._reconnected()
-                        return
-                    msg = following.result()
-                else:  # one at hand: no need to watch for a loss
-                    msg = arrived.get_nowait()
+                if arrived.empty() and lost.done():
+                    await self._reconnected()
+                    return
+                msg = await arrived.get()
+                if msg is None:
+                    continue  # woken by the loss: the check above ends the watch
                 headers = msg.headers or {}
                 yield KvEntry(
                     key=msg.subject[prefix:],
                     value=msg.data or b"",
-                    revision=self._revision(int(msg.metadata.sequence.stream)),
+                    revision=self._revision(stream_sequence(msg.reply)),
                     deleted=headers.get("KV-Operation") in ("DEL", "PURGE")
                     or "Nats-Marker-Reason" in headers,
                 )
@@ -165,8 +177,7 @@ class NatsKv(NatsStore):
                     if not awaited:
                         yield None
         finally:
-            if following is not None and not following.done():
-                await cancel_and_wait(following)
+            lost.remove_done_callback(wake)
             # Bounded: a stop that cannot reach the server must not hold up a shutdown.
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(2.0):
