@@ -25,7 +25,7 @@ republishes every pending pod and node's facts, and starts:
 - the durable consumers ``binder-decisions`` (:mod:`~services.binder.binding`),
   ``binder-rejections`` (``PodScheduled=False`` + aggregated Warning Event) and
   ``binder-allocations`` (``tessera.dev/assigned: "true"``), each through
-  :func:`~services.binder.consumer.consume`;
+  :func:`~shared.runtime.consumer.consume`;
 - the Event writer and the bound-but-not-allocated watch.
 """
 
@@ -46,18 +46,16 @@ import msgspec
 from services.binder import explain
 from services.binder.binding import DecisionBinder
 from services.binder.config import BinderConfig, default_identity
-from services.binder.consumer import RETRY_S, AlreadyHandlingError, consume, retry_delay
 from services.binder.events import EventRecorder
 from services.binder.extender import is_extender_pod, is_ours, lookup_reply
 from services.binder.fenced import FencedGateway
-from services.binder.gateway import ClusterGateway, NotLeaderError
+from services.binder.gateway import ApiUnavailableError, ClusterGateway, NotLeaderError
 from services.binder.informer import Informer
 from services.binder.leader import LeaderElector
 from services.binder.metrics import BinderMetrics
 from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
 from services.binder.objects import Node
 from services.binder.plan import decision_of
-from services.binder.records import RecordMirror
 from services.binder.restoring import StoreRestorer
 from services.binder.workqueue import WorkQueue
 from shared import annotations as names
@@ -72,9 +70,11 @@ from shared.messages.placement import PlacementDecision, PlacementRejected, PodI
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
 from shared.runtime.bus import Bus, Delivery
+from shared.runtime.consumer import EXPECTED, RETRY_S, AlreadyHandlingError, consume, retry_delay
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
+from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint, finish
 
 log = logging.getLogger(__name__)
@@ -531,6 +531,7 @@ class Binder:
             message_type=message_type,
             family=family,
             handler=handler,
+            expected=(ApiUnavailableError, *EXPECTED),
         )
 
     # --- rejections and allocations ------------------------------------------------------------
