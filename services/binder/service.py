@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from collections.abc import Callable
+from typing import Final
 
 from services.binder.binding import DecisionBinder
 from services.binder.config import BinderConfig, default_identity
@@ -64,7 +65,6 @@ from shared.runtime.tasks import finish
 log = logging.getLogger(__name__)
 
 STOP_STEP_S: Final = 3.0
-T = TypeVar("T")
 
 
 class _LostLeadershipError(Exception):
@@ -264,6 +264,14 @@ class Binder:
         log.info("leading: reconciling and binding", extra={"identity": self.identity})
         self.sync.resync()
         await self.sync.relist_published_nodes()
+        consume_ = functools.partial(
+            consume,
+            bus=self._bus,
+            edge=self._edge,
+            clock=self._clock,
+            max_in_flight=self.config.max_in_flight,
+            expected=(ApiUnavailableError, *EXPECTED),
+        )
         async with asyncio.TaskGroup() as group:
             group.create_task(
                 reconcile(
@@ -279,7 +287,7 @@ class Binder:
                 group.create_task(self.sync.work_pods(), name=f"pods-{i}")
                 group.create_task(self.sync.work_nodes(), name=f"nodes-{i}")
             group.create_task(
-                self._consume(
+                consume_(
                     durable=subjects.DURABLE_BINDER_DECISIONS,
                     stream=subjects.STREAM_PLACEMENTS,
                     subject=subjects.ASSIGNMENTS_ALL,
@@ -290,7 +298,7 @@ class Binder:
                 name="decisions",
             )
             group.create_task(
-                self._consume(
+                consume_(
                     durable=subjects.DURABLE_BINDER_REJECTIONS,
                     stream=subjects.STREAM_PLACEMENTS,
                     subject=subjects.PLACEMENTS_REJECTED,
@@ -301,7 +309,7 @@ class Binder:
                 name="rejections",
             )
             group.create_task(
-                self._consume(
+                consume_(
                     durable=subjects.DURABLE_BINDER_ALLOCATIONS,
                     stream=subjects.STREAM_ALLOCATIONS,
                     subject=subjects.ALLOCATIONS_ALL,
@@ -314,30 +322,6 @@ class Binder:
             group.create_task(self.recorder.run(), name="events")
             group.create_task(self.restorer.run(), name="store-restore")
             group.create_task(self.reporter.watch_allocation_delays(), name="allocation-delays")
-
-    async def _consume(
-        self,
-        *,
-        durable: str,
-        stream: str,
-        subject: str,
-        message_type: type[T],
-        family: str,
-        handler: Callable[[T], Awaitable[None]],
-    ) -> None:
-        await consume(
-            bus=self._bus,
-            edge=self._edge,
-            clock=self._clock,
-            max_in_flight=self.config.max_in_flight,
-            durable=durable,
-            stream=stream,
-            subject=subject,
-            message_type=message_type,
-            family=family,
-            handler=handler,
-            expected=(ApiUnavailableError, *EXPECTED),
-        )
 
 
 async def run_binder(
