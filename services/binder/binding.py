@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 from services.binder import explain
-from services.binder.consumer import AlreadyHandlingError
 from services.binder.events import EventRecorder
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
 from services.binder.metrics import BinderMetrics
@@ -43,7 +42,6 @@ from services.binder.plan import (
     observe,
     plan_bind,
 )
-from services.binder.records import RecordMirror
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.commits import commit_problem, withdrawing
@@ -53,6 +51,8 @@ from shared.messages.bindings import BindingResult, BindOutcome
 from shared.messages.ledger import NodeLedger, PodClaim
 from shared.messages.placement import PlacementDecision
 from shared.runtime.bus import Bus
+from shared.runtime.consumer import AlreadyHandlingError
+from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from shared import annotations as names
 from shared.kubeobjects import Pod
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, holds_gpus
 from shared.messages.placement import PlacementRejected
 
 SCHEDULED: Final = "PodScheduled"
@@ -91,6 +91,21 @@ def scheduled_note(record: AssignmentRecord) -> str:
     note = f"Successfully assigned {record.namespace}/{record.name} to {record.node}"
     slices = describe_slices(record)
     return f"{note} with {slices}" if slices else note
+
+
+def status_time(at: float) -> str:
+    """A condition's ``lastTransitionTime``: RFC 3339 UTC to the second."""
+    return names.time_value(at)[:19] + "Z"
+
+
+def allocation_delay(record: AssignmentRecord, *, now: float, warning_s: float) -> float | None:
+    """How long ``record`` has been bound without its GPUs allocated, when that is
+    ``warning_s`` or more; None otherwise (not bound, or nothing to allocate: no device plugin
+    comes)."""
+    if record.state != "bound" or record.bound_at is None or not holds_gpus(record):
+        return None
+    waited = now - record.bound_at
+    return waited if waited >= warning_s else None
 
 
 def allocation_delayed_note(record: AssignmentRecord, waited_s: float) -> str:

@@ -28,6 +28,7 @@ rule true while multi-container pods are being allocated one container at a time
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import Literal
 
 import msgspec
 
@@ -113,6 +114,20 @@ def decision_of(record: AssignmentRecord) -> PlacementDecision:
         decided_at=record.decided_at,
         placer_id=record.placer_id,
     )
+
+
+Repair = Literal["deleted", "bind"]
+
+
+def repair(record: AssignmentRecord, pod: Pod | None) -> Repair | None:
+    """What a new leader finishes of what a previous one left half done with ``record``: its
+    pod is gone -> ``"deleted"`` (publish ``PodDeleted``); ``reserved`` but the pod already bound
+    there, or ``bound`` but the pod not bound yet -> ``"bind"`` (handle its decision again)."""
+    if pod is None:
+        return "deleted"
+    if (record.state == "reserved" and pod.node) or (record.state == "bound" and not pod.node):
+        return "bind"
+    return None
 
 
 def gate_resources(

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from services.binder.informer import Informer
 from services.binder.kube import KubeGateway, RetryPolicy, load_configuration, new_configuration
 from services.binder.metrics import BinderMetrics
-from services.binder.service import NON_TERMINATED
+from services.binder.sync import NON_TERMINATED
 from shared.clock import SystemClock
 from shared.kubeobjects import Pod
 from tessera.devcluster.apiserver import ApiServer

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.deviceplugin.allocate import ContainerGrant, Refusal
-from services.deviceplugin.service import UNCONFIRMED_TTL_S
+from services.deviceplugin.claim import UNCONFIRMED_TTL_S
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
 from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError

@@ -1,0 +1,212 @@
+"""Reporting outcomes on the pods: why one is Pending, that its GPUs are allocated, and that an
+allocation is late.
+
+- An invalid pod (``shared.podspec``): ``PodScheduled=False`` + Warning Event, and
+  ``PodInvalid`` on ``tessera.placements.invalid`` (the dashboard counts it Pending);
+- a placer's rejection (consumer ``binder-rejections``): ``PodScheduled=False`` + aggregated
+  Warning Event;
+- an allocation event (consumer ``binder-allocations``): ``tessera.dev/assigned: "true"``;
+- a record bound but not allocated past ``allocation_warning_s``: a Warning Event.
+
+What to write is decided by the pure :mod:`~services.binder.explain`; writes go through the
+fenced gateway (only the leader writes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+
+from services.binder import explain
+from services.binder.config import BinderConfig
+from services.binder.events import EventRecorder
+from services.binder.fenced import FencedGateway
+from services.binder.gateway import ClusterGateway
+from services.binder.metrics import BinderMetrics
+from shared import annotations as names
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.kubeobjects import Pod
+from shared.messages.allocations import AllocationEvent
+from shared.messages.placement import PlacementRejected, PodInvalid
+from shared.podspec import InvalidPod
+from shared.runtime.bus import Bus
+from shared.runtime.records import RecordMirror
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    """What the binder said on each pod, so it says it once (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        config: BinderConfig,
+        gateway: ClusterGateway,
+        writer: FencedGateway,
+        recorder: EventRecorder,
+        records: RecordMirror,
+        bus: Bus,
+        clock: Clock,
+        metrics: BinderMetrics,
+        pod_of: Callable[[str], Pod | None],
+        fence: Callable[[str], None],
+    ) -> None:
+        self._config = config
+        self._gateway = gateway
+        self._writer = writer
+        self._recorder = recorder
+        self._records = records
+        self._bus = bus
+        self._clock = clock
+        self._metrics = metrics
+        self._pod_of = pod_of
+        self._fence = fence
+        self._explained: dict[str, str] = {}
+        """The PodScheduled=False message last written per pending pod (the informer may lag)."""
+        self._invalid_published: dict[str, str] = {}
+        """Pod uid -> the reason last published on ``tessera.placements.invalid``."""
+        self._warned: set[str] = set()
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone or no longer pending: what was said of it no longer holds."""
+        self._explained.pop(uid, None)
+        self._invalid_published.pop(uid, None)
+
+    def reset(self) -> None:
+        """Say it again (a new leader: the previous leader's last writes may be missing)."""
+        self._explained.clear()
+
+    async def publish_invalid(self, invalid: InvalidPod) -> None:
+        """Say on ``tessera.placements.invalid`` that the pod cannot be placed as written (the
+        dashboard counts it Pending); once per message, de-duplicated across leaders."""
+        if self._invalid_published.get(invalid.uid) == invalid.reason:
+            return
+        self._fence("publish PodInvalid")
+        message = PodInvalid(
+            pod_uid=invalid.uid,
+            namespace=invalid.namespace,
+            name=invalid.name,
+            message=invalid.reason,
+            fields=tuple(error.field for error in invalid.errors),
+            at=self._clock.now(),
+        )
+        await self._bus.js_publish(
+            subjects.PLACEMENTS_INVALID,
+            codec.encode(message),
+            msg_id=f"invalid.{invalid.uid}.{hashlib.sha256(invalid.reason.encode()).hexdigest()[:16]}",
+        )
+        self._invalid_published[invalid.uid] = invalid.reason
+
+    async def explain(self, pod: Pod, message: str, *, cause: str) -> None:
+        """``PodScheduled=False`` with ``message`` (unless the pod says so already) and a Warning
+        Event. A placer rejection is an occurrence each time (repeats count into the Event's
+        series); an invalid request is one occurrence until the message changes."""
+        meta = pod.metadata
+        said = self._explained.get(meta.uid) == message
+        if said and cause == "invalid":
+            return
+        if not said and explain.reports_unschedulable(pod, message):
+            self._explained[meta.uid] = message  # written before (a previous leader)
+        elif not said:
+            if cause == "invalid":
+                self._metrics.invalid_pods.inc()
+            self._explained[meta.uid] = message  # before the write: repeats meanwhile skip it
+            try:
+                answer = await self._writer.patch_pod_status(
+                    meta.namespace,
+                    meta.name,
+                    explain.unschedulable_patch(
+                        uid=meta.uid, message=message, now=explain.status_time(self._clock.now())
+                    ),
+                )
+            except BaseException:
+                self._explained.pop(meta.uid, None)
+                raise
+            if not answer.ok:
+                self._explained.pop(meta.uid, None)
+                log.info(
+                    "pending pod not explained",
+                    extra={"pod": meta.key, "code": answer.code, "message": answer.message},
+                )
+                return
+            self._metrics.explained.labels(cause=cause).inc()
+        self._recorder.emit(
+            regarding=explain.regarding_pod(namespace=meta.namespace, name=meta.name, uid=meta.uid),
+            event_type="Warning",
+            reason="FailedScheduling",
+            action="Scheduling",
+            note=message,
+        )
+
+    async def handle_rejection(self, rejected: PlacementRejected) -> None:
+        """Explain on the pod why it is Pending."""
+        pod = self._pod_of(rejected.pod_uid)
+        if pod is None or pod.node:
+            return  # gone, or placed since
+        await self.explain(pod, explain.unschedulable_message(rejected), cause="rejected")
+
+    async def handle_allocation(self, event: AllocationEvent) -> None:
+        """Mark a pod whose GPUs the device plugin has allocated."""
+        if not event.complete:
+            return
+        pod = self._pod_of(event.pod_uid)
+        if pod is None:
+            pod = await self._gateway.read_pod(event.namespace, event.name)
+            if pod is None or pod.metadata.uid != event.pod_uid:
+                return
+        if (pod.metadata.annotations or {}).get(names.ASSIGNED) == "true":
+            return
+        answer = await self._writer.patch_pod(
+            event.namespace, event.name, explain.assigned_patch(uid=event.pod_uid)
+        )
+        if not answer.ok:  # gone or replaced meanwhile (404, 422): nothing left to mark
+            log.info(
+                "allocated pod not marked",
+                extra={
+                    "pod": f"{event.namespace}/{event.name}",
+                    "code": answer.code,
+                    "message": answer.message,
+                },
+            )
+
+    async def watch_allocation_delays(self) -> None:
+        """Warn (log and Event) once per record bound but not allocated past
+        ``allocation_warning_s``."""
+        warning_s = self._config.allocation_warning_s
+        period = max(0.2, min(5.0, warning_s / 4))
+        while True:
+            await self._clock.sleep(period)
+            now = self._clock.now()
+            live = set()
+            for view in self._records.views():
+                record = view.record
+                live.add(view.key)
+                if view.key in self._warned:
+                    continue
+                waited = explain.allocation_delay(record, now=now, warning_s=warning_s)
+                if waited is None:
+                    continue
+                self._warned.add(view.key)
+                if self._pod_of(record.pod_uid) is None:
+                    continue
+                log.warning(
+                    "bound but not allocated",
+                    extra={
+                        "pod": f"{record.namespace}/{record.name}",
+                        "node": record.node,
+                        "waited_s": round(waited),
+                    },
+                )
+                self._recorder.emit(
+                    regarding=explain.regarding_pod(
+                        namespace=record.namespace, name=record.name, uid=record.pod_uid
+                    ),
+                    event_type="Warning",
+                    reason="AllocationDelayed",
+                    action="Allocating",
+                    note=explain.allocation_delayed_note(record, waited),
+                )
+            self._warned &= live

@@ -1,0 +1,291 @@
+"""Kubernetes in, NATS out: the pod and node informers, and what the leader publishes of them.
+
+The pod informer watches every non-terminated pod (``status.phase!=Succeeded,status.phase!=Failed``,
+the selector kube-scheduler uses): Tessera's pods (``spec.schedulerName``, or extender-mode pods:
+:mod:`~services.binder.extender`) and the CPU and memory every pod requests on its node. Informer
+changes mark a pod uid or node name dirty (:class:`~services.binder.workqueue.WorkQueue`); the
+leader's workers then publish ``PodPending`` (when what the placer reads changed; never for
+extender-mode pods, whose node kube-scheduler picks), ``PodDeleted`` (pod gone or finished), or
+have an invalid pod explained (:mod:`~services.binder.reporting`; nothing pending published),
+and ``NodeFacts`` on change (subject + KV). Every write is fenced by the Lease (``fence``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from services.binder.config import BinderConfig
+from services.binder.extender import is_extender_pod, is_ours
+from services.binder.gateway import ClusterGateway
+from services.binder.informer import Informer
+from services.binder.metrics import BinderMetrics
+from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
+from services.binder.objects import Node
+from services.binder.reporting import Reporter
+from services.binder.workqueue import WorkQueue
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.kubeobjects import Pod
+from shared.messages.nodes import NodeFacts
+from shared.messages.pods import PodDeleted, PodPending
+from shared.podspec import InvalidPod, parse_pending
+from shared.runtime.bus import Bus
+from shared.runtime.consumer import RETRY_S
+from shared.runtime.tasks import checkpoint
+
+log = logging.getLogger(__name__)
+
+NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """Where a pod was: what ``PodDeleted`` names once the pod itself is gone."""
+
+    namespace: str
+    name: str
+    node: str | None
+
+
+class ClusterSync:
+    """The informers, Tessera's pods among them, CPU and memory requested per node, and the
+    workers that publish them."""
+
+    def __init__(
+        self,
+        *,
+        config: BinderConfig,
+        gateway: ClusterGateway,
+        bus: Bus,
+        clock: Clock,
+        metrics: BinderMetrics,
+        reporter: Reporter,
+        fence: Callable[[str], None],
+    ) -> None:
+        self._config = config
+        self._bus = bus
+        self._clock = clock
+        self._metrics = metrics
+        self._reporter = reporter
+        self._fence = fence
+        self.pods: Informer[Pod] = Informer(
+            name="pods",
+            kind=Pod,
+            gateway=gateway,
+            on_change=self._pod_changed,
+            clock=clock,
+            metrics=metrics,
+            field_selector=NON_TERMINATED,
+        )
+        self.nodes: Informer[Node] = Informer(
+            name="nodes",
+            kind=Node,
+            gateway=gateway,
+            on_change=self._node_changed,
+            clock=clock,
+            metrics=metrics,
+        )
+        # Tessera's pods: uid -> informer key; those that left, until PodDeleted is out.
+        self._ours: dict[str, str] = {}
+        self._gone: dict[str, PodRef] = {}
+        self._published_pending: dict[str, PodPending] = {}
+        # CPU and memory requested per node, and each bound pod's share of it.
+        self._requested: dict[str, Requested] = {}
+        self._contribution: dict[str, tuple[str, Requested]] = {}
+        self._published_facts: dict[str, NodeFacts] = {}
+        self.pod_queue: WorkQueue[str] = WorkQueue()
+        self.node_queue: WorkQueue[str] = WorkQueue()
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def pod_of(self, uid: str) -> Pod | None:
+        key = self._ours.get(uid)
+        return self.pods.get(key) if key is not None else None
+
+    def bound_pods(self) -> list[Pod]:
+        """Tessera's pods bound to a node (what a store that lost its records restores)."""
+        bound = (self.pod_of(uid) for uid in list(self._ours))
+        return [pod for pod in bound if pod is not None and pod.node]
+
+    def requested_on(self, node: str) -> Requested:
+        return self._requested.get(node, Requested())
+
+    def is_ours(self, pod: Pod) -> bool:
+        return is_ours(
+            pod,
+            scheduler_name=self._config.scheduler_name,
+            extender_scheduler_names=self._config.extender_scheduler_names,
+        )
+
+    # --- informer handlers (synchronous, quick) --------------------------------------------------
+
+    def _pod_changed(self, old: Pod | None, new: Pod | None) -> None:
+        pod = new or old
+        assert pod is not None
+        key = pod.metadata.key
+        before = self._contribution.pop(key, None)
+        after = (
+            (new.node, pod_requested(new, ours=self.is_ours(new)))
+            if new is not None and new.node
+            else None
+        )
+        if before != after:
+            if before is not None:
+                self._requested[before[0]] = self.requested_on(before[0]) - before[1]
+                self.node_queue.add(before[0])
+            if after is not None:
+                self._requested[after[0]] = self.requested_on(after[0]) + after[1]
+                self.node_queue.add(after[0])
+        if after is not None:
+            self._contribution[key] = after
+        if not self.is_ours(pod):
+            return
+        uid = pod.metadata.uid
+        if new is None:
+            self._ours.pop(uid, None)
+            self._gone[uid] = PodRef(pod.metadata.namespace, pod.metadata.name, pod.node or None)
+        else:
+            self._ours[uid] = key
+        self.pod_queue.add(uid)
+
+    def _node_changed(self, old: Node | None, new: Node | None) -> None:
+        node = new or old
+        assert node is not None
+        self.node_queue.add(node.metadata.name)
+
+    # --- the leader's workers ------------------------------------------------------------------
+
+    def resync(self) -> None:
+        """Publish everything again (the previous leader's last messages may be missing)."""
+        self._published_pending.clear()
+        self._reporter.reset()
+        self._published_facts.clear()
+        for uid in [*self._ours, *self._gone]:
+            self.pod_queue.add(uid)
+        for name in [*self.nodes.cache, *self._requested]:
+            self.node_queue.add(name)
+
+    async def relist_published_nodes(self) -> None:
+        """Mark dirty the nodes whose facts are published, those gone meanwhile included."""
+        try:
+            for key in await self._bus.kv_keys(subjects.KV_NODES):
+                self.node_queue.add(subjects.node_from_token(key))  # facts of nodes gone meanwhile
+        except Exception as error:  # NATS away: the node watch will publish as nodes change
+            log.warning("cannot list published node facts", extra={"error": repr(error)})
+
+    async def work_pods(self) -> None:
+        await self._work(self.pod_queue, self._sync_pod)
+
+    async def work_nodes(self) -> None:
+        await self._work(self.node_queue, self._sync_node)
+
+    def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+
+    async def _work(self, queue: WorkQueue[str], sync: Callable[[str], Awaitable[None]]) -> None:
+        while True:
+            item = await queue.get()
+            try:
+                checkpoint()
+                await sync(item)
+            except Exception as error:  # the API or NATS away: try the item again shortly
+                log.warning("will retry", extra={"item": item, "error": repr(error)})
+                self._later(RETRY_S, queue.add, item)
+            finally:
+                queue.done(item)
+
+    def _later(self, delay: float, action: Callable[[str], None], item: str) -> None:
+        async def run() -> None:
+            await self._clock.sleep(delay)
+            action(item)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _sync_pod(self, uid: str) -> None:
+        pod = self.pod_of(uid)
+        if pod is None or (pod.terminating and not pod.node):
+            ref = self._gone.get(uid) or (
+                PodRef(pod.metadata.namespace, pod.metadata.name, None) if pod else None
+            )
+            if ref is not None:
+                await self.publish_deleted(uid, ref)
+            self._gone.pop(uid, None)
+            self._published_pending.pop(uid, None)
+            self._reporter.forget(uid)
+            return
+        if pod.node or is_extender_pod(pod, self._config.extender_scheduler_names):
+            # Bound, or kube-scheduler's to place (it explains such a pod itself).
+            self._published_pending.pop(uid, None)
+            self._reporter.forget(uid)
+            return
+        parsed = parse_pending(pod)
+        if isinstance(parsed, InvalidPod):
+            if self._published_pending.pop(uid, None) is not None:
+                await self.publish_deleted(
+                    uid, PodRef(pod.metadata.namespace, pod.metadata.name, None)
+                )
+            await self._reporter.explain(pod, parsed.reason, cause="invalid")
+            await self._reporter.publish_invalid(parsed)
+            return
+        fingerprint = msgspec.structs.replace(parsed, resource_version="")
+        if self._published_pending.get(uid) == fingerprint:
+            return
+        self._fence("publish PodPending")
+        await self._bus.js_publish(
+            subjects.PODS_PENDING,
+            codec.encode(parsed),
+            msg_id=f"pending.{uid}.{parsed.resource_version}",
+        )
+        self._published_pending[uid] = fingerprint
+        self._metrics.pods_published.labels(kind="pending").inc()
+
+    async def publish_deleted(self, uid: str, ref: PodRef) -> None:
+        self._fence("publish PodDeleted")
+        message = PodDeleted(
+            uid=uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            node=ref.node,
+            deleted_at=self._clock.now(),
+        )
+        await self._bus.js_publish(
+            subjects.PODS_DELETED, codec.encode(message), msg_id=f"deleted.{uid}"
+        )
+        self._metrics.pods_published.labels(kind="deleted").inc()
+
+    async def _sync_node(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            entry = await self._bus.kv_get(subjects.KV_NODES, subjects.node_token(name))
+            known = self._published_facts.pop(name, None)
+            if entry is None and known is None:
+                return
+            if entry is not None and known is None:
+                with contextlib.suppress(codec.DecodeError):
+                    if codec.decode(entry.value, NodeFacts).deleted:
+                        return
+            await self._publish_facts(gone_facts(name, now=self._clock.now()))
+            return
+        facts = node_facts(node, self.requested_on(name), now=self._clock.now())
+        if same_facts(self._published_facts.get(name), facts):
+            return
+        await self._publish_facts(facts)
+        self._published_facts[name] = facts
+
+    async def _publish_facts(self, facts: NodeFacts) -> None:
+        self._fence("publish NodeFacts")
+        data = codec.encode(facts)
+        await self._bus.kv_put(subjects.KV_NODES, subjects.node_token(facts.node), data)
+        await self._bus.publish(subjects.nodes(facts.node), data)
+        self._metrics.node_facts.inc()

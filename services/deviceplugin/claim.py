@@ -1,0 +1,337 @@
+"""The Allocate claim loop: read records, grant, claim ``bound -> allocated``, answer.
+
+Allocate (one container at a time, serialized in this process): plan with
+:func:`allocate.plan_allocation`, commit the next record state by compare-and-set on the revision
+it was read at, answer the kubelet and publish the :class:`AllocationEvent` beside the answer
+(:mod:`~services.deviceplugin.events`). A lost compare-and-set means another writer (a second
+plugin process, the binder) moved the record: re-read it and plan again, so no record is ever
+claimed twice. When no record matches yet, Allocate waits up to ``record_wait_s`` for the
+binder's write to arrive before refusing, reading this node's records afresh at its start and end
+(:meth:`~services.deviceplugin.records.NodeRecords.reread`). A record whose GPU is unhealthy is
+not granted (the next servable record is), and device IDs of GPUs no longer listed are refused.
+While a record still matches no commit (:mod:`~services.deviceplugin.commits`), its claim and the
+ledger entry are read again as it waits like a missing record; then it is refused as
+``uncommitted`` with the reason, counted in
+``tessera_deviceplugin_allocations_total{outcome="uncommitted"}``. It never blocks a record that
+does match.
+
+Claims across NATS outages (issue 9): a claim is never sent while disconnected and nothing of
+it lands later (the bus never buffers writes). An Allocate that finds NATS away waits up to
+``nats_wait_s`` for it to come back (a restart takes seconds; a refusal would fail the pod at
+admission), then plans again; past that it is refused with nothing claimed. A claim sent whose
+answer never came is read back before answering (after waiting for the connection the same way);
+when even that is impossible, Allocate is refused and the claim is kept as *unconfirmed*: the
+kubelet's retry with the same device IDs reads the record again and gets the answer the claim
+would have given (granted if it landed, planned afresh if not).
+
+What it granted also goes to the state file (:mod:`~services.deviceplugin.grants`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Literal
+
+from services.deviceplugin import allocate
+from services.deviceplugin.allocate import Allocation, ContainerGrant, Refusal
+from services.deviceplugin.commits import CLAIM_REREAD_S, CommitMirror
+from services.deviceplugin.config import PluginConfig
+from services.deviceplugin.events import AllocationEvents
+from services.deviceplugin.grants import GrantBook
+from services.deviceplugin.inventory import InventoryFollower
+from services.deviceplugin.metrics import PluginMetrics
+from services.deviceplugin.records import NodeRecords
+from shared import codec, subjects
+from shared.clock import Clock
+from shared.messages.assignments import RecordView
+from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
+
+log = logging.getLogger(__name__)
+
+NATS_POLL_S = 0.05
+"""How often an Allocate waiting for NATS to come back looks at the connection."""
+
+MAX_CLAIM_ATTEMPTS = 16
+"""Lost compare-and-sets in a row before Allocate gives up (each loss means progress elsewhere)."""
+
+MAX_UNCONFIRMED = 64
+"""Unconfirmed claims remembered for the kubelet's retry (the oldest is dropped beyond it)."""
+
+UNCONFIRMED_TTL_S = 30.0
+"""How long an unconfirmed claim answers a retry. A retry comes within seconds; later, the same
+device IDs are more likely another pod's, which must not get this record's slices."""
+
+ReadBack = int | None | Literal["unknown"]
+"""What reading a claim back found: its revision (it landed), None (it did not), or "unknown"."""
+
+
+class Claimer:
+    """Answers Allocate: one container after the other, each claimed by compare-and-set."""
+
+    def __init__(
+        self,
+        *,
+        config: PluginConfig,
+        bus: Bus,
+        clock: Clock,
+        metrics: PluginMetrics,
+        records: NodeRecords,
+        commits: CommitMirror,
+        inventory: InventoryFollower,
+        grants: GrantBook,
+        events: AllocationEvents,
+    ) -> None:
+        self._config = config
+        self._bus = bus
+        self._clock = clock
+        self._metrics = metrics
+        self._node_records = records
+        self._records = records.mirror
+        self._commits = commits
+        self._inventory = inventory
+        self._grants = grants
+        self._events = events
+        self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
+        """Claims sent whose outcome could not be read back, by their sorted device IDs, with
+        when (monotonic) they were sent."""
+        self._allocate_lock = asyncio.Lock()
+
+    async def allocate(self, requests: Sequence[tuple[str, ...]]) -> list[ContainerGrant] | Refusal:
+        started = self._clock.monotonic()
+        try:
+            async with self._allocate_lock:
+                return await self._allocate_all(requests)
+        finally:
+            self._metrics.allocate_seconds.observe(self._clock.monotonic() - started)
+
+    async def _allocate_all(
+        self, requests: Sequence[tuple[str, ...]]
+    ) -> list[ContainerGrant] | Refusal:
+        # The kubelet sends one container per call in practice; several are answered in order.
+        grants: list[ContainerGrant] = []
+        for device_ids in requests:
+            result = await self._allocate_container(device_ids)
+            outcome = "granted" if isinstance(result, ContainerGrant) else result.kind
+            self._metrics.allocations.labels(outcome=outcome).inc()
+            if isinstance(result, Refusal):
+                log.warning(
+                    "Allocate refused",
+                    extra={"reason": result.message, "device_ids": list(device_ids)[:8]},
+                )
+                return result
+            grants.append(result)
+        return grants
+
+    async def _allocate_container(self, device_ids: tuple[str, ...]) -> ContainerGrant | Refusal:
+        answer = await self._resolve_unconfirmed(device_ids)
+        if answer is not None:
+            return answer
+        start = self._clock.monotonic()
+        deadline = start + self._config.record_wait_s
+        nats_deadline = start + self._config.nats_wait_s
+        conflicts = 0
+        while True:
+            seen = self._records.changed.version
+            plan = allocate.plan_allocation(
+                device_ids,
+                self._records.views(),
+                node=self._config.node,
+                resource=self._config.resource,
+                advertised=self._inventory.advertised,
+                retired=self._inventory.retired,
+                gpus=self._inventory.gpus,
+                options=self._config.response,
+                now=self._clock.now(),
+                plugin_id=self._config.plugin_id,
+                claims=self._commits.claims,
+                ledger=self._commits.ledger,
+            )
+            if isinstance(plan, Refusal):
+                unconfirmed = self._uncommitted(len(device_ids))
+                if unconfirmed and await self._commits.reread(unconfirmed):
+                    continue  # a claim or the ledger entry may have lagged: plan again
+                if plan.kind == "no_record" and await self._reread():
+                    continue  # the bucket held what the watch had not delivered: plan again
+                if (plan.kind == "no_record" or unconfirmed) and not self._bus.connected:
+                    # The record (or its claim) may be waiting in KV while NATS restarts: wait
+                    # for the connection, then give the watches their usual time to catch up.
+                    if not await self._connected_by(nats_deadline):
+                        return plan
+                    deadline = max(deadline, self._clock.monotonic() + self._config.record_wait_s)
+                    continue
+                remaining = deadline - self._clock.monotonic()
+                # Only a missing record (or a commit not read yet) can still arrive (the
+                # binder's write may trail the kubelet's call); anything else is final.
+                if (plan.kind != "no_record" and not unconfirmed) or remaining <= 0:
+                    return plan
+                # Claims are not watched: while some wait, read them again now and then.
+                pause = min(remaining, CLAIM_REREAD_S) if unconfirmed else remaining
+                changed = await self._records.changed.wait_past(seen, timeout=pause)
+                if not changed and not unconfirmed:
+                    if plan.kind == "no_record" and await self._reread(now=True):
+                        continue  # the watch stayed silent, the bucket did not: plan again
+                    return plan
+                continue
+            key = plan.claimed.key
+            try:
+                revision = await self._bus.kv_update(
+                    subjects.KV_ASSIGNMENTS,
+                    key,
+                    codec.encode(plan.record),
+                    revision=plan.claimed.revision,
+                )
+            except BusUnavailableError:
+                # Nothing was sent: wait (bounded) for NATS to come back and plan again, so a
+                # NATS restart does not fail the pod at admission.
+                if await self._connected_by(nats_deadline):
+                    continue
+                return Refusal(
+                    kind="unavailable",
+                    message=f"cannot claim the assignment record {key}: not connected to NATS "
+                    f"for {self._config.nats_wait_s:g} s; nothing was claimed",
+                )
+            except OutcomeUnknownError:
+                found = await self._read_back(plan)
+                if (
+                    found == "unknown"
+                    and not self._bus.connected
+                    and await self._connected_by(nats_deadline)
+                ):
+                    found = await self._read_back(plan)
+                if found == "unknown":
+                    self._remember_unconfirmed(device_ids, plan)
+                    return Refusal(
+                        kind="unavailable",
+                        message=f"the claim of the assignment record {key} was sent but NATS "
+                        "did not confirm it and it cannot be read back yet; a retry with the "
+                        "same devices gets the answer",
+                    )
+                revision = found
+                if revision is None:  # it did not land, and never will: plan again
+                    conflicts += 1
+                    if conflicts >= MAX_CLAIM_ATTEMPTS:
+                        return self._gave_up(key, conflicts)
+                    continue
+            except Exception as error:  # the bus failed otherwise: refuse, never crash
+                return Refusal(
+                    kind="unavailable",
+                    message=f"cannot claim the assignment record {key}: NATS "
+                    f"failed ({type(error).__name__}: {error})",
+                )
+            if revision is None:
+                conflicts += 1
+                self._metrics.cas_conflicts.inc()
+                if conflicts >= MAX_CLAIM_ATTEMPTS:
+                    return self._gave_up(key, conflicts)
+                try:
+                    await self._records.read(key)
+                except Exception as error:  # the bus failed: refuse, never crash
+                    return Refusal(
+                        kind="unavailable",
+                        message=f"cannot read the assignment record {key} again: NATS failed "
+                        f"({type(error).__name__}: {error})",
+                    )
+                continue
+            return await self._granted(plan, revision)
+
+    async def _connected_by(self, deadline: float) -> bool:
+        """Wait until NATS is connected or ``deadline`` (monotonic) passes; True when connected."""
+        while not self._bus.connected:
+            if self._clock.monotonic() >= deadline:
+                return False
+            await self._clock.sleep(NATS_POLL_S)
+        return True
+
+    @staticmethod
+    def _gave_up(key: str, conflicts: int) -> Refusal:
+        return Refusal(
+            kind="conflict",
+            message=f"the assignment record {key} kept changing under {conflicts} claims in a "
+            "row; nothing was claimed",
+        )
+
+    async def _granted(self, plan: Allocation, revision: int) -> ContainerGrant:
+        """The claim of ``plan`` is committed at ``revision``: keep it (in the state file too),
+        publish, answer."""
+        await self._records.remember(
+            RecordView(key=plan.claimed.key, revision=revision, record=plan.record)
+        )
+        self._grants.grant(plan.claimed.key, allocate.granted_of(plan.record))
+        self._events.publish(plan.event)
+        log.info(
+            "allocated",
+            extra={
+                "pod": f"{plan.record.namespace}/{plan.record.name}",
+                "container": plan.container.container,
+                "gpus": list(plan.event.gpu_uuids),
+                "complete": plan.complete,
+            },
+        )
+        return plan.grant
+
+    async def _read_back(self, plan: Allocation) -> ReadBack:
+        """Whether the claim of ``plan`` landed: its revision, None, or "unknown" (NATS down)."""
+        key = plan.claimed.key
+        try:
+            entry = await self._bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        except Exception as error:
+            log.warning(
+                "cannot read a claim back yet",
+                extra={"key": key, "error": f"{type(error).__name__}: {error}"},
+            )
+            return "unknown"
+        if entry is not None and entry.value == codec.encode(plan.record):
+            return entry.revision
+        if entry is None:
+            await self._records.forget(key)
+        else:
+            await self._records.take(entry)
+        return None
+
+    def _remember_unconfirmed(
+        self, device_ids: tuple[str, ...], plan: Allocation, sent_at: float | None = None
+    ) -> None:
+        sent = self._clock.monotonic() if sent_at is None else sent_at
+        self._unconfirmed[tuple(sorted(device_ids))] = (plan, sent)
+        while len(self._unconfirmed) > MAX_UNCONFIRMED:
+            del self._unconfirmed[next(iter(self._unconfirmed))]
+
+    async def _resolve_unconfirmed(
+        self, device_ids: tuple[str, ...]
+    ) -> ContainerGrant | Refusal | None:
+        """The answer to a retry of an unconfirmed claim, or None to plan afresh."""
+        unconfirmed = self._unconfirmed.pop(tuple(sorted(device_ids)), None)
+        if unconfirmed is None:
+            return None
+        plan, sent_at = unconfirmed
+        if self._clock.monotonic() - sent_at > UNCONFIRMED_TTL_S:
+            log.warning(
+                "an unconfirmed claim expired before a retry",
+                extra={"key": plan.claimed.key, "device_ids": list(device_ids)[:8]},
+            )
+            return None
+        found = await self._read_back(plan)
+        if found == "unknown":
+            self._remember_unconfirmed(device_ids, plan, sent_at)
+            return Refusal(
+                kind="unavailable",
+                message=f"the earlier claim of the assignment record {plan.claimed.key} for "
+                "these devices still cannot be read back from NATS",
+            )
+        if found is None:
+            return None
+        log.info("an unconfirmed claim had landed; answering the retry with it")
+        return await self._granted(plan, found)
+
+    async def _reread(self, *, now: bool = False) -> bool:
+        return await self._node_records.reread(now=now)
+
+    def _uncommitted(self, count: int) -> list[RecordView]:
+        """The bound records an Allocate of ``count`` devices could take that match no commit."""
+        views = allocate.matching_records(
+            self._records.views(), count=count, resource=self._config.resource
+        )
+        claims, ledger = self._commits.claims, self._commits.ledger
+        return [v for v in views if allocate.uncommitted(v, claims=claims, ledger=ledger)]
