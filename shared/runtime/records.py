@@ -27,7 +27,7 @@ from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
-from shared.runtime.tasks import ChangeCounter, checkpoint
+from shared.runtime.tasks import ChangeCounter
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,6 @@ class RecordMirror:
         )
 
     async def _on_entry(self, entry: KvEntry) -> None:
-        checkpoint()
         if entry.deleted:
             await self.delete(entry.key, entry.revision)
         else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import weakref
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -64,6 +64,19 @@ def checkpoint() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+def checkpointer() -> Callable[[], None]:
+    """:func:`checkpoint` for a loop that stays in the task it started in, with that task looked
+    up once (``asyncio.current_task`` is Python code in 3.11: a loop over every delivery of a
+    watch paid for it on each)."""
+    task = asyncio.current_task()
+
+    def check() -> None:
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+
+    return check
 
 
 async def cancel_and_wait(future: asyncio.Future[Any]) -> None:

@@ -14,7 +14,7 @@ from nats.js import api as js_api
 
 from shared.runtime.bus import WATCH_HEARTBEAT_S, KvEntry
 from shared.runtime.nats.store import NatsStore
-from shared.runtime.tasks import checkpoint
+from shared.runtime.tasks import checkpointer
 
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
@@ -152,12 +152,13 @@ class NatsKv(NatsStore):
 
         lost.add_done_callback(wake)
         consumer = ""
+        stop_requested = checkpointer()
         try:
             consumer = (await subscription.consumer_info()).name
             if not awaited:
                 yield None
             while True:
-                checkpoint()  # nats-py's requests above may have swallowed a stop's cancel
+                stop_requested()  # nats-py's requests above may have swallowed a stop's cancel
                 if arrived.empty() and lost.done():
                     await self._reconnected()
                     return
