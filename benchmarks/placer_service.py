@@ -223,11 +223,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mib(pid: int) -> float:
+def memory_mib(pid: int) -> dict[str, float]:
+    """Process ``pid``'s ``VmRSS`` (resident now) and ``VmHWM`` (the peak resident so far), MiB."""
+    found = {"VmRSS": float("nan"), "VmHWM": float("nan")}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        key = line.split(":", 1)[0]
+        if key in found:
+            found[key] = int(line.split()[1]) / 1024
+    return found
+
+
+def rss_mib(pid: int) -> float:
+    return memory_mib(pid)["VmRSS"]
 
 
 def percentile(values: list[float], fraction: float) -> float:
