@@ -1,4 +1,5 @@
-"""Builders for dashboard inputs, and a synthetic cluster written into a real nats-server.
+"""Builders for dashboard inputs (``tests.harness.wire`` in this directory's order and defaults),
+and a synthetic cluster written into a real nats-server.
 
 Also used by ``benchmarks/dashboard.py`` (100 nodes x 8 GPUs) and to draw ``docs/dashboard.png``.
 """
@@ -10,16 +11,17 @@ from dataclasses import dataclass, field
 
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord, AssignmentState
-from shared.messages.base import ContainerSlices, GpuSlice
-from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.base import GpuSlice
+from shared.messages.inventory import GpuHealthState, GpuTelemetry, NodeInventory
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementRejected, RejectionReason
 from shared.messages.pods import PodDeleted
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Bus
+from tests.harness import wire
 from tests.harness.kv import put_facts, put_inventory, put_record
 
-NOW = 1_700_000_000.0
+NOW = wire.NOW
 
 MODELS = (("A100-SXM4-80GB", 81920), ("H100-SXM5-80GB", 81920), ("L40S", 46068), ("T4", 15360))
 
@@ -32,28 +34,26 @@ def gpu(
     total: int = 81920,
     used: int = 0,
     utilization: int = 0,
-    health: str = "healthy",
+    health: GpuHealthState = "healthy",
     reason: str = "",
 ) -> GpuTelemetry:
-    return GpuTelemetry(
+    """A GPU whose temperature and power follow its utilization."""
+    return wire.gpu(
+        index,
         uuid=uuid,
-        index=index,
         model=model,
-        memory_total_mib=total,
-        memory_used_mib=used,
-        memory_free_mib=total - used,
-        utilization_pct=utilization,
+        memory_mib=total,
+        used_mib=used,
+        utilization=utilization,
         temperature_c=40 + utilization // 3,
         power_w=60.0 + 3 * utilization,
-        health=health,  # type: ignore[arg-type]
-        health_reason=reason,
+        health=health,
+        reason=reason,
     )
 
 
 def inventory(node: str, *gpus: GpuTelemetry, observed_at: float = NOW) -> NodeInventory:
-    return NodeInventory(
-        node=node, gpus=gpus, observed_at=observed_at, backend="fake", driver_version="550.54"
-    )
+    return wire.inventory(*gpus, node=node, at=observed_at, backend="fake", driver_version="550.54")
 
 
 def facts(node: str, *, ready: bool = True, schedulable: bool = True) -> NodeFacts:
@@ -68,7 +68,7 @@ def facts(node: str, *, ready: bool = True, schedulable: bool = True) -> NodeFac
 
 
 def share(uuid: str, index: int = 0, *, memory: int = 10240, cores: int = 25) -> GpuSlice:
-    return GpuSlice(uuid=uuid, index=index, memory_mib=memory, cores=cores)
+    return wire.share(index, uuid=uuid, memory_mib=memory, cores=cores)
 
 
 def record(
@@ -81,16 +81,17 @@ def record(
     container: str = "main",
     decided_at: float = NOW,
 ) -> AssignmentRecord:
-    return AssignmentRecord(
-        pod_uid=uid,
-        namespace=namespace,
-        name=name or f"pod-{uid}",
+    """One container's record of no commit, released a second after it was decided."""
+    return wire.record(
+        uid,
+        wire.container(container, *shares, devices=0),
         node=node,
-        containers=(ContainerSlices(container=container, gpus=shares),),
+        name=name,
+        namespace=namespace,
         state=state,
         decided_at=decided_at,
-        placer_id="placer-0",
         released_at=decided_at + 1 if state == "released" else None,
+        commit="",
     )
 
 
