@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.base import ContainerSlices, GpuSlice
+from shared.messages.base import ContainerSlices
 from shared.messages.placement import PlacementDecision, PlacementRejected, RejectionReason
+from tests.harness import wire
 
 NODE = "gpu-1"
-DECIDED_AT = 1_700_000_000.0
+DECIDED_AT = wire.NOW
 
 
 def container(
@@ -100,15 +101,16 @@ def node(
 def slices(
     container_name: str = "main", *gpus: tuple[int, int, int], devices: int | None = None
 ) -> ContainerSlices:
-    """Slices on GPUs given as (index, MiB, cores); ``devices`` = tessera.dev/gpu asked."""
+    """Slices on GPUs given as (index, MiB, cores), of UUID ``GPU-<index:04d>``; ``devices`` =
+    tessera.dev/gpu asked."""
     chosen = gpus or ((0, 4096, 25),)
-    return ContainerSlices(
-        container=container_name,
-        gpus=tuple(
-            GpuSlice(uuid=f"GPU-{index:04d}", index=index, memory_mib=mib, cores=cores)
-            for index, mib, cores in chosen
+    return wire.container(
+        container_name,
+        *(
+            wire.share(i, uuid=f"GPU-{i:04d}", memory_mib=mib, cores=cores)
+            for i, mib, cores in chosen
         ),
-        resources={"tessera.dev/gpu": devices if devices is not None else len(chosen)},
+        devices=devices,
     )
 
 
@@ -123,18 +125,19 @@ def record(
     bound_at: float | None = None,
     commit: str | None = None,
 ) -> AssignmentRecord:
-    """A record of commit ``commit`` (default ``commit-<uid>``)."""
-    return AssignmentRecord(
-        pod_uid=uid,
-        namespace=namespace,
-        name=name,
+    """A record of ``placer-test`` (one default slice unless ``containers``) of commit ``commit``
+    (default ``commit-<uid>``)."""
+    return wire.record(
+        uid,
+        *(containers or (slices(),)),
         node=node,
-        containers=containers or (slices(),),
+        name=name,
+        namespace=namespace,
         state=state,  # type: ignore[arg-type]
         decided_at=decided_at,
         placer_id="placer-test",
         bound_at=bound_at,
-        commit=f"commit-{uid}" if commit is None else commit,
+        commit=commit,
     )
 
 
