@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.inventory import GpuHealthState, GpuTelemetry, NodeInventory
+from shared.messages.inventory import GpuHealthState, NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
 from shared.runtime.bus import Bus
+from tests.harness import wire as harness
 from tests.harness.kv import put_facts, put_inventory
 
-NOW = 1_700_000_000.0
+NOW = harness.NOW
 GPU_MIB = 16_384
 
 
@@ -39,21 +40,22 @@ def inventory(
     health: dict[int, GpuHealthState] | None = None,
     at: float = NOW,
 ) -> NodeInventory:
-    return NodeInventory(
-        node=node,
-        gpus=tuple(
-            GpuTelemetry(
+    """``node`` with ``gpus`` alike GPUs (UUIDs :func:`gpu_uuid`), GPU ``i`` with ``used_mib[i]``
+    in use and of health ``health[i]`` where given."""
+    return harness.inventory(
+        *(
+            harness.gpu(
+                i,
                 uuid=gpu_uuid(node, i),
-                index=i,
                 model=model,
-                memory_total_mib=memory_mib,
-                memory_used_mib=used_mib[i] if i < len(used_mib) else 0,
-                memory_free_mib=memory_mib - (used_mib[i] if i < len(used_mib) else 0),
+                memory_mib=memory_mib,
+                used_mib=used_mib[i] if i < len(used_mib) else 0,
                 health=(health or {}).get(i, "healthy"),
             )
             for i in range(gpus)
         ),
-        observed_at=at,
+        node=node,
+        at=at,
         sequence=1,
         backend="fake",
     )
