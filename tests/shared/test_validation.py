@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import msgspec
 import pytest
@@ -13,6 +13,7 @@ from shared import subjects, validation
 from shared.messages.assignments import AssignmentRecord, AssignmentState, ContainerAllocation
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.inventory import GpuProcess, GpuTelemetry, NodeInventory
+from tests.harness import wire
 
 NODE = "gpu-1.example"
 NOW = 1_700_000_000.0
@@ -30,48 +31,49 @@ def gpu(index: int, *, memory_mib: int = 81_920, **fields: Any) -> GpuTelemetry:
     )
 
 
-def node_inventory(*gpus: GpuTelemetry, **fields: Any) -> NodeInventory:
-    return NodeInventory(
-        node=fields.pop("node", NODE),
-        gpus=gpus or (gpu(0), gpu(1)),
-        observed_at=fields.pop("observed_at", NOW),
-        **fields,
+def node_inventory(
+    *gpus: GpuTelemetry,
+    node: str = NODE,
+    observed_at: float = NOW,
+    **fields: Unpack[wire.InventoryFields],
+) -> NodeInventory:
+    return wire.inventory(*(gpus or (gpu(0), gpu(1))), node=node, at=observed_at, **fields)
+
+
+def piece(
+    gpu_index: int = 0, *, index: int | None = None, memory_mib: int = 4096, cores: int = 30
+) -> GpuSlice:
+    """A slice of GPU ``gpu_index`` (``GPU-<gpu_index>``); ``index`` says another (a wrong one)."""
+    return wire.share(
+        gpu_index if index is None else index,
+        uuid=f"GPU-{gpu_index}",
+        memory_mib=memory_mib,
+        cores=cores,
     )
-
-
-def piece(gpu_index: int = 0, **fields: Any) -> GpuSlice:
-    """A slice of GPU ``gpu_index``; ``fields`` override (a wrong index, memory, cores)."""
-    values: dict[str, Any] = {
-        "uuid": f"GPU-{gpu_index}",
-        "index": gpu_index,
-        "memory_mib": 4096,
-        "cores": 30,
-    }
-    values |= fields
-    return GpuSlice(**values)
 
 
 def slices(*pieces: GpuSlice, name: str = "main", count: int | None = None) -> ContainerSlices:
-    shares = len(pieces) if count is None else count
-    return ContainerSlices(
-        container=name, gpus=pieces, resources={"tessera.dev/gpu": shares} if shares else {}
+    return wire.container(name, *pieces, devices=count)
+
+
+def assignment(
+    *containers: ContainerSlices,
+    pod_uid: str = "uid-1",
+    node: str = NODE,
+    state: AssignmentState = "bound",
+    **fields: Unpack[wire.RecordFields],
+) -> AssignmentRecord:
+    """Pod ``ml/train``'s record of no commit, bound a second after it was decided unless
+    ``reserved``."""
+    return wire.record(
+        pod_uid,
+        *(containers or (slices(piece()),)),
+        node=node,
+        commit="",
+        name="train",
+        state=state,
+        **({"bound_at": None if state == "reserved" else NOW + 1} | fields),
     )
-
-
-def assignment(*containers: ContainerSlices, **fields: Any) -> AssignmentRecord:
-    state: AssignmentState = fields.pop("state", "bound")
-    values: dict[str, Any] = {
-        "pod_uid": "uid-1",
-        "namespace": "ml",
-        "name": "train",
-        "node": NODE,
-        "containers": containers or (slices(piece()),),
-        "state": state,
-        "decided_at": NOW,
-        "placer_id": "placer-0",
-        "bound_at": None if state == "reserved" else NOW + 1,
-    } | fields
-    return AssignmentRecord(**values)
 
 
 KEY = subjects.assignment_key(NODE, "uid-1")
