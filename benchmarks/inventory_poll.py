@@ -6,6 +6,7 @@ median of several rounds; the core's figure is per poll of a whole node.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -102,4 +103,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     asyncio.run(main())

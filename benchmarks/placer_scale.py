@@ -52,7 +52,8 @@ from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
 from shared.messages.placement import PlacementDecision, PlacementRejected
 from shared.messages.pods import ContainerRequest, PodPending
-from shared.runtime.bus import Delivery, NatsBus
+from shared.runtime.bus import Delivery
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 from tests.harness.store import mark_restored
 
