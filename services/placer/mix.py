@@ -38,6 +38,10 @@ PRIOR_PODS = 200
 """How many pods the prior mix counts as."""
 
 WEIGHT_STEP = 0.005
+RECOMPILE_JUDGEMENTS = 20
+"""Node-shape judgements per decision a compile of the profile may cost, on average."""
+MIX_STALE_S = 60.0
+"""A mix that moved is compiled after this long at the latest, however few decisions ran."""
 COVERAGE = 0.95
 FALLBACK_GPU_MIB = 16_000
 """GPU memory assumed for a share whose GPU is not in view (only shapes a fraction)."""
@@ -98,6 +102,22 @@ def blend(
         )
         if n > 0
     )
+
+
+def compile_due(*, moved: bool, decisions: int, judgements: int, elapsed_s: float) -> bool:
+    """Whether to compile the profile again now that the learned mix ``moved``.
+
+    A compile starts the profile's judgement memo over: every node shape is judged again for
+    every request asked (about 100 us each for the tessera profile on 8 GPUs; thousands of shapes
+    on a large cluster, so seconds of work). So a compile waits until the ``decisions`` since the
+    last one have paid for the ``judgements`` made since, at :data:`RECOMPILE_JUDGEMENTS` each,
+    or until :data:`MIX_STALE_S` passed (``elapsed_s``). A small cluster compiles within a few
+    decisions, as before; a burst onto 10,000 nodes no longer spends most of its time judging
+    again after compiles that its own placements keep triggering.
+    """
+    if not moved:
+        return False
+    return decisions * RECOMPILE_JUDGEMENTS >= judgements or elapsed_s >= MIX_STALE_S
 
 
 class TaskMix:

@@ -284,6 +284,7 @@ class PlacerService:
             self.shell.failed_at, self.shell.failed_keys = item.seen, {}
         known = self.shell.failed_keys.get(key) if item.rejections else None
         self.metrics.tries.inc()
+        self.shell.decisions += 1
         try:
             outcome = self._decide(item, known, now)
             if look_ahead and isinstance(outcome, Decision):

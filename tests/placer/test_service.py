@@ -206,6 +206,31 @@ async def _run_decides(restart: bool, start_placer: PlacerFactory, bus: NatsBus)
     return [record.node, gpus]
 
 
+async def test_a_mix_moved_by_every_pod_is_compiled_only_once_it_is_paid_for(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    # 60 node shapes (each node's GPUs a different size) and 5 pod shapes: a compile costs about
+    # 300 judgements, paid after 15 decisions; the mix moves with every pod placed (the learned
+    # share of a mix of few pods), and was compiled at every check before.
+    for i in range(60):
+        await wire.put_node(bus, f"n{i:02}", 2, memory_mib=16_384 + 512 * i)
+    pods = [f"p{i:02}" for i in range(30)]
+    async with start_placer(tuning={"mix_check_s": 0.01}) as placer:
+        service = placer.service
+        assert service is not None
+        for i, uid in enumerate(pods):
+            pod = wire.pending(
+                uid, memory_mib=(2048, 3072, 4096, 6144, 8192)[i % 5], cores=10 + i % 5
+            )
+            await wire.publish_pod(bus, pod)
+            await settled(bus, placed(uid), what=f"{uid} placed")
+            await asyncio.sleep(0.03)  # several checks of the mix between two pods
+        builds = placer.metric("tessera_placer_profile_builds_total")
+        judged = service.view.index.memo_size
+    # At start, then once each compile is paid for: a handful, not one per pod.
+    assert 2 <= builds <= 5, (builds, judged)
+
+
 async def test_a_restarted_placer_decides_as_if_it_had_run_all_along(
     bus: NatsBus, start_placer: PlacerFactory
 ) -> None:

@@ -322,3 +322,25 @@ def test_a_memory_units_node_takes_only_containers_that_ask_gpu_memory() -> None
     assert reasons[translate.MEMORY_UNITS_ONLY] == 1 and sum(reasons.values()) == 2
     view.set_facts(wire.facts("units", at=NOW))  # the plugin switched to logical mode
     assert view.memory_unit_nodes == set()
+
+
+@pytest.mark.parametrize(
+    ("moved", "decisions", "judgements", "elapsed_s", "due"),
+    [
+        (False, 10_000, 0, 3600.0, False),  # nothing moved: nothing to compile
+        (True, 0, 0, 0.0, True),  # nothing judged since: a compile costs nothing
+        (True, 5, 100, 1.0, True),  # a small cluster: paid within a few decisions
+        (True, 100, 60_000, 10.0, False),  # a large one in a burst: not paid yet
+        (True, 3_000, 60_000, 10.0, True),  # paid at RECOMPILE_JUDGEMENTS a decision
+        (True, 100, 60_000, mix.MIX_STALE_S, True),  # stale too long: compiled anyway
+    ],
+)
+def test_a_moved_mix_is_compiled_once_the_last_compile_is_paid_for(
+    moved: bool, decisions: int, judgements: int, elapsed_s: float, due: bool
+) -> None:
+    assert (
+        mix.compile_due(
+            moved=moved, decisions=decisions, judgements=judgements, elapsed_s=elapsed_s
+        )
+        is due
+    )

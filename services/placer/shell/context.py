@@ -109,6 +109,8 @@ class Shell:
     """Wakes the retry loop: the view's change counters moved."""
     profile: Profile | None = None
     """The compiled profile (``upkeep``); None until the view is loaded."""
+    decisions: int = 0
+    """Pods decided (placed or not) since the start: what a compile of the profile is paid by."""
     restored_epoch: str = ""
     """The store epoch the binder last said it restored (``watches``)."""
     failed_at: tuple[int, int] = (-1, -1)

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from services.placer import stats
+from services.placer import mix, stats
 from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.profiles import BUILTIN, DEFAULT_TYPICAL_TASKS, ProfileSpec, build_profile
@@ -39,6 +39,8 @@ class Upkeep:
         self._held = held
         self._waiting = waiting
         self._typical: tuple[Any, ...] | None = None
+        self._compiled = (0, 0.0)
+        """Decisions made and monotonic time at the last compile."""
         self._stats_model: tuple[tuple[TypicalTask, ...], FragmentationModel] | None = None
         self._tenancy_text: bytes | None = None
 
@@ -77,11 +79,20 @@ class Upkeep:
         return self._shell.profile is not None and self._typical == self._shell.view.mix.typical()
 
     def rebuild_profile(self) -> None:
-        """Compile the profile with the learned task mix, when the mix moved."""
+        """Compile the profile with the learned task mix, when the mix moved and a compile is
+        due (``mix.compile_due``)."""
         shell = self._shell
         typical = shell.view.mix.typical()
-        if typical == self._typical and shell.profile is not None:
+        decided, compiled_at = self._compiled
+        now = shell.clock.monotonic()
+        if shell.profile is not None and not mix.compile_due(
+            moved=typical != self._typical,
+            decisions=shell.decisions - decided,
+            judgements=shell.view.index.memo_size,
+            elapsed_s=now - compiled_at,
+        ):
             return
+        self._compiled = (shell.decisions, now)
         old = shell.profile
         shell.profile = build_profile(
             service_profile(shell.config.profile),
