@@ -105,6 +105,8 @@ class PlacerService:
         )
         self.watches = Watches(shell=shell, held=held, waiting=self.waiting)
         self.releases = Releases(shell=shell, held=held, waiting=self.waiting)
+        self.release_requeue = self.releases.release_requeue
+        """Give a placement back and place the pod again (the extender's)."""
         self.intake = Intake(shell=shell, held=held, releases=self.releases)
         self.upkeep = Upkeep(shell=shell, held=held, waiting=self.waiting)
         self.explainer = Explainer(shell=shell, held=held)
@@ -122,36 +124,6 @@ class PlacerService:
     def profile(self) -> Profile | None:
         """The compiled profile; None until the view is loaded."""
         return self.shell.profile
-
-    @property
-    def mix_compiled(self) -> bool:
-        return self.upkeep.mix_compiled
-
-    def check_tenancy_file(self) -> bool:
-        return self.upkeep.check_tenancy_file()
-
-    def explain(self, pod_uid: str) -> dict[str, object]:
-        return self.explainer.explain(pod_uid)
-
-    async def release_requeue(
-        self,
-        pod_uid: str,
-        node: str,
-        *,
-        cause: str,
-        reason: str,
-        only_reserved: bool,
-        reported_at: float = 0.0,
-    ) -> bool:
-        """Give the placement on ``node`` back and place the pod again (the extender's)."""
-        return await self.releases.release_requeue(
-            pod_uid,
-            node,
-            cause=cause,
-            reason=reason,
-            only_reserved=only_reserved,
-            reported_at=reported_at,
-        )
 
     # --- running -------------------------------------------------------------------------------
 

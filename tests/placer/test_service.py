@@ -193,7 +193,7 @@ async def _run_decides(restart: bool, start_placer: PlacerFactory, bus: NatsBus)
         # pod's result), and that mix compiled: else the pod decided next may meet a profile a
         # pod short of the one a restarted placer compiles, and a near-tie goes another way.
         await until(
-            lambda: len(service.view.mix) == len(first) and service.mix_compiled,
+            lambda: len(service.view.mix) == len(first) and service.upkeep.mix_compiled,
             what="the learned mix of every pod compiled into the profile",
         )
         if not restart:
