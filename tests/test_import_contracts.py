@@ -46,3 +46,37 @@ def test_each_io_library_is_forbidden_everywhere_but_in_its_adapters() -> None:
         (contract,) = [c for c in contracts.values() if c.get("forbidden_modules") == [library]]
         assert sorted(contract["source_modules"]) == ["services", "shared", "tessera"], contract
         assert all(f"-> {library}" in line for line in contract.get("ignore_imports", []))
+
+
+NOT_LAYERED = {"services.deviceplugin._proto", "services.deviceplugin.protogen"}
+"""Generated gRPC code and the tool that generates it: no layer of the service imports them but
+the gRPC server (which the grpc contract lists)."""
+
+
+def _modules(service: str) -> set[str]:
+    """Every module and package directly under ``services/<service>``."""
+    folder = ROOT / "services" / service
+    found = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    found |= {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    return {f"services.{service}.{name}" for name in found} - NOT_LAYERED
+
+
+def test_every_module_of_every_service_sits_in_a_layer() -> None:
+    """Deny by default: a new file must be placed in its service's layers, or no contract would
+    say what it may import."""
+    layered: dict[str, set[str]] = {}
+    for contract in _contracts().values():
+        if contract["type"] != "layers":
+            continue
+        (container,) = contract["containers"]
+        names = {
+            name.strip()
+            for layer in contract["layers"]
+            for name in layer.replace("|", ":").split(":")
+        }
+        layered[container] = {f"{container}.{name}" for name in names}
+    for service in _services():
+        container = f"services.{service}"
+        assert container in layered, f"{container} has no layers contract"
+        unplaced = sorted(_modules(service) - layered[container])
+        assert not unplaced, f"modules in no layer of {container}'s contract: {unplaced}"
