@@ -25,6 +25,8 @@ from shared.runtime.bus import Bus
 from shared.runtime.edge import Edge
 
 log = logging.getLogger("services.placer.service")
+"""One logger for the whole shell: its lines keep the name they had before the split (log
+queries and alerts select on it)."""
 
 MAX_IN_FLIGHT = 64
 """Commits one replica runs at once."""
