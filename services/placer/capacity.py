@@ -53,9 +53,6 @@ class Capacities:
     def __init__(self) -> None:
         self._counts: Counter[Signature] = Counter()
 
-    def __bool__(self) -> bool:
-        return bool(self._counts)
-
     def add(self, signature: Signature) -> None:
         self._counts[signature] += 1
 

@@ -93,7 +93,8 @@ class Spawner:
 
 @dataclass(eq=False)
 class Shell:
-    """The state the shell's jobs share (each job keeps its own beside it)."""
+    """The state the shell's jobs share (each job keeps its own beside it): its ports and
+    the commit path are given; the rest is state the jobs set."""
 
     config: PlacerConfig
     bus: Bus
@@ -103,22 +104,22 @@ class Shell:
     view: ClusterView
     store: Store
     protocol: CommitProtocol
-    board: WaitingBoard = field(default_factory=WaitingBoard)
-    tasks: Spawner = field(default_factory=Spawner)
-    work: asyncio.Event = field(default_factory=asyncio.Event)
+    board: WaitingBoard = field(default_factory=WaitingBoard, init=False)
+    tasks: Spawner = field(default_factory=Spawner, init=False)
+    work: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     """Wakes the place loop: pods queued, a commit finished, the store restored."""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     """Wakes the retry loop: the view's change counters moved."""
-    profile: Profile | None = None
+    profile: Profile | None = field(default=None, init=False)
     """The compiled profile (``upkeep``); None until the view is loaded."""
-    decisions: int = 0
+    decisions: int = field(default=0, init=False)
     """Pods decided (placed or not) since the start: what a compile of the profile is paid by."""
-    restored_epoch: str = ""
+    restored_epoch: str = field(default="", init=False)
     """The store epoch the binder last said it restored (``watches``)."""
-    failed_at: tuple[int, int] = (-1, -1)
-    failed_keys: dict[PodRequest, Waiting] = field(default_factory=dict)
+    failed_at: tuple[int, int] = field(default=(-1, -1), init=False)
+    failed_keys: dict[PodRequest, Waiting] = field(default_factory=dict, init=False)
     """Pod shapes known not to fit since the view's change counters were ``failed_at``."""
-    _seen_change: tuple[int, int] = (0, 0)
+    _seen_change: tuple[int, int] = field(default=(0, 0), init=False)
 
     @property
     def restored(self) -> bool:
