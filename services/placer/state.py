@@ -165,6 +165,9 @@ class ClusterView:
         self._signatures = Capacities()
         self._now = 0.0
         self._handoffs: dict[str, int] = {}
+        self._queued: dict[int, frozenset[str]] = {}
+        """``queued_nodes`` by threshold, until a queue changes: every decision asks, and under a
+        burst thousands of nodes may have a queue."""
         """Node -> its pods between decision and Allocate (only nodes with any): records not
         allocated yet and this replica's tentative bookings (:meth:`queued_nodes`)."""
 
@@ -235,10 +238,17 @@ class ClusterView:
         gate lets one such pod per device count through to a node at a time, so pods decided
         onto a node whose queue is long wait there in line (``decider.decide`` spreads a burst
         over other nodes rather than lengthen it)."""
-        return frozenset(node for node, count in self._handoffs.items() if count >= at_least)
+        queued = self._queued.get(at_least)
+        if queued is None:
+            queued = frozenset(n for n, count in self._handoffs.items() if count >= at_least)
+            self._queued[at_least] = queued
+        return queued
 
     def _count_handoffs(self, node: str, entry: _Node) -> None:
         count = len(entry.handing_off.union(entry.tentative))
+        if self._handoffs.get(node, 0) == count:
+            return
+        self._queued.clear()
         if count:
             self._handoffs[node] = count
         else:
