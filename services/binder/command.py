@@ -81,6 +81,15 @@ class BinderSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
             "to the placer; a queue that moves never times out",
         ),
     ] = 30.0
+    node_facts_refresh_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="publish a node's facts at most this often while only Tessera's own "
+            "pods change what is requested on it (the placer counts those from its bookings); "
+            "other changes are published at once",
+        ),
+    ] = 5.0
     allocation_warning_s: Annotated[
         float,
         msgspec.Meta(
@@ -126,6 +135,7 @@ def build_config(settings: BinderSettings, *, environ: Mapping[str, str]) -> Bin
         retry_period_s=settings.retry_period_s,
         identity=settings.identity or default_identity(),
         gate_timeout_s=settings.gate_timeout_s,
+        node_facts_refresh_s=settings.node_facts_refresh_s,
         allocation_warning_s=settings.allocation_warning_s,
         max_in_flight=settings.max_in_flight,
     )

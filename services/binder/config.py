@@ -27,6 +27,10 @@ class BinderConfig:
     retry_period_s: float = 2.0
     identity: str = ""
     gate_timeout_s: float = 30.0
+    node_facts_refresh_s: float = 5.0
+    """A node's facts that changed only in what Tessera's own pods request are published at
+    most this often (the placer's view does not depend on that part); any other change is
+    published at once."""
     allocation_warning_s: float = 60.0
     max_in_flight: int = 256
     workers: int = 4

@@ -23,6 +23,7 @@ class BinderMetrics:
     invalid_pods: Counter
     explained: Counter
     node_facts: Counter
+    node_facts_deferred: Counter
     events: Counter
     restores: Counter
 
@@ -91,6 +92,12 @@ class BinderMetrics:
             node_facts=Counter(
                 "tessera_binder_node_facts_published_total",
                 "NodeFacts published (on change).",
+                registry=registry,
+            ),
+            node_facts_deferred=Counter(
+                "tessera_binder_node_facts_deferred_total",
+                "Changes of NodeFacts held back because only Tessera's own pods moved (published "
+                "with the next refresh, or with the next other change).",
                 registry=registry,
             ),
             restores=Counter(

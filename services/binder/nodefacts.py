@@ -132,3 +132,28 @@ def gone_facts(node: str, *, now: float) -> NodeFacts:
 def same_facts(a: NodeFacts | None, b: NodeFacts) -> bool:
     """Equal apart from when they were observed (nothing worth publishing again)."""
     return a is not None and msgspec.structs.replace(a, observed_at=b.observed_at) == b
+
+
+def only_tessera_moved(published: NodeFacts, facts: NodeFacts) -> bool:
+    """Whether ``facts`` differ from ``published`` only in what Tessera's own pods request.
+
+    The placer counts the CPU and memory of Tessera's pods from its own bookings and subtracts
+    the ``tessera_*`` part of what is published, so such a change leaves its view of the node
+    exactly as it was: a burst of Tessera's pods need not publish the node's facts per pod.
+    """
+    return (
+        facts.cpu_requested_milli - facts.tessera_cpu_requested_milli
+        == published.cpu_requested_milli - published.tessera_cpu_requested_milli
+        and facts.memory_requested_mib - facts.tessera_memory_requested_mib
+        == published.memory_requested_mib - published.tessera_memory_requested_mib
+        and same_facts(
+            msgspec.structs.replace(
+                published,
+                cpu_requested_milli=facts.cpu_requested_milli,
+                memory_requested_mib=facts.memory_requested_mib,
+                tessera_cpu_requested_milli=facts.tessera_cpu_requested_milli,
+                tessera_memory_requested_mib=facts.tessera_memory_requested_mib,
+            ),
+            facts,
+        )
+    )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
@@ -26,7 +27,14 @@ from services.binder.extender import is_extender_pod, is_ours
 from services.binder.gateway import ClusterGateway
 from services.binder.informer import Informer
 from services.binder.metrics import BinderMetrics
-from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
+from services.binder.nodefacts import (
+    Requested,
+    gone_facts,
+    node_facts,
+    only_tessera_moved,
+    pod_requested,
+    same_facts,
+)
 from services.binder.objects import Node
 from services.binder.reporting import Reporter
 from services.binder.workqueue import WorkQueue
@@ -100,6 +108,10 @@ class ClusterSync:
         self._requested: dict[str, Requested] = {}
         self._contribution: dict[str, tuple[str, Requested]] = {}
         self._published_facts: dict[str, NodeFacts] = {}
+        self._facts_published_at: dict[str, float] = {}
+        """When (monotonic) each node's facts were last published."""
+        self._facts_held: set[str] = set()
+        """Nodes with a change held back until their next refresh."""
         self.pod_queue: WorkQueue[str] = WorkQueue()
         self.node_queue: WorkQueue[str] = WorkQueue()
         self._background: set[asyncio.Task[None]] = set()
@@ -278,10 +290,28 @@ class ClusterSync:
             await self._publish_facts(gone_facts(name, now=self._clock.now()))
             return
         facts = node_facts(node, self.requested_on(name), now=self._clock.now())
-        if same_facts(self._published_facts.get(name), facts):
+        published = self._published_facts.get(name)
+        if same_facts(published, facts):
             return
+        if published is not None and only_tessera_moved(published, facts):
+            wait = (
+                self._facts_published_at.get(name, -math.inf)
+                + self._config.node_facts_refresh_s
+                - self._clock.monotonic()
+            )
+            if wait > 0:
+                if name not in self._facts_held:
+                    self._facts_held.add(name)
+                    self._metrics.node_facts_deferred.inc()
+                    self._later(wait, self._refresh_facts, name)
+                return
         await self._publish_facts(facts)
         self._published_facts[name] = facts
+        self._facts_published_at[name] = self._clock.monotonic()
+
+    def _refresh_facts(self, name: str) -> None:
+        self._facts_held.discard(name)
+        self.node_queue.add(name)
 
     async def _publish_facts(self, facts: NodeFacts) -> None:
         self._fence("publish NodeFacts")

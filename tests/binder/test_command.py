@@ -58,6 +58,7 @@ def test_help_documents_the_settings() -> None:
         "--retry-period-s",
         "default: 2.0",
         "--gate-timeout-s",
+        "--node-facts-refresh-s",
         "--allocation-warning-s",
         "env TESSERA_API_TIMEOUT_S",
     ):

@@ -9,7 +9,14 @@ import msgspec
 import pytest
 
 from services.binder import explain
-from services.binder.nodefacts import Requested, gone_facts, node_facts, pod_requested, same_facts
+from services.binder.nodefacts import (
+    Requested,
+    gone_facts,
+    node_facts,
+    only_tessera_moved,
+    pod_requested,
+    same_facts,
+)
 from services.binder.objects import Node
 from shared.kubeobjects import Pod
 from shared.messages.nodes import NodeFacts
@@ -93,6 +100,56 @@ def test_node_facts() -> None:
     assert same_facts(facts, msgspec.structs.replace(facts, observed_at=99.0))
     assert not same_facts(facts, msgspec.structs.replace(facts, cpu_requested_milli=1))
     assert gone_facts("gpu-7", now=3.0).deleted
+
+
+PUBLISHED = NodeFacts(
+    node="gpu-7",
+    cpu_allocatable_milli=64000,
+    memory_allocatable_mib=262144,
+    cpu_requested_milli=3000,
+    memory_requested_mib=4096,
+    tessera_cpu_requested_milli=1000,
+    tessera_memory_requested_mib=1024,
+    observed_at=1.0,
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "held"),
+    [
+        pytest.param({"observed_at": 9.0}, True, id="nothing-but-the-time"),
+        pytest.param(
+            {
+                "cpu_requested_milli": 3500,
+                "tessera_cpu_requested_milli": 1500,
+                "memory_requested_mib": 5120,
+                "tessera_memory_requested_mib": 2048,
+            },
+            True,
+            id="a-tessera-pod-bound",
+        ),
+        pytest.param(
+            {"cpu_requested_milli": 2000, "tessera_cpu_requested_milli": 0},
+            True,
+            id="a-tessera-pod-gone",
+        ),
+        pytest.param({"cpu_requested_milli": 3500}, False, id="another-pod-s-cpu"),
+        pytest.param(
+            {"memory_requested_mib": 5120, "tessera_memory_requested_mib": 1536},
+            False,
+            id="both-moved-unequally",
+        ),
+        pytest.param({"schedulable": False}, False, id="cordoned"),
+        pytest.param({"labels": {"zone": "b"}}, False, id="labels"),
+        pytest.param(
+            {"cpu_requested_milli": 3500, "tessera_cpu_requested_milli": 1500, "ready": False},
+            False,
+            id="tessera-pod-and-not-ready",
+        ),
+    ],
+)
+def test_only_tessera_s_own_pods_moving_can_wait(change: dict[str, Any], held: bool) -> None:
+    assert only_tessera_moved(PUBLISHED, msgspec.structs.replace(PUBLISHED, **change)) is held
 
 
 @pytest.mark.parametrize(

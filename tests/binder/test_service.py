@@ -593,7 +593,7 @@ async def test_node_facts_follow_nodes_and_the_pods_on_them(
         return None if entry is None else codec.decode(entry.value, NodeFacts)
 
     published = await collect(bus, subjects.NODES_ALL)
-    async with start_binder():
+    async with start_binder(node_facts_refresh_s=0.2):
         await eventually(facts, what="facts in KV")
         first = await facts()
         assert first is not None
@@ -623,6 +623,34 @@ async def test_node_facts_follow_nodes_and_the_pods_on_them(
 
         await eventually(deleted, what="deleted facts")
         assert published.decoded(NodeFacts)[-1].deleted
+
+
+async def test_a_node_s_facts_wait_for_the_refresh_while_only_tessera_s_pods_move(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """A Tessera pod bound does not change what the placer makes of a node (it subtracts the
+    ``tessera_*`` part and counts its own bookings), so it publishes nothing by itself; the
+    next other change publishes everything at once."""
+    api.create(NODE, node("gpu-1", cpu="32", memory="128Gi", gpus=4))
+    published = await collect(bus, subjects.NODES_ALL)
+    async with start_binder(node_facts_refresh_s=600.0) as binder:
+        await eventually(lambda: published.deliveries, what="the node's first facts")
+        api.create(POD, pod("train", container(gpu=1, cpu="1", ram="1Gi"), node="gpu-1"))
+        await eventually(
+            lambda: binder.metric("tessera_binder_node_facts_deferred_total") == 1,
+            what="the Tessera pod's change held back",
+        )
+        api.create(
+            POD,
+            pod("web", container(cpu="2", ram="4Gi"), scheduler="default-scheduler", node="gpu-1"),
+        )
+        await eventually(lambda: len(published.deliveries) == 2, what="the other pod's change")
+        await asyncio.sleep(0.3)  # nothing else follows
+    first, second = published.decoded(NodeFacts)
+    assert (first.cpu_requested_milli, first.tessera_cpu_requested_milli) == (0, 0)
+    assert (second.cpu_requested_milli, second.tessera_cpu_requested_milli) == (3000, 1000)
+    assert (second.memory_requested_mib, second.tessera_memory_requested_mib) == (5120, 1024)
+    assert len(published.deliveries) == 2
 
 
 async def test_a_new_leader_finishes_what_the_last_one_left_half_done(
