@@ -2,8 +2,9 @@
 
 For each decision (:meth:`DecisionBinder.handle`): plan with :func:`plan.plan_bind` under the
 node's lock, so two decisions on one node never pass the ambiguity gate together; move the record
-``reserved -> bound`` by compare-and-set (a lost race is read again and planned again; one that
-times out has an unknown outcome and is read back); create the Binding (the assignment
+``reserved -> bound`` by compare-and-set (the record is the mirror's when it holds it reserved
+for this decision, else read from the bucket; a lost race is read again and planned again; one
+that times out has an unknown outcome and is read back); create the Binding (the assignment
 annotations ride on it and land with ``spec.nodeName`` in one write; 409 with the pod already on
 this node counts as done); publish the ``BindingResult``. A decision held at the gate waits for the
 record it waits on to move, at most ``gate_timeout_s`` for each record it waits on (a queue that
@@ -39,6 +40,7 @@ from services.binder.plan import (
     Wait,
     claim_of,
     gate_resources,
+    matches,
     observe,
     plan_bind,
 )
@@ -135,11 +137,12 @@ class DecisionBinder:
         """Plan under the node's lock and carry out the record compare-and-set it asks for.
         Returns the plan and the mirror's version it was made at."""
         key = subjects.assignment_key(decision.node, decision.pod_uid)
+        fresh = False
         for _ in range(MAX_CAS_ATTEMPTS):
             pod = await self._observe(decision)
             async with self._node_lock(decision.node):
                 version = self._records.changed.version
-                record = await self._records.read(key)
+                record = await self._record_of(key, decision, fresh=fresh)
                 while True:
                     plan = plan_bind(
                         decision=decision,
@@ -155,11 +158,28 @@ class DecisionBinder:
                         break
                 step = claim_of(plan)
                 if step is not None and not await self._claim(*step):
-                    continue  # someone wrote the record meanwhile: read it and plan again
+                    fresh = True  # someone wrote the record meanwhile: read it and plan again
+                    continue
                 return plan, version
         raise ApiUnavailableError(
             "update assignment record", f"{key} kept changing under {MAX_CAS_ATTEMPTS} claims"
         )
+
+    async def _record_of(
+        self, key: str, decision: PlacementDecision, *, fresh: bool
+    ) -> RecordView | None:
+        """The record ``decision`` binds: the mirror's when it holds it reserved for this very
+        decision (the compare-and-set that moves it on fails if it is not current, and the
+        bucket is read then), else the bucket's (``fresh``: always the bucket's)."""
+        if not fresh:
+            held = self._records.get(key)
+            if (
+                held is not None
+                and held.record.state == "reserved"
+                and matches(held.record, decision)
+            ):
+                return held
+        return await self._records.read(key)
 
     def _gate_records(self, node: str) -> list[RecordView]:
         """The node's records the gate may wait for: all but those found to match no commit."""

@@ -1,0 +1,130 @@
+"""The binder takes the record a decision binds from its mirror, and stays exact when the mirror
+is behind the bucket: the compare-and-set that moves the record on is what decides.
+
+The binder's parts are built as the service builds them (real NATS, the real kubernetes-asyncio
+client over the API test double) but not run, so no watch refreshes the mirror behind the test's
+back: the mirror holds exactly what the test seeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.binder.command import build_config
+from services.binder.kube import KubeGateway, load_configuration, new_configuration
+from services.binder.metrics import BinderMetrics
+from services.binder.service import Binder
+from services.placer.commit import released
+from shared import codec, subjects
+from shared.clock import SystemClock
+from shared.messages.assignments import AssignmentRecord
+from shared.runtime.edge import Edge
+from shared.runtime.health import Readiness
+from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.nats import NatsBus
+from tessera.devcluster.apiserver import ApiServer
+from tessera.devcluster.resources import NODE, POD
+from tests.binder.builders import decision, node, pod, record, slices
+from tests.binder.conftest import FAST_RETRY
+from tests.binder.conftest import test_settings as binder_settings
+from tests.harness.kv import create_committed
+from tests.harness.nats import NatsServer
+
+
+@dataclass
+class IdleBinder:
+    parts: Binder
+    registry: CollectorRegistry
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+async def idle_binder(
+    nats_server: NatsServer, kubeconfig: Path, bus: NatsBus
+) -> AsyncIterator[IdleBinder]:
+    """A binder's parts, not started: no watch feeds its record mirror."""
+    settings = binder_settings(nats_server, kubeconfig, leader_elect=False)
+    configuration = new_configuration()
+    await load_configuration(configuration, kubeconfig=settings.kubeconfig, environ={})
+    clock = SystemClock()
+    registry = CollectorRegistry()
+    metrics = BinderMetrics.create(registry)
+    gateway = KubeGateway.create(
+        configuration, metrics, clock=clock, timeout_s=settings.api_timeout_s, retry=FAST_RETRY
+    )
+    try:
+        parts = Binder(
+            config=build_config(settings, environ=os.environ),
+            gateway=gateway,
+            bus=bus,
+            edge=Edge(bus=bus, metrics=EdgeMetrics.create(registry), clock=clock, service="binder"),
+            clock=clock,
+            metrics=metrics,
+            readiness=Readiness(),
+        )
+        yield IdleBinder(parts=parts, registry=registry)
+    finally:
+        with contextlib.suppress(Exception):
+            await gateway.close()
+
+
+async def committed_in_mirror(api: ApiServer, bus: NatsBus, binder: Binder) -> AssignmentRecord:
+    """A pod, its committed reserved record in the bucket, and that revision in the mirror."""
+    api.create(NODE, node())
+    uid = api.create(POD, pod("train"))["metadata"]["uid"]
+    reserved = record(uid, "train", slices("main", (3, 8192, 30)))
+    await create_committed(bus, reserved)
+    entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, subjects.assignment_key("gpu-1", uid))
+    assert entry is not None
+    await binder.records.take(entry)
+    assert binder.records.get(entry.key) is not None
+    return reserved
+
+
+async def test_a_decision_binds_from_a_current_mirror(
+    api: ApiServer, bus: NatsBus, idle_binder: IdleBinder
+) -> None:
+    reserved = await committed_in_mirror(api, bus, idle_binder.parts)
+    await idle_binder.parts.decisions.handle(decision(reserved))
+    assert [w.code for w in api.writes_to("pods/binding")] == [201]
+    stored = await bus.kv_get(
+        subjects.KV_ASSIGNMENTS, subjects.assignment_key("gpu-1", reserved.pod_uid)
+    )
+    assert stored is not None
+    assert codec.decode(stored.value, AssignmentRecord).state == "bound"
+
+
+async def test_a_mirror_behind_the_bucket_never_binds_a_released_record(
+    api: ApiServer, bus: NatsBus, idle_binder: IdleBinder
+) -> None:
+    """The placer released the record (its reserve timeout) after the mirror took it: the
+    mirror still says reserved, the compare-and-set at its revision fails, the bucket is read,
+    and the decision is dropped: no Binding, and the record stays released."""
+    binder = idle_binder.parts
+    reserved = await committed_in_mirror(api, bus, binder)
+    key = subjects.assignment_key("gpu-1", reserved.pod_uid)
+    held = binder.records.get(key)
+    assert held is not None and held.record.state == "reserved"
+    gone = released(reserved, now=5.0)
+    assert await bus.kv_update(
+        subjects.KV_ASSIGNMENTS, key, codec.encode(gone), revision=held.revision
+    )
+    assert binder.records.get(key) == held, "the mirror is behind the bucket"
+
+    await binder.decisions.handle(decision(reserved))
+
+    assert api.writes_to("pods/binding") == []
+    assert "nodeName" not in api.get(POD, "default", "train")["spec"]
+    stored = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+    assert stored is not None
+    assert codec.decode(stored.value, AssignmentRecord) == gone
+    assert idle_binder.metric("tessera_binder_binds_total", outcome="dropped") == 1
