@@ -222,7 +222,7 @@ async def measure(pods: int, nodes: int, rate: float) -> None:
             kubeconfig = api.write_kubeconfig(Path(work) / "kubeconfig")
             bus = await NatsBus.connect(nats_server.url, name="bench-placer")
             results = Results()
-            await bus.subscribe(subjects.BINDINGS_ALL, results)
+            await bus.subscribe(subjects.BINDING_RESULTS_ALL, results)
             await bus.subscribe(subjects.PODS_PENDING, results.on_pending)
             burst = await prepare(api, bus, "burst", pods, nodes)
             binder = await asyncio.create_subprocess_exec(

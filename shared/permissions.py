@@ -187,7 +187,7 @@ def _placer() -> tuple[list[str], list[str]]:
         ),
     ]
     # The extender waits for its pods' results; `tessera explain` asks the placers.
-    return publish, [subjects.BINDINGS_ALL, subjects.PLACER_EXPLAIN]
+    return publish, [subjects.BINDING_RESULTS_ALL, subjects.PLACER_EXPLAIN]
 
 
 def _binder() -> tuple[list[str], list[str]]:
@@ -201,7 +201,7 @@ def _binder() -> tuple[list[str], list[str]]:
         subjects.PODS_RESTORE,
         *_kv_write(subjects.KV_META, subjects.META_RESTORED),
         subjects.PLACEMENTS_INVALID,
-        subjects.BINDINGS_ALL,
+        subjects.BINDING_RESULTS_ALL,
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_DECISIONS),
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_REJECTIONS),
         *_durable(subjects.STREAM_ALLOCATIONS, subjects.DURABLE_BINDER_ALLOCATIONS),

@@ -12,7 +12,9 @@ operator can read the whole map here:
     tessera.placements.rejected   placer -> binder                (stream ``TESSERA_PLACEMENTS``)
     tessera.placements.invalid    binder -> dashboard: a pod that cannot be placed as written
     tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
-    tessera.bindings.<node>       binder -> placer                (stream ``TESSERA_BINDINGS``)
+    tessera.bindings.<node>       binder -> placer: failed or gone (stream ``TESSERA_BINDINGS``)
+    tessera.bindings.<node>.bound binder -> placer's extender: bound (core NATS: no stream
+                                  keeps them, only an extender waiting for its bind uses them)
     tessera.deadletter.<family>   any service, for rejected input (stream ``TESSERA_DEADLETTER``)
     tessera.extender.pods         placer's extender -> binder, request/reply (no stream)
     tessera.placer.explain        tessera explain -> placers, request/reply (no stream)
@@ -75,6 +77,9 @@ NODES_ALL: Final = f"{ROOT}.nodes.*"
 ASSIGNMENTS_ALL: Final = f"{ROOT}.assignments.*"
 ALLOCATIONS_ALL: Final = f"{ROOT}.allocations.*"
 BINDINGS_ALL: Final = f"{ROOT}.bindings.*"
+"""The binding results ``TESSERA_BINDINGS`` keeps: those the placer acts on (failed, gone)."""
+BINDING_RESULTS_ALL: Final = f"{ROOT}.bindings.>"
+"""Every binding result, bound ones included (what the extender follows)."""
 DEADLETTER_ALL: Final = f"{ROOT}.deadletter.>"
 PLACER_EXPLAIN: Final = f"{ROOT}.placer.explain"
 """Request/reply: ``tessera explain NAMESPACE/POD`` asks every placer replica; those that know the
@@ -117,8 +122,14 @@ def allocations(node: str) -> str:
 
 
 def bindings(node: str) -> str:
-    """Subject carrying binder results (bound or failed) for pods on ``node``."""
+    """Subject carrying the binder's failed and gone results for pods on ``node`` (stored)."""
     return f"{ROOT}.bindings.{node_token(node)}"
+
+
+def bound(node: str) -> str:
+    """Subject carrying the binder's bound results for pods on ``node`` (not stored: the placer
+    has nothing to do for a bound pod, and its record says it is bound)."""
+    return f"{bindings(node)}.bound"
 
 
 def deadletter(family: str) -> str:

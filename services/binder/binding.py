@@ -13,8 +13,9 @@ waits only for records that stand for a placer's commit, or one a placer is with
 (``shared.commits``: the pod's claim and the node's ledger entry, read when a record first holds
 a decision back): a record anyone else made up holds no real pod back, and is counted in
 ``tessera_binder_gate_ignored_total``. Failures after the compare-and-set publish ``failed`` or
-``gone`` so the placer releases the booking; an API or NATS outage raises, and the message is
-delivered again.
+``gone``, stored, so the placer releases the booking (``bound`` goes out on core NATS only, for
+an extender waiting on the bind); an API or NATS outage raises, and the message is delivered
+again.
 """
 
 from __future__ import annotations
@@ -349,12 +350,17 @@ class DecisionBinder:
             reason=reason,
             at=self._clock.now(),
         )
-        await self._bus.js_publish(
-            subjects.bindings(decision.node),
-            codec.encode(result),
-            msg_id=f"binding.{decision.pod_uid}.{subjects.node_token(decision.node)}."
-            f"{decision.decided_at!r}.{outcome}",
-        )
+        if outcome == "bound":
+            # Nothing is left for the placer to do (the record says bound): only an extender
+            # waiting for this bind listens, so no stream stores it.
+            await self._bus.publish(subjects.bound(decision.node), codec.encode(result))
+        else:
+            await self._bus.js_publish(
+                subjects.bindings(decision.node),
+                codec.encode(result),
+                msg_id=f"binding.{decision.pod_uid}.{subjects.node_token(decision.node)}."
+                f"{decision.decided_at!r}.{outcome}",
+            )
         self._metrics.binds.labels(outcome=outcome).inc()
         pod = f"{decision.namespace}/{decision.name}"
         if outcome != "bound":

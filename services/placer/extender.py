@@ -160,7 +160,9 @@ class Extender:
 
     async def start(self, listener: socket.socket) -> int:
         """Follow binding results, then serve on ``listener`` (from :func:`listen`)."""
-        self._subscription = await self._bus.subscribe(subjects.BINDINGS_ALL, self._on_result)
+        self._subscription = await self._bus.subscribe(
+            subjects.BINDING_RESULTS_ALL, self._on_result
+        )
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         await web.SockSite(self._runner, listener).start()
@@ -399,7 +401,7 @@ class Extender:
         try:
             result = codec.decode(delivery.data, BindingResult)
         except codec.DecodeError:
-            return  # the placer-bindings consumer dead-letters it
+            return  # a stored one is dead-lettered by the placer-bindings consumer
         for node, future in waiting:
             if node == result.node and not future.done():
                 future.set_result(result)

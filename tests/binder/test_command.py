@@ -216,7 +216,7 @@ async def test_two_binders_elect_one_leader_and_the_standby_takes_over_after_sig
     api: ApiServer, nats_server: NatsServer, bus: NatsBus, kubeconfig: Path
 ) -> None:
     api.create(NODE, node())
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     binders = [await start(name, nats_server, kubeconfig) for name in ("binder-a", "binder-b")]
     try:
         await eventually(

@@ -137,7 +137,7 @@ async def test_a_decision_binds_the_pod_and_a_redelivery_changes_nothing(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
     api.create(NODE, node())
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     async with start_binder() as binder:
         uid = uid_of(api.create(POD, pod("train")))
         rec = record(uid, "train", slices("main", (3, 8192, 30)))
@@ -146,6 +146,9 @@ async def test_a_decision_binds_the_pod_and_a_redelivery_changes_nothing(
         await eventually(lambda: results.deliveries, what="the binding result")
         result = results.decoded(BindingResult)[0]
         assert (result.pod_uid, result.node, result.outcome) == (uid, "gpu-1", "bound")
+        assert results.deliveries[0].subject == subjects.bound("gpu-1")
+        # The placer has nothing to do for a bound pod: no stream keeps the result.
+        assert (await bus._js.stream_info(subjects.STREAM_BINDINGS)).state.messages == 0
         bound = api.get(POD, "default", "train")
         assert bound["spec"]["nodeName"] == "gpu-1"
         assignment = codec.decode(
@@ -178,7 +181,7 @@ async def test_garbage_assignment_records_are_refused_and_binding_goes_on(
     another pod's key, is counted and dead-lettered, never taken in, and never stops the
     binder (whose mirror reads every record, before and after it turned ready)."""
     api.create(NODE, node())
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     dead = await collect(bus, subjects.deadletter("assignments"))
     garbage = {
         subjects.assignment_key("gpu-1", "junk-before"): b"\xc1 not msgpack",
@@ -211,7 +214,7 @@ async def test_garbage_assignment_records_are_refused_and_binding_goes_on(
 async def test_gone_pods_and_stale_decisions(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     async with start_binder() as binder:
         uid = uid_of(api.create(POD, pod("brief")))
         rec = record(uid, "brief")
@@ -359,7 +362,7 @@ async def test_api_faults_are_retried(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
     api.create(NODE, node())
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     async with start_binder() as binder:
         uid = uid_of(api.create(POD, pod("p")))
         rec = record(uid, "p")
@@ -388,7 +391,7 @@ async def test_the_ambiguity_gate_holds_under_parallel_same_size_decisions(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
     api.create(NODE, node())
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     count = 16
     states: dict[str, AssignmentRecord] = {}
     most_bound = 0
@@ -458,7 +461,7 @@ async def test_the_ambiguity_gate_holds_under_parallel_same_size_decisions(
 async def test_a_pod_held_at_the_gate_too_long_fails_back_to_the_placer(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     async with start_binder(gate_timeout_s=0.5):
         first = record(uid_of(api.create(POD, pod("first"))), "first", slices("main", (0, 1, 1)))
         second = record(uid_of(api.create(POD, pod("second"))), "second", slices("main", (1, 1, 1)))
@@ -473,6 +476,10 @@ async def test_a_pod_held_at_the_gate_too_long_fails_back_to_the_placer(
         outcomes["second"].reason
     )
     assert (await get_record(bus, second.pod_uid)).state == "reserved"  # type: ignore[union-attr]
+    # Only the failure is stored, for the placer to release its booking.
+    stored = await bus._js.get_msg(subjects.STREAM_BINDINGS, seq=1)
+    assert codec.decode(stored.data or b"", BindingResult).name == "second"
+    assert (await bus._js.stream_info(subjects.STREAM_BINDINGS)).state.messages == 1
 
 
 async def test_a_queue_that_moves_never_times_out_at_the_gate(
@@ -481,7 +488,7 @@ async def test_a_queue_that_moves_never_times_out_at_the_gate(
     """Issue 22: a burst queued on one node passes the gate one pod per Allocate. A deadline
     counted from the first wait failed the tail of the queue (and its requeue landed on the same
     node again); a waiting pod now times out only when the record it waits on stays put."""
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     timeout_s = 2.0
     async with start_binder(gate_timeout_s=timeout_s):
         queued = []
@@ -522,7 +529,7 @@ async def test_a_forged_bound_record_holds_no_real_pod_at_the_gate(
 ) -> None:
     """Issue 19: a made-up bound record (no claim, no booking behind it) on the pod's node with
     the same device count and other slices held a real pod at the gate until it timed out."""
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     api.create(NODE, node())
     ghost = record("ghost", "ghost", slices("main", (0, 1, 1)), state="bound", bound_at=1.0)
     await bus.kv_put(
@@ -548,7 +555,7 @@ async def test_a_deleted_pods_bound_record_holds_the_gate_until_it_is_fenced(
     ``deleted`` but had not fenced the record yet. The gate let the next pod of the same device
     count through, and the device plugin (which read the claim while it was placed) granted the
     deleted pod's slices to it. Until the record is fenced, the gate waits for it."""
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     api.create(NODE, node())
     gone = record("gone", "gone", slices("main", (0, 8192, 10)), state="bound", bound_at=1.0)
     await create_committed(bus, gone)
@@ -671,7 +678,7 @@ async def test_a_new_leader_finishes_what_the_last_one_left_half_done(
     orphan = record("no-such-pod", "orphan", slices("main", (2, 4096, 25), devices=3))
     for rec in (half, already, orphan):
         await create_committed(bus, rec)
-    results = await collect(bus, subjects.BINDINGS_ALL)
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     deleted = await collect(bus, subjects.PODS_DELETED)
     async with start_binder():
         await eventually(lambda: len(results.deliveries) == 2, what="two results")
