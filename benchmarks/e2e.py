@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,6 +51,53 @@ def cpu_by_kind(system: LocalSystem) -> dict[str, float]:
     return used
 
 
+def metric_sum(system: LocalSystem, kind: str, metric: str) -> float:
+    """``metric`` summed over the processes of ``kind`` (from their /metrics pages)."""
+    total = 0.0
+    for name in system.supervisor.children:
+        port = system.supervisor.http_port(name) if name.startswith(kind) else None
+        if port is None:
+            continue
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as page:
+            text = page.read().decode()
+        total += sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(metric) and not line.startswith("#")
+        )
+    return total
+
+
+def nats_traffic(system: LocalSystem) -> dict[str, float]:
+    """Messages and bytes in and out of every NATS server (its /varz), and the messages each
+    kind of client sent (``sent by ...``) and was sent (``to ...``; its /connz)."""
+    total = {"in_msgs": 0.0, "out_msgs": 0.0, "in_bytes": 0.0, "out_bytes": 0.0}
+    for name in system.nats_names():
+        url = system.nats_monitoring_url(name)
+        if url is None:
+            continue
+        with urllib.request.urlopen(f"{url}/varz", timeout=5) as page:
+            varz = json.loads(page.read())
+        for key in total:
+            total[key] += float(varz[key])
+        with urllib.request.urlopen(f"{url}/connz?limit=4096", timeout=5) as page:
+            connections = json.loads(page.read())["connections"]
+        for connection in connections:
+            name = (connection.get("name") or "unnamed").removeprefix("tessera-")
+            kind = name.split("-")[0].split(".")[0].split("/")[0]
+            # Messages a client sends are the server's "in", those it receives its "out".
+            for key, direction in (("in_msgs", "sent by"), ("out_msgs", "to")):
+                label = f"{direction} {kind}"
+                total[label] = total.get(label, 0.0) + float(connection[key])
+    return total
+
+
+COUNTED = {
+    "node facts published (binder)": ("binder", "tessera_binder_node_facts_published_total"),
+    "node facts held back (binder)": ("binder", "tessera_binder_node_facts_deferred_total"),
+}
+
+
 async def main(args: argparse.Namespace) -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="tessera-e2e-bench-"))
     options = SystemOptions(
@@ -61,11 +109,14 @@ async def main(args: argparse.Namespace) -> None:
         webhook=False,
         nodes_per_process=args.nodes_per_process,
         ready_timeout_s=900.0,
+        nats_monitoring=True,
     )
     started = time.monotonic()
     async with LocalSystem(options) as system:
         ready_s = time.monotonic() - started
         before = cpu_by_kind(system)
+        counted_before = {k: metric_sum(system, *where) for k, where in COUNTED.items()}
+        traffic_before = nats_traffic(system)
         t0 = time.monotonic()
         for i in range(args.pods):
             system.cluster.create_pod(
@@ -84,6 +135,16 @@ async def main(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.05)
         elapsed = time.monotonic() - t0
         after = cpu_by_kind(system)
+        counted = {
+            k: metric_sum(system, *where) - counted_before[k] for k, where in COUNTED.items()
+        }
+        traffic = nats_traffic(system)
+        per_pod = {
+            f"nats {k} per pod": round(
+                (traffic[k] - traffic_before.get(k, 0.0)) / max(running, 1), 1
+            )
+            for k in traffic
+        }
         summary = system.summary()
         result = {
             "nodes": args.nodes,
@@ -97,6 +158,7 @@ async def main(args: argparse.Namespace) -> None:
             "latency_ms": summary.latency_ms,
             "mismatched_containers": summary.mismatched_containers,
             "overcommitted_gpus": summary.overcommitted_gpus,
+            "counted_during_run": counted | per_pod,
             "cpu_s_during_run": {k: round(after.get(k, 0) - before.get(k, 0), 1) for k in after},
             # DESIGN section 7: placer + binder + nats-server, per pod that ran.
             "control_plane_cpu_ms_per_pod": round(

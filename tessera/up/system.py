@@ -122,6 +122,9 @@ class SystemOptions:
     nats_permissions: bool = True
     """One NATS identity per service and per node, with ``shared.permissions``' subject
     permissions (off: every process connects anonymously with every right)."""
+    nats_monitoring: bool = False
+    """Serve each NATS server's monitoring endpoints (``/varz``...) on a free loopback port
+    (:meth:`LocalSystem.nats_monitoring_url`): what benchmarks count messages with."""
 
 
 class LocalSystem:
@@ -295,6 +298,7 @@ class LocalSystem:
                 str(self.nats_store(name)),
                 "--ports_file_dir",
                 str(self._nats_ports_dir(name)),
+                *(["-m", "-1"] if self.options.nats_monitoring else []),
                 *cluster,
             ],
             env=self.env,
@@ -305,6 +309,18 @@ class LocalSystem:
         path = self.run_dir / f"{name}-ports"
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def nats_monitoring_url(self, name: str) -> str | None:
+        """The monitoring URL of NATS server ``name`` (with ``nats_monitoring``), else None."""
+        pid = self.supervisor.children[name].pid
+        try:
+            ports = json.loads(
+                (self._nats_ports_dir(name) / f"nats-server_{pid}.ports").read_text()
+            )
+        except (OSError, ValueError):
+            return None
+        found = ports.get("monitoring") or [None]
+        return str(found[0]) if found[0] else None
 
     async def _wait_nats(self, timeout: float = 30.0) -> None:
         """Until every NATS server says it listens (its ports file: a connection to the port

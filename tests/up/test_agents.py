@@ -3,7 +3,9 @@ run them: each service is still its own (NATS connection, gRPC socket, HTTP port
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,11 @@ from tests.harness.nats import environment_without_proxies
 pytestmark = pytest.mark.timeout(180)
 
 
+def read_url(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as page:
+        return bytes(page.read())
+
+
 async def test_nodes_hosted_two_per_process_place_and_allocate_exactly(tmp_path: Path) -> None:
     options = SystemOptions(
         nodes=plan_nodes("2xA100-80GB", 3),
@@ -26,6 +33,7 @@ async def test_nodes_hosted_two_per_process_place_and_allocate_exactly(tmp_path:
         webhook=False,
         nodes_per_process=2,
         env=environment_without_proxies(),
+        nats_monitoring=True,
     )
     async with LocalSystem(options) as system:
         hosts = sorted(set(system.supervisor.hosted.values()))
@@ -40,6 +48,12 @@ async def test_nodes_hosted_two_per_process_place_and_allocate_exactly(tmp_path:
         pods = await settle(system, "ns", 6)
         assert all(phase(p) == "Running" for p in pods)
         await assert_exact(system, pods)
+        # What benchmarks/e2e.py counts messages with: the server's monitoring endpoints.
+        url = system.nats_monitoring_url(system.nats_names()[0])
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        connz = json.loads(await asyncio.to_thread(read_url, f"{url}/connz?limit=100"))
+        names = {c.get("name", "") for c in connz["connections"]}
+        assert {"tessera-binder", "tessera-placer", "tessera-deviceplugin"} <= names, names
         log = (system.supervisor.logs / "agents-1.log").read_text().splitlines()
         agents = {json.loads(line).get("agent") for line in log if line.startswith("{")}
         assert {"inventory/node-1", "deviceplugin/node-1", "inventory/node-2"} <= agents
