@@ -6,7 +6,8 @@ node, the binder and two placers; waits until everything is ready; creates ``--p
 throughput (pods Running per second from the first create to the last Running), p50/p99 per stage
 (created -> decided -> bound -> allocated -> Running), the independent checks (mismatched
 containers, over-committed GPUs), and where the time goes: CPU seconds per kind of process during
-the run.
+the run, and the messages through NATS per Running pod (in and out of the server, and per kind of
+client: nats-server's monitoring endpoints) beside the binder's node-facts counts.
 
     .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000
 """

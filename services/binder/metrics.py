@@ -96,8 +96,8 @@ class BinderMetrics:
             ),
             node_facts_deferred=Counter(
                 "tessera_binder_node_facts_deferred_total",
-                "Changes of NodeFacts held back because only Tessera's own pods moved (published "
-                "with the next refresh, or with the next other change).",
+                "Times a node's facts were held back because only Tessera's own pods changed "
+                "them (published at the node's next refresh, or with its next other change).",
                 registry=registry,
             ),
             restores=Counter(

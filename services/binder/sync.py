@@ -281,6 +281,7 @@ class ClusterSync:
         if node is None:
             entry = await self._bus.kv_get(subjects.KV_NODES, subjects.node_token(name))
             known = self._published_facts.pop(name, None)
+            self._facts_published_at.pop(name, None)
             if entry is None and known is None:
                 return
             if entry is not None and known is None:
