@@ -94,6 +94,11 @@ def nats_traffic(system: LocalSystem) -> dict[str, float]:
 
 
 COUNTED = {
+    "gate waits timed out (binder)": (
+        "binder",
+        'tessera_binder_gate_waits_total{outcome="timed_out"}',
+    ),
+    "gate waits passed (binder)": ("binder", 'tessera_binder_gate_waits_total{outcome="passed"}'),
     "node facts published (binder)": ("binder", "tessera_binder_node_facts_published_total"),
     "node facts held back (binder)": ("binder", "tessera_binder_node_facts_deferred_total"),
 }
