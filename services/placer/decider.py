@@ -79,7 +79,8 @@ def decide(
     avoided = frozenset(avoid)
     tried = {avoided}
     for queue in () if facts.invalid else QUEUE_SPREAD:
-        excluded = avoided | view.queued_nodes(queue)
+        queued = view.queued_nodes(queue)
+        excluded = avoided | queued if avoided else queued
         if excluded in tried or len(excluded) >= len(index):
             continue  # the same attempt again, or no node left to try
         tried.add(excluded)

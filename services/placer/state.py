@@ -246,9 +246,13 @@ class ClusterView:
 
     def _count_handoffs(self, node: str, entry: _Node) -> None:
         count = len(entry.handing_off.union(entry.tentative))
-        if self._handoffs.get(node, 0) == count:
+        before = self._handoffs.get(node, 0)
+        if before == count:
             return
-        self._queued.clear()
+        # Only a node crossing a level changes that level's set: the set (and what a reader
+        # derived from it, ``ClusterIndex.ranks_of``) is kept while queues only grow or shrink.
+        for at_least in [t for t in self._queued if (before >= t) != (count >= t)]:
+            del self._queued[at_least]
         if count:
             self._handoffs[node] = count
         else:

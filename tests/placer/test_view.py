@@ -118,6 +118,46 @@ def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
     assert isinstance(again, Decision) and again.node == "a"
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.sampled_from("abc"), st.integers(0, 9), st.integers(1, 9)),
+        max_size=60,
+    )
+)
+def test_queued_nodes_kept_between_changes_are_always_current(
+    steps: list[tuple[bool, str, int, int]],
+) -> None:
+    """``queued_nodes`` keeps each level's set until a node crosses that level; whatever the
+    order of changes and questions, it answers what a count from scratch answers (and the
+    index's ranks of it, kept too, match the set)."""
+    view = view_of("a", "b", "c")
+    held: dict[str, set[str]] = {"a": set(), "b": set(), "c": set()}
+    for add, name, uid, asked in steps:
+        pod_uid = f"{name}-{uid}"
+        if add:
+            view.add_tentative(msgspec.structs.replace(booking(pod_uid, (0, 1, 1)), node=name))
+            held[name].add(pod_uid)
+        else:
+            view.drop_tentative(name, pod_uid)
+            held[name].discard(pod_uid)
+        queued = view.queued_nodes(asked)
+        assert queued == {n for n, uids in held.items() if len(uids) >= asked}
+        assert view.index.ranks_of(queued) == {view.index.rank_of(n) for n in queued}
+
+
+def test_ranks_of_follows_nodes_entering_and_leaving() -> None:
+    index = ClusterIndex([node(n).gpus(1).build() for n in ("b", "d")])
+    names = frozenset({"b", "c", "d"})
+    assert index.ranks_of(names) == {0, 1}, "c is not in the index"
+    index.add(node("a").gpus(1).build())  # takes rank 0: b and d move on
+    assert index.ranks_of(names) == {1, 2}
+    index.add(node("c").gpus(1).build())
+    assert index.ranks_of(names) == {1, 2, 3}
+    index.remove("b")
+    assert index.ranks_of(names) == {1, 2}
+
+
 def test_a_gpu_counted_beyond_its_slots_takes_nothing_more() -> None:
     full = GpuState(index=0, memory_total_mib=1000, slots_total=2, slots_reserved=3)
     assert gpu_shape(full).slots_free == 0

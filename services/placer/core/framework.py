@@ -291,7 +291,7 @@ def schedule(
     they are judged as usual, only never picked. Nothing is booked: the caller reserves
     ``Decision.reservation``.
     """
-    excluded = frozenset(cluster.rank_of(name) for name in avoid if name in cluster)
+    excluded = cluster.ranks_of(frozenset(avoid))
     memo = profile.judged(cluster, pod.request.placement_key())
     if profile.normalizing:
         picked = _select_normalized(pod, cluster, profile, excluded)
@@ -306,7 +306,7 @@ def schedule(
         # history of node states, and a placer restarted on the same cluster must draw the
         # same node as one that ran all along.
         tied.sort(key=lambda sid: cluster.groups[sid][0])
-        total = sum(len(_usable(cluster.groups[sid], excluded)) for sid in tied)
+        total = sum(_usable_count(cluster.groups[sid], excluded) for sid in tied)
         draw = rng.randrange(total)
         for sid in tied:
             ranks = _usable(cluster.groups[sid], excluded)
@@ -349,6 +349,16 @@ def _usable(ranks: list[int], excluded: frozenset[int]) -> list[int]:
     return [r for r in ranks if r not in excluded] if excluded else ranks
 
 
+def _usable_count(ranks: list[int], excluded: frozenset[int]) -> int:
+    """``len(_usable(ranks, excluded))`` without building the list (most shapes hold one
+    node)."""
+    if not excluded:
+        return len(ranks)
+    if len(ranks) == 1:
+        return 0 if ranks[0] in excluded else 1
+    return sum(1 for r in ranks if r not in excluded)
+
+
 Picked = tuple[list[int], float, int]
 """The shapes tied on the best total (with a node to choose), that total, and how many nodes to
 choose from fit."""
@@ -375,7 +385,7 @@ def _select(
             added += 1
         if value.__class__ is str:  # why the shape does not fit
             continue
-        usable = len(_usable(ranks, excluded)) if excluded else len(ranks)
+        usable = _usable_count(ranks, excluded)
         if not usable:
             continue
         feasible += usable
@@ -399,7 +409,7 @@ def _select_normalized(
     feasible = 0
     for sid, ranks in cluster.groups.items():
         raw = judged[sid]
-        usable = len(_usable(ranks, excluded))
+        usable = _usable_count(ranks, excluded)
         if usable and isinstance(raw, tuple):
             rows.append((sid, raw))
             feasible += usable

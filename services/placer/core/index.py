@@ -24,6 +24,10 @@ from services.placer.core.ledger import Ledger
 from services.placer.core.model import NodeState, Reservation
 from services.placer.core.shape import NodeShape, node_shape
 
+RANK_SETS_KEPT = 8
+"""Name sets :meth:`ClusterIndex.ranks_of` keeps converted (one per spreading level, and a few
+sets of nodes a replica lost a commit on)."""
+
 
 class ClusterIndex:
     """Mutable, pure (no I/O) index of node states by shape; see the module docstring."""
@@ -55,6 +59,8 @@ class ClusterIndex:
         self._sorted = order is None
         self.shape_limit = 4 * len(names) + 4096
         """Interned shapes kept before the table is rebuilt (see the module docstring)."""
+        self._ranks_of: dict[frozenset[str], frozenset[int]] = {}
+        """The last few name sets :meth:`ranks_of` converted, until ranks move."""
         for name in names:
             self._enter(name, self._nodes[name])
 
@@ -74,6 +80,17 @@ class ClusterIndex:
 
     def rank_of(self, name: str) -> int:
         return self._rank[name]
+
+    def ranks_of(self, names: frozenset[str]) -> frozenset[int]:
+        """The ranks of those of ``names`` the index holds. A burst avoids the same queued nodes
+        decision after decision, so the last few sets are kept until a node enters or leaves."""
+        ranks = self._ranks_of.get(names)
+        if ranks is None:
+            if len(self._ranks_of) >= RANK_SETS_KEPT:
+                self._ranks_of.clear()
+            rank = self._rank
+            ranks = self._ranks_of[names] = frozenset(rank[n] for n in names if n in rank)
+        return ranks
 
     def shape_of(self, name: str) -> NodeShape:
         return self.shapes[self._node_shape[name]]
@@ -143,6 +160,7 @@ class ClusterIndex:
 
     def _renumber(self, start: int, delta: int) -> None:
         """Shift every rank at or after ``start`` by ``delta`` (order is kept)."""
+        self._ranks_of.clear()
         for name in self._names_by_rank[start:]:
             self._rank[name] += delta
         for ranks in self.groups.values():
