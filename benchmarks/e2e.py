@@ -9,7 +9,7 @@ containers, over-committed GPUs), and where the time goes: CPU seconds per kind 
 the run, and the messages through NATS per Running pod (in and out of the server, and per kind of
 client: nats-server's monitoring endpoints) beside the binder's node-facts counts.
 
-    .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000
+    .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000 [--placers 2] [--pools 0]
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ async def main(args: argparse.Namespace) -> None:
         nodes_per_process=args.nodes_per_process,
         ready_timeout_s=900.0,
         nats_monitoring=True,
+        placer_args=("--pools", str(pools)) if (pools := args.pools or args.placers) > 1 else (),
     )
     started = time.monotonic()
     async with LocalSystem(options) as system:
@@ -184,6 +185,12 @@ if __name__ == "__main__":
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--placers", type=int, default=2)
+    parser.add_argument(
+        "--pools",
+        type=int,
+        default=0,
+        help="the placers' --pools (0, as tessera up: one per placer; 1: no node pools)",
+    )
     parser.add_argument(
         "--nodes-per-process",
         type=int,

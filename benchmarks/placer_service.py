@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/placer_service.py [--nodes 1000] [--gpus 8] [--rate 500]
         [--seconds 10] [--replicas 1,3] [--burst 3000] [--rss-nodes 10000] [--quota-share 0]
+        [--pools 1]
 
 For each replica count: a fresh nats-server; every node's inventory and node facts written into KV
 (as the inventory and the binder do); that many placer processes started and waited for (ready =
@@ -21,8 +22,9 @@ binder publishes them.
 The pods are GPU shares (2-8 GiB, 10-40 % of the SMs) and a few whole GPUs; the cluster never
 fills, so every pod is placed and nothing waits. ``--quota-share F`` puts that fraction of the pods
 in a tenant with a quota (large enough never to refuse one): each of their commits also charges the
-tenant's one usage entry by compare-and-set, which is what exact quotas cost. Prints what it
-measures, target met or not.
+tenant's one usage entry by compare-and-set, which is what exact quotas cost. ``--pools N``
+starts the placers with node pools (``--pools 0``: as many pools as replicas), and waits until
+the pools are shared out before sending pods. Prints what it measures, target met or not.
 """
 
 from __future__ import annotations
@@ -205,6 +207,26 @@ async def wait_ready(placers: list[Placer], timeout: float = 600) -> float:
     return time.monotonic() - started
 
 
+async def pools_held(placer: Placer) -> int:
+    """The node pools ``placer`` holds (its ``tessera_placer_pools_held`` gauge)."""
+    _, text = await http(placer.port, "/metrics")
+    found = re.search(r"^tessera_placer_pools_held (\S+)$", text, re.MULTILINE)
+    return int(float(found.group(1))) if found else 0
+
+
+async def wait_pools(placers: list[Placer], pools: int, timeout: float = 60) -> float:
+    """Wait until the pools are shared out: all held, none by more replicas than needed."""
+    started = time.monotonic()
+    most = -(-pools // len(placers))
+    while True:
+        held = [await pools_held(p) for p in placers]
+        if sum(held) == pools and max(held) <= most:
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"pools not shared out: {held}")
+        await asyncio.sleep(0.2)
+
+
 async def stop(placers: list[Placer]) -> None:
     for placer in placers:
         if placer.process.returncode is None:
@@ -310,11 +332,16 @@ async def run_cluster(
                 quota = {"tenant": QUOTA_TENANT, "gpus": 10**9}
                 tenancy.write_text(json.dumps({"quotas": [quota]}))
                 options = ("--tenancy-file", str(tenancy))
+            pools = replicas if args.pools == 0 else args.pools
+            if pools > 1:
+                options = (*options, "--pools", str(pools))
             placers = [
                 await start_placer(server.url, n, directory, *options) for n in range(replicas)
             ]
             try:
                 ready_s = await wait_ready(placers)
+                if pools > 1:
+                    await wait_pools(placers, pools)
                 rng = random.Random(replicas)
                 # Latency at a fixed rate.
                 count = int(args.rate * args.seconds)
@@ -456,6 +483,12 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--replicas", default="1,3")
     parser.add_argument("--burst", type=int, default=3000)
+    parser.add_argument(
+        "--pools",
+        type=int,
+        default=1,
+        help="node pools (the placers' --pools); 0 = as many as replicas",
+    )
     parser.add_argument("--rss-nodes", type=int, default=10_000)
     parser.add_argument(
         "--quota-share",

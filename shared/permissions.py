@@ -167,6 +167,7 @@ def _placer() -> tuple[list[str], list[str]]:
         *_kv_write(subjects.KV_CLAIMS),
         *_kv_write(subjects.KV_TENANTS),
         *_kv_write(subjects.KV_WAITING),
+        *_kv_write(subjects.KV_POOLS),
         *_kv_write(subjects.KV_STATS),
         *_kv_write(subjects.KV_ASSIGNMENTS),
         subjects.ASSIGNMENTS_ALL,
@@ -183,6 +184,7 @@ def _placer() -> tuple[list[str], list[str]]:
             subjects.KV_ASSIGNMENTS,
             subjects.KV_TENANTS,
             subjects.KV_WAITING,
+            subjects.KV_POOLS,
             subjects.KV_META,  # whether the binder restored a lost store
         ),
     ]

@@ -187,6 +187,8 @@ KV_ASSIGNMENTS: Final = "tessera-assignments"
 KV_STATS: Final = "tessera-stats"
 KV_TENANTS: Final = "tessera-tenants"
 KV_WAITING: Final = "tessera-waiting"
+KV_POOLS: Final = "tessera-placer-pools"
+"""The placers' node pool leases and members (``shared/messages/pools.py``)."""
 KV_META: Final = "tessera-meta"
 """The store itself: its epoch (``META_EPOCH``) and whether what is bound was restored into it
 (``META_RESTORED``)."""
@@ -203,6 +205,7 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_STATS: 1,
     KV_TENANTS: 5,
     KV_WAITING: 1,
+    KV_POOLS: 1,
     KV_META: 1,
 }
 
@@ -255,6 +258,19 @@ def waiting_key(pod_uid: str) -> str:
     if not pod_uid:
         raise ValueError("pod uid must not be empty")
     return pod_uid
+
+
+def pool_key(pool: int) -> str:
+    """KV key (bucket ``tessera-placer-pools``) of pool ``pool``'s lease: ``pool.<n>``."""
+    if pool < 0:
+        raise ValueError("pool must not be negative")
+    return f"pool.{pool}"
+
+
+def pool_member_key(placer_id: str) -> str:
+    """KV key (bucket ``tessera-placer-pools``) of a replica's membership: ``member.<id>``,
+    the id written as in :func:`stats_key`."""
+    return f"member.{stats_key(placer_id)}"
 
 
 def claim_key(pod_uid: str) -> str:

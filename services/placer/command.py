@@ -120,6 +120,26 @@ class PlacerSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
             "(also run at start)",
         ),
     ] = 30.0
+    pools: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=1024,
+            description="split the nodes into this many pools, each held by one replica at a "
+            "time (leases in KV), so that replicas add capacity: a replica decides pods on its "
+            "own pools' nodes and on others' only when none of its own fits; give every replica "
+            "the same number (the number of replicas is a good one); 1 = every replica decides "
+            "on every node; not with --extender-port",
+        ),
+    ] = 1
+    pool_lease_s: Annotated[
+        float,
+        msgspec.Meta(
+            gt=0,
+            description="a pool whose holder has not renewed its lease for this many seconds "
+            "(killed, cut off) is taken over by another replica; renewed every third of it",
+        ),
+    ] = 3.0
 
 
 def _read(path: str, what: str) -> bytes:
@@ -152,6 +172,11 @@ def build_config(settings: PlacerSettings) -> PlacerConfig:
         )
     except ConfigFileError as error:
         raise ConfigError(str(error)) from None
+    if settings.pools > 1 and settings.extender_port:
+        raise ConfigError(
+            "--pools above 1 cannot go with --extender-port: kube-scheduler chooses any node, "
+            "so the extender's replicas must each decide on every node"
+        )
     return PlacerConfig(
         placer_id=settings.placer_id or f"{os.uname().nodename}-{os.getpid()}",
         profile=spec,
@@ -167,6 +192,8 @@ def build_config(settings: PlacerSettings) -> PlacerConfig:
         extender_port=settings.extender_port,
         extender_host=settings.http_host,
         extender_bind_timeout_s=settings.extender_bind_timeout_s,
+        pools=settings.pools,
+        pool_lease_s=settings.pool_lease_s,
     )
 
 

@@ -73,34 +73,32 @@ def decide(
     A burst is spread over the nodes that fit (:data:`QUEUE_SPREAD`): nodes with a queue of pods
     between decision and Allocate (``view.queued_nodes``) are chosen only when no node with a
     shorter queue fits. In steady state queues are empty and the profile alone chooses.
+
+    With node pools, the pod is decided on this replica's own nodes first, and on every node
+    only when it fits on none of them (``state.py``, "Node pools").
     """
     facts = pod_facts(pod)
-    index, kept_out = (view.index, 0) if facts.invalid else _servable(view, pod)
-    avoided = frozenset(avoid)
-    tried = {avoided}
-    for queue in () if facts.invalid else QUEUE_SPREAD:
-        queued = view.queued_nodes(queue)
-        excluded = avoided | queued if avoided else queued
-        if excluded in tried or len(excluded) >= len(index):
-            continue  # the same attempt again, or no node left to try
-        tried.add(excluded)
-        spread = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
-        if isinstance(spread, Decision):
-            return spread
-    outcome = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoided)
-    if isinstance(outcome, Decision):
-        return outcome
     if facts.invalid:
-        return Waiting(rejection=outcome, final=True, wake="grown")
-    if avoid:
-        outcome = cycle.decide(pod, index, profile, view.tenancy, now=now)
+        outcome = cycle.decide(pod, view.index, profile, view.tenancy, now=now)
         if isinstance(outcome, Decision):
             return outcome
+        return Waiting(rejection=outcome, final=True, wake="grown")
+    avoided = frozenset(avoid)
+    index, kept_out = _servable(view, pod, view.index)
+    placed = _decide_in(view, profile, pod, index, avoided, now=now)
+    if isinstance(placed, Decision):
+        return placed
+    if view.pools > 1:
+        index, kept_out = _servable(view, pod, view.everywhere())
+        placed = _decide_in(view, profile, pod, index, avoided, now=now)
+        if isinstance(placed, Decision):
+            return placed
+    outcome = placed
     too_large = view.too_large(facts)
     if too_large:
         rejection = Rejection(
             pod_uid=pod.uid,
-            reasons=(RejectionReason(reason=too_large, nodes=len(view.index)),),
+            reasons=(RejectionReason(reason=too_large, nodes=len(view.everywhere())),),
             unresolvable=True,
             decided_at=now,
         )
@@ -113,16 +111,42 @@ def decide(
     return Waiting(rejection=rejection, final=False, wake=wake)
 
 
-def _servable(view: ClusterView, pod: PodRequest) -> tuple[ClusterIndex, int]:
-    """The index of the nodes that can serve ``pod``'s containers, and how many were kept out:
+def _decide_in(
+    view: ClusterView,
+    profile: Profile,
+    pod: PodRequest,
+    index: ClusterIndex,
+    avoided: frozenset[str],
+    *,
+    now: float,
+) -> Decision | Rejection:
+    """``decide`` on the nodes of ``index``: spread over queues first, then the nodes avoided."""
+    tried = {avoided}
+    for queue in QUEUE_SPREAD:
+        queued = view.queued_nodes(queue)
+        excluded = avoided | queued if avoided else queued
+        if excluded in tried or len(excluded) >= len(index):
+            continue  # the same attempt again, or no node left to try
+        tried.add(excluded)
+        spread = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+        if isinstance(spread, Decision):
+            return spread
+    outcome = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoided)
+    if avoided and not isinstance(outcome, Decision):
+        outcome = cycle.decide(pod, index, profile, view.tenancy, now=now)
+    return outcome
+
+
+def _servable(view: ClusterView, pod: PodRequest, index: ClusterIndex) -> tuple[ClusterIndex, int]:
+    """The nodes of ``index`` that can serve ``pod``'s containers, and how many were kept out:
     memory-units nodes for a pod with a GPU container asking no ``tessera.dev/gpu-memory``
     (``translate.needs_gpu_devices``). Only such pods, and only on a cluster that has such
     nodes, pay for a narrower index."""
     kept = view.memory_unit_nodes
     if not kept or not translate.needs_gpu_devices(pod):
-        return view.index, 0
-    narrower = ClusterIndex(node for node in view.index if node.name not in kept)
-    return narrower, len(view.index) - len(narrower)
+        return index, 0
+    narrower = ClusterIndex(node for node in index if node.name not in kept)
+    return narrower, len(index) - len(narrower)
 
 
 def _kept_out_reason(kept_out: int) -> tuple[RejectionReason, ...]:
@@ -135,7 +159,8 @@ def decide_on(
     view: ClusterView, profile: Profile, pod: PodRequest, node: str, *, now: float
 ) -> Decision | Waiting:
     """Place ``pod`` on ``node`` only (the node kube-scheduler chose), or say why not."""
-    if node not in view.index:
+    everywhere = view.everywhere()
+    if node not in everywhere:
         rejection = Rejection(
             pod_uid=pod.uid,
             reasons=(RejectionReason(reason=f"unknown node {node!r}", nodes=1),),
@@ -150,7 +175,7 @@ def decide_on(
             decided_at=now,
         )
         return Waiting(rejection=rejection, final=False, wake="grown")
-    single = ClusterIndex([view.index.node(node)])
+    single = ClusterIndex([everywhere.node(node)])
     outcome = cycle.decide(pod, single, profile, view.tenancy, now=now)
     if isinstance(outcome, Decision):
         return outcome
@@ -192,8 +217,8 @@ def verdicts(
     profile's memo for equal requests (the extender judges every candidate node on every
     scheduling cycle, for pods that often ask alike).
     """
-    names = sorted(n.name for n in view.index) if nodes is None else list(nodes)
-    index = view.index
+    index = view.everywhere()
+    names = sorted(n.name for n in index) if nodes is None else list(nodes)
     prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
     if isinstance(prepared, Rejection):  # invalid, refused by the tenancy, over the quota
         why = prepared.reasons[0].reason
@@ -257,7 +282,7 @@ def unjudged(
     over ``nodes`` (default: every node): empty when its answer comes from judgements made
     before (the memo). Judgements are kept by the shape they were made on, so a node whose shape
     changed is one more shape to judge here, never a stale answer."""
-    index = view.index
+    index = view.everywhere()
     prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
     if isinstance(prepared, Rejection):  # answered without looking at any node
         return []
@@ -277,7 +302,7 @@ def judge_shapes(
     """Judge ``pod`` on the shapes ``shape_ids`` (from :func:`unjudged`) into the memo
     :func:`verdicts` answers from, as it would judge them; how many were judged. Shapes no node
     has any more are skipped (the view may have moved on since the ids were listed)."""
-    index = view.index
+    index = view.everywhere()
     prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
     if isinstance(prepared, Rejection):
         return 0

@@ -46,6 +46,8 @@ class PlacerMetrics:
     extender_judgements: Counter
     extender_background_judgements: Counter
     placed_ahead: Counter
+    pools_held: Gauge
+    pool_fallbacks: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PlacerMetrics:
@@ -114,6 +116,17 @@ class PlacerMetrics:
                 "tessera_placer_purged_total",
                 "Released records and deleted-pod claims removed after the retention period.",
                 ["entry"],
+                registry=registry,
+            ),
+            pools_held=Gauge(
+                "tessera_placer_pools_held",
+                "Node pools this replica holds (--pools above 1).",
+                registry=registry,
+            ),
+            pool_fallbacks=Counter(
+                "tessera_placer_pool_fallbacks_total",
+                "Pods that fit on none of this replica's own pools' nodes and were decided on "
+                "every node (--pools above 1).",
                 registry=registry,
             ),
             nodes=Gauge(

@@ -200,7 +200,7 @@ class _Judged:
 
     @classmethod
     def of(cls, view: ClusterView, profile: Profile) -> _Judged:
-        index = view.index
+        index = view.everywhere()
         return cls(index, index.changes, profile, index.memos.get(profile))
 
     def same(self, other: _Judged | None) -> bool:

@@ -30,6 +30,7 @@ from services.placer.shell.context import MAX_IN_FLIGHT, PlacerConfig, Shell
 from services.placer.shell.explain import Explainer
 from services.placer.shell.held import BACKOFF_MAX_S, Held, HeldPod, Outcome
 from services.placer.shell.intake import Intake
+from services.placer.shell.pools import PoolKeeper
 from services.placer.shell.releases import Releases
 from services.placer.shell.upkeep import Upkeep
 from services.placer.shell.waiting import WaitingPods
@@ -77,6 +78,7 @@ class PlacerService:
             inventory_stale_s=config.inventory_stale_s,
             task_mix_window=config.task_mix_window,
             tenancy=config.tenancy,
+            pools=config.pools,
         )
         store = Store(bus=bus, edge=edge, view=self.view, clock=clock, metrics=metrics)
         protocol = CommitProtocol(
@@ -107,7 +109,14 @@ class PlacerService:
         self.releases = Releases(shell=shell, held=held, waiting=self.waiting)
         self.release_requeue = self.releases.release_requeue
         """Give a placement back and place the pod again (the extender's)."""
-        self.intake = Intake(shell=shell, held=held, releases=self.releases)
+        self.pools = PoolKeeper(shell=shell) if config.pools > 1 else None
+        """The node pools' leases (``--pools`` above 1)."""
+        self.intake = Intake(
+            shell=shell,
+            held=held,
+            releases=self.releases,
+            holding=self.pools.holding if self.pools is not None else None,
+        )
         self.upkeep = Upkeep(shell=shell, held=held, waiting=self.waiting)
         self.explainer = Explainer(shell=shell, held=held)
         self._in_flight = 0
@@ -137,11 +146,14 @@ class PlacerService:
                 await self.watches.all_loaded()
                 self.view.finish_load(shell.clock.now())
                 self.held.queue = PlacementQueue(
-                    reference=reference_node(ClusterSnapshot(nodes=tuple(self.view.index)))
+                    reference=reference_node(ClusterSnapshot(nodes=tuple(self.view.everywhere())))
                 )
                 shell.board.rekey(self.held.queue.reference)
                 self.upkeep.rebuild_profile()
                 await shell.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
+                if self.pools is not None:
+                    await self.pools.keep()  # ready with its share of the pools, when free
+                    group.create_task(self.pools.run(), name="pools")
                 log.info(
                     "placer ready",
                     extra={
@@ -181,6 +193,8 @@ class PlacerService:
             self.loaded = False
             shell.tasks.cancel_all()
             await finish(self.held.give_back_all())
+            if self.pools is not None:
+                await finish(self.pools.give_back_all())
 
     def _store_check(self) -> tuple[bool, str]:
         if self.shell.restored:
@@ -286,6 +300,8 @@ class PlacerService:
             decided_at=now,
             placer_id=self.config.placer_id,
         )
+        if not self.view.owns(booking.node):
+            self.metrics.pool_fallbacks.inc()
         ledger, _ = self.view.ledger(booking.node)
         seen = frozenset(b.commit for b in ledger.bookings) if ledger else frozenset()
         self.view.add_tentative(booking)

@@ -23,6 +23,14 @@ Also kept here, because they follow the same inputs:
   shapes changed (a node or GPU added), which is all a pod too large for every node waits for;
 - the capacity signatures of all nodes (totals, GPU models and memories), for "too large for any
   node" (:meth:`too_large`).
+
+**Node pools** (``pools`` above 1, ``pools.py``): the index decisions run on first holds
+only the nodes of the pools this replica holds (``owned``). Every other node's inputs are still
+taken (tenant usage and the protocol's checks read them), but its state is derived only when
+:meth:`everywhere` is asked for the index of every node: for a pod that fits in none of the
+replica's own nodes, for an answer about any node, and whenever waiting pods are looked at (so
+that ``freed`` and ``grown`` also move for room given back on other pools' nodes). So a replica does
+not pay, decision after decision, for the state of nodes another replica places on.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from services.placer.core.index import ClusterIndex
 from services.placer.core.model import NodeState
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
+from services.placer.pools import pool_of
 from services.placer.repairs import RecordFacts, record_facts
 from shared import validation
 from shared.messages.assignments import AssignmentRecord
@@ -143,8 +152,16 @@ class ClusterView:
         inventory_stale_s: float,
         task_mix_window: int,
         tenancy: TenancyConfig | None = None,
+        pools: int = 1,
     ) -> None:
         self.inventory_stale_s = inventory_stale_s
+        self.pools = pools
+        self.owned: frozenset[int] = frozenset(range(pools)) if pools == 1 else frozenset()
+        """The pools this replica holds: their nodes are the ones in ``index``."""
+        self._pool_of: dict[str, int] = {}
+        self._everywhere = ClusterIndex(())
+        """With pools: every node's state, brought up to date from ``_dirty`` when asked."""
+        self._dirty: set[str] = set()
         self.tenancy = Tenancy(tenancy)
         self.mix = TaskMix(window=task_mix_window)
         self.index = ClusterIndex(())
@@ -177,7 +194,48 @@ class ClusterView:
         return iter(self._nodes)
 
     def node_count(self) -> int:
-        return len(self.index)
+        return len(self.everywhere())
+
+    def owns(self, node: str) -> bool:
+        """Whether ``node`` is in a pool this replica holds (always, without pools)."""
+        if self.pools == 1:
+            return True
+        pool = self._pool_of.get(node)
+        if pool is None:
+            pool = self._pool_of[node] = pool_of(node, self.pools)
+        return pool in self.owned
+
+    def everywhere(self) -> ClusterIndex:
+        """The index of every node (``index`` itself without pools): what a pod that fits on
+        none of this replica's own nodes is decided on, and what answers about any node."""
+        if self.pools == 1:
+            return self.index
+        dirty, self._dirty = self._dirty, set()
+        for name in sorted(dirty):
+            entry = self._nodes.get(name)
+            if entry is None or not entry.known:
+                continue  # ``_rebuild`` took it out of both indexes
+            if name in self.index:
+                state = self.index.node(name)
+            else:
+                bookings = entry.bookings()
+                entry.shown = _shown(bookings)
+                state = self._state(name, entry, bookings)
+            self._put(self._everywhere, name, entry, state)
+        return self._everywhere
+
+    def indexes(self) -> tuple[ClusterIndex, ...]:
+        """Every index the view keeps (each with its judgement memos)."""
+        return (self.index,) if self.pools == 1 else (self.index, self._everywhere)
+
+    def set_owned(self, owned: frozenset[int]) -> None:
+        """Hold the pools ``owned`` from now on: their nodes enter the index, others leave it."""
+        if self.pools == 1 or owned == self.owned:
+            return
+        self.owned = owned
+        for name in sorted(self._nodes):
+            if (name in self.index) != self.owns(name):
+                self._rebuild(name)
 
     def inventory(self, node: str) -> NodeInventory | None:
         entry = self._nodes.get(node)
@@ -466,6 +524,8 @@ class ClusterView:
             name: dict(e.facts.labels) for name, e in self._nodes.items() if e.facts is not None
         }
         self.tenancy.configure(config, self.index, node_labels=labels)
+        if self.pools > 1:  # the other pools' nodes are marked again when next derived
+            self._dirty.update(name for name, e in self._nodes.items() if e.known)
         self.freed += 1
         self.grown += 1
 
@@ -514,27 +574,52 @@ class ClusterView:
         return self.tenancy.annotate(state, labels=labels)
 
     def _rebuild(self, name: str) -> None:
-        """Derive node ``name``'s state again and store it in the index (after the load)."""
+        """Derive node ``name``'s state again and store it in the index (after the load); a
+        node of another replica's pool only leaves the index, and waits for :meth:`everywhere`."""
         entry = self._nodes[name]
         bookings = entry.bookings()
         entry.charged = self._usage.count(name, entry.charged, bookings)
         if not self.loaded:
             return
-        old = self.index.node(name) if name in self.index else None
+        pooled = self.pools > 1
+        if pooled:
+            self._dirty.add(name)
         if not entry.known:
-            if old is not None:
+            if name in self.index:
                 self.index.remove(name)
-                self._forget_signature(entry)
+            if pooled and name in self._everywhere:
+                self._everywhere.remove(name)
+            self._forget_signature(entry)
             if not (entry.deleted or entry.ledger or entry.tentative or entry.records):
                 del self._nodes[name]
+            return
+        if not self.owns(name):
+            if name in self.index:
+                self.index.remove(name)
+            entry.reason = self._reason(entry)
             return
         entry.reason = self._reason(entry)
         entry.shown = _shown(bookings)
         state = self._state(name, entry, bookings)
+        if pooled:  # capacity signatures are kept in ``everywhere``, when it is derived
+            old = self.index.node(name) if name in self.index else None
+            if old is None:
+                self.index.add(state)
+            elif state != old:
+                self.index.put(state)
+            if gives_room(old, state):  # own pods waiting wake now, not at the next derive
+                self.freed += 1
+            return
+        self._put(self.index, name, entry, state)
+
+    def _put(self, index: ClusterIndex, name: str, entry: _Node, state: NodeState) -> None:
+        """Store ``state`` in ``index`` (the one holding every node), keeping the capacity
+        signatures and the change counters."""
+        old = index.node(name) if name in index else None
         if old is None:
-            self.index.add(state)
+            index.add(state)
         elif state != old:
-            self.index.put(state)
+            index.put(state)
         else:
             return
         signature = signature_of(state)

@@ -66,6 +66,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     cluster.add_argument("--placers", type=int, default=2, help="placer replicas (2)")
     cluster.add_argument(
+        "--pools",
+        type=int,
+        default=0,
+        help="the placers' --pools: node pools shared out among them, each replica deciding on "
+        "its own pools' nodes first (0, the default: one per placer; 1: none)",
+    )
+    cluster.add_argument(
         "--binders", type=int, default=1, help="binder replicas, leader election on (1)"
     )
     cluster.add_argument("--tenancy-file", default="", help="the placers' --tenancy-file")
@@ -289,9 +296,13 @@ async def run_up(args: argparse.Namespace) -> int:
     except (specs.SpecError, workload.WorkloadError) as error:
         print(f"tessera up: {error}", file=sys.stderr)
         return EXIT_USAGE
-    if args.placers < 1 or args.binders < 1:
-        print("tessera up: --placers and --binders must be at least 1", file=sys.stderr)
+    if args.placers < 1 or args.binders < 1 or args.pools < 0:
+        print(
+            "tessera up: --placers and --binders must be at least 1, --pools at least 0",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
+    pools = args.pools or args.placers
     run_dir: Path = args.run_dir
     tenancy_file: str = args.tenancy_file
     progress = Progress(sys.stderr)
@@ -310,7 +321,10 @@ async def run_up(args: argparse.Namespace) -> int:
             dashboard=not args.no_dashboard,
             webhook=not args.no_webhook,
             tenancy_file=tenancy_file,
-            placer_args=("--profile", args.profile) if args.profile else (),
+            placer_args=(
+                *(("--profile", args.profile) if args.profile else ()),
+                *(("--pools", str(pools)) if pools > 1 else ()),
+            ),
             log_level=args.log_level,
             nats_permissions=not args.no_nats_permissions,
         ),

@@ -30,6 +30,7 @@ from tests.deploy.chart import (
     render,
     run_helm,
     template_args,
+    template_error,
 )
 from tests.deploy.variants import VARIANTS
 
@@ -266,3 +267,19 @@ def test_the_binder_takes_the_second_scheduler_s_pods_as_tessera_s(
     binder = next(c for c in containers(extender_objects) if c.spec["name"] == "binder")
     names = option_values(binder.args())["--extender-scheduler-names"]
     assert names.split(",") == [profile["schedulerName"]]
+
+
+def test_node_pools_reach_the_placer_and_are_refused_beside_the_extender() -> None:
+    placer = next(
+        c for c in containers(render(VARIANTS["placer-pools"])) if c.spec["name"] == "placer"
+    )
+    options = option_values(placer.args())
+    assert (options["--pools"], options["--pool-lease-s"]) == ("3", "2.5")
+    default = next(c for c in containers(render({})) if c.spec["name"] == "placer")
+    assert option_values(default.args())["--pools"] == "2"  # one per replica
+    extender = next(
+        c for c in containers(render(VARIANTS["extender"])) if c.spec["name"] == "placer"
+    )
+    assert "--pools" not in option_values(extender.args())
+    refused = template_error({"placer": {"pools": 2}, "extender": {"enabled": True}})
+    assert "placer.pools above 1 cannot go with extender.enabled" in refused

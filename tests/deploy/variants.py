@@ -76,6 +76,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "dashboard": {"enabled": True},
     },
     "extender": {"extender": {"enabled": True}},
+    # Placer replicas that each hold a node pool (one more replica stands by).
+    "placer-pools": {"placer": {"replicas": 4, "pools": 3, "poolLeaseS": 2.5}},
     # What the README tells operators to install with in production.
     "production": yaml.safe_load(
         (Path(__file__).parents[2] / "deploy/helm/tessera/values-production.yaml").read_text()

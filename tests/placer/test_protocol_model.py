@@ -21,6 +21,12 @@ everything in flight is let through, every replica reconciles, and then every bo
 and claimed, every placed claim booked and recorded, every charge is a live record's: nothing
 lost, nothing left half done.
 
+:class:`PooledProtocolMachine` is the same machine with the nodes in node pools
+(``--pools``): each replica decides on the nodes of the pools it holds first and on every node
+when none fits, and the machine moves the pools among the replicas at any moment, including
+states no lease allows for long (two replicas holding one pool: a lease taken over from a holder
+that was only slow; none holding it), with the same invariants.
+
 :class:`BrokenQuotaMachine` is the same machine with the charge left out (each replica enforcing
 the quota on its own view only, as the placer did before ``tessera-tenants``): driven through the
 race the search found, its invariants must catch it.
@@ -300,6 +306,8 @@ PROFILE = build_profile("binpack")
 class ProtocolMachine(RuleBasedStateMachine):
     charges = True
     """Whether a commit charges its tenant's quota (:class:`BrokenQuotaMachine` does not)."""
+    pools = 1
+    """Node pools (:class:`PooledProtocolMachine` has 3: node ``a`` in pool 0, ``b`` in 2)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -322,7 +330,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             replica.inbox.append((bucket, key, data, revision))
 
     def _replica(self, number: int) -> Replica:
-        view = ClusterView(inventory_stale_s=1e9, task_mix_window=100, tenancy=TENANCY)
+        view = ClusterView(
+            inventory_stale_s=1e9, task_mix_window=100, tenancy=TENANCY, pools=self.pools
+        )
         for name, inventory in INVENTORIES.items():
             view.set_inventory(
                 msgspec.structs.replace(inventory, observed_at=self.clock.now()),
@@ -496,6 +506,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.gates.pending = [op for op in self.gates.pending if op.replica != replica]
         self.replicas[replica] = self._replica(replica)
 
+    @precondition(lambda self: self.pools > 1)
+    @rule(replica=st.integers(0, REPLICAS - 1), held=st.frozensets(st.integers(0, 2)))
+    def pools_move(self, replica: int, held: frozenset[int]) -> None:
+        """The replica holds ``held`` from now on (whatever any other replica holds)."""
+        self.replicas[replica].view.set_owned(held)
+
     @rule(seconds=st.sampled_from([1.0, 200.0]))
     def time_passes(self, seconds: float) -> None:
         self._run(self.clock.advance(seconds))
@@ -571,6 +587,16 @@ ProtocolMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestProtocol = ProtocolMachine.TestCase
+
+
+class PooledProtocolMachine(ProtocolMachine):
+    """The machine with three node pools moved among the replicas by a rule."""
+
+    pools = 3
+
+
+PooledProtocolMachine.TestCase.settings = ProtocolMachine.TestCase.settings
+TestPooledProtocol = PooledProtocolMachine.TestCase
 
 
 class BrokenQuotaMachine(ProtocolMachine):

@@ -12,6 +12,10 @@ its live records must still never hold more than the quota, exactly as its usage
 ``tessera-tenants`` (every charge booked, every live record charged) says. Once settled nothing is
 left over: the tenant's charges are exactly what its live records hold (the killed replica's
 unfinished charges given back), and no pod waits that fits somewhere now.
+
+The same runs with the nodes in three pools (``--pools 3``), one per replica: the killed
+replica's pool must be taken over by a survivor within seconds, and the guarantees above are the
+same, since a pool only says where a replica looks first.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ import signal
 import time
 from pathlib import Path
 
+import aiohttp
 import msgspec
 import pytest
 
-from shared import subjects
+from shared import codec, subjects
 from shared.messages.pods import PodPending
+from shared.messages.pools import PoolLease
 from shared.runtime.nats import NatsBus
 from tests.harness import kv
 from tests.harness.nats import NatsServer
@@ -90,10 +96,20 @@ async def left_over(bus: NatsBus, ports: list[int], uids: set[str]) -> str | Non
     return None
 
 
-@pytest.mark.timeout(300)  # its phases' own budgets below add up to less, each named on failure
+async def pool_holders(bus: NatsBus, pools: int) -> dict[int, str]:
+    """Pool -> the replica whose lease on it is in KV now."""
+    holders = {}
+    for pool in range(pools):
+        entry = await bus.kv_get(subjects.KV_POOLS, subjects.pool_key(pool))
+        if entry is not None:
+            holders[pool] = codec.decode(entry.value, PoolLease).holder
+    return holders
+
+
 @pytest.mark.timeout(300)  # the phases' own budgets below add up to less, each named on failure
+@pytest.mark.parametrize("pools", [1, 3])
 async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_nothing(
-    nats_server: NatsServer, bus: NatsBus, tmp_path: Path
+    nats_server: NatsServer, bus: NatsBus, tmp_path: Path, pools: int
 ) -> None:
     now = time.time()
     inventories = {node: wire.inventory(node, GPUS, at=now) for node in NODES}
@@ -102,13 +118,22 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         await kv.put_facts(bus, wire.facts(node, slots=SLOTS, at=now))
     tenancy = tmp_path / "tenancy.json"
     tenancy.write_text(json.dumps(TENANCY))
-    options = ("--tenancy-file", str(tenancy))
+    options: tuple[str, ...] = ("--tenancy-file", str(tenancy))
+    if pools > 1:
+        options = (*options, "--pools", str(pools), "--pool-lease-s", "1.5")
     placers = [await start(nats_server.url, n, tmp_path, *options) for n in range(3)]
     try:
         for number, (_, port) in enumerate(placers):
             await eventually(
                 functools.partial(ready, port), timeout=60, what=f"placer {number} ready"
             )
+        if pools > 1:  # the first replica up took every pool; the others' rounds share them out
+
+            async def shared_out() -> bool:
+                held = await pool_holders(bus, pools)
+                return set(held.values()) == {"placer-0", "placer-1", "placer-2"}
+
+            await eventually(shared_out, timeout=20, interval=0.1, what="one pool per replica")
         pods = workload()
         for start_at in range(0, len(pods), 100):
             await asyncio.gather(
@@ -123,6 +148,18 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         await eventually(many_claimed, timeout=60, interval=0.05, what="300 pods claimed")
         victim.send_signal(signal.SIGKILL)
         await victim.wait()
+        killed_at = time.monotonic()
+        if pools > 1:
+
+            async def taken_over() -> bool:
+                held = await pool_holders(bus, pools)
+                return len(held) == pools and "placer-1" not in held.values()
+
+            await eventually(
+                taken_over, timeout=15, interval=0.1, what="the killed replica's pool taken over"
+            )
+            took = time.monotonic() - killed_at
+            assert took < 3 * 1.5 + 1, f"took {took:.1f} s over a lease of 1.5 s"
 
         uids = {p.uid for p in pods}
 
@@ -186,3 +223,129 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
                 code = await process.wait()
             if number != 1:
                 assert code == 0, (tmp_path / f"placer-{number}.log").read_text()[-3000:]
+
+
+@pytest.mark.timeout(120)
+async def test_a_standby_takes_over_a_killed_replicas_pool_and_places_its_pods(
+    nats_server: NatsServer, bus: NatsBus, tmp_path: Path
+) -> None:
+    """Three replicas, two pools: two replicas hold one pool each and the third stands by,
+    taking no pods. When a holder is SIGKILLed, the standby holds its pool within a few lease
+    times, and the pods that come next are placed on every node, without over-commit."""
+    now = time.time()
+    nodes = NODES[:20]
+    inventories = {node: wire.inventory(node, GPUS, at=now) for node in nodes}
+    for node in nodes:
+        await kv.put_inventory(bus, inventories[node])
+        await kv.put_facts(bus, wire.facts(node, slots=SLOTS, at=now))
+    options = ("--pools", "2", "--pool-lease-s", "1.5")
+    placers = [await start(nats_server.url, n, tmp_path, *options) for n in range(3)]
+    try:
+        for number, (_, port) in enumerate(placers):
+            await eventually(
+                functools.partial(ready, port), timeout=60, what=f"placer {number} ready"
+            )
+        holders: list[dict[int, str]] = [{}]
+
+        async def shared_out() -> bool:
+            holders[0] = await pool_holders(bus, 2)
+            return len(set(holders[0].values())) == 2
+
+        await eventually(shared_out, timeout=20, interval=0.1, what="one pool per two replicas")
+        (standby,) = {"placer-0", "placer-1", "placer-2"} - set(holders[0].values())
+        first = [wire.pending(f"first-{i:02d}", memory_mib=4096, cores=10) for i in range(40)]
+        for pod in first:
+            await wire.publish_pod(bus, pod)
+
+        async def placed(uids: set[str]) -> bool:
+            state = await wire.cluster_state(bus)
+            return uids <= {r.pod_uid for r in state.live_records()}
+
+        await eventually(
+            functools.partial(placed, {p.uid for p in first}), timeout=30, what="first pods"
+        )
+        state = await wire.cluster_state(bus)
+        assert standby not in {r.placer_id for r in state.live_records()}, "a standby decided"
+
+        victim_id = holders[0][0]
+        victim = placers[int(victim_id.removeprefix("placer-"))][0]
+        victim.send_signal(signal.SIGKILL)
+        await victim.wait()
+        killed_at = time.monotonic()
+
+        async def taken_over() -> bool:
+            return (await pool_holders(bus, 2)).get(0) == standby
+
+        await eventually(taken_over, timeout=15, interval=0.1, what="the standby holds pool 0")
+        took = time.monotonic() - killed_at
+        assert took < 3 * 1.5 + 1, f"took {took:.1f} s over a lease of 1.5 s"
+
+        then = [wire.pending(f"then-{i:02d}", memory_mib=4096, cores=10) for i in range(40)]
+        for pod in then:
+            await wire.publish_pod(bus, pod)
+        await eventually(
+            functools.partial(placed, {p.uid for p in then}), timeout=30, what="pods after"
+        )
+        state = await wire.settled_state(bus, inventories, slots=dict.fromkeys(nodes, SLOTS))
+        by_standby = [r for r in state.live_records() if r.placer_id == standby]
+        assert by_standby, "the standby placed nothing after taking over"
+        assert {r.pod_uid for r in state.live_records()} >= {p.uid for p in first + then}
+    finally:
+        for process, _ in placers:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        for process, _ in placers:
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+@pytest.mark.timeout(60)
+async def test_forged_pool_leases_are_rejected_counted_and_taken_over(
+    nats_server: NatsServer, bus: NatsBus, tmp_path: Path
+) -> None:
+    """A lease entry that does not decode, and one naming another pool than its key, hold no
+    pool: a replica rejects each once (counted, with a reason), then takes both pools over by
+    compare-and-set, and places pods."""
+    await bus.kv_put(subjects.KV_POOLS, subjects.pool_key(0), b"not a lease")
+    forged = PoolLease(pool=5, holder="someone", renewed_at=time.time() + 3600, lease_s=3600)
+    await bus.kv_put(subjects.KV_POOLS, subjects.pool_key(1), codec.encode(forged))
+    now = time.time()
+    for node in NODES[:4]:
+        await kv.put_inventory(bus, wire.inventory(node, GPUS, at=now))
+        await kv.put_facts(bus, wire.facts(node, slots=SLOTS, at=now))
+    process, port = await start(nats_server.url, 0, tmp_path, "--pools", "2")
+    try:
+        await eventually(functools.partial(ready, port), timeout=30, what="placer ready")
+
+        async def holds_both() -> bool:
+            return await pool_holders(bus, 2) == {0: "placer-0", 1: "placer-0"}
+
+        await eventually(holds_both, timeout=15, interval=0.1, what="both pools taken over")
+        pod = wire.pending("after-forgery", memory_mib=2048, cores=10)
+        await wire.publish_pod(bus, pod)
+
+        async def placed() -> bool:
+            state = await wire.cluster_state(bus)
+            return pod.uid in {r.pod_uid for r in state.live_records()}
+
+        await eventually(placed, timeout=15, what="the pod placed")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as response,
+        ):
+            metrics = await response.text()
+        rejected = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("tessera_messages_rejected_total") and 'family="pools"' in line
+        ]
+        assert sorted(rejected) == [
+            'tessera_messages_rejected_total{family="pools",kind="decode"} 1.0',
+            'tessera_messages_rejected_total{family="pools",kind="validate"} 1.0',
+        ], rejected
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0

@@ -17,6 +17,7 @@ from services.placer.core.groups import (
     TenantPermission,
     TenantQuota,
 )
+from services.placer.pools import pool_of
 from services.placer.sim.replay import (
     MODEL_LABEL,
     SIM_GPU_MEMORY_MIB,
@@ -110,6 +111,18 @@ def test_without_a_tenancy_the_same_tasks_all_fit() -> None:
     )
     assert result.failed == 0
     assert {t: r.placed for t, r in result.tenants.items()} == {"ls": 4, "be": 4}
+
+
+def test_with_pools_a_task_whose_pool_has_no_room_is_placed_on_another_pools_node() -> None:
+    """One node, two pools: about half the tasks are taken by the replica whose pool is empty,
+    and every one of them is placed on the node all the same."""
+    node = [TraceNode(name="only", cpu_milli=64_000, memory_mib=256_000, gpus=8, model="A")]
+    assert pool_of("only", 2) in (0, 1)  # so the other pool holds no node
+    tasks = [whole(f"w{i}", "") for i in range(8)]
+    pooled = replay(node, tasks, "binpack", order=["only"], typical=ONLY_600, seed=1, pools=2)
+    alone = replay(node, tasks, "binpack", order=["only"], typical=ONLY_600, seed=1)
+    assert pooled.failed == alone.failed == 0
+    assert pooled.curves.alloc_at(100) == alone.curves.alloc_at(100)
 
 
 @pytest.mark.parametrize(
@@ -271,6 +284,7 @@ def test_cli_table_and_parallel_jobs(capsys: pytest.CaptureFixture[str]) -> None
         pytest.param(["--nodes", "x.csv"], "--nodes needs --trace", id="nodes-without-trace"),
         pytest.param(["--jobs", "0"], "--jobs must be at least 1", id="jobs"),
         pytest.param(["--burst", "0"], "--burst must be at least 1", id="burst"),
+        pytest.param(["--pools", "0"], "--pools must be at least 1", id="pools"),
         pytest.param(
             ["--tenancy-file", "/nonexistent/tenancy.json"], "cannot read", id="missing-tenancy"
         ),

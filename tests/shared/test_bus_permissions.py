@@ -163,6 +163,7 @@ FORGERIES = [
             (subjects.KV_CLAIMS, subjects.claim_key("uid-1")),
             (subjects.KV_TENANTS, subjects.tenant_key("team")),
             (subjects.KV_WAITING, subjects.waiting_key("uid-1")),
+            (subjects.KV_POOLS, subjects.pool_key(0)),
         )
     ),
     Forgery(

@@ -91,7 +91,17 @@ def test_exit_when_done_prints_one_json_summary(tmp_path: Path) -> None:
         assert summary["latency_ms"][stage]["n"] >= 12
         assert summary["latency_ms"][stage]["p50"] <= summary["latency_ms"][stage]["p99"]
     assert "dashboard" in err and "http://127.0.0.1:" in err
-    assert (tmp_path / "logs" / "placer-2.log").exists()
+    # By default the two placers share the nodes out in two pools, one each.
+    logs = [(tmp_path / "logs" / f"placer-{n}.log").read_text() for n in (1, 2)]
+    assert all('"node pools held"' in log for log in logs), "a placer never held a pool"
+
+
+def test_a_negative_pool_count_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    process = up("--pools", "-1", run_dir=tmp_path)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert "--pools at least 0" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.timeout(240)

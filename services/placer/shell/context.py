@@ -62,6 +62,9 @@ class PlacerConfig:
     extender_host: str = "0.0.0.0"
     extender_bind_timeout_s: float = 4.0
     """The extender answers ``bind`` within this (below kube-scheduler's ``httpTimeout``)."""
+    pools: int = 1
+    """Node pools shared out among the replicas (``services/placer/pools.py``); 1: none."""
+    pool_lease_s: float = 3.0
 
     @property
     def profile_name(self) -> str:

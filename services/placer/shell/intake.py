@@ -22,10 +22,19 @@ MAX_HELD = 100_000
 class Intake:
     """Takes pod messages from JetStream (see the module docstring)."""
 
-    def __init__(self, *, shell: Shell, held: Held, releases: Releases) -> None:
+    def __init__(
+        self,
+        *,
+        shell: Shell,
+        held: Held,
+        releases: Releases,
+        holding: asyncio.Event | None = None,
+    ) -> None:
         self._shell = shell
         self._held = held
         self._releases = releases
+        self._holding = holding
+        """With node pools: set while this replica holds one; a standby takes no pods."""
 
     async def consume_pods(self) -> None:
         shell = self._shell
@@ -66,7 +75,10 @@ class Intake:
                     )
 
     async def _room(self) -> int:
-        """How many pod messages to fetch now: none while too many are held undecided."""
+        """How many pod messages to fetch now: none while too many are held undecided, nor
+        while this replica holds no node pool (a standby, with pools)."""
+        if self._holding is not None:
+            await self._holding.wait()
         held = self._held
         while len(held.items) - len(held.waiting) >= 4 * MAX_IN_FLIGHT:
             self._shell.work.set()

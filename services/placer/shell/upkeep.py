@@ -104,7 +104,8 @@ class Upkeep:
         shell.metrics.profile_builds.inc()
         if old is not None:  # its memo is of no use any more
             for stale in (old, *old.node_policies.values()):
-                shell.view.index.memos.pop(stale, None)
+                for index in shell.view.indexes():
+                    index.memos.pop(stale, None)
         log.info(
             "profile compiled",
             extra={
@@ -124,7 +125,7 @@ class Upkeep:
             if self._stats_model is None or self._stats_model[0] != typical:
                 self._stats_model = (typical, FragmentationModel(typical))
             figures = stats.cluster_stats(
-                shell.view.index,
+                shell.view.everywhere(),
                 self._stats_model[1],
                 placer_id=shell.config.placer_id,
                 profile=shell.config.profile_name,

@@ -208,7 +208,7 @@ class WaitingPods:
         message = translate.rejection_message(
             pod,
             rejection.reasons,
-            nodes=len(shell.view.index),
+            nodes=len(shell.view.everywhere()),
             unresolvable=rejection.unresolvable,
             decided_at=shell.clock.now(),
             placer_id=shell.config.placer_id,
@@ -306,6 +306,8 @@ class WaitingPods:
                     await shell.changed.wait()
             shell.changed.clear()
             now = shell.clock.monotonic()
+            if held.waiting:  # other pools' nodes move the counters only once derived
+                shell.view.everywhere()
             freed, grown = shell.view.freed, shell.view.grown
             for item in list(held.waiting.values()):
                 changed = grown != item.seen[1] or (item.wake == "freed" and freed != item.seen[0])

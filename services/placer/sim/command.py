@@ -14,6 +14,9 @@ fragmented GPU share at 100 % and 130 % arrived workload, mean and median over t
   in lower case. The table then adds each tenant's pods placed and waiting and what it holds.
 - ``--burst N``: tasks arrive N at a time and are placed in the queue's order (priority, then
   larger pods first).
+- ``--pools N``: each task is decided as N placer replicas with ``--pools N`` decide it: on the
+  nodes of one pool (the pool of the replica that took it, a draw), and on every node when none
+  of them fits; what node pools cost in packing.
 """
 
 from __future__ import annotations
@@ -115,6 +118,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="tasks arriving at once, placed in the queue's order (1: the trace's order)",
     )
+    parser.add_argument(
+        "--pools",
+        type=int,
+        default=1,
+        help="decide each task as one of N placer replicas with --pools N would: on its pool's "
+        "nodes first, on every node when none fits (1: every node)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="replays run in parallel processes (1)")
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
@@ -134,6 +144,7 @@ class Job:
     mix: Mix = "trace"
     tenancy: TenancyConfig | None = None
     burst: int = 1
+    pools: int = 1
 
 
 def run_job(job: Job, progress: Callable[[int], None] | None = None) -> ReplayResult:
@@ -150,6 +161,7 @@ def run_job(job: Job, progress: Callable[[int], None] | None = None) -> ReplayRe
         mix=job.mix,
         tenancy=job.tenancy,
         burst=job.burst,
+        pools=job.pools,
         progress=progress,
     )
 
@@ -206,6 +218,9 @@ def run(args: argparse.Namespace) -> int:
     if args.burst < 1:
         print("tessera simulate: --burst must be at least 1", file=err)
         return EXIT_USAGE
+    if args.pools < 1:
+        print("tessera simulate: --pools must be at least 1", file=err)
+        return EXIT_USAGE
     tenancy = None
     if args.tenancy_file is not None:
         try:
@@ -242,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
             args.mix,
             tenancy,
             args.burst,
+            args.pools,
         )
         for policy in args.policy
         for seed in args.seeds
@@ -255,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     summary["target"] = args.target
     summary["mix"] = args.mix
     summary["burst"] = args.burst
+    summary["pools"] = args.pools
     summary["tenancy_file"] = str(args.tenancy_file) if args.tenancy_file else ""
     if args.json:
         print(json.dumps(summary, indent=None, sort_keys=False))
@@ -264,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
             f"{source}: {len(nodes)} nodes, {summary['gpus']} GPUs, seeds {seeds}, "
             f"{args.mix} task mix"
             + (f", bursts of {args.burst}" if args.burst > 1 else "")
+            + (f", {args.pools} node pools" if args.pools > 1 else "")
             + (f", tenancy {args.tenancy_file}" if args.tenancy_file else "")
         )
         print(report.table(summary))

@@ -52,6 +52,7 @@ from services.placer.core.model import (
 from services.placer.core.profiles import ProfileSpec, build_profile
 from services.placer.core.queue import PlacementQueue, reference_node
 from services.placer.core.tenancy import Tenancy
+from services.placer.pools import pool_of
 from services.placer.sim.trace import TraceNode, TraceTask
 
 SIM_GPU_MEMORY_MIB = 16_000
@@ -170,10 +171,20 @@ def replay(
     mix: Mix = "trace",
     tenancy: TenancyConfig | None = None,
     burst: int = 1,
+    pools: int = 1,
     progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
-    """Replay ``tasks`` on a fresh cluster of ``nodes`` with ``policy`` (module docstring)."""
+    """Replay ``tasks`` on a fresh cluster of ``nodes`` with ``policy`` (module docstring).
+
+    ``pools`` above 1: each task is decided as a placer replica holding one node pool
+    (``services/placer/pools.py``) decides it: on the nodes of the pool of the replica that took
+    it (a draw), and on every node when none of those fits."""
     states = [node_state(n) for n in nodes]
+    names = frozenset(n.name for n in nodes)
+    outside = [
+        names - {name for name in names if pool_of(name, pools) == pool} for pool in range(pools)
+    ]
+    takers = random.Random(seed * 7_919 + 11)  # apart from ``rng``: policies draw the same
     cluster = ClusterIndex(states, order=order)
     tenants = Tenancy()
     tenants.configure(
@@ -218,7 +229,19 @@ def replay(
             i, task = pending.pop(entry.uid)
             tenant = results.setdefault(task.tenant, TenantResult())
             t0 = time.perf_counter()
-            outcome = cycle.decide(entry.request, cluster, profile, tenants, now=float(i), rng=rng)
+            if pools > 1:
+                avoid = outside[takers.randrange(pools)]
+                outcome = cycle.decide(
+                    entry.request, cluster, profile, tenants, now=float(i), rng=rng, avoid=avoid
+                )
+                if not isinstance(outcome, Decision):
+                    outcome = cycle.decide(
+                        entry.request, cluster, profile, tenants, now=float(i), rng=rng
+                    )
+            else:
+                outcome = cycle.decide(
+                    entry.request, cluster, profile, tenants, now=float(i), rng=rng
+                )
             decide_s += time.perf_counter() - t0
             if isinstance(outcome, Decision):
                 problem = tenants.reserve(entry.request, outcome, cluster)

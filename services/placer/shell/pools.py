@@ -1,0 +1,180 @@
+"""Node pools for one replica: keeps its share of the pools' leases in ``tessera-placer-pools``
+(``services/placer/pools.py`` plans each round; this carries the plan out) and tells the view
+which pools it holds. Only runs with ``--pools`` above 1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TypeVar
+
+from services.placer import pools
+from services.placer.shell.context import Shell, log
+from services.placer.shell.watches import kv_delivery
+from shared import codec, subjects
+from shared.messages.pools import PoolLease, PoolMember
+from shared.runtime.bus import BusUnavailableError, KvEntry, OutcomeUnknownError
+
+_T = TypeVar("_T")
+
+GIVE_BACK_TIMEOUT_S = 2.0
+"""At most this long is spent giving the leases back on a clean stop (else they lapse)."""
+
+
+class PoolKeeper:
+    """Takes, renews and gives back this replica's pools (see the module docstring)."""
+
+    def __init__(self, *, shell: Shell) -> None:
+        self._shell = shell
+        self.holding = asyncio.Event()
+        """Set while this replica holds at least one pool: only then does it take new pods."""
+        self._revisions: dict[int, int] = {}
+        """Pool -> the revision of this replica's lease as last written."""
+        self._renewed_at: dict[int, float] = {}
+        """Pool -> when (wall clock) this replica last renewed it."""
+        self._rejected: set[tuple[str, int]] = set()
+        """(key, revision) of entries already rejected at the edge, so each is counted once."""
+
+    @property
+    def held(self) -> frozenset[int]:
+        return frozenset(self._revisions)
+
+    async def run(self) -> None:
+        """Keep the leases, a round every third of the lease time, forever."""
+        shell = self._shell
+        interval = shell.config.pool_lease_s / 3
+        while True:
+            try:
+                await self.keep()
+            except (BusUnavailableError, OutcomeUnknownError) as error:
+                log.warning("pool leases not kept this round", extra={"error": str(error)})
+                self._drop_lapsed()
+            await shell.clock.sleep(interval)
+
+    async def keep(self) -> None:
+        """One round: say this replica is live, read the bucket, carry out the plan."""
+        shell, bus = self._shell, self._shell.bus
+        config = shell.config
+        now = shell.clock.now()
+        member = PoolMember(placer_id=config.placer_id, seen_at=now, lease_s=config.pool_lease_s)
+        await bus.kv_put(
+            subjects.KV_POOLS, subjects.pool_member_key(config.placer_id), codec.encode(member)
+        )
+        leases, members = await self._read()
+        plan = pools.plan_leases(
+            me=config.placer_id, pools=config.pools, now=now, leases=leases, members=members
+        )
+        for pool in self.held - {pool for pool, _ in plan.renew}:
+            self._forget(pool)  # the bucket says another replica holds it now
+        for pool, revision in plan.give_back:
+            self._forget(pool)  # stop deciding on it before another replica may take it
+            await bus.kv_delete_if(subjects.KV_POOLS, subjects.pool_key(pool), revision=revision)
+        for pool, revision in (*plan.renew, *plan.take):
+            lease = PoolLease(
+                pool=pool, holder=config.placer_id, renewed_at=now, lease_s=config.pool_lease_s
+            )
+            key, value = subjects.pool_key(pool), codec.encode(lease)
+            if revision:
+                written = await bus.kv_update(subjects.KV_POOLS, key, value, revision=revision)
+            else:
+                written = await bus.kv_create(subjects.KV_POOLS, key, value)
+            if written is None:  # another replica wrote first: the pool is its own now
+                self._forget(pool)
+            else:
+                self._revisions[pool] = written
+                self._renewed_at[pool] = now
+        for key in plan.forget:  # any replica may tidy up: the one that comes first does
+            await bus.kv_delete_if(subjects.KV_POOLS, key, revision=members[key][1])
+        self._drop_lapsed()
+
+    async def give_back_all(self) -> None:
+        """On a clean stop: give every lease back, so that others take the pools at once."""
+        held, self._revisions, self._renewed_at = dict(self._revisions), {}, {}
+        self._show()
+        with contextlib.suppress(Exception, TimeoutError):
+            async with asyncio.timeout(GIVE_BACK_TIMEOUT_S):
+                for pool, revision in held.items():
+                    await self._shell.bus.kv_delete_if(
+                        subjects.KV_POOLS, subjects.pool_key(pool), revision=revision
+                    )
+
+    async def _read(
+        self,
+    ) -> tuple[dict[int, tuple[PoolLease, int]], dict[str, tuple[PoolMember, int]]]:
+        bus = self._shell.bus
+        leases: dict[int, tuple[PoolLease, int]] = {}
+        members: dict[str, tuple[PoolMember, int]] = {}
+        for key in await bus.kv_keys(subjects.KV_POOLS):
+            entry = await bus.kv_get(subjects.KV_POOLS, key)
+            if entry is None:
+                continue
+            if key.startswith("member."):
+                member = await self._decode(entry, PoolMember)
+                if member is not None and subjects.pool_member_key(member.placer_id) == key:
+                    members[key] = (member, entry.revision)
+            elif key.startswith("pool."):
+                lease = await self._decode(entry, PoolLease)
+                if lease is not None and subjects.pool_key(lease.pool) == key:
+                    leases[lease.pool] = (lease, entry.revision)
+                    continue
+                if lease is not None:
+                    await self._reject(entry, f"entry under key {key} names pool {lease.pool}")
+                if key.removeprefix("pool.").isdigit():
+                    # Unreadable, or naming another pool: lapsed, so it is taken over by
+                    # compare-and-set at its revision rather than left unheld for good.
+                    pool = int(key.removeprefix("pool."))
+                    lapsed = PoolLease(pool=pool, holder="", renewed_at=0.0, lease_s=0.0)
+                    leases[pool] = (lapsed, entry.revision)
+        return leases, members
+
+    async def _decode(self, entry: KvEntry, message: type[_T]) -> _T | None:
+        try:
+            return codec.decode(entry.value, message)
+        except codec.DecodeError as error:
+            await self._reject(entry, str(error), kind="decode")
+            return None
+
+    async def _reject(self, entry: KvEntry, reason: str, *, kind: str = "validate") -> None:
+        """Reject ``entry`` at the edge, once per revision (the bucket is read every round)."""
+        if (entry.key, entry.revision) in self._rejected:
+            return
+        self._rejected.add((entry.key, entry.revision))
+        await self._shell.edge.reject(
+            kv_delivery(entry, subjects.KV_POOLS), family="pools", reason=reason, kind=kind
+        )
+
+    def _forget(self, pool: int) -> None:
+        self._revisions.pop(pool, None)
+        self._renewed_at.pop(pool, None)
+
+    def _drop_lapsed(self) -> None:
+        """Stop deciding on pools not renewed within the lease time (another may hold them by
+        now), then show the view what is held."""
+        now = self._shell.clock.now()
+        lease_s = self._shell.config.pool_lease_s
+        for pool, renewed_at in list(self._renewed_at.items()):
+            if renewed_at + lease_s < now:
+                self._forget(pool)
+        self._show()
+
+    def _show(self) -> None:
+        shell = self._shell
+        held = self.held
+        if held == shell.view.owned:
+            return
+        log.info(
+            "node pools held",
+            extra={
+                "pools": sorted(held),
+                "of": shell.config.pools,
+                "before": sorted(shell.view.owned),
+            },
+        )
+        shell.view.set_owned(held)
+        shell.metrics.pools_held.set(len(held))
+        if held:
+            self.holding.set()
+        else:
+            self.holding.clear()
+        shell.work.set()
+        shell.poke()

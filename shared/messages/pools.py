@@ -1,0 +1,37 @@
+"""The placers' node pools, KV bucket ``tessera-placer-pools`` (``subjects.pool_key``,
+``subjects.pool_member_key``).
+
+With ``--pools N`` above 1 the nodes are split into N pools by a hash of their names
+(``services/placer/pools.py``), and each pool is held by one replica at a time through a
+lease here: the holder decides pods on its pool's nodes, and only applies the writes of other
+pools' nodes when a pod fits in none of its own. A lease is renewed by compare-and-set; one not
+renewed within the lease time may be taken over, by compare-and-set, by any replica under its
+share. Leases are hints for who does the work, never what keeps a GPU exact: every booking is
+still a compare-and-set on the node's ledger entry, whoever holds the pool.
+"""
+
+from __future__ import annotations
+
+from shared.messages.base import Message
+
+
+class PoolLease(Message, frozen=True, kw_only=True):
+    """Who holds pool ``pool`` and when it last said so."""
+
+    pool: int
+    holder: str
+    """The placer id of the replica holding the pool."""
+    renewed_at: float
+    """Seconds since the epoch, by the holder's clock."""
+    lease_s: float
+    """The holder's lease time: past ``renewed_at + lease_s`` the pool may be taken over."""
+
+
+class PoolMember(Message, frozen=True, kw_only=True):
+    """A replica taking part in the pools: how the others count the live replicas to share the
+    pools among."""
+
+    placer_id: str
+    seen_at: float
+    """Seconds since the epoch, by the replica's clock."""
+    lease_s: float
