@@ -99,7 +99,7 @@ def test_exit_when_done_prints_one_json_summary(tmp_path: Path) -> None:
 def test_a_negative_pool_count_is_refused_before_anything_starts(tmp_path: Path) -> None:
     process = up("--pools", "-1", run_dir=tmp_path)
     out, err = process.communicate(timeout=60)
-    assert process.returncode == 2
+    assert (process.returncode, out) == (2, "")
     assert "--pools at least 0" in err
     assert "Traceback" not in err
 
