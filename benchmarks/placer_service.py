@@ -308,6 +308,17 @@ async def histogram(placers: list[Placer]) -> dict[float, float]:
     return buckets
 
 
+async def counter_sum(placers: list[Placer], name: str) -> float:
+    """A counter summed over its labels and the placers."""
+    total = 0.0
+    for placer in placers:
+        _, text = await http(placer.port, "/metrics")
+        for line in text.splitlines():
+            if re.match(rf"{name}(\{{.*\}})? ", line):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def bucket_quantile(buckets: dict[float, float], fraction: float) -> str:
     total = buckets.get(float("inf"), 0.0)
     if not total:
@@ -383,7 +394,11 @@ async def run_cluster(
                 await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
                 await asyncio.wait_for(clocked.done.wait(), 300)
                 saturated = args.burst / (max(clocked.decided.values()) - start)
+                conflicts = await counter_sum(placers, "tessera_placer_commit_conflicts_total")
+                fallbacks = await counter_sum(placers, "tessera_placer_pool_fallbacks_total")
                 return {
+                    "conflicts": conflicts,
+                    "fallbacks": fallbacks,
                     "replicas": replicas,
                     "ready_s": ready_s,
                     "measured": len(latencies),
@@ -462,6 +477,12 @@ async def main(args: argparse.Namespace) -> None:
         assert isinstance(cpu, dict)
         print(
             "  CPU ms per pod at the rate: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
+            flush=True,
+        )
+        pods = int(args.rate * args.seconds) + args.burst
+        print(
+            f"  compare-and-sets lost: {r['conflicts']:.0f}; pods decided outside the deciding "
+            f"replica's pools: {r['fallbacks']:.0f} (of {pods})",
             flush=True,
         )
     if args.rss_nodes:

@@ -194,7 +194,10 @@ class ClusterView:
         return iter(self._nodes)
 
     def node_count(self) -> int:
-        return len(self.everywhere())
+        """Known nodes, every pool's (counted without deriving any node's state)."""
+        if self.pools == 1:
+            return len(self.index)
+        return sum(1 for entry in self._nodes.values() if entry.known)
 
     def owns(self, node: str) -> bool:
         """Whether ``node`` is in a pool this replica holds (always, without pools)."""

@@ -145,6 +145,7 @@ def test_a_replica_decides_on_its_own_pool_first_and_on_every_node_when_none_fit
     assert sorted(n.name for n in view.index) == sorted(mine)
     assert sorted(n.name for n in view.everywhere()) == sorted(mine + theirs)
     assert view.owns(mine[0]) and not view.owns(theirs[0])
+    assert view.node_count() == 4
     small = translate.pod_request(wire.pending("p", memory_mib=4096, cores=20))
     decided = decider.decide(view, PROFILE, small, now=NOW)
     assert isinstance(decided, Decision) and decided.node in mine
