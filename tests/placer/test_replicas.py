@@ -266,6 +266,9 @@ async def test_a_standby_takes_over_a_killed_replicas_pool_and_places_its_pods(
         )
         state = await wire.cluster_state(bus)
         assert standby not in {r.placer_id for r in state.live_records()}, "a standby decided"
+        # The cluster's statistics come from the holder of pool 0 alone, never from a standby.
+        assert await bus.kv_get(subjects.KV_STATS, subjects.stats_key(standby)) is None
+        assert await bus.kv_get(subjects.KV_STATS, subjects.stats_key(holders[0][0])) is not None
 
         victim_id = holders[0][0]
         victim = placers[int(victim_id.removeprefix("placer-"))][0]

@@ -117,10 +117,15 @@ class Upkeep:
 
     async def stats_loop(self) -> None:
         """Publish this replica's ``ClusterStats`` (fragmentation as the core measures it) to
-        KV ``tessera-stats`` for the dashboard; one key per replica, so none contend."""
+        KV ``tessera-stats`` for the dashboard; one key per replica, so none contend. With node
+        pools only the holder of pool 0 does: the figures are the whole cluster's whoever
+        computes them, and every other replica would derive every node's state to repeat them."""
         shell = self._shell
         key = subjects.stats_key(shell.config.placer_id)
         while True:
+            if shell.view.pools > 1 and 0 not in shell.view.owned:
+                await shell.clock.sleep(shell.config.stats_interval_s)
+                continue
             typical = self._typical or DEFAULT_TYPICAL_TASKS
             if self._stats_model is None or self._stats_model[0] != typical:
                 self._stats_model = (typical, FragmentationModel(typical))
