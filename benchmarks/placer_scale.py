@@ -1,7 +1,8 @@
 """The placer at DESIGN's largest cluster: 10,000 nodes x 8 GPUs, a burst of pods through NATS.
 
     .venv/bin/python benchmarks/placer_scale.py [--nodes 10000] [--gpus 8] [--replicas 1,3]
-        [--burst 5000] [--busy-share 0.2] [--foreign-share 0.05] [--timeout 600] [--json]
+        [--burst 5000] [--busy-share 0.2] [--foreign-share 0.05] [--timeout 600] [--pools 1]
+        [--json]
 
 For each replica count: a fresh nats-server; the cluster written into KV as the services write it
 (every node's inventory and node facts; on the busy nodes, the pods already running there: each
@@ -23,7 +24,8 @@ nats-server's CPU and memory the same way. Targets (DESIGN section 7 and issue 2
 decided; each placer's peak RSS < 300 MB (286 MiB); 3 replicas cost <= 1.3x the CPU per decision
 of one. nats-server, the placers and this driver share the machine's cores: on a machine with
 fewer cores than replicas + 1, decisions per second measure the machine, CPU per decision the
-placer.
+placer. ``--pools N`` starts the placers with node pools (``--pools 0``: as many as replicas) and
+waits until the pools are shared out before the burst.
 """
 
 from __future__ import annotations
@@ -397,6 +399,8 @@ async def run(
             entries = await load_cluster(bus, plans, args.gpus)
             load_s = time.monotonic() - loading
             placers, spawned = [], []
+            pools = args.pools or replicas
+            pool_options = ("--pools", str(pools)) if pools > 1 else ()
             try:
                 for n in range(replicas):
                     spawned.append(time.monotonic())
@@ -407,6 +411,7 @@ async def run(
                             directory,
                             "--reserve-timeout-s",
                             str(args.reserve_timeout),
+                            *pool_options,
                         )
                     )
                 waits = [
@@ -421,6 +426,8 @@ async def run(
                         f"{time.monotonic() - spawned[0]:.0f} s, {rss_line(placers)}"
                     )
                 ready_s = [w.result() for w in waits]
+                if pools > 1:
+                    await service.wait_pools(placers, pools, timeout=args.timeout)
                 at_ready = [usage(p.process.pid) for p in placers]
                 nats_ready = usage(server.pid)
 
@@ -652,6 +659,12 @@ def parser() -> argparse.ArgumentParser:
         help="the placers' --reserve-timeout-s: no binder runs here, so every decision stays "
         "reserved, and a burst that takes longer than the default 120 s would have the first "
         "pods released and placed again while the last wait (3600)",
+    )
+    p.add_argument(
+        "--pools",
+        type=int,
+        default=1,
+        help="the placers' --pools; 0 = as many as replicas (1: no node pools)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document, not tables")
     return p
