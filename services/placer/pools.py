@@ -13,6 +13,11 @@ share (the pools over the live replicas, rounded up), give back what is beyond i
 or lapsed pools up to it. A replica that stops renewing (killed, partitioned) loses its pools to
 the others within a lease time; a standby (a replica beyond the pools' number) holds none until
 one lapses.
+
+Whether a lease lapsed is judged without comparing clocks: by how long *this* replica has seen
+the entry at the same KV revision (its ``ages``, on its monotonic clock), against the lease time
+its holder wrote. Renewing writes a new revision, so a live holder's entry never ages past a
+round; replicas whose wall clocks disagree by minutes still agree on who is gone.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Mapping
 import msgspec
 
 from shared.messages.pools import PoolLease, PoolMember
+from shared.subjects import pool_key
 
 MEMBER_FORGET_LEASES = 10
 """A member entry not renewed for this many lease times is deleted (a replica long gone)."""
@@ -36,9 +42,9 @@ def pool_of(node: str, pools: int) -> int:
     return zlib.crc32(node.encode()) % pools
 
 
-def lapsed(lease: PoolLease, now: float) -> bool:
-    """Whether ``lease`` was not renewed within its lease time as of ``now``."""
-    return lease.renewed_at + lease.lease_s < now
+def lapsed(lease: PoolLease, age: float) -> bool:
+    """Whether ``lease``, seen unchanged for ``age`` seconds, was not renewed in its time."""
+    return age > lease.lease_s
 
 
 class LeasePlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,13 +71,16 @@ def plan_leases(
     *,
     me: str,
     pools: int,
-    now: float,
     leases: Mapping[int, tuple[PoolLease, int]],
     members: Mapping[str, tuple[PoolMember, int]],
+    ages: Mapping[str, float],
 ) -> LeasePlan:
     """What ``me`` does this round, from the bucket as read (``leases`` by pool, ``members`` by
-    key, each with its revision). This replica counts itself live whatever its entry says."""
-    live = {m.placer_id for m, _ in members.values() if m.seen_at + m.lease_s >= now} | {me}
+    key, each with its revision; ``ages``: by key, how long this replica has seen the entry at
+    that revision, 0 when new to it). This replica counts itself live whatever its entry says."""
+    live = {m.placer_id for key, (m, _) in members.items() if ages.get(key, 0.0) <= m.lease_s} | {
+        me
+    }
     share = fair_share(pools, len(live))
     mine = sorted(p for p, (lease, _) in leases.items() if lease.holder == me)
     kept = [p for p in mine if p < pools][:share]
@@ -84,14 +93,15 @@ def plan_leases(
     free = [
         (p, leases[p][1] if p in leases else 0)
         for p in order
-        if p not in leases or (leases[p][0].holder != me and lapsed(leases[p][0], now))
+        if p not in leases
+        or (leases[p][0].holder != me and lapsed(leases[p][0], ages.get(pool_key(p), 0.0)))
     ]
     take = tuple(free[: max(share - len(kept), 0)])
     forget = tuple(
         sorted(
             key
             for key, (m, _) in members.items()
-            if m.placer_id != me and m.seen_at + MEMBER_FORGET_LEASES * m.lease_s < now
+            if m.placer_id != me and ages.get(key, 0.0) > MEMBER_FORGET_LEASES * m.lease_s
         )
     )
     return LeasePlan(renew=renew, give_back=give_back, take=take, forget=forget, share=share)

@@ -2,12 +2,13 @@
 ``subjects.pool_member_key``).
 
 With ``--pools N`` above 1 the nodes are split into N pools by a hash of their names
-(``services/placer/pools.py``), and each pool is held by one replica at a time through a
-lease here: the holder decides pods on its pool's nodes, and only applies the writes of other
-pools' nodes when a pod fits in none of its own. A lease is renewed by compare-and-set; one not
-renewed within the lease time may be taken over, by compare-and-set, by any replica under its
-share. Leases are hints for who does the work, never what keeps a GPU exact: every booking is
-still a compare-and-set on the node's ledger entry, whoever holds the pool.
+(``services/placer/pools.py``), and each pool is held by one replica at a time through a lease
+here: the holder decides pods on its pool's nodes first, and on other pools' nodes only when a
+pod fits on none of its own. A lease is renewed by compare-and-set; one not renewed within the
+lease time (as each reader sees it: the entry unchanged that long on the reader's own clock) may
+be taken over, by compare-and-set, by any replica under its share. Leases are hints for who does
+the work, never what keeps a GPU exact: every booking is still a compare-and-set on the node's
+ledger entry, whoever holds the pool.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ class PoolLease(Message, frozen=True, kw_only=True):
     holder: str
     """The placer id of the replica holding the pool."""
     renewed_at: float
-    """Seconds since the epoch, by the holder's clock."""
+    """Seconds since the epoch, by the holder's clock (for people reading the bucket: readers
+    judge a lapse by how long they have seen the entry unchanged, never by this)."""
     lease_s: float
-    """The holder's lease time: past ``renewed_at + lease_s`` the pool may be taken over."""
+    """The holder's lease time: an entry unchanged for longer may be taken over."""
 
 
 class PoolMember(Message, frozen=True, kw_only=True):
@@ -33,5 +35,6 @@ class PoolMember(Message, frozen=True, kw_only=True):
 
     placer_id: str
     seen_at: float
-    """Seconds since the epoch, by the replica's clock."""
+    """Seconds since the epoch, by the replica's clock (informative, as ``renewed_at``)."""
     lease_s: float
+    """An entry unchanged for longer is a replica gone."""

@@ -39,23 +39,26 @@ def test_every_node_has_one_stable_pool_and_the_pools_are_about_even() -> None:
     assert {pool_of(name, 1) for name in names} == {0}
 
 
-def lease(pool: int, holder: str, at: float = NOW) -> PoolLease:
-    return PoolLease(pool=pool, holder=holder, renewed_at=at, lease_s=LEASE_S)
+def lease(pool: int, holder: str) -> PoolLease:
+    # renewed_at is for people: the plan judges lapses by ``ages`` alone.
+    return PoolLease(pool=pool, holder=holder, renewed_at=0.0, lease_s=LEASE_S)
 
 
-def member(placer_id: str, at: float = NOW) -> tuple[PoolMember, int]:
-    return PoolMember(placer_id=placer_id, seen_at=at, lease_s=LEASE_S), 1
+def member(placer_id: str) -> tuple[PoolMember, int]:
+    return PoolMember(placer_id=placer_id, seen_at=0.0, lease_s=LEASE_S), 1
 
 
-GONE = NOW - 2 * LEASE_S
-LONG_GONE = NOW - 11 * LEASE_S
+GONE = 2 * LEASE_S
+"""Seen unchanged for two lease times: lapsed."""
+LONG_GONE = 11 * LEASE_S
 
 
 @pytest.mark.parametrize(
-    ("case", "leases", "members", "pools", "expected"),
+    ("case", "leases", "members", "ages", "pools", "expected"),
     [
         (
             "alone on an empty bucket: every pool, created",
+            {},
             {},
             {},
             3,
@@ -65,6 +68,7 @@ LONG_GONE = NOW - 11 * LEASE_S
             "three live replicas: one pool each, its own renewed",
             {0: (lease(0, "me"), 7), 1: (lease(1, "b"), 8), 2: (lease(2, "c"), 9)},
             {"member.b": member("b"), "member.c": member("c")},
+            {"pool.1": LEASE_S / 3, "member.b": LEASE_S / 3},
             3,
             LeasePlan(renew=((0, 7),), share=1),
         ),
@@ -72,27 +76,31 @@ LONG_GONE = NOW - 11 * LEASE_S
             "others joined: what is beyond the share is given back",
             {0: (lease(0, "me"), 7), 1: (lease(1, "me"), 8), 2: (lease(2, "me"), 9)},
             {"member.b": member("b"), "member.c": member("c")},
+            {},
             3,
             LeasePlan(renew=((0, 7),), give_back=((1, 8), (2, 9)), share=1),
         ),
         (
             "a holder stopped renewing: its pool is taken at the lease's revision",
-            {0: (lease(0, "me"), 7), 1: (lease(1, "b", at=GONE), 8), 2: (lease(2, "c"), 9)},
-            {"member.b": member("b", at=GONE), "member.c": member("c")},
+            {0: (lease(0, "me"), 7), 1: (lease(1, "b"), 8), 2: (lease(2, "c"), 9)},
+            {"member.b": member("b"), "member.c": member("c")},
+            {"pool.1": GONE, "member.b": GONE},
             3,
             LeasePlan(renew=((0, 7),), take=((1, 8),), share=2),
         ),
         (
-            "a live holder's pool is never taken",
+            "a live holder's pool is never taken, however old the time it wrote",
             {0: (lease(0, "b"), 7), 1: (lease(1, "c"), 8)},
             {"member.b": member("b"), "member.c": member("c")},
+            {"pool.0": LEASE_S, "pool.1": 0.0},
             2,
             LeasePlan(share=1),
         ),
         (
             "a standby (more replicas than pools) holds nothing until a lease lapses",
-            {0: (lease(0, "b"), 7), 1: (lease(1, "c", at=GONE), 8)},
+            {0: (lease(0, "b"), 7), 1: (lease(1, "c"), 8)},
             {"member.b": member("b"), "member.c": member("c")},
+            {"pool.1": GONE},
             2,
             LeasePlan(take=((1, 8),), share=1),
         ),
@@ -100,13 +108,15 @@ LONG_GONE = NOW - 11 * LEASE_S
             "fewer pools configured than held: the ones beyond are given back",
             {0: (lease(0, "me"), 7), 3: (lease(3, "me"), 8)},
             {},
+            {},
             2,
             LeasePlan(renew=((0, 7),), give_back=((3, 8),), take=((1, 0),), share=2),
         ),
         (
             "a member gone for ten lease times is forgotten; one gone briefly is not",
             {0: (lease(0, "me"), 7)},
-            {"member.b": member("b", at=LONG_GONE), "member.c": member("c", at=GONE)},
+            {"member.b": member("b"), "member.c": member("c")},
+            {"member.b": LONG_GONE, "member.c": GONE},
             1 + 1,
             LeasePlan(renew=((0, 7),), take=((1, 0),), forget=("member.b",), share=2),
         ),
@@ -116,10 +126,11 @@ def test_a_round_of_lease_keeping(
     case: str,
     leases: dict[int, tuple[PoolLease, int]],
     members: dict[str, tuple[PoolMember, int]],
+    ages: dict[str, float],
     pools: int,
     expected: LeasePlan,
 ) -> None:
-    plan = plan_leases(me="me", pools=pools, now=NOW, leases=leases, members=members)
+    plan = plan_leases(me="me", pools=pools, leases=leases, members=members, ages=ages)
     # Where to start looking for free pools depends on the replica's name: compare as sets.
     assert sorted(plan.take) == sorted(expected.take), case
     rest, wanted = (msgspec.structs.replace(p, take=()) for p in (plan, expected))
@@ -128,7 +139,7 @@ def test_a_round_of_lease_keeping(
 
 def test_replicas_starting_together_look_for_free_pools_from_different_places() -> None:
     firsts = {
-        plan_leases(me=f"placer-{n}", pools=8, now=NOW, leases={}, members={}).take[0][0]
+        plan_leases(me=f"placer-{n}", pools=8, leases={}, members={}, ages={}).take[0][0]
         for n in range(8)
     }
     assert len(firsts) > 2

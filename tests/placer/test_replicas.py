@@ -21,6 +21,7 @@ same, since a pool only says where a replica looks first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import random
@@ -101,7 +102,9 @@ async def pool_holders(bus: NatsBus, pools: int) -> dict[int, str]:
     holders = {}
     for pool in range(pools):
         entry = await bus.kv_get(subjects.KV_POOLS, subjects.pool_key(pool))
-        if entry is not None:
+        if entry is None:
+            continue
+        with contextlib.suppress(codec.DecodeError):  # a forged entry holds nothing
             holders[pool] = codec.decode(entry.value, PoolLease).holder
     return holders
 

@@ -31,7 +31,9 @@ class PoolKeeper:
         self._revisions: dict[int, int] = {}
         """Pool -> the revision of this replica's lease as last written."""
         self._renewed_at: dict[int, float] = {}
-        """Pool -> when (wall clock) this replica last renewed it."""
+        """Pool -> when (monotonic clock) this replica last renewed it."""
+        self._seen: dict[str, tuple[int, float]] = {}
+        """Key -> (revision, when this replica first read it at that revision, monotonic)."""
         self._rejected: set[tuple[str, int]] = set()
         """(key, revision) of entries already rejected at the edge, so each is counted once."""
 
@@ -56,13 +58,15 @@ class PoolKeeper:
         shell, bus = self._shell, self._shell.bus
         config = shell.config
         now = shell.clock.now()
+        # A renewal counts from before it is sent: no reader starts its count earlier.
+        started = shell.clock.monotonic()
         member = PoolMember(placer_id=config.placer_id, seen_at=now, lease_s=config.pool_lease_s)
         await bus.kv_put(
             subjects.KV_POOLS, subjects.pool_member_key(config.placer_id), codec.encode(member)
         )
-        leases, members = await self._read()
+        leases, members, ages = await self._read()
         plan = pools.plan_leases(
-            me=config.placer_id, pools=config.pools, now=now, leases=leases, members=members
+            me=config.placer_id, pools=config.pools, leases=leases, members=members, ages=ages
         )
         for pool in self.held - {pool for pool, _ in plan.renew}:
             self._forget(pool)  # the bucket says another replica holds it now
@@ -82,7 +86,7 @@ class PoolKeeper:
                 self._forget(pool)
             else:
                 self._revisions[pool] = written
-                self._renewed_at[pool] = now
+                self._renewed_at[pool] = started
         for key in plan.forget:  # any replica may tidy up: the one that comes first does
             await bus.kv_delete_if(subjects.KV_POOLS, key, revision=members[key][1])
         self._drop_lapsed()
@@ -100,14 +104,25 @@ class PoolKeeper:
 
     async def _read(
         self,
-    ) -> tuple[dict[int, tuple[PoolLease, int]], dict[str, tuple[PoolMember, int]]]:
+    ) -> tuple[
+        dict[int, tuple[PoolLease, int]], dict[str, tuple[PoolMember, int]], dict[str, float]
+    ]:
+        """The bucket's leases and members, and how long this replica has seen each unchanged."""
         bus = self._shell.bus
         leases: dict[int, tuple[PoolLease, int]] = {}
         members: dict[str, tuple[PoolMember, int]] = {}
+        ages: dict[str, float] = {}
+        seen: dict[str, tuple[int, float]] = {}
+        now = self._shell.clock.monotonic()
         for key in await bus.kv_keys(subjects.KV_POOLS):
             entry = await bus.kv_get(subjects.KV_POOLS, key)
             if entry is None:
                 continue
+            revision, since = self._seen.get(key, (entry.revision, now))
+            if revision != entry.revision:
+                since = now
+            seen[key] = (entry.revision, since)
+            ages[key] = now - since
             if key.startswith("member."):
                 member = await self._decode(entry, PoolMember)
                 if member is not None and subjects.pool_member_key(member.placer_id) == key:
@@ -125,7 +140,8 @@ class PoolKeeper:
                     pool = int(key.removeprefix("pool."))
                     lapsed = PoolLease(pool=pool, holder="", renewed_at=0.0, lease_s=0.0)
                     leases[pool] = (lapsed, entry.revision)
-        return leases, members
+        self._seen = seen
+        return leases, members, ages
 
     async def _decode(self, entry: KvEntry, message: type[_T]) -> _T | None:
         try:
@@ -150,7 +166,7 @@ class PoolKeeper:
     def _drop_lapsed(self) -> None:
         """Stop deciding on pools not renewed within the lease time (another may hold them by
         now), then show the view what is held."""
-        now = self._shell.clock.now()
+        now = self._shell.clock.monotonic()
         lease_s = self._shell.config.pool_lease_s
         for pool, renewed_at in list(self._renewed_at.items()):
             if renewed_at + lease_s < now:
