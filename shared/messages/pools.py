@@ -27,6 +27,9 @@ class PoolLease(Message, frozen=True, kw_only=True):
     judge a lapse by how long they have seen the entry unchanged, never by this)."""
     lease_s: float
     """The holder's lease time: an entry unchanged for longer may be taken over."""
+    pools: int = 0
+    """The holder's ``--pools`` (0: not said). Replicas must agree on it: with different
+    numbers they split the nodes differently, so a replica that reads another number says so."""
 
 
 class PoolMember(Message, frozen=True, kw_only=True):

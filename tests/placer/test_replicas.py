@@ -314,10 +314,13 @@ async def test_forged_pool_leases_are_rejected_counted_and_taken_over(
 ) -> None:
     """A lease entry that does not decode, and one naming another pool than its key, hold no
     pool: a replica rejects each once (counted, with a reason), then takes both pools over by
-    compare-and-set, and places pods."""
+    compare-and-set, and places pods. A lease written by a replica split into another number of
+    pools is named in a warning."""
     await bus.kv_put(subjects.KV_POOLS, subjects.pool_key(0), b"not a lease")
     forged = PoolLease(pool=5, holder="someone", renewed_at=time.time() + 3600, lease_s=3600)
     await bus.kv_put(subjects.KV_POOLS, subjects.pool_key(1), codec.encode(forged))
+    other = PoolLease(pool=2, holder="three-pools", renewed_at=0.0, lease_s=3600, pools=3)
+    await bus.kv_put(subjects.KV_POOLS, subjects.pool_key(2), codec.encode(other))
     now = time.time()
     for node in NODES[:4]:
         await kv.put_inventory(bus, wire.inventory(node, GPUS, at=now))
@@ -352,6 +355,14 @@ async def test_forged_pool_leases_are_rejected_counted_and_taken_over(
             'tessera_messages_rejected_total{family="pools",kind="decode"} 1.0',
             'tessera_messages_rejected_total{family="pools",kind="validate"} 1.0',
         ], rejected
+        warned = [
+            json.loads(line)
+            for line in (tmp_path / "placer-0.log").read_text().splitlines()
+            if "another number of node pools" in line
+        ]
+        assert [(w["holder"], w["its_pools"], w["pools"]) for w in warned] == [
+            ("three-pools", 3, 2)
+        ], "warned once, naming the other replica and both numbers"
     finally:
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0

@@ -34,6 +34,8 @@ class PoolKeeper:
         """Pool -> when (monotonic clock) this replica last renewed it."""
         self._seen: dict[str, tuple[int, float]] = {}
         """Key -> (revision, when this replica first read it at that revision, monotonic)."""
+        self._disagreeing: set[tuple[str, int]] = set()
+        """(holder, its --pools) already warned about."""
         self._rejected: set[tuple[str, int]] = set()
         """(key, revision) of entries already rejected at the edge, so each is counted once."""
 
@@ -75,7 +77,11 @@ class PoolKeeper:
             await bus.kv_delete_if(subjects.KV_POOLS, subjects.pool_key(pool), revision=revision)
         for pool, revision in (*plan.renew, *plan.take):
             lease = PoolLease(
-                pool=pool, holder=config.placer_id, renewed_at=now, lease_s=config.pool_lease_s
+                pool=pool,
+                holder=config.placer_id,
+                renewed_at=now,
+                lease_s=config.pool_lease_s,
+                pools=config.pools,
             )
             key, value = subjects.pool_key(pool), codec.encode(lease)
             if revision:
@@ -131,6 +137,7 @@ class PoolKeeper:
                 lease = await self._decode(entry, PoolLease)
                 if lease is not None and subjects.pool_key(lease.pool) == key:
                     leases[lease.pool] = (lease, entry.revision)
+                    self._check_agreement(lease)
                     continue
                 if lease is not None:
                     await self._reject(entry, f"entry under key {key} names pool {lease.pool}")
@@ -157,6 +164,22 @@ class PoolKeeper:
         self._rejected.add((entry.key, entry.revision))
         await self._shell.edge.reject(
             kv_delivery(entry, subjects.KV_POOLS), family="pools", reason=reason, kind=kind
+        )
+
+    def _check_agreement(self, lease: PoolLease) -> None:
+        """Warn (once per holder and number) when another replica runs another ``--pools``:
+        each then decides on its own split of the nodes, which is safe (every booking is still a
+        compare-and-set) but brings back the contention pools are there to remove."""
+        pools = self._shell.config.pools
+        if not lease.pools or lease.pools == pools or lease.holder == self._shell.config.placer_id:
+            return
+        if (lease.holder, lease.pools) in self._disagreeing:
+            return
+        self._disagreeing.add((lease.holder, lease.pools))
+        log.warning(
+            "another placer runs with another number of node pools; give every replica the "
+            "same --pools",
+            extra={"holder": lease.holder, "its_pools": lease.pools, "pools": pools},
         )
 
     def _forget(self, pool: int) -> None:
