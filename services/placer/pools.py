@@ -5,8 +5,8 @@ replica holds some pools through leases in ``tessera-placer-pools`` (``shared/me
 it decides pods on its own pools' nodes, so replicas stop deciding onto the same nodes, stop
 losing compare-and-sets to each other, and stop deriving the state of every node another replica
 places on. Leases only share out the work: a booking is still a compare-and-set on the node's
-ledger entry, so two replicas that both believe they hold a pool (clocks apart, a lease taken over
-from a replica that was only slow) can only lose a compare-and-set, never over-commit a GPU.
+ledger entry, so two replicas that both believe they hold a pool (a lease taken over from a
+replica that was only slow) can only lose a compare-and-set, never over-commit a GPU.
 
 :func:`plan_leases` is one round of a replica's lease keeping: renew what it holds up to its fair
 share (the pools over the live replicas, rounded up), give back what is beyond it, and take free
@@ -78,9 +78,8 @@ def plan_leases(
     """What ``me`` does this round, from the bucket as read (``leases`` by pool, ``members`` by
     key, each with its revision; ``ages``: by key, how long this replica has seen the entry at
     that revision, 0 when new to it). This replica counts itself live whatever its entry says."""
-    live = {m.placer_id for key, (m, _) in members.items() if ages.get(key, 0.0) <= m.lease_s} | {
-        me
-    }
+    fresh = (m.placer_id for key, (m, _) in members.items() if ages.get(key, 0.0) <= m.lease_s)
+    live = {me, *fresh}
     share = fair_share(pools, len(live))
     mine = sorted(p for p, (lease, _) in leases.items() if lease.holder == me)
     kept = [p for p in mine if p < pools][:share]
