@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -78,3 +79,20 @@ async def ready(port: int) -> bool:
     except Exception:
         return False
     return status == 200
+
+
+async def stop_all(processes: list[asyncio.subprocess.Process]) -> list[int]:
+    """SIGTERM every placer still running (SIGCONT first: a stopped one would never act on it),
+    wait for each, SIGKILL one that has not exited within 30 s; their exit codes."""
+    for process in processes:
+        if process.returncode is None:
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)
+    codes = []
+    for process in processes:
+        try:
+            codes.append(await asyncio.wait_for(process.wait(), 30))
+        except TimeoutError:
+            process.kill()
+            codes.append(await process.wait())
+    return codes

@@ -42,7 +42,7 @@ from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
 from tests.placer.conftest import http_get, rejections
-from tests.placer.processes import ready, start
+from tests.placer.processes import ready, start, stop_all
 
 NODES = [f"node-{i:03d}.rack-{i // 20}" for i in range(100)]
 GPUS = 4
@@ -215,15 +215,8 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         assert logged, "one structured line per decision"
         assert {"pod", "pod_uid", "node", "gpus", "score", "latency_ms", "commit"} <= set(logged[0])
     finally:
-        for process, _ in placers:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-        for number, (process, _) in enumerate(placers):
-            try:
-                code = await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                code = await process.wait()
+        codes = await stop_all([process for process, _ in placers])
+        for number, code in enumerate(codes):
             if number != 1:
                 assert code == 0, (tmp_path / f"placer-{number}.log").read_text()[-3000:]
 
@@ -297,15 +290,7 @@ async def test_a_standby_takes_over_a_killed_replicas_pool_and_places_its_pods(
         assert by_standby, "the standby placed nothing after taking over"
         assert {r.pod_uid for r in state.live_records()} >= {p.uid for p in first + then}
     finally:
-        for process, _ in placers:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-        for process, _ in placers:
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_all([process for process, _ in placers])
 
 
 @pytest.mark.timeout(60)
@@ -364,5 +349,4 @@ async def test_forged_pool_leases_are_rejected_counted_and_taken_over(
             ("three-pools", 3, 2)
         ], "warned once, naming the other replica and both numbers"
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert await stop_all([process]) == [0]

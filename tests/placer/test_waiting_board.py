@@ -28,7 +28,7 @@ from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
 from tests.placer.conftest import http_get
-from tests.placer.processes import ready, start
+from tests.placer.processes import ready, start, stop_all
 
 PULL_EXPIRY_S = 1.5
 """A paused placer's last pull request expires on the server within its 1 s fetch timeout."""
@@ -105,16 +105,7 @@ async def test_a_replica_places_a_higher_pod_another_replica_holds_before_its_ow
             ("high", "placer-1", "low")
         ]
     finally:
-        for process, _ in placers:
-            if process.returncode is None:
-                process.send_signal(signal.SIGCONT)
-                process.send_signal(signal.SIGTERM)
-        for process, _ in placers:
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_all([process for process, _ in placers])
 
 
 async def _has(bus: NatsBus, uid: str) -> bool:
