@@ -1,7 +1,8 @@
 """A chaos run: pods through the whole system while services and NATS are SIGKILLed and restarted.
 
-Shared by the CI test (small) and ``benchmarks/chaos.py`` (longer). Kill moments are drawn from a
-seeded random generator and logged; each killed process is started again after a short pause.
+Shared by the CI tests (small) and ``benchmarks/chaos.py`` (longer: more pods, more kills). Kill
+moments are drawn from a seeded random generator and logged; each killed process is started again
+after a short pause.
 Targets: a placer, the binder leader, a device plugin, nats-server (one of three on a cluster),
 and ``nats-store``: nats-server SIGKILLed and started again with an empty store (an ``emptyDir``
 NATS pod restarting), after which what is bound is restored from the Kubernetes API.
@@ -109,6 +110,7 @@ async def chaos_run(
 
     gpu_nodes = [plan.name for plan in system.gpu_nodes]
     plan = sorted((rng.uniform(0.3, window_s), target) for target in targets)
+    busy: dict[str, asyncio.Lock] = {}
 
     async def strike(at: float, target: str) -> None:
         await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
@@ -122,14 +124,18 @@ async def chaos_run(
             name = rng.choice(system.nats_names())
         lost = target == "nats-store"
         pause = rng.uniform(0.5, 2.5)
-        note(f"SIGKILL {name}{' and wipe its store' if lost else ''} (restart in {pause:.1f} s)")
-        down = len(result.outages)
-        result.outages.append(Outage(name, down_at=clock(), store_lost=lost))
-        await asyncio.to_thread(system.wipe_nats_store if lost else system.kill, name)
-        await asyncio.sleep(pause)
-        system.restart(name)
-        result.outages[down] = dataclasses.replace(result.outages[down], up_at=clock())
-        note(f"restarted {name}")
+        # Two strikes on one process (longer runs draw several per target) take turns: the
+        # second kills it once it is back, never while it is down.
+        async with busy.setdefault(name, asyncio.Lock()):
+            wiped = " and wipe its store" if lost else ""
+            note(f"SIGKILL {name}{wiped} (restart in {pause:.1f} s)")
+            down = len(result.outages)
+            result.outages.append(Outage(name, down_at=clock(), store_lost=lost))
+            await asyncio.to_thread(system.wipe_nats_store if lost else system.kill, name)
+            await asyncio.sleep(pause)
+            system.restart(name)
+            result.outages[down] = dataclasses.replace(result.outages[down], up_at=clock())
+            note(f"restarted {name}")
 
     def pod(n: int, generation: int = 0) -> dict[str, Any]:
         suffix = f"-r{generation}" if generation else ""
