@@ -386,14 +386,16 @@ async def run_cluster(
                     for k, v in pids.items()
                 }
                 buckets = await histogram(placers)
-                # Saturation.
-                burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
-                clocked = Clocked(expected=args.burst)
-                await follow_decisions(bus, clocked)
-                start = time.perf_counter()
-                await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
-                await asyncio.wait_for(clocked.done.wait(), 300)
-                saturated = args.burst / (max(clocked.decided.values()) - start)
+                # Saturation (``--burst 0``: not measured).
+                saturated = 0.0
+                if args.burst:
+                    burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
+                    clocked = Clocked(expected=args.burst)
+                    await follow_decisions(bus, clocked)
+                    start = time.perf_counter()
+                    await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
+                    await asyncio.wait_for(clocked.done.wait(), 300)
+                    saturated = args.burst / (max(clocked.decided.values()) - start)
                 conflicts = await counter_sum(placers, "tessera_placer_commit_conflicts_total")
                 fallbacks = await counter_sum(placers, "tessera_placer_pool_fallbacks_total")
                 return {
@@ -434,7 +436,8 @@ async def measure_rss(args: argparse.Namespace, directory: Path) -> dict[str, fl
                 await follow_decisions(bus, clocked)
                 pods = [pod(n, rng) for n in range(args.burst)]
                 await asyncio.gather(*(publish(bus, message, clocked) for message in pods))
-                await asyncio.wait_for(clocked.done.wait(), 600)
+                if pods:
+                    await asyncio.wait_for(clocked.done.wait(), 600)
                 await asyncio.sleep(2)
                 placed = rss_mib(placers[0].process.pid)
                 return {"ready_s": ready_s, "loaded": loaded, "placed": placed}
