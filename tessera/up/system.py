@@ -25,6 +25,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -76,6 +77,16 @@ NATS_PORT_ATTEMPTS = 3
 
 PORT_TAKEN = "address already in use"
 """What nats-server logs when its port was bound first by another process."""
+
+
+_PERMISSION_VIOLATION = re.compile(r" (Publish|Subscription) Violation - ")
+"""How nats-server logs an identity refused a subject. Not its "Protocol Violation" of a route
+between two servers, which a server killed in the middle of a write leaves behind."""
+
+
+def permission_violations(log: str) -> list[str]:
+    """The lines of a nats-server log that say an identity was refused a subject."""
+    return [line for line in log.splitlines() if _PERMISSION_VIOLATION.search(line)]
 
 
 def free_port() -> int:
@@ -632,7 +643,7 @@ class LocalSystem:
                 text = self.supervisor.children[name].log.read_text(errors="replace")
             except OSError:
                 continue
-            found += [line for line in text.splitlines() if " Violation - " in line]
+            found += permission_violations(text)
         return found
 
     # --- chaos ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 
 from tessera.up import report
 from tessera.up.spec import SpecError, plan_nodes
+from tessera.up.system import permission_violations
 
 
 @pytest.mark.parametrize(
@@ -185,3 +186,34 @@ def test_percentiles_are_nearest_rank() -> None:
     assert report.percentile(values, 50) == 50.0
     assert report.percentile(values, 99) == 99.0
     assert report.percentile([3.0], 99) == 3.0
+
+
+@pytest.mark.parametrize(
+    ("line", "counted"),
+    [
+        pytest.param(
+            '[7001] 2026/11/26 22:56:50.102311 [ERR] 127.0.0.1:51022 - cid:9 - "v2.16.0:python:'
+            'placer-1" - "$G/user:placer" - Publish Violation - Subject "tessera.binder.x"',
+            True,
+            id="publish",
+        ),
+        pytest.param(
+            '[7001] 2026/11/26 22:56:50.102311 [ERR] 127.0.0.1:51022 - cid:9 - "v2.16.0:python:'
+            'dp" - "$G/user:deviceplugin-node-1" - Subscription Violation - Subject '
+            '"$KV.tessera-assignments.node-2.>", SID 4',
+            True,
+            id="subscribe",
+        ),
+        pytest.param(
+            "[7378] 2026/11/26 22:56:51.309994 [INF] 127.0.0.1:34233 - rid:11 - Router "
+            "connection closed: Protocol Violation - Remote: n1",
+            False,
+            id="a route cut by a killed server",
+        ),
+        pytest.param(
+            "[7378] 2026/11/26 22:56:51.309994 [INF] Server is ready", False, id="anything else"
+        ),
+    ],
+)
+def test_only_subjects_refused_to_an_identity_count_as_violations(line: str, counted: bool) -> None:
+    assert permission_violations(f"before\n{line}\nafter") == ([line] if counted else [])
