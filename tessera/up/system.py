@@ -79,14 +79,17 @@ PORT_TAKEN = "address already in use"
 """What nats-server logs when its port was bound first by another process."""
 
 
-_PERMISSION_VIOLATION = re.compile(r" (Publish|Subscription) Violation - ")
-"""How nats-server logs an identity refused a subject. Not its "Protocol Violation" of a route
-between two servers, which a server killed in the middle of a write leaves behind."""
+_ROUTE = re.compile(r" - rid:\d+ - ")
+"""A line about a route between two servers of a cluster (clients are ``cid:``)."""
 
 
 def permission_violations(log: str) -> list[str]:
-    """The lines of a nats-server log that say an identity was refused a subject."""
-    return [line for line in log.splitlines() if _PERMISSION_VIOLATION.search(line)]
+    """The lines of a nats-server log where it refused a client: a subject its identity may
+    not use, or a protocol it broke. Not the "Protocol Violation" of a route between two
+    servers, which a server killed in the middle of a write leaves behind."""
+    return [
+        line for line in log.splitlines() if " Violation - " in line and not _ROUTE.search(line)
+    ]
 
 
 def free_port() -> int:

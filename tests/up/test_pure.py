@@ -205,6 +205,12 @@ def test_percentiles_are_nearest_rank() -> None:
             id="subscribe",
         ),
         pytest.param(
+            '[7001] 2026/11/26 22:56:50.102311 [ERR] 127.0.0.1:51022 - cid:9 - "v2.16.0:python:'
+            'binder" - Protocol Violation - Unknown Protocol Operation',
+            True,
+            id="a client that broke the protocol",
+        ),
+        pytest.param(
             "[7378] 2026/11/26 22:56:51.309994 [INF] 127.0.0.1:34233 - rid:11 - Router "
             "connection closed: Protocol Violation - Remote: n1",
             False,
@@ -215,5 +221,5 @@ def test_percentiles_are_nearest_rank() -> None:
         ),
     ],
 )
-def test_only_subjects_refused_to_an_identity_count_as_violations(line: str, counted: bool) -> None:
+def test_refusals_of_clients_count_as_violations_not_cut_routes(line: str, counted: bool) -> None:
     assert permission_violations(f"before\n{line}\nafter") == ([line] if counted else [])
