@@ -19,6 +19,7 @@ class BinderMetrics:
     leader: Gauge
     gate_waits: Counter
     gate_ignored: Counter
+    records_withdrawn: Counter
     pods_published: Counter
     invalid_pods: Counter
     explained: Counter
@@ -70,6 +71,12 @@ class BinderMetrics:
                 "tessera_binder_gate_ignored_total",
                 "Bound records the ambiguity gate did not wait for: they match no placer commit "
                 "(their pod's claim or their node's ledger entry does not hold them).",
+                registry=registry,
+            ),
+            records_withdrawn=Counter(
+                "tessera_binder_records_withdrawn_total",
+                "Bound records the binder released because their pod ended before its GPUs were "
+                "allocated (rejected at admission, or deleted once bound).",
                 registry=registry,
             ),
             pods_published=Counter(

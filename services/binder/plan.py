@@ -23,6 +23,13 @@ when no container of it has the same device count as a not yet allocated contain
 bound record on the node (with different slices); otherwise it waits until that record is
 allocated (or released). Comparing every remaining container, not only the next one, keeps the
 rule true while multi-container pods are being allocated one container at a time.
+
+A pod that ends before its GPUs are allocated (the kubelet rejected it at admission, or it was
+deleted once bound) leaves a ``bound`` record that no Allocate of its own will ever claim. Until a
+placer releases it, a device plugin could serve another pod's Allocate of the same size from it,
+and that pod's own record would then stay ``bound`` for good, holding the gate of its node shut.
+So the binder withdraws such a record itself (:func:`stranded`, :func:`withdrawn`) before it
+publishes ``PodDeleted``.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import msgspec
 
 from shared import annotations as names
 from shared.kubeobjects import Pod
-from shared.messages.assignments import AssignmentRecord, RecordView
+from shared.messages.assignments import AssignmentRecord, RecordView, holds_gpus
 from shared.messages.bindings import BindOutcome
 from shared.messages.placement import PlacementDecision
 
@@ -184,6 +191,19 @@ def blocker(
         key=lambda v: (v.record.bound_at or v.record.decided_at, v.record.pod_uid),
         default=None,
     )
+
+
+def stranded(record: AssignmentRecord) -> bool:
+    """Whether ``record``, whose pod has ended (gone, or finished: ``Failed`` at admission), is
+    one the binder withdraws: ``bound`` with GPU slices, so its devices were never all
+    allocated and no Allocate of its own pod will come (see the module docstring). A record
+    without GPUs is final at ``bound``; a placer releases it, as every other record."""
+    return record.state == "bound" and holds_gpus(record)
+
+
+def withdrawn(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
+    """``record`` released at ``now`` by the binder (a placer's release finds it done)."""
+    return msgspec.structs.replace(record, state="released", released_at=now)
 
 
 def binding_annotations(record: AssignmentRecord, *, now: float) -> dict[str, str]:

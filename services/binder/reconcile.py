@@ -1,10 +1,11 @@
 """Reconciliation on becoming leader: finish what a previous leader left half done.
 
 For each assignment record (:func:`~services.binder.plan.repair` decides): a record whose pod is
-gone -> ``PodDeleted``; a ``reserved`` record whose pod is already bound there -> ``bound``; a
-``bound`` record whose pod is not bound yet -> bound now (both by handling the record's decision
-again). Runs beside the consumers; a step that fails (API or NATS away) is tried again until it
-succeeds, and one whose decision message is being handled right now is left to it.
+gone -> ``PodDeleted`` (the record withdrawn first when its GPUs were never allocated); a
+``reserved`` record whose pod is already bound there -> ``bound``; a ``bound`` record whose pod
+is not bound yet -> bound now (both by handling the record's decision again). Runs beside the
+consumers; a step that fails (API or NATS away) is tried again until it succeeds, and one whose
+decision message is being handled right now is left to it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ async def reconcile(
     *,
     records: RecordMirror,
     pod_of: Callable[[str], Pod | None],
-    publish_deleted: Callable[[str, PodRef], Awaitable[None]],
+    end_pod: Callable[[str, PodRef], Awaitable[None]],
     bind: Callable[[PlacementDecision], Awaitable[None]],
     clock: Clock,
 ) -> None:
@@ -44,7 +45,7 @@ async def reconcile(
         action = repair(record, pod_of(record.pod_uid))
         if action == "deleted":
             ref = PodRef(record.namespace, record.name, record.node)
-            work.append(functools.partial(publish_deleted, record.pod_uid, ref))
+            work.append(functools.partial(end_pod, record.pod_uid, ref))
         elif action == "bind":
             work.append(functools.partial(bind, decision_of(record)))
     if not work:

@@ -129,6 +129,7 @@ class Binder:
             clock=clock,
             metrics=metrics,
             reporter=self.reporter,
+            records=self.records,
             fence=self._fence,
         )
         self.pods: Informer[Pod] = self.sync.pods
@@ -277,7 +278,7 @@ class Binder:
                 reconcile(
                     records=self.records,
                     pod_of=self.pod_of,
-                    publish_deleted=self.sync.publish_deleted,
+                    end_pod=self.sync.end_pod,
                     bind=self.decisions.handle,
                     clock=self._clock,
                 ),

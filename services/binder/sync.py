@@ -5,7 +5,8 @@ the selector kube-scheduler uses): Tessera's pods (``spec.schedulerName``, or ex
 :mod:`~services.binder.extender`) and the CPU and memory every pod requests on its node. Informer
 changes mark a pod uid or node name dirty (:class:`~services.binder.workqueue.WorkQueue`); the
 leader's workers then publish ``PodPending`` (when what the placer reads changed; never for
-extender-mode pods, whose node kube-scheduler picks), ``PodDeleted`` (pod gone or finished), or
+extender-mode pods, whose node kube-scheduler picks), ``PodDeleted`` (pod gone or finished, after
+withdrawing its record when it ended before its GPUs were allocated: ``plan.stranded``), or
 have an invalid pod explained (:mod:`~services.binder.reporting`; nothing pending published),
 and ``NodeFacts`` on change (subject + KV). Every write is fenced by the Lease (``fence``).
 """
@@ -36,16 +37,19 @@ from services.binder.nodefacts import (
     same_facts,
 )
 from services.binder.objects import Node
+from services.binder.plan import stranded, withdrawn
 from services.binder.reporting import Reporter
 from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
+from shared.messages.assignments import RecordView
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
 from shared.runtime.bus import Bus
 from shared.runtime.consumer import RETRY_S
+from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
@@ -75,10 +79,12 @@ class ClusterSync:
         clock: Clock,
         metrics: BinderMetrics,
         reporter: Reporter,
+        records: RecordMirror,
         fence: Callable[[str], None],
     ) -> None:
         self._config = config
         self._bus = bus
+        self._records = records
         self._clock = clock
         self._metrics = metrics
         self._reporter = reporter
@@ -231,7 +237,7 @@ class ClusterSync:
                 PodRef(pod.metadata.namespace, pod.metadata.name, None) if pod else None
             )
             if ref is not None:
-                await self.publish_deleted(uid, ref)
+                await self.end_pod(uid, ref)
             self._gone.pop(uid, None)
             self._published_pending.pop(uid, None)
             self._reporter.forget(uid)
@@ -261,6 +267,34 @@ class ClusterSync:
         )
         self._published_pending[uid] = fingerprint
         self._metrics.pods_published.labels(kind="pending").inc()
+
+    async def end_pod(self, uid: str, ref: PodRef) -> None:
+        """The pod is gone or finished: withdraw its record if its GPUs were never all
+        allocated (``plan.stranded``), then publish ``PodDeleted``. Withdrawing first closes the
+        window in which a device plugin could serve another pod's Allocate from that record
+        while the placer has not handled ``PodDeleted`` yet."""
+        if ref.node is not None:
+            await self._withdraw_stranded(subjects.assignment_key(ref.node, uid))
+        await self.publish_deleted(uid, ref)
+
+    async def _withdraw_stranded(self, key: str) -> None:
+        view = self._records.get(key)
+        while view is not None and stranded(view.record):
+            self._fence("withdraw an assignment record")
+            record = withdrawn(view.record, now=self._clock.now())
+            revision = await self._bus.kv_update(
+                subjects.KV_ASSIGNMENTS, key, codec.encode(record), revision=view.revision
+            )
+            if revision is None:  # moved meanwhile (allocated, or released by a placer)
+                view = await self._records.read(key)
+                continue
+            await self._records.remember(RecordView(key=key, revision=revision, record=record))
+            self._metrics.records_withdrawn.inc()
+            log.info(
+                "withdrew the record of a pod that ended before its GPUs were allocated",
+                extra={"record": key, "allocated": len(record.allocated)},
+            )
+            return
 
     async def publish_deleted(self, uid: str, ref: PodRef) -> None:
         self._fence("publish PodDeleted")

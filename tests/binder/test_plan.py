@@ -19,6 +19,8 @@ from services.binder.plan import (
     claim_of,
     gate_resources,
     plan_bind,
+    stranded,
+    withdrawn,
 )
 from shared import annotations as names
 from shared import codec
@@ -305,3 +307,36 @@ def test_no_two_bound_records_on_a_node_are_ever_ambiguous(pods: list[list[list[
             records[uid] = result.record
         bound = [r for r in records.values() if r.state == "bound"]
         assert not allocate_could_confuse(bound), bound
+
+
+PARTLY_ALLOCATED = msgspec.structs.replace(
+    record("p", "p", slices("a"), slices("b"), state="bound", bound_at=NOW),
+    allocated=(ContainerAllocation(container="a", device_ids=("d",), allocated_at=NOW),),
+)
+
+
+@pytest.mark.parametrize(
+    ("rec", "expected"),
+    [
+        (record("p", "p", state="reserved"), False),  # never bound: the kubelet never saw it
+        (record("p", "p", state="bound", bound_at=NOW), True),
+        (PARTLY_ALLOCATED, True),  # rejected between two containers' Allocates
+        (record("p", "p", state="allocated", bound_at=NOW), False),  # ran: the placer's
+        (record("p", "p", state="released", bound_at=NOW), False),
+        (  # no GPU: bound is final, nobody ever Allocates it
+            record(
+                "p", "p", ContainerSlices(container="cpu", gpus=()), state="bound", bound_at=NOW
+            ),
+            False,
+        ),
+    ],
+    ids=["reserved", "bound", "partly-allocated", "allocated", "released", "no-gpu"],
+)
+def test_what_the_binder_withdraws_when_a_pod_ends(rec: AssignmentRecord, expected: bool) -> None:
+    assert stranded(rec) is expected
+
+
+def test_a_withdrawn_record_is_only_released() -> None:
+    assert withdrawn(PARTLY_ALLOCATED, now=NOW + 5) == msgspec.structs.replace(
+        PARTLY_ALLOCATED, state="released", released_at=NOW + 5
+    )

@@ -19,6 +19,7 @@ from shared.messages.bindings import BindingResult
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PodInvalid
 from shared.messages.pods import PodDeleted, PodPending
+from shared.runtime.bus import Delivery
 from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import EVENT, LEASE, NODE, POD
@@ -531,7 +532,9 @@ async def test_a_forged_bound_record_holds_no_real_pod_at_the_gate(
     the same device count and other slices held a real pod at the gate until it timed out."""
     results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     api.create(NODE, node())
-    ghost = record("ghost", "ghost", slices("main", (0, 1, 1)), state="bound", bound_at=1.0)
+    # On a pod that runs there, so the binder does not withdraw it as a gone pod's record.
+    ghost_uid = uid_of(api.create(POD, pod("ghost", node="gpu-1")))
+    ghost = record(ghost_uid, "ghost", slices("main", (0, 1, 1)), state="bound", bound_at=1.0)
     await bus.kv_put(
         subjects.KV_ASSIGNMENTS,
         subjects.assignment_key(ghost.node, ghost.pod_uid),
@@ -548,16 +551,18 @@ async def test_a_forged_bound_record_holds_no_real_pod_at_the_gate(
     assert ignored == 1
 
 
-async def test_a_deleted_pods_bound_record_holds_the_gate_until_it_is_fenced(
+async def test_a_withdrawn_commits_bound_record_holds_the_gate_until_it_is_fenced(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
     """A chaos run: a pod was rejected at admission and deleted; its placer turned the claim
     ``deleted`` but had not fenced the record yet. The gate let the next pod of the same device
     count through, and the device plugin (which read the claim while it was placed) granted the
-    deleted pod's slices to it. Until the record is fenced, the gate waits for it."""
+    deleted pod's slices to it. Until the record is fenced, the gate waits for it. (Here the
+    binder still sees the pod, so it does not withdraw the record itself: the next test.)"""
     results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     api.create(NODE, node())
-    gone = record("gone", "gone", slices("main", (0, 8192, 10)), state="bound", bound_at=1.0)
+    gone_uid = uid_of(api.create(POD, pod("gone", node="gpu-1")))
+    gone = record(gone_uid, "gone", slices("main", (0, 8192, 10)), state="bound", bound_at=1.0)
     await create_committed(bus, gone)
     await bus.kv_put(
         subjects.KV_CLAIMS,
@@ -585,6 +590,55 @@ async def test_a_deleted_pods_bound_record_holds_the_gate_until_it_is_fenced(
     assert "waits for default/gone on node gpu-1 to be allocated first" in first.reason
     assert (second.name, second.outcome) == ("later", "bound"), second
     assert ignored == 0
+
+
+async def test_a_pod_that_ends_before_its_gpus_are_allocated_has_its_record_withdrawn(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """A chaos run: a pod rejected at admission kept its ``bound`` record until its placer
+    handled ``PodDeleted`` (8 s while the placer's consumer came back), and the device plugin
+    served the next same-size pod's Allocate from it; that pod's own record then stayed
+    ``bound`` and held its node's gate shut. The binder now releases such a record itself, before
+    ``PodDeleted`` goes out; a record whose GPUs were allocated is left to the placer."""
+    api.create(NODE, node())
+
+    def bound_pod(name: str, gpu: int, state: str) -> AssignmentRecord:
+        uid = uid_of(api.create(POD, pod(name, node="gpu-1")))
+        return record(uid, name, slices("main", (gpu, 8192, 10)), state=state, bound_at=1.0)
+
+    rejected = bound_pod("rejected", 0, "bound")
+    ran = msgspec.structs.replace(
+        bound_pod("ran", 1, "allocated"),
+        allocated=(ContainerAllocation(container="main", device_ids=("d",), allocated_at=2.0),),
+    )
+    for rec in (rejected, ran):
+        await create_committed(bus, rec)
+    seen_when_deleted: dict[str, str | None] = {}
+
+    async def on_deleted(delivery: Delivery) -> None:
+        message = codec.decode(delivery.data, PodDeleted)
+        current = await get_record(bus, message.uid)
+        seen_when_deleted[message.name] = current.state if current else None
+
+    await bus.subscribe(subjects.PODS_DELETED, on_deleted)
+    async with start_binder() as binder:
+        await eventually(binder.leading, what="leading")
+        endings = {
+            "rejected": {"phase": "Failed", "reason": "UnexpectedAdmissionError"},
+            "ran": {"phase": "Succeeded"},
+        }
+        for name, status in endings.items():
+            api.patch(POD, "default", name, {"status": status}, MERGE, "status")
+        await eventually(lambda: len(seen_when_deleted) == 2, what="both PodDeleted")
+        withdrawn = binder.metric("tessera_binder_records_withdrawn_total")
+    # Withdrawn before PodDeleted went out; the record that ran is the placer's to release.
+    assert seen_when_deleted == {"rejected": "released", "ran": "allocated"}
+    assert withdrawn == 1
+    after = await get_record(bus, rejected.pod_uid)
+    assert after is not None
+    assert after == msgspec.structs.replace(
+        rejected, state="released", released_at=after.released_at
+    )
 
 
 async def test_node_facts_follow_nodes_and_the_pods_on_them(

@@ -53,6 +53,7 @@ from hypothesis.stateful import (
 )
 from prometheus_client import CollectorRegistry
 
+from services.binder.plan import stranded, withdrawn
 from services.placer import decider, translate
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.model import Decision
@@ -458,6 +459,16 @@ class ProtocolMachine(RuleBasedStateMachine):
             if record.pod_uid == pod and record.state == "reserved":
                 bound = msgspec.structs.replace(record, state="bound", bound_at=self.clock.now())
                 self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(bound), revision)
+
+    @rule(pod=st.sampled_from(sorted(PODS)))
+    def binder_withdraws(self, pod: str) -> None:
+        """The binder's bound -> released compare-and-set when the pod ended before its GPUs
+        were allocated (``services.binder.plan.stranded``); the placers learn of it only later."""
+        for key, (data, revision) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
+            record = codec.decode(data, AssignmentRecord)
+            if record.pod_uid == pod and stranded(record):
+                gone = withdrawn(record, now=self.clock.now())
+                self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(gone), revision)
 
     @rule(replica=st.integers(0, REPLICAS - 1))
     def reconcile(self, replica: int) -> None:
