@@ -125,6 +125,52 @@ def test_fed_never_below_cpu_fed_and_equal_with_memory_to_spare(
     assert without_memory.node(A100, cpu_free, 0, free) == pytest.approx(cpu_fed)
 
 
+def by_definition(
+    mix: list[TypicalTask], unfed_weight: float, cpu_free: int, memory_free: int, free: list[int]
+) -> float:
+    """The fed fragment straight from the module docstring's definition, GPU by GPU."""
+    total_weight = sum(t.weight for t in mix)
+    idle = sum(free)
+    total = 0.0
+    for task in mix:
+        memory = int(task.memory_mib * 1.2)
+        fitting = sorted((m for m in free if m >= task.gpu_milli), reverse=True)
+        if (
+            task.gpu_count == 0
+            or cpu_free < task.cpu_milli
+            or memory_free < memory
+            or len(fitting) < task.gpu_count
+        ):
+            total += task.weight / total_weight * idle
+            continue
+        copies = min(
+            len(free),
+            cpu_free // task.cpu_milli if task.cpu_milli else len(free),
+            memory_free // memory if memory else len(free),
+        )
+        unfed = sum(fitting[copies * task.gpu_count :])
+        total += task.weight / total_weight * (idle - sum(fitting) + unfed_weight * unfed)
+    return total
+
+
+@given(
+    mix=st.lists(TASKS, min_size=1, max_size=5),
+    cpu_free=st.integers(0, 200_000),
+    memory_free=st.integers(0, 800_000),
+    free=st.lists(st.sampled_from([0, 130, 250, 470, 810, 1_000]), min_size=1, max_size=8),
+    unfed_weight=st.floats(0, 1),
+)
+def test_fed_fragmentation_is_its_definition(
+    mix: list[TypicalTask], cpu_free: int, memory_free: int, free: list[int], unfed_weight: float
+) -> None:
+    """The model's prefix sums and memos (copies by free CPU and memory) give the definition's
+    value for any state, asked twice (the second time from the memos)."""
+    model = FedFragmentation(mix, unfed_weight=unfed_weight)
+    expected = by_definition(mix, unfed_weight, cpu_free, memory_free, free)
+    for _ in range(2):
+        assert model.node(A100, cpu_free, memory_free, free) == pytest.approx(expected)
+
+
 def _share(milli: int) -> TypicalTask:
     return TypicalTask(cpu_milli=1_000, gpu_count=1, gpu_milli=milli, weight=1)
 

@@ -51,9 +51,13 @@ than FGD on every variant trace too (benchmarks/RESULTS.md).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 
 from services.placer.core.fragmentation import BoundedMemo, FragmentationModel, TypicalTask
+
+COPIES_MEMO_LIMIT = 100_000
+"""Free CPU and memory states whose copies are memoised before that memo starts over."""
 
 
 class FedFragmentation(FragmentationModel):
@@ -86,6 +90,11 @@ class FedFragmentation(FragmentationModel):
             )
         )
         self._fed_memo = BoundedMemo[tuple[frozenset[str], tuple[int, ...], tuple[int, ...]]]()
+        # Free CPU and memory repeat across nodes and decisions (pods take fixed amounts), and
+        # the copies key costs a pass over every distinct ask: worth a memo of its own. Few
+        # distinct copies tuples exist, so each is kept once (the fed memo's keys share them).
+        self._copies_memo: dict[tuple[int, int, int], tuple[int, ...]] = {}
+        self._copies_interned: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def node(
         self,
@@ -96,22 +105,32 @@ class FedFragmentation(FragmentationModel):
     ) -> float:
         """``F_n`` for a node with these GPU models, free CPU and memory, and per-GPU free milli."""
         ordered = tuple(sorted(free_milli, reverse=True))
-        gpus = len(ordered)
-        copies = tuple(
-            min(
-                cpu_milli_free // cpu if cpu > 0 else gpus,
-                memory_mib_free // memory if memory > 0 else gpus,
-                gpus,
-            )
-            for cpu, memory in self._asks
-        )
-        key = (models, copies, ordered)
+        key = (models, self._copies(cpu_milli_free, memory_mib_free, len(ordered)), ordered)
         value = self._fed_memo.get(key)
         if value is None:
             value = self._fed_memo.put(
                 key, self._fed_value(models, cpu_milli_free, memory_mib_free, ordered)
             )
         return value
+
+    def _copies(self, cpu_free: int, memory_free: int, gpus: int) -> tuple[int, ...]:
+        """How many copies of each distinct ask the free CPU and memory allow (at most ``gpus``)."""
+        state = (cpu_free, memory_free, gpus)
+        copies = self._copies_memo.get(state)
+        if copies is None:
+            if len(self._copies_memo) >= COPIES_MEMO_LIMIT:
+                self._copies_memo.clear()
+                self._copies_interned.clear()
+            copies = tuple(
+                min(
+                    cpu_free // cpu if cpu > 0 else gpus,
+                    memory_free // memory if memory > 0 else gpus,
+                    gpus,
+                )
+                for cpu, memory in self._asks
+            )
+            copies = self._copies_memo[state] = self._copies_interned.setdefault(copies, copies)
+        return copies
 
     def _fed_value(
         self, models: frozenset[str], cpu_free: int, memory_free: int, ordered: tuple[int, ...]
@@ -120,6 +139,13 @@ class FedFragmentation(FragmentationModel):
         idle = sum(ordered)
         if idle == 0:
             return 0.0
+        # The GPUs a task fits are a prefix of ``ordered``: prefix sums and a search on the
+        # ascending copy give each task's sums without a pass over the GPUs (integers: exact).
+        ascending = ordered[::-1]
+        gpus = len(ordered)
+        prefix = [0]
+        for milli in ordered:
+            prefix.append(prefix[-1] + milli)
         total = 0.0
         for spec, memory in zip(self._tasks, self._memory, strict=True):
             if (
@@ -130,17 +156,16 @@ class FedFragmentation(FragmentationModel):
             ):
                 total += spec.weight * idle
                 continue
-            fitting = [milli for milli in ordered if milli >= spec.gpu_milli]
-            if len(fitting) < spec.gpu_count:
+            fitting = gpus - bisect.bisect_left(ascending, spec.gpu_milli)
+            if fitting < spec.gpu_count:
                 total += spec.weight * idle
                 continue
-            copies = len(ordered)
+            copies = gpus
             if spec.cpu_milli > 0:
                 copies = min(copies, cpu_free // spec.cpu_milli)
             if memory > 0:
                 copies = min(copies, memory_free // memory)
-            fragment = (
-                idle - sum(fitting) + self.unfed_weight * sum(fitting[copies * spec.gpu_count :])
-            )
+            fed = min(fitting, copies * spec.gpu_count)
+            fragment = idle - prefix[fitting] + self.unfed_weight * (prefix[fitting] - prefix[fed])
             total += spec.weight * fragment
         return total
