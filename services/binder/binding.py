@@ -4,7 +4,8 @@ For each decision (:meth:`DecisionBinder.handle`): plan with :func:`plan.plan_bi
 node's lock, so two decisions on one node never pass the ambiguity gate together; move the record
 ``reserved -> bound`` by compare-and-set (the record is the mirror's when it holds it reserved
 for this decision, else read from the bucket; a lost race is read again and planned again; one
-that times out has an unknown outcome and is read back); create the Binding (the assignment
+that times out has an unknown outcome and is read back, and counts as bound at the gate until it
+is); create the Binding (the assignment
 annotations ride on it and land with ``spec.nodeName`` in one write; 409 with the pod already on
 this node counts as done); publish the ``BindingResult``. A decision held at the gate waits for the
 record it waits on to move, at most ``gate_timeout_s`` for each record it waits on (a queue that
@@ -104,6 +105,9 @@ class DecisionBinder:
         """Record key -> the revision found to match its commit."""
         self._uncommitted: dict[str, tuple[int, float]] = {}
         """Record key -> (revision, when checked) found to match no commit."""
+        self._in_doubt: dict[str, RecordView] = {}
+        """Record key -> the ``bound`` version this binder wrote with an unknown outcome that it
+        could not read back: the gate counts it as bound until the key is read or seen anew."""
 
     async def handle(self, decision: PlacementDecision) -> None:
         """Bind one decided pod (idempotent: a redelivery finds the work done)."""
@@ -171,7 +175,12 @@ class DecisionBinder:
     ) -> RecordView | None:
         """The record ``decision`` binds: the mirror's when it holds it reserved for this very
         decision (the compare-and-set that moves it on fails if it is not current, and the
-        bucket is read then), else the bucket's (``fresh``: always the bucket's)."""
+        bucket is read then), else the bucket's (``fresh``: always the bucket's, as for a
+        record whose last compare-and-set had an unknown outcome)."""
+        if key in self._in_doubt:
+            view = await self._records.read(key)
+            self._in_doubt.pop(key, None)  # the mirror now holds what the bucket holds
+            return view
         if not fresh:
             held = self._records.get(key)
             if (
@@ -183,11 +192,18 @@ class DecisionBinder:
         return await self._records.read(key)
 
     def _gate_records(self, node: str) -> list[RecordView]:
-        """The node's records the gate may wait for: all but those found to match no commit."""
+        """The node's records the gate may wait for: all but those found to match no commit,
+        with a record this binder may have bound (:attr:`_in_doubt`) counted as bound."""
         now = self._clock.monotonic()
+        views = {view.key: view for view in self._records.on_node(node)}
+        for key, doubt in list(self._in_doubt.items()):
+            if self._records.revision(key) > doubt.revision:
+                del self._in_doubt[key]  # the mirror has seen what became of it
+            elif doubt.record.node == node:
+                views[key] = doubt
         return [
             view
-            for view in self._records.on_node(node)
+            for view in views.values()
             if not (
                 (found := self._uncommitted.get(view.key)) is not None
                 and found[0] == view.revision
@@ -239,7 +255,13 @@ class DecisionBinder:
                 "record update outcome unknown; reading it back",
                 extra={"key": claim.key, "error": repr(error)},
             )
+            # Until it is read back, the record may be bound: a chaos run bound a pod with
+            # other slices beside it, and the device plugin served each from the other's record.
+            self._in_doubt[claim.key] = RecordView(
+                key=claim.key, revision=claim.revision, record=record
+            )
             current = await self._records.read(claim.key)
+            self._in_doubt.pop(claim.key, None)
             return current is not None and current.record == record
         if revision is None:
             return False

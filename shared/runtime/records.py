@@ -106,6 +106,11 @@ class RecordMirror:
     def views(self) -> list[RecordView]:
         return list(self._views.values())
 
+    def revision(self, key: str) -> int:
+        """The newest revision of ``key`` taken in (released or deleted ones included; 0: none)."""
+        known = self._accepted.get(key)
+        return max(known.revision if known is not None else 0, self._gone.get(key, 0))
+
     # --- taking versions in --------------------------------------------------------------------
 
     async def remember(self, view: RecordView) -> None:

@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -25,6 +26,7 @@ from services.placer.commit import released
 from shared import codec, subjects
 from shared.clock import SystemClock
 from shared.messages.assignments import AssignmentRecord
+from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.metrics import EdgeMetrics
@@ -52,7 +54,15 @@ async def idle_binder(
     nats_server: NatsServer, kubeconfig: Path, bus: NatsBus
 ) -> AsyncIterator[IdleBinder]:
     """A binder's parts, not started: no watch feeds its record mirror."""
-    settings = binder_settings(nats_server, kubeconfig, leader_elect=False)
+    async with built_binder(nats_server, kubeconfig, bus) as binder:
+        yield binder
+
+
+@contextlib.asynccontextmanager
+async def built_binder(
+    nats_server: NatsServer, kubeconfig: Path, bus: Any, **overrides: Any
+) -> AsyncIterator[IdleBinder]:
+    settings = binder_settings(nats_server, kubeconfig, leader_elect=False, **overrides)
     configuration = new_configuration()
     await load_configuration(configuration, kubeconfig=settings.kubeconfig, environ={})
     clock = SystemClock()
@@ -128,3 +138,88 @@ async def test_a_mirror_behind_the_bucket_never_binds_a_released_record(
     assert stored is not None
     assert codec.decode(stored.value, AssignmentRecord) == gone
     assert idle_binder.metric("tessera_binder_binds_total", outcome="dropped") == 1
+
+
+class LostAnswerBus:
+    """The real bus, except that the first compare-and-set of a record lands but its answer is
+    lost, and reading the records back fails until ``reachable`` is set (NATS still away)."""
+
+    def __init__(self, bus: NatsBus) -> None:
+        self._bus = bus
+        self._lose_next = True
+        self.reachable = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+        landed = await self._bus.kv_update(bucket, key, value, revision=revision)
+        if self._lose_next and bucket == subjects.KV_ASSIGNMENTS:
+            self._lose_next = False
+            raise OutcomeUnknownError("the answer was lost (test)")
+        return landed
+
+    async def kv_get(self, bucket: str, key: str) -> Any:
+        if not self.reachable and bucket == subjects.KV_ASSIGNMENTS:
+            raise BusUnavailableError("not connected to NATS (test)")
+        return await self._bus.kv_get(bucket, key)
+
+
+async def test_a_record_bound_with_a_lost_answer_holds_the_gate(
+    api: ApiServer, bus: NatsBus, nats_server: NatsServer, kubeconfig: Path
+) -> None:
+    """A chaos run: the binder's compare-and-set of ``first`` to ``bound`` landed but its answer
+    was lost, and the read-back failed (NATS electing its leaders). Its mirror still said
+    reserved, so the gate let ``second`` (same device count, other slices) onto the node, and
+    the device plugin served each pod from the other's record. A record whose outcome is unknown
+    now counts as bound at the gate until it is read back."""
+    api.create(NODE, node())
+    first, second = (
+        record(api.create(POD, pod(name))["metadata"]["uid"], name, slices("main", gpu))
+        for name, gpu in (("first", (0, 8192, 10)), ("second", (1, 4096, 5)))
+    )
+    lossy = LostAnswerBus(bus)
+    async with built_binder(nats_server, kubeconfig, lossy, gate_timeout_s=0.5) as idle:
+        binder = idle.parts
+        for reserved in (first, second):
+            await create_committed(bus, reserved)
+            key = subjects.assignment_key("gpu-1", reserved.pod_uid)
+            entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+            assert entry is not None
+            await binder.records.take(entry)
+        with pytest.raises(BusUnavailableError):  # redelivered later
+            await binder.decisions.handle(decision(first))
+        stored = await bus.kv_get(
+            subjects.KV_ASSIGNMENTS, subjects.assignment_key("gpu-1", first.pod_uid)
+        )
+        assert stored is not None and codec.decode(stored.value, AssignmentRecord).state == "bound"
+
+        await binder.decisions.handle(decision(second))  # held, then failed back
+        assert api.writes_to("pods/binding") == []
+        assert idle.metric("tessera_binder_gate_waits_total", outcome="timed_out") == 1
+
+        lossy.reachable = True  # the redelivery reads the record back and binds the pod
+        await binder.decisions.handle(decision(first))
+    assert [w.code for w in api.writes_to("pods/binding")] == [201]
+    assert api.get(POD, "default", "first")["spec"]["nodeName"] == "gpu-1"
+
+
+async def test_the_mirror_knows_the_newest_revision_of_a_key_it_no_longer_serves(
+    api: ApiServer, bus: NatsBus, idle_binder: IdleBinder
+) -> None:
+    """What the gate drops a record in doubt on: a newer revision seen, released ones too."""
+    mirror = idle_binder.parts.records
+    reserved = await committed_in_mirror(api, bus, idle_binder.parts)
+    key = subjects.assignment_key("gpu-1", reserved.pod_uid)
+    held = mirror.get(key)
+    assert held is not None and mirror.revision(key) == held.revision
+    assert mirror.revision("gpu-1.no-such-pod") == 0
+    revision = await bus.kv_update(
+        subjects.KV_ASSIGNMENTS,
+        key,
+        codec.encode(released(reserved, now=5.0)),
+        revision=held.revision,
+    )
+    assert revision is not None
+    await mirror.read(key)
+    assert mirror.get(key) is None and mirror.revision(key) == revision

@@ -31,7 +31,7 @@ from shared.runtime.tasks import cancel_and_wait
 from tessera.devcluster.resources import POD
 from tessera.up import workload as w
 from tessera.up.system import LocalSystem
-from tests.e2e.helpers import assert_exact, phase, until
+from tests.e2e.helpers import assert_exact, pending_message, phase, until
 
 NAMESPACE = "chaos"
 TARGETS = ("placer", "binder-leader", "deviceplugin", "nats-server")
@@ -197,7 +197,7 @@ async def chaos_run(
             )
         except AssertionError:
             stuck = [
-                (p["metadata"]["name"], phase(p), p["spec"].get("nodeName"))
+                (p["metadata"]["name"], phase(p), p["spec"].get("nodeName"), pending_message(p))
                 for p in system.cluster.pods(NAMESPACE)
                 if phase(p) != "Running"
             ]
