@@ -85,12 +85,15 @@ async def test_a_server_killed_under_load_loses_no_pod_and_no_state(
                 placed.update(r.pod_uid for r in state.live_records())
                 return placed == set(uids)
 
-            await eventually(
-                all_placed,
-                timeout=90,
-                interval=0.5,
-                what=lambda: f"every pod placed ({len(placed)} of {PODS})",
-            )
+            try:
+                await eventually(
+                    all_placed,
+                    timeout=90,
+                    interval=0.5,
+                    what=lambda: f"every pod placed ({len(placed)} of {PODS})",
+                )
+            except AssertionError as stuck:  # say where the pods are: stream, consumer
+                raise AssertionError(f"{stuck}\n{await _pod_queue(bus)}") from None
             state = await wire.settled_state(bus, inventories)
         assert len(state.live_records()) == PODS, "each pod placed once"
         assert await _keys(bus, subjects.KV_INVENTORY) == set(NODES), "nothing lost"
@@ -113,6 +116,16 @@ async def _keys(bus: NatsBus, bucket: str) -> set[str]:
 
     await eventually(listed, timeout=30, interval=0.5, what=f"the keys of {bucket}")
     return keys
+
+
+async def _pod_queue(bus: NatsBus) -> str:
+    """What the pod stream and the placers' consumer hold now (to explain unplaced pods)."""
+    try:
+        stream = await bus._js.stream_info(subjects.STREAM_PODS)
+        consumer = await bus._js.consumer_info(subjects.STREAM_PODS, subjects.DURABLE_PLACER_PODS)
+    except Exception as error:
+        return f"pod stream and consumer unreadable: {type(error).__name__}: {error}"
+    return f"pod stream: {stream.state}\nplacer consumer: {consumer}"
 
 
 async def _publish(bus: NatsBus, pods: list[PodPending]) -> None:

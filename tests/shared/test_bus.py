@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 
 import nats
@@ -12,12 +13,14 @@ import pytest
 from nats.aio.msg import Msg as NatsMsg
 
 from shared import subjects
+from shared.config import NatsSecurity
 from shared.runtime.bus import (
     BusUnavailableError,
     Delivery,
     KvEntry,
     NoResponderError,
     OutcomeUnknownError,
+    PullConsumer,
 )
 from shared.runtime.nats import NatsBus
 from shared.runtime.nats.kv import stream_sequence
@@ -431,3 +434,59 @@ async def test_streams_are_bounded_pods_by_acknowledgement_the_rest_by_age(
 def test_a_watch_reads_the_stream_sequence_as_nats_py_does(reply: str) -> None:
     expected = NatsMsg.Metadata._from_reply(reply).sequence.stream
     assert stream_sequence(reply) == expected
+
+
+# A worker that may pull from the pods stream but not create consumers: attaching again fails
+# for it the way it fails while a cluster elects the consumer's leader (the request times out).
+_NO_CONSUMER_CREATION = """
+authorization {
+  users = [
+    {user: admin, password: admin}
+    {user: worker, password: worker, permissions: {publish: {
+      allow: [">"]
+      deny: ["$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>"]
+    }}}
+  ]
+}
+"""
+
+
+async def test_a_consumer_attached_again_in_vain_keeps_delivering_once_it_is_back() -> None:
+    """A 3-server cluster lost the placers' consumer leader: pulls found no responder, so the
+    consumer was attached again, which timed out during the election. The subscription had
+    been dropped first, so the server discarded every later pull (its reply subject had no
+    listener) and no pod was placed again. Here the consumer is deleted and attaching again
+    is refused once; when the consumer is back it delivers to the same client."""
+    with NatsServer(config=_NO_CONSUMER_CREATION) as server:
+        admin = await NatsBus.connect(
+            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
+        )
+        worker = await NatsBus.connect(
+            server.url,
+            name="worker",
+            security=NatsSecurity(user="worker", password="worker"),
+            request_timeout=1.0,
+        )
+
+        def attach(bus: NatsBus) -> Awaitable[PullConsumer]:
+            return bus.pull_consumer(
+                stream=subjects.STREAM_PODS, durable="elected", subject=subjects.PODS_PENDING
+            )
+
+        try:
+            await attach(admin)
+            consumer = await attach(worker)
+            await admin._js.delete_consumer(subjects.STREAM_PODS, "elected")
+            await admin.js_publish(subjects.PODS_PENDING, b"pod")
+            with pytest.raises(TimeoutError):  # no responder, and the worker cannot create it
+                await consumer.fetch(1, timeout=1.0)
+            await attach(admin)  # the consumer's leader is elected
+            delivered: list[bytes] = []
+            for _ in range(5):
+                delivered += [d.data for d in await consumer.fetch(1, timeout=1.0)]
+                if delivered:
+                    break
+            assert delivered == [b"pod"]
+        finally:
+            await worker.drain()
+            await admin.drain()

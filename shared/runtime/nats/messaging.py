@@ -66,7 +66,14 @@ class _NatsSubscription:
 
 class _NatsPullConsumer:
     """A durable pull consumer, attached again when the server no longer has it (or its
-    stream): the placers' and the binder's work must go on after NATS lost its store."""
+    stream): the placers' and the binder's work must go on after NATS lost its store.
+
+    The subscription is replaced only once its successor is attached. Attaching again fails
+    while a cluster elects the consumer's leader (the server answers the pull with "no
+    responders" meanwhile); a subscription dropped before that left every later pull request
+    with a reply subject nobody listened on, which the server discards, so the consumer never
+    delivered again: a placer took no pod after one of three servers was killed.
+    """
 
     def __init__(
         self, sub: Any, attach: Callable[[], Awaitable[Any]], restore: Callable[[], Awaitable[None]]
@@ -82,9 +89,10 @@ class _NatsPullConsumer:
             return []
         except (*_MISSING, nats.js.errors.NotFoundError):
             await self._restore()
+            attached = await self._attach()  # may fail: the current subscription stays
             with contextlib.suppress(*_GONE):
                 await self._sub.unsubscribe()
-            self._sub = await self._attach()
+            self._sub = attached
             log.warning("durable consumer attached again (it was gone from the server)")
             return []
         return [_delivery(m, jetstream=True) for m in msgs]
