@@ -3,9 +3,10 @@ layer of :class:`~shared.runtime.nats.NatsBus`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
@@ -24,6 +25,9 @@ from shared.runtime.bus import (
 )
 from shared.runtime.nats.connection import log
 from shared.runtime.nats.store import _MISSING, NatsStore
+
+GATHER_S: Final = 0.05
+"""How long a pull of several messages waits for them (``_NatsPullConsumer._pull``)."""
 
 # Errors that only mean the subscription or connection is already gone.
 _GONE = (
@@ -84,7 +88,7 @@ class _NatsPullConsumer:
 
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
         try:
-            msgs = await self._sub.fetch(batch, timeout=timeout)
+            msgs = await self._pull(batch, timeout)
         except TimeoutError:  # nats-py's TimeoutError, and at times a bare asyncio one: no message
             return []
         except (*_MISSING, nats.js.errors.NotFoundError):
@@ -96,6 +100,27 @@ class _NatsPullConsumer:
             log.warning("durable consumer attached again (it was gone from the server)")
             return []
         return [_delivery(m, jetstream=True) for m in msgs]
+
+    async def _pull(self, batch: int, timeout: float) -> list[NatsMsg]:
+        """What is there, up to ``batch``; else the next message, as soon as it comes.
+
+        A pull of several messages that finds none waits, and nats-py then holds what comes
+        until the batch is full, the pull expires or the server says nothing more is there,
+        which it may say only when the next message comes: with a steady stream of pods spread
+        over three placers, a tenth of the pods waited 15-20 ms for the one after them and
+        the last ones of a stream up to the whole second of the pull. So a batch is waited for
+        only :data:`GATHER_S`, and the longer wait is a pull of one, which nats-py hands over
+        the moment it comes."""
+        if batch == 1 or timeout <= GATHER_S:
+            return list(await self._sub.fetch(batch, timeout=timeout))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with contextlib.suppress(TimeoutError):
+            return list(await self._sub.fetch(batch, timeout=GATHER_S))
+        left = timeout - (loop.time() - started)
+        if left <= 0:
+            return []
+        return list(await self._sub.fetch(1, timeout=left))
 
     async def close(self) -> None:
         # Unsubscribing before drain avoids nats-py's DrainTimeoutError on open pull subscriptions.
