@@ -338,13 +338,15 @@ def plan_allocation(
     claims: Mapping[str, PodClaim],
     ledger: NodeLedger | None,
     retired: AbstractSet[str] = frozenset(),
+    refused: AbstractSet[str] = frozenset(),
 ) -> Allocation | Refusal:
     """Decide one container's Allocate: which record, its next state, the response, the event.
 
     The oldest matching bound record that can be served now wins; one that cannot (it matches
     no commit, by ``claims``, the pods' claims by UID, and ``ledger``, the node's ledger entry;
     or its GPU is unhealthy or not listed) never blocks a younger one. When none can, the oldest
-    one's reason is the answer.
+    one's reason is the answer. Records keyed in ``refused`` (an Allocate that tried them was
+    refused, so their pod most likely failed admission) come after every other one.
     """
     refusal = check_device_ids(device_ids, advertised, retired)
     if refusal is not None:
@@ -358,6 +360,8 @@ def plan_allocation(
                 candidates, count=len(device_ids), resource=resource, node=node
             ),
         )
+    if refused:
+        matching.sort(key=lambda view: view.key in refused)  # stable: oldest first otherwise
     first_refusal: Refusal | None = None
     for view in matching:
         container = next_container(view.record, resource)

@@ -20,9 +20,16 @@ it lands later (the bus never buffers writes). An Allocate that finds NATS away 
 ``nats_wait_s`` for it to come back (a restart takes seconds; a refusal would fail the pod at
 admission), then plans again; past that it is refused with nothing claimed. A claim sent whose
 answer never came is read back before answering (after waiting for the connection the same way);
-when even that is impossible, Allocate is refused and the claim is kept as *unconfirmed*: the
-kubelet's retry with the same device IDs reads the record again and gets the answer the claim
-would have given (granted if it landed, planned afresh if not).
+when even that is impossible, Allocate is refused.
+
+A refused Allocate is final: the kubelet rejects the pod at admission and never asks again for
+it; the next Allocate with the same device IDs is another pod's. So a claim that landed unseen
+stays with its record, whose pod the kubelet rejected (it is released with that pod), and never
+answers a later Allocate, which could be a pod with other slices. A record whose claim failed
+here is *refused*: its pod most likely failed admission, so for a while every other matching
+record is served before it (``allocate.plan_allocation``'s ``refused``). Served first, it gave the
+next pod of that size its slices and left that pod's own record ``bound`` for good (a
+three-server chaos run); meanwhile the binder withdraws the rejected pod's record.
 
 What it granted also goes to the state file (:mod:`~services.deviceplugin.grants`).
 """
@@ -56,12 +63,12 @@ NATS_POLL_S = 0.05
 MAX_CLAIM_ATTEMPTS = 16
 """Lost compare-and-sets in a row before Allocate gives up (each loss means progress elsewhere)."""
 
-MAX_UNCONFIRMED = 64
-"""Unconfirmed claims remembered for the kubelet's retry (the oldest is dropped beyond it)."""
+MAX_REFUSED = 64
+"""Refused records remembered (the oldest is forgotten beyond it)."""
 
-UNCONFIRMED_TTL_S = 30.0
-"""How long an unconfirmed claim answers a retry. A retry comes within seconds; later, the same
-device IDs are more likely another pod's, which must not get this record's slices."""
+REFUSED_TTL_S = 60.0
+"""How long a refused record is served last: the binder withdraws a rejected pod's record
+within seconds, a placer releases it when the pod is deleted."""
 
 ReadBack = int | None | Literal["unknown"]
 """What reading a claim back found: its revision (it landed), None (it did not), or "unknown"."""
@@ -93,9 +100,8 @@ class Claimer:
         self._inventory = inventory
         self._grants = grants
         self._events = events
-        self._unconfirmed: dict[tuple[str, ...], tuple[Allocation, float]] = {}
-        """Claims sent whose outcome could not be read back, by their sorted device IDs, with
-        when (monotonic) they were sent."""
+        self._refused: dict[str, float] = {}
+        """Records whose claim failed here for a refused Allocate, with when (monotonic)."""
         self._allocate_lock = asyncio.Lock()
 
     async def allocate(self, requests: Sequence[tuple[str, ...]]) -> list[ContainerGrant] | Refusal:
@@ -125,9 +131,6 @@ class Claimer:
         return grants
 
     async def _allocate_container(self, device_ids: tuple[str, ...]) -> ContainerGrant | Refusal:
-        answer = await self._resolve_unconfirmed(device_ids)
-        if answer is not None:
-            return answer
         start = self._clock.monotonic()
         deadline = start + self._config.record_wait_s
         nats_deadline = start + self._config.nats_wait_s
@@ -147,6 +150,7 @@ class Claimer:
                 plugin_id=self._config.plugin_id,
                 claims=self._commits.claims,
                 ledger=self._commits.ledger,
+                refused=self._refused_keys(),
             )
             if isinstance(plan, Refusal):
                 unconfirmed = self._uncommitted(len(device_ids))
@@ -187,6 +191,7 @@ class Claimer:
                 # NATS restart does not fail the pod at admission.
                 if await self._connected_by(nats_deadline):
                     continue
+                self._refuse(key)
                 return Refusal(
                     kind="unavailable",
                     message=f"cannot claim the assignment record {key}: not connected to NATS "
@@ -201,12 +206,12 @@ class Claimer:
                 ):
                     found = await self._read_back(plan)
                 if found == "unknown":
-                    self._remember_unconfirmed(device_ids, plan)
+                    self._refuse(key)
                     return Refusal(
                         kind="unavailable",
                         message=f"the claim of the assignment record {key} was sent but NATS "
-                        "did not confirm it and it cannot be read back yet; a retry with the "
-                        "same devices gets the answer",
+                        "did not confirm it and it cannot be read back yet; if it landed, the "
+                        "record is released with the pod this refusal fails",
                     )
                 revision = found
                 if revision is None:  # it did not land, and never will: plan again
@@ -215,6 +220,7 @@ class Claimer:
                         return self._gave_up(key, conflicts)
                     continue
             except Exception as error:  # the bus failed otherwise: refuse, never crash
+                self._refuse(key)
                 return Refusal(
                     kind="unavailable",
                     message=f"cannot claim the assignment record {key}: NATS "
@@ -290,40 +296,20 @@ class Claimer:
             await self._records.take(entry)
         return None
 
-    def _remember_unconfirmed(
-        self, device_ids: tuple[str, ...], plan: Allocation, sent_at: float | None = None
-    ) -> None:
-        sent = self._clock.monotonic() if sent_at is None else sent_at
-        self._unconfirmed[tuple(sorted(device_ids))] = (plan, sent)
-        while len(self._unconfirmed) > MAX_UNCONFIRMED:
-            del self._unconfirmed[next(iter(self._unconfirmed))]
+    def _refuse(self, key: str) -> None:
+        """Serve record ``key`` last for a while: the pod of this refused Allocate fails."""
+        self._refused.pop(key, None)
+        self._refused[key] = self._clock.monotonic()
+        while len(self._refused) > MAX_REFUSED:
+            del self._refused[next(iter(self._refused))]
 
-    async def _resolve_unconfirmed(
-        self, device_ids: tuple[str, ...]
-    ) -> ContainerGrant | Refusal | None:
-        """The answer to a retry of an unconfirmed claim, or None to plan afresh."""
-        unconfirmed = self._unconfirmed.pop(tuple(sorted(device_ids)), None)
-        if unconfirmed is None:
-            return None
-        plan, sent_at = unconfirmed
-        if self._clock.monotonic() - sent_at > UNCONFIRMED_TTL_S:
-            log.warning(
-                "an unconfirmed claim expired before a retry",
-                extra={"key": plan.claimed.key, "device_ids": list(device_ids)[:8]},
-            )
-            return None
-        found = await self._read_back(plan)
-        if found == "unknown":
-            self._remember_unconfirmed(device_ids, plan, sent_at)
-            return Refusal(
-                kind="unavailable",
-                message=f"the earlier claim of the assignment record {plan.claimed.key} for "
-                "these devices still cannot be read back from NATS",
-            )
-        if found is None:
-            return None
-        log.info("an unconfirmed claim had landed; answering the retry with it")
-        return await self._granted(plan, found)
+    def _refused_keys(self) -> frozenset[str]:
+        """The records refused within :data:`REFUSED_TTL_S` (older ones are forgotten)."""
+        if not self._refused:
+            return frozenset()
+        horizon = self._clock.monotonic() - REFUSED_TTL_S
+        self._refused = {k: at for k, at in self._refused.items() if at >= horizon}
+        return frozenset(self._refused)
 
     async def _reread(self, *, now: bool = False) -> bool:
         return await self._node_records.reread(now=now)

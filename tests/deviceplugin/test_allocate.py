@@ -62,6 +62,7 @@ def plan(
     advertised: frozenset[str] = ADVERTISED,
     claims: dict[str, PodClaim] | None = None,
     ledger: NodeLedger | None = None,
+    refused: frozenset[str] = frozenset(),
 ) -> Allocation | Refusal:
     """Plan over ``records``, each committed (its claim and booking held) unless ``claims`` and
     ``ledger`` say otherwise."""
@@ -77,6 +78,7 @@ def plan(
         plugin_id="dp-test",
         claims={r.pod_uid: claim_of(r) for r in records} if claims is None else claims,
         ledger=(ledger_of(*records) if records else None) if ledger is None else ledger,
+        refused=refused,
     )
 
 
@@ -424,6 +426,24 @@ def test_a_forged_older_record_never_blocks_the_committed_one() -> None:
     result = granted(plan(ids(0, 3), forged, REAL, claims=with_claim(REAL), ledger=ledger_of(REAL)))
     assert result.claimed.record.pod_uid == "real"
     assert result.grant.envs["TESSERA_GPU_MEMORY_LIMIT_MIB"] == "16384"
+
+
+@pytest.mark.parametrize(
+    ("refused", "served"),
+    [
+        (frozenset(), "older"),
+        (frozenset({"node.older"}), "younger"),  # its Allocate was refused: its pod failed
+        (frozenset({"node.older", "node.younger"}), "older"),
+        (frozenset({"node.gone"}), "older"),
+    ],
+)
+def test_a_refused_record_is_served_after_every_other_one(
+    refused: frozenset[str], served: str
+) -> None:
+    older = record("older", container("main", share(0)), bound_at=100.0)
+    younger = record("younger", container("main", share(0)), bound_at=200.0)
+    result = granted(plan(ids(0, 0), younger, older, refused=refused))
+    assert result.claimed.record.pod_uid == served
 
 
 # --- properties -------------------------------------------------------------------------------
