@@ -28,7 +28,8 @@ A pod that ends before its GPUs are allocated (the kubelet rejected it at admiss
 deleted once bound) leaves a ``bound`` record that no Allocate of its own will ever claim. Until a
 placer releases it, a device plugin could serve another pod's Allocate of the same size from it,
 and that pod's own record would then stay ``bound`` for good, holding the gate of its node shut.
-So the binder withdraws such a record itself (:func:`stranded`, :func:`withdrawn`) before it
+So the binder withdraws such a record itself (:func:`stranded`, then
+``shared.messages.assignments.released``) before it
 publishes ``PodDeleted``.
 """
 
@@ -199,11 +200,6 @@ def stranded(record: AssignmentRecord) -> bool:
     allocated and no Allocate of its own pod will come (see the module docstring). A record
     without GPUs is final at ``bound``; a placer releases it, as every other record."""
     return record.state == "bound" and holds_gpus(record)
-
-
-def withdrawn(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
-    """``record`` released at ``now`` by the binder (a placer's release finds it done)."""
-    return msgspec.structs.replace(record, state="released", released_at=now)
 
 
 def binding_annotations(record: AssignmentRecord, *, now: float) -> dict[str, str]:

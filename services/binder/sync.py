@@ -37,13 +37,13 @@ from services.binder.nodefacts import (
     same_facts,
 )
 from services.binder.objects import Node
-from services.binder.plan import stranded, withdrawn
+from services.binder.plan import stranded
 from services.binder.reporting import Reporter
 from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
-from shared.messages.assignments import RecordView
+from shared.messages.assignments import RecordView, released
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
@@ -281,7 +281,7 @@ class ClusterSync:
         view = self._records.get(key)
         while view is not None and stranded(view.record):
             self._fence("withdraw an assignment record")
-            record = withdrawn(view.record, now=self._clock.now())
+            record = released(view.record, now=self._clock.now())
             revision = await self._bus.kv_update(
                 subjects.KV_ASSIGNMENTS, key, codec.encode(record), revision=view.revision
             )

@@ -66,7 +66,7 @@ import msgspec
 from services.placer.core.ledger import book
 from services.placer.core.model import NodeState
 from services.placer.translate import record_of, reservation_of
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, released
 from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from shared.messages.pods import PodPending
 from shared.validation import may_replace
@@ -258,11 +258,6 @@ def fence_action(current: AssignmentRecord | None, commit: str) -> FenceAction:
     if current.commit == commit or not current.commit:
         return "done" if current.state == "released" else "write"
     return "write" if current.state == "released" else "blocked"
-
-
-def released(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
-    """``record`` released at ``now``: the one transition every release writes."""
-    return msgspec.structs.replace(record, state="released", released_at=now)
 
 
 def released_record(

@@ -23,7 +23,7 @@ from services.placer.state import ClusterView
 from services.placer.store import ConflictError, GaveUpError, Store
 from shared import codec, subjects
 from shared.clock import Clock
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, released
 from shared.messages.ledger import Booking, PodClaim, TenantCharge
 from shared.messages.pods import PodPending, PodRestore
 from shared.runtime.bus import Bus
@@ -241,7 +241,7 @@ class CommitProtocol:
             if only_reserved and record.state != "reserved":
                 kept = True  # the binder bound it first
                 return None
-            return commit.released(record, now=now)
+            return released(record, now=now)
 
         await self.store.update_record(subjects.assignment_key(node, pod_uid), release)
         if kept:
@@ -421,7 +421,7 @@ class CommitProtocol:
                 return None
             if named is not None and (record.commit, record.node) == (named.commit, named.node):
                 return None  # the claim names it after all
-            return commit.released(record, now=now)
+            return released(record, now=now)
 
         await self.store.update_record(key, release)
 

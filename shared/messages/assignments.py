@@ -72,6 +72,12 @@ class RecordView(msgspec.Struct, frozen=True, kw_only=True):
     record: AssignmentRecord
 
 
+def released(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
+    """``record`` released at ``now``: the one transition every release writes (a placer's, and
+    the binder's withdrawal of a record whose pod ended before its GPUs were allocated)."""
+    return msgspec.structs.replace(record, state="released", released_at=now)
+
+
 def holds_gpus(record: AssignmentRecord) -> bool:
     """Whether any container of the record has a GPU slice. A record without one (a pod Tessera
     placed that asks for no GPU) is never allocated by a device plugin: the kubelet has nothing

@@ -22,11 +22,10 @@ from services.binder.command import build_config
 from services.binder.kube import KubeGateway, load_configuration, new_configuration
 from services.binder.metrics import BinderMetrics
 from services.binder.service import Binder
-from services.placer.commit import released
 from shared import codec, subjects
 from shared.clock import SystemClock
-from shared.messages.assignments import AssignmentRecord
-from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError
+from shared.messages.assignments import AssignmentRecord, released
+from shared.runtime.bus import BusUnavailableError
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.metrics import EdgeMetrics
@@ -37,6 +36,7 @@ from tests.binder.builders import decision, node, pod, record, slices
 from tests.binder.conftest import FAST_RETRY
 from tests.binder.conftest import test_settings as binder_settings
 from tests.harness.kv import create_committed
+from tests.harness.lossy import LostAnswerBus
 from tests.harness.nats import NatsServer
 
 
@@ -140,31 +140,6 @@ async def test_a_mirror_behind_the_bucket_never_binds_a_released_record(
     assert idle_binder.metric("tessera_binder_binds_total", outcome="dropped") == 1
 
 
-class LostAnswerBus:
-    """The real bus, except that the first compare-and-set of a record lands but its answer is
-    lost, and reading the records back fails until ``reachable`` is set (NATS still away)."""
-
-    def __init__(self, bus: NatsBus) -> None:
-        self._bus = bus
-        self._lose_next = True
-        self.reachable = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
-
-    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
-        landed = await self._bus.kv_update(bucket, key, value, revision=revision)
-        if self._lose_next and bucket == subjects.KV_ASSIGNMENTS:
-            self._lose_next = False
-            raise OutcomeUnknownError("the answer was lost (test)")
-        return landed
-
-    async def kv_get(self, bucket: str, key: str) -> Any:
-        if not self.reachable and bucket == subjects.KV_ASSIGNMENTS:
-            raise BusUnavailableError("not connected to NATS (test)")
-        return await self._bus.kv_get(bucket, key)
-
-
 async def test_a_record_bound_with_a_lost_answer_holds_the_gate(
     api: ApiServer, bus: NatsBus, nats_server: NatsServer, kubeconfig: Path
 ) -> None:
@@ -178,7 +153,7 @@ async def test_a_record_bound_with_a_lost_answer_holds_the_gate(
         record(api.create(POD, pod(name))["metadata"]["uid"], name, slices("main", gpu))
         for name, gpu in (("first", (0, 8192, 10)), ("second", (1, 4096, 5)))
     )
-    lossy = LostAnswerBus(bus)
+    lossy = LostAnswerBus(bus, lands=True, unreadable=1_000_000)  # until NATS is back
     async with built_binder(nats_server, kubeconfig, lossy, gate_timeout_s=0.5) as idle:
         binder = idle.parts
         for reserved in (first, second):
@@ -198,7 +173,7 @@ async def test_a_record_bound_with_a_lost_answer_holds_the_gate(
         assert api.writes_to("pods/binding") == []
         assert idle.metric("tessera_binder_gate_waits_total", outcome="timed_out") == 1
 
-        lossy.reachable = True  # the redelivery reads the record back and binds the pod
+        lossy.unreadable = 0  # the redelivery reads the record back and binds the pod
         await binder.decisions.handle(decision(first))
     assert [w.code for w in api.writes_to("pods/binding")] == [201]
     assert api.get(POD, "default", "first")["spec"]["nodeName"] == "gpu-1"

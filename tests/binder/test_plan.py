@@ -20,11 +20,15 @@ from services.binder.plan import (
     gate_resources,
     plan_bind,
     stranded,
-    withdrawn,
 )
 from shared import annotations as names
 from shared import codec
-from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
+from shared.messages.assignments import (
+    AssignmentRecord,
+    ContainerAllocation,
+    RecordView,
+    released,
+)
 from shared.messages.base import ContainerSlices, GpuSlice
 from tests.binder.builders import NODE, decision, record, slices
 
@@ -337,6 +341,6 @@ def test_what_the_binder_withdraws_when_a_pod_ends(rec: AssignmentRecord, expect
 
 
 def test_a_withdrawn_record_is_only_released() -> None:
-    assert withdrawn(PARTLY_ALLOCATED, now=NOW + 5) == msgspec.structs.replace(
+    assert released(PARTLY_ALLOCATED, now=NOW + 5) == msgspec.structs.replace(
         PARTLY_ALLOCATED, state="released", released_at=NOW + 5
     )

@@ -7,19 +7,18 @@ away."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from services.deviceplugin.allocate import ContainerGrant, Refusal
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
-from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError
 from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import get_record, until
 from tests.deviceplugin.test_service import service_on
 from tests.harness.kv import announce_inventory, put_committed
+from tests.harness.lossy import LostAnswerBus
 from tests.harness.nats import NatsServer
 
 DEVICES = (f"{uuid(0)}::0",)
@@ -100,35 +99,6 @@ async def test_a_claim_not_read_yet_when_nats_restarts_is_read_once_it_is_back(
         nats_server.start()
         granted = await asyncio.wait_for(waiting, timeout=40)
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
-
-
-class LostAnswerBus:
-    """The real bus, except that the first compare-and-set's answer is lost (it lands or not, as
-    told) and the next ``unreadable`` reads fail as when NATS is still unreachable."""
-
-    def __init__(self, bus: NatsBus, *, lands: bool, unreadable: int) -> None:
-        self._bus = bus
-        self._lands = lands
-        self._lose_next = True
-        self.unreadable = unreadable
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
-
-    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
-        if self._lose_next:
-            self._lose_next = False
-            if self._lands:
-                await self._bus.kv_update(bucket, key, value, revision=revision)
-            raise OutcomeUnknownError("the answer was lost (test)")
-        return await self._bus.kv_update(bucket, key, value, revision=revision)
-
-    async def kv_get(self, bucket: str, key: str) -> Any:
-        # Reading the record back fails; the claim and ledger were read when it arrived.
-        if self.unreadable > 0 and bucket == subjects.KV_ASSIGNMENTS:
-            self.unreadable -= 1
-            raise BusUnavailableError("not connected to NATS (test)")
-        return await self._bus.kv_get(bucket, key)
 
 
 @pytest.mark.parametrize("lands", [True, False], ids=["claim-landed", "claim-lost"])

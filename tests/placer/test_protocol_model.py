@@ -53,7 +53,7 @@ from hypothesis.stateful import (
 )
 from prometheus_client import CollectorRegistry
 
-from services.binder.plan import stranded, withdrawn
+from services.binder.plan import stranded
 from services.placer import decider, translate
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.model import Decision
@@ -63,7 +63,7 @@ from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
 from services.placer.store import ConflictError, Store
 from shared import codec, subjects
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, released
 from shared.messages.ledger import NodeLedger, PodClaim, TenantLedger
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Handler, KvEntry, PullConsumer, Subscription
@@ -467,7 +467,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for key, (data, revision) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
             record = codec.decode(data, AssignmentRecord)
             if record.pod_uid == pod and stranded(record):
-                gone = withdrawn(record, now=self.clock.now())
+                gone = released(record, now=self.clock.now())
                 self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(gone), revision)
 
     @rule(replica=st.integers(0, REPLICAS - 1))
@@ -639,3 +639,4 @@ def test_a_quota_checked_only_on_each_replicas_view_is_caught() -> None:
     with pytest.raises(AssertionError, match="over its quota"):
         _two_replicas_place_both_team_pods_at_once(BrokenQuotaMachine())
     _two_replicas_place_both_team_pods_at_once(ProtocolMachine())
+

@@ -1,0 +1,39 @@
+"""A real bus that loses one answer: NATS failing between a write and its reply, as a cluster
+electing its leaders does (the chaos runs' races), made exact for a test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared import subjects
+from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError
+from shared.runtime.nats import NatsBus
+
+
+class LostAnswerBus:
+    """The real bus, except that the answer to the first compare-and-set of an assignment record
+    is lost (the write lands first when ``lands``), and the next ``unreadable`` reads of
+    assignment records fail as when NATS is still unreachable (set it to 0 when NATS is back)."""
+
+    def __init__(self, bus: NatsBus, *, lands: bool, unreadable: int) -> None:
+        self._bus = bus
+        self._lands = lands
+        self._lose_next = True
+        self.unreadable = unreadable
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+        if self._lose_next and bucket == subjects.KV_ASSIGNMENTS:
+            self._lose_next = False
+            if self._lands:
+                await self._bus.kv_update(bucket, key, value, revision=revision)
+            raise OutcomeUnknownError("the answer was lost (test)")
+        return await self._bus.kv_update(bucket, key, value, revision=revision)
+
+    async def kv_get(self, bucket: str, key: str) -> Any:
+        if self.unreadable > 0 and bucket == subjects.KV_ASSIGNMENTS:
+            self.unreadable -= 1
+            raise BusUnavailableError("not connected to NATS (test)")
+        return await self._bus.kv_get(bucket, key)
