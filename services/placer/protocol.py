@@ -95,13 +95,17 @@ class CommitProtocol:
         one lost the claim (this booking is then given back, and the winner's finished).
         """
         verdict, claim = await self.store.claim(booking, request)
-        if verdict == "lost":
+        if verdict in ("lost", "deleted"):
+            # Fence first, as every release does: another task may have recorded this commit
+            # already (a reconciliation rolling it forward), and a live record must never
+            # outlive its booking (the protocol model found one that did, briefly).
+            await self.store.fence(booking)
             await self.give_back(booking)
+        if verdict == "lost":
             assert claim is not None and claim.booking is not None
             await self.republish(claim.booking)
             return "duplicate", claim.booking
         if verdict == "deleted":
-            await self.give_back(booking)
             return "deleted", booking
         action = await self.store.ensure_record(booking)
         if action == "released":  # released while we committed: nothing to publish

@@ -640,3 +640,32 @@ def test_a_quota_checked_only_on_each_replicas_view_is_caught() -> None:
         _two_replicas_place_both_team_pods_at_once(BrokenQuotaMachine())
     _two_replicas_place_both_team_pods_at_once(ProtocolMachine())
 
+
+def test_a_roll_forward_that_finds_its_pod_deleted_fences_the_record_first() -> None:
+    """The search's example, driven by hand: replica 1 commits ``p1`` to its end (booking,
+    claim, ``reserved`` record) while replica 0's reconciliation, on a view that had not seen
+    the record yet, rolls the same commit forward; ``p1`` is deleted meanwhile. The roll-forward
+    then found the claim deleted and took the booking off the ledger, while the record it had
+    not fenced stayed ``reserved``: a live record without its booking until the deletion's own
+    fence landed. Every release fences first."""
+    machine = ProtocolMachine()
+    last: list[tuple[int, Fate]] = [(0, "land"), (1, "land"), (0, "land"), (0, "land")]
+    last += [(3, "land"), (1, "land"), (3, "land")]
+    steps: list[Callable[[], None]] = [
+        lambda: machine.decide(pod="p1", replica=1),
+        lambda: machine.let_some_through(steps=[(0, "land")]),
+        lambda: machine.decide(pod="p0", replica=0),
+        lambda: machine.reconcile(replica=0),
+        *[lambda: machine.let_some_through(steps=[(0, "land")])] * 3,
+        lambda: machine.let_some_through(steps=[(0, "land"), (0, "land")]),
+        lambda: machine.reconcile(replica=0),
+        lambda: machine.decide(pod="p0", replica=0),
+        lambda: machine.let_some_through(steps=[(0, "land")]),
+        lambda: machine.reconcile(replica=0),
+        lambda: machine.delete(pod="p1", really=0, replica=0),
+        lambda: machine.let_some_through(steps=last),
+    ]
+    for step in steps:
+        step()
+        machine.nothing_over_committed_and_one_record_per_pod()
+    machine.teardown()
