@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera.up import workload as w
-from tessera.up.spec import plan_nodes
+from tessera.up.spec import default_pools, plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -106,8 +106,10 @@ COUNTED = {
 
 async def main(args: argparse.Namespace) -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="tessera-e2e-bench-"))
+    plans = plan_nodes(args.gpus, args.nodes)
+    pools = args.pools or default_pools(args.placers, len(plans))
     options = SystemOptions(
-        nodes=plan_nodes(args.gpus, args.nodes),
+        nodes=plans,
         run_dir=run_dir,
         placers=args.placers,
         binders=1,
@@ -116,7 +118,7 @@ async def main(args: argparse.Namespace) -> None:
         nodes_per_process=args.nodes_per_process,
         ready_timeout_s=900.0,
         nats_monitoring=True,
-        placer_args=("--pools", str(pools)) if (pools := args.pools or args.placers) > 1 else (),
+        placer_args=("--pools", str(pools)) if pools > 1 else (),
     )
     started = time.monotonic()
     async with LocalSystem(options) as system:
@@ -189,7 +191,8 @@ if __name__ == "__main__":
         "--pools",
         type=int,
         default=0,
-        help="the placers' --pools (0, as tessera up: one per placer; 1: no node pools)",
+        help="the placers' --pools (0, as tessera up: one per placer from 32 nodes each; 1: "
+        "no node pools)",
     )
     parser.add_argument(
         "--nodes-per-process",

@@ -70,7 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="the placers' --pools: node pools shared out among them, each replica deciding on "
-        "its own pools' nodes first (0, the default: one per placer; 1: none)",
+        f"its own pools' nodes first (0, the default: one per placer once each pool gets "
+        f"{specs.POOL_MIN_NODES} nodes, else none; 1: none)",
     )
     cluster.add_argument(
         "--binders", type=int, default=1, help="binder replicas, leader election on (1)"
@@ -302,7 +303,7 @@ async def run_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    pools = args.pools or args.placers
+    pools = args.pools or specs.default_pools(args.placers, len(plans))
     run_dir: Path = args.run_dir
     tenancy_file: str = args.tenancy_file
     progress = Progress(sys.stderr)

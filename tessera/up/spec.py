@@ -161,6 +161,18 @@ def _entry(text: str, name: str) -> NodePlan:
     )
 
 
+POOL_MIN_NODES: Final = 32
+"""The fewest nodes a default node pool gets: a replica decides on its own pool first, and a
+pool of a few nodes is a poor bin for a near-full cluster (two pools on the 5 demo nodes left up
+to five of its 40 pods Pending that one pool runs)."""
+
+
+def default_pools(placers: int, nodes: int) -> int:
+    """The placers' ``--pools`` when none is given: one pool per placer once every pool gets
+    :data:`POOL_MIN_NODES` nodes, else 1 (every placer decides on every node)."""
+    return placers if nodes >= POOL_MIN_NODES * placers else 1
+
+
 def plan_nodes(gpus: str = DEFAULT_GPUS, nodes: int | None = None) -> list[NodePlan]:
     """The nodes of ``--nodes``/``--gpus`` (see the module docstring)."""
     entries = [e.strip() for e in gpus.split(",") if e.strip()]

@@ -91,9 +91,9 @@ def test_exit_when_done_prints_one_json_summary(tmp_path: Path) -> None:
         assert summary["latency_ms"][stage]["n"] >= 12
         assert summary["latency_ms"][stage]["p50"] <= summary["latency_ms"][stage]["p99"]
     assert "dashboard" in err and "http://127.0.0.1:" in err
-    # By default the two placers share the nodes out in two pools, one each.
+    # Three nodes are too few for a pool each: by default both placers decide on every node.
     logs = [(tmp_path / "logs" / f"placer-{n}.log").read_text() for n in (1, 2)]
-    assert all('"node pools held"' in log for log in logs), "a placer never held a pool"
+    assert not any('"node pools held"' in log for log in logs), "pools on three nodes"
 
 
 def test_a_negative_pool_count_is_refused_before_anything_starts(tmp_path: Path) -> None:

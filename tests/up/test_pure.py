@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from tessera.up import report
-from tessera.up.spec import SpecError, plan_nodes
+from tessera.up.spec import POOL_MIN_NODES, SpecError, default_pools, plan_nodes
 from tessera.up.system import permission_violations
 
 
@@ -223,3 +223,20 @@ def test_percentiles_are_nearest_rank() -> None:
 )
 def test_refusals_of_clients_count_as_violations_not_cut_routes(line: str, counted: bool) -> None:
     assert permission_violations(f"before\n{line}\nafter") == ([line] if counted else [])
+
+
+@pytest.mark.parametrize(
+    ("placers", "nodes", "pools"),
+    [
+        (2, 5, 1),  # the demo: a pool of two or three nodes packs badly
+        (2, 2 * POOL_MIN_NODES - 1, 1),
+        (2, 2 * POOL_MIN_NODES, 2),
+        (2, 100, 2),  # benchmarks/e2e.py's cluster
+        (3, 1_000, 3),
+        (1, 1_000, 1),
+    ],
+)
+def test_node_pools_by_default_only_where_each_gets_enough_nodes(
+    placers: int, nodes: int, pools: int
+) -> None:
+    assert default_pools(placers, nodes) == pools
