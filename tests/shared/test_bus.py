@@ -539,3 +539,65 @@ async def test_a_consumer_attached_again_in_vain_keeps_delivering_once_it_is_bac
         finally:
             await worker.drain()
             await admin.drain()
+
+
+_NO_STREAM_INFO = """
+authorization {
+  users = [
+    {user: admin, password: admin}
+    {user: blind, password: blind, permissions: {publish: {
+      allow: [">"]
+      deny: ["$JS.API.STREAM.INFO.>"]
+    }}}
+  ]
+}
+"""
+
+
+async def test_a_bucket_that_cannot_be_looked_up_is_nats_unavailable() -> None:
+    """A three-server chaos run: a placer's pool lease write had to look its bucket up first
+    (a JetStream request of its own), which timed out while the cluster elected its leaders;
+    nats-py's raw timeout passed every handler and stopped all three placers. The lookup's
+    failure is NATS unavailable, nothing done. Here the lookup times out for a user that may
+    not ask for stream information."""
+    with NatsServer(config=_NO_STREAM_INFO) as server:
+        admin = await NatsBus.connect(
+            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
+        )
+        blind = await NatsBus.connect(
+            server.url,
+            name="blind",
+            security=NatsSecurity(user="blind", password="blind"),
+            request_timeout=0.5,
+            topology=False,
+        )
+        try:
+            with pytest.raises(BusUnavailableError, match="cannot be looked up now"):
+                await blind.kv_put(subjects.KV_NODES, "n1", b"facts")
+            with pytest.raises(BusUnavailableError, match="cannot be looked up now"):
+                await blind.kv_get(subjects.KV_NODES, "n1")
+            assert await admin.kv_get(subjects.KV_NODES, "n1") is None, "nothing was written"
+        finally:
+            await blind.drain()
+            await admin.drain()
+
+
+async def test_a_bucket_that_cannot_be_watched_is_nats_unavailable() -> None:
+    """The same run stopped another placer listing the pool leases: the listing's consumer
+    could not be created in time. Here a user that may not create consumers lists a bucket."""
+    with NatsServer(config=_NO_CONSUMER_CREATION) as server:
+        admin = await NatsBus.connect(
+            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
+        )
+        worker = await NatsBus.connect(
+            server.url,
+            name="worker",
+            security=NatsSecurity(user="worker", password="worker"),
+            request_timeout=0.5,
+        )
+        try:
+            with pytest.raises(BusUnavailableError, match="cannot be watched now"):
+                await worker.kv_keys(subjects.KV_NODES)
+        finally:
+            await worker.drain()
+            await admin.drain()

@@ -13,7 +13,7 @@ from nats.aio.msg import Msg as NatsMsg
 from nats.js import api as js_api
 
 from shared.runtime.bus import WATCH_HEARTBEAT_S, KvEntry
-from shared.runtime.nats.store import NatsStore
+from shared.runtime.nats.store import NatsStore, unavailable
 from shared.runtime.tasks import checkpointer
 
 WATCH_INACTIVE_S = 5.0
@@ -118,28 +118,29 @@ class NatsKv(NatsStore):
         subject = f"$KV.{bucket}.{keys}"
         stream = f"KV_{bucket}"
         await self._checked_bucket(bucket)
-        try:
-            existing = await self._js.stream_info(stream, subjects_filter=subject)
-        except nats.js.errors.NotFoundError:  # gone since the bucket was looked up: create it
-            await self.restore_topology(reason=f"watching {bucket}")
-            await self._bucket(bucket)
-            existing = await self._js.stream_info(stream, subjects_filter=subject)
-        awaited = set(existing.state.subjects or ())
         # Bounded, as nats-py's own watcher: a slow reader holds the messages back in nats-py.
         arrived: asyncio.Queue[NatsMsg | None] = asyncio.Queue(maxsize=256)
-        subscription = await self._js.subscribe(
-            subject,
-            stream=stream,
-            cb=arrived.put,
-            ordered_consumer=True,
-            deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
-            headers_only=headers_only or None,
-            # The server keeps a consumer nobody listens to this long; each is deleted on close
-            # as well, since a stream holds at most 1,000 of them (with nats-py's 5 minutes,
-            # the 1,001st listing within 5 minutes failed).
-            inactive_threshold=WATCH_INACTIVE_S,
-            idle_heartbeat=WATCH_HEARTBEAT_S,
-        )
+        with unavailable(f"bucket {bucket} cannot be watched now"):
+            try:
+                existing = await self._js.stream_info(stream, subjects_filter=subject)
+            except nats.js.errors.NotFoundError:  # gone since the bucket was looked up
+                await self.restore_topology(reason=f"watching {bucket}")
+                await self._bucket(bucket)
+                existing = await self._js.stream_info(stream, subjects_filter=subject)
+            # The server keeps a consumer nobody listens to this long; each is deleted on
+            # close as well, since a stream holds at most 1,000 of them (with nats-py's 5
+            # minutes, the 1,001st listing within 5 minutes failed).
+            subscription = await self._js.subscribe(
+                subject,
+                stream=stream,
+                cb=arrived.put,
+                ordered_consumer=True,
+                deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+                headers_only=headers_only or None,
+                inactive_threshold=WATCH_INACTIVE_S,
+                idle_heartbeat=WATCH_HEARTBEAT_S,
+            )
+        awaited = set(existing.state.subjects or ())
         prefix = len(f"$KV.{bucket}.")
         lost = self._lost
 
@@ -154,7 +155,8 @@ class NatsKv(NatsStore):
         consumer = ""
         stop_requested = checkpointer()
         try:
-            consumer = (await subscription.consumer_info()).name
+            with unavailable(f"bucket {bucket} cannot be watched now"):
+                consumer = (await subscription.consumer_info()).name
             if not awaited:
                 yield None
             while True:

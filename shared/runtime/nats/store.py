@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import nats.errors
@@ -50,6 +50,19 @@ def _bucket_stream(bucket: str, history: int, replicas: int) -> js_api.StreamCon
 _MISSING = (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 """What nats-py raises when the stream (or consumer) an operation needs does not exist: a
 JetStream publish nobody stores, a pull request nobody answers."""
+
+
+@contextlib.contextmanager
+def unavailable(what: str) -> Iterator[None]:
+    """A JetStream request before anything was written or read that times out or finds no
+    responder (a cluster electing its leaders) is NATS unavailable: :class:`BusUnavailableError`
+    saying ``what``, which every caller handles, rather than nats-py's own error."""
+    try:
+        yield
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError, *_MISSING) as error:
+        raise BusUnavailableError(
+            f"{what} ({type(error).__name__}: {error}); nothing was done"
+        ) from None
 
 
 class NatsStore(NatsConnection):
@@ -260,6 +273,13 @@ class NatsStore(NatsConnection):
         return kv
 
     async def _checked_bucket(self, bucket: str) -> KeyValue:
-        """The bucket, once the store reached after a reconnect has been checked."""
+        """The bucket, once the store reached after a reconnect has been checked.
+
+        Looking a bucket up is a JetStream request of its own (after a reconnect, or once the
+        topology was restored), which times out or finds no responder while a cluster elects
+        its leaders: that is NATS unavailable, nothing done. Let through raw, nats-py's timeout
+        passed every handler of a placer's pool leases and stopped all three placers of a
+        three-server chaos run."""
         await self._store_checked()
-        return await self._bucket(bucket)
+        with unavailable(f"bucket {bucket} cannot be looked up now"):
+            return await self._bucket(bucket)
