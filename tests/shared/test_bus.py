@@ -25,6 +25,7 @@ from shared.runtime.bus import (
 from shared.runtime.nats import NatsBus
 from shared.runtime.nats.kv import stream_sequence
 from tests.harness.nats import NatsServer
+from tests.harness.wait import eventually
 
 
 async def test_core_publish_reaches_subscriber(bus: NatsBus) -> None:
@@ -601,3 +602,53 @@ async def test_a_bucket_that_cannot_be_watched_is_nats_unavailable() -> None:
         finally:
             await worker.drain()
             await admin.drain()
+
+
+_ONE_STREAM_SILENT = """
+authorization {
+  users = [
+    {user: admin, password: admin}
+    {user: partial, password: partial, permissions: {publish: {
+      allow: [">"]
+      deny: ["$JS.API.STREAM.INFO.TESSERA_PODS"]
+    }}}
+  ]
+}
+"""
+
+
+async def test_kv_runs_again_after_a_reconnect_while_a_stream_does_not_answer() -> None:
+    """A three-server chaos run: after a reconnect a device plugin checked every stream and
+    bucket before any KV operation could run again, and one stream slow to answer (its leader
+    still being elected) failed that check for 25 s: every Allocate on its node was refused.
+    KV waits only for the store's epoch now; here one stream never answers its check."""
+    with NatsServer(config=_ONE_STREAM_SILENT) as server:
+        admin = await NatsBus.connect(
+            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
+        )
+        await admin.drain()
+        partial = await NatsBus.connect(
+            server.url,
+            name="partial",
+            security=NatsSecurity(user="partial", password="partial"),
+            request_timeout=0.5,
+            topology=False,
+        )
+        try:
+            server.kill()
+            await eventually(lambda: not partial.connected, what="the disconnect")
+            server.start()
+            await eventually(lambda: partial.connected, timeout=30, what="the reconnect")
+
+            async def written() -> bool:
+                try:
+                    await partial.kv_put(subjects.KV_NODES, "n1", b"facts")
+                except BusUnavailableError:
+                    return False
+                return True
+
+            await eventually(written, timeout=10, interval=0.2, what="a KV write accepted")
+            entry = await partial.kv_get(subjects.KV_NODES, "n1")
+            assert entry is not None and entry.value == b"facts"
+        finally:
+            await partial.drain()

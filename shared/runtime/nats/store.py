@@ -95,15 +95,22 @@ class NatsStore(NatsConnection):
         task.add_done_callback(self._background.discard)
 
     async def _restore_after_reconnect(self) -> None:
-        """Check the store the connection came back to before any KV operation runs again."""
+        """Take the epoch of the store the connection came back to before any KV operation
+        runs again, then create whatever that store lacks (again and again until it is done)."""
         delay = 0.2
         while not self._draining:
             try:
                 async with self._topology:
                     self._kv.clear()
+                    # The epoch first: it tells a new store from the old one, which is all KV
+                    # operations wait for. What is missing is created next, or by the first
+                    # operation that needs it. Checked all at once, one stream slow to answer
+                    # (its leader still elected after a server loss) held every KV operation
+                    # of a device plugin back for 25 s, failing the pods sent to its node.
+                    await self._read_epoch()
+                    self._checked.set()
                     await self.ensure_topology()
                     self._topology_at = asyncio.get_running_loop().time()
-                self._checked.set()
                 return
             except Exception as error:  # JetStream not up yet on the server: try again shortly
                 log.info("cannot check the streams yet", extra={"error": repr(error)})
@@ -226,13 +233,17 @@ class NatsStore(NatsConnection):
                     info.config.allow_rollup_hdrs = False
                     info.config.num_replicas = self._replicas
                     await self._js.update_stream(info.config)
+        await self._read_epoch()
+        return created
+
+    async def _read_epoch(self) -> None:
+        """Take the store's epoch (a new store gets one: the first writer's stays)."""
         meta = await self._bucket(subjects.KV_META)
         fresh = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
         with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-            await meta.create(subjects.META_EPOCH, codec.encode(fresh))  # the first one stays
+            await meta.create(subjects.META_EPOCH, codec.encode(fresh))
         entry = await meta.get(subjects.META_EPOCH)
         self._take_epoch(codec.decode(entry.value or b"", StoreEpoch).epoch)
-        return created
 
     async def restore_topology(self, *, reason: str) -> None:
         """Create again whatever stream or bucket is missing (one check at a time; a check
