@@ -7,6 +7,7 @@ import os
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -486,19 +487,26 @@ def test_a_watch_reads_the_stream_sequence_as_nats_py_does(reply: str) -> None:
     assert stream_sequence(reply) == expected
 
 
-# A worker that may pull from the pods stream but not create consumers: attaching again fails
-# for it the way it fails while a cluster elects the consumer's leader (the request times out).
-_NO_CONSUMER_CREATION = """
-authorization {
-  users = [
-    {user: admin, password: admin}
-    {user: worker, password: worker, permissions: {publish: {
-      allow: [">"]
-      deny: ["$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>"]
-    }}}
-  ]
-}
-"""
+def _limited(*denied: str) -> str:
+    """A server configuration with users ``admin`` (anything) and ``limited``, who may publish
+    anything but the ``denied`` subjects. A JetStream request the server refuses goes
+    unanswered and times out, as it does while a cluster elects its leaders."""
+    quoted = ", ".join(f'"{subject}"' for subject in denied)
+    return (
+        "authorization { users = [\n  {user: admin, password: admin}\n"
+        "  {user: limited, password: limited, permissions: {publish: "
+        f'{{allow: [">"], deny: [{quoted}]}}}}}}\n] }}\n'
+    )
+
+
+_NO_CONSUMER_CREATION = _limited("$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>")
+"""``limited`` may pull from a consumer but not create one: attaching again fails for it."""
+
+
+async def _connect_as(server: NatsServer, user: str, **options: Any) -> NatsBus:
+    return await NatsBus.connect(
+        server.url, name=user, security=NatsSecurity(user=user, password=user), **options
+    )
 
 
 async def test_a_consumer_attached_again_in_vain_keeps_delivering_once_it_is_back() -> None:
@@ -508,15 +516,8 @@ async def test_a_consumer_attached_again_in_vain_keeps_delivering_once_it_is_bac
     listener) and no pod was placed again. Here the consumer is deleted and attaching again
     is refused once; when the consumer is back it delivers to the same client."""
     with NatsServer(config=_NO_CONSUMER_CREATION) as server:
-        admin = await NatsBus.connect(
-            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
-        )
-        worker = await NatsBus.connect(
-            server.url,
-            name="worker",
-            security=NatsSecurity(user="worker", password="worker"),
-            request_timeout=1.0,
-        )
+        admin = await _connect_as(server, "admin")
+        worker = await _connect_as(server, "limited", request_timeout=1.0)
 
         def attach(bus: NatsBus) -> Awaitable[PullConsumer]:
             return bus.pull_consumer(
@@ -542,36 +543,15 @@ async def test_a_consumer_attached_again_in_vain_keeps_delivering_once_it_is_bac
             await admin.drain()
 
 
-_NO_STREAM_INFO = """
-authorization {
-  users = [
-    {user: admin, password: admin}
-    {user: blind, password: blind, permissions: {publish: {
-      allow: [">"]
-      deny: ["$JS.API.STREAM.INFO.>"]
-    }}}
-  ]
-}
-"""
-
-
 async def test_a_bucket_that_cannot_be_looked_up_is_nats_unavailable() -> None:
     """A three-server chaos run: a placer's pool lease write had to look its bucket up first
     (a JetStream request of its own), which timed out while the cluster elected its leaders;
     nats-py's raw timeout passed every handler and stopped all three placers. The lookup's
     failure is NATS unavailable, nothing done. Here the lookup times out for a user that may
     not ask for stream information."""
-    with NatsServer(config=_NO_STREAM_INFO) as server:
-        admin = await NatsBus.connect(
-            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
-        )
-        blind = await NatsBus.connect(
-            server.url,
-            name="blind",
-            security=NatsSecurity(user="blind", password="blind"),
-            request_timeout=0.5,
-            topology=False,
-        )
+    with NatsServer(config=_limited("$JS.API.STREAM.INFO.>")) as server:
+        admin = await _connect_as(server, "admin")
+        blind = await _connect_as(server, "limited", request_timeout=0.5, topology=False)
         try:
             with pytest.raises(BusUnavailableError, match="cannot be looked up now"):
                 await blind.kv_put(subjects.KV_NODES, "n1", b"facts")
@@ -587,15 +567,8 @@ async def test_a_bucket_that_cannot_be_watched_is_nats_unavailable() -> None:
     """The same run stopped another placer listing the pool leases: the listing's consumer
     could not be created in time. Here a user that may not create consumers lists a bucket."""
     with NatsServer(config=_NO_CONSUMER_CREATION) as server:
-        admin = await NatsBus.connect(
-            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
-        )
-        worker = await NatsBus.connect(
-            server.url,
-            name="worker",
-            security=NatsSecurity(user="worker", password="worker"),
-            request_timeout=0.5,
-        )
+        admin = await _connect_as(server, "admin")
+        worker = await _connect_as(server, "limited", request_timeout=0.5)
         try:
             with pytest.raises(BusUnavailableError, match="cannot be watched now"):
                 await worker.kv_keys(subjects.KV_NODES)
@@ -604,36 +577,15 @@ async def test_a_bucket_that_cannot_be_watched_is_nats_unavailable() -> None:
             await admin.drain()
 
 
-_ONE_STREAM_SILENT = """
-authorization {
-  users = [
-    {user: admin, password: admin}
-    {user: partial, password: partial, permissions: {publish: {
-      allow: [">"]
-      deny: ["$JS.API.STREAM.INFO.TESSERA_PODS"]
-    }}}
-  ]
-}
-"""
-
-
 async def test_kv_runs_again_after_a_reconnect_while_a_stream_does_not_answer() -> None:
     """A three-server chaos run: after a reconnect a device plugin checked every stream and
     bucket before any KV operation could run again, and one stream slow to answer (its leader
     still being elected) failed that check for 25 s: every Allocate on its node was refused.
     KV waits only for the store's epoch now; here one stream never answers its check."""
-    with NatsServer(config=_ONE_STREAM_SILENT) as server:
-        admin = await NatsBus.connect(
-            server.url, name="admin", security=NatsSecurity(user="admin", password="admin")
-        )
+    with NatsServer(config=_limited("$JS.API.STREAM.INFO.TESSERA_PODS")) as server:
+        admin = await _connect_as(server, "admin")
         await admin.drain()
-        partial = await NatsBus.connect(
-            server.url,
-            name="partial",
-            security=NatsSecurity(user="partial", password="partial"),
-            request_timeout=0.5,
-            topology=False,
-        )
+        partial = await _connect_as(server, "limited", request_timeout=0.5, topology=False)
         try:
             server.kill()
             await eventually(lambda: not partial.connected, what="the disconnect")
