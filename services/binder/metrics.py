@@ -20,6 +20,7 @@ class BinderMetrics:
     gate_waits: Counter
     gate_ignored: Counter
     records_withdrawn: Counter
+    records_settled: Counter
     pods_published: Counter
     invalid_pods: Counter
     explained: Counter
@@ -77,6 +78,12 @@ class BinderMetrics:
                 "tessera_binder_records_withdrawn_total",
                 "Bound records the binder released because their pod ended before its GPUs were "
                 "allocated (rejected at admission, or deleted once bound).",
+                registry=registry,
+            ),
+            records_settled=Counter(
+                "tessera_binder_records_settled_total",
+                "Bound records the binder marked allocated because the kubelet admitted their pod "
+                "while a device plugin served it from another record with the same slices.",
                 registry=registry,
             ),
             pods_published=Counter(

@@ -30,7 +30,11 @@ placer releases it, a device plugin could serve another pod's Allocate of the sa
 and that pod's own record would then stay ``bound`` for good, holding the gate of its node shut.
 So the binder withdraws such a record itself (:func:`stranded`, then
 ``shared.messages.assignments.released``) before it
-publishes ``PodDeleted``.
+publishes ``PodDeleted``. The binder can be late: the kubelet rejects pods by itself while a
+device plugin is down, and the plugin, back up, may serve a live pod from such a record first.
+That pod then runs with its own record ``bound`` while the dead pod's record is ``allocated``,
+so the binder settles such a surplus record of an admitted pod (:func:`served_elsewhere`, then
+``shared.messages.assignments.settled``).
 """
 
 from __future__ import annotations
@@ -200,6 +204,61 @@ def stranded(record: AssignmentRecord) -> bool:
     allocated and no Allocate of its own pod will come (see the module docstring). A record
     without GPUs is final at ``bound``; a placer releases it, as every other record."""
     return record.state == "bound" and holds_gpus(record)
+
+
+Admission = Literal["waiting", "admitted", "ended"]
+"""Where the kubelet is with a pod: ``admitted`` (``Running``: it allocated every container's
+devices at admission, before any started), ``ended`` (gone or finished) or ``waiting``."""
+
+
+def admission_of(pod: Pod | None) -> Admission:
+    if pod is None or pod.terminal:
+        return "ended"
+    return "admitted" if pod.status.phase == "Running" else "waiting"
+
+
+def same_shape(a: AssignmentRecord, b: AssignmentRecord) -> bool:
+    """Whether a device plugin cannot tell ``a`` and ``b`` apart: the same device counts and
+    slices in each GPU-holding container, in order (container names never reach Allocate)."""
+    return _shape(a) == _shape(b)
+
+
+def _shape(record: AssignmentRecord) -> tuple[object, ...]:
+    return tuple(
+        (tuple(sorted(c.resources.items())), tuple((g.uuid, g.memory_mib, g.cores) for g in c.gpus))
+        for c in record.containers
+        if c.gpus
+    )
+
+
+def served_elsewhere(
+    record: AssignmentRecord,
+    node_records: Iterable[AssignmentRecord],
+    admission: Mapping[str, Admission],
+) -> bool:
+    """Whether the binder settles ``record`` as allocated: its pod was admitted but the record
+    still waits for an Allocate (``bound``, with GPU slices), and the node's records of the same
+    shape hold more ``bound`` ones than there are pods still waiting for their Allocates.
+
+    The pod was then served from another record of that shape. Allocate serves the oldest
+    matching record, so a pod admitted before an identical one is served from the other's record,
+    which is harmless: the other pod is served from this one later. Only a record whose own pod
+    ended first (rejected by the kubelet itself while the plugin was down, not yet withdrawn) leaves
+    a ``bound`` record over: the surplus. Left ``bound``, it would hold the node's gate shut for
+    good. ``node_records`` must be read after the pod was seen admitted, ``admission`` maps the
+    pod UIDs of the records (a UID it lacks counts as waiting)."""
+    if not stranded(record) or admission.get(record.pod_uid) != "admitted":
+        return False
+    alike = [
+        r
+        for r in node_records
+        if r.pod_uid != record.pod_uid
+        and r.state in ("bound", "allocated")
+        and same_shape(r, record)
+    ]
+    bound = 1 + sum(r.state == "bound" for r in alike)
+    waiting = sum(admission.get(r.pod_uid, "waiting") == "waiting" for r in alike)
+    return bound > waiting
 
 
 def binding_annotations(record: AssignmentRecord, *, now: float) -> dict[str, str]:

@@ -19,7 +19,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 
@@ -37,13 +37,13 @@ from services.binder.nodefacts import (
     same_facts,
 )
 from services.binder.objects import Node
-from services.binder.plan import stranded
+from services.binder.plan import admission_of, same_shape, served_elsewhere, stranded
 from services.binder.reporting import Reporter
 from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
-from shared.messages.assignments import RecordView, released
+from shared.messages.assignments import AssignmentRecord, RecordView, released, settled
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
@@ -55,6 +55,12 @@ from shared.runtime.tasks import checkpoint
 log = logging.getLogger(__name__)
 
 NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class Transition(Protocol):
+    """A record transition of ``shared.messages.assignments`` (``released``, ``settled``)."""
+
+    def __call__(self, record: AssignmentRecord, *, now: float) -> AssignmentRecord: ...
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,9 @@ class ClusterSync:
         self.pod_queue: WorkQueue[str] = WorkQueue()
         self.node_queue: WorkQueue[str] = WorkQueue()
         self._background: set[asyncio.Task[None]] = set()
+        self._settling = asyncio.Lock()
+        self._unsettled: dict[str, set[str]] = {}
+        """Node -> admitted pods whose records still wait for an Allocate but are no surplus."""
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -246,6 +255,8 @@ class ClusterSync:
             # Bound, or kube-scheduler's to place (it explains such a pod itself).
             self._published_pending.pop(uid, None)
             self._reporter.forget(uid)
+            if pod.node:
+                await self._settle_served_elsewhere(pod)
             return
         parsed = parse_pending(pod)
         if isinstance(parsed, InvalidPod):
@@ -275,13 +286,85 @@ class ClusterSync:
         while the placer has not handled ``PodDeleted`` yet."""
         if ref.node is not None:
             await self._withdraw_stranded(subjects.assignment_key(ref.node, uid))
+            self._unsettled.get(ref.node, set()).discard(uid)
+            self._count_unsettled_again(ref.node)
         await self.publish_deleted(uid, ref)
 
     async def _withdraw_stranded(self, key: str) -> None:
+        if await self._rewrite_record(
+            key, applies=stranded, rewrite=released, action="withdraw an assignment record"
+        ):
+            self._metrics.records_withdrawn.inc()
+            log.info(
+                "withdrew the record of a pod that ended before its GPUs were allocated",
+                extra={"record": key},
+            )
+
+    async def _settle_served_elsewhere(self, pod: Pod) -> None:
+        """The kubelet admitted ``pod`` but its record may still wait for an Allocate: settle it
+        when it is a surplus record of its shape on the node (``plan.served_elsewhere``). One
+        that is not yet is kept in ``_unsettled`` and counted again when a pod of its node is
+        admitted or ends, the two things that can make it one."""
+        uid = pod.metadata.uid
+        unsettled = self._unsettled.setdefault(pod.node, set())
+        key = subjects.assignment_key(pod.node, uid)
         view = self._records.get(key)
-        while view is not None and stranded(view.record):
-            self._fence("withdraw an assignment record")
-            record = released(view.record, now=self._clock.now())
+        if view is None or not stranded(view.record) or admission_of(pod) != "admitted":
+            # The common case: allocated by the plugin, nothing read.
+            unsettled.discard(uid)
+            if admission_of(pod) == "admitted":
+                self._count_unsettled_again(pod.node)
+            return
+        async with self._settling:  # one count at a time, each over the writes before it
+            # Read after the pod was seen admitted: the Allocate that admitted it is in there.
+            alike = [
+                fresh
+                for other in self._records.on_node(pod.node)
+                if same_shape(other.record, view.record)
+                and (fresh := await self._records.read(other.key)) is not None
+            ]
+            admission = {
+                v.record.pod_uid: admission_of(self.pod_of(v.record.pod_uid)) for v in alike
+            }
+
+            def applies(record: AssignmentRecord) -> bool:
+                return served_elsewhere(record, (v.record for v in alike), admission)
+
+            settled_now = await self._rewrite_record(
+                key, applies=applies, rewrite=settled, action="settle an assignment record"
+            )
+        current = self._records.get(key)
+        if current is not None and stranded(current.record):
+            unsettled.add(uid)
+        else:
+            unsettled.discard(uid)
+        if settled_now:
+            self._metrics.records_settled.inc()
+            log.warning(
+                "settled the record of a pod admitted while it waited for an Allocate: the "
+                "device plugin served it from another record of the same slices, whose pod "
+                "ended first",
+                extra={"record": key},
+            )
+
+    def _count_unsettled_again(self, node: str) -> None:
+        for uid in self._unsettled.get(node, ()):
+            self.pod_queue.add(uid)
+
+    async def _rewrite_record(
+        self,
+        key: str,
+        *,
+        applies: Callable[[AssignmentRecord], bool],
+        rewrite: Transition,
+        action: str,
+    ) -> bool:
+        """Rewrite the record at ``key`` with ``rewrite(record, now=...)`` by compare-and-set
+        while ``applies`` to it; whether this binder wrote it."""
+        view = self._records.get(key)
+        while view is not None and applies(view.record):
+            self._fence(action)
+            record = rewrite(view.record, now=self._clock.now())
             revision = await self._bus.kv_update(
                 subjects.KV_ASSIGNMENTS, key, codec.encode(record), revision=view.revision
             )
@@ -289,12 +372,8 @@ class ClusterSync:
                 view = await self._records.read(key)
                 continue
             await self._records.remember(RecordView(key=key, revision=revision, record=record))
-            self._metrics.records_withdrawn.inc()
-            log.info(
-                "withdrew the record of a pod that ended before its GPUs were allocated",
-                extra={"record": key, "allocated": len(record.allocated)},
-            )
-            return
+            return True
+        return False
 
     async def publish_deleted(self, uid: str, ref: PodRef) -> None:
         self._fence("publish PodDeleted")

@@ -78,6 +78,22 @@ def released(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
     return msgspec.structs.replace(record, state="released", released_at=now)
 
 
+def settled(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
+    """``record`` of a pod the kubelet admitted although no Allocate moved the record: every
+    GPU-holding container counts as allocated at ``now``. The device IDs the kubelet handed those
+    containers are unknown here (they went into the record an Allocate was served from), so the
+    containers not answered yet get none."""
+    answered = {a.container for a in record.allocated}
+    added = tuple(
+        ContainerAllocation(container=c.container, device_ids=(), allocated_at=now)
+        for c in record.containers
+        if c.gpus and c.container not in answered
+    )
+    return msgspec.structs.replace(
+        record, state="allocated", allocated=record.allocated + added, allocated_at=now
+    )
+
+
 def holds_gpus(record: AssignmentRecord) -> bool:
     """Whether any container of the record has a GPU slice. A record without one (a pod Tessera
     placed that asks for no GPU) is never allocated by a device plugin: the kubelet has nothing

@@ -10,26 +10,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.binder.plan import (
+    Admission,
     Advance,
     Bind,
     Drop,
     ObservedPod,
     Report,
     Wait,
+    admission_of,
     claim_of,
     gate_resources,
     plan_bind,
+    served_elsewhere,
     stranded,
 )
 from shared import annotations as names
-from shared import codec
+from shared import codec, subjects
+from shared.kubeobjects import Pod
 from shared.messages.assignments import (
     AssignmentRecord,
     ContainerAllocation,
     RecordView,
     released,
+    settled,
 )
 from shared.messages.base import ContainerSlices, GpuSlice
+from shared.validation import record_problem
 from tests.binder.builders import NODE, decision, record, slices
 
 NOW = 1_700_000_100.0
@@ -343,4 +349,119 @@ def test_what_the_binder_withdraws_when_a_pod_ends(rec: AssignmentRecord, expect
 def test_a_withdrawn_record_is_only_released() -> None:
     assert released(PARTLY_ALLOCATED, now=NOW + 5) == msgspec.structs.replace(
         PARTLY_ALLOCATED, state="released", released_at=NOW + 5
+    )
+
+
+def pod_in(phase: str) -> Pod:
+    return msgspec.convert(
+        {
+            "metadata": {"name": "p", "uid": "p"},
+            "spec": {"nodeName": NODE},
+            "status": {"phase": phase},
+        },
+        Pod,
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        (None, "ended"),
+        (pod_in("Failed"), "ended"),
+        (pod_in("Succeeded"), "ended"),
+        (pod_in("Running"), "admitted"),
+        (pod_in("Pending"), "waiting"),
+    ],
+    ids=["gone", "failed", "succeeded", "running", "pending"],
+)
+def test_where_the_kubelet_is_with_a_pod(pod: Pod | None, expected: str) -> None:
+    assert admission_of(pod) == expected
+
+
+def shaped(uid: str, state: str, gpu: int = 0, mib: int = 8192) -> AssignmentRecord:
+    return record(uid, uid, slices("main", (gpu, mib, 10)), state=state, bound_at=NOW)
+
+
+LIVE = shaped("live", "bound")
+
+
+@pytest.mark.parametrize(
+    ("live", "others", "admission", "expected"),
+    [
+        # The chaos run: the plugin served the live pod from the record of a pod the kubelet had
+        # rejected itself; that record is allocated, the live pod's own one is the surplus.
+        (LIVE, [shaped("dead", "allocated")], {"live": "admitted", "dead": "ended"}, True),
+        # Two live pods, the second admitted first, from the first's record: the first is served
+        # from this one later, so it stays bound.
+        (LIVE, [shaped("first", "allocated")], {"live": "admitted", "first": "waiting"}, False),
+        # ... until the first is admitted too, or ends.
+        (LIVE, [shaped("first", "allocated")], {"live": "admitted", "first": "admitted"}, True),
+        # A dead pod's bound record not withdrawn yet is surplus too, beside a waiting pod.
+        (
+            LIVE,
+            [shaped("dead", "bound"), shaped("next", "bound")],
+            {"live": "admitted", "dead": "ended", "next": "waiting"},
+            True,
+        ),
+        # A UID not known counts as waiting.
+        (LIVE, [shaped("dead", "allocated")], {"live": "admitted"}, False),
+        # Records of another shape do not count.
+        (
+            LIVE,
+            [shaped("other", "bound", mib=4096)],
+            {"live": "admitted", "other": "waiting"},
+            True,
+        ),
+        (LIVE, [shaped("other", "bound", gpu=1)], {"live": "admitted", "other": "waiting"}, True),
+        # Not admitted yet, or nothing to settle.
+        (LIVE, [], {"live": "waiting"}, False),
+        (shaped("live", "allocated"), [], {"live": "admitted"}, False),
+        (shaped("live", "reserved"), [], {"live": "admitted"}, False),
+        (
+            record("live", "live", ContainerSlices(container="cpu", gpus=()), state="bound"),
+            [],
+            {"live": "admitted"},
+            False,
+        ),
+    ],
+    ids=[
+        "served-from-a-dead-pods-record",
+        "exchanged-with-a-waiting-pod",
+        "exchanged-both-admitted",
+        "dead-bound-beside-waiting",
+        "unknown-uid",
+        "other-memory",
+        "other-gpu",
+        "not-admitted",
+        "allocated",
+        "reserved",
+        "no-gpu",
+    ],
+)
+def test_which_admitted_pods_records_the_binder_settles(
+    live: AssignmentRecord,
+    others: list[AssignmentRecord],
+    admission: dict[str, Admission],
+    expected: bool,
+) -> None:
+    assert served_elsewhere(live, [live, *others], admission) is expected
+
+
+def test_a_settled_record_is_allocated_keeping_the_answered_containers() -> None:
+    cpu_only = ContainerSlices(container="sidecar", gpus=())
+    rec = msgspec.structs.replace(
+        record("p", "p", slices("a"), cpu_only, slices("b"), state="bound", bound_at=NOW),
+        allocated=PARTLY_ALLOCATED.allocated,
+    )
+    after = settled(rec, now=NOW + 5)
+    # Every reader still believes it: a device plugin, a placer, the dashboard.
+    assert record_problem(after, key=subjects.assignment_key(NODE, "p")) is None
+    assert after == msgspec.structs.replace(
+        rec,
+        state="allocated",
+        allocated_at=NOW + 5,
+        allocated=(
+            *PARTLY_ALLOCATED.allocated,
+            ContainerAllocation(container="b", device_ids=(), allocated_at=NOW + 5),
+        ),
     )

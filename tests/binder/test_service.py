@@ -641,6 +641,84 @@ async def test_a_pod_that_ends_before_its_gpus_are_allocated_has_its_record_with
     )
 
 
+def bound_on_node(
+    api: ApiServer, name: str, gpu: int = 0, mib: int = 8192, state: str = "bound"
+) -> AssignmentRecord:
+    """A pod bound to gpu-1 and its record in ``state`` (``allocated``: device ID ``d-<name>``)."""
+    uid = uid_of(api.create(POD, pod(name, node="gpu-1")))
+    rec = record(uid, name, slices("main", (gpu, mib, 10)), state=state, bound_at=1.0)
+    if state != "allocated":
+        return rec
+    answered = ContainerAllocation(container="main", device_ids=(f"d-{name}",), allocated_at=2.0)
+    return msgspec.structs.replace(rec, allocated=(answered,), allocated_at=2.0)
+
+
+async def test_an_admitted_pod_served_from_a_dead_pods_record_has_its_own_record_settled(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """A chaos run: while a device plugin was down, the kubelet rejected c-76 .. c-86 itself; back
+    up, the plugin served c-88's Allocate from c-76's record, still ``bound`` (identical slices:
+    the gate binds only those together). c-88 ran, but its own record stayed ``bound`` and held
+    the node's gate shut for the pods of its device count with other slices (63 s, then the
+    test gave up). Such a surplus record of an admitted pod is settled as allocated."""
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
+    api.create(NODE, node())
+    dead = bound_on_node(api, "dead", state="allocated")  # what c-88's Allocate moved
+    live = bound_on_node(api, "live")
+    for rec in (dead, live):
+        await create_committed(bus, rec)
+    api.patch(POD, "default", "dead", {"status": {"phase": "Failed"}}, MERGE, "status")
+    async with start_binder(gate_timeout_s=3.0) as binder:
+        await eventually(binder.leading, what="leading")
+        after = record(uid_of(api.create(POD, pod("after"))), "after", slices("main", (1, 4096, 5)))
+        await create_committed(bus, after)
+        await publish_decision(bus, after)
+        api.patch(POD, "default", "live", {"status": {"phase": "Running"}}, MERGE, "status")
+        await eventually(lambda: len(results.deliveries) == 1, what="the next pod's result")
+        settled_count = binder.metric("tessera_binder_records_settled_total")
+    (result,) = results.decoded(BindingResult)
+    assert (result.name, result.outcome) == ("after", "bound"), result
+    assert settled_count == 1
+    now = await get_record(bus, live.pod_uid)
+    assert now is not None and now.state == "allocated"
+    assert [(a.container, a.device_ids) for a in now.allocated] == [("main", ())]
+
+
+async def test_two_live_pods_served_from_each_others_records_are_not_settled(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """Allocate serves the oldest matching record, so of two pods with identical slices the one
+    admitted first may be served from the other's record; the other is then served from its
+    record. Settling the first pod's record then would leave the second pod's Allocate nothing
+    to take (or a record of other slices): it is settled only once the second is admitted, or
+    ends, as the kubelet may still reject it."""
+    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
+    api.create(NODE, node())
+    first = bound_on_node(api, "first", state="allocated")  # moved by the second's Allocate
+    second = bound_on_node(api, "second")
+    for rec in (first, second):
+        await create_committed(bus, rec)
+    async with start_binder(gate_timeout_s=1.0) as binder:
+        await eventually(binder.leading, what="leading")
+        api.patch(POD, "default", "second", {"status": {"phase": "Running"}}, MERGE, "status")
+        other = record(uid_of(api.create(POD, pod("other"))), "other", slices("main", (1, 4096, 5)))
+        await create_committed(bus, other)
+        await publish_decision(bus, other)
+        await eventually(lambda: len(results.deliveries) == 1, what="the gate's time-out")
+        held = binder.metric("tessera_binder_records_settled_total")
+        api.patch(POD, "default", "first", {"status": {"phase": "Failed"}}, MERGE, "status")
+        await eventually(
+            lambda: binder.metric("tessera_binder_records_settled_total") == 1,
+            what="settled once the first pod ended",
+        )
+    (result,) = results.decoded(BindingResult)
+    assert (result.name, result.outcome) == ("other", "failed"), result
+    assert "waits for default/second" in result.reason
+    assert held == 0
+    now = await get_record(bus, second.pod_uid)
+    assert now is not None and now.state == "allocated"
+
+
 async def test_node_facts_follow_nodes_and_the_pods_on_them(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
