@@ -63,7 +63,7 @@ from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
 from services.placer.store import ConflictError, Store
 from shared import codec, subjects
-from shared.messages.assignments import AssignmentRecord, released
+from shared.messages.assignments import AssignmentRecord, released, settled
 from shared.messages.ledger import NodeLedger, PodClaim, TenantLedger
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Handler, KvEntry, PullConsumer, Subscription
@@ -469,6 +469,16 @@ class ProtocolMachine(RuleBasedStateMachine):
             if record.pod_uid == pod and stranded(record):
                 gone = released(record, now=self.clock.now())
                 self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(gone), revision)
+
+    @rule(pod=st.sampled_from(sorted(PODS)))
+    def plugin_or_binder_allocates(self, pod: str) -> None:
+        """A device plugin's bound -> allocated compare-and-set, or the binder's settling of an
+        admitted pod's record (``services.binder.plan.served_elsewhere``): the same write."""
+        for key, (data, revision) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
+            record = codec.decode(data, AssignmentRecord)
+            if record.pod_uid == pod and stranded(record):
+                done = settled(record, now=self.clock.now())
+                self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(done), revision)
 
     @rule(replica=st.integers(0, REPLICAS - 1))
     def reconcile(self, replica: int) -> None:
