@@ -12,7 +12,7 @@ pause. A pod the kubelet fails is replaced, as its ReplicaSet would, and must be
 outage of its node's plugin or of NATS. The run fails unless, in the end, every pod is Running
 with exactly its record's slices, no GPU is over-committed, no record is left ``reserved`` or
 ``bound`` and no service broke its NATS permissions. Prints one JSON line per seed: kills,
-pods replaced, wall time.
+pods replaced, records the binders withdrew and settled, wall time.
 """
 
 from __future__ import annotations
@@ -32,6 +32,19 @@ from tests.e2e.chaos import TARGETS, chaos_run
 
 FAST_LEASE = ("--lease-duration-s", "4", "--renew-deadline-s", "3", "--retry-period-s", "1")
 """The binders' leader lease, short so that a killed leader is replaced within seconds."""
+
+
+def binder_repairs(run_dir: Path) -> dict[str, int]:
+    """How many records the binders withdrew (a pod ended before its Allocate) and settled (a pod
+    admitted from another pod's identical record), from their logs."""
+    counts = {"records_withdrawn": 0, "records_settled": 0}
+    for log_file in sorted((run_dir / "logs").glob("binder-*.log")):
+        for line in log_file.read_text(errors="replace").splitlines():
+            if '"msg": "withdrew the record' in line:
+                counts["records_withdrawn"] += 1
+            elif '"msg": "settled the record' in line:
+                counts["records_settled"] += 1
+    return counts
 
 
 async def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:
@@ -68,6 +81,7 @@ async def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:
         "killed": sorted({o.name for o in report.outages}),
         "replaced": len(report.replaced),
         "wall_s": round(report.wall_s, 1),
+        **binder_repairs(options.run_dir),
         "every_pod_running_exact": True,
         "run_dir": str(options.run_dir),
     }

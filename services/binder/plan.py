@@ -238,26 +238,28 @@ def served_elsewhere(
 ) -> bool:
     """Whether the binder settles ``record`` as allocated: its pod was admitted but the record
     still waits for an Allocate (``bound``, with GPU slices), and the node's records of the same
-    shape hold more ``bound`` ones than there are pods still waiting for their Allocates.
+    shape held for pods that have not ended include more ``bound`` ones than there are pods still
+    waiting for their Allocates.
 
     The pod was then served from another record of that shape. Allocate serves the oldest
     matching record, so a pod admitted before an identical one is served from the other's record,
-    which is harmless: the other pod is served from this one later. Only a record whose own pod
-    ended first (rejected by the kubelet itself while the plugin was down, not yet withdrawn) leaves
-    a ``bound`` record over: the surplus. Left ``bound``, it would hold the node's gate shut for
-    good. ``node_records`` must be read after the pod was seen admitted, ``admission`` maps the
-    pod UIDs of the records (a UID it lacks counts as waiting)."""
+    which is harmless: the other pod is served from this one later. Each admission takes one
+    record, so the ``bound`` records of live pods outnumber the waiting pods only when a pod that
+    ended had its record taken (the kubelet rejected it itself while the plugin was down): that
+    surplus, left ``bound``, would hold the node's gate shut for good. A ``bound`` record of a pod
+    that ended is not counted: the binder withdraws it, so no waiting pod may count on it.
+    ``node_records`` must show the ``bound`` ones as read after the pod was seen admitted;
+    ``admission`` maps the records' pod UIDs (a UID it lacks counts as waiting)."""
     if not stranded(record) or admission.get(record.pod_uid) != "admitted":
         return False
-    alike = [
-        r
-        for r in node_records
-        if r.pod_uid != record.pod_uid
-        and r.state in ("bound", "allocated")
-        and same_shape(r, record)
-    ]
-    bound = 1 + sum(r.state == "bound" for r in alike)
-    waiting = sum(admission.get(r.pod_uid, "waiting") == "waiting" for r in alike)
+    bound = 1
+    waiting = 0
+    for other in node_records:
+        if other.pod_uid == record.pod_uid or not same_shape(other, record):
+            continue
+        where = admission.get(other.pod_uid, "waiting")
+        bound += other.state == "bound" and where != "ended"
+        waiting += where == "waiting" and other.state in ("bound", "allocated")
     return bound > waiting
 
 

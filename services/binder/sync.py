@@ -308,31 +308,28 @@ class ClusterSync:
         uid = pod.metadata.uid
         unsettled = self._unsettled.setdefault(pod.node, set())
         key = subjects.assignment_key(pod.node, uid)
+        admitted = admission_of(pod) == "admitted"
         view = self._records.get(key)
-        if view is None or not stranded(view.record) or admission_of(pod) != "admitted":
+        if view is None or not stranded(view.record) or not admitted:
             # The common case: allocated by the plugin, nothing read.
             unsettled.discard(uid)
-            if admission_of(pod) == "admitted":
+            if admitted:
                 self._count_unsettled_again(pod.node)
             return
+        settled_now = False
         async with self._settling:  # one count at a time, each over the writes before it
             # Read after the pod was seen admitted: the Allocate that admitted it is in there.
-            alike = [
-                fresh
-                for other in self._records.on_node(pod.node)
-                if same_shape(other.record, view.record)
-                and (fresh := await self._records.read(other.key)) is not None
-            ]
-            admission = {
-                v.record.pod_uid: admission_of(self.pod_of(v.record.pod_uid)) for v in alike
-            }
-
-            def applies(record: AssignmentRecord) -> bool:
-                return served_elsewhere(record, (v.record for v in alike), admission)
-
-            settled_now = await self._rewrite_record(
-                key, applies=applies, rewrite=settled, action="settle an assignment record"
-            )
+            own = await self._records.read(key)
+            if own is not None and stranded(own.record):
+                alike = await self._alike(own)
+                admission = {r.pod_uid: admission_of(self.pod_of(r.pod_uid)) for r in alike}
+                admission[uid] = "admitted"
+                settled_now = await self._rewrite_record(
+                    key,
+                    applies=lambda record: served_elsewhere(record, alike, admission),
+                    rewrite=settled,
+                    action="settle an assignment record",
+                )
         current = self._records.get(key)
         if current is not None and stranded(current.record):
             unsettled.add(uid)
@@ -346,6 +343,25 @@ class ClusterSync:
                 "ended first",
                 extra={"record": key},
             )
+
+    async def _alike(self, own: RecordView) -> list[AssignmentRecord]:
+        """The other records of ``own``'s shape on its node, those of live pods that the mirror
+        shows ``bound`` (the node's backlog) read afresh: they may have been allocated since. One
+        it shows allocated is (records never move back); a bound one of a pod that ended is
+        left out (the binder withdraws it)."""
+        alike: list[AssignmentRecord] = []
+        for other in self._records.on_node(own.record.node):
+            if other.key == own.key or not same_shape(other.record, own.record):
+                continue
+            if other.record.state == "bound":
+                if admission_of(self.pod_of(other.record.pod_uid)) == "ended":
+                    continue
+                fresh = await self._records.read(other.key)
+                if fresh is None:
+                    continue
+                other = fresh
+            alike.append(other.record)
+        return alike
 
     def _count_unsettled_again(self, node: str) -> None:
         for uid in self._unsettled.get(node, ()):

@@ -396,11 +396,19 @@ LIVE = shaped("live", "bound")
         (LIVE, [shaped("first", "allocated")], {"live": "admitted", "first": "waiting"}, False),
         # ... until the first is admitted too, or ends.
         (LIVE, [shaped("first", "allocated")], {"live": "admitted", "first": "admitted"}, True),
-        # A dead pod's bound record not withdrawn yet is surplus too, beside a waiting pod.
+        # A dead pod's bound record is not counted: the binder withdraws it, so the waiting
+        # pod whose record the live one took must be served from the live one's.
         (
             LIVE,
-            [shaped("dead", "bound"), shaped("next", "bound")],
-            {"live": "admitted", "dead": "ended", "next": "waiting"},
+            [shaped("dead", "bound"), shaped("waits", "allocated")],
+            {"live": "admitted", "dead": "ended", "waits": "waiting"},
+            False,
+        ),
+        # Beside the dead pod's allocated record, the waiting pods' own records are theirs.
+        (
+            LIVE,
+            [shaped("dead", "allocated"), shaped("next", "bound"), shaped("then", "bound")],
+            {"live": "admitted", "dead": "ended", "next": "waiting", "then": "waiting"},
             True,
         ),
         # A UID not known counts as waiting.
@@ -428,7 +436,8 @@ LIVE = shaped("live", "bound")
         "served-from-a-dead-pods-record",
         "exchanged-with-a-waiting-pod",
         "exchanged-both-admitted",
-        "dead-bound-beside-waiting",
+        "dead-bound-not-counted",
+        "dead-allocated-beside-waiting",
         "unknown-uid",
         "other-memory",
         "other-gpu",
