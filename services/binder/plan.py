@@ -248,8 +248,8 @@ def served_elsewhere(
     ended had its record taken (the kubelet rejected it itself while the plugin was down): that
     surplus, left ``bound``, would hold the node's gate shut for good. A ``bound`` record of a pod
     that ended is not counted: the binder withdraws it, so no waiting pod may count on it.
-    ``node_records`` must show the ``bound`` ones as read after the pod was seen admitted;
-    ``admission`` maps the records' pod UIDs (a UID it lacks counts as waiting)."""
+    ``admission`` maps the records' pod UIDs (a UID it lacks counts as waiting) as seen before
+    ``node_records`` were read; those must show the ``bound`` ones as read after it."""
     if not stranded(record) or admission.get(record.pod_uid) != "admitted":
         return False
     bound = 1

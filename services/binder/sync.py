@@ -37,7 +37,7 @@ from services.binder.nodefacts import (
     same_facts,
 )
 from services.binder.objects import Node
-from services.binder.plan import admission_of, same_shape, served_elsewhere, stranded
+from services.binder.plan import Admission, admission_of, same_shape, served_elsewhere, stranded
 from services.binder.reporting import Reporter
 from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
@@ -318,12 +318,21 @@ class ClusterSync:
             return
         settled_now = False
         async with self._settling:  # one count at a time, each over the writes before it
-            # Read after the pod was seen admitted: the Allocate that admitted it is in there.
+            others = [
+                v
+                for v in self._records.on_node(pod.node)
+                if v.key != key and same_shape(v.record, view.record)
+            ]
+            # Where the pods are first, their records after: a pod admitted in between counts
+            # as waiting, whichever record its Allocate took, so no surplus is seen that is not
+            # one. (The other order found one: 16 identical pods admitted during the reads.)
+            admission = {
+                v.record.pod_uid: admission_of(self.pod_of(v.record.pod_uid)) for v in others
+            }
+            admission[uid] = "admitted"
             own = await self._records.read(key)
             if own is not None and stranded(own.record):
-                alike = await self._alike(own)
-                admission = {r.pod_uid: admission_of(self.pod_of(r.pod_uid)) for r in alike}
-                admission[uid] = "admitted"
+                alike = await self._read_backlog(others, admission)
                 settled_now = await self._rewrite_record(
                     key,
                     applies=lambda record: served_elsewhere(record, alike, admission),
@@ -344,24 +353,24 @@ class ClusterSync:
                 extra={"record": key},
             )
 
-    async def _alike(self, own: RecordView) -> list[AssignmentRecord]:
-        """The other records of ``own``'s shape on its node, those of live pods that the mirror
-        shows ``bound`` (the node's backlog) read afresh: they may have been allocated since. One
-        it shows allocated is (records never move back); a bound one of a pod that ended is
-        left out (the binder withdraws it)."""
-        alike: list[AssignmentRecord] = []
-        for other in self._records.on_node(own.record.node):
-            if other.key == own.key or not same_shape(other.record, own.record):
-                continue
-            if other.record.state == "bound":
-                if admission_of(self.pod_of(other.record.pod_uid)) == "ended":
+    async def _read_backlog(
+        self, views: list[RecordView], admission: dict[str, Admission]
+    ) -> list[AssignmentRecord]:
+        """``views`` as they are now: those of live pods the mirror shows ``bound`` (the node's
+        backlog) read afresh, as they may have been allocated since. One shown allocated is
+        (records never move back); a bound one of a pod that ended is left out (the binder
+        withdraws it)."""
+        records: list[AssignmentRecord] = []
+        for view in views:
+            if view.record.state == "bound":
+                if admission[view.record.pod_uid] == "ended":
                     continue
-                fresh = await self._records.read(other.key)
+                fresh = await self._records.read(view.key)
                 if fresh is None:
                     continue
-                other = fresh
-            alike.append(other.record)
-        return alike
+                view = fresh
+            records.append(view.record)
+        return records
 
     def _count_unsettled_again(self, node: str) -> None:
         for uid in self._unsettled.get(node, ()):
