@@ -145,14 +145,20 @@ class DevicePluginService:
         """The records Allocate may serve (for tests and debugging)."""
         return tuple(self._records.mirror.views())
 
+    @property
+    def servable_records(self) -> list[RecordView]:
+        """The held records whose commit is confirmed (claim and booking read): those an
+        Allocate may serve now."""
+        return allocate.committed(
+            self._records.mirror.views(), claims=self._commits.claims, ledger=self._commits.ledger
+        )
+
     def device_lists(self) -> AsyncIterator[tuple[Device, ...]]:
         return self._inventory.device_lists()
 
     def preferred(self, requests: Sequence[PreferenceRequest]) -> list[tuple[str, ...]]:
         answers = []
-        servable = allocate.committed(
-            self._records.mirror.views(), claims=self._commits.claims, ledger=self._commits.ledger
-        )
+        servable = self.servable_records
         for request in requests:
             view = allocate.pick_record(
                 servable, count=request.size, resource=self._config.resource

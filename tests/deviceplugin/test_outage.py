@@ -33,6 +33,9 @@ async def test_a_claim_refused_during_an_outage_never_lands_and_the_retry_is_gra
         stream=subjects.STREAM_ALLOCATIONS, durable="outage", subject=subjects.allocations(NODE)
     )
     async with service_on(bus) as (service, _):
+        # The claim is read once the record arrives; killing NATS before that makes the
+        # record unconfirmed (refused as such, never claimed), not the claim this test sends.
+        await until(lambda: service.servable_records, what="the record's commit read")
         nats_server.kill()
         await until(lambda: not bus.connected, what="the outage")
         refused = await service.allocate([DEVICES])
