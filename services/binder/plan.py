@@ -34,7 +34,9 @@ publishes ``PodDeleted``. The binder can be late: the kubelet rejects pods by it
 device plugin is down, and the plugin, back up, may serve a live pod from such a record first.
 That pod then runs with its own record ``bound`` while the dead pod's record is ``allocated``,
 so the binder settles such a surplus record of an admitted pod (:func:`served_elsewhere`, then
-``shared.messages.assignments.settled``).
+``shared.messages.assignments.settled``). Both leave ``bound`` only while a record of the shape
+is left for every pod still waiting (:func:`surplus`): an identical pod may have taken the
+record, and then the one left ``bound`` is the waiting pod's.
 """
 
 from __future__ import annotations
@@ -231,36 +233,62 @@ def _shape(record: AssignmentRecord) -> tuple[object, ...]:
     )
 
 
+def surplus(
+    record: AssignmentRecord,
+    node_records: Iterable[AssignmentRecord],
+    admission: Mapping[str, Admission],
+) -> bool:
+    """Whether ``record`` (``bound``) may leave ``bound``: with it, the node's ``bound`` records
+    of its shape outnumber the pods still waiting for an Allocate.
+
+    Allocate serves the oldest matching record, whoever's: pods of identical slices are served
+    from each other's records, harmlessly, as each admission takes one record. So it is the count
+    that must hold: every pod still waiting needs one ``bound`` record of its shape, and when
+    none is left its Allocate is refused (or served the slices of a pod the gate has let in
+    since). ``admission`` maps the records' pod UIDs (a UID it lacks counts as waiting) as seen
+    before ``node_records`` were read; those must show the ``bound`` ones as read after it."""
+    bound = 1
+    waiting = 0
+    for other in node_records:
+        if other.pod_uid == record.pod_uid or not same_shape(other, record):
+            continue
+        bound += other.state == "bound"
+        waiting += admission.get(other.pod_uid, "waiting") == "waiting" and other.state in (
+            "bound",
+            "allocated",
+        )
+    return bound > waiting
+
+
 def served_elsewhere(
     record: AssignmentRecord,
     node_records: Iterable[AssignmentRecord],
     admission: Mapping[str, Admission],
 ) -> bool:
     """Whether the binder settles ``record`` as allocated: its pod was admitted but the record
-    still waits for an Allocate (``bound``, with GPU slices), and the node's records of the same
-    shape held for pods that have not ended include more ``bound`` ones than there are pods still
-    waiting for their Allocates.
+    still waits for an Allocate (``bound``, with GPU slices), and it is a :func:`surplus`.
 
-    The pod was then served from another record of that shape. Allocate serves the oldest
-    matching record, so a pod admitted before an identical one is served from the other's record,
-    which is harmless: the other pod is served from this one later. Each admission takes one
-    record, so the ``bound`` records of live pods outnumber the waiting pods only when a pod that
-    ended had its record taken (the kubelet rejected it itself while the plugin was down): that
-    surplus, left ``bound``, would hold the node's gate shut for good. A ``bound`` record of a pod
-    that ended is not counted: the binder withdraws it, so no waiting pod may count on it.
-    ``admission`` maps the records' pod UIDs (a UID it lacks counts as waiting) as seen before
-    ``node_records`` were read; those must show the ``bound`` ones as read after it."""
-    if not stranded(record) or admission.get(record.pod_uid) != "admitted":
-        return False
-    bound = 1
-    waiting = 0
-    for other in node_records:
-        if other.pod_uid == record.pod_uid or not same_shape(other, record):
-            continue
-        where = admission.get(other.pod_uid, "waiting")
-        bound += other.state == "bound" and where != "ended"
-        waiting += where == "waiting" and other.state in ("bound", "allocated")
-    return bound > waiting
+    The pod was then served from another record of its shape. When that record's pod is still
+    waiting, it will be served from this one; when it ended first (the kubelet rejected it while
+    the plugin was down), this record is one too many, and left ``bound`` it would hold the
+    node's gate shut for good."""
+    return (
+        stranded(record)
+        and admission.get(record.pod_uid) == "admitted"
+        and surplus(record, node_records, admission)
+    )
+
+
+def withdrawable(
+    record: AssignmentRecord,
+    node_records: Iterable[AssignmentRecord],
+    admission: Mapping[str, Admission],
+) -> bool:
+    """Whether the binder withdraws ``record``, whose pod ended: :func:`stranded` and a
+    :func:`surplus`. A pod that ran after an identical pod's Allocate took its record ends with
+    its own ``bound``, and that pod may still be waiting: the record is then kept for it (its
+    Allocate takes it) and withdrawn only once it is one too many."""
+    return stranded(record) and surplus(record, node_records, admission)
 
 
 def binding_annotations(record: AssignmentRecord, *, now: float) -> dict[str, str]:

@@ -34,12 +34,12 @@ async def reconcile(
     *,
     records: RecordMirror,
     pod_of: Callable[[str], Pod | None],
-    end_pod: Callable[[str, PodRef], Awaitable[None]],
+    end_pod: Callable[[str, PodRef], Awaitable[object]],
     bind: Callable[[PlacementDecision], Awaitable[None]],
     clock: Clock,
 ) -> None:
     """Repair every record that needs it (see the module docstring), each until done."""
-    work: list[Callable[[], Awaitable[None]]] = []
+    work: list[Callable[[], Awaitable[object]]] = []
     for view in records.views():
         record = view.record
         action = repair(record, pod_of(record.pod_uid))
@@ -53,7 +53,7 @@ async def reconcile(
     log.info("reconciling assignment records", extra={"actions": len(work)})
     limit = asyncio.Semaphore(MAX_STEPS_AT_ONCE)
 
-    async def until_done(step: Callable[[], Awaitable[None]]) -> None:
+    async def until_done(step: Callable[[], Awaitable[object]]) -> None:
         for attempt in itertools.count(1):
             async with limit:
                 try:

@@ -19,7 +19,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 import msgspec
 
@@ -37,7 +37,14 @@ from services.binder.nodefacts import (
     same_facts,
 )
 from services.binder.objects import Node
-from services.binder.plan import Admission, admission_of, same_shape, served_elsewhere, stranded
+from services.binder.plan import (
+    Admission,
+    admission_of,
+    same_shape,
+    served_elsewhere,
+    stranded,
+    withdrawable,
+)
 from services.binder.reporting import Reporter
 from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
@@ -55,6 +62,10 @@ from shared.runtime.tasks import checkpoint
 log = logging.getLogger(__name__)
 
 NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+Judge = Callable[[AssignmentRecord, list[AssignmentRecord], dict[str, Admission]], bool]
+"""``plan.served_elsewhere`` or ``plan.withdrawable``."""
 
 
 class Transition(Protocol):
@@ -129,7 +140,7 @@ class ClusterSync:
         self._background: set[asyncio.Task[None]] = set()
         self._settling = asyncio.Lock()
         self._unsettled: dict[str, set[str]] = {}
-        """Node -> admitted pods whose records still wait for an Allocate but are no surplus."""
+        """Node -> pods whose records are ``bound`` and no surplus yet (``_leave_bound``)."""
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -245,8 +256,8 @@ class ClusterSync:
             ref = self._gone.get(uid) or (
                 PodRef(pod.metadata.namespace, pod.metadata.name, None) if pod else None
             )
-            if ref is not None:
-                await self.end_pod(uid, ref)
+            if ref is not None and not await self.end_pod(uid, ref):
+                return  # its record is kept for a waiting pod: ended again later
             self._gone.pop(uid, None)
             self._published_pending.pop(uid, None)
             self._reporter.forget(uid)
@@ -279,72 +290,42 @@ class ClusterSync:
         self._published_pending[uid] = fingerprint
         self._metrics.pods_published.labels(kind="pending").inc()
 
-    async def end_pod(self, uid: str, ref: PodRef) -> None:
+    async def end_pod(self, uid: str, ref: PodRef) -> bool:
         """The pod is gone or finished: withdraw its record if its GPUs were never all
-        allocated (``plan.stranded``), then publish ``PodDeleted``. Withdrawing first closes the
-        window in which a device plugin could serve another pod's Allocate from that record
-        while the placer has not handled ``PodDeleted`` yet."""
+        allocated (``plan.withdrawable``), then publish ``PodDeleted``. Withdrawing first closes
+        the window in which a device plugin could serve another pod's Allocate from that record
+        while the placer has not handled ``PodDeleted`` yet. A ``bound`` record a waiting pod
+        needs is kept, and the pod's end waits (False) until that pod's Allocate took it or
+        the record is no longer needed."""
         if ref.node is not None:
-            await self._withdraw_stranded(subjects.assignment_key(ref.node, uid))
-            self._unsettled.get(ref.node, set()).discard(uid)
+            key = subjects.assignment_key(ref.node, uid)
+            outcome = await self._leave_bound(key, withdrawable, released, ended=True)
+            if outcome == "withdrawn":
+                self._metrics.records_withdrawn.inc()
+                log.info(
+                    "withdrew the record of a pod that ended before its GPUs were allocated",
+                    extra={"record": key},
+                )
+            if outcome == "kept":
+                self._gone[uid] = ref
+                return False
             self._count_unsettled_again(ref.node)
         await self.publish_deleted(uid, ref)
-
-    async def _withdraw_stranded(self, key: str) -> None:
-        if await self._rewrite_record(
-            key, applies=stranded, rewrite=released, action="withdraw an assignment record"
-        ):
-            self._metrics.records_withdrawn.inc()
-            log.info(
-                "withdrew the record of a pod that ended before its GPUs were allocated",
-                extra={"record": key},
-            )
+        return True
 
     async def _settle_served_elsewhere(self, pod: Pod) -> None:
         """The kubelet admitted ``pod`` but its record may still wait for an Allocate: settle it
-        when it is a surplus record of its shape on the node (``plan.served_elsewhere``). One
-        that is not yet is kept in ``_unsettled`` and counted again when a pod of its node is
-        admitted or ends, the two things that can make it one."""
-        uid = pod.metadata.uid
-        unsettled = self._unsettled.setdefault(pod.node, set())
-        key = subjects.assignment_key(pod.node, uid)
+        when it is a surplus record of its shape on the node (``plan.served_elsewhere``)."""
         admitted = admission_of(pod) == "admitted"
+        key = subjects.assignment_key(pod.node, pod.metadata.uid)
         view = self._records.get(key)
         if view is None or not stranded(view.record) or not admitted:
             # The common case: allocated by the plugin, nothing read.
-            unsettled.discard(uid)
+            self._unsettled.get(pod.node, set()).discard(pod.metadata.uid)
             if admitted:
                 self._count_unsettled_again(pod.node)
             return
-        settled_now = False
-        async with self._settling:  # one count at a time, each over the writes before it
-            others = [
-                v
-                for v in self._records.on_node(pod.node)
-                if v.key != key and same_shape(v.record, view.record)
-            ]
-            # Where the pods are first, their records after: a pod admitted in between counts
-            # as waiting, whichever record its Allocate took, so no surplus is seen that is not
-            # one. (The other order found one: 16 identical pods admitted during the reads.)
-            admission = {
-                v.record.pod_uid: admission_of(self.pod_of(v.record.pod_uid)) for v in others
-            }
-            admission[uid] = "admitted"
-            own = await self._records.read(key)
-            if own is not None and stranded(own.record):
-                alike = await self._read_backlog(others, admission)
-                settled_now = await self._rewrite_record(
-                    key,
-                    applies=lambda record: served_elsewhere(record, alike, admission),
-                    rewrite=settled,
-                    action="settle an assignment record",
-                )
-        current = self._records.get(key)
-        if current is not None and stranded(current.record):
-            unsettled.add(uid)
-        else:
-            unsettled.discard(uid)
-        if settled_now:
+        if await self._leave_bound(key, served_elsewhere, settled, ended=False) == "withdrawn":
             self._metrics.records_settled.inc()
             log.warning(
                 "settled the record of a pod admitted while it waited for an Allocate: the "
@@ -353,18 +334,56 @@ class ClusterSync:
                 extra={"record": key},
             )
 
-    async def _read_backlog(
-        self, views: list[RecordView], admission: dict[str, Admission]
-    ) -> list[AssignmentRecord]:
-        """``views`` as they are now: those of live pods the mirror shows ``bound`` (the node's
-        backlog) read afresh, as they may have been allocated since. One shown allocated is
-        (records never move back); a bound one of a pod that ended is left out (the binder
-        withdraws it)."""
+    async def _leave_bound(
+        self, key: str, may: Judge, rewrite: Transition, *, ended: bool
+    ) -> Literal["withdrawn", "kept", "moved"]:
+        """Move the ``bound`` record at ``key`` on by ``rewrite`` when ``may`` allows it over
+        the node's records of its shape: ``withdrawn`` (done here), ``kept`` (still ``bound``:
+        counted again when a pod of the node is admitted or ends, the two things that can
+        change the count, ``_unsettled``) or ``moved`` (not ``bound`` any more)."""
+        view = self._records.get(key)
+        if view is None or not stranded(view.record):
+            return "moved"
+        node, uid = view.record.node, view.record.pod_uid
+        async with self._settling:  # one count at a time, each over the writes before it
+            others = [
+                v
+                for v in self._records.on_node(node)
+                if v.key != key and same_shape(v.record, view.record)
+            ]
+            # Where the pods are first, their records after: a pod admitted in between counts
+            # as waiting, whichever record its Allocate took, so no surplus is seen that is not
+            # one. (The other order found one: 16 identical pods admitted during the reads.)
+            admission = {
+                v.record.pod_uid: admission_of(self.pod_of(v.record.pod_uid)) for v in others
+            }
+            admission[uid] = "ended" if ended else "admitted"
+            own = await self._records.read(key)
+            done = False
+            if own is not None and stranded(own.record):
+                alike = await self._read_backlog(others)
+                done = await self._rewrite_record(
+                    key,
+                    applies=lambda record: may(record, alike, admission),
+                    rewrite=rewrite,
+                    action="move an assignment record on",
+                )
+        current = self._records.get(key)
+        kept = current is not None and stranded(current.record)
+        unsettled = self._unsettled.setdefault(node, set())
+        if kept:
+            unsettled.add(uid)
+        else:
+            unsettled.discard(uid)
+        return "withdrawn" if done else "kept" if kept else "moved"
+
+    async def _read_backlog(self, views: list[RecordView]) -> list[AssignmentRecord]:
+        """``views`` as they are now: those the mirror shows ``bound`` (the node's backlog)
+        read afresh, as they may have been allocated since. One shown allocated is (records
+        never move back)."""
         records: list[AssignmentRecord] = []
         for view in views:
             if view.record.state == "bound":
-                if admission[view.record.pod_uid] == "ended":
-                    continue
                 fresh = await self._records.read(view.key)
                 if fresh is None:
                     continue

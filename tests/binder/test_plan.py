@@ -23,6 +23,7 @@ from services.binder.plan import (
     plan_bind,
     served_elsewhere,
     stranded,
+    withdrawable,
 )
 from shared import annotations as names
 from shared import codec, subjects
@@ -396,13 +397,13 @@ LIVE = shaped("live", "bound")
         (LIVE, [shaped("first", "allocated")], {"live": "admitted", "first": "waiting"}, False),
         # ... until the first is admitted too, or ends.
         (LIVE, [shaped("first", "allocated")], {"live": "admitted", "first": "admitted"}, True),
-        # A dead pod's bound record is not counted: the binder withdraws it, so the waiting
-        # pod whose record the live one took must be served from the live one's.
+        # A dead pod's bound record counts: the binder withdraws it only while it is a surplus
+        # itself, so the waiting pod is served from one of the two.
         (
             LIVE,
             [shaped("dead", "bound"), shaped("waits", "allocated")],
             {"live": "admitted", "dead": "ended", "waits": "waiting"},
-            False,
+            True,
         ),
         # Beside the dead pod's allocated record, the waiting pods' own records are theirs.
         (
@@ -436,7 +437,7 @@ LIVE = shaped("live", "bound")
         "served-from-a-dead-pods-record",
         "exchanged-with-a-waiting-pod",
         "exchanged-both-admitted",
-        "dead-bound-not-counted",
+        "dead-bound-beside-a-taken-one",
         "dead-allocated-beside-waiting",
         "unknown-uid",
         "other-memory",
@@ -474,3 +475,56 @@ def test_a_settled_record_is_allocated_keeping_the_answered_containers() -> None
             ContainerAllocation(container="b", device_ids=(), allocated_at=NOW + 5),
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("dead", "others", "admission", "expected"),
+    [
+        # Rejected before its Allocate, nobody waiting: withdrawn.
+        (shaped("dead", "bound"), [], {"dead": "ended"}, True),
+        # Beside waiting pods with their own records: withdrawn.
+        (
+            shaped("dead", "bound"),
+            [shaped("next", "bound")],
+            {"dead": "ended", "next": "waiting"},
+            True,
+        ),
+        # It ran from a waiting pod's record: that pod is served from this one, so it is kept.
+        (
+            shaped("dead", "bound"),
+            [shaped("waits", "allocated")],
+            {"dead": "ended", "waits": "waiting"},
+            False,
+        ),
+        # ... and withdrawn once that pod was admitted (from another record) or ended.
+        (
+            shaped("dead", "bound"),
+            [shaped("waits", "allocated")],
+            {"dead": "ended", "waits": "ended"},
+            True,
+        ),
+        # Allocated, or of another shape: not this rule's.
+        (shaped("dead", "allocated"), [], {"dead": "ended"}, False),
+        (
+            shaped("dead", "bound"),
+            [shaped("waits", "allocated", mib=4096)],
+            {"dead": "ended", "waits": "waiting"},
+            True,
+        ),
+    ],
+    ids=[
+        "alone",
+        "beside-waiting",
+        "took-a-waiting-pods",
+        "that-pod-done",
+        "allocated",
+        "other-shape",
+    ],
+)
+def test_which_ended_pods_records_the_binder_withdraws(
+    dead: AssignmentRecord,
+    others: list[AssignmentRecord],
+    admission: dict[str, Admission],
+    expected: bool,
+) -> None:
+    assert withdrawable(dead, [dead, *others], admission) is expected

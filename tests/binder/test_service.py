@@ -719,6 +719,47 @@ async def test_two_live_pods_served_from_each_others_records_are_not_settled(
     assert now is not None and now.state == "allocated"
 
 
+async def test_a_pod_that_ran_from_a_waiting_pods_record_keeps_its_own_for_that_pod(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """``ran`` was admitted first, from ``waits``'s record (the oldest), and finished before
+    ``waits`` was admitted. Its own record is ``bound``, and ``waits`` needs it: the binder keeps
+    it and holds ``ran``'s ``PodDeleted`` back until ``waits``'s Allocate took it."""
+    deleted = await collect(bus, subjects.PODS_DELETED)
+    api.create(NODE, node())
+    waits = bound_on_node(api, "waits", state="allocated")  # what ran's Allocate moved
+    ran = bound_on_node(api, "ran")
+    for rec in (waits, ran):
+        await create_committed(bus, rec)
+    async with start_binder() as binder:
+        await eventually(binder.leading, what="leading")
+        api.patch(POD, "default", "ran", {"status": {"phase": "Succeeded"}}, MERGE, "status")
+        await asyncio.sleep(1.0)  # the binder handles the ending (its informer, then a worker)
+        assert deleted.deliveries == [], "held back while waits may still need the record"
+        kept = await get_record(bus, ran.pod_uid)
+        assert kept is not None and kept.state == "bound"
+        # The device plugin serves waits from ran's record; the kubelet admits it.
+        taken = settled_by_plugin(kept)
+        await bus.kv_put(
+            subjects.KV_ASSIGNMENTS,
+            subjects.assignment_key(kept.node, kept.pod_uid),
+            codec.encode(taken),
+        )
+        api.patch(POD, "default", "waits", {"status": {"phase": "Running"}}, MERGE, "status")
+        await eventually(lambda: deleted.deliveries, what="ran's PodDeleted")
+        withdrawn = binder.metric("tessera_binder_records_withdrawn_total")
+    assert [m.name for m in deleted.decoded(PodDeleted)] == ["ran"]
+    assert withdrawn == 0
+    after = await get_record(bus, ran.pod_uid)
+    assert after is not None and after.state == "allocated"
+
+
+def settled_by_plugin(rec: AssignmentRecord) -> AssignmentRecord:
+    """``rec`` as a device plugin's Allocate leaves it."""
+    answered = ContainerAllocation(container="main", device_ids=("d-served",), allocated_at=3.0)
+    return msgspec.structs.replace(rec, state="allocated", allocated=(answered,), allocated_at=3.0)
+
+
 async def test_node_facts_follow_nodes_and_the_pods_on_them(
     api: ApiServer, bus: NatsBus, start_binder: BinderFactory
 ) -> None:
