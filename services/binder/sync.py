@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 
 NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
+RECOUNT_S: Final = 2.0
+"""How soon a ``bound`` record kept for a waiting pod is counted again, whatever happens on its
+node meanwhile (an admission or an ending counts it again at once)."""
+
 
 Judge = Callable[[AssignmentRecord, list[AssignmentRecord], dict[str, Admission]], bool]
 """``plan.served_elsewhere`` or ``plan.withdrawable``."""
@@ -373,6 +377,8 @@ class ClusterSync:
         unsettled = self._unsettled.setdefault(node, set())
         if kept:
             unsettled.add(uid)
+            # The pod whose admission frees it may have been seen while this count ran.
+            self._later(RECOUNT_S, self.pod_queue.add, uid)
         else:
             unsettled.discard(uid)
         return "withdrawn" if done else "kept" if kept else "moved"
