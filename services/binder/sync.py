@@ -304,7 +304,7 @@ class ClusterSync:
         if ref.node is not None:
             key = subjects.assignment_key(ref.node, uid)
             outcome = await self._leave_bound(key, withdrawable, released, ended=True)
-            if outcome == "withdrawn":
+            if outcome == "rewritten":
                 self._metrics.records_withdrawn.inc()
                 log.info(
                     "withdrew the record of a pod that ended before its GPUs were allocated",
@@ -329,7 +329,7 @@ class ClusterSync:
             if admitted:
                 self._count_unsettled_again(pod.node)
             return
-        if await self._leave_bound(key, served_elsewhere, settled, ended=False) == "withdrawn":
+        if await self._leave_bound(key, served_elsewhere, settled, ended=False) == "rewritten":
             self._metrics.records_settled.inc()
             log.warning(
                 "settled the record of a pod admitted while it waited for an Allocate: the "
@@ -340,9 +340,9 @@ class ClusterSync:
 
     async def _leave_bound(
         self, key: str, may: Judge, rewrite: Transition, *, ended: bool
-    ) -> Literal["withdrawn", "kept", "moved"]:
+    ) -> Literal["rewritten", "kept", "moved"]:
         """Move the ``bound`` record at ``key`` on by ``rewrite`` when ``may`` allows it over
-        the node's records of its shape: ``withdrawn`` (done here), ``kept`` (still ``bound``:
+        the node's records of its shape: ``rewritten`` (done here), ``kept`` (still ``bound``:
         counted again when a pod of the node is admitted or ends, the two things that can
         change the count, ``_unsettled``) or ``moved`` (not ``bound`` any more)."""
         view = self._records.get(key)
@@ -381,7 +381,7 @@ class ClusterSync:
             self._later(RECOUNT_S, self.pod_queue.add, uid)
         else:
             unsettled.discard(uid)
-        return "withdrawn" if done else "kept" if kept else "moved"
+        return "rewritten" if done else "kept" if kept else "moved"
 
     async def _read_backlog(self, views: list[RecordView]) -> list[AssignmentRecord]:
         """``views`` as they are now: those the mirror shows ``bound`` (the node's backlog)
