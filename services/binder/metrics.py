@@ -83,7 +83,8 @@ class BinderMetrics:
             records_settled=Counter(
                 "tessera_binder_records_settled_total",
                 "Bound records the binder marked allocated because the kubelet admitted their pod "
-                "while a device plugin served it from another record with the same slices.",
+                "while a device plugin served it from another record with the same slices, one "
+                "whose pod ended first.",
                 registry=registry,
             ),
             pods_published=Counter(

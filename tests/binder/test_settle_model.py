@@ -1,5 +1,5 @@
-"""The binder's settling of surplus records (``plan.served_elsewhere``) under every interleaving
-hypothesis finds: a state machine over one node's pods of one shape.
+"""The binder's settling and withdrawing of surplus records (``plan.surplus``) under every
+interleaving hypothesis finds: a state machine over one node's pods of one shape.
 
 The kubelet admits pods in any order, and the device plugin serves each admission from the oldest
 ``bound`` record of the shape, whoever's it is. While the plugin is down the kubelet rejects the
@@ -33,7 +33,8 @@ SHAPE = slices("main", (0, 8192, 10))
 
 @dataclass
 class Settling:
-    """A settle the binder began: the pod, and where every pod was when it looked."""
+    """A settle or withdrawal the binder began: the pod, and where every pod was when it
+    looked."""
 
     pod: str
     admission: dict[str, Admission]
