@@ -302,13 +302,12 @@ class ClusterSync:
         needs is kept, and the pod's end waits (False) until that pod's Allocate took it or
         the record is no longer needed."""
         if ref.node is not None:
-            key = subjects.assignment_key(ref.node, uid)
-            outcome = await self._leave_bound(key, withdrawable, released, ended=True)
+            outcome = await self._leave_bound(ref.node, uid, withdrawable, released, ended=True)
             if outcome == "rewritten":
                 self._metrics.records_withdrawn.inc()
                 log.info(
                     "withdrew the record of a pod that ended before its GPUs were allocated",
-                    extra={"record": key},
+                    extra={"record": subjects.assignment_key(ref.node, uid)},
                 )
             if outcome == "kept":
                 self._gone[uid] = ref
@@ -320,35 +319,35 @@ class ClusterSync:
     async def _settle_served_elsewhere(self, pod: Pod) -> None:
         """The kubelet admitted ``pod`` but its record may still wait for an Allocate: settle it
         when it is a surplus record of its shape on the node (``plan.served_elsewhere``)."""
-        admitted = admission_of(pod) == "admitted"
-        key = subjects.assignment_key(pod.node, pod.metadata.uid)
-        view = self._records.get(key)
-        if view is None or not stranded(view.record) or not admitted:
-            # The common case: allocated by the plugin, nothing read.
-            self._unsettled.get(pod.node, set()).discard(pod.metadata.uid)
-            if admitted:
-                self._count_unsettled_again(pod.node)
+        if admission_of(pod) != "admitted":
             return
-        if await self._leave_bound(key, served_elsewhere, settled, ended=False) == "rewritten":
+        uid = pod.metadata.uid
+        outcome = await self._leave_bound(pod.node, uid, served_elsewhere, settled, ended=False)
+        if outcome == "moved":  # the common case: allocated by its own Allocate, nothing read
+            self._count_unsettled_again(pod.node)
+        elif outcome == "rewritten":
             self._metrics.records_settled.inc()
             log.warning(
                 "settled the record of a pod admitted while it waited for an Allocate: the "
                 "device plugin served it from another record of the same slices, whose pod "
                 "ended first",
-                extra={"record": key},
+                extra={"record": subjects.assignment_key(pod.node, uid)},
             )
 
     async def _leave_bound(
-        self, key: str, may: Judge, rewrite: Transition, *, ended: bool
+        self, node: str, uid: str, may: Judge, rewrite: Transition, *, ended: bool
     ) -> Literal["rewritten", "kept", "moved"]:
-        """Move the ``bound`` record at ``key`` on by ``rewrite`` when ``may`` allows it over
-        the node's records of its shape: ``rewritten`` (done here), ``kept`` (still ``bound``:
-        counted again when a pod of the node is admitted or ends, the two things that can
-        change the count, ``_unsettled``) or ``moved`` (not ``bound`` any more)."""
+        """Move pod ``uid``'s ``bound`` record on ``node`` on by ``rewrite`` when ``may`` allows
+        it over the node's records of its shape: ``rewritten`` (done here), ``kept`` (still
+        ``bound``: counted again when a pod of the node is admitted or ends, the two things that
+        can change the count, ``_unsettled``) or ``moved`` (not ``bound`` any more; nothing
+        read when the mirror says so)."""
+        key = subjects.assignment_key(node, uid)
+        unsettled = self._unsettled.setdefault(node, set())
         view = self._records.get(key)
         if view is None or not stranded(view.record):
+            unsettled.discard(uid)
             return "moved"
-        node, uid = view.record.node, view.record.pod_uid
         async with self._settling:  # one count at a time, each over the writes before it
             others = [
                 v
@@ -374,7 +373,6 @@ class ClusterSync:
                 )
         current = self._records.get(key)
         kept = current is not None and stranded(current.record)
-        unsettled = self._unsettled.setdefault(node, set())
         if kept:
             unsettled.add(uid)
             # The pod whose admission frees it may have been seen while this count ran.
