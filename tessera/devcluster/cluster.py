@@ -91,6 +91,12 @@ class SimulatedCluster:
             self._route(kind, pod)
         self._router = asyncio.create_task(self._route_changes(), name="cluster-pod-router")
 
+    def expect_plugins_to_stop(self) -> None:
+        """The device plugins are about to be stopped on purpose: their streams' ends are
+        logged at debug level, not warned about (a kubelet would warn, as it cannot know)."""
+        for kubelet in self.kubelets.values():
+            kubelet.plugins_stopping = True
+
     async def stop(self) -> None:
         if self._router is not None:
             self._router.cancel()

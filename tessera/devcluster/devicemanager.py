@@ -111,6 +111,9 @@ class DeviceManager:
         """Pod uid -> resource -> device IDs in use by the pod's containers."""
         self.registrations = 0
         self._registered = asyncio.Event()
+        self.plugins_stopping = False
+        """Set when whoever runs the plugins is about to stop them (``tessera up`` stopping):
+        their streams then end as asked, which is no news worth a warning."""
 
     @property
     def socket(self) -> Path:
@@ -240,7 +243,8 @@ class DeviceManager:
                 self._reflect_devices()
                 self._registered.set()
         except grpc.aio.AioRpcError as error:
-            log.warning(
+            log.log(
+                logging.DEBUG if self.plugins_stopping else logging.WARNING,
                 "device plugin stream ended",
                 extra={"node": self.name, "resource": plugin.resource, "error": str(error.code())},
             )

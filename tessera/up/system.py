@@ -747,6 +747,7 @@ class LocalSystem:
                     await self.bus.drain()
             self.bus = None
         # Services first (they drain to NATS), then NATS, then the cluster they talked to.
+        self.cluster.expect_plugins_to_stop()
         await asyncio.to_thread(self.supervisor.stop_all, self.process_names())
         await asyncio.to_thread(self.supervisor.stop_all, self.nats_names())
         await self.cluster.stop()
