@@ -162,7 +162,7 @@ class Claimer:
                     # The record (or its claim) may be waiting in KV while NATS restarts: wait
                     # for the connection, then give the watches their usual time to catch up.
                     if not await self._connected_by(nats_deadline):
-                        return plan
+                        return self._not_confirmed(unconfirmed) if unconfirmed else plan
                     deadline = max(deadline, self._clock.monotonic() + self._config.record_wait_s)
                     continue
                 remaining = deadline - self._clock.monotonic()
@@ -313,6 +313,17 @@ class Claimer:
 
     async def _reread(self, *, now: bool = False) -> bool:
         return await self._node_records.reread(now=now)
+
+    def _not_confirmed(self, unconfirmed: Sequence[RecordView]) -> Refusal:
+        """The refusal of records whose commit could not be read while NATS stayed away: the
+        cause is the outage, not the records (a placer may well have committed them)."""
+        keys = ", ".join(v.key for v in unconfirmed)
+        return Refusal(
+            kind="unavailable",
+            message=f"cannot confirm the assignment record {keys}: not connected to NATS for "
+            f"{self._config.nats_wait_s:g} s, and its pod's claim or this node's ledger entry "
+            "is not read yet; nothing was claimed",
+        )
 
     def _uncommitted(self, count: int) -> list[RecordView]:
         """The bound records an Allocate of ``count`` devices could take that match no commit."""

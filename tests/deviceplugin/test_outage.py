@@ -104,6 +104,37 @@ async def test_a_claim_not_read_yet_when_nats_restarts_is_read_once_it_is_back(
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
 
 
+async def test_a_claim_not_read_while_nats_stays_away_is_refused_as_unavailable(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    """Past ``nats_wait_s`` the record is refused for what stopped it, the outage (it was once
+    refused as "uncommitted", as if no placer had committed it), and nothing is claimed."""
+    await announce_inventory(bus, inventory(gpu(0)))
+    late = record("never-read", container("main", share(0)))
+    await put_committed(bus, late)
+    claim = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
+    assert claim is not None
+    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
+    async with service_on(bus, nats_wait_s=0.5) as (service, _):
+        await until(lambda: bool(service.held_records), what="the record held")
+        await asyncio.sleep(0.3)  # its claim was read, and found missing
+        await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid), claim.value)
+        nats_server.kill()
+        await until(lambda: not bus.connected, what="the outage")
+        refused = await service.allocate([DEVICES])
+        assert isinstance(refused, Refusal) and refused.kind == "unavailable", refused
+        assert refused.message == (
+            "cannot confirm the assignment record "
+            f"{subjects.assignment_key(NODE, late.pod_uid)}: not connected to NATS for 0.5 s, "
+            "and its pod's claim or this node's ledger entry is not read yet; nothing was "
+            "claimed"
+        )
+        nats_server.start()
+        await until(lambda: bus.connected, timeout=30, what="the reconnect")
+    stored = await get_record(bus, late.pod_uid)
+    assert (stored.state, stored.allocated) == ("bound", ()), "nothing was claimed"
+
+
 @pytest.mark.parametrize("lands", [True, False], ids=["claim-landed", "claim-lost"])
 async def test_a_record_whose_claim_was_refused_is_served_after_the_others(
     bus: NatsBus, lands: bool
