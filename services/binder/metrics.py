@@ -21,6 +21,7 @@ class BinderMetrics:
     gate_ignored: Counter
     records_withdrawn: Counter
     records_settled: Counter
+    records_kept: Gauge
     pods_published: Counter
     invalid_pods: Counter
     explained: Counter
@@ -85,6 +86,14 @@ class BinderMetrics:
                 "Bound records the binder marked allocated because the kubelet admitted their pod "
                 "while a device plugin served it from another record with the same slices, one "
                 "whose pod ended first.",
+                registry=registry,
+            ),
+            records_kept=Gauge(
+                "tessera_binder_records_kept",
+                "Bound records of pods that ended, or were admitted with another record's "
+                "slices, kept bound because a waiting pod with the same slices on their node may "
+                "still need them (an ended pod's PodDeleted waits with its record). Counted again "
+                "on each admission or end on the node, and every 2 s.",
                 registry=registry,
             ),
             pods_published=Counter(

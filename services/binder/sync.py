@@ -343,10 +343,9 @@ class ClusterSync:
         can change the count, ``_unsettled``) or ``moved`` (not ``bound`` any more; nothing
         read when the mirror says so)."""
         key = subjects.assignment_key(node, uid)
-        unsettled = self._unsettled.setdefault(node, set())
         view = self._records.get(key)
         if view is None or not stranded(view.record):
-            unsettled.discard(uid)
+            self._mark_kept(node, uid, kept=False)
             return "moved"
         async with self._settling:  # one count at a time, each over the writes before it
             others = [
@@ -373,12 +372,9 @@ class ClusterSync:
                 )
         current = self._records.get(key)
         kept = current is not None and stranded(current.record)
-        if kept:
-            unsettled.add(uid)
-            # The pod whose admission frees it may have been seen while this count ran.
+        self._mark_kept(node, uid, kept=kept)
+        if kept:  # the pod whose admission frees it may have been seen while this count ran
             self._later(RECOUNT_S, self.pod_queue.add, uid)
-        else:
-            unsettled.discard(uid)
         return "rewritten" if done else "kept" if kept else "moved"
 
     async def _read_backlog(self, views: list[RecordView]) -> list[AssignmentRecord]:
@@ -394,6 +390,17 @@ class ClusterSync:
                 view = fresh
             records.append(view.record)
         return records
+
+    def _mark_kept(self, node: str, uid: str, *, kept: bool) -> None:
+        """Note whether pod ``uid``'s ``bound`` record on ``node`` is kept for a waiting pod
+        (``_unsettled``, and the gauge an operator reads it from)."""
+        unsettled = self._unsettled.setdefault(node, set())
+        if kept and uid not in unsettled:
+            unsettled.add(uid)
+            self._metrics.records_kept.inc()
+        elif not kept and uid in unsettled:
+            unsettled.discard(uid)
+            self._metrics.records_kept.dec()
 
     def _count_unsettled_again(self, node: str) -> None:
         for uid in self._unsettled.get(node, ()):

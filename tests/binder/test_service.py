@@ -734,7 +734,9 @@ async def test_a_pod_that_ran_from_a_waiting_pods_record_keeps_its_own_for_that_
     async with start_binder() as binder:
         await eventually(binder.leading, what="leading")
         api.patch(POD, "default", "ran", {"status": {"phase": "Succeeded"}}, MERGE, "status")
-        await asyncio.sleep(1.0)  # the binder handles the ending (its informer, then a worker)
+        await eventually(
+            lambda: binder.metric("tessera_binder_records_kept") == 1, what="ran's record kept"
+        )
         assert deleted.deliveries == [], "held back while waits may still need the record"
         kept = await get_record(bus, ran.pod_uid)
         assert kept is not None and kept.state == "bound"
@@ -748,10 +750,43 @@ async def test_a_pod_that_ran_from_a_waiting_pods_record_keeps_its_own_for_that_
         api.patch(POD, "default", "waits", {"status": {"phase": "Running"}}, MERGE, "status")
         await eventually(lambda: deleted.deliveries, what="ran's PodDeleted")
         withdrawn = binder.metric("tessera_binder_records_withdrawn_total")
+        kept_after = binder.metric("tessera_binder_records_kept")
     assert [m.name for m in deleted.decoded(PodDeleted)] == ["ran"]
-    assert withdrawn == 0
+    assert (withdrawn, kept_after) == (0, 0)
     after = await get_record(bus, ran.pod_uid)
     assert after is not None and after.state == "allocated"
+
+
+async def test_a_kept_record_taken_unseen_is_counted_again_within_seconds(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    """As above, but the binder never sees ``waits`` admitted (its informer missed the moment, or
+    the admission came while the count ran): ``ran``'s record is counted again every
+    ``RECOUNT_S`` all the same, so ``ran``'s ``PodDeleted`` goes out once the record was taken."""
+    deleted = await collect(bus, subjects.PODS_DELETED)
+    api.create(NODE, node())
+    waits = bound_on_node(api, "waits", state="allocated")
+    ran = bound_on_node(api, "ran")
+    for rec in (waits, ran):
+        await create_committed(bus, rec)
+    async with start_binder() as binder:
+        await eventually(binder.leading, what="leading")
+        api.patch(POD, "default", "ran", {"status": {"phase": "Succeeded"}}, MERGE, "status")
+        await eventually(
+            lambda: binder.metric("tessera_binder_records_kept") == 1, what="ran's record kept"
+        )
+        kept = await get_record(bus, ran.pod_uid)
+        assert kept is not None and kept.state == "bound"
+        await bus.kv_put(
+            subjects.KV_ASSIGNMENTS,
+            subjects.assignment_key(kept.node, kept.pod_uid),
+            codec.encode(settled_by_plugin(kept)),
+        )
+        # Nothing happens to the node's pods from here on: only the recount can notice.
+        await eventually(lambda: deleted.deliveries, what="ran's PodDeleted, after a recount")
+        kept_after = binder.metric("tessera_binder_records_kept")
+    assert [m.name for m in deleted.decoded(PodDeleted)] == ["ran"]
+    assert kept_after == 0
 
 
 def settled_by_plugin(rec: AssignmentRecord) -> AssignmentRecord:
