@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.binder.sync import SETTLED, WITHDREW
 from tessera.up.spec import plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
 from tests.e2e.chaos import TARGETS, chaos_run
@@ -40,9 +41,13 @@ def binder_repairs(run_dir: Path) -> dict[str, int]:
     counts = {"records_withdrawn": 0, "records_settled": 0}
     for log_file in sorted((run_dir / "logs").glob("binder-*.log")):
         for line in log_file.read_text(errors="replace").splitlines():
-            if '"msg": "withdrew the record' in line:
+            try:
+                message = json.loads(line).get("msg")
+            except (ValueError, AttributeError):
+                continue  # not a JSON log line, or one cut short by a SIGKILL
+            if message == WITHDREW:
                 counts["records_withdrawn"] += 1
-            elif '"msg": "settled the record' in line:
+            elif message == SETTLED:
                 counts["records_settled"] += 1
     return counts
 

@@ -68,6 +68,15 @@ RECOUNT_S: Final = 2.0
 node meanwhile (an admission or an ending counts it again at once)."""
 
 
+WITHDREW: Final = "withdrew the record of a pod that ended before its GPUs were allocated"
+SETTLED: Final = (
+    "settled the record of a pod admitted while it waited for an Allocate: the device plugin "
+    "served it from another record of the same slices, whose pod ended first"
+)
+"""The log messages of a record withdrawn and settled (``benchmarks/chaos.py`` counts them in
+the logs of binders it kills, whose counters die with them)."""
+
+
 Judge = Callable[[AssignmentRecord, list[AssignmentRecord], dict[str, Admission]], bool]
 """``plan.served_elsewhere`` or ``plan.withdrawable``."""
 
@@ -306,7 +315,7 @@ class ClusterSync:
             if outcome == "rewritten":
                 self._metrics.records_withdrawn.inc()
                 log.info(
-                    "withdrew the record of a pod that ended before its GPUs were allocated",
+                    WITHDREW,
                     extra={"record": subjects.assignment_key(ref.node, uid)},
                 )
             if outcome == "kept":
@@ -328,9 +337,7 @@ class ClusterSync:
         elif outcome == "rewritten":
             self._metrics.records_settled.inc()
             log.warning(
-                "settled the record of a pod admitted while it waited for an Allocate: the "
-                "device plugin served it from another record of the same slices, whose pod "
-                "ended first",
+                SETTLED,
                 extra={"record": subjects.assignment_key(pod.node, uid)},
             )
 
