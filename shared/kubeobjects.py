@@ -16,7 +16,7 @@ import msgspec
 Quantity = str | int | float
 
 
-class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ObjectMeta(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
     name: str = ""
     namespace: str = ""
     uid: str = ""
@@ -32,17 +32,17 @@ class ObjectMeta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
-class ResourceRequirements(msgspec.Struct, frozen=True, kw_only=True):
+class ResourceRequirements(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     limits: dict[str, Quantity] | None = None
     requests: dict[str, Quantity] | None = None
 
 
-class Container(msgspec.Struct, frozen=True, kw_only=True):
+class Container(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     name: str = ""
     resources: ResourceRequirements = ResourceRequirements()
 
 
-class PodSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class PodSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
     node_name: str | None = None
     scheduler_name: str | None = None
     priority: int | None = None
@@ -51,19 +51,19 @@ class PodSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     overhead: dict[str, Quantity] | None = None
 
 
-class Condition(msgspec.Struct, frozen=True, kw_only=True):
+class Condition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     type: str
     status: str = ""
     reason: str | None = None
     message: str | None = None
 
 
-class PodStatus(msgspec.Struct, frozen=True, kw_only=True):
+class PodStatus(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     phase: str | None = None
     conditions: tuple[Condition, ...] | None = None
 
 
-class Pod(msgspec.Struct, frozen=True, kw_only=True):
+class Pod(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ObjectMeta
     spec: PodSpec = PodSpec()
     status: PodStatus = PodStatus()

@@ -14,22 +14,22 @@ import msgspec
 from shared.kubeobjects import Condition, ObjectMeta, Pod, Quantity
 
 
-class NodeSpec(msgspec.Struct, frozen=True, kw_only=True):
+class NodeSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     unschedulable: bool | None = None
 
 
-class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
+class NodeStatus(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     allocatable: dict[str, Quantity] | None = None
     conditions: tuple[Condition, ...] | None = None
 
 
-class Node(msgspec.Struct, frozen=True, kw_only=True):
+class Node(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ObjectMeta
     spec: NodeSpec = NodeSpec()
     status: NodeStatus = NodeStatus()
 
 
-class LeaseSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class LeaseSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
     holder_identity: str | None = None
     lease_duration_seconds: int | None = None
     acquire_time: str | None = None
@@ -37,27 +37,27 @@ class LeaseSpec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     lease_transitions: int | None = None
 
 
-class Lease(msgspec.Struct, frozen=True, kw_only=True):
+class Lease(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ObjectMeta
     spec: LeaseSpec = LeaseSpec()
 
 
-class ListMeta(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ListMeta(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
     resource_version: str = ""
     continue_: str | None = msgspec.field(default=None, name="continue")
 
 
-class PodList(msgspec.Struct, frozen=True, kw_only=True):
+class PodList(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ListMeta = ListMeta()
     items: tuple[Pod, ...] | None = None
 
 
-class NodeList(msgspec.Struct, frozen=True, kw_only=True):
+class NodeList(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ListMeta = ListMeta()
     items: tuple[Node, ...] | None = None
 
 
-class Status(msgspec.Struct, frozen=True, kw_only=True):
+class Status(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """``metav1.Status``: what the API answers on failure (and on a successful Binding)."""
 
     status: str = ""
@@ -69,10 +69,10 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
 WatchType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
 
 
-class RawWatchEvent(msgspec.Struct, frozen=True, kw_only=True):
+class RawWatchEvent(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     type: WatchType
     object: msgspec.Raw
 
 
-class Bookmark(msgspec.Struct, frozen=True, kw_only=True):
+class Bookmark(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ObjectMeta = ObjectMeta()

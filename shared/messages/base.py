@@ -7,7 +7,7 @@ from typing import Literal
 import msgspec
 
 
-class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=False):
+class Message(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=False):
     """Base of every wire message: immutable, keyword-only, unknown fields tolerated on decode."""
 
 

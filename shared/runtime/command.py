@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -32,6 +33,16 @@ EVENT_LOOP_ENV = "TESSERA_EVENT_LOOP"
 """``asyncio`` runs a service on asyncio's own event loop instead of uvloop's."""
 
 T = TypeVar("T")
+
+
+def freeze_startup_heap() -> None:
+    """Exempt what the imports and the start-up made (modules, classes, functions: most of a
+    fresh process's objects) from every later garbage collection, as they live as long as the
+    process. A full collection scans every tracked object with the event loop stopped, so the
+    fewer there are, the shorter those pauses (a placer's grew to 30-40 ms within 3,000 pods).
+    What is garbage already is collected first, so none of it is kept for good."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_event_loop(main: Coroutine[Any, Any, T], *, environ: dict[str, str]) -> T:
@@ -99,6 +110,7 @@ class ServiceCommand(Generic[S]):
                         file=sys.stderr,
                     )
                     return EXIT_NOT_BUILT
+                freeze_startup_heap()
                 return run_event_loop(self.main(settings), environ=dict(os.environ))
             except ConfigError as error:
                 print(f"tessera {self.name}: configuration error: {error}", file=sys.stderr)

@@ -28,7 +28,7 @@ from services.deviceplugin.command import main as deviceplugin_main
 from services.inventory.command import SERVICE as INVENTORY
 from services.inventory.command import main as inventory_main
 from shared.config import ConfigError, Settings, add_settings_arguments, load_settings
-from shared.runtime.command import run_event_loop
+from shared.runtime.command import freeze_startup_heap, run_event_loop
 from shared.runtime.lifecycle import Hosted
 from shared.runtime.logs import configure_logging
 
@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         agents = json.loads(args.agents)
+        freeze_startup_heap()
         return run_event_loop(
             host(agents, level=args.log_level, fmt=args.log_format), environ=dict(os.environ)
         )

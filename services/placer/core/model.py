@@ -23,7 +23,7 @@ GpuChoiceName = Literal["binpack", "spread", "first-fit", "colocate", "topology"
 NodePolicyName = Literal["binpack", "spread", "fgd", "balanced"]
 
 
-class GpuState(msgspec.Struct, frozen=True, kw_only=True):
+class GpuState(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One physical GPU: identity, capacity, what Tessera reserved on it and what it observes."""
 
     index: int
@@ -72,7 +72,7 @@ class GpuState(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-class NodeState(msgspec.Struct, frozen=True, kw_only=True):
+class NodeState(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One node: allocatable CPU and memory, what is reserved, its GPUs, its group memberships."""
 
     name: str
@@ -97,14 +97,14 @@ class NodeState(msgspec.Struct, frozen=True, kw_only=True):
         return self.memory_mib_total - self.memory_mib_reserved
 
 
-class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+class ClusterSnapshot(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Every node the placer may use, as seen at one instant."""
 
     nodes: tuple[NodeState, ...]
     taken_at: float = 0.0
 
 
-class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
+class ContainerRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One container's ask. ``shares`` GPUs, each share on a distinct physical GPU.
 
     A share with neither memory nor cores given (or a pod with ``gpu_type="physical"``) takes a
@@ -120,7 +120,7 @@ class ContainerRequest(msgspec.Struct, frozen=True, kw_only=True):
     memory_mib: int = 0
 
 
-class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
+class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """What the core needs to know about a pod to place it."""
 
     uid: str
@@ -165,7 +165,7 @@ class PodRequest(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(self, uid="", namespace="", name="")
 
 
-class GpuSlice(msgspec.Struct, frozen=True, kw_only=True):
+class GpuSlice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One share placed on one GPU."""
 
     index: int
@@ -175,12 +175,12 @@ class GpuSlice(msgspec.Struct, frozen=True, kw_only=True):
     exclusive: bool = False
 
 
-class ContainerPlacement(msgspec.Struct, frozen=True, kw_only=True):
+class ContainerPlacement(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     container: str
     gpus: tuple[GpuSlice, ...] = ()
 
 
-class Reservation(msgspec.Struct, frozen=True, kw_only=True):
+class Reservation(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Everything a placed pod holds on its node: what the ledger books and later gives back."""
 
     pod_uid: str
@@ -192,7 +192,7 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     """The pod's GPU task kind ("share", "<k>-gpu", "" for none), for GPU clustering."""
 
 
-class Decision(msgspec.Struct, frozen=True, kw_only=True):
+class Decision(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Where a pod goes and why."""
 
     reservation: Reservation
@@ -207,12 +207,12 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
         return self.reservation.node
 
 
-class RejectionReason(msgspec.Struct, frozen=True, kw_only=True):
+class RejectionReason(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     reason: str
     nodes: int
 
 
-class Rejection(msgspec.Struct, frozen=True, kw_only=True):
+class Rejection(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """A pod that fits nowhere now, with reasons counted over nodes."""
 
     pod_uid: str

@@ -15,7 +15,7 @@ import msgspec
 from services.placer.core.model import GPU_MILLI, GpuState, NodeState
 
 
-class GpuShape(msgspec.Struct, frozen=True, order=True, kw_only=True):
+class GpuShape(msgspec.Struct, frozen=True, gc=False, order=True, kw_only=True):
     """A GPU as filters and scores see it. Ordered by free GPU milli first."""
 
     free_milli: int
@@ -64,7 +64,7 @@ def gpu_shape(gpu: GpuState) -> GpuShape:
     )
 
 
-class NodeShape(msgspec.Struct, frozen=True, kw_only=True):
+class NodeShape(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """A node as filters and scores see it: free CPU and memory, its GPUs in canonical order."""
 
     cpu_milli_free: int

@@ -27,7 +27,7 @@ EXPLAINED_PODS = 10_000
 Stage = Literal["queued", "committing", "waiting"]
 
 
-class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+class Outcome(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """What became of a pod (``GET /v1/pods/{uid}`` and the extender's answer)."""
 
     pod_uid: str
