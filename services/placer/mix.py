@@ -47,7 +47,7 @@ FALLBACK_GPU_MIB = 16_000
 """GPU memory assumed for a share whose GPU is not in view (only shapes a fraction)."""
 
 
-class TaskSpec(msgspec.Struct, frozen=True, kw_only=True, order=True):
+class TaskSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True, order=True):
     cpu_milli: int
     gpu_milli: int
     gpu_count: int

@@ -19,7 +19,10 @@ import pytest
 
 import shared.messages
 from services.binder import objects
-from services.placer.core import model, shape
+from services.placer import mix
+from services.placer.core import facts, model, quota, shape
+from services.placer.core.plugins.fed_fgd import FedFragmentation
+from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS
 from shared import kubeobjects
 from shared.messages.base import Message
 
@@ -48,6 +51,9 @@ KEPT = [
     *every_message_type(),
     *structs_of(model),
     *structs_of(shape),
+    *structs_of(facts),
+    mix.TaskSpec,
+    quota.Usage,
     *structs_of(kubeobjects),
     *structs_of(objects),
 ]
@@ -56,6 +62,7 @@ KEPT = [
 def test_the_types_are_found() -> None:
     assert len(KEPT) > 60
     assert model.NodeState in KEPT and shape.NodeShape in KEPT and kubeobjects.Pod in KEPT
+    assert facts.PodFacts in KEPT and facts.ShareAsk in KEPT
 
 
 @pytest.mark.parametrize("struct", KEPT, ids=lambda cls: f"{cls.__module__}.{cls.__name__}")
@@ -74,3 +81,16 @@ def test_a_tuple_of_untracked_structs_leaves_the_collectors_view() -> None:
     assert not any(gc.is_tracked(g) for g in gpus)
     gc.collect()
     assert not gc.is_tracked(gpus)
+
+
+def test_the_fragmentation_memos_keys_leave_the_collectors_view() -> None:
+    """A placer memoises up to 500,000 node states' fragmentation; keyed by a frozenset of GPU
+    models, every key stayed tracked (12,276 of a placer's 51,387 tracked objects in a burst)."""
+    fed = FedFragmentation(DEFAULT_TYPICAL_TASKS)
+    for free in ((1000, 500, 250, 0), (900, 900, 100, 100)):
+        fed.node(frozenset({"A100-SXM4-80GB"}), 64_000, 512_000, free)
+    gc.collect()
+    gc.collect()  # a tuple is let go once what it holds was; the key may come before its parts
+    keys = list(fed._fed_memo)
+    assert len(keys) == 2
+    assert not any(gc.is_tracked(key) for key in keys)

@@ -9,7 +9,8 @@ rejected as data by the framework before any node is looked at.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+
+import msgspec
 
 from services.placer.core.model import (
     GPU_MILLI,
@@ -20,8 +21,7 @@ from services.placer.core.model import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ShareAsk:
+class ShareAsk(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One container's GPU ask: ``shares`` distinct GPUs, each with this much."""
 
     container: str
@@ -49,8 +49,7 @@ class ShareAsk:
         return max(self.core_milli, memory_milli)
 
 
-@dataclass(frozen=True, slots=True)
-class PodFacts:
+class PodFacts(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """A validated pod request with everything plugins read precomputed."""
 
     request: PodRequest

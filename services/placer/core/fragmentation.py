@@ -18,6 +18,7 @@ simulator's cluster metric ask for the same few thousand states again and again.
 from __future__ import annotations
 
 import bisect
+import functools
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,15 @@ Key = TypeVar("Key")
 
 MEMO_LIMIT = 500_000
 """States memoised before the memo starts over (a long-running placer must not grow without end)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def models_key(models: frozenset[str]) -> str:
+    """``models`` as a memo key: a string, as a key holding a frozenset would stay tracked by the
+    garbage collector (frozensets always are), and memos hold up to :data:`MEMO_LIMIT` keys that
+    every full collection would scan (``tests/shared/test_untracked.py``). Few distinct model
+    sets exist (one per mix of GPU models on a node), so each is joined once."""
+    return "\n".join(sorted(models))
 
 
 class BoundedMemo(dict[Key, float]):
@@ -87,7 +97,7 @@ class FragmentationModel:
             for t in listed
         )
         self._cpu_levels = sorted({t.cpu_milli for t in listed})
-        self._memo = BoundedMemo[tuple[frozenset[str], int, tuple[int, ...]]]()
+        self._memo = BoundedMemo[tuple[str, int, tuple[int, ...]]]()
 
     def node(
         self,
@@ -99,7 +109,7 @@ class FragmentationModel:
         """``F_n`` for a node with these GPU models, free CPU and memory (ignored here) and
         per-GPU free milli (any order)."""
         ordered = tuple(sorted(free_milli))
-        key = (models, bisect.bisect_right(self._cpu_levels, cpu_milli_free), ordered)
+        key = (models_key(models), bisect.bisect_right(self._cpu_levels, cpu_milli_free), ordered)
         value = self._memo.get(key)
         if value is None:
             value = self._memo.put(key, self._compute(models, cpu_milli_free, ordered))

@@ -24,7 +24,7 @@ from services.placer.core.model import Reservation
 from services.placer.core.shape import GpuShape
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True):
+class Usage(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """GPU shares and GPU memory held (or asked for)."""
 
     gpus: int = 0

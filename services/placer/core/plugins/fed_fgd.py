@@ -54,7 +54,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 
-from services.placer.core.fragmentation import BoundedMemo, FragmentationModel, TypicalTask
+from services.placer.core.fragmentation import (
+    BoundedMemo,
+    FragmentationModel,
+    TypicalTask,
+    models_key,
+)
 
 COPIES_MEMO_LIMIT = 100_000
 """Free CPU and memory states whose copies are memoised before that memo starts over."""
@@ -89,7 +94,7 @@ class FedFragmentation(FragmentationModel):
                 }
             )
         )
-        self._fed_memo = BoundedMemo[tuple[frozenset[str], tuple[int, ...], tuple[int, ...]]]()
+        self._fed_memo = BoundedMemo[tuple[str, tuple[int, ...], tuple[int, ...]]]()
         # Free CPU and memory repeat across nodes and decisions (pods take fixed amounts), and
         # the copies key costs a pass over every distinct ask: worth a memo of its own. Few
         # distinct copies tuples exist, so each is kept once (the fed memo's keys share them).
@@ -105,7 +110,11 @@ class FedFragmentation(FragmentationModel):
     ) -> float:
         """``F_n`` for a node with these GPU models, free CPU and memory, and per-GPU free milli."""
         ordered = tuple(sorted(free_milli, reverse=True))
-        key = (models, self._copies(cpu_milli_free, memory_mib_free, len(ordered)), ordered)
+        key = (
+            models_key(models),
+            self._copies(cpu_milli_free, memory_mib_free, len(ordered)),
+            ordered,
+        )
         value = self._fed_memo.get(key)
         if value is None:
             value = self._fed_memo.put(
