@@ -63,7 +63,7 @@ class AssignmentRecord(Message, frozen=True, kw_only=True):
     id); empty in records written before the placer recorded it."""
 
 
-class RecordView(msgspec.Struct, frozen=True, kw_only=True):
+class RecordView(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """An assignment record as a reader holds it: with the KV key and the revision it was read
     at (what its next compare-and-set is made on). Not a wire message."""
 

@@ -24,6 +24,7 @@ from services.placer.core import facts, model, quota, shape
 from services.placer.core.plugins.fed_fgd import FedFragmentation
 from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS
 from shared import kubeobjects
+from shared.messages.assignments import RecordView
 from shared.messages.base import Message
 
 
@@ -49,6 +50,7 @@ def structs_of(module: object) -> list[type[msgspec.Struct]]:
 
 KEPT = [
     *every_message_type(),
+    RecordView,
     *structs_of(model),
     *structs_of(shape),
     *structs_of(facts),
