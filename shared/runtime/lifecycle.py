@@ -48,7 +48,12 @@ from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, HttpRoutes, Readiness
 from shared.runtime.logs import AGENT, Redactor, configure_logging
-from shared.runtime.metrics import EdgeMetrics, register_runtime_metrics
+from shared.runtime.metrics import (
+    EdgeMetrics,
+    loop_lag_histogram,
+    register_runtime_metrics,
+    watch_loop_lag,
+)
 from shared.runtime.nats import DEFAULT_INBOX_PREFIX, NatsBus, NatsRefusedError, unreachable_reason
 from shared.runtime.tasks import TaskOwners, cancel_and_wait, owned_context
 
@@ -239,6 +244,7 @@ async def run_service(
         return bus.connection_status() if isinstance(bus, ConnectionMonitor) else None
 
     register_runtime_metrics(registry, nats_status)
+    lag = loop_lag_histogram(registry)
 
     routes = routes or HttpRoutes()
     health = HealthServer(
@@ -259,6 +265,7 @@ async def run_service(
     )
 
     loop = asyncio.get_running_loop()
+    lag_watch = asyncio.create_task(watch_loop_lag(lag), name=f"{name}-loop-lag")
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for signum in signals:
         loop.add_signal_handler(signum, _stop_on, signal.Signals(signum), stop, stop_deadline_s)
@@ -299,6 +306,7 @@ async def run_service(
         if bus is not None:
             await bus.drain()
         await health.stop()
+        await cancel_and_wait(lag_watch)
         log.info("service stopped")
     return 1 if failed else 0
 

@@ -6,6 +6,7 @@ metrics (CPU, memory, open files, GC) and the NATS connection's state and counts
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     GCCollector,
+    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
@@ -110,3 +112,31 @@ def register_runtime_metrics(
     GCCollector(registry=registry)
     if status is not None:
         registry.register(NatsCollector(status))
+
+
+LOOP_LAG_INTERVAL_S = 0.25
+"""How often the event loop's lag is sampled: a stop of the loop longer than this is always
+seen; a shorter one is caught in proportion to its length."""
+
+
+def loop_lag_histogram(registry: CollectorRegistry) -> Histogram:
+    """``tessera_event_loop_lag_seconds`` on ``registry`` (see :func:`watch_loop_lag`)."""
+    return Histogram(
+        "tessera_event_loop_lag_seconds",
+        "How much later than due the event loop ran a timer (sampled every "
+        f"{LOOP_LAG_INTERVAL_S:g} s): how long everything in the service was held up then.",
+        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        registry=registry,
+    )
+
+
+async def watch_loop_lag(lag: Histogram, *, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
+    """Forever: sleep ``interval_s`` and observe in ``lag`` how much later than asked the loop
+    woke us. Every message, timer and request of a service waits while its loop is stopped (a
+    full garbage collection, a long computation), so this is how long any of them was held up.
+    The loop's own clock measures it, whatever clock the service's logic runs on."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval_s
+        await asyncio.sleep(interval_s)
+        lag.observe(max(0.0, loop.time() - due))

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -499,6 +500,36 @@ async def test_metrics_show_the_nats_connection_and_the_process(nats_server: Nat
         assert line in metrics
     for family in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):
         assert re.search(rf"^{family}(\{{.*\}})? \S+$", metrics, re.MULTILINE), family
+
+
+async def test_a_stopped_event_loop_shows_in_the_loop_lag_metric(nats_server: NatsServer) -> None:
+    """A full garbage collection or a long computation stops everything a service does; the
+    loop-lag histogram is where an operator sees it (a placer's collections once set its p99)."""
+
+    async def blocking(context: ServiceContext) -> None:
+        await asyncio.sleep(0.3)  # a sample or more taken while the loop runs freely
+        time.sleep(0.6)  # noqa: ASYNC251 (the loop stopped on purpose: what is measured)
+        await asyncio.Event().wait()
+
+    async with running_echo(nats_server, blocking) as (port, _, _):
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+                    metrics = await response.text()
+                samples = {
+                    match.group(1): float(match.group(2))
+                    for match in re.finditer(
+                        r'^tessera_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$',
+                        metrics,
+                        re.MULTILINE,
+                    )
+                }
+                total = samples.get("+Inf", 0.0)
+                if total - samples.get("0.25", 0.0) >= 1:
+                    break
+                await asyncio.sleep(0.1)
+    assert total - samples["0.25"] >= 1, f"the 0.6 s stop was not seen: {samples}"
+    assert samples["0.25"] >= 1, "the samples of a free loop are there too"
 
 
 async def test_not_ready_before_the_body_has_registered_its_own_checks(
