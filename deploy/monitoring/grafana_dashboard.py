@@ -197,6 +197,18 @@ def build() -> dict[str, Any]:
                 query("tessera_tenant_quota_gpu_memory_bytes", "{{tenant}} quota", "B"),
             )
         )
+        .with_row(dashboard.Row("Services"))
+        .with_panel(
+            series(
+                "Event loop lag p99 by service",
+                "s",
+                query(
+                    "histogram_quantile(0.99, sum by (le, job, instance)"
+                    " (rate(tessera_event_loop_lag_seconds_bucket[5m])))",
+                    "{{job}} {{instance}}",
+                ),
+            )
+        )
     )
     encoded = json.dumps(board.build(), cls=JSONEncoder, sort_keys=True)
     built: dict[str, Any] = json.loads(encoded)
