@@ -8,6 +8,7 @@ import contextlib
 from typing import Any
 
 import msgspec
+import pytest
 
 from services.placer.commit import deleted_claim
 from shared import annotations as names
@@ -719,12 +720,15 @@ async def test_two_live_pods_served_from_each_others_records_are_not_settled(
     assert now is not None and now.state == "allocated"
 
 
+@pytest.mark.parametrize("admission_seen", [True, False], ids=["admitted", "recounted"])
 async def test_a_pod_that_ran_from_a_waiting_pods_record_keeps_its_own_for_that_pod(
-    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory, admission_seen: bool
 ) -> None:
     """``ran`` was admitted first, from ``waits``'s record (the oldest), and finished before
     ``waits`` was admitted. Its own record is ``bound``, and ``waits`` needs it: the binder keeps
-    it and holds ``ran``'s ``PodDeleted`` back until ``waits``'s Allocate took it."""
+    it and holds ``ran``'s ``PodDeleted`` back until ``waits``'s Allocate took it. The binder
+    counts it again when it sees ``waits`` admitted; when it never does (its informer missed the
+    moment, or the admission came while the count ran), every ``RECOUNT_S`` all the same."""
     deleted = await collect(bus, subjects.PODS_DELETED)
     api.create(NODE, node())
     waits = bound_on_node(api, "waits", state="allocated")  # what ran's Allocate moved
@@ -741,13 +745,14 @@ async def test_a_pod_that_ran_from_a_waiting_pods_record_keeps_its_own_for_that_
         kept = await get_record(bus, ran.pod_uid)
         assert kept is not None and kept.state == "bound"
         # The device plugin serves waits from ran's record; the kubelet admits it.
-        taken = settled_by_plugin(kept)
         await bus.kv_put(
             subjects.KV_ASSIGNMENTS,
             subjects.assignment_key(kept.node, kept.pod_uid),
-            codec.encode(taken),
+            codec.encode(settled_by_plugin(kept)),
         )
-        api.patch(POD, "default", "waits", {"status": {"phase": "Running"}}, MERGE, "status")
+        if admission_seen:
+            api.patch(POD, "default", "waits", {"status": {"phase": "Running"}}, MERGE, "status")
+        # Without it nothing happens to the node's pods from here on: only a recount can tell.
         await eventually(lambda: deleted.deliveries, what="ran's PodDeleted")
         withdrawn = binder.metric("tessera_binder_records_withdrawn_total")
         kept_after = binder.metric("tessera_binder_records_kept")
@@ -755,38 +760,6 @@ async def test_a_pod_that_ran_from_a_waiting_pods_record_keeps_its_own_for_that_
     assert (withdrawn, kept_after) == (0, 0)
     after = await get_record(bus, ran.pod_uid)
     assert after is not None and after.state == "allocated"
-
-
-async def test_a_kept_record_taken_unseen_is_counted_again_within_seconds(
-    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
-) -> None:
-    """As above, but the binder never sees ``waits`` admitted (its informer missed the moment, or
-    the admission came while the count ran): ``ran``'s record is counted again every
-    ``RECOUNT_S`` all the same, so ``ran``'s ``PodDeleted`` goes out once the record was taken."""
-    deleted = await collect(bus, subjects.PODS_DELETED)
-    api.create(NODE, node())
-    waits = bound_on_node(api, "waits", state="allocated")
-    ran = bound_on_node(api, "ran")
-    for rec in (waits, ran):
-        await create_committed(bus, rec)
-    async with start_binder() as binder:
-        await eventually(binder.leading, what="leading")
-        api.patch(POD, "default", "ran", {"status": {"phase": "Succeeded"}}, MERGE, "status")
-        await eventually(
-            lambda: binder.metric("tessera_binder_records_kept") == 1, what="ran's record kept"
-        )
-        kept = await get_record(bus, ran.pod_uid)
-        assert kept is not None and kept.state == "bound"
-        await bus.kv_put(
-            subjects.KV_ASSIGNMENTS,
-            subjects.assignment_key(kept.node, kept.pod_uid),
-            codec.encode(settled_by_plugin(kept)),
-        )
-        # Nothing happens to the node's pods from here on: only the recount can notice.
-        await eventually(lambda: deleted.deliveries, what="ran's PodDeleted, after a recount")
-        kept_after = binder.metric("tessera_binder_records_kept")
-    assert [m.name for m in deleted.decoded(PodDeleted)] == ["ran"]
-    assert kept_after == 0
 
 
 def settled_by_plugin(rec: AssignmentRecord) -> AssignmentRecord:

@@ -7,10 +7,13 @@ away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
 from services.deviceplugin.allocate import ContainerGrant, Refusal
+from services.deviceplugin.service import DevicePluginService
 from shared import codec, subjects
 from shared.messages.allocations import AllocationEvent
 from shared.runtime.nats import NatsBus
@@ -78,24 +81,34 @@ async def test_an_allocate_during_a_nats_restart_waits_and_is_granted_once(
     assert [a.device_ids for a in stored.allocated] == [DEVICES], "claimed exactly once"
 
 
+@contextlib.asynccontextmanager
+async def outage_with_a_claim_unread(
+    nats_server: NatsServer, bus: NatsBus, uid: str, *, nats_wait_s: float
+) -> AsyncIterator[DevicePluginService]:
+    """A committed record whose claim the plugin read while it was missing; the claim then
+    lands, and NATS goes away before the plugin reads it again."""
+    await announce_inventory(bus, inventory(gpu(0)))
+    late = record(uid, container("main", share(0)))
+    await put_committed(bus, late)
+    claim = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(uid))
+    assert claim is not None
+    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(uid))
+    async with service_on(bus, nats_wait_s=nats_wait_s) as (service, _):
+        await until(lambda: bool(service.held_records), what="the record held")
+        await asyncio.sleep(0.3)  # its claim was read, and found missing
+        await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key(uid), claim.value)
+        nats_server.kill()
+        await until(lambda: not bus.connected, what="the outage")
+        yield service
+
+
 async def test_a_claim_not_read_yet_when_nats_restarts_is_read_once_it_is_back(
     nats_server: NatsServer, bus: NatsBus
 ) -> None:
     """The plugin reads a pod's claim when its record arrives; when that read found nothing yet
     (or had not happened) and NATS then restarts, Allocate waits for NATS and reads it again
     rather than refusing the pod as uncommitted."""
-    await announce_inventory(bus, inventory(gpu(0)))
-    late = record("late-claim", container("main", share(0)))
-    await put_committed(bus, late)
-    claim = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
-    assert claim is not None
-    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
-    async with service_on(bus, nats_wait_s=60) as (service, _):
-        await until(lambda: bool(service.held_records), what="the record held")
-        await asyncio.sleep(0.3)  # its claim was read, and found missing
-        await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid), claim.value)
-        nats_server.kill()
-        await until(lambda: not bus.connected, what="the outage")
+    async with outage_with_a_claim_unread(nats_server, bus, "late", nats_wait_s=60) as service:
         waiting = asyncio.ensure_future(service.allocate([DEVICES]))
         await asyncio.sleep(0.5)
         assert not waiting.done(), "it waits for NATS instead of refusing"
@@ -109,29 +122,17 @@ async def test_a_claim_not_read_while_nats_stays_away_is_refused_as_unavailable(
 ) -> None:
     """Past ``nats_wait_s`` the record is refused for what stopped it, the outage (it was once
     refused as "uncommitted", as if no placer had committed it), and nothing is claimed."""
-    await announce_inventory(bus, inventory(gpu(0)))
-    late = record("never-read", container("main", share(0)))
-    await put_committed(bus, late)
-    claim = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
-    assert claim is not None
-    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid))
-    async with service_on(bus, nats_wait_s=0.5) as (service, _):
-        await until(lambda: bool(service.held_records), what="the record held")
-        await asyncio.sleep(0.3)  # its claim was read, and found missing
-        await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key(late.pod_uid), claim.value)
-        nats_server.kill()
-        await until(lambda: not bus.connected, what="the outage")
+    async with outage_with_a_claim_unread(nats_server, bus, "never", nats_wait_s=0.5) as service:
         refused = await service.allocate([DEVICES])
         assert isinstance(refused, Refusal) and refused.kind == "unavailable", refused
         assert refused.message == (
-            "cannot confirm the assignment record "
-            f"{subjects.assignment_key(NODE, late.pod_uid)}: not connected to NATS for 0.5 s, "
-            "and its pod's claim or this node's ledger entry is not read yet; nothing was "
-            "claimed"
+            f"cannot confirm the assignment record {subjects.assignment_key(NODE, 'never')}: "
+            "not connected to NATS for 0.5 s, and its pod's claim or this node's ledger entry "
+            "is not read yet; nothing was claimed"
         )
         nats_server.start()
         await until(lambda: bus.connected, timeout=30, what="the reconnect")
-    stored = await get_record(bus, late.pod_uid)
+    stored = await get_record(bus, "never")
     assert (stored.state, stored.allocated) == ("bound", ()), "nothing was claimed"
 
 
