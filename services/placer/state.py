@@ -115,31 +115,43 @@ def _shown(bookings: list[Booking]) -> frozenset[tuple[str, str]]:
     return frozenset((b.pod_uid, b.commit) for b in bookings)
 
 
+def _add_node(nodes_of: dict[str, tuple[str, ...]], uid: str, node: str) -> None:
+    nodes = nodes_of.get(uid, ())
+    if node not in nodes:
+        nodes_of[uid] = (*nodes, node)
+
+
+def _drop_node(nodes_of: dict[str, tuple[str, ...]], uid: str, node: str) -> bool:
+    """Take ``node`` off ``uid``'s nodes; whether any are left (none: ``uid`` is forgotten)."""
+    nodes = tuple(n for n in nodes_of.get(uid, ()) if n != node)
+    if nodes:
+        nodes_of[uid] = nodes
+    else:
+        nodes_of.pop(uid, None)
+    return bool(nodes)
+
+
 class _BookedUsage:
     """Keeps tenant usage equal to the bookings: each pod counted once, wherever it is booked
     (committed or tentative)."""
 
     def __init__(self, tenancy: Tenancy) -> None:
         self._tenancy = tenancy
-        self._pod_nodes: dict[str, set[str]] = {}
-        """Pod UID -> nodes holding a booking of it."""
+        self._pod_nodes: dict[str, tuple[str, ...]] = {}
+        """Pod UID -> nodes holding a booking of it (tuples: one per pod, and a tuple of
+        strings is not scanned by the garbage collector, a set is)."""
 
     def count(self, node: str, charged: set[str], bookings: list[Booking]) -> set[str]:
         """Count ``node``'s ``bookings`` (``charged``: its pods counted so far); the pods counted
         now."""
         here = {b.pod_uid: b for b in bookings}
         for uid in charged - here.keys():
-            nodes = self._pod_nodes.get(uid)
-            if nodes is not None:
-                nodes.discard(node)
-                if not nodes:
-                    del self._pod_nodes[uid]
-                    self._tenancy.usage.refund(uid)
+            if uid in self._pod_nodes and not _drop_node(self._pod_nodes, uid, node):
+                self._tenancy.usage.refund(uid)
         for uid in here.keys() - charged:
-            nodes = self._pod_nodes.setdefault(uid, set())
-            if not nodes:
+            if uid not in self._pod_nodes:
                 self._tenancy.adopt(here[uid].tenant, translate.reservation_of(here[uid]))
-            nodes.add(node)
+            _add_node(self._pod_nodes, uid, node)
         return set(here)
 
 
@@ -177,7 +189,7 @@ class ClusterView:
         """Each tenant's usage entry (``tessera-tenants``) and the entry's revision."""
         self._nodes: dict[str, _Node] = {}
         self._usage = _BookedUsage(self.tenancy)
-        self._committed: dict[str, set[str]] = {}
+        self._committed: dict[str, tuple[str, ...]] = {}
         """Pod UID -> nodes whose committed ledger books it."""
         self._signatures = Capacities()
         self._now = 0.0
@@ -384,13 +396,9 @@ class ClusterView:
         entry.unreadable = False
         after = {b.pod_uid for b in ledger.bookings} if ledger else set()
         for uid in before - after:
-            nodes = self._committed.get(uid)
-            if nodes is not None:
-                nodes.discard(node)
-                if not nodes:
-                    del self._committed[uid]
+            _drop_node(self._committed, uid, node)
         for uid in after - before:
-            self._committed.setdefault(uid, set()).add(node)
+            _add_node(self._committed, uid, node)
         for uid in after:
             entry.tentative.pop(uid, None)  # committed now (by us or by another replica)
         if entry.shown != _shown(entry.bookings()):

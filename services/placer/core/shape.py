@@ -10,6 +10,8 @@ GPUs inside the node already chosen, which works on the real ``NodeState``.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 
 from services.placer.core.model import GPU_MILLI, GpuState, NodeState
@@ -97,5 +99,12 @@ def node_shape(node: NodeState) -> NodeShape:
         groups=node.groups,
         gpu_task_kinds=node.gpu_task_kinds,
         free_milli=tuple(g.free_milli for g in gpus),
-        models=frozenset(g.model for g in gpus),
+        models=_models(tuple(g.model for g in gpus)),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _models(models: tuple[str, ...]) -> frozenset[str]:
+    """One frozenset per mix of GPU models, shared by every shape (a frozenset is scanned by
+    each full garbage collection, and a placer keeps a shape per node state it has seen)."""
+    return frozenset(models)
