@@ -13,7 +13,9 @@ binder publishes them.
   time from the start of its publish to the arrival of its ``PlacementDecision`` (a core
   subscription on ``tessera.assignments.*``: the decision is committed and published by then).
   The first second is warm-up and not counted. The placers' own histogram (message received to
-  decision published) is read from ``/metrics`` as well.
+  decision published) is read from ``/metrics`` as well, and so is their event loops' lag during
+  the rate (``tessera_event_loop_lag_seconds``, sampled every 0.25 s): a loop held up, by a full
+  garbage collection or a long computation, holds up every pod in flight.
 - **Saturation**: ``--burst`` pods published at once; decisions per second from the first publish
   to the last decision.
 - **Memory**: one placer with ``--rss-nodes`` nodes of ``--gpus`` GPUs loaded; its resident set
@@ -58,6 +60,8 @@ from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: 
 from tests.harness.store import mark_restored  # noqa: E402
 
 GPU_MIB = 81_920
+LOOP_LAG = "tessera_event_loop_lag_seconds"
+
 PROFILE = bool(os.environ.get("PLACER_BENCH_PROFILE"))
 """Run the placers under cProfile (``placer-N.prof`` beside their logs) to see where time goes."""
 
@@ -295,13 +299,15 @@ async def publish(bus: NatsBus, message: PodPending, clocked: Clocked) -> None:
     )
 
 
-async def histogram(placers: list[Placer]) -> dict[float, float]:
-    """Summed cumulative buckets of tessera_placer_decision_seconds over the placers."""
+async def histogram(
+    placers: list[Placer], name: str = "tessera_placer_decision_seconds"
+) -> dict[float, float]:
+    """Summed cumulative buckets of histogram ``name`` over the placers."""
     buckets: dict[float, float] = {}
     for placer in placers:
         _, text = await http(placer.port, "/metrics")
         for line in text.splitlines():
-            found = re.match(r'tessera_placer_decision_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
+            found = re.match(rf'{name}_bucket\{{le="([^"]+)"\}} (\S+)', line)
             if found:
                 le = float(found.group(1))
                 buckets[le] = buckets.get(le, 0.0) + float(found.group(2))
@@ -317,6 +323,11 @@ async def counter_sum(placers: list[Placer], name: str) -> float:
             if re.match(rf"{name}(\{{.*\}})? ", line):
                 total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def since(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    """The observations a cumulative histogram gained between two reads."""
+    return {le: count - before.get(le, 0.0) for le, count in after.items()}
 
 
 def bucket_quantile(buckets: dict[float, float], fraction: float) -> str:
@@ -366,6 +377,7 @@ async def run_cluster(
                     "driver": [os.getpid()],
                 }
                 cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+                lag_before = await histogram(placers, LOOP_LAG)
                 start = time.perf_counter()
                 for n, message in enumerate(pods):
                     delay = start + n / args.rate - time.perf_counter()
@@ -386,6 +398,7 @@ async def run_cluster(
                     for k, v in pids.items()
                 }
                 buckets = await histogram(placers)
+                lag = since(await histogram(placers, LOOP_LAG), lag_before)
                 # Saturation (``--burst 0``: not measured).
                 saturated = 0.0
                 if args.burst:
@@ -411,6 +424,9 @@ async def run_cluster(
                     "max": max(latencies),
                     "own_p50": bucket_quantile(buckets, 0.5),
                     "own_p99": bucket_quantile(buckets, 0.99),
+                    "lag_samples": lag.get(float("inf"), 0.0),
+                    "lag_over_10ms": lag.get(float("inf"), 0.0) - lag.get(0.01, 0.0),
+                    "lag_p99": bucket_quantile(lag, 0.99),
                     "saturation": saturated,
                     "cpu": cpu_per_pod,
                 }
@@ -480,6 +496,12 @@ async def main(args: argparse.Namespace) -> None:
         assert isinstance(cpu, dict)
         print(
             "  CPU ms per pod at the rate: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
+            flush=True,
+        )
+        print(
+            f"  placers' event loops at the rate (tessera_event_loop_lag_seconds): "
+            f"{r['lag_samples']:.0f} samples, p99 {r['lag_p99']}, "
+            f"{r['lag_over_10ms']:.0f} held up over 10 ms",
             flush=True,
         )
         pods = int(args.rate * args.seconds) + args.burst
