@@ -153,7 +153,8 @@ class ClusterSync:
         self._background: set[asyncio.Task[None]] = set()
         self._settling = asyncio.Lock()
         self._unsettled: dict[str, set[str]] = {}
-        """Node -> pods whose records are ``bound`` and no surplus yet (``_leave_bound``)."""
+        """Node -> pods whose records are ``bound`` and no surplus yet (``_leave_bound``); a
+        node without any is not listed."""
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -401,12 +402,14 @@ class ClusterSync:
     def _mark_kept(self, node: str, uid: str, *, kept: bool) -> None:
         """Note whether pod ``uid``'s ``bound`` record on ``node`` is kept for a waiting pod
         (``_unsettled``, and the gauge an operator reads it from)."""
-        unsettled = self._unsettled.setdefault(node, set())
+        unsettled = self._unsettled.get(node, set())
         if kept and uid not in unsettled:
-            unsettled.add(uid)
+            self._unsettled.setdefault(node, unsettled).add(uid)
             self._metrics.records_kept.inc()
         elif not kept and uid in unsettled:
             unsettled.discard(uid)
+            if not unsettled:
+                del self._unsettled[node]
             self._metrics.records_kept.dec()
 
     def _count_unsettled_again(self, node: str) -> None:
