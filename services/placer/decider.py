@@ -125,7 +125,9 @@ def _decide_in(
     for queue in QUEUE_SPREAD:
         queued = view.queued_nodes(queue)
         excluded = avoided | queued if avoided else queued
-        if excluded in tried or len(excluded) >= len(index):
+        # Counted in this index: with pools, the queues are every pool's but the index holds
+        # only this replica's nodes (the index keeps the ranks, the decision asks them anyway).
+        if excluded in tried or len(index.ranks_of(excluded)) >= len(index):
             continue  # the same attempt again, or no node left to try
         tried.add(excluded)
         spread = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)

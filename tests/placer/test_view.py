@@ -118,6 +118,25 @@ def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
     assert isinstance(again, Decision) and again.node == "a"
 
 
+def test_a_burst_spreads_over_the_own_pool_whatever_other_pools_queue() -> None:
+    """With node pools a replica decides on its own pool's nodes, while the queues it knows of
+    are every pool's: other pools' queued nodes must not count as nodes tried in its own. Pool
+    0 of 2 holds d and e; d has a queue, and so do the four nodes of pool 1, as many as the
+    pool's nodes and more: the pod still goes to e, not to the end of d's queue."""
+    view = view_of("a", "b", "c", "d", "e", "h", pools=2)
+    view.set_owned(frozenset({0}))
+    assert sorted(n.name for n in view.index) == ["d", "e"]
+    for name in ("a", "b", "c", "d", "h"):
+        for uid in ("q1", "q2"):
+            view.add_tentative(
+                msgspec.structs.replace(booking(f"{name}-{uid}", (0, 4096, 50)), node=name)
+            )
+    assert view.queued_nodes(2) == {"a", "b", "c", "d", "h"}
+    pod = translate.pod_request(wire.pending("p", memory_mib=4096, cores=5))
+    spread = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(spread, Decision) and spread.node == "e", "d's queue is long"
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
