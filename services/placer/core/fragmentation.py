@@ -69,7 +69,7 @@ class BoundedMemo(dict[Key, float]):
 
 
 @dataclass(frozen=True, slots=True)
-class _Task:
+class WeightedTask:
     cpu_milli: int
     gpu_count: int
     gpu_milli: int
@@ -87,7 +87,7 @@ class FragmentationModel:
             raise ValueError("typical task weights must add up to more than 0")
         self.tasks: tuple[TypicalTask, ...] = tuple(listed)
         self._tasks = tuple(
-            _Task(
+            WeightedTask(
                 cpu_milli=t.cpu_milli,
                 gpu_count=t.gpu_count,
                 gpu_milli=t.gpu_milli,
@@ -98,6 +98,11 @@ class FragmentationModel:
         )
         self._cpu_levels = sorted({t.cpu_milli for t in listed})
         self._memo = BoundedMemo[tuple[str, int, tuple[int, ...]]]()
+
+    @property
+    def weighted_tasks(self) -> tuple[WeightedTask, ...]:
+        """The mix with weights adding up to 1 and allowed models as a set (None = any)."""
+        return self._tasks
 
     def node(
         self,

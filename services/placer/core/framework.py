@@ -143,6 +143,20 @@ TieBreak = Literal["rank", "random"]
 Judgement = str | float | tuple[float, ...]
 """Why a node shape does not fit a pod, else its score: the weighted total, or, for a profile
 that normalises, each plugin's raw score (the totals depend on every feasible shape)."""
+
+BATCH_MIN: Final = 32
+"""Shapes still to judge from which a profile's :class:`BatchJudge` judges them together:
+below it, its array set-up costs more than judging one shape at a time."""
+
+
+class BatchJudge(Protocol):
+    """Judges many shapes for one pod at once, exactly as :meth:`Profile.judge` would judge each
+    (``batch.py``)."""
+
+    def judge(
+        self, pod: PodFacts, cluster: ClusterIndex, sids: Sequence[int]
+    ) -> dict[int, Judgement] | None:
+        """The judgement of each shape id; None for a pod it does not judge."""
 AVOIDED: Final = "not to be chosen this time (a commit there was just lost)"
 """Why a feasible node is in a rejection: every feasible node was to be avoided."""
 
@@ -164,6 +178,9 @@ class Profile:
     """Profiles a pod may ask for by its ``node_policy`` hint."""
     memo_limit: int = 2_000_000
     """Memoised (request, shape) evaluations kept per cluster before the memo starts over."""
+    batch: BatchJudge | None = field(default=None, repr=False)
+    """Judges many shapes at once for the pods it knows (``batch.batch_judge``; set by
+    ``profiles.build_profile``)."""
     _facts: dict[PodRequest, PodFacts] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -334,8 +351,10 @@ def judgements(
 ) -> dict[int, Judgement]:
     """:meth:`Profile.judge` of each of ``shape_ids``, from the memo decisions select from."""
     memo = profile.judged(cluster, pod.request.placement_key())
+    wanted = list(shape_ids)
+    _judge_together(pod, cluster, profile, memo, wanted)
     found: dict[int, Judgement] = {}
-    for sid in shape_ids:
+    for sid in wanted:
         if sid not in found:
             judgement = memo.get(sid)
             if judgement is None:
@@ -343,6 +362,26 @@ def judgements(
                 cluster.memo_size += 1
             found[sid] = judgement
     return found
+
+
+def _judge_together(
+    pod: PodFacts,
+    cluster: ClusterIndex,
+    profile: Profile,
+    memo: dict[int, Judgement],
+    sids: Iterable[int],
+) -> None:
+    """Judge the shapes of ``sids`` the memo lacks with the profile's batch judge, when it has
+    one, knows the pod and enough of them are missing (:data:`BATCH_MIN`)."""
+    if profile.batch is None:
+        return
+    missing = list(dict.fromkeys(sid for sid in sids if sid not in memo))
+    if len(missing) < BATCH_MIN:
+        return
+    judged = profile.batch.judge(pod, cluster, missing)
+    if judged is not None:
+        memo.update(judged)
+        cluster.memo_size += len(judged)
 
 
 def _usable(ranks: list[int], excluded: frozenset[int]) -> list[int]:
@@ -371,6 +410,7 @@ def _select(
     memo: dict[int, Judgement],
     excluded: frozenset[int],
 ) -> Picked | None:
+    _judge_together(pod, cluster, profile, memo, cluster.groups)
     shapes = cluster.shapes
     judge = profile.judge
     best = -math.inf

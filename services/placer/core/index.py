@@ -53,6 +53,9 @@ class ClusterIndex:
         """Per profile: the framework's memo of (request, shape id) -> judgement
         (``Profile.judged``)."""
         self.memo_size = 0
+        self.derived: dict[str, object] = {}
+        """Data kept by shape id, as the memos are (e.g. ``batch.ShapeRows``): dropped with the
+        ids when the index compacts."""
         self.changes = 0
         """Counts every node entering or leaving a shape and every compaction: a reader that saw
         the same count saw the same shapes (the extender's background judging polls it)."""
@@ -123,6 +126,7 @@ class ClusterIndex:
         self.groups = {}
         self.memos.clear()
         self.memo_size = 0
+        self.derived.clear()
         self.changes += 1
         for name in self._names_by_rank:
             sid = self._intern(current[name])

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from services.placer.core.batch import batch_judge
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask, fill_waste
 from services.placer.core.framework import (
     Filter,
@@ -301,7 +302,7 @@ def _compile(
         )
     choosers = _choosers(context)
     tie_break: TieBreak = "random" if spec.tie_break == "random" else "rank"
-    return Profile(
+    profile = Profile(
         name=spec.name,
         filters=(NodeFit(gpu_filters), *filters),
         gpu_filters=gpu_filters,
@@ -311,6 +312,8 @@ def _compile(
         pre_filters=pre_filters,
         gpu_choices={k: choosers[k] for k in ("binpack", "spread", "colocate")},
     )
+    profile.batch = batch_judge(profile)
+    return profile
 
 
 def build_profile(

@@ -101,6 +101,11 @@ class FedFragmentation(FragmentationModel):
         self._copies_memo: dict[tuple[int, int, int], tuple[int, ...]] = {}
         self._copies_interned: dict[tuple[int, ...], tuple[int, ...]] = {}
 
+    @property
+    def memory(self) -> tuple[int, ...]:
+        """Each typical task's memory ask as this measure counts it (the margin applied)."""
+        return self._memory
+
     def node(
         self,
         models: frozenset[str],

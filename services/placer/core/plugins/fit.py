@@ -26,6 +26,10 @@ INSUFFICIENT_CPU = "insufficient CPU"
 INSUFFICIENT_MEMORY = "insufficient memory"
 NO_IDLE_GPUS = "not enough idle GPUs"
 NO_GPU_ROOM = "insufficient GPU memory or cores"
+NODE_UNSCHEDULABLE = "node unschedulable"
+NO_GPUS = "no GPUs"
+TOO_FEW_ALLOWED = "too few GPUs of an allowed model or group"
+UNHEALTHY_GPU = "unhealthy GPU"
 CAPACITY_REASONS = frozenset({INSUFFICIENT_CPU, INSUFFICIENT_MEMORY, NO_IDLE_GPUS, NO_GPU_ROOM})
 """Reasons that pods leaving the node can clear; every other reason is about the node or the
 request itself (its GPUs, health, readiness, group), which no eviction changes."""
@@ -50,7 +54,7 @@ class NodeFit:
 
     def filter(self, pod: PodFacts, shape: NodeShape) -> str | None:
         if not shape.schedulable:
-            return "node unschedulable"
+            return NODE_UNSCHEDULABLE
         if shape.cpu_milli_free < pod.cpu_milli:
             return INSUFFICIENT_CPU
         if shape.memory_mib_free < pod.memory_mib:
@@ -73,10 +77,10 @@ class NodeFit:
     def _why_not(self, pod: PodFacts, shape: NodeShape, admitted: Sequence[bool]) -> str:
         needed = max(ask.shares for ask in pod.asks)
         if sum(admitted) < needed:
-            return "too few GPUs of an allowed model or group" if shape.gpus else "no GPUs"
+            return TOO_FEW_ALLOWED if shape.gpus else NO_GPUS
         healthy = sum(1 for ok, g in zip(admitted, shape.gpus, strict=True) if ok and g.healthy)
         if healthy < needed:
-            return "unhealthy GPU"
+            return UNHEALTHY_GPU
         if all(ask.whole for ask in pod.asks):
             return NO_IDLE_GPUS
         return NO_GPU_ROOM
