@@ -14,9 +14,10 @@ profile's memo, by the shape it was made on. What this module adds is *when* tha
   judged on the shapes it was not judged on yet, and on nothing else (a request already judged on
   the view as it is costs an integer compare).
 - **A new request** is judged on every shape the same way, in slices of :data:`SLICE_SHAPES`
-  shapes that yield to the loop between them, so decisions, KV watches and other extender calls
-  run meanwhile. When kube-scheduler's call cannot wait for the background (the first cycle of a
-  request never seen), the call judges what it needs itself, in the same slices.
+  shapes (:data:`BATCH_SLICE_SHAPES` for a profile that judges many at once) that yield to the
+  loop between them, so decisions, KV watches and other extender calls run meanwhile. When
+  kube-scheduler's call cannot wait for the background (the first cycle of a request never
+  seen), the call judges what it needs itself, in slices :data:`REQUEST_SLICES` times larger.
 
 Whatever was judged when, the answer is always ``decider.verdicts`` on the view as it is when the
 call answers: the background only fills the memo ``verdicts`` reads, and a judgement is found
@@ -49,10 +50,14 @@ KNOWN_REQUESTS: Final = 64
 judgements per changed shape (about 100 us each for the ``tessera`` profile on 8 GPUs), so under
 heavy shape churn it bounds the CPU the background may want."""
 SLICE_SHAPES: Final = 16
-"""Shapes judged between two yields to the loop (about 1.5 ms for the ``tessera`` profile's
-FGD score on 8-GPU shapes)."""
-REQUEST_SLICE_SHAPES: Final = 64
-"""Shapes a call judges between two yields to the loop (a call waits for them: fewer yields)."""
+"""Shapes judged one at a time between two yields to the loop (about 1.5 ms for FGD's score on
+8-GPU shapes)."""
+BATCH_SLICE_SHAPES: Final = 256
+"""Shapes judged between two yields for a profile that judges many at once
+(``core/batch.py``; about 1.5 ms for the ``tessera`` profile on 8-GPU shapes)."""
+REQUEST_SLICES: Final = 4
+"""A call judges this many slices' shapes between two yields (it waits for them: fewer yields;
+a batch of every shape a call needs costs least)."""
 POLL_S: Final = 0.05
 """How often the background looks whether the view's shapes changed (an integer compare)."""
 
@@ -76,20 +81,23 @@ class ReadyJudgements:
         *,
         known: int = KNOWN_REQUESTS,
         slice_shapes: int = SLICE_SHAPES,
-        request_slice: int = REQUEST_SLICE_SHAPES,
+        batch_slice_shapes: int = BATCH_SLICE_SHAPES,
         poll_s: float = POLL_S,
     ) -> None:
         self._source = source
         self._metrics = metrics
         self._limit = known
-        self._slice = slice_shapes
+        self._slices = (slice_shapes, batch_slice_shapes)
         self._poll_s = poll_s
-        self._request_slice = request_slice
         self._known: OrderedDict[PodRequest, _Judged | None] = OrderedDict()
         """Known requests (keys), the most recently asked about last, each with the view it was
         last found judged on every shape of (None: not yet)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    def _slice(self, profile: Profile) -> int:
+        """Shapes to judge between two yields to the loop with ``profile``."""
+        return self._slices[profile.batch is not None]
 
     @property
     def known(self) -> list[PodRequest]:
@@ -119,14 +127,13 @@ class ReadyJudgements:
         self._metrics.extender_judgements.labels(
             verb=verb, source="judged" if missing else "ready"
         ).inc()
-        for start in range(0, len(missing), self._request_slice):
+        step = REQUEST_SLICES * self._slice(profile)
+        for start in range(0, len(missing), step):
             if start:
                 await asyncio.sleep(0)
                 view, profile = self._source()
                 assert profile is not None
-            decider.judge_shapes(
-                view, profile, request, missing[start : start + self._request_slice]
-            )
+            decider.judge_shapes(view, profile, request, missing[start : start + step])
 
     # --- the background ------------------------------------------------------------------------
 
@@ -146,13 +153,12 @@ class ReadyJudgements:
                 if key not in self._known or state.same(self._known[key]):
                     continue
                 missing = decider.unjudged(view, profile, key)
-                for start in range(0, len(missing), self._slice):
+                step = self._slice(profile)
+                for start in range(0, len(missing), step):
                     view, profile = self._source()
                     if profile is None:
                         return judged
-                    done = decider.judge_shapes(
-                        view, profile, key, missing[start : start + self._slice]
-                    )
+                    done = decider.judge_shapes(view, profile, key, missing[start : start + step])
                     judged += done
                     self._metrics.extender_background_judgements.inc(done)
                     await asyncio.sleep(0)

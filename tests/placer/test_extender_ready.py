@@ -167,7 +167,9 @@ async def test_a_request_asked_about_is_judged_in_the_background_and_then_served
     view = state.view
     profile = profile_of(view, "tessera")
     registry = CollectorRegistry()
-    ready = ReadyJudgements(lambda: (view, profile), PlacerMetrics.create(registry), slice_shapes=3)
+    ready = ReadyJudgements(
+        lambda: (view, profile), PlacerMetrics.create(registry), batch_slice_shapes=3
+    )
     pod = REQUESTS[0]
 
     await ready.ready(pod, CANDIDATES, verb="filter")  # never seen: judged during the call

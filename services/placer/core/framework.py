@@ -157,6 +157,8 @@ class BatchJudge(Protocol):
         self, pod: PodFacts, cluster: ClusterIndex, sids: Sequence[int]
     ) -> dict[int, Judgement] | None:
         """The judgement of each shape id; None for a pod it does not judge."""
+
+
 AVOIDED: Final = "not to be chosen this time (a commit there was just lost)"
 """Why a feasible node is in a rejection: every feasible node was to be avoided."""
 
