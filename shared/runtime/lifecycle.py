@@ -50,6 +50,7 @@ from shared.runtime.health import HealthServer, HttpRoutes, Readiness
 from shared.runtime.logs import AGENT, Redactor, configure_logging
 from shared.runtime.metrics import (
     EdgeMetrics,
+    LoopLag,
     loop_lag_histogram,
     register_runtime_metrics,
     watch_loop_lag,
@@ -115,6 +116,9 @@ class Hosted:
 
     stop: asyncio.Event
     agent: str
+    loop_lag: LoopLag | None = None
+    """The host's one sampler of the loop's lag, which every hosted service's histogram joins
+    (None: each service samples the loop itself)."""
 
 
 class BusClosedError(Exception):
@@ -265,7 +269,12 @@ async def run_service(
     )
 
     loop = asyncio.get_running_loop()
-    lag_watch = asyncio.create_task(watch_loop_lag(lag), name=f"{name}-loop-lag")
+    shared_lag = hosted.loop_lag if hosted is not None else None
+    if shared_lag is not None:
+        shared_lag.add(lag)
+        lag_watch = None
+    else:
+        lag_watch = asyncio.create_task(watch_loop_lag(lag), name=f"{name}-loop-lag")
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for signum in signals:
         loop.add_signal_handler(signum, _stop_on, signal.Signals(signum), stop, stop_deadline_s)
@@ -306,7 +315,10 @@ async def run_service(
         if bus is not None:
             await bus.drain()
         await health.stop()
-        await cancel_and_wait(lag_watch)
+        if shared_lag is not None:
+            shared_lag.discard(lag)
+        if lag_watch is not None:
+            await cancel_and_wait(lag_watch)
         log.info("service stopped")
     return 1 if failed else 0
 

@@ -31,6 +31,8 @@ from shared.config import ConfigError, Settings, add_settings_arguments, load_se
 from shared.runtime.command import freeze_startup_heap, run_event_loop
 from shared.runtime.lifecycle import Hosted
 from shared.runtime.logs import configure_logging
+from shared.runtime.metrics import LoopLag
+from shared.runtime.tasks import cancel_and_wait
 
 Main = Callable[..., Coroutine[Any, Any, int]]
 HOSTABLE: dict[str, tuple[type[Settings], Main]] = {
@@ -57,15 +59,19 @@ async def host(agents: dict[str, list[str]], *, level: str, fmt: str) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop_lag = LoopLag()  # one sampler for the loop every agent shares
+    sampling = asyncio.create_task(loop_lag.run(), name="agents-loop-lag")
     runs: list[asyncio.Task[int]] = []
     for agent, argv in agents.items():
         settings, main = settings_of(argv)
-        runs.append(asyncio.create_task(main(settings, hosted=Hosted(stop=stop, agent=agent))))
+        hosted = Hosted(stop=stop, agent=agent, loop_lag=loop_lag)
+        runs.append(asyncio.create_task(main(settings, hosted=hosted)))
     # One agent ending on its own ends the host: its supervisor sees a dead process, as it
     # would see that one service's.
     await asyncio.wait(runs, return_when=asyncio.FIRST_COMPLETED)
     stop.set()
     codes: list[Any] = await asyncio.gather(*runs, return_exceptions=True)
+    await cancel_and_wait(sampling)
     if any(isinstance(code, BaseException) for code in codes):
         return 1
     return max((int(code) for code in codes), default=0)

@@ -26,10 +26,10 @@ from shared.runtime.bus import Bus, BusUnavailableError, Delivery
 from shared.runtime.command import run_event_loop
 from shared.runtime.edge import REASON_HEADER, Edge
 from shared.runtime.health import Readiness
-from shared.runtime.lifecycle import Body, ServiceContext, run_service
-from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.lifecycle import Body, Hosted, ServiceContext, run_service
+from shared.runtime.metrics import EdgeMetrics, LoopLag
 from shared.runtime.nats import NatsBus
-from shared.runtime.tasks import finish
+from shared.runtime.tasks import cancel_and_wait, finish
 from tests.harness.clock import FakeClock
 from tests.harness.nats import NatsServer
 from tests.shared.echo_service import ECHO_SUBJECT, echo_body
@@ -502,6 +502,23 @@ async def test_metrics_show_the_nats_connection_and_the_process(nats_server: Nat
         assert re.search(rf"^{family}(\{{.*\}})? \S+$", metrics, re.MULTILINE), family
 
 
+async def loop_lag_buckets(http: aiohttp.ClientSession, port: int) -> dict[str, float]:
+    """The ``tessera_event_loop_lag_seconds`` buckets a service's /metrics shows."""
+    async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+        metrics = await response.text()
+    return {
+        match.group(1): float(match.group(2))
+        for match in re.finditer(
+            r'^tessera_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$', metrics, re.MULTILINE
+        )
+    }
+
+
+def stopped_seen(samples: dict[str, float]) -> bool:
+    """Whether a sample later than 0.25 s is among ``samples`` (the tests stop the loop 0.6 s)."""
+    return samples.get("+Inf", 0.0) - samples.get("0.25", 0.0) >= 1
+
+
 async def test_a_stopped_event_loop_shows_in_the_loop_lag_metric(nats_server: NatsServer) -> None:
     """A full garbage collection or a long computation stops everything a service does; the
     loop-lag histogram is where an operator sees it (a placer's collections once set its p99)."""
@@ -514,22 +531,64 @@ async def test_a_stopped_event_loop_shows_in_the_loop_lag_metric(nats_server: Na
     async with running_echo(nats_server, blocking) as (port, _, _):
         async with aiohttp.ClientSession() as http:
             for _ in range(100):
-                async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
-                    metrics = await response.text()
-                samples = {
-                    match.group(1): float(match.group(2))
-                    for match in re.finditer(
-                        r'^tessera_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)$',
-                        metrics,
-                        re.MULTILINE,
-                    )
-                }
-                total = samples.get("+Inf", 0.0)
-                if total - samples.get("0.25", 0.0) >= 1:
+                samples = await loop_lag_buckets(http, port)
+                if stopped_seen(samples):
                     break
                 await asyncio.sleep(0.1)
-    assert total - samples["0.25"] >= 1, f"the 0.6 s stop was not seen: {samples}"
+    assert stopped_seen(samples), f"the 0.6 s stop was not seen: {samples}"
     assert samples["0.25"] >= 1, "the samples of a free loop are there too"
+
+
+async def test_services_one_process_hosts_share_one_loop_lag_sampler(
+    nats_server: NatsServer,
+) -> None:
+    """``tessera.up.agents`` runs many services on one loop: the host's one sampler observes
+    into each service's histogram, and no service starts a sampler of its own."""
+    stop = asyncio.Event()
+    sampler = LoopLag()
+    readiness = [Readiness(), Readiness()]
+    settings = Settings(
+        nats_url=nats_server.url, http_host="127.0.0.1", http_port=0, log_format="text"
+    )
+
+    async def body(context: ServiceContext) -> None:
+        context.readiness.set("loaded", True)
+        await asyncio.Event().wait()
+
+    runs = [
+        asyncio.create_task(
+            run_service(
+                name="echo",
+                settings=settings,
+                body=body,
+                readiness=ready,
+                hosted=Hosted(stop=stop, agent=f"echo/{n}", loop_lag=sampler),
+            )
+        )
+        for n, ready in enumerate(readiness)
+    ]
+    sampling = asyncio.create_task(sampler.run(), name="host-loop-lag")
+    try:
+        for _ in range(200):
+            if all(ready.ready for ready in readiness):
+                break
+            await asyncio.sleep(0.02)
+        assert all(ready.ready for ready in readiness)
+        samplers = [t.get_name() for t in asyncio.all_tasks() if t.get_name().endswith("lag")]
+        assert samplers == ["host-loop-lag"]
+        await asyncio.sleep(0.3)
+        time.sleep(0.6)  # noqa: ASYNC251 (the loop stopped on purpose: what is measured)
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                seen = [await loop_lag_buckets(http, _port_of(ready)) for ready in readiness]
+                if all(stopped_seen(samples) for samples in seen):
+                    break
+                await asyncio.sleep(0.1)
+        assert all(stopped_seen(samples) for samples in seen), seen
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(asyncio.gather(*runs), timeout=10) == [0, 0]
+        await cancel_and_wait(sampling)
 
 
 async def test_not_ready_before_the_body_has_registered_its_own_checks(
