@@ -336,7 +336,6 @@ class FgdBatch:
     ) -> None:
         self.fit = fit
         self.score = score
-        self.model = model
         self.weight = weight
         self.other_filters = other_filters
         self._tasks = TaskArrays(model)
@@ -396,7 +395,7 @@ class FgdBatch:
         healthy = gpu[:, 5] == 1
         usable = healthy & (gpu[:, 6] == 0) & (cores_free >= ask.core_milli) & (gpu[:, 4] != 0)
         if ask.whole:
-            usable &= gpu[:, 7] == 1  # and its memory is all free: the share takes what is
+            usable &= gpu[:, 7] == 1  # idle; it takes all the memory free, which always fits
             asked = memory_free
         else:
             asked = _memory_on(ask.memory_mib, ask.memory_pct, total_mib)
