@@ -88,9 +88,11 @@ class _Rows:
     def __init__(self, gpus: int) -> None:
         self.gpus = gpus
         self.count = 0
-        self.node = np.zeros((0, 4), dtype=np.int64)
+        # Kept in 32 bits (a placer keeps a row per shape it judged: tens of thousands at
+        # 10,000 nodes), read in 64: MiB and CPU milli of one node are far below 2**31.
+        self.node = np.zeros((0, 4), dtype=np.int32)
         """cpu free, memory free, schedulable, code of the node's set of GPU models."""
-        self.gpu = np.zeros((0, 9, gpus), dtype=np.int64)
+        self.gpu = np.zeros((0, 9, gpus), dtype=np.int32)
         """Per GPU (ascending free milli, the shape's order): free milli, memory total, memory
         free, cores free, slots free, healthy, exclusive, idle, code of (model, groups)."""
         self._fragmentation: tuple[object, Floats] = (None, np.zeros(0))
@@ -389,8 +391,8 @@ class FgdBatch:
         the score."""
         ask = pod.asks[0]
         shares = ask.shares
-        node = rows.node[at]
-        gpu = rows.gpu[at]
+        node: Ints = rows.node[at].astype(np.int64)
+        gpu: Ints = rows.gpu[at].astype(np.int64)
         free, total_mib, memory_free, cores_free = gpu[:, 0], gpu[:, 1], gpu[:, 2], gpu[:, 3]
         healthy = gpu[:, 5] == 1
         usable = healthy & (gpu[:, 6] == 0) & (cores_free >= ask.core_milli) & (gpu[:, 4] != 0)
