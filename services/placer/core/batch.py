@@ -76,6 +76,9 @@ Bools = npt.NDArray[np.bool_]
 
 ROWS_KEY: Final = "batch.rows"
 """Where an index keeps its :class:`ShapeRows` (``ClusterIndex.derived``)."""
+CHUNK_SHAPES: Final = 2048
+"""Shapes judged in one pass: the arrays of a pass are a few MiB (a share's state after each of
+a node's GPUs is a row), where 10,000 shapes at once took tens of MiB of a placer's peak RSS."""
 NEAR_INTEGER: Final = 1e-9
 """A score this close to an integer point is taken from the scalar code (see the docstring)."""
 _BY_MODEL_AND_GROUPS: Final = (GpuModel, GroupFilter)
@@ -185,7 +188,9 @@ class ShapeRows:
     def by_gpu_count(
         self, shapes: Sequence[NodeShape], sids: Sequence[int]
     ) -> list[tuple[_Rows, Ints, Ints]]:
-        """``sids`` grouped by their number of GPUs: (rows, shape ids, their rows)."""
+        """``sids`` grouped by their number of GPUs: (rows, positions in ``sids``, their rows).
+        Positions, not ids: a memo keyed by the caller's own ints holds no second copy of each
+        (tens of thousands of memo entries at 10,000 nodes)."""
         if len(shapes) > len(self._gpus_of):  # room for every id the index has interned
             grown = max(len(shapes), 2 * len(self._gpus_of))
             self._gpus_of = np.concatenate(
@@ -199,8 +204,8 @@ class ShapeRows:
         counts = self._gpus_of[ids]
         groups = []
         for gpus in np.unique(counts).tolist():
-            these = ids[counts == gpus]
-            groups.append((self._rows[gpus], these, self._row_of[these]))
+            positions = np.flatnonzero(counts == gpus)
+            groups.append((self._rows[gpus], positions, self._row_of[ids[positions]]))
         return groups
 
 
@@ -356,19 +361,23 @@ class FgdBatch:
         shapes = cluster.shapes
         judged: dict[int, Judgement] = {}
         weight = self.weight
-        for rows, ids, at in table.by_gpu_count(shapes, sids):
-            codes, scores = self._group(pod, table, rows, at)
-            # A profile's total is 0.0 plus each plugin's weighted score (Profile.judge).
-            judged.update(
-                zip(
-                    ids.tolist(),
-                    [
-                        FIT_REASONS[code] if code else 0.0 + weight * score
-                        for code, score in zip(codes.tolist(), scores.tolist(), strict=True)
-                    ],
-                    strict=True,
+        for rows, group_positions, group_at in table.by_gpu_count(shapes, sids):
+            for start in range(0, len(group_positions), CHUNK_SHAPES):
+                positions = group_positions[start : start + CHUNK_SHAPES]
+                codes, scores = self._group(
+                    pod, table, rows, group_at[start : start + CHUNK_SHAPES]
                 )
-            )
+                # A profile's total is 0.0 plus each plugin's weighted score (Profile.judge).
+                judged.update(
+                    zip(
+                        [sids[p] for p in positions.tolist()],
+                        [
+                            FIT_REASONS[code] if code else 0.0 + weight * score
+                            for code, score in zip(codes.tolist(), scores.tolist(), strict=True)
+                        ],
+                        strict=True,
+                    )
+                )
         for sid, judgement in judged.items():
             if isinstance(judgement, str):
                 continue
