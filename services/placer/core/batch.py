@@ -284,15 +284,25 @@ def fed_values(
     if each > 1:
         blocked = np.repeat(blocked, each, axis=1)
         wanted = np.repeat(wanted, each, axis=1)
-    fitting = _at_least(descending, tasks.gpu_milli)
-    idle_only = blocked | (fitting < tasks.gpu_count)
-    fed = np.minimum(wanted, fitting)
-    starts = np.arange(rows) * (gpus + 1)
-    flat = prefix.reshape(-1)
-    at_fitting = np.take(flat, fitting + starts)
-    at_fed = np.take(flat, fed + starts)
-    fragment = (idle - at_fitting) + tasks.unfed_weight * (at_fitting - at_fed)
-    terms = tasks.weight * np.where(idle_only, idle, fragment)
+    # A task no row can run (no GPUs asked, none with the CPU for it, too few GPUs free enough
+    # anywhere: whole-GPU tasks on a busy cluster) adds ``weight x idle`` to every row; only
+    # the others need their sums.
+    terms = tasks.weight * idle  # [task, row]: each task's term, by default the idle one
+    # The k-th most free GPU of any row: a task asking k GPUs of more than that fits nowhere.
+    most = np.append(descending.max(axis=0) if rows else np.zeros(gpus, np.int32), -1)
+    kth = most[np.minimum(tasks.gpu_count[:, 0], gpus + 1) - 1]
+    fits_somewhere = (tasks.gpu_count[:, 0] > 0) & (kth >= tasks.gpu_milli[:, 0, 0])
+    open_tasks = np.flatnonzero(fits_somewhere & ~blocked.all(axis=1))
+    if len(open_tasks):
+        fitting = _at_least(descending, tasks.gpu_milli[open_tasks])
+        idle_only = blocked[open_tasks] | (fitting < tasks.gpu_count[open_tasks])
+        fed = np.minimum(wanted[open_tasks], fitting)
+        starts = np.arange(rows) * (gpus + 1)
+        flat = prefix.reshape(-1)
+        at_fitting = np.take(flat, fitting + starts)
+        at_fed = np.take(flat, fed + starts)
+        fragment = (idle - at_fitting) + tasks.unfed_weight * (at_fitting - at_fed)
+        terms[open_tasks] = tasks.weight[open_tasks] * np.where(idle_only, idle, fragment)
     total = np.zeros(rows)
     for term in terms:  # one task after the other, as the scalar loop adds them
         total += term
