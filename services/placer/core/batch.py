@@ -114,15 +114,19 @@ class _Rows:
             values = grown
         return values
 
-    def append(self, node: Sequence[int], gpu: Sequence[Sequence[int]]) -> int:
-        if self.count == len(self.node):
-            size = max(16, 2 * self.count)
+    def extend(self, nodes: list[tuple[int, ...]], gpus: list[list[tuple[int, ...]]]) -> Ints:
+        """Add a row per shape (its node's numbers, and each GPU's in the order of
+        :attr:`gpu`'s fields); the rows they took."""
+        start, added = self.count, len(nodes)
+        if start + added > len(self.node):
+            size = max(16, 2 * (start + added))
             self.node = np.resize(self.node, (size, 4))
             self.gpu = np.resize(self.gpu, (size, 9, self.gpus))
-        self.node[self.count] = node
-        self.gpu[self.count] = gpu
-        self.count += 1
-        return self.count - 1
+        self.node[start : start + added] = np.array(nodes, dtype=np.int32).reshape(added, 4)
+        per_gpu = np.array(gpus, dtype=np.int32).reshape(added, self.gpus, 9)
+        self.gpu[start : start + added] = per_gpu.transpose(0, 2, 1)
+        self.count += added
+        return np.arange(start, start + added, dtype=np.int64)
 
 
 class ShapeRows:
@@ -156,30 +160,44 @@ class ShapeRows:
             self.model_sets.append(models)
         return code
 
-    def _add(self, sid: int, shape: NodeShape) -> None:
-        gpus = shape.gpus
-        rows = self._rows.get(len(gpus))
-        if rows is None:
-            rows = self._rows[len(gpus)] = _Rows(len(gpus))
-        node = (
-            shape.cpu_milli_free,
-            shape.memory_mib_free,
-            int(shape.schedulable),
-            self._model_set(shape.models),
-        )
-        per_gpu = (
-            [g.free_milli for g in gpus],
-            [g.memory_total_mib for g in gpus],
-            [g.memory_free_mib for g in gpus],
-            [g.core_milli_free for g in gpus],
-            [g.slots_free for g in gpus],
-            [int(g.healthy) for g in gpus],
-            [int(g.exclusive) for g in gpus],
-            [int(g.idle) for g in gpus],
-            [self._kind(g) for g in gpus],
-        )
-        self._row_of[sid] = rows.append(node, per_gpu)
-        self._gpus_of[sid] = len(gpus)
+    def _add(self, sids: list[int], shapes: Sequence[NodeShape]) -> None:
+        """Copy the numbers of shapes ``sids`` into rows, by their number of GPUs."""
+        new: dict[int, tuple[list[int], list[tuple[int, ...]], list[list[tuple[int, ...]]]]] = {}
+        kind, model_set = self._kind, self._model_set
+        for sid in sids:
+            shape = shapes[sid]
+            ids, nodes, gpus = new.setdefault(len(shape.gpus), ([], [], []))
+            ids.append(sid)
+            nodes.append(
+                (
+                    shape.cpu_milli_free,
+                    shape.memory_mib_free,
+                    int(shape.schedulable),
+                    model_set(shape.models),
+                )
+            )
+            gpus.append(
+                [
+                    (
+                        g.free_milli,
+                        g.memory_total_mib,
+                        g.memory_free_mib,
+                        g.core_milli_free,
+                        g.slots_free,
+                        g.healthy,
+                        g.exclusive,
+                        g.idle,
+                        kind(g),
+                    )
+                    for g in shape.gpus
+                ]
+            )
+        for count, (ids, nodes, gpus) in new.items():
+            rows = self._rows.get(count)
+            if rows is None:
+                rows = self._rows[count] = _Rows(count)
+            self._row_of[ids] = rows.extend(nodes, gpus)
+            self._gpus_of[ids] = count
 
     def holds(self, sid: int) -> bool:
         """Whether shape ``sid`` has its row."""
@@ -199,9 +217,9 @@ class ShapeRows:
             self._row_of = np.resize(self._row_of, grown)
         ids = np.array(sids, dtype=np.int64)
         counts = self._gpus_of[ids]
-        for sid in ids[counts < 0].tolist():
-            self._add(sid, shapes[sid])
-        counts = self._gpus_of[ids]
+        if (counts < 0).any():
+            self._add(ids[counts < 0].tolist(), shapes)
+            counts = self._gpus_of[ids]
         groups = []
         for gpus in np.unique(counts).tolist():
             positions = np.flatnonzero(counts == gpus)
