@@ -141,6 +141,33 @@ def test_a_request_of_several_containers_is_left_to_the_scalar_judge() -> None:
 
 
 @pytest.mark.parametrize(
+    "request_",
+    [
+        pod("memory").container(shares=1, mib=10**23, cores=30).build(),
+        pod("percent").container(shares=1, pct=10**21).build(),
+        pod("cpu").container(shares=1, mib=1_024, cores=30, cpu=10**20).build(),
+        pod("cores").container(shares=1, mib=1_024, cores=10**19).build(),
+    ],
+    ids=["GPU memory", "GPU memory percent", "CPU", "cores"],
+)
+def test_a_pod_asking_more_than_any_array_holds_is_judged_one_shape_at_a_time(
+    request_: PodRequest,
+) -> None:
+    """Kubernetes quantities have no upper bound: a pod may ask 10**23 MiB. The batch judge
+    (64-bit arrays) leaves it to the scalar code, whose answer the memo then holds."""
+    profile = tessera(DEFAULT_TYPICAL_TASKS)
+    assert profile.batch is not None
+    nodes = [node(f"n{i:02d}").gpus(2, used=10 * i).build() for i in range(BATCH_MIN + 4)]
+    index = ClusterIndex(nodes)
+    facts = pod_facts(request_)
+    sids = list(range(len(index.shapes)))
+    assert profile.batch.judge(facts, index, sids) is None
+    judged = framework.judgements(facts, index, profile, sids)
+    assert judged == {sid: profile.judge(facts, index.shapes[sid]) for sid in sids}
+    assert all(isinstance(judgement, str) for judgement in judged.values())
+
+
+@pytest.mark.parametrize(
     ("name", "batched"),
     [
         ("tessera", True),

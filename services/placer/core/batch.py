@@ -21,8 +21,9 @@ operations, per number of GPUs on the node.
   GPU-sharing task, and whole GPUs, are scored on the GPUs the GPU search would take (the
   candidates with the least free memory, then cores, first);
 - what has no array form is left to the scalar code: the profile's other filters (run on each
-  shape the fit filter passes, in order) and pods whose GPUs more than one container asks for
-  (:meth:`FgdBatch.judge` says None and the profile judges one shape at a time).
+  shape the fit filter passes, in order), pods whose GPUs more than one container asks for, and
+  pods asking amounts beyond :data:`AMOUNT_LIMIT` (:meth:`FgdBatch.judge` says None and the
+  profile judges one shape at a time).
 
 Which plugins a profile runs is checked once (:func:`batch_judge`): the fit filter first, FGD over
 fed fragmentation as the only score, and GPU filters that read only a GPU's model and groups (the
@@ -79,6 +80,9 @@ ROWS_KEY: Final = "batch.rows"
 CHUNK_SHAPES: Final = 2048
 """Shapes judged in one pass: the arrays of a pass are a few MiB (a share's state after each of
 a node's GPUs is a row), where 10,000 shapes at once took tens of MiB of a placer's peak RSS."""
+AMOUNT_LIMIT: Final = 2**40
+"""Pods asking more than this (MiB, milli, percent) are left to the scalar code: nothing that
+large fits anywhere, and in 64-bit arrays times 1,000 it could overflow (Python's ints do not)."""
 NEAR_INTEGER: Final = 1e-9
 """A score this close to an integer point is taken from the scalar code (see the docstring)."""
 _BY_MODEL_AND_GROUPS: Final = (GpuModel, GroupFilter)
@@ -384,6 +388,10 @@ class FgdBatch:
         """The judgement of each of ``sids`` for ``pod``; None for a request this does not
         judge (see the module docstring)."""
         if len(pod.asks) != 1:
+            return None
+        ask = pod.asks[0]
+        amounts = (pod.cpu_milli, pod.memory_mib, ask.memory_mib or 0, ask.memory_pct or 0)
+        if max(*amounts, ask.core_milli, ask.shares) > AMOUNT_LIMIT:
             return None
         table = shape_rows(cluster)
         shapes = cluster.shapes
