@@ -53,7 +53,6 @@ from shared.runtime.metrics import (
     LoopLag,
     loop_lag_histogram,
     register_runtime_metrics,
-    watch_loop_lag,
 )
 from shared.runtime.nats import DEFAULT_INBOX_PREFIX, NatsBus, NatsRefusedError, unreachable_reason
 from shared.runtime.tasks import TaskOwners, cancel_and_wait, owned_context
@@ -269,12 +268,13 @@ async def run_service(
     )
 
     loop = asyncio.get_running_loop()
-    shared_lag = hosted.loop_lag if hosted is not None else None
-    if shared_lag is not None:
-        shared_lag.add(lag)
-        lag_watch = None
-    else:
-        lag_watch = asyncio.create_task(watch_loop_lag(lag), name=f"{name}-loop-lag")
+    # The host's sampler when it has one, else one of this service's own.
+    sampler = hosted.loop_lag if hosted is not None else None
+    lag_watch = None
+    if sampler is None:
+        sampler = LoopLag()
+        lag_watch = asyncio.create_task(sampler.run(), name=f"{name}-loop-lag")
+    sampler.add(lag)
     signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
     for signum in signals:
         loop.add_signal_handler(signum, _stop_on, signal.Signals(signum), stop, stop_deadline_s)
@@ -315,8 +315,7 @@ async def run_service(
         if bus is not None:
             await bus.drain()
         await health.stop()
-        if shared_lag is not None:
-            shared_lag.discard(lag)
+        sampler.discard(lag)
         if lag_watch is not None:
             await cancel_and_wait(lag_watch)
         log.info("service stopped")

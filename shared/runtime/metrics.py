@@ -120,7 +120,7 @@ seen; a shorter one is caught in proportion to its length."""
 
 
 def loop_lag_histogram(registry: CollectorRegistry) -> Histogram:
-    """``tessera_event_loop_lag_seconds`` on ``registry`` (see :func:`watch_loop_lag`)."""
+    """``tessera_event_loop_lag_seconds`` on ``registry`` (see :class:`LoopLag`)."""
     return Histogram(
         "tessera_event_loop_lag_seconds",
         "How much later than due the event loop ran a timer (sampled every "
@@ -131,10 +131,13 @@ def loop_lag_histogram(registry: CollectorRegistry) -> Histogram:
 
 
 class LoopLag:
-    """Samples the event loop's lag (:func:`watch_loop_lag`) into every histogram added. The
-    services one process hosts (``tessera.up.agents``) share its loop, so one sampler serves
-    them all: 200 hosted services would otherwise wake the loop 800 times a second to measure
-    the same thing."""
+    """Samples the event loop's lag into every histogram added: every interval it sleeps and
+    observes how much later than asked the loop woke it. Every message, timer and request of a
+    service waits while its loop is stopped (a full garbage collection, a long computation), so
+    this is how long any of them was held up. The loop's own clock measures it, whatever clock
+    the service's logic runs on. The services one process hosts (``tessera.up.agents``) share
+    its loop, so one sampler serves them all: 200 hosted services would otherwise wake the loop
+    800 times a second to measure the same thing."""
 
     def __init__(self, *, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
         self._interval_s = interval_s
@@ -156,13 +159,3 @@ class LoopLag:
             late = max(0.0, loop.time() - due)
             for lag in self._histograms:
                 lag.observe(late)
-
-
-async def watch_loop_lag(lag: Histogram, *, interval_s: float = LOOP_LAG_INTERVAL_S) -> None:
-    """Forever: sleep ``interval_s`` and observe in ``lag`` how much later than asked the loop
-    woke us. Every message, timer and request of a service waits while its loop is stopped (a
-    full garbage collection, a long computation), so this is how long any of them was held up.
-    The loop's own clock measures it, whatever clock the service's logic runs on."""
-    sampler = LoopLag(interval_s=interval_s)
-    sampler.add(lag)
-    await sampler.run()
