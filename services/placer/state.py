@@ -324,8 +324,11 @@ class ClusterView:
             return
         # Only a node crossing a level changes that level's set: the set (and what a reader
         # derived from it, ``ClusterIndex.ranks_of``) is kept while queues only grow or shrink.
-        for at_least in [t for t in self._queued if (before >= t) != (count >= t)]:
-            del self._queued[at_least]
+        # A crossing changes the set by that one node (a copy in C, not a pass over every
+        # node's queue: under a burst a node crosses a level at about every other decision).
+        for at_least, queued in self._queued.items():
+            if (before >= at_least) != (count >= at_least):
+                self._queued[at_least] = queued | {node} if count >= at_least else queued - {node}
         if count:
             self._handoffs[node] = count
         else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from services.placer.core.ledger import Ledger
 from services.placer.core.model import NodeState, Reservation
@@ -91,8 +91,11 @@ class ClusterIndex:
         if ranks is None:
             if len(self._ranks_of) >= RANK_SETS_KEPT:
                 self._ranks_of.clear()
-            rank = self._rank
-            ranks = self._ranks_of[names] = frozenset(rank[n] for n in names if n in rank)
+            # In C: a burst changes the set at about every other decision.
+            looked: frozenset[int | None] = frozenset(map(self._rank.get, names))
+            if None in looked:  # names this index does not hold (another pool's nodes)
+                looked = looked - {None}
+            ranks = self._ranks_of[names] = cast("frozenset[int]", looked)
         return ranks
 
     def shape_of(self, name: str) -> NodeShape:
