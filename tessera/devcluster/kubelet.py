@@ -145,6 +145,8 @@ class SimulatedKubelet(DeviceManager):
         """Every pod this kubelet handled (kept after it is gone, for reports)."""
         self._live: set[str] = set()
         """Uids of admitted pods whose containers are running (not yet terminated)."""
+        self._asked: dict[str, dict[str, Any]] = {}
+        """What each live pod asks of the node (parsed once: a pod's resources never change)."""
         self._queue: asyncio.Queue[tuple[str, Obj | None]] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._gpus = {gpu.uuid: gpu for gpu in spec.gpus}
@@ -288,7 +290,7 @@ class SimulatedKubelet(DeviceManager):
         try:
             # The kubelet's order: the device manager's admit handler, then the resource fit.
             await self._allocate(current, record.containers)
-            self._fit(current)
+            asked = self._fit(current)
         except AdmissionError as rejected:
             record.failed_reason, record.failed_message = rejected.reason, rejected.message
             self._free(uid)
@@ -300,6 +302,7 @@ class SimulatedKubelet(DeviceManager):
             return
         record.allocated_at = self.clock()
         self._live.add(uid)
+        self._asked[uid] = asked
         self._observe_usage()
         self._set_running(current, record)
         record.running_at = self.clock()
@@ -309,10 +312,12 @@ class SimulatedKubelet(DeviceManager):
         if record is not None and record.terminated_at is None:
             record.terminated_at = self.clock()
         self._live.discard(uid)
+        self._asked.pop(uid, None)
         self._free(uid)
 
-    def _fit(self, pod: Obj) -> None:
-        """The kubelet's resource fit (GeneralPredicates) over the pods admitted here."""
+    def _fit(self, pod: Obj) -> dict[str, Any]:
+        """The kubelet's resource fit (GeneralPredicates) over the pods admitted here; what
+        ``pod`` asks of the node when it fits."""
         node = self.api.find(NODE, "", self.name)
         allocatable = ((node or {}).get("status") or {}).get("allocatable") or {}
         wanted = _requests(pod)
@@ -324,7 +329,7 @@ class SimulatedKubelet(DeviceManager):
             if other is None:
                 continue
             admitted += 1
-            for name, amount in _requests(other).items():
+            for name, amount in self._asked[uid].items():
                 used[name] = used.get(name, 0) + amount
         if admitted + 1 > _count(allocatable.get("pods", "110")):
             raise AdmissionError("OutOfpods", "Node didn't have enough resource: pods")
@@ -344,6 +349,7 @@ class SimulatedKubelet(DeviceManager):
                     f"Node didn't have enough resource: {name}, requested: {_show(amount)}, "
                     f"used: {_show(used.get(name, 0))}, capacity: {_show(capacity)}",
                 )
+        return wanted
 
     # --- status ---------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from tessera.devcluster import patches, resources
 from tessera.devcluster.admission import AdmissionChain, Phase
+from tessera.devcluster.jsoncopy import clone
 from tessera.devcluster.resources import (
     MUTATING_WEBHOOKS,
     NAMESPACE,
@@ -26,7 +27,7 @@ from tessera.devcluster.resources import (
     not_found,
     timestamp,
 )
-from tessera.devcluster.store import Key, Store, clone
+from tessera.devcluster.store import Key, Store
 
 DEFAULT_NAMESPACES: Final = ("default", "kube-system")
 NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"

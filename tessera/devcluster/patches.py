@@ -15,8 +15,9 @@ malformed patch, 422 for a failed ``test`` or a path that does not exist).
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Final
+
+from tessera.devcluster.jsoncopy import clone
 
 MERGE_PATCH: Final = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
@@ -94,7 +95,7 @@ def apply_patch(document: dict[str, Any], patch: Any, content_type: str) -> dict
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -278,27 +279,27 @@ def _add(document: Any, parts: list[str], value: Any, op: str) -> Any:
 
 def json_patch(document: Any, operations: list[Any]) -> Any:
     """RFC 6902: apply ``operations`` in order to a copy of ``document``."""
-    result = copy.deepcopy(document)
+    result = clone(document)
     for operation in operations:
         if not isinstance(operation, dict) or "op" not in operation:
             raise PatchError(400, f"invalid JSON patch operation {operation!r}")
         op = operation["op"]
         parts = _pointer(operation.get("path"))
         if op == "add":
-            result = _add(result, parts, copy.deepcopy(operation.get("value")), op)
+            result = _add(result, parts, clone(operation.get("value")), op)
         elif op == "remove":
             _remove(result, parts, op)
         elif op == "replace":
             _get(result, parts, op)
             if parts:
                 _remove(result, parts, op)
-            result = _add(result, parts, copy.deepcopy(operation.get("value")), op)
+            result = _add(result, parts, clone(operation.get("value")), op)
         elif op in ("move", "copy"):
             source = _pointer(operation.get("from"))
             value = _get(result, source, op)
             if op == "move":
                 _remove(result, source, op)
-            result = _add(result, parts, copy.deepcopy(value), op)
+            result = _add(result, parts, clone(value), op)
         elif op == "test":
             if _get(result, parts, op) != operation.get("value"):
                 raise PatchError(422, f"test failed: /{'/'.join(parts)} is not the given value")

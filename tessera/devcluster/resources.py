@@ -13,7 +13,6 @@ events.k8s.io, as on a real cluster.
 
 from __future__ import annotations
 
-import copy
 import re
 import uuid
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from shared.quantity import QuantityError, canonical, parse_quantity
+from tessera.devcluster.jsoncopy import clone
 
 Obj = dict[str, Any]
 
@@ -272,7 +272,7 @@ _POD_MUTABLE_SPEC: Final = (
 
 
 def _comparable_pod_spec(spec: Obj) -> Obj:
-    spec = copy.deepcopy(spec)
+    spec = clone(spec)
     for kind in ("containers", "initContainers"):
         for container in spec.get(kind) or []:
             container.pop("image", None)
@@ -283,11 +283,11 @@ def _comparable_pod_spec(spec: Obj) -> Obj:
 
 def _update_pod(old: Obj, new: Obj, subresource: str) -> list[str]:
     if subresource == "status":
-        new["spec"] = copy.deepcopy(old.get("spec", {}))
+        new["spec"] = clone(old.get("spec", {}))
         _keep(new, old, "metadata", "deletionTimestamp")
         _keep(new, old, "metadata", "ownerReferences")
         return []
-    new["status"] = copy.deepcopy(old.get("status", {}))
+    new["status"] = clone(old.get("status", {}))
     _canonical_quantities(new.setdefault("spec", {}))
     if _comparable_pod_spec(old.get("spec", {})) != _comparable_pod_spec(new.get("spec", {})):
         return [
@@ -299,7 +299,7 @@ def _update_pod(old: Obj, new: Obj, subresource: str) -> list[str]:
 def _keep(new: Obj, old: Obj, section: str, key: str) -> None:
     target = new.setdefault(section, {})
     if key in old.get(section, {}):
-        target[key] = copy.deepcopy(old[section][key])
+        target[key] = clone(old[section][key])
     else:
         target.pop(key, None)
 
@@ -316,9 +316,9 @@ def _node_fields(node: Obj) -> dict[str, str]:
 
 def _update_node(old: Obj, new: Obj, subresource: str) -> list[str]:
     if subresource == "status":
-        new["spec"] = copy.deepcopy(old.get("spec", {}))
+        new["spec"] = clone(old.get("spec", {}))
     else:
-        new["status"] = copy.deepcopy(old.get("status", {}))
+        new["status"] = clone(old.get("status", {}))
     return []
 
 

@@ -21,23 +21,15 @@ import itertools
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Literal
 
-import msgspec
-
+from tessera.devcluster.jsoncopy import clone
 from tessera.devcluster.resources import ApiError, Obj, ResourceType
 from tessera.devcluster.selectors import Selector
 
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 Key = tuple[str, str]
 """(namespace, name); namespace is "" for cluster-scoped objects."""
-
-_ENCODER: Final = msgspec.json.Encoder()
-
-
-def clone(obj: Any) -> Any:
-    """A deep copy of a JSON value (faster than copy.deepcopy for plain JSON)."""
-    return msgspec.json.decode(_ENCODER.encode(obj))
 
 
 def key_of(obj: Obj) -> Key:
