@@ -82,6 +82,15 @@ class _Kind(Generic[T]):
     apply: Callable[[str, T | None, int], bool]
 
 
+@dataclass
+class _Write:
+    """One write of :meth:`Store.transact` on its way: its bytes, and the revision its watch
+    delivery showed it landed at (0 until then)."""
+
+    data: bytes
+    landed: int = 0
+
+
 class Store:
     """KV reads and writes of ledger entries, pod claims, assignment records and tenants'
     charges."""
@@ -102,9 +111,11 @@ class Store:
         self._metrics = metrics
         self._locks: dict[str, asyncio.Lock] = {}
         self._queued: dict[str, list[tuple[Any, asyncio.Future[str]]]] = {}
+        """Bookings per node (charges per tenant) waiting for its lock (written together)."""
         self._seen: dict[str, frozenset[str]] = {}
         """Commit id -> the bookings on its node when it was decided (while it is booked)."""
-        """Bookings per node (charges per tenant) waiting for its lock (written together)."""
+        self._writing: dict[tuple[str, str], _Write] = {}
+        """(bucket, key) -> what this replica is writing there, until the answer comes."""
         self.ledgers = _Kind(subjects.KV_LEDGER, "ledger", NodeLedger, self._apply_ledger)
         self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, view.set_claim)
         self.records = _Kind(
@@ -139,6 +150,17 @@ class Store:
 
     # --- writing -------------------------------------------------------------------------------
 
+    def echoed(self, bucket: str, key: str, value: bytes, revision: int) -> bool:
+        """Whether a watch delivery of ``key`` is this replica's write still waiting for its
+        answer: most come back before the answer does, and decoding them only repeats what
+        :meth:`transact` applies when the answer comes (or, whatever ends the write, at
+        ``revision`` then)."""
+        write = self._writing.get((bucket, key))
+        if write is None or write.data != value:
+            return False
+        write.landed = revision
+        return True
+
     async def transact(
         self,
         kind: _Kind[T],
@@ -160,6 +182,8 @@ class Store:
             if wanted is None:
                 return current
             data = codec.encode(wanted)
+            slot = (kind.bucket, key)
+            write = self._writing[slot] = _Write(data)
             try:
                 if current.revision == 0 or current.value is None:
                     revision = await self._bus.kv_create(kind.bucket, key, data)
@@ -176,6 +200,11 @@ class Store:
                 )
                 current = await self.read(kind, key)
                 continue
+            finally:
+                if self._writing.get(slot) is write:
+                    del self._writing[slot]
+                if write.landed:  # its watch delivery came first and was left to us
+                    kind.apply(key, wanted, write.landed)
             if revision is None:
                 self._metrics.conflicts.labels(entry=kind.family).inc()
                 current = await self.read(kind, key)

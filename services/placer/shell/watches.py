@@ -183,6 +183,8 @@ class Watches:
         node = subjects.node_from_token(entry.key)
         if entry.revision <= view.ledger(node)[1]:
             return  # our own write coming back (or older): nothing new, nothing to decode
+        if self._shell.store.echoed(subjects.KV_LEDGER, entry.key, entry.value, entry.revision):
+            return  # our own write, back before its answer: the store applies it then
         if entry.deleted:
             view.set_ledger(node, None, entry.revision)
             return
@@ -213,6 +215,9 @@ class Watches:
         known = view.records.get(entry.key)
         if known is not None and entry.revision <= known.revision:
             return
+        store = self._shell.store
+        if store.echoed(subjects.KV_ASSIGNMENTS, entry.key, entry.value, entry.revision):
+            return  # our own write, back before its answer: the store applies it then
         if entry.deleted:
             view.set_record(entry.key, None, entry.revision)
             return

@@ -1,0 +1,108 @@
+"""The placer's store: a write whose own watch delivery comes back before its answer.
+
+NATS delivers a replica's KV write to its own watch about as soon as it answers the write, and
+most often first. The watch then leaves the value to the write (``Store.echoed``) instead of
+decoding and applying it again; these tests hold the write's answer back to show that the view
+gets the value exactly once whatever ends the write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from services.placer import translate
+from services.placer.metrics import PlacerMetrics
+from services.placer.state import ClusterView
+from services.placer.store import Store
+from shared import codec, subjects
+from shared.runtime.bus import KvEntry
+from shared.runtime.edge import Edge
+from shared.runtime.metrics import EdgeMetrics
+from tests.harness.clock import FakeClock
+from tests.placer.test_translate import booking
+from tests.placer.test_view import view_of
+
+BOOKING = booking("pod-1", (0, 1, 1))
+KEY = subjects.assignment_key(BOOKING.node, BOOKING.pod_uid)
+
+
+@dataclass
+class HeldAnswerBus:
+    """A KV bucket whose create lands at once and answers when ``answer`` is set."""
+
+    answer: asyncio.Event
+    landed: asyncio.Event
+    written: bytes = b""
+
+    async def kv_get(self, bucket: str, key: str) -> KvEntry | None:
+        return None
+
+    async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
+        self.written = value
+        self.landed.set()
+        await self.answer.wait()
+        return 7
+
+
+async def writing(bus: HeldAnswerBus) -> tuple[Store, ClusterView, asyncio.Task[object]]:
+    view = view_of(BOOKING.node)
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    edge = Edge(bus=bus, metrics=EdgeMetrics.create(registry), clock=clock, service="test")  # type: ignore[arg-type]
+    store = Store(
+        bus=bus,  # type: ignore[arg-type]
+        edge=edge,
+        view=view,
+        clock=clock,
+        metrics=PlacerMetrics.create(registry),
+    )
+    task = asyncio.create_task(store.ensure_record(BOOKING))
+    await bus.landed.wait()
+    return store, view, task
+
+
+@pytest.mark.parametrize("ending", ["answered", "cancelled"])
+async def test_an_own_write_delivered_before_its_answer_is_applied_once_by_the_write(
+    ending: str,
+) -> None:
+    bus = HeldAnswerBus(answer=asyncio.Event(), landed=asyncio.Event())
+    store, view, task = await writing(bus)
+    assert KEY not in view.records
+
+    assert store.echoed(subjects.KV_ASSIGNMENTS, KEY, bus.written, 7)
+    assert KEY not in view.records, "left to the write: not applied by the watch"
+
+    if ending == "answered":
+        bus.answer.set()
+        assert await task == "done"
+    else:  # a stop while the answer is on its way: the delivery showed the write landed
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    record = view.records[KEY]
+    assert record.revision == 7
+    assert record.commit == translate.record_of(BOOKING).commit
+    assert not store.echoed(subjects.KV_ASSIGNMENTS, KEY, bus.written, 8), "write is over"
+
+
+@pytest.mark.parametrize(
+    ("bucket", "key", "other"),
+    [
+        (subjects.KV_ASSIGNMENTS, KEY, True),  # same key, another value: another writer's
+        (subjects.KV_LEDGER, KEY, False),  # the same bytes in another bucket
+        (subjects.KV_ASSIGNMENTS, subjects.assignment_key(BOOKING.node, "pod-2"), False),
+    ],
+)
+async def test_a_delivery_that_is_not_the_write_in_flight_is_the_watchs_to_apply(
+    bucket: str, key: str, other: bool
+) -> None:
+    bus = HeldAnswerBus(answer=asyncio.Event(), landed=asyncio.Event())
+    store, _, task = await writing(bus)
+    value = codec.encode({"another": "value"}) if other else bus.written
+    assert not store.echoed(bucket, key, value, 7)
+    bus.answer.set()
+    await task
