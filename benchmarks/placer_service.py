@@ -15,7 +15,9 @@ binder publishes them.
   The first second is warm-up and not counted. The placers' own histogram (message received to
   decision published) is read from ``/metrics`` as well, and so is their event loops' lag during
   the rate (``tessera_event_loop_lag_seconds``, sampled every 0.25 s): a loop held up, by a full
-  garbage collection or a long computation, holds up every pod in flight.
+  garbage collection or a long computation, holds up every pod in flight. The NATS messages each
+  replica sent and received per pod at the rate come from nats-server's ``/connz``: what a
+  replica pays for following the others' writes.
 - **Saturation**: ``--burst`` pods published at once; decisions per second from the first publish
   to the last decision.
 - **Memory**: one placer with ``--rss-nodes`` nodes of ``--gpus`` GPUs loaded; its resident set
@@ -314,6 +316,15 @@ async def histogram(
     return buckets
 
 
+async def placer_messages(server: NatsServer) -> tuple[float, float]:
+    """Messages the placers' connections have sent and received so far (nats-server's
+    ``/connz``: ``in_msgs`` is what a client sent, ``out_msgs`` what it was sent)."""
+    port = int(server.monitoring_url.rsplit(":", 1)[1])
+    _, text = await http(port, "/connz?limit=1024")
+    placers = [c for c in json.loads(text)["connections"] if c.get("name") == "tessera-placer"]
+    return sum(c["in_msgs"] for c in placers), sum(c["out_msgs"] for c in placers)
+
+
 async def counter_sum(placers: list[Placer], name: str) -> float:
     """A counter summed over its labels and the placers."""
     total = 0.0
@@ -343,7 +354,7 @@ def bucket_quantile(buckets: dict[float, float], fraction: float) -> str:
 async def run_cluster(
     replicas: int, args: argparse.Namespace, directory: Path
 ) -> dict[str, object]:
-    with NatsServer() as server:
+    with NatsServer(monitoring=True) as server:
         bus = await NatsBus.connect(server.url, name="bench-driver")
         await mark_restored(bus)  # no binder runs here: the store holds every placement
         try:
@@ -377,6 +388,7 @@ async def run_cluster(
                     "driver": [os.getpid()],
                 }
                 cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+                messages_before = await placer_messages(server)
                 lag_before = await histogram(placers, LOOP_LAG)
                 start = time.perf_counter()
                 for n, message in enumerate(pods):
@@ -397,6 +409,11 @@ async def run_cluster(
                     k: (sum(cpu_seconds(p) for p in v) - cpu_before[k]) * 1000 / count
                     for k, v in pids.items()
                 }
+                messages = await placer_messages(server)
+                sent, received = (
+                    (now - before) / count / replicas
+                    for now, before in zip(messages, messages_before, strict=True)
+                )
                 buckets = await histogram(placers)
                 lag = since(await histogram(placers, LOOP_LAG), lag_before)
                 # Saturation (``--burst 0``: not measured).
@@ -429,6 +446,8 @@ async def run_cluster(
                     "lag_p99": bucket_quantile(lag, 0.99),
                     "saturation": saturated,
                     "cpu": cpu_per_pod,
+                    "sent": sent,
+                    "received": received,
                 }
             finally:
                 await stop(placers)
@@ -496,6 +515,11 @@ async def main(args: argparse.Namespace) -> None:
         assert isinstance(cpu, dict)
         print(
             "  CPU ms per pod at the rate: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
+            flush=True,
+        )
+        print(
+            f"  NATS messages per pod at the rate, each replica: sent {r['sent']:.1f}, "
+            f"received {r['received']:.1f}",
             flush=True,
         )
         print(

@@ -32,12 +32,15 @@ PORT_ATTEMPTS = 3
 class NatsServer:
     """Start with ``with NatsServer() as server:``; ``server.url`` is where it listens."""
 
-    def __init__(self, config: str = "", port: int = -1) -> None:
+    def __init__(self, config: str = "", port: int = -1, *, monitoring: bool = False) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="nats-"))
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.port = port
         self.config = config
+        self.monitoring = monitoring
+        """Serve the monitoring endpoints (``/connz``...) on a free port: ``monitoring_url``."""
+        self.monitoring_url = ""
 
     @property
     def directory(self) -> Path:
@@ -66,6 +69,7 @@ class NatsServer:
                     str(self._dir / "js"),
                     "--ports_file_dir",
                     str(self._dir),
+                    *(["-m", "-1"] if self.monitoring else []),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=server_log,
@@ -81,8 +85,11 @@ class NatsServer:
                 raise RuntimeError(f"nats-server exited with {self._proc.returncode}: {log}")
             if ports_file.exists():
                 try:
-                    self.url = json.loads(ports_file.read_text())["nats"][0]
+                    ports = json.loads(ports_file.read_text())
+                    self.url = ports["nats"][0]
                     self.port = int(self.url.rsplit(":", 1)[1])
+                    if self.monitoring:
+                        self.monitoring_url = ports["monitoring"][0]
                     return self
                 except (ValueError, KeyError, IndexError):
                     pass  # file still being written
