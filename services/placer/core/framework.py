@@ -427,16 +427,9 @@ def _select(
             added += 1
         if value.__class__ is str:  # why the shape does not fit
             continue
-        if not excluded:
-            usable = len(ranks)
-        elif len(ranks) == 1:  # most shapes hold one node: no call for it
-            if ranks[0] in excluded:
-                continue
-            usable = 1
-        else:
-            usable = _usable_count(ranks, excluded)
-            if not usable:
-                continue
+        usable = _usable_count(ranks, excluded)
+        if not usable:
+            continue
         feasible += usable
         total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
         if total > best:
