@@ -120,7 +120,7 @@ class NodeRecords:
         A pod reaches the kubelet only once its record is bound in the bucket, so a record
         missing at Allocate is one the standing watch has not delivered yet: on a NATS cluster
         whose server holding the watch's consumer died, the watch stays silent until nats-py
-        notices (``shared.runtime.bus.WATCH_HEARTBEAT_S``), and a fresh one is read at once."""
+        notices (``shared.runtime.bus.NODE_WATCH_HEARTBEAT_S``), and a fresh one is read at once."""
         started = self._clock.monotonic()
         if not self._bus.connected or (not now and started - self._read_at < RECORD_REREAD_S):
             return False

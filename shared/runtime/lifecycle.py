@@ -43,7 +43,13 @@ from shared.config import (
     redact_url,
     url_secrets,
 )
-from shared.runtime.bus import Bus, ConnectionMonitor, ConnectionStatus
+from shared.runtime.bus import (
+    NODE_WATCH_HEARTBEAT_S,
+    WATCH_HEARTBEAT_S,
+    Bus,
+    ConnectionMonitor,
+    ConnectionStatus,
+)
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.edge import Edge
 from shared.runtime.health import HealthServer, HttpRoutes, Readiness
@@ -75,14 +81,24 @@ Connect = Callable[[str, str], Coroutine[Any, Any, Bus]]
 :class:`NatsRefusedError` when retrying cannot help."""
 
 
+@dataclass(frozen=True)
+class BusIdentity:
+    """How service ``name`` connects to NATS: what its identity's permissions
+    (``shared.permissions``) allow, and how often its watches hear from an idle server."""
+
+    inbox_prefix: str = DEFAULT_INBOX_PREFIX
+    update_topology: bool = True
+    """Whether it may change an existing stream's or bucket's configuration."""
+    watch_heartbeat_s: float = WATCH_HEARTBEAT_S
+
+
 async def connect_nats(
     url: str,
     name: str,
     security: NatsSecurity | None = None,
     *,
     replicas: int = 1,
-    inbox_prefix: str = DEFAULT_INBOX_PREFIX,
-    update_topology: bool = True,
+    identity: BusIdentity = BusIdentity(),
 ) -> Bus:
     """The real connector: NATS with JetStream streams and KV buckets ensured."""
     return await NatsBus.connect(
@@ -90,22 +106,28 @@ async def connect_nats(
         name=name,
         security=security,
         replicas=replicas,
-        inbox_prefix=inbox_prefix,
-        update_topology=update_topology,
+        inbox_prefix=identity.inbox_prefix,
+        update_topology=identity.update_topology,
+        watch_heartbeat_s=identity.watch_heartbeat_s,
     )
 
 
-def bus_identity(name: str, settings: Settings) -> tuple[str, bool]:
-    """(inbox prefix, may update the topology) of service ``name``: what its NATS identity's
-    permissions (``shared.permissions``) allow. Names that are not a Tessera role get nats-py's
-    defaults."""
+def bus_identity(name: str, settings: Settings) -> BusIdentity:
+    """How service ``name`` connects (see :class:`BusIdentity`). Names that are not a Tessera
+    role get nats-py's defaults; the per-node roles watch with a slower heartbeat
+    (``shared.runtime.bus.NODE_WATCH_HEARTBEAT_S``)."""
     if not permissions.is_role(name):
-        return DEFAULT_INBOX_PREFIX, True
+        return BusIdentity()
     role = typing.cast(permissions.Role, name)
     node = None
-    if role in permissions.NODE_ROLES and isinstance(settings, NodeSettings) and settings.node:
+    per_node = role in permissions.NODE_ROLES
+    if per_node and isinstance(settings, NodeSettings) and settings.node:
         node = settings.node
-    return permissions.inbox_prefix(role, node), permissions.may_update_topology(role)
+    return BusIdentity(
+        inbox_prefix=permissions.inbox_prefix(role, node),
+        update_topology=permissions.may_update_topology(role),
+        watch_heartbeat_s=NODE_WATCH_HEARTBEAT_S if per_node else WATCH_HEARTBEAT_S,
+    )
 
 
 @dataclass(frozen=True)
@@ -222,7 +244,7 @@ async def run_service(
         AGENT.set(hosted.agent)
         stop = hosted.stop
     if connect is None:
-        inbox_prefix, update_topology = bus_identity(name, settings)
+        identity = bus_identity(name, settings)
 
         async def connect_securely(url: str, client_name: str) -> Bus:
             return await connect_nats(
@@ -230,8 +252,7 @@ async def run_service(
                 client_name,
                 security,
                 replicas=settings.nats_replicas,
-                inbox_prefix=inbox_prefix,
-                update_topology=update_topology,
+                identity=identity,
             )
 
         connect = connect_securely

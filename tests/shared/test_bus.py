@@ -14,8 +14,10 @@ import pytest
 from nats.aio.msg import Msg as NatsMsg
 
 from shared import subjects
-from shared.config import NatsSecurity
+from shared.config import NatsSecurity, NodeSettings, Settings
 from shared.runtime.bus import (
+    NODE_WATCH_HEARTBEAT_S,
+    WATCH_HEARTBEAT_S,
     BusUnavailableError,
     Delivery,
     KvEntry,
@@ -23,6 +25,7 @@ from shared.runtime.bus import (
     OutcomeUnknownError,
     PullConsumer,
 )
+from shared.runtime.lifecycle import bus_identity, connect_nats
 from shared.runtime.nats import NatsBus
 from shared.runtime.nats.kv import stream_sequence
 from tests.harness.nats import NatsServer
@@ -283,6 +286,35 @@ async def test_listings_and_closed_watches_leave_no_consumer_on_the_server(
         assert info.state.consumer_count == 0
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize(
+    ("role", "settings", "heartbeat_s"),
+    [
+        ("deviceplugin", NodeSettings(node="gpu-1"), NODE_WATCH_HEARTBEAT_S),
+        ("inventory", NodeSettings(node="gpu-1"), NODE_WATCH_HEARTBEAT_S),
+        ("placer", Settings(), WATCH_HEARTBEAT_S),
+        ("binder", Settings(), WATCH_HEARTBEAT_S),
+    ],
+)
+async def test_a_service_s_watches_get_its_role_s_idle_heartbeat(
+    nats_server: NatsServer, role: str, settings: Settings, heartbeat_s: float
+) -> None:
+    # Heartbeats cost the server per watch: the per-node services' three watches each are the
+    # ones that grow with the cluster, so they hear from an idle server less often.
+    bus = await connect_nats(
+        nats_server.url, f"tessera-{role}", identity=bus_identity(role, settings)
+    )
+    watch = bus.kv_watch(subjects.KV_LEDGER)
+    client = await nats.connect(nats_server.url)
+    try:
+        assert await asyncio.wait_for(anext(watch), timeout=5) is None
+        consumers = await client.jetstream().consumers_info(f"KV_{subjects.KV_LEDGER}")
+        assert [c.config.idle_heartbeat for c in consumers] == [heartbeat_s]
+    finally:
+        await watch.aclose()
+        await client.close()
+        await bus.drain()
 
 
 async def test_a_kv_watch_ends_after_a_server_restart_and_a_new_one_sees_changes() -> None:

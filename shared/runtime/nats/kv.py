@@ -12,7 +12,7 @@ import nats.js.errors
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import api as js_api
 
-from shared.runtime.bus import WATCH_HEARTBEAT_S, KvEntry
+from shared.runtime.bus import KvEntry
 from shared.runtime.nats.store import NatsStore, unavailable
 from shared.runtime.tasks import checkpointer
 
@@ -138,7 +138,7 @@ class NatsKv(NatsStore):
                 deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
                 headers_only=headers_only or None,
                 inactive_threshold=WATCH_INACTIVE_S,
-                idle_heartbeat=WATCH_HEARTBEAT_S,
+                idle_heartbeat=self.watch_heartbeat_s,
             )
         awaited = set(existing.state.subjects or ())
         prefix = len(f"$KV.{bucket}.")

@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 
 from shared import codec, subjects
 from shared.messages.store import StoreEpoch
-from shared.runtime.bus import BusUnavailableError, OutcomeUnknownError
+from shared.runtime.bus import WATCH_HEARTBEAT_S, BusUnavailableError, OutcomeUnknownError
 from shared.runtime.nats.connection import NatsConnection, log
 
 T = TypeVar("T")
@@ -75,6 +75,8 @@ class NatsStore(NatsConnection):
         self._js = client.jetstream(timeout=request_timeout)
         self._replicas = replicas
         self._update_topology = True
+        self.watch_heartbeat_s = WATCH_HEARTBEAT_S
+        """The server's idle heartbeat on each KV watch (``shared.runtime.bus``)."""
         self._kv: dict[str, KeyValue] = {}
         self._topology = asyncio.Lock()
         self._topology_at = -1.0
