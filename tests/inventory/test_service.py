@@ -76,6 +76,16 @@ async def test_noise_waits_for_the_heartbeat_and_a_real_change_goes_out_at_once(
         changed = await inbox.next()
         assert (changed.sequence, changed.gpus[1].memory_used_mib) == (2, 40_000)
         assert await latest_in_kv(bus) == changed
+        gpu = changed.gpus[1]
+        labels = {"uuid": gpu.uuid, "index": "1", "model": gpu.model}
+        shown = {
+            "tessera_gpu_memory_used_mib": 40_000,
+            "tessera_gpu_memory_total_mib": gpu.memory_total_mib,
+            "tessera_gpu_utilization_percent": gpu.utilization_pct,
+            "tessera_gpu_temperature_celsius": gpu.temperature_c,
+            "tessera_gpu_power_watts": gpu.power_w,
+        }
+        assert {name: rig.sample(name, **labels) for name in shown} == shown
 
         for _ in range(29):  # nothing new for 290 s: still quiet
             await rig.tick(10)
