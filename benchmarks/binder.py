@@ -53,6 +53,7 @@ from shared.runtime.nats import NatsBus  # noqa: E402
 from tessera.devcluster.apiserver import ApiServer  # noqa: E402
 from tessera.devcluster.resources import LEASE, NODE, POD  # noqa: E402
 from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
+from tests.harness.procstat import cpu_seconds  # noqa: E402
 
 PER_NODE = 4
 
@@ -83,12 +84,6 @@ def pod_body(name: str, gpus: int) -> dict[str, object]:
             "containers": [{"name": "main", "image": "bench", "resources": {"limits": limits}}],
         },
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -5,9 +5,10 @@ node, the binder and two placers; waits until everything is ready; creates ``--p
 (one GPU share each: 4 GiB, 5 % of the SMs) and waits until every one is Running. Prints the
 throughput (pods Running per second from the first create to the last Running), p50/p99 per stage
 (created -> decided -> bound -> allocated -> Running), the independent checks (mismatched
-containers, over-committed GPUs), and where the time goes: CPU seconds per kind of process during
-the run, and the messages through NATS per Running pod (in and out of the server, and per kind of
-client: nats-server's monitoring endpoints) beside the binder's node-facts counts.
+containers, over-committed GPUs), and where the time goes: CPU seconds and context switches per kind
+of process during the run, and the messages through NATS per Running pod (in and out of the
+server, and per kind of client: nats-server's monitoring endpoints) beside the binder's node-facts
+counts.
 
     .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000 [--placers 2] [--pools 0]
 """
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,27 +31,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tessera.up import workload as w
 from tessera.up.spec import default_pools, plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
+from tests.harness.procstat import context_switches, cpu_seconds
 
-TICKS = os.sysconf("SC_CLK_TCK")
 CONTROL_PLANE = ("placer", "binder", "nats-server")
 
 
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def cpu_by_kind(system: LocalSystem) -> dict[str, float]:
-    used: dict[str, float] = {"tessera up (API double + kubelets)": cpu_seconds(os.getpid())}
+def by_kind(system: LocalSystem, measure: Callable[[int], float]) -> dict[str, float]:
+    """``measure`` of every process, summed per kind of process."""
+    used: dict[str, float] = {"tessera up (API double + kubelets)": measure(os.getpid())}
     for name, child in system.supervisor.children.items():
         if child.pid is None:
             continue
         kind = name.split("/")[0].rstrip("-0123456789")
-        used[kind] = used.get(kind, 0.0) + cpu_seconds(child.pid)
+        used[kind] = used.get(kind, 0.0) + measure(child.pid)
     return used
+
+
+def cpu_by_kind(system: LocalSystem) -> dict[str, float]:
+    return by_kind(system, cpu_seconds)
 
 
 def metric_sum(system: LocalSystem, kind: str, metric: str) -> float:
@@ -124,6 +123,7 @@ async def main(args: argparse.Namespace) -> None:
     async with LocalSystem(options) as system:
         ready_s = time.monotonic() - started
         before = cpu_by_kind(system)
+        switches_before = by_kind(system, context_switches)
         counted_before = {k: metric_sum(system, *where) for k, where in COUNTED.items()}
         traffic_before = nats_traffic(system)
         t0 = time.monotonic()
@@ -144,6 +144,7 @@ async def main(args: argparse.Namespace) -> None:
             await asyncio.sleep(0.05)
         elapsed = time.monotonic() - t0
         after = cpu_by_kind(system)
+        switches = by_kind(system, context_switches)
         counted = {
             k: metric_sum(system, *where) - counted_before[k] for k, where in COUNTED.items()
         }
@@ -169,6 +170,11 @@ async def main(args: argparse.Namespace) -> None:
             "overcommitted_gpus": summary.overcommitted_gpus,
             "counted_during_run": counted | per_pod,
             "cpu_s_during_run": {k: round(after.get(k, 0) - before.get(k, 0), 1) for k in after},
+            # Each costs CPU beyond the work on a machine with more processes than cores.
+            "context_switches_per_pod": {
+                k: round((switches[k] - switches_before.get(k, 0)) / max(running, 1), 1)
+                for k in switches
+            },
             # DESIGN section 7: placer + binder + nats-server, per pod that ran.
             "control_plane_cpu_ms_per_pod": round(
                 1000

@@ -19,7 +19,8 @@ binder publishes them.
   replica sent and received per pod at the rate come from nats-server's ``/connz``: what a
   replica pays for following the others' writes.
 - **Saturation**: ``--burst`` pods published at once; decisions per second from the first publish
-  to the last decision.
+  to the last decision, and the CPU each process took per pod from the first publish to a second
+  after the last decision (the replicas' idle upkeep weighs less in it than at the rate).
 - **Memory**: one placer with ``--rss-nodes`` nodes of ``--gpus`` GPUs loaded; its resident set
   size (``VmRSS``) once ready, and again after placing ``--burst`` pods on them.
 
@@ -59,10 +60,13 @@ from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
 from shared.runtime.bus import Delivery  # noqa: E402
 from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
+from tests.harness.procstat import context_switches, cpu_seconds  # noqa: E402
 from tests.harness.store import mark_restored  # noqa: E402
 
 GPU_MIB = 81_920
 LOOP_LAG = "tessera_event_loop_lag_seconds"
+BURST_SETTLE_S = 1.0
+"""After a burst's last decision, how long the placers' CPU is still counted (idle upkeep too)."""
 
 PROFILE = bool(os.environ.get("PLACER_BENCH_PROFILE"))
 """Run the placers under cProfile (``placer-N.prof`` beside their logs) to see where time goes."""
@@ -245,12 +249,6 @@ async def stop(placers: list[Placer]) -> None:
             await placer.process.wait()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def memory_mib(pid: int) -> dict[str, float]:
     """Process ``pid``'s ``VmRSS`` (resident now) and ``VmHWM`` (the peak resident so far), MiB."""
     found = {"VmRSS": float("nan"), "VmHWM": float("nan")}
@@ -389,6 +387,7 @@ async def run_cluster(
                 }
                 cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
                 messages_before = await placer_messages(server)
+                switches_before = sum(map(context_switches, pids["placers"]))
                 lag_before = await histogram(placers, LOOP_LAG)
                 start = time.perf_counter()
                 for n, message in enumerate(pods):
@@ -410,6 +409,11 @@ async def run_cluster(
                     for k, v in pids.items()
                 }
                 messages = await placer_messages(server)
+                switches = (
+                    (sum(map(context_switches, pids["placers"])) - switches_before)
+                    / count
+                    / replicas
+                )
                 sent, received = (
                     (now - before) / count / replicas
                     for now, before in zip(messages, messages_before, strict=True)
@@ -418,14 +422,29 @@ async def run_cluster(
                 lag = since(await histogram(placers, LOOP_LAG), lag_before)
                 # Saturation (``--burst 0``: not measured).
                 saturated = 0.0
+                burst_cpu: dict[str, float] = {}
+                burst_switches = 0.0
                 if args.burst:
                     burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
                     clocked = Clocked(expected=args.burst)
                     await follow_decisions(bus, clocked)
+                    cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+                    switches_before = sum(map(context_switches, pids["placers"]))
                     start = time.perf_counter()
                     await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
                     await asyncio.wait_for(clocked.done.wait(), 300)
                     saturated = args.burst / (max(clocked.decided.values()) - start)
+                    # The other replicas may still be applying the last writes: counted too.
+                    await asyncio.sleep(BURST_SETTLE_S)
+                    burst_cpu = {
+                        k: (sum(cpu_seconds(p) for p in v) - cpu_before[k]) * 1000 / args.burst
+                        for k, v in pids.items()
+                    }
+                    burst_switches = (
+                        (sum(map(context_switches, pids["placers"])) - switches_before)
+                        / args.burst
+                        / replicas
+                    )
                 conflicts = await counter_sum(placers, "tessera_placer_commit_conflicts_total")
                 fallbacks = await counter_sum(placers, "tessera_placer_pool_fallbacks_total")
                 return {
@@ -446,6 +465,9 @@ async def run_cluster(
                     "lag_p99": bucket_quantile(lag, 0.99),
                     "saturation": saturated,
                     "cpu": cpu_per_pod,
+                    "burst_cpu": burst_cpu,
+                    "switches": switches,
+                    "burst_switches": burst_switches,
                     "sent": sent,
                     "received": received,
                 }
@@ -515,6 +537,19 @@ async def main(args: argparse.Namespace) -> None:
         assert isinstance(cpu, dict)
         print(
             "  CPU ms per pod at the rate: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()),
+            flush=True,
+        )
+        burst_cpu = r["burst_cpu"]
+        assert isinstance(burst_cpu, dict)
+        if burst_cpu:
+            print(
+                "  CPU ms per pod in the burst (first publish to a second after the last "
+                "decision): " + ", ".join(f"{k} {v:.2f}" for k, v in burst_cpu.items()),
+                flush=True,
+            )
+        print(
+            f"  context switches per pod, each replica (all its threads): {r['switches']:.1f} "
+            "at the rate" + (f", {r['burst_switches']:.1f} in the burst" if burst_cpu else ""),
             flush=True,
         )
         print(
