@@ -609,6 +609,23 @@ async def test_a_bucket_that_cannot_be_watched_is_nats_unavailable() -> None:
             await admin.drain()
 
 
+async def test_a_read_that_gets_no_answer_is_nats_unavailable() -> None:
+    """A three-server chaos run stopped a placer: during an election a pool lease's read went
+    unanswered, and nats-py's own timeout passed every handler of the lease keeper. Here the
+    server refuses the reads of one user, who then waits in vain as during an election."""
+    with NatsServer(config=_limited(f"$JS.API.STREAM.MSG.GET.KV_{subjects.KV_NODES}")) as server:
+        admin = await _connect_as(server, "admin")
+        worker = await _connect_as(server, "limited", request_timeout=0.5)
+        try:
+            await admin.kv_put(subjects.KV_NODES, "n1", b"facts")
+            with pytest.raises(BusUnavailableError, match="cannot be read now"):
+                await worker.kv_get(subjects.KV_NODES, "n1")
+            assert await admin.kv_get(subjects.KV_NODES, "n1") is not None
+        finally:
+            await worker.drain()
+            await admin.drain()
+
+
 async def test_kv_runs_again_after_a_reconnect_while_a_stream_does_not_answer() -> None:
     """A three-server chaos run: after a reconnect a device plugin checked every stream and
     bucket before any KV operation could run again, and one stream slow to answer (its leader

@@ -35,7 +35,10 @@ class NatsKv(NatsStore):
     async def kv_get(self, bucket: str, key: str) -> KvEntry | None:
         kv = await self._checked_bucket(bucket)
         try:
-            entry = await kv.get(key)
+            # A read that goes unanswered (a cluster electing) is NATS unavailable, not a crash:
+            # nats-py's timeout once stopped a placer's pool lease keeper.
+            with unavailable(f"bucket {bucket} cannot be read now"):
+                entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:  # includes KeyDeletedError
             return None
         return KvEntry(
