@@ -83,8 +83,8 @@ Connect = Callable[[str, str], Coroutine[Any, Any, Bus]]
 
 @dataclass(frozen=True)
 class BusIdentity:
-    """How service ``name`` connects to NATS: what its identity's permissions
-    (``shared.permissions``) allow, and how often its watches hear from an idle server."""
+    """How a service connects to NATS: what its identity's permissions (``shared.permissions``)
+    allow, and how often its watches hear from an idle server."""
 
     inbox_prefix: str = DEFAULT_INBOX_PREFIX
     update_topology: bool = True
