@@ -626,6 +626,20 @@ async def test_a_read_that_gets_no_answer_is_nats_unavailable() -> None:
             await admin.drain()
 
 
+async def test_a_check_for_lost_streams_that_gets_no_answer_is_nats_unavailable() -> None:
+    """Seen in a three-server chaos run: a write found no stream during an election, the check
+    for lost streams it started went unanswered, and nats-py's timeout stopped the placer."""
+    with NatsServer(config=_limited("$JS.API.STREAM.INFO.*")) as server:
+        admin = await _connect_as(server, "admin")
+        worker = await _connect_as(server, "limited", request_timeout=0.5, topology=False)
+        try:
+            with pytest.raises(BusUnavailableError, match="cannot be checked for lost streams"):
+                await worker.restore_topology(reason="a write found no stream")
+        finally:
+            await worker.drain()
+            await admin.drain()
+
+
 async def test_kv_runs_again_after_a_reconnect_while_a_stream_does_not_answer() -> None:
     """A three-server chaos run: after a reconnect a device plugin checked every stream and
     bucket before any KV operation could run again, and one stream slow to answer (its leader
