@@ -128,6 +128,13 @@ def _kv_read(*buckets: str) -> list[str]:
     return grants
 
 
+def _kv_batched(*buckets: str) -> list[str]:
+    # A batched watch asks its own consumer for what changed (``NatsBus.kv_watch``). Only the
+    # placers batch, and only on buckets no other role reads by asking: one that asked a
+    # placer's consumer would take the changes that placer waits for.
+    return [f"{_API}.CONSUMER.MSG.NEXT.{kv_stream(bucket)}.*" for bucket in buckets]
+
+
 def _durable(stream: str, durable: str) -> list[str]:
     return [
         f"{_API}.CONSUMER.INFO.{stream}.{durable}",
@@ -176,6 +183,7 @@ def _placer() -> tuple[list[str], list[str]]:
         subjects.EXTENDER_PODS,
         *_durable(subjects.STREAM_PODS, subjects.DURABLE_PLACER_PODS),
         *_durable(subjects.STREAM_BINDINGS, subjects.DURABLE_PLACER_BINDINGS),
+        *_kv_batched(subjects.KV_LEDGER, subjects.KV_ASSIGNMENTS),
         *_kv_read(
             subjects.KV_INVENTORY,
             subjects.KV_NODES,

@@ -239,9 +239,16 @@ class Bus(Protocol):
         """Every live key of the bucket."""
         ...
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
+    def kv_watch(
+        self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
+    ) -> AsyncGenerator[KvEntry | None, None]:
         """Current values of matching keys, then one ``None`` marking "initial values done",
-        then every later change, until the iterator is closed."""
+        then every later change, until the iterator is closed.
+
+        ``batch_s`` above 0: the changes are asked for every ``batch_s`` once the watch has
+        caught up, rather than each sent as it is written, so they come up to that much later
+        and several at a time: for a reader that can lag that long and would otherwise wake
+        for every change."""
         ...
 
     async def drain(self) -> None:

@@ -42,14 +42,16 @@ async def follow(
     clock: Clock,
     keys: str = ">",
     what: str = "",
+    batch_s: float = 0.0,
 ) -> None:
     """Apply every value of ``bucket`` (its ``keys``) to ``on_entry``, forever (see the module
-    docstring); ``on_loaded`` runs once each watch's initial values are all in."""
+    docstring); ``on_loaded`` runs once each watch's initial values are all in. ``batch_s``: as
+    :meth:`Bus.kv_watch`."""
     name = what or bucket
     delay = RETRY_S
     while True:
         checkpoint()  # a cancel lost in library code must not start the watch again
-        watch = bus.kv_watch(bucket, keys)
+        watch = bus.kv_watch(bucket, keys, batch_s=batch_s)
         listed: set[str] | None = set()
         try:
             async for entry in watch:

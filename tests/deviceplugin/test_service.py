@@ -164,9 +164,11 @@ class SilentWatchBus:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bus, name)
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
+    def kv_watch(
+        self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
+    ) -> AsyncGenerator[KvEntry | None, None]:
         if bucket != subjects.KV_ASSIGNMENTS or self.silenced:
-            return self._bus.kv_watch(bucket, keys)
+            return self._bus.kv_watch(bucket, keys, batch_s=batch_s)
         self.silenced = True
         return self._silent_after_initial_values(bucket, keys)
 

@@ -253,7 +253,9 @@ class GatedBus:
     async def kv_keys(self, bucket: str) -> list[str]:
         raise NotImplementedError
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
+    def kv_watch(
+        self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
+    ) -> AsyncGenerator[KvEntry | None, None]:
         raise NotImplementedError
 
     async def request(self, subject: str, data: bytes, *, timeout: float) -> bytes:

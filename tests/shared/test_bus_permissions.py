@@ -288,8 +288,16 @@ async def test_a_bucket_made_before_rollups_were_refused_stops_taking_them(
         f"$JS.API.STREAM.PURGE.KV_{subjects.KV_LEDGER}",
         f"$JS.API.CONSUMER.DELETE.{subjects.STREAM_PODS}.{subjects.DURABLE_PLACER_PODS}",
         f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM_PODS}.{subjects.DURABLE_PLACER_PODS}",
+        f"$JS.API.CONSUMER.MSG.NEXT.KV_{subjects.KV_LEDGER}.a-placers-watch",
     ],
-    ids=["update-stream", "delete-stream", "purge-ledger", "delete-consumer", "steal-pods"],
+    ids=[
+        "update-stream",
+        "delete-stream",
+        "purge-ledger",
+        "delete-consumer",
+        "steal-pods",
+        "steal-a-placer-s-ledger-changes",
+    ],
 )
 async def test_no_service_identity_can_reshape_streams_or_take_another_s_work(
     cluster: Cluster, request_subject: str
@@ -301,6 +309,25 @@ async def test_no_service_identity_can_reshape_streams_or_take_another_s_work(
     finally:
         await plugin.drain()
     assert request_subject in cluster.violations(permissions.user_name(*PLUGIN_A))
+
+
+async def test_a_placer_may_watch_the_ledger_and_the_records_in_batches(cluster: Cluster) -> None:
+    """The placers ask for these two buckets' changes (``services.placer.shell.watches``)."""
+    placer = await cluster.connect(*PLACER)
+    try:
+        for bucket, key in (
+            (subjects.KV_LEDGER, subjects.ledger_key(NODE_A)),
+            (subjects.KV_ASSIGNMENTS, subjects.assignment_key(NODE_A, "uid-1")),
+        ):
+            watch = placer.kv_watch(bucket, batch_s=0.05)
+            assert await asyncio.wait_for(anext(watch), timeout=5) is None
+            await cluster.admin.kv_put(bucket, key, b"{}")
+            change = await asyncio.wait_for(anext(watch), timeout=5)
+            assert change is not None and change.key == key
+            await watch.aclose()
+    finally:
+        await placer.drain()
+    assert cluster.violations(permissions.user_name(*PLACER)) == []
 
 
 async def test_no_identity_can_read_another_s_replies(cluster: Cluster) -> None:

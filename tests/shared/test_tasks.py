@@ -131,7 +131,9 @@ class SwallowingBus:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bus, name)
 
-    async def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
+    async def kv_watch(
+        self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
+    ) -> AsyncGenerator[KvEntry | None, None]:
         self.waiting.set()
         await asyncio.wait_for(self.reply.wait(), 10)  # the library's way
         async with contextlib.aclosing(self._bus.kv_watch(bucket, keys)) as watch:

@@ -25,6 +25,14 @@ from shared.runtime.follow import follow as shared_follow
 BUCKETS = ("inventory", "nodes", "ledger", "claims", "records", "tenants", "waiting", "meta")
 """Every bucket a replica loads before it is ready."""
 
+POOLED_BATCH_S = 0.1
+"""With node pools, the ledger and the records are watched in batches this far apart
+(``Bus.kv_watch``): most of their changes are other replicas' writes on nodes this replica does
+not decide on, and a replica woken for each of them paid about 150 us of CPU a wake-up on a
+machine with more processes than cores (``benchmarks/RESULTS.md``). What it decides on stays
+exact: a booking is a compare-and-set, and one that lost reads the entry afresh. Claims are
+still sent as they are written: one tells a replica at once that a pod it holds was placed."""
+
 
 @dataclass(frozen=True)
 class _Follow:
@@ -40,6 +48,8 @@ class _Follow:
     """Never deleted by Tessera (ledger, tenants): a vanished entry is forgotten only when NATS
     lost its whole store (a new epoch); the placements it held come back when the binder restores
     them."""
+    batch_s: float = 0.0
+    """Changes asked for in batches this far apart (``Bus.kv_watch``); 0: each as written."""
 
 
 def kv_delivery(entry: KvEntry, bucket: str) -> Delivery:
@@ -60,6 +70,7 @@ class Watches:
     def follows(self) -> tuple[_Follow, ...]:
         view = self._shell.view
         board = self._shell.board
+        batch_s = POOLED_BATCH_S if self._shell.config.pools > 1 else 0.0
         return (
             _Follow(
                 subjects.KV_INVENTORY,
@@ -76,6 +87,7 @@ class Watches:
                 view.ledger_keys,
                 view.forget_ledger,
                 durable=True,
+                batch_s=batch_s,
             ),
             _Follow(
                 subjects.KV_CLAIMS,
@@ -90,6 +102,7 @@ class Watches:
                 "records",
                 lambda: set(view.records),
                 view.forget_record,
+                batch_s=batch_s,
             ),
             _Follow(
                 subjects.KV_TENANTS,
@@ -131,7 +144,12 @@ class Watches:
             loaded.set()
 
         await shared_follow(
-            shell.bus, follow.bucket, on_entry=on_entry, on_loaded=on_loaded, clock=shell.clock
+            shell.bus,
+            follow.bucket,
+            on_entry=on_entry,
+            on_loaded=on_loaded,
+            clock=shell.clock,
+            batch_s=follow.batch_s,
         )
 
     async def _decode(self, entry: KvEntry, bucket: str, message: type[Any], family: str) -> Any:

@@ -6,7 +6,8 @@ One class, :class:`NatsBus`, put together from one module per job:
   server could not be reached or refused us;
 * ``store``: the store behind the connection: streams and buckets (topology), its epoch,
   revisions across a lost store, and how every write is run;
-* ``kv``: KV reads, writes, compare-and-set and watches;
+* ``kv``: KV reads, writes, compare-and-set and watches (sent each change as written, or asking
+  for them in batches);
 * ``messaging``: core publish/subscribe/request, JetStream publish and durable pull consumers;
 * ``adapter``: :class:`NatsBus` itself, its first connection and its drain.
 

@@ -1,23 +1,36 @@
 """KV reads, writes, compare-and-set and watches over NATS (a layer of
-:class:`~shared.runtime.nats.NatsBus`)."""
+:class:`~shared.runtime.nats.NatsBus`).
+
+A watch is an ordered consumer over the bucket's stream that the server pushes each change to as
+it is written; a batched watch (``kv_watch(..., batch_s=...)``) asks a pull consumer over the same
+stream for what changed, every ``batch_s`` once it has caught up (:class:`_Batches`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import api as js_api
 
-from shared.runtime.bus import KvEntry
+from shared.runtime.bus import BusUnavailableError, KvEntry
 from shared.runtime.nats.store import NatsStore, unavailable
 from shared.runtime.tasks import checkpointer
 
 WATCH_INACTIVE_S = 5.0
 """How long the server keeps a KV watch's consumer once nobody listens (see ``NatsBus._watch``)."""
+
+WATCH_BATCH = 256
+"""How many changes a batched watch asks for at once (and how many its reader may hold back)."""
+
+WATCH_ANSWER_S = 5.0
+"""How long a batched watch waits for the answer to one ask: none means its consumer, or the
+server holding it, is gone, and the watch ends (the caller watches again)."""
 
 
 def stream_sequence(reply: str) -> int:
@@ -94,15 +107,18 @@ class NatsKv(NatsStore):
                 live[entry.key] = not entry.deleted
         return [key for key, alive in live.items() if alive]
 
-    def kv_watch(self, bucket: str, keys: str = ">") -> AsyncGenerator[KvEntry | None, None]:
+    def kv_watch(
+        self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
+    ) -> AsyncGenerator[KvEntry | None, None]:
         """Initial values, ``None``, then changes; ends (once reconnected) when the connection
         is lost. A watch does not survive a server restart: nats-py's consumer behind it may
         stay silent for many seconds after the reconnect, so callers watch again and take the
-        fresh initial values (which also show what was deleted meanwhile)."""
-        return self._watch(bucket, keys, headers_only=False)
+        fresh initial values (which also show what was deleted meanwhile). ``batch_s``: see
+        :class:`~shared.runtime.bus.Bus`; a batched watch ends when an ask goes unanswered."""
+        return self._watch(bucket, keys, headers_only=False, batch_s=batch_s)
 
     async def _watch(
-        self, bucket: str, keys: str, *, headers_only: bool
+        self, bucket: str, keys: str, *, headers_only: bool, batch_s: float = 0.0
     ) -> AsyncGenerator[KvEntry | None, None]:
         """The watch behind :meth:`kv_watch` and :meth:`kv_keys`: an ordered consumer over the
         bucket's stream, last value per key first.
@@ -117,12 +133,21 @@ class NatsKv(NatsStore):
         place for a later one. So the keys are asked for first (the stream's subjects, deleted
         keys included, since a deletion is a message too), and the initial values are done once
         each of them has been delivered, whatever its place.
+
+        A batched watch (``batch_s`` above 0) asks a pull consumer with the same start for the
+        messages (:class:`_Batches`) instead of having each pushed the moment it is written; a
+        key written more often between two asks than the bucket keeps history shows only its
+        latest values, as it would to a watch started later.
         """
         subject = f"$KV.{bucket}.{keys}"
         stream = f"KV_{bucket}"
         await self._checked_bucket(bucket)
         # Bounded, as nats-py's own watcher: a slow reader holds the messages back in nats-py.
-        arrived: asyncio.Queue[NatsMsg | None] = asyncio.Queue(maxsize=256)
+        # A batched watch bounds it itself (it asks for no more while a batch waits unread).
+        arrived: asyncio.Queue[NatsMsg | BaseException | None] = asyncio.Queue(
+            maxsize=0 if batch_s > 0 else WATCH_BATCH
+        )
+        subscription: _Batches | Any
         with unavailable(f"bucket {bucket} cannot be watched now"):
             try:
                 existing = await self._js.stream_info(stream, subjects_filter=subject)
@@ -133,16 +158,27 @@ class NatsKv(NatsStore):
             # The server keeps a consumer nobody listens to this long; each is deleted on
             # close as well, since a stream holds at most 1,000 of them (with nats-py's 5
             # minutes, the 1,001st listing within 5 minutes failed).
-            subscription = await self._js.subscribe(
-                subject,
-                stream=stream,
-                cb=arrived.put,
-                ordered_consumer=True,
-                deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
-                headers_only=headers_only or None,
-                inactive_threshold=WATCH_INACTIVE_S,
-                idle_heartbeat=self.watch_heartbeat_s,
-            )
+            if batch_s > 0:
+                subscription = await _Batches.start(
+                    self._nc,
+                    self._js,
+                    stream,
+                    subject,
+                    arrived,
+                    batch_s=batch_s,
+                    headers_only=headers_only,
+                )
+            else:
+                subscription = await self._js.subscribe(
+                    subject,
+                    stream=stream,
+                    cb=arrived.put,
+                    ordered_consumer=True,
+                    deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+                    headers_only=headers_only or None,
+                    inactive_threshold=WATCH_INACTIVE_S,
+                    idle_heartbeat=self.watch_heartbeat_s,
+                )
         awaited = set(existing.state.subjects or ())
         prefix = len(f"$KV.{bucket}.")
         lost = self._lost
@@ -170,6 +206,13 @@ class NatsKv(NatsStore):
                 msg = await arrived.get()
                 if msg is None:
                     continue  # woken by the loss: the check above ends the watch
+                if isinstance(msg, BaseException):  # a batched watch's ask failed
+                    if lost.done():  # because the connection was lost: end as above
+                        await self._reconnected()
+                        return
+                    raise BusUnavailableError(
+                        f"bucket {bucket} stopped answering its watch ({msg!r})"
+                    ) from None
                 headers = msg.headers or {}
                 yield KvEntry(
                     key=msg.subject[prefix:],
@@ -191,3 +234,103 @@ class NatsKv(NatsStore):
                 if consumer:
                     async with asyncio.timeout(2.0):
                         await self._js.delete_consumer(stream, consumer)
+
+
+class _Batches:
+    """The messages of a batched watch: its consumer is pulled, every ``batch_s`` once it has
+    caught up, so a reader that may lag that long wakes once per batch rather than once per
+    change (a placer replica woke for each of the other replicas' writes, about 150 us of CPU
+    each on a machine with more processes than cores).
+
+    Each ask is a no-wait pull of up to :data:`WATCH_BATCH` messages, answered by the messages
+    there are and then a status (404: nothing more; 408: the ask expired): nats-py's own fetch
+    cannot ask without also waiting for the next message. The subscription's interface is the
+    one the watch uses of nats-py's: ``consumer_info`` and ``unsubscribe``."""
+
+    def __init__(
+        self,
+        nc: Any,
+        inbox: Any,
+        consumer: Any,
+        next_subject: str,
+        arrived: asyncio.Queue[NatsMsg | BaseException | None],
+    ) -> None:
+        self._nc = nc
+        self._inbox = inbox
+        self._consumer = consumer
+        self._next_subject = next_subject
+        self._arrived = arrived
+        self._answered = asyncio.Event()
+        self._got = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(
+        cls,
+        nc: Any,
+        js: Any,
+        stream: str,
+        subject: str,
+        arrived: asyncio.Queue[NatsMsg | BaseException | None],
+        *,
+        batch_s: float,
+        headers_only: bool,
+    ) -> _Batches:
+        consumer = await js._jsm.add_consumer(
+            stream,
+            config=js_api.ConsumerConfig(
+                ack_policy=js_api.AckPolicy.NONE,
+                deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+                filter_subject=subject,
+                headers_only=headers_only or None,
+                inactive_threshold=WATCH_INACTIVE_S,
+                max_waiting=1,
+            ),
+        )
+        batches = cls(
+            nc, None, consumer, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer.name}", arrived
+        )
+        batches._inbox = await nc.subscribe(nc.new_inbox(), cb=batches._take)
+        batches._task = asyncio.create_task(batches._ask(batch_s))
+        return batches
+
+    async def consumer_info(self) -> Any:
+        return self._consumer
+
+    async def unsubscribe(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._inbox.unsubscribe()
+
+    async def _take(self, msg: NatsMsg) -> None:
+        status = (msg.headers or {}).get(js_api.Header.STATUS)
+        if status is None:
+            self._got += 1
+            self._arrived.put_nowait(msg)
+            if self._got == WATCH_BATCH:  # a full answer ends without a status
+                self._answered.set()
+        elif status in ("404", "408"):
+            self._answered.set()
+        else:  # the consumer is gone, or the server refuses: end the watch
+            description = (msg.headers or {}).get(js_api.Header.DESCRIPTION, "")
+            self._arrived.put_nowait(RuntimeError(f"status {status} {description}".strip()))
+
+    async def _ask(self, batch_s: float) -> None:
+        request = json.dumps({"batch": WATCH_BATCH, "no_wait": True}).encode()
+        try:
+            while True:
+                if self._arrived.qsize() < WATCH_BATCH:  # else the reader is behind: later
+                    self._answered.clear()
+                    self._got = 0
+                    await self._nc.publish(self._next_subject, request, reply=self._inbox.subject)
+                    async with asyncio.timeout(WATCH_ANSWER_S):
+                        await self._answered.wait()
+                    if self._got == WATCH_BATCH:
+                        continue  # more may be there: ask again at once
+                await asyncio.sleep(batch_s)  # caught up: let the next changes gather
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # unanswered, or not connected: the watch ends
+            self._arrived.put_nowait(error)
