@@ -276,7 +276,7 @@ class _Batches:
         batch_s: float,
         headers_only: bool,
     ) -> _Batches:
-        consumer = await js._jsm.add_consumer(
+        consumer = await js.add_consumer(
             stream,
             config=js_api.ConsumerConfig(
                 ack_policy=js_api.AckPolicy.NONE,
