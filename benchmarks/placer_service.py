@@ -249,6 +249,27 @@ async def stop(placers: list[Placer]) -> None:
             await placer.process.wait()
 
 
+@dataclass(frozen=True)
+class Used:
+    """What the measured processes have used so far: CPU seconds per kind of process (placers,
+    nats-server, driver), and the placers' context switches."""
+
+    cpu_s: dict[str, float]
+    switches: int
+
+    @classmethod
+    def now(cls, pids: dict[str, list[int]]) -> Used:
+        return cls(
+            cpu_s={kind: sum(map(cpu_seconds, ps)) for kind, ps in pids.items()},
+            switches=sum(map(context_switches, pids["placers"])),
+        )
+
+    def per_pod(self, before: Used, pods: int, replicas: int) -> tuple[dict[str, float], float]:
+        """Since ``before``: CPU ms per pod per kind, and context switches per pod per replica."""
+        cpu = {kind: (s - before.cpu_s[kind]) * 1000 / pods for kind, s in self.cpu_s.items()}
+        return cpu, (self.switches - before.switches) / pods / replicas
+
+
 def memory_mib(pid: int) -> dict[str, float]:
     """Process ``pid``'s ``VmRSS`` (resident now) and ``VmHWM`` (the peak resident so far), MiB."""
     found = {"VmRSS": float("nan"), "VmHWM": float("nan")}
@@ -385,9 +406,8 @@ async def run_cluster(
                     "nats-server": [server.pid],
                     "driver": [os.getpid()],
                 }
-                cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
+                used_before = Used.now(pids)
                 messages_before = await placer_messages(server)
-                switches_before = sum(map(context_switches, pids["placers"]))
                 lag_before = await histogram(placers, LOOP_LAG)
                 start = time.perf_counter()
                 for n, message in enumerate(pods):
@@ -404,16 +424,8 @@ async def run_cluster(
                     if uid not in warm
                 ]
                 achieved = count / (time.perf_counter() - start)
-                cpu_per_pod = {
-                    k: (sum(cpu_seconds(p) for p in v) - cpu_before[k]) * 1000 / count
-                    for k, v in pids.items()
-                }
+                cpu_per_pod, switches = Used.now(pids).per_pod(used_before, count, replicas)
                 messages = await placer_messages(server)
-                switches = (
-                    (sum(map(context_switches, pids["placers"])) - switches_before)
-                    / count
-                    / replicas
-                )
                 sent, received = (
                     (now - before) / count / replicas
                     for now, before in zip(messages, messages_before, strict=True)
@@ -428,22 +440,15 @@ async def run_cluster(
                     burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
                     clocked = Clocked(expected=args.burst)
                     await follow_decisions(bus, clocked)
-                    cpu_before = {k: sum(cpu_seconds(p) for p in v) for k, v in pids.items()}
-                    switches_before = sum(map(context_switches, pids["placers"]))
+                    used_before = Used.now(pids)
                     start = time.perf_counter()
                     await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
                     await asyncio.wait_for(clocked.done.wait(), 300)
                     saturated = args.burst / (max(clocked.decided.values()) - start)
                     # The other replicas may still be applying the last writes: counted too.
                     await asyncio.sleep(BURST_SETTLE_S)
-                    burst_cpu = {
-                        k: (sum(cpu_seconds(p) for p in v) - cpu_before[k]) * 1000 / args.burst
-                        for k, v in pids.items()
-                    }
-                    burst_switches = (
-                        (sum(map(context_switches, pids["placers"])) - switches_before)
-                        / args.burst
-                        / replicas
+                    burst_cpu, burst_switches = Used.now(pids).per_pod(
+                        used_before, args.burst, replicas
                     )
                 conflicts = await counter_sum(placers, "tessera_placer_commit_conflicts_total")
                 fallbacks = await counter_sum(placers, "tessera_placer_pool_fallbacks_total")
