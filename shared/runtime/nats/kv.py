@@ -250,13 +250,14 @@ class _Batches:
     def __init__(
         self,
         nc: Any,
-        inbox: Any,
         consumer: Any,
         next_subject: str,
         arrived: asyncio.Queue[NatsMsg | BaseException | None],
     ) -> None:
         self._nc = nc
-        self._inbox = inbox
+        self._inbox: Any = None
+        """The subscription the answers come to (made in :meth:`start`, it delivers to
+        :meth:`_take`)."""
         self._consumer = consumer
         self._next_subject = next_subject
         self._arrived = arrived
@@ -287,9 +288,7 @@ class _Batches:
                 max_waiting=1,
             ),
         )
-        batches = cls(
-            nc, None, consumer, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer.name}", arrived
-        )
+        batches = cls(nc, consumer, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer.name}", arrived)
         batches._inbox = await nc.subscribe(nc.new_inbox(), cb=batches._take)
         batches._task = asyncio.create_task(batches._ask(batch_s))
         return batches
