@@ -7,9 +7,12 @@ for this decision, else read from the bucket; a lost race is read again and plan
 that times out has an unknown outcome and is read back, and counts as bound at the gate until it
 is); create the Binding (the assignment
 annotations ride on it and land with ``spec.nodeName`` in one write; 409 with the pod already on
-this node counts as done); publish the ``BindingResult``. A decision held at the gate waits for the
-record it waits on to move, at most ``gate_timeout_s`` for each record it waits on (a queue that
-moves never times out), then fails back to the placer. The gate
+this node counts as done); publish the ``BindingResult``. A decision whose commit's record is in
+neither the mirror nor the bucket waits up to ``record_wait_s`` for the mirror to take it (the
+placer writes the record and publishes the decision at once); then it is delivered again later
+while the pod's claim names its commit, else dropped. A decision held
+at the gate waits for the record it waits on to move, at most ``gate_timeout_s`` for each record
+it waits on (a queue that moves never times out), then fails back to the placer. The gate
 waits only for records that stand for a placer's commit, or one a placer is withdrawing
 (``shared.commits``: the pod's claim and the node's ledger entry, read when a record first holds
 a decision back): a record anyone else made up holds no real pod back, and is counted in
@@ -34,6 +37,7 @@ from services.binder.nodefacts import extended_allocatable
 from services.binder.objects import Node
 from services.binder.plan import (
     Advance,
+    AwaitRecord,
     Bind,
     BindPlan,
     Drop,
@@ -45,6 +49,7 @@ from services.binder.plan import (
     matches,
     observe,
     plan_bind,
+    record_on_its_way,
 )
 from shared import codec, subjects
 from shared.clock import Clock
@@ -70,6 +75,11 @@ MAX_COMMIT_CHECKS: Final = 10_000
 """Records whose commit check is remembered; beyond it, those of records gone are forgotten."""
 
 
+class RecordPendingError(TimeoutError):
+    """A decision's record has not come yet but its commit stands: deliver it again later
+    (a ``TimeoutError``: the consumer naks it with a growing delay, logging a warning)."""
+
+
 class DecisionBinder:
     """Binds decided pods (see the module docstring)."""
 
@@ -84,6 +94,7 @@ class DecisionBinder:
         clock: Clock,
         metrics: BinderMetrics,
         gate_timeout_s: float,
+        record_wait_s: float,
         pod_of: Callable[[str], Pod | None],
         node_of: Callable[[str], Node | None],
         fence: Callable[[str], None],
@@ -96,6 +107,7 @@ class DecisionBinder:
         self._clock = clock
         self._metrics = metrics
         self._gate_timeout_s = gate_timeout_s
+        self._record_wait_s = record_wait_s
         self._pod_of = pod_of
         self._node_of = node_of
         self._fence = fence
@@ -211,6 +223,10 @@ class DecisionBinder:
             )
         ]
 
+    async def _record_on_its_way(self, decision: PlacementDecision) -> bool:
+        entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(decision.pod_uid))
+        return record_on_its_way(decision, _decoded(entry.value if entry else None, PodClaim))
+
     async def _stands_for_commit(self, view: RecordView) -> bool:
         """Whether ``view`` is what a placer committed (reads its claim and its node's ledger
         entry once per revision); one that is not is remembered, counted and logged."""
@@ -268,12 +284,41 @@ class DecisionBinder:
         await self._records.remember(RecordView(key=claim.key, revision=revision, record=record))
         return True
 
+    async def _record_taken(self, key: str, after: int, version: int, deadline: float) -> None:
+        """Wait until the mirror has taken a version of ``key`` newer than revision ``after``,
+        or ``deadline`` passed (only a change of this key is worth planning again for)."""
+        while self._records.revision(key) <= after:
+            left = deadline - self._clock.monotonic()
+            if left <= 0:
+                return
+            await self._records.changed.wait_past(version, left)
+            version = self._records.changed.version
+
     async def _bind(self, decision: PlacementDecision) -> None:
         gate_deadline = 0.0
         blocked_by: tuple[str, int] | None = None
+        record_deadline: float | None = None
         while True:
             checkpoint()
             plan, version = await self._plan(decision)
+            if isinstance(plan, AwaitRecord):
+                now = self._clock.monotonic()
+                if record_deadline is None:
+                    record_deadline = now + self._record_wait_s
+                if now < record_deadline:
+                    key = subjects.assignment_key(decision.node, decision.pod_uid)
+                    await self._record_taken(key, plan.after, version, record_deadline)
+                    continue  # plan again: from the mirror, or one last read of the bucket
+                if await self._record_on_its_way(decision):
+                    raise RecordPendingError(
+                        f"no record of commit {decision.commit} of "
+                        f"{decision.namespace}/{decision.name} after {self._record_wait_s:g} s; "
+                        "its claim still names it: delivered again later"
+                    )
+                plan = Drop(
+                    reason=f"{plan.reason} after {self._record_wait_s:g} s, and the pod's claim "
+                    "no longer names it"
+                )
             if isinstance(plan, Wait):
                 now = self._clock.monotonic()
                 if blocked_by is None:

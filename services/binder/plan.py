@@ -2,9 +2,15 @@
 
 ``plan_bind(decision, pod, record, node_records, ...)`` returns one of:
 
-- :class:`Drop`: nothing to do and nothing to tell the placer (no record, a released record, or a
-  record that no longer matches this decision: a stale or duplicate message). Publishing
-  ``failed`` here could release a *newer* booking of the same pod, so the binder stays silent.
+- :class:`AwaitRecord`: no record of this decision's commit yet. The placer publishes a decision
+  beside its record's write, so the decision may come first. The binder waits a few seconds for
+  the record, then asks the pod's claim: while it names this commit the record is on its way (a
+  late write, a placer's repair) and the decision is delivered again later
+  (:func:`record_on_its_way`); once it names none, the decision is dropped.
+- :class:`Drop`: nothing to do and nothing to tell the placer (a released record, or a record
+  that no longer matches this decision: a stale or duplicate message; or no record after the
+  wait). Publishing ``failed`` here could release a *newer* booking of the same pod, so the
+  binder stays silent.
 - :class:`Report`: tell the placer ``bound`` (already done: a redelivery), ``gone`` (the pod was
   deleted or replaced) or ``failed`` (bound elsewhere by someone else).
 - :class:`Advance`: the pod is already on the decided node but the record still says
@@ -50,6 +56,7 @@ from shared import annotations as names
 from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord, RecordView, holds_gpus
 from shared.messages.bindings import BindOutcome
+from shared.messages.ledger import PodClaim
 from shared.messages.placement import PlacementDecision
 
 
@@ -71,6 +78,12 @@ def observe(pod: Pod) -> ObservedPod:
         node=pod.node,
         terminating=pod.terminating,
     )
+
+
+class AwaitRecord(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    reason: str
+    after: int
+    """The revision of the key found (0: none): the record to wait for is a newer one."""
 
 
 class Drop(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -98,7 +111,7 @@ class Bind(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     annotations: dict[str, str]
 
 
-BindPlan = Drop | Report | Advance | Wait | Bind
+BindPlan = AwaitRecord | Drop | Report | Advance | Wait | Bind
 
 
 def claim_of(plan: BindPlan) -> tuple[RecordView, AssignmentRecord] | None:
@@ -108,10 +121,31 @@ def claim_of(plan: BindPlan) -> tuple[RecordView, AssignmentRecord] | None:
     return None
 
 
+def record_on_its_way(decision: PlacementDecision, claim: PodClaim | None) -> bool:
+    """Whether a record of ``decision``'s commit is still to come: the pod's claim
+    (``tessera-claims``) names that commit as placed. Its record's write lands, or a placer's
+    repair writes it, unless the commit is released first (the claim then moves on). A decision
+    that names no commit (an older placer's) is never waited for past the first wait."""
+    return (
+        bool(decision.commit)
+        and claim is not None
+        and claim.state == "placed"
+        and claim.booking is not None
+        and claim.booking.commit == decision.commit
+    )
+
+
+def of_commit(record: AssignmentRecord, decision: PlacementDecision) -> bool:
+    """Whether ``record`` is of the commit ``decision`` announced (any commit for a decision
+    that names none)."""
+    return not decision.commit or record.commit == decision.commit
+
+
 def matches(record: AssignmentRecord, decision: PlacementDecision) -> bool:
     """Whether ``record`` is the booking ``decision`` announced."""
     return (
-        record.pod_uid == decision.pod_uid
+        of_commit(record, decision)
+        and record.pod_uid == decision.pod_uid
         and record.node == decision.node
         and record.containers == decision.containers
     )
@@ -127,6 +161,7 @@ def decision_of(record: AssignmentRecord) -> PlacementDecision:
         containers=record.containers,
         decided_at=record.decided_at,
         placer_id=record.placer_id,
+        commit=record.commit,
     )
 
 
@@ -315,8 +350,13 @@ def plan_bind(
     now: float,
 ) -> BindPlan:
     """The next step for ``decision`` (see the module docstring)."""
-    if record is None:
-        return Drop(reason="no assignment record for this decision")
+    if record is None or not of_commit(record.record, decision):
+        # None yet, or an older commit's (released, and the record of this one replaces it; or
+        # live, and reconciliation sorts the two out before this commit's record is written).
+        return AwaitRecord(
+            reason="no assignment record of this decision's commit",
+            after=record.revision if record is not None else 0,
+        )
     current = record.record
     if current.state == "released":
         return Drop(reason="the assignment record was released before the pod was bound")

@@ -143,6 +143,7 @@ class Binder:
             clock=clock,
             metrics=metrics,
             gate_timeout_s=config.gate_timeout_s,
+            record_wait_s=config.record_wait_s,
             pod_of=self.pod_of,
             node_of=self.nodes.get,
             fence=self._fence,

@@ -1,8 +1,8 @@
 """The commit protocol as pure functions: what to write to KV, and what to repair (no I/O).
 
 A decision for pod P on node N is committed in three writes, each a compare-and-set or a
-create-only write, then published, then the pod message is acked; when P's tenant has a quota, a
-fourth write comes first:
+create-only write, the decision published beside the last one, then the pod message is acked;
+when P's tenant has a quota, a fourth write comes first:
 
 0. **Charge** (``tessera-tenants``, the tenant's entry, compare-and-set): the charge of P's commit
    (GPU shares and memory) is added only if every charge of the entry *as read*, plus this one,
@@ -29,7 +29,12 @@ fourth write comes first:
    it lost, and it gives its booking back. This is what makes "one pod, one record" hold.
 3. **Record** (``tessera-assignments``, ``<N>.<P>``, create-only): the ``reserved`` record the
    binder and the device plugin read, carrying the same commit id. A released record of an older
-   commit at that key may be overwritten (P placed on N again after a requeue).
+   commit at that key may be overwritten (P placed on N again after a requeue). The decision is
+   published at the same time, not after the record's write came back (one serial round trip
+   fewer): the binder binds a record, never a decision alone. It waits for a record that has
+   not reached it yet for as long as P's claim names this commit (the record comes: its write
+   lands late, or the repair of a placer stopped between the two writes it), and drops the
+   decision once the claim names none (the commit was released: no record will come).
 
 A release moves the other way and leaves a **fence**: the record of the released commit ends in
 state ``released`` (written ``released`` when it did not exist yet), so a commit still on its way

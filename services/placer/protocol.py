@@ -11,6 +11,7 @@ replicas' steps in any interleaving (``tests/placer/test_protocol_model.py``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Literal
 
@@ -107,15 +108,18 @@ class CommitProtocol:
             return "duplicate", claim.booking
         if verdict == "deleted":
             return "deleted", booking
-        action = await self.store.ensure_record(booking)
-        if action == "released":  # released while we committed: nothing to publish
+        # The record and the decision go out together (one round trip, not two, issue 23): the
+        # binder binds only a record, and waits for it while the claim names this commit.
+        action, _ = await asyncio.gather(
+            self.store.ensure_record(booking), self.publish_decision(booking, decision)
+        )
+        if action == "released":  # released while we committed: the binder drops the decision
             return "deleted", booking
         if action == "blocked":
             raise GaveUpError(
                 f"a live record of another commit holds {booking.node}/{booking.pod_uid}; "
                 "reconciliation sorts it out"
             )
-        await self.publish_decision(booking, decision)
         return "placed", booking
 
     async def restore(self, restore: PodRestore) -> Literal["restored", "claimed elsewhere"]:

@@ -421,6 +421,7 @@ def decision_message(
         explanation=explanation,
         decided_at=booking.decided_at,
         placer_id=booking.placer_id,
+        commit=booking.commit,
     )
 
 

@@ -20,6 +20,10 @@ class PlacementDecision(Message, frozen=True, kw_only=True):
     explanation: str = ""
     decided_at: float
     placer_id: str
+    commit: str = ""
+    """The commit the decision announces: the binder binds only that commit's record (the
+    record may reach it after the decision). Empty from a placer older than the field: then
+    any record of the pod on the node that matches the slices."""
 
 
 class RejectionReason(Message, frozen=True, kw_only=True):

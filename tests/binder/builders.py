@@ -150,6 +150,7 @@ def decision(of: AssignmentRecord) -> PlacementDecision:
         containers=of.containers,
         decided_at=of.decided_at,
         placer_id=of.placer_id,
+        commit=of.commit,
     )
 
 

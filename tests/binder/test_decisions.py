@@ -8,16 +8,20 @@ back: the mirror holds exactly what the test seeds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
+from services.binder.binding import RecordPendingError
 from services.binder.command import build_config
 from services.binder.kube import KubeGateway, load_configuration, new_configuration
 from services.binder.metrics import BinderMetrics
@@ -35,7 +39,8 @@ from tessera.devcluster.resources import NODE, POD
 from tests.binder.builders import decision, node, pod, record, slices
 from tests.binder.conftest import FAST_RETRY
 from tests.binder.conftest import test_settings as binder_settings
-from tests.harness.kv import create_committed
+from tests.harness.commits import commit
+from tests.harness.kv import create_committed, put_committed, put_record
 from tests.harness.lossy import LostAnswerBus
 from tests.harness.nats import NatsServer
 
@@ -198,3 +203,100 @@ async def test_the_mirror_knows_the_newest_revision_of_a_key_it_no_longer_serves
     assert revision is not None
     await mirror.read(key)
     assert mirror.get(key) is None and mirror.revision(key) == revision
+
+
+async def _into_mirror(bus: NatsBus, binder: Binder, reserved: AssignmentRecord) -> None:
+    """What the binder's watch does with the record's newest version in the bucket."""
+    entry = await bus.kv_get(
+        subjects.KV_ASSIGNMENTS, subjects.assignment_key(reserved.node, reserved.pod_uid)
+    )
+    assert entry is not None
+    await binder.records.take(entry)
+
+
+async def test_a_decision_ahead_of_its_record_binds_once_the_record_arrives(
+    api: ApiServer, bus: NatsBus, idle_binder: IdleBinder
+) -> None:
+    """The placer publishes the decision beside the record's write: the binder finds no record
+    in its mirror or the bucket, waits, and binds when the watch brings the record."""
+    binder = idle_binder.parts
+    api.create(NODE, node())
+    uid = api.create(POD, pod("train"))["metadata"]["uid"]
+    reserved = record(uid, "train", slices("main", (3, 8192, 30)))
+    handling = asyncio.create_task(binder.decisions.handle(decision(reserved)))
+    await asyncio.sleep(0.3)
+    assert not handling.done(), "the decision was settled before its record existed"
+    assert api.writes_to("pods/binding") == []
+
+    await create_committed(bus, reserved)
+    await _into_mirror(bus, binder, reserved)
+    await asyncio.wait_for(handling, 5.0)
+
+    assert [w.code for w in api.writes_to("pods/binding")] == [201]
+    assert idle_binder.metric("tessera_binder_binds_total", outcome="dropped") == 0
+
+
+async def test_a_decision_whose_commit_no_claim_names_is_dropped_after_the_wait(
+    api: ApiServer, bus: NatsBus, nats_server: NatsServer, kubeconfig: Path
+) -> None:
+    """No record came within ``record_wait_s``, and the pod's claim names no such commit (the
+    commit was released before its record was written): no record will come."""
+    api.create(NODE, node())
+    uid = api.create(POD, pod("train"))["metadata"]["uid"]
+    async with built_binder(nats_server, kubeconfig, bus, record_wait_s=0.5) as idle:
+        started = time.monotonic()
+        await asyncio.wait_for(idle.parts.decisions.handle(decision(record(uid, "train"))), 10.0)
+        assert time.monotonic() - started >= 0.5
+        assert idle.metric("tessera_binder_binds_total", outcome="dropped") == 1
+    assert api.writes_to("pods/binding") == []
+
+
+async def test_a_decision_whose_claim_still_names_its_commit_comes_back_for_its_record(
+    api: ApiServer, bus: NatsBus, nats_server: NatsServer, kubeconfig: Path
+) -> None:
+    """The placer stopped between publishing the decision and writing the record (or the write
+    is slow): the claim names the commit, so the decision is handed back to be delivered again
+    rather than dropped, and the delivery after the record is written binds the pod."""
+    api.create(NODE, node())
+    uid = api.create(POD, pod("train"))["metadata"]["uid"]
+    reserved = record(uid, "train", slices("main", (3, 8192, 30)))
+    await commit(bus, reserved)  # claim and booking, no record
+    async with built_binder(nats_server, kubeconfig, bus, record_wait_s=0.3) as idle:
+        with pytest.raises(RecordPendingError, match="its claim still names it"):
+            await asyncio.wait_for(idle.parts.decisions.handle(decision(reserved)), 10.0)
+        assert idle.metric("tessera_binder_binds_total", outcome="dropped") == 0
+        assert api.writes_to("pods/binding") == []
+
+        await put_record(bus, reserved)  # a repair writes the record
+        await _into_mirror(bus, idle.parts, reserved)
+        await asyncio.wait_for(idle.parts.decisions.handle(decision(reserved)), 10.0)
+    assert [w.code for w in api.writes_to("pods/binding")] == [201]
+
+
+async def test_a_decision_never_binds_an_earlier_commits_record_at_its_key(
+    api: ApiServer, bus: NatsBus, idle_binder: IdleBinder
+) -> None:
+    """The pod was placed on the node before (that commit was requeued: its record released),
+    and again now, on the same GPU: the key holds the older record until the new one replaces
+    it. The decision waits for its own commit's record and binds that one."""
+    binder = idle_binder.parts
+    api.create(NODE, node())
+    uid = api.create(POD, pod("train"))["metadata"]["uid"]
+    older = record(uid, "train", slices("main", (3, 8192, 30)), commit="commit-older")
+    await create_committed(bus, released(older, now=5.0))
+    await _into_mirror(bus, binder, older)
+    newer = msgspec.structs.replace(older, commit="commit-newer")
+    handling = asyncio.create_task(binder.decisions.handle(decision(newer)))
+    await asyncio.sleep(0.3)
+    assert not handling.done(), "the decision was settled on the older commit's record"
+
+    key = subjects.assignment_key("gpu-1", uid)
+    await put_committed(bus, newer)
+    await _into_mirror(bus, binder, newer)
+    await asyncio.wait_for(handling, 5.0)
+
+    assert [w.code for w in api.writes_to("pods/binding")] == [201]
+    stored = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+    assert stored is not None
+    bound = codec.decode(stored.value, AssignmentRecord)
+    assert (bound.commit, bound.state) == ("commit-newer", "bound")

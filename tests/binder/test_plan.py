@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from services.binder.plan import (
     Admission,
     Advance,
+    AwaitRecord,
     Bind,
     Drop,
     ObservedPod,
@@ -21,6 +22,7 @@ from services.binder.plan import (
     claim_of,
     gate_resources,
     plan_bind,
+    record_on_its_way,
     served_elsewhere,
     stranded,
     withdrawable,
@@ -36,8 +38,11 @@ from shared.messages.assignments import (
     settled,
 )
 from shared.messages.base import ContainerSlices, GpuSlice
+from shared.messages.ledger import PodClaim
+from shared.messages.placement import PlacementDecision
 from shared.validation import record_problem
 from tests.binder.builders import NODE, decision, record, slices
+from tests.harness.commits import claim_of as placed_claim
 
 NOW = 1_700_000_100.0
 GPU = frozenset({"tessera.dev/gpu"})
@@ -75,7 +80,10 @@ MINE = record("u1", "p", slices("main", (0, 4096, 25)))
     ("mine", "pod", "expected"),
     [
         pytest.param(
-            None, seen(), Drop(reason="no assignment record for this decision"), id="no-record"
+            None,
+            seen(),
+            AwaitRecord(reason="no assignment record of this decision's commit", after=0),
+            id="no-record-yet",
         ),
         pytest.param(
             msgspec.structs.replace(MINE, state="released"),
@@ -123,6 +131,73 @@ def test_a_stale_decision_is_dropped_silently() -> None:
     assert plan(newer, seen(), decided=MINE) == Drop(
         reason="the assignment record no longer matches this decision"
     )
+
+
+OLDER = msgspec.structs.replace(MINE, commit="commit-older")
+LEGACY = msgspec.structs.replace(decision(MINE), commit="")
+
+
+@pytest.mark.parametrize(
+    ("found", "decided", "expected"),
+    [
+        pytest.param(
+            released(OLDER, now=NOW),
+            decision(MINE),
+            AwaitRecord(reason="no assignment record of this decision's commit", after=1),
+            id="older-commit-released",
+        ),
+        pytest.param(
+            OLDER,
+            decision(MINE),
+            AwaitRecord(reason="no assignment record of this decision's commit", after=1),
+            id="older-commit-live",
+        ),
+        pytest.param(
+            released(OLDER, now=NOW),
+            LEGACY,
+            Drop(reason="the assignment record was released before the pod was bound"),
+            id="no-commit-named-released",
+        ),
+    ],
+)
+def test_a_decision_binds_only_the_record_of_its_commit(
+    found: AssignmentRecord, decided: PlacementDecision, expected: object
+) -> None:
+    """The placer publishes a decision beside its record's write: the key may still hold the
+    record of an earlier commit of the pod on the node (placed there again after a requeue),
+    and that one is never taken for this decision's. A decision from a placer that names no
+    commit is judged as before the field existed."""
+    result = plan_bind(
+        decision=decided, pod=seen(), record=view(found), node_records=[], resources=GPU, now=NOW
+    )
+    assert result == expected
+
+
+@pytest.mark.parametrize(
+    ("claim", "decided", "expected"),
+    [
+        pytest.param(placed_claim(MINE), decision(MINE), True, id="placed-by-this-commit"),
+        pytest.param(None, decision(MINE), False, id="no-claim"),
+        pytest.param(placed_claim(OLDER), decision(MINE), False, id="placed-by-another-commit"),
+        pytest.param(
+            msgspec.structs.replace(placed_claim(MINE), state="requeued"),
+            decision(MINE),
+            False,
+            id="requeued",
+        ),
+        pytest.param(
+            msgspec.structs.replace(placed_claim(MINE), state="deleted"),
+            decision(MINE),
+            False,
+            id="deleted",
+        ),
+        pytest.param(placed_claim(MINE), LEGACY, False, id="decision-names-no-commit"),
+    ],
+)
+def test_a_record_is_on_its_way_while_the_claim_names_its_commit(
+    claim: PodClaim | None, decided: PlacementDecision, expected: bool
+) -> None:
+    assert record_on_its_way(decided, claim) is expected
 
 
 def test_a_reserved_record_of_a_pod_already_on_its_node_advances() -> None:

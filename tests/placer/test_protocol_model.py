@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,7 +54,7 @@ from hypothesis.stateful import (
 )
 from prometheus_client import CollectorRegistry
 
-from services.binder.plan import stranded
+from services.binder.plan import record_on_its_way, stranded
 from services.placer import decider, translate
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.model import Decision
@@ -65,6 +66,7 @@ from services.placer.store import ConflictError, Store
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord, released, settled
 from shared.messages.ledger import NodeLedger, PodClaim, TenantLedger
+from shared.messages.placement import PlacementDecision
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Handler, KvEntry, PullConsumer, Subscription
 from shared.runtime.edge import Edge
@@ -323,6 +325,15 @@ class ProtocolMachine(RuleBasedStateMachine):
         random state earlier tests left (which made the broken-quota check order-dependent)."""
         self.replicas = [self._replica(n) for n in range(REPLICAS)]
         self.kv.listeners.append(self._fan_out)
+        self.decisions_read = 0
+        """How many of the published messages the binder has read."""
+        self.awaiting: list[PlacementDecision] = []
+        """Decisions the binder holds for a record still to come."""
+        self.taken: set[str] = set()
+        """Commits whose decision the binder took with the commit's live record: it binds them."""
+        self.unacked: Counter[str] = Counter()
+        """Pod messages taken for a commit and not acked (the commit failed, or its replica was
+        killed): JetStream delivers them again (at the end, :meth:`teardown` does)."""
 
     def _next_commit(self) -> int:
         self.commits += 1
@@ -408,6 +419,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             placer_id=f"r{replica}",
         )
         r.view.add_tentative(booking)
+        self.unacked[pod] += 1
 
         async def commit() -> None:
             try:
@@ -420,6 +432,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                         refused = "node"
                 if not refused:
                     await r.protocol.finish(booking, PODS[pod], outcome)
+                    self.unacked[pod] -= 1  # acked (a refused one is handed back)
             finally:
                 r.view.drop_tentative(booking.node, booking.pod_uid)
 
@@ -461,6 +474,33 @@ class ProtocolMachine(RuleBasedStateMachine):
             if record.pod_uid == pod and record.state == "reserved":
                 bound = msgspec.structs.replace(record, state="bound", bound_at=self.clock.now())
                 self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(bound), revision)
+
+    @rule()
+    def binder_reads_decisions(self) -> None:
+        """The binder's decision consumer: a decision whose commit's record is there is taken
+        (bound, or dropped when the record is released); one whose record is not waits while the
+        pod's claim names its commit (the record is on its way), else is dropped. The placer
+        publishes a decision beside its record's write, so it may come first."""
+        self.awaiting += [
+            codec.decode(data, PlacementDecision)
+            for subject, data in self.kv.published[self.decisions_read :]
+            if subject.startswith("tessera.assignments.")
+        ]
+        self.decisions_read = len(self.kv.published)
+        claims = self.kv.entries(subjects.KV_CLAIMS)
+        records = self.kv.entries(subjects.KV_ASSIGNMENTS)
+        still: list[PlacementDecision] = []
+        for decision in self.awaiting:
+            found = records.get(subjects.assignment_key(decision.node, decision.pod_uid))
+            record = codec.decode(found[0], AssignmentRecord) if found else None
+            if record is not None and record.commit == decision.commit:
+                if record.state != "released":
+                    self.taken.add(decision.commit)
+                continue
+            entry = claims.get(subjects.claim_key(decision.pod_uid))
+            if record_on_its_way(decision, codec.decode(entry[0], PodClaim) if entry else None):
+                still.append(decision)
+        self.awaiting = still
 
     @rule(pod=st.sampled_from(sorted(PODS)))
     def binder_withdraws(self, pod: str) -> None:
@@ -576,10 +616,20 @@ class ProtocolMachine(RuleBasedStateMachine):
                     op.done.set_result("land")
             self.gates.pending = []
 
-            async def finish() -> None:
+            async def drain() -> None:
                 for replica in self.replicas:
                     if replica.tasks:
                         await asyncio.gather(*replica.tasks, return_exceptions=True)
+
+            self._run(drain())
+            redelivered = sorted(pod for pod, count in self.unacked.items() if count > 0)
+            self.replicas[0] = self._replica(0)  # a fresh view takes the redeliveries
+            for pod in redelivered:
+                self.unacked[pod] = 0
+                self.decide(replica=0, pod=pod)
+
+            async def finish() -> None:
+                await drain()
                 for number in range(REPLICAS):  # fresh views of everything, then repair
                     self.replicas[number] = self._replica(number)
                     await self.replicas[number].protocol.reconcile(grace_s=0.0)
@@ -587,11 +637,18 @@ class ProtocolMachine(RuleBasedStateMachine):
                     await self.replicas[number].protocol.reconcile(grace_s=0.0)
 
             self._run(finish())
+            self.binder_reads_decisions()
             state = self._state()
             if currently_in_test_context():  # not when a test drives the machine by hand
                 event(f"live records at the end: {len(state.live_records())}")
                 event(f"claims: {sorted(c.state for c in state.claims.values())}")
             wire.check_invariants(state, INVENTORIES, slots={name: SLOTS for name in NODES})
+            # Nothing stuck at the binder: every reserved record's decision was taken, and no
+            # decision waits for a record that will never come.
+            for record in state.live_records():
+                if record.state == "reserved":
+                    assert record.commit in self.taken, f"no decision taken for {record}"
+            assert not self.awaiting, self.awaiting
             wire.check_quotas(state, QUOTAS)
             if self.charges:  # and nothing charged that is not placed
                 wire.check_charges(state, QUOTAS)
@@ -653,31 +710,57 @@ def test_a_quota_checked_only_on_each_replicas_view_is_caught() -> None:
     _two_replicas_place_both_team_pods_at_once(ProtocolMachine())
 
 
+def _let_next(machine: ProtocolMachine, replica: int, what: str = "") -> None:
+    """Let the first waiting operation of ``replica`` (whose name starts with ``what``) land,
+    then check the invariants. Named, not by position: a change of how many operations a step
+    has in flight at once must not turn a driven race into another one."""
+    pick = next(
+        i
+        for i, op in enumerate(machine.gates.pending)
+        if op.replica == replica and op.what.startswith(what)
+    )
+    machine.let_some_through(steps=[(pick, "land")])
+    machine.nothing_over_committed_and_one_record_per_pod()
+
+
 def test_a_roll_forward_that_finds_its_pod_deleted_fences_the_record_first() -> None:
     """The search's example, driven by hand: replica 1 commits ``p1`` to its end (booking,
-    claim, ``reserved`` record) while replica 0's reconciliation, on a view that had not seen
-    the record yet, rolls the same commit forward; ``p1`` is deleted meanwhile. The roll-forward
-    then found the claim deleted and took the booking off the ledger, while the record it had
-    not fenced stayed ``reserved``: a live record without its booking until the deletion's own
-    fence landed. Every release fences first."""
+    claim, ``reserved`` record) while replica 0's reconciliation, on a view that had seen only
+    the booking, rolls the same commit forward; replica 2 deletes ``p1`` meanwhile. The
+    roll-forward then found the claim deleted and took the booking off the ledger, while the
+    record it had not fenced stayed ``reserved``: a live record without its booking until the
+    deletion's own fence landed. Every release fences first."""
     machine = ProtocolMachine()
-    last: list[tuple[int, Fate]] = [(0, "land"), (1, "land"), (0, "land"), (0, "land")]
-    last += [(3, "land"), (1, "land"), (3, "land")]
-    steps: list[Callable[[], None]] = [
-        lambda: machine.decide(pod="p1", replica=1),
-        lambda: machine.let_some_through(steps=[(0, "land")]),
-        lambda: machine.decide(pod="p0", replica=0),
-        lambda: machine.reconcile(replica=0),
-        *[lambda: machine.let_some_through(steps=[(0, "land")])] * 3,
-        lambda: machine.let_some_through(steps=[(0, "land"), (0, "land")]),
-        lambda: machine.reconcile(replica=0),
-        lambda: machine.decide(pod="p0", replica=0),
-        lambda: machine.let_some_through(steps=[(0, "land")]),
-        lambda: machine.reconcile(replica=0),
-        lambda: machine.delete(pod="p1", really=0, replica=0),
-        lambda: machine.let_some_through(steps=last),
-    ]
-    for step in steps:
-        step()
-        machine.nothing_over_committed_and_one_record_per_pod()
+    machine.decide(pod="p1", replica=1)
+    _let_next(machine, 1, "create tessera-ledger")
+    machine.watch_catches_up(replica=0)
+    machine.reconcile(replica=0)  # rolls p1's commit forward: its claim's create waits
+    _let_next(machine, 1, "create tessera-claims")
+    _let_next(machine, 1, "create tessera-assignments")
+    machine.delete(pod="p1", really=0, replica=2)
+    _let_next(machine, 2, "get tessera-claims")
+    _let_next(machine, 2, "update tessera-claims")  # the tombstone; its fence still waits
+    _let_next(machine, 0, "create tessera-claims")  # exists: read it back, it says deleted
+    _let_next(machine, 0, "get tessera-claims")
+    while any(op.replica == 0 for op in machine.gates.pending):  # the release, ahead of r2's
+        _let_next(machine, 0)
     machine.teardown()
+
+
+def test_a_decision_ahead_of_its_record_waits_for_it_at_the_binder() -> None:
+    """The placer publishes the decision beside the record's write: here the decision lands and
+    is read by the binder first. The pod's claim names the commit, so the binder holds the
+    decision rather than dropping it, and takes it once the record lands. A binder that dropped
+    it would leave the record ``reserved`` with no decision to bind it (the teardown's check)."""
+    machine = ProtocolMachine()
+    machine.decide(pod="p0", replica=0)
+    _let_next(machine, 0, "create tessera-ledger")
+    _let_next(machine, 0, "create tessera-claims")
+    _let_next(machine, 0, "publish tessera.assignments")
+    machine.binder_reads_decisions()
+    assert [d.pod_uid for d in machine.awaiting] == ["p0"]
+    _let_next(machine, 0, "create tessera-assignments")
+    machine.binder_reads_decisions()
+    assert not machine.awaiting
+    machine.teardown()
+    assert machine.taken == {"r0.00000001"}

@@ -123,6 +123,7 @@ EXAMPLES: list[Any] = [
         explanation="fgd: least fragmentation",
         decided_at=NOW,
         placer_id="placer-0",
+        commit="placer-0.00000001",
     ),
     PlacementRejected(
         pod_uid="uid-2",
