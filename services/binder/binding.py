@@ -310,15 +310,20 @@ class DecisionBinder:
                     await self._record_taken(key, plan.after, version, record_deadline)
                     continue  # plan again: from the mirror, or one last read of the bucket
                 if await self._record_on_its_way(decision):
+                    self._metrics.record_waits.labels(outcome="pending").inc()
                     raise RecordPendingError(
                         f"no record of commit {decision.commit} of "
                         f"{decision.namespace}/{decision.name} after {self._record_wait_s:g} s; "
                         "its claim still names it: delivered again later"
                     )
+                self._metrics.record_waits.labels(outcome="dropped").inc()
                 plan = Drop(
                     reason=f"{plan.reason} after {self._record_wait_s:g} s, and the pod's claim "
                     "no longer names it"
                 )
+            elif record_deadline is not None:
+                self._metrics.record_waits.labels(outcome="arrived").inc()
+                record_deadline = None
             if isinstance(plan, Wait):
                 now = self._clock.monotonic()
                 if blocked_by is None:

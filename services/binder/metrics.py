@@ -18,6 +18,7 @@ class BinderMetrics:
     watch_restarts: Counter
     leader: Gauge
     gate_waits: Counter
+    record_waits: Counter
     gate_ignored: Counter
     records_withdrawn: Counter
     records_settled: Counter
@@ -66,6 +67,15 @@ class BinderMetrics:
             gate_waits=Counter(
                 "tessera_binder_gate_waits_total",
                 "Decisions held back by the ambiguity gate, by how the wait ended.",
+                ["outcome"],
+                registry=registry,
+            ),
+            record_waits=Counter(
+                "tessera_binder_record_waits_total",
+                "Decisions that reached the binder before their commit's assignment record (the "
+                "placer publishes the decision beside the record's write), by how the wait ended: "
+                "arrived, pending (not within --record-wait-s while the pod's claim names the "
+                "commit: delivered again later) or dropped (the claim names no such commit).",
                 ["outcome"],
                 registry=registry,
             ),

@@ -234,6 +234,7 @@ async def test_a_decision_ahead_of_its_record_binds_once_the_record_arrives(
 
     assert [w.code for w in api.writes_to("pods/binding")] == [201]
     assert idle_binder.metric("tessera_binder_binds_total", outcome="dropped") == 0
+    assert idle_binder.metric("tessera_binder_record_waits_total", outcome="arrived") == 1
 
 
 async def test_a_decision_whose_commit_no_claim_names_is_dropped_after_the_wait(
@@ -248,6 +249,7 @@ async def test_a_decision_whose_commit_no_claim_names_is_dropped_after_the_wait(
         await asyncio.wait_for(idle.parts.decisions.handle(decision(record(uid, "train"))), 10.0)
         assert time.monotonic() - started >= 0.5
         assert idle.metric("tessera_binder_binds_total", outcome="dropped") == 1
+        assert idle.metric("tessera_binder_record_waits_total", outcome="dropped") == 1
     assert api.writes_to("pods/binding") == []
 
 
@@ -265,6 +267,7 @@ async def test_a_decision_whose_claim_still_names_its_commit_comes_back_for_its_
         with pytest.raises(RecordPendingError, match="its claim still names it"):
             await asyncio.wait_for(idle.parts.decisions.handle(decision(reserved)), 10.0)
         assert idle.metric("tessera_binder_binds_total", outcome="dropped") == 0
+        assert idle.metric("tessera_binder_record_waits_total", outcome="pending") == 1
         assert api.writes_to("pods/binding") == []
 
         await put_record(bus, reserved)  # a repair writes the record
