@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/placer_service.py [--nodes 1000] [--gpus 8] [--rate 500]
         [--seconds 10] [--replicas 1,3] [--burst 3000] [--rss-nodes 10000] [--quota-share 0]
-        [--pools 1]
+        [--pools 1] [--nats-servers 1]
 
 For each replica count: a fresh nats-server; every node's inventory and node facts written into KV
 (as the inventory and the binder do); that many placer processes started and waited for (ready =
@@ -29,7 +29,9 @@ fills, so every pod is placed and nothing waits. ``--quota-share F`` puts that f
 in a tenant with a quota (large enough never to refuse one): each of their commits also charges the
 tenant's one usage entry by compare-and-set, which is what exact quotas cost. ``--pools N``
 starts the placers with node pools (``--pools 0``: as many pools as replicas), and waits until
-the pools are shared out before sending pods. Prints what it measures, target met or not.
+the pools are shared out before sending pods. ``--nats-servers 3`` runs them over a three-server
+JetStream cluster on loopback, every stream and bucket with three replicas (each write then waits
+for a quorum: the round trip a deployment with replicated NATS pays). Prints what it measures, target met or not.
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ from shared.messages.nodes import NodeFacts  # noqa: E402
 from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
 from shared.runtime.bus import Delivery  # noqa: E402
 from shared.runtime.nats import NatsBus  # noqa: E402
-from tests.harness.nats import NatsServer, environment_without_proxies  # noqa: E402
+from tests.harness.nats import (  # noqa: E402
+    NatsCluster,
+    NatsServer,
+    environment_without_proxies,
+)
 from tests.harness.procstat import context_switches, cpu_seconds  # noqa: E402
 from tests.harness.store import mark_restored  # noqa: E402
 
@@ -335,13 +341,27 @@ async def histogram(
     return buckets
 
 
-async def placer_messages(server: NatsServer) -> tuple[float, float]:
-    """Messages the placers' connections have sent and received so far (nats-server's
+async def placer_messages(servers: list[NatsServer]) -> tuple[float, float]:
+    """Messages the placers' connections have sent and received so far (each nats-server's
     ``/connz``: ``in_msgs`` is what a client sent, ``out_msgs`` what it was sent)."""
-    port = int(server.monitoring_url.rsplit(":", 1)[1])
-    _, text = await http(port, "/connz?limit=1024")
-    placers = [c for c in json.loads(text)["connections"] if c.get("name") == "tessera-placer"]
+    placers = []
+    for server in servers:
+        port = int(server.monitoring_url.rsplit(":", 1)[1])
+        _, text = await http(port, "/connz?limit=1024")
+        placers += [c for c in json.loads(text)["connections"] if c.get("name") == "tessera-placer"]
     return sum(c["in_msgs"] for c in placers), sum(c["out_msgs"] for c in placers)
+
+
+def nats(args: argparse.Namespace) -> NatsServer | NatsCluster:
+    """One nats-server, or a JetStream cluster of ``--nats-servers`` (streams replicated on
+    all of them), serving monitoring endpoints."""
+    if args.nats_servers == 1:
+        return NatsServer(monitoring=True)
+    return NatsCluster(args.nats_servers, monitoring=True)
+
+
+def servers_of(nats: NatsServer | NatsCluster) -> list[NatsServer]:
+    return nats.servers if isinstance(nats, NatsCluster) else [nats]
 
 
 async def counter_sum(placers: list[Placer], name: str) -> float:
@@ -373,12 +393,12 @@ def bucket_quantile(buckets: dict[float, float], fraction: float) -> str:
 async def run_cluster(
     replicas: int, args: argparse.Namespace, directory: Path
 ) -> dict[str, object]:
-    with NatsServer(monitoring=True) as server:
-        bus = await NatsBus.connect(server.url, name="bench-driver")
+    with nats(args) as server:
+        bus = await NatsBus.connect(server.url, name="bench-driver", replicas=args.nats_servers)
         await mark_restored(bus)  # no binder runs here: the store holds every placement
         try:
             await load_cluster(bus, args.nodes, args.gpus)
-            options: tuple[str, ...] = ()
+            options: tuple[str, ...] = ("--nats-replicas", str(args.nats_servers))
             if args.quota_share:
                 tenancy = directory / "tenancy.json"
                 quota = {"tenant": QUOTA_TENANT, "gpus": 10**9}
@@ -403,11 +423,11 @@ async def run_cluster(
                 tasks = []
                 pids = {
                     "placers": [p.process.pid for p in placers],
-                    "nats-server": [server.pid],
+                    "nats-server": [s.pid for s in servers_of(server)],
                     "driver": [os.getpid()],
                 }
                 used_before = Used.now(pids)
-                messages_before = await placer_messages(server)
+                messages_before = await placer_messages(servers_of(server))
                 lag_before = await histogram(placers, LOOP_LAG)
                 start = time.perf_counter()
                 for n, message in enumerate(pods):
@@ -425,7 +445,7 @@ async def run_cluster(
                 ]
                 achieved = count / (time.perf_counter() - start)
                 cpu_per_pod, switches = Used.now(pids).per_pod(used_before, count, replicas)
-                messages = await placer_messages(server)
+                messages = await placer_messages(servers_of(server))
                 sent, received = (
                     (now - before) / count / replicas
                     for now, before in zip(messages, messages_before, strict=True)
@@ -518,7 +538,8 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(
         f"cluster: {args.nodes} nodes x {args.gpus} GPUs; {args.rate:g} pods/s for "
-        f"{args.seconds:g} s (first second not counted); burst of {args.burst}"
+        f"{args.seconds:g} s (first second not counted); burst of {args.burst}; "
+        f"{args.nats_servers} nats-server(s)"
         + (
             f"; {args.quota_share:.0%} of the pods in a tenant with a quota"
             if args.quota_share
@@ -600,6 +621,12 @@ if __name__ == "__main__":
         help="node pools (the placers' --pools); 0 = as many as replicas",
     )
     parser.add_argument("--rss-nodes", type=int, default=10_000)
+    parser.add_argument(
+        "--nats-servers",
+        type=int,
+        default=1,
+        help="1, or 3 for a JetStream cluster on loopback (streams with 3 replicas)",
+    )
     parser.add_argument(
         "--quota-share",
         type=float,

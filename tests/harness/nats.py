@@ -154,8 +154,10 @@ class NatsCluster:
     ``cluster.url`` names them all (comma-separated), ``cluster.servers[i]`` each one (kill and
     start it again on its port and store)."""
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, *, monitoring: bool = False) -> None:
         self.size = size
+        self.monitoring = monitoring
+        """Each server serves its monitoring endpoints (``NatsServer.monitoring``)."""
         self.servers = self._servers()
 
     def _servers(self) -> list[NatsServer]:
@@ -169,6 +171,7 @@ class NatsCluster:
                     f"  routes: [{route_urls}]\n}}\n"
                 ),
                 port=free_port(),
+                monitoring=self.monitoring,
             )
             for i, route in enumerate(routes)
         ]
