@@ -7,7 +7,9 @@ timeout: the writer must read back), or it is lost on the way. Each replica's vi
 follows by watch events the machine delivers late and in bulk, so decisions are taken on stale
 views as in a real cluster. Replicas decide pods (two may decide the same pod at once), delete
 them, see bindings fail, time reservations out, run reconciliation, and are killed mid-step and
-restarted from KV. The binder binds reserved records by compare-and-set at any moment.
+restarted from KV. The binder binds reserved records by compare-and-set at any moment, and reads
+the published decisions as its consumer does: a decision may come before its record (the placer
+publishes it beside the record's write), and waits for it while the pod's claim names its commit.
 
 Two pods belong to tenant ``team``, whose quota is one GPU share: every replica checks it on its
 own (stale) view when deciding, and charges the tenant's usage entry by compare-and-set before
@@ -17,9 +19,11 @@ After every step: no GPU is over-committed in the ledger or by live records (mem
 logical slots, exclusivity), no pod has two live records, every live record is booked, and no
 tenant is over its quota: its charges add up to no more than the quota, every live record of its
 pods is charged, so its live records hold no more than the quota. When the machine ends,
-everything in flight is let through, every replica reconciles, and then every booking is recorded
-and claimed, every placed claim booked and recorded, every charge is a live record's: nothing
-lost, nothing left half done.
+everything in flight is let through, pod messages never acked are delivered again, every replica
+reconciles, and then every booking is recorded and claimed, every placed claim booked and
+recorded, every charge is a live record's, every ``reserved`` record's decision was taken by the
+binder and no decision waits for a record that will never come: nothing lost, nothing left half
+done.
 
 :class:`PooledProtocolMachine` is the same machine with the nodes in node pools
 (``--pools``): each replica decides on the nodes of the pools it holds first and on every node
