@@ -66,6 +66,8 @@ from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 MAX_CAS_ATTEMPTS: Final = 16
 
 COMMIT_RECHECK_S: Final = 5.0
@@ -223,9 +225,20 @@ class DecisionBinder:
             )
         ]
 
+    async def _read(self, bucket: str, key: str, kind: type[T]) -> T | None:
+        """The entry as ``kind``; None when absent or undecodable (only placers write the
+        claims and the ledger this reads)."""
+        entry = await self._bus.kv_get(bucket, key)
+        if entry is None:
+            return None
+        try:
+            return codec.decode(entry.value, kind)
+        except codec.DecodeError:
+            return None
+
     async def _record_on_its_way(self, decision: PlacementDecision) -> bool:
-        entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(decision.pod_uid))
-        return record_on_its_way(decision, _decoded(entry.value if entry else None, PodClaim))
+        claim = await self._read(subjects.KV_CLAIMS, subjects.claim_key(decision.pod_uid), PodClaim)
+        return record_on_its_way(decision, claim)
 
     async def _stands_for_commit(self, view: RecordView) -> bool:
         """Whether ``view`` is what a placer committed (reads its claim and its node's ledger
@@ -233,14 +246,9 @@ class DecisionBinder:
         if self._committed.get(view.key) == view.revision:
             return True
         record = view.record
-        claim_entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid))
-        ledger_entry = await self._bus.kv_get(subjects.KV_LEDGER, subjects.ledger_key(record.node))
-        claim = _decoded(claim_entry.value if claim_entry else None, PodClaim)
-        problem = commit_problem(
-            record,
-            claim=claim,
-            ledger=_decoded(ledger_entry.value if ledger_entry else None, NodeLedger),
-        )
+        claim = await self._read(subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), PodClaim)
+        ledger = await self._read(subjects.KV_LEDGER, subjects.ledger_key(record.node), NodeLedger)
+        problem = commit_problem(record, claim=claim, ledger=ledger)
         if len(self._committed) + len(self._uncommitted) > MAX_COMMIT_CHECKS:
             held = self._records.get
             self._committed = {k: r for k, r in self._committed.items() if held(k)}
@@ -454,16 +462,3 @@ class DecisionBinder:
             action="Binding",
             note=explain.scheduled_note(record),
         )
-
-
-T = TypeVar("T")
-
-
-def _decoded(data: bytes | None, kind: type[T]) -> T | None:
-    """``data`` as ``kind``; None when absent or undecodable (only placers write these)."""
-    if data is None:
-        return None
-    try:
-        return codec.decode(data, kind)
-    except codec.DecodeError:
-        return None
