@@ -65,11 +65,11 @@ from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.harness.nats import (  # noqa: E402
     NatsCluster,
     NatsServer,
+    connect_when_ready,
     environment_without_proxies,
 )
 from tests.harness.procstat import context_switches, cpu_seconds  # noqa: E402
 from tests.harness.store import mark_restored  # noqa: E402
-from tests.harness.wait import eventually  # noqa: E402
 
 GPU_MIB = 81_920
 LOOP_LAG = "tessera_event_loop_lag_seconds"
@@ -362,21 +362,6 @@ def nats(args: argparse.Namespace) -> NatsServer | NatsCluster:
     return NatsCluster(args.nats_servers, monitoring=True)
 
 
-async def connect_when_ready(url: str, replicas: int) -> NatsBus:
-    """The driver's bus, once JetStream answers (a cluster elects its leader seconds after it
-    starts); it creates every stream and bucket with ``replicas`` copies."""
-
-    async def attempt() -> NatsBus | None:
-        try:
-            return await NatsBus.connect(url, name="bench-driver", replicas=replicas)
-        except Exception:
-            return None
-
-    bus = await eventually(attempt, timeout=60, interval=0.5, what="JetStream ready")
-    assert bus is not None
-    return bus
-
-
 def servers_of(nats: NatsServer | NatsCluster) -> list[NatsServer]:
     return nats.servers if isinstance(nats, NatsCluster) else [nats]
 
@@ -411,7 +396,7 @@ async def run_cluster(
     replicas: int, args: argparse.Namespace, directory: Path
 ) -> dict[str, object]:
     with nats(args) as server:
-        bus = await connect_when_ready(server.url, args.nats_servers)
+        bus = await connect_when_ready(server.url, name="bench-driver", replicas=args.nats_servers)
         await mark_restored(bus)  # no binder runs here: the store holds every placement
         try:
             await load_cluster(bus, args.nodes, args.gpus)

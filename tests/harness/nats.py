@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from shared.runtime.nats import NatsBus
 from tessera.up.system import PORT_TAKEN, nats_server_binary
+from tests.harness.wait import eventually
 
 PORT_ATTEMPTS = 3
 """How many sets of free ports a :class:`NatsCluster` tries."""
@@ -210,3 +212,18 @@ class NatsCluster:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+async def connect_when_ready(url: str, *, name: str, replicas: int) -> NatsBus:
+    """A bus over ``url`` once its JetStream answers (a cluster elects its leader seconds after
+    it starts), creating every stream and bucket with ``replicas`` copies."""
+
+    async def attempt() -> NatsBus | None:
+        try:
+            return await NatsBus.connect(url, name=name, replicas=replicas)
+        except Exception:
+            return None
+
+    bus = await eventually(attempt, timeout=60, interval=0.5, what="JetStream ready")
+    assert bus is not None
+    return bus

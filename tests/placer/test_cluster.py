@@ -12,7 +12,7 @@ import pytest
 from shared import subjects
 from shared.messages.pods import PodPending
 from shared.runtime.nats import NatsBus
-from tests.harness.nats import NatsCluster
+from tests.harness.nats import NatsCluster, connect_when_ready
 from tests.harness.wait import eventually
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory
@@ -28,22 +28,8 @@ def cluster() -> Iterator[NatsCluster]:
         yield started
 
 
-async def connect(url: str) -> NatsBus:
-    """A bus over the cluster once its JetStream has elected a leader (seconds after start)."""
-
-    async def attempt() -> NatsBus | None:
-        try:
-            return await NatsBus.connect(url, name="tessera-test", replicas=3)
-        except Exception:
-            return None
-
-    bus = await eventually(attempt, timeout=60, interval=0.5, what="JetStream cluster ready")
-    assert bus is not None
-    return bus
-
-
 async def test_every_stream_and_bucket_has_three_replicas(cluster: NatsCluster) -> None:
-    bus = await connect(cluster.url)
+    bus = await connect_when_ready(cluster.url, name="tessera-test", replicas=3)
     try:
         names = [*subjects.STREAMS, *(f"KV_{bucket}" for bucket in subjects.KV_BUCKETS)]
         for name in names:
@@ -57,7 +43,7 @@ async def test_every_stream_and_bucket_has_three_replicas(cluster: NatsCluster) 
 async def test_a_server_killed_under_load_loses_no_pod_and_no_state(
     cluster: NatsCluster, start_placer: PlacerFactory
 ) -> None:
-    bus = await connect(cluster.url)
+    bus = await connect_when_ready(cluster.url, name="tessera-test", replicas=3)
     try:
         for node in NODES:
             await wire.put_node(bus, node, 4)
