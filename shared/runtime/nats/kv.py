@@ -329,7 +329,6 @@ class _Batches:
                     if self._got == WATCH_BATCH:
                         continue  # more may be there: ask again at once
                 await asyncio.sleep(batch_s)  # caught up: let the next changes gather
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # unanswered, or not connected: the watch ends
+        except Exception as error:  # unanswered, or not connected: the watch ends (a cancel,
+            # a BaseException, passes)
             self._arrived.put_nowait(error)
