@@ -27,7 +27,7 @@ from shared.runtime.bus import (
 )
 from shared.runtime.lifecycle import bus_identity, connect_nats
 from shared.runtime.nats import NatsBus
-from shared.runtime.nats.kv import stream_sequence
+from shared.runtime.nats.kv import WATCH_SILENT_HEARTBEATS, _Pushed, sequences
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 
@@ -565,9 +565,111 @@ async def test_streams_are_bounded_pods_by_acknowledgement_the_rest_by_age(
         "$JS.ACK.hub.ACCHASH.KV_x.c.1.1.1.1732400000000000000.0.token",
     ],
 )
-def test_a_watch_reads_the_stream_sequence_as_nats_py_does(reply: str) -> None:
-    expected = NatsMsg.Metadata._from_reply(reply).sequence.stream
-    assert stream_sequence(reply) == expected
+def test_a_watch_reads_the_sequences_as_nats_py_does(reply: str) -> None:
+    expected = NatsMsg.Metadata._from_reply(reply).sequence
+    assert sequences(reply) == (expected.stream, expected.consumer)
+
+
+async def test_a_watch_answers_the_server_s_flow_control_as_it_reads(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    # 8 MB of initial values: the server asks for flow-control answers on the way and sends
+    # nothing more until it has one. Unanswered, only an idle heartbeat naming the stall would
+    # unblock it, and the one here is 30 s apart.
+    values = 2000
+    for i in range(values):
+        await bus.kv_put(subjects.KV_LEDGER, f"k{i}", b"x" * 4000)
+    reader = await NatsBus.connect(nats_server.url, name="reader", watch_heartbeat_s=30.0)
+    watch = reader.kv_watch(subjects.KV_LEDGER)
+    try:
+        keys = []
+        async with asyncio.timeout(10):
+            async for entry in watch:
+                if entry is None:
+                    break
+                keys.append(entry.key)
+                if len(keys) % 100 == 0:
+                    await asyncio.sleep(0.01)  # a reader slower than the server
+        assert keys == [f"k{i}" for i in range(values)]
+    finally:
+        await watch.aclose()
+        await reader.drain()
+
+
+async def test_a_watch_whose_consumer_was_deleted_fails_once_it_hears_nothing(
+    nats_server: NatsServer,
+) -> None:
+    # No message, no heartbeat: the consumer is gone (deleted, or lost with the server that held
+    # it while the connection stayed up), and the caller must watch again.
+    heartbeat_s = 0.2
+    reader = await NatsBus.connect(nats_server.url, name="reader", watch_heartbeat_s=heartbeat_s)
+    watch = reader.kv_watch(subjects.KV_LEDGER)
+    client = await nats.connect(nats_server.url)
+    stream = f"KV_{subjects.KV_LEDGER}"
+    try:
+        assert await asyncio.wait_for(anext(watch), timeout=5) is None
+        for consumer in await client.jetstream().consumers_info(stream):
+            await client.jetstream().delete_consumer(stream, consumer.name)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(BusUnavailableError, match="no message or heartbeat"):
+            await asyncio.wait_for(anext(watch), timeout=5)
+        waited = asyncio.get_running_loop().time() - started
+        assert waited >= (WATCH_SILENT_HEARTBEATS - 1) * heartbeat_s
+    finally:
+        await watch.aclose()
+        await client.close()
+        await reader.drain()
+
+
+def _pushed_message(*, consumer_sequence: int = 0, headers: dict[str, str] | None = None) -> Any:
+    reply = (
+        f"$JS.ACK.KV_x.c.1.{consumer_sequence + 10}.{consumer_sequence}.1732400000000000000.0"
+        if consumer_sequence
+        else ""
+    )
+    client: Any = None  # never asked: the watch reads only the fields
+    return NatsMsg(_client=client, subject="$KV.x.k", reply=reply, data=b"v", headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("arriving", "fails"),
+    [
+        pytest.param([1, 2, 3], "", id="in order"),
+        pytest.param([1, 3], "message 2 of the consumer was missed", id="a message skipped"),
+        pytest.param(
+            [1, {"Status": "100", "Description": "Idle Heartbeat", "Nats-Last-Consumer": "1"}],
+            "",
+            id="a heartbeat after the last message",
+        ),
+        pytest.param(
+            [1, {"Status": "100", "Description": "Idle Heartbeat", "Nats-Last-Consumer": "2"}],
+            "the consumer sent up to 2, 1 arrived",
+            id="a heartbeat naming a message that never came",
+        ),
+        pytest.param(
+            [{"Status": "409", "Description": "Consumer Deleted"}],
+            "status 409 Consumer Deleted",
+            id="a status other than a heartbeat",
+        ),
+    ],
+)
+async def test_a_pushed_watch_hands_on_messages_in_order_or_fails(
+    arriving: list[int | dict[str, str]], fails: str
+) -> None:
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    pushed = _Pushed(None, queue, heartbeat_s=1.0)
+    for item in arriving:
+        if isinstance(item, int):
+            await pushed._take(_pushed_message(consumer_sequence=item))
+        else:
+            await pushed._take(_pushed_message(headers=item))
+    taken = [queue.get_nowait() for _ in range(queue.qsize())]
+    data = [sequences(m.reply)[1] for m in taken if not isinstance(m, BaseException)]
+    errors = [str(m) for m in taken if isinstance(m, BaseException)]
+    assert errors == ([fails] if fails else [])
+    assert data == [i for i in arriving if isinstance(i, int)][: len(data)]
+    if not fails:
+        assert len(data) == sum(isinstance(i, int) for i in arriving)
 
 
 def _limited(*denied: str) -> str:

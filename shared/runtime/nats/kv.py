@@ -2,8 +2,9 @@
 :class:`~shared.runtime.nats.NatsBus`).
 
 A watch is an ordered consumer over the bucket's stream that the server pushes each change to as
-it is written; a batched watch (``kv_watch(..., batch_s=...)``) asks a pull consumer over the same
-stream for what changed, every ``batch_s`` once it has caught up (:class:`_Batches`)."""
+it is written (:class:`_Pushed`); a batched watch (``kv_watch(..., batch_s=...)``) asks a pull
+consumer over the same stream for what changed, every ``batch_s`` once it has caught up
+(:class:`_Batches`)."""
 
 from __future__ import annotations
 
@@ -33,13 +34,25 @@ WATCH_ANSWER_S = 5.0
 server holding it, is gone, and the watch ends (the caller watches again)."""
 
 
-def stream_sequence(reply: str) -> int:
-    """The stream sequence of a JetStream message from its reply subject (what nats-py's
-    ``Msg.metadata`` parses, without building the rest): ``$JS.ACK.<stream>.<consumer>.
-    <delivered>.<stream seq>.<consumer seq>.<time>.<pending>``, or the newer form with a domain
-    and an account hash after ``ACK`` and a random token at the end."""
+WATCH_SILENT_HEARTBEATS = 3
+"""A pushed watch that hears nothing, not even the server's idle heartbeat, for this many
+heartbeat intervals has lost its consumer (deleted, or lost with a server the connection did not
+go through): it fails, and its caller watches again."""
+
+
+def sequences(reply: str) -> tuple[int, int]:
+    """The stream and consumer sequences of a JetStream message from its reply subject (what
+    nats-py's ``Msg.metadata`` parses, without building the rest): ``$JS.ACK.<stream>.
+    <consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``, or the newer form with
+    a domain and an account hash after ``ACK`` and a random token at the end."""
     tokens = reply.split(".")
-    return int(tokens[5] if len(tokens) == 9 else tokens[7])
+    first = 5 if len(tokens) == 9 else 7
+    return int(tokens[first]), int(tokens[first + 1])
+
+
+def stream_sequence(reply: str) -> int:
+    """The stream sequence of a JetStream message from its reply subject (:func:`sequences`)."""
+    return sequences(reply)[0]
 
 
 class NatsKv(NatsStore):
@@ -147,7 +160,7 @@ class NatsKv(NatsStore):
         arrived: asyncio.Queue[NatsMsg | BaseException | None] = asyncio.Queue(
             maxsize=0 if batch_s > 0 else WATCH_BATCH
         )
-        subscription: _Batches | Any
+        subscription: _Batches | _Pushed
         with unavailable(f"bucket {bucket} cannot be watched now"):
             try:
                 existing = await self._js.stream_info(stream, subjects_filter=subject)
@@ -169,15 +182,14 @@ class NatsKv(NatsStore):
                     headers_only=headers_only,
                 )
             else:
-                subscription = await self._js.subscribe(
+                subscription = await _Pushed.start(
+                    self._nc,
+                    self._js,
+                    stream,
                     subject,
-                    stream=stream,
-                    cb=arrived.put,
-                    ordered_consumer=True,
-                    deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
-                    headers_only=headers_only or None,
-                    inactive_threshold=WATCH_INACTIVE_S,
-                    idle_heartbeat=self.watch_heartbeat_s,
+                    arrived,
+                    heartbeat_s=self.watch_heartbeat_s,
+                    headers_only=headers_only,
                 )
         awaited = set(existing.state.subjects or ())
         prefix = len(f"$KV.{bucket}.")
@@ -203,10 +215,10 @@ class NatsKv(NatsStore):
                 if arrived.empty() and lost.done():
                     await self._reconnected()
                     return
-                msg = await arrived.get()
+                msg = await subscription.next()
                 if msg is None:
                     continue  # woken by the loss: the check above ends the watch
-                if isinstance(msg, BaseException):  # a batched watch's ask failed
+                if isinstance(msg, BaseException):  # an ask unanswered, a message missed
                     if lost.done():  # because the connection was lost: end as above
                         await self._reconnected()
                         return
@@ -234,6 +246,127 @@ class NatsKv(NatsStore):
                 if consumer:
                     async with asyncio.timeout(2.0):
                         await self._js.delete_consumer(stream, consumer)
+
+
+class _Pushed:
+    """The messages of a pushed watch: an ordered consumer the server pushes each change to.
+
+    Not nats-py's ordered consumer: it checks whether a flow-control answer is due every 0.25 s
+    for as long as the watch lives, four wake-ups a second per watch whatever is written, which
+    was a third of the simulated nodes' idle CPU (three watches per node; ``benchmarks/
+    RESULTS.md``). Here the answer goes out when the message that asked for it is taken, after
+    every message before it was handed on: the server still never runs more than its window ahead
+    of the reader, as the watch's queue is bounded and a full one holds up this subscription.
+
+    What nats-py's ordered consumer does on trouble, this one leaves to its caller, who watches
+    again (fresh initial values): a message missed (a consumer sequence skipped, or an idle
+    heartbeat that names a later one) or a status other than a heartbeat ends the watch with an
+    error, and so does a consumer that falls silent (:meth:`next`)."""
+
+    def __init__(
+        self,
+        nc: Any,
+        arrived: asyncio.Queue[NatsMsg | BaseException | None],
+        *,
+        heartbeat_s: float,
+    ) -> None:
+        self._nc = nc
+        self._arrived = arrived
+        self._silence_s = WATCH_SILENT_HEARTBEATS * heartbeat_s
+        self._heard = asyncio.get_running_loop().time()
+        """When the last message or heartbeat arrived (the loop's clock)."""
+        self._delivered = 0
+        """The consumer sequence of the last message handed on."""
+        self._failed = False
+        self._inbox: Any = None
+        self._consumer: Any = None
+
+    @classmethod
+    async def start(
+        cls,
+        nc: Any,
+        js: Any,
+        stream: str,
+        subject: str,
+        arrived: asyncio.Queue[NatsMsg | BaseException | None],
+        *,
+        heartbeat_s: float,
+        headers_only: bool,
+    ) -> _Pushed:
+        pushed = cls(nc, arrived, heartbeat_s=heartbeat_s)
+        # Listening before the consumer exists: the server pushes as soon as it does.
+        inbox = nc.new_inbox()
+        pushed._inbox = await nc.subscribe(inbox, cb=pushed._take)
+        try:
+            pushed._consumer = await js.add_consumer(
+                stream,
+                config=js_api.ConsumerConfig(
+                    deliver_subject=inbox,
+                    ack_policy=js_api.AckPolicy.NONE,
+                    deliver_policy=js_api.DeliverPolicy.LAST_PER_SUBJECT,
+                    filter_subject=subject,
+                    headers_only=headers_only or None,
+                    inactive_threshold=WATCH_INACTIVE_S,
+                    idle_heartbeat=heartbeat_s,
+                    flow_control=True,
+                    max_deliver=1,
+                    num_replicas=1,
+                    mem_storage=True,
+                ),
+            )
+        except BaseException:
+            await pushed._inbox.unsubscribe()
+            raise
+        return pushed
+
+    async def consumer_info(self) -> Any:
+        return self._consumer
+
+    async def unsubscribe(self) -> None:
+        await self._inbox.unsubscribe()
+
+    async def next(self) -> NatsMsg | BaseException | None:
+        """The next message; an error once the consumer has been silent too long. Only a wait
+        on an empty queue is timed: a watch mid-burst pays nothing for it."""
+        loop = asyncio.get_running_loop()
+        while self._arrived.empty():
+            silent = loop.time() - self._heard
+            if silent >= self._silence_s:
+                return RuntimeError(f"no message or heartbeat for {silent:.1f} s")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._silence_s - silent):
+                    return await self._arrived.get()
+        return self._arrived.get_nowait()
+
+    async def _take(self, msg: NatsMsg) -> None:
+        self._heard = asyncio.get_running_loop().time()
+        if self._failed:
+            return  # the watch ends with the error already queued
+        headers = msg.headers or {}
+        status = headers.get(js_api.Header.STATUS)
+        if status is None:
+            delivered = sequences(msg.reply)[1]
+            if delivered != self._delivered + 1:
+                await self._fail(f"message {self._delivered + 1} of the consumer was missed")
+                return
+            self._delivered = delivered
+            await self._arrived.put(msg)
+        elif status != "100":
+            description = headers.get(js_api.Header.DESCRIPTION, "")
+            await self._fail(f"status {status} {description}".strip())
+        elif msg.reply:  # a flow-control request: every message before it was handed on
+            await self._nc.publish(msg.reply)
+        else:  # an idle heartbeat
+            stalled = headers.get(js_api.Header.CONSUMER_STALLED)
+            if stalled:  # the server waits for a flow-control answer it missed
+                await self._nc.publish(stalled)
+            last = headers.get(js_api.Header.LAST_CONSUMER)
+            if last is not None and int(last) != self._delivered:
+                await self._fail(f"the consumer sent up to {last}, {self._delivered} arrived")
+
+    async def _fail(self, why: str) -> None:
+        self._failed = True
+        await self._arrived.put(RuntimeError(why))
 
 
 class _Batches:
@@ -295,6 +428,9 @@ class _Batches:
 
     async def consumer_info(self) -> Any:
         return self._consumer
+
+    async def next(self) -> NatsMsg | BaseException | None:
+        return await self._arrived.get()
 
     async def unsubscribe(self) -> None:
         if self._task is not None:
