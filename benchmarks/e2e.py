@@ -8,9 +8,11 @@ throughput (pods Running per second from the first create to the last Running), 
 containers, over-committed GPUs), and where the time goes: CPU seconds and context switches per kind
 of process during the run, and the messages through NATS per Running pod (in and out of the
 server, and per kind of client: nats-server's monitoring endpoints) beside the binder's node-facts
-counts.
+counts. With ``--idle-s``, first what the ready system costs while it does nothing: CPU
+milliseconds per second per kind of process, and NATS messages per second.
 
     .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000 [--placers 2] [--pools 0]
+        [--idle-s 20]
 """
 
 from __future__ import annotations
@@ -107,6 +109,27 @@ COUNTED = {
 }
 
 
+async def idle_cost(system: LocalSystem, seconds: float) -> dict[str, dict[str, float]]:
+    """What the ready system costs over ``seconds`` of doing nothing: CPU per kind of process
+    and NATS messages, each per second."""
+    await asyncio.sleep(2.0)  # the last start-up writes settle
+    cpu_before, traffic_before = cpu_by_kind(system), nats_traffic(system)
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    took = time.monotonic() - started
+    cpu, traffic = cpu_by_kind(system), nats_traffic(system)
+    return {
+        "idle_cpu_ms_per_s": {
+            k: round(1000 * (cpu[k] - cpu_before.get(k, 0.0)) / took, 1) for k in cpu
+        },
+        "idle_nats_msgs_per_s": {
+            k: round((traffic[k] - traffic_before.get(k, 0.0)) / took, 1)
+            for k in traffic
+            if k.endswith("msgs") or k.startswith(("sent by", "to "))
+        },
+    }
+
+
 async def main(args: argparse.Namespace) -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="tessera-e2e-bench-"))
     plans = plan_nodes(args.gpus, args.nodes)
@@ -126,6 +149,7 @@ async def main(args: argparse.Namespace) -> None:
     started = time.monotonic()
     async with LocalSystem(options) as system:
         ready_s = time.monotonic() - started
+        idle = await idle_cost(system, args.idle_s) if args.idle_s > 0 else {}
         before = cpu_by_kind(system)
         switches_before = by_kind(system, context_switches)
         counted_before = {k: metric_sum(system, *where) for k, where in COUNTED.items()}
@@ -165,6 +189,7 @@ async def main(args: argparse.Namespace) -> None:
             "gpus_per_node": args.gpus,
             "pods": args.pods,
             "start_to_ready_s": round(ready_s, 1),
+            **idle,
             "create_loop_s": round(created_s, 2),
             "created_to_all_running_s": round(elapsed, 2),
             "pods_running_per_s": round(running / elapsed, 1),
@@ -203,6 +228,12 @@ if __name__ == "__main__":
         default=0,
         help="the placers' --pools (0, as tessera up: one per placer from 32 nodes each; 1: "
         "no node pools)",
+    )
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=0.0,
+        help="first measure the ready system this many seconds while it does nothing",
     )
     parser.add_argument(
         "--nodes-per-process",

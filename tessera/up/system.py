@@ -429,8 +429,6 @@ class LocalSystem:
                 plan.mode,
                 "--isolation",
                 plan.isolation,
-                "--kubelet-poll-s",
-                "0.25",
                 "--plugin-id",
                 f"deviceplugin-{plan.name}",
                 *self._common(),
