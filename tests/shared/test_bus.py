@@ -621,6 +621,33 @@ async def test_a_watch_whose_consumer_was_deleted_fails_once_it_hears_nothing(
         await reader.drain()
 
 
+async def test_a_watch_whose_reader_is_late_is_not_taken_for_silent(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    # A reader busy for many heartbeat intervals leaves the watch's queue full and the messages
+    # after it waiting in the client: nothing arrives meanwhile, yet the consumer is alive.
+    heartbeat_s = 0.2
+    values = 600
+    for i in range(values):
+        await bus.kv_put(subjects.KV_LEDGER, f"k{i}", b"x")
+    reader = await NatsBus.connect(nats_server.url, name="reader", watch_heartbeat_s=heartbeat_s)
+    watch = reader.kv_watch(subjects.KV_LEDGER)
+    try:
+        first = await asyncio.wait_for(anext(watch), timeout=5)
+        assert first is not None
+        await asyncio.sleep(3 * WATCH_SILENT_HEARTBEATS * heartbeat_s)
+        keys = [first.key]
+        async with asyncio.timeout(10):
+            async for entry in watch:
+                if entry is None:
+                    break
+                keys.append(entry.key)
+        assert keys == [f"k{i}" for i in range(values)]
+    finally:
+        await watch.aclose()
+        await reader.drain()
+
+
 def _pushed_message(*, consumer_sequence: int = 0, headers: dict[str, str] | None = None) -> Any:
     reply = (
         f"$JS.ACK.KV_x.c.1.{consumer_sequence + 10}.{consumer_sequence}.1732400000000000000.0"
@@ -663,6 +690,7 @@ async def test_a_pushed_watch_hands_on_messages_in_order_or_fails(
             await pushed._take(_pushed_message(consumer_sequence=item))
         else:
             await pushed._take(_pushed_message(headers=item))
+    pushed._watchdog.cancel()
     taken = [queue.get_nowait() for _ in range(queue.qsize())]
     data = [sequences(m.reply)[1] for m in taken if not isinstance(m, BaseException)]
     errors = [str(m) for m in taken if isinstance(m, BaseException)]

@@ -261,7 +261,8 @@ class _Pushed:
     What nats-py's ordered consumer does on trouble, this one leaves to its caller, who watches
     again (fresh initial values): a message missed (a consumer sequence skipped, or an idle
     heartbeat that names a later one) or a status other than a heartbeat ends the watch with an
-    error, and so does a consumer that falls silent (:meth:`next`)."""
+    error, and so does a consumer that falls silent (:meth:`_check`: one timer per silence
+    interval, not one per message)."""
 
     def __init__(
         self,
@@ -272,9 +273,11 @@ class _Pushed:
     ) -> None:
         self._nc = nc
         self._arrived = arrived
+        self._loop = asyncio.get_running_loop()
         self._silence_s = WATCH_SILENT_HEARTBEATS * heartbeat_s
-        self._heard = asyncio.get_running_loop().time()
+        self._heard = self._loop.time()
         """When the last message or heartbeat arrived (the loop's clock)."""
+        self._watchdog = self._loop.call_later(self._silence_s, self._check)
         self._delivered = 0
         """The consumer sequence of the last message handed on."""
         self._failed = False
@@ -323,23 +326,26 @@ class _Pushed:
         return self._consumer
 
     async def unsubscribe(self) -> None:
+        self._watchdog.cancel()
         await self._inbox.unsubscribe()
 
     async def next(self) -> NatsMsg | BaseException | None:
-        """The next message; an error once the consumer has been silent too long. Only a wait
-        on an empty queue is timed: a watch mid-burst pays nothing for it."""
-        loop = asyncio.get_running_loop()
-        while self._arrived.empty():
-            silent = loop.time() - self._heard
-            if silent >= self._silence_s:
-                return RuntimeError(f"no message or heartbeat for {silent:.1f} s")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._silence_s - silent):
-                    return await self._arrived.get()
-        return self._arrived.get_nowait()
+        return await self._arrived.get()
+
+    def _check(self) -> None:
+        """Fail the watch once nothing arrived for the silence interval, else look again when
+        it would be over."""
+        silent = self._loop.time() - self._heard
+        if self._arrived.full():  # messages wait for the reader, not the other way round
+            self._watchdog = self._loop.call_later(self._silence_s, self._check)
+        elif silent < self._silence_s:
+            self._watchdog = self._loop.call_later(self._silence_s - silent, self._check)
+        elif not self._failed:
+            self._failed = True
+            self._arrived.put_nowait(RuntimeError(f"no message or heartbeat for {silent:.1f} s"))
 
     async def _take(self, msg: NatsMsg) -> None:
-        self._heard = asyncio.get_running_loop().time()
+        self._heard = self._loop.time()
         if self._failed:
             return  # the watch ends with the error already queued
         headers = msg.headers or {}
