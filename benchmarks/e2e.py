@@ -153,6 +153,7 @@ async def main(args: argparse.Namespace) -> None:
         before = cpu_by_kind(system)
         switches_before = by_kind(system, context_switches)
         counted_before = {k: metric_sum(system, *where) for k, where in COUNTED.items()}
+        requests_before = dict(system.cluster.api.requests)
         traffic_before = nats_traffic(system)
         t0 = time.monotonic()
         for i in range(args.pods):
@@ -198,6 +199,15 @@ async def main(args: argparse.Namespace) -> None:
             "mismatched_containers": summary.mismatched_containers,
             "overcommitted_gpus": summary.overcommitted_gpus,
             "counted_during_run": counted | per_pod,
+            # What the API server would serve, per pod: the binder's, the kubelets' and the
+            # benchmark's own requests (it reads pods from the store, not over HTTP).
+            "api_requests_per_pod": {
+                f"{verb} {resource}": round(
+                    (n - requests_before.get((verb, resource), 0)) / max(running, 1), 2
+                )
+                for (verb, resource), n in sorted(system.cluster.api.requests.items())
+                if n > requests_before.get((verb, resource), 0)
+            },
             "cpu_s_during_run": {k: round(after.get(k, 0) - before.get(k, 0), 1) for k in after},
             # Each costs CPU beyond the work on a machine with more processes than cores.
             "context_switches_per_pod": {
