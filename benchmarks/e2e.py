@@ -12,7 +12,7 @@ counts. With ``--idle-s``, first what the ready system costs while it does nothi
 milliseconds per second per kind of process, and NATS messages per second.
 
     .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000 [--placers 2] [--pools 0]
-        [--idle-s 20]
+        [--idle-s 20] [--no-burst-spread]
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tessera.up import workload as w
+from tessera.up.report import decided_slices
 from tessera.up.spec import default_pools, plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
 from tests.harness.procstat import context_switches, cpu_seconds
@@ -109,6 +111,29 @@ COUNTED = {
 }
 
 
+def packing(pods: list[dict[str, Any]], gpu_memory_mib: int) -> dict[str, float]:
+    """Where the Running pods ended up: nodes and GPUs holding at least one, against the fewest
+    GPUs of ``gpu_memory_mib`` their memory could fit on (what a burst's spreading costs in
+    packing)."""
+    nodes: set[str] = set()
+    gpus: set[str] = set()
+    memory = 0
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        nodes.add((pod.get("spec") or {}).get("nodeName") or "")
+        decided = decided_slices(pod)
+        for slices in (decided[0] if decided else {}).values():
+            for share in slices:
+                gpus.add(share.uuid)
+                memory += share.memory_mib
+    return {
+        "nodes_used": len(nodes),
+        "gpus_used": len(gpus),
+        "fewest_gpus_by_memory": -(-memory // gpu_memory_mib),
+    }
+
+
 async def idle_cost(system: LocalSystem, seconds: float) -> dict[str, dict[str, float]]:
     """What the ready system costs over ``seconds`` of doing nothing: CPU per kind of process
     and NATS messages, each per second."""
@@ -144,7 +169,10 @@ async def main(args: argparse.Namespace) -> None:
         nodes_per_process=args.nodes_per_process,
         ready_timeout_s=900.0,
         nats_monitoring=True,
-        placer_args=("--pools", str(pools)) if pools > 1 else (),
+        placer_args=(
+            *(("--pools", str(pools)) if pools > 1 else ()),
+            *(() if args.burst_spread else ("--no-burst-spread",)),
+        ),
     )
     started = time.monotonic()
     async with LocalSystem(options) as system:
@@ -196,6 +224,7 @@ async def main(args: argparse.Namespace) -> None:
             "pods_running_per_s": round(running / elapsed, 1),
             "pods_by_phase": summary.pods_by_phase,
             "latency_ms": summary.latency_ms,
+            "packing": packing(pods, max(g.memory_mib for plan in plans for g in plan.gpus)),
             "mismatched_containers": summary.mismatched_containers,
             "overcommitted_gpus": summary.overcommitted_gpus,
             "counted_during_run": counted | per_pod,
@@ -238,6 +267,12 @@ if __name__ == "__main__":
         default=0,
         help="the placers' --pools (0, as tessera up: one per placer from 32 nodes each; 1: "
         "no node pools)",
+    )
+    parser.add_argument(
+        "--burst-spread",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the placers' --burst-spread (--no-burst-spread: packed by the profile alone)",
     )
     parser.add_argument(
         "--idle-s",

@@ -140,6 +140,15 @@ class PlacerSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
             "(killed, cut off) is taken over by another replica; renewed every third of it",
         ),
     ] = 3.0
+    burst_spread: Annotated[
+        bool,
+        msgspec.Meta(
+            description="while pods wait between decision and Allocate on a node, decide the "
+            "next ones onto nodes with shorter queues first: a burst is handed off on many "
+            "nodes at once (faster), but touches more GPUs than the profile alone would "
+            "(benchmarks/RESULTS.md, issue 22); --no-burst-spread places by the profile alone",
+        ),
+    ] = True
 
 
 def _read(path: str, what: str) -> bytes:
@@ -194,6 +203,7 @@ def build_config(settings: PlacerSettings) -> PlacerConfig:
         extender_bind_timeout_s=settings.extender_bind_timeout_s,
         pools=settings.pools,
         pool_lease_s=settings.pool_lease_s,
+        burst_spread=settings.burst_spread,
     )
 
 

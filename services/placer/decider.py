@@ -19,7 +19,7 @@ in the shell, the same commit.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, cast
 
@@ -64,15 +64,17 @@ def decide(
     *,
     now: float,
     avoid: Collection[str] = (),
+    spread: Sequence[int] = QUEUE_SPREAD,
 ) -> Decision | Waiting:
     """Place ``pod`` on the view's cluster (nothing is booked), or say how it waits.
 
     ``avoid``: nodes where this pod's commit just lost to another replica's; they are chosen
     only when nothing else fits (then the pod is decided as if none were avoided).
 
-    A burst is spread over the nodes that fit (:data:`QUEUE_SPREAD`): nodes with a queue of pods
-    between decision and Allocate (``view.queued_nodes``) are chosen only when no node with a
-    shorter queue fits. In steady state queues are empty and the profile alone chooses.
+    A burst is spread over the nodes that fit (``spread``, :data:`QUEUE_SPREAD` unless the
+    placer runs with ``--no-burst-spread``: then empty): nodes with a queue of pods between
+    decision and Allocate (``view.queued_nodes``) are chosen only when no node with a shorter
+    queue fits. In steady state queues are empty and the profile alone chooses.
 
     With node pools, the pod is decided on this replica's own nodes first, and on every node
     only when it fits on none of them (``state.py``, "Node pools").
@@ -85,12 +87,12 @@ def decide(
         return Waiting(rejection=outcome, final=True, wake="grown")
     avoided = frozenset(avoid)
     index, kept_out = _servable(view, pod, view.index)
-    placed = _decide_in(view, profile, pod, index, avoided, now=now)
+    placed = _decide_in(view, profile, pod, index, avoided, spread, now=now)
     if isinstance(placed, Decision):
         return placed
     if view.pools > 1:
         index, kept_out = _servable(view, pod, view.everywhere())
-        placed = _decide_in(view, profile, pod, index, avoided, now=now)
+        placed = _decide_in(view, profile, pod, index, avoided, spread, now=now)
         if isinstance(placed, Decision):
             return placed
     outcome = placed
@@ -117,12 +119,13 @@ def _decide_in(
     pod: PodRequest,
     index: ClusterIndex,
     avoided: frozenset[str],
+    spread: Sequence[int],
     *,
     now: float,
 ) -> Decision | Rejection:
     """``decide`` on the nodes of ``index``: spread over queues first, then the nodes avoided."""
     tried = {avoided}
-    for queue in QUEUE_SPREAD:
+    for queue in spread:
         queued = view.queued_nodes(queue)
         excluded = avoided | queued if avoided else queued
         # Counted in this index: with pools, the queues are every pool's but the index holds
@@ -130,9 +133,9 @@ def _decide_in(
         if excluded in tried or len(index.ranks_of(excluded)) >= len(index):
             continue  # the same attempt again, or no node left to try
         tried.add(excluded)
-        spread = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
-        if isinstance(spread, Decision):
-            return spread
+        elsewhere = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+        if isinstance(elsewhere, Decision):
+            return elsewhere
     outcome = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoided)
     if avoided and not isinstance(outcome, Decision):
         outcome = cycle.decide(pod, index, profile, view.tenancy, now=now)

@@ -319,7 +319,12 @@ class PlacerService:
                 self.view, self.shell.profile, item.request, item.only_node, now=now
             )
         return known or decider.decide(
-            self.view, self.shell.profile, item.request, now=now, avoid=self._avoided(item)
+            self.view,
+            self.shell.profile,
+            item.request,
+            now=now,
+            avoid=self._avoided(item),
+            spread=self.shell.config.spread,
         )
 
     def _avoided(self, item: HeldPod) -> set[str]:

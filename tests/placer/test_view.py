@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 from pathlib import Path
@@ -20,7 +21,7 @@ from services.placer.core.model import Decision, GpuState, NodeState
 from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS, build_profile
 from services.placer.core.shape import gpu_shape
 from services.placer.state import ClusterView
-from shared.config import ConfigError
+from shared.config import ConfigError, add_settings_arguments, load_settings
 from shared.messages.ledger import Booking, NodeLedger
 from tests.placer import wire
 from tests.placer.builders import node
@@ -116,6 +117,25 @@ def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
     assert view.queued_nodes(1) == {"b", "c"}
     again = decider.decide(view, PROFILE, pod, now=NOW)
     assert isinstance(again, Decision) and again.node == "a"
+
+
+def test_a_placer_told_not_to_spread_packs_a_burst_onto_the_queued_node() -> None:
+    """``--no-burst-spread``: the profile alone chooses, whatever the queues (a burst then
+    touches the fewest GPUs and waits at the binder's gate; ``benchmarks/RESULTS.md``)."""
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, PlacerSettings)
+    cli = vars(parser.parse_args(["--no-burst-spread"]))
+    config = build_config(load_settings(PlacerSettings, env={}, cli=cli, config_file=None))
+    assert (config.spread, build_config(PlacerSettings()).spread) == ((), decider.QUEUE_SPREAD)
+    view = view_of("a", "b", "c")
+    for uid in ("q1", "q2", "q3"):
+        view.add_tentative(msgspec.structs.replace(booking(uid, (0, 4096, 50)), node="a"))
+    assert view.queued_nodes(2) == {"a"}
+    pod = translate.pod_request(wire.pending("p", memory_mib=4096, cores=5))
+    packed = decider.decide(view, PROFILE, pod, now=NOW, spread=config.spread)
+    assert isinstance(packed, Decision) and packed.node == "a"
+    spread = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(spread, Decision) and spread.node != "a"
 
 
 def test_a_burst_spreads_over_the_own_pool_whatever_other_pools_queue() -> None:

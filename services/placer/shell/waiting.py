@@ -81,7 +81,9 @@ class WaitingPods:
             shape = request.placement_key()
             if shape in shell.failed_keys:
                 return False
-            outcome = decider.decide(shell.view, profile, request, now=now)
+            outcome = decider.decide(
+                shell.view, profile, request, now=now, spread=shell.config.spread
+            )
             if isinstance(outcome, Waiting):
                 shell.failed_keys[shape] = outcome
                 return False
