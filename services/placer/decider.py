@@ -40,6 +40,10 @@ UNKNOWN_NODE = "no Tessera node facts or GPU inventory"
 """Why a node the placer has never heard of does not fit (kube-scheduler may name any node)."""
 
 
+GATE_TRIES: Final = 4
+"""How many nodes a decision tries, in the profile's order, for one where the pod would not wait
+at the binder's gate, before it spreads over queues (:data:`QUEUE_SPREAD`)."""
+
 QUEUE_SPREAD: Final = (2, 8)
 """Queue lengths on a node (pods between decision and Allocate) from which a decision looks for
 room on other nodes first, level by level. The binder's gate lets one pod per device count onto
@@ -71,10 +75,15 @@ def decide(
     ``avoid``: nodes where this pod's commit just lost to another replica's; they are chosen
     only when nothing else fits (then the pod is decided as if none were avoided).
 
-    A burst is spread over the nodes that fit (``spread``, :data:`QUEUE_SPREAD` unless the
-    placer runs with ``--no-burst-spread``: then empty): nodes with a queue of pods between
-    decision and Allocate (``view.queued_nodes``) are chosen only when no node with a shorter
-    queue fits. In steady state queues are empty and the profile alone chooses.
+    Unless the placer runs with ``--no-burst-spread`` (``spread`` empty), a decision where the
+    pod would wait at the binder's gate (``view.waits_at_gate``: a pod queued there between
+    decision and Allocate has as many shares on other slices) is made again without that node,
+    up to :data:`GATE_TRIES` nodes in the profile's order; then the burst is spread over queues
+    (``spread``, :data:`QUEUE_SPREAD`): nodes with a queue of pods between decision and
+    Allocate (``view.queued_nodes``) are chosen only when no node with a shorter queue fits. A
+    burst of identical pods so stacks up on the GPUs the profile chooses, which pass the gate
+    together, and moves to another node only when the next GPU would wait. In steady state
+    queues are empty and the profile alone chooses.
 
     With node pools, the pod is decided on this replica's own nodes first, and on every node
     only when it fits on none of them (``state.py``, "Node pools").
@@ -123,7 +132,19 @@ def _decide_in(
     *,
     now: float,
 ) -> Decision | Rejection:
-    """``decide`` on the nodes of ``index``: spread over queues first, then the nodes avoided."""
+    """``decide`` on the nodes of ``index``: where the pod would not wait at the binder's gate
+    first, then spread over queues, then the nodes avoided."""
+    if spread:
+        excluded = avoided
+        for _ in range(GATE_TRIES):
+            first = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+            if not isinstance(first, Decision):
+                if not excluded:
+                    return first  # it fits nowhere: no spreading makes room
+                break
+            if not view.waits_at_gate(first.reservation):
+                return first
+            excluded = excluded | {first.node}
     tried = {avoided}
     for queue in spread:
         queued = view.queued_nodes(queue)

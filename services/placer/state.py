@@ -36,7 +36,7 @@ not pay, decision after decision, for the state of nodes another replica places 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from services.placer import translate
 from services.placer.capacity import Capacities, Signature, gives_room, signature_of
@@ -44,7 +44,7 @@ from services.placer.charges import TenantEntries
 from services.placer.core.facts import PodFacts
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
-from services.placer.core.model import NodeState
+from services.placer.core.model import GpuSlice, NodeState, Reservation
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
 from services.placer.pools import pool_of
@@ -52,11 +52,16 @@ from services.placer.repairs import RecordFacts, record_facts
 from shared import validation
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
-from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
+from shared.messages.ledger import BookedSlice, Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
 from shared.subjects import node_from_token, node_token
 
 UNREADABLE = "ledger entry unreadable"
+
+
+def _slices(gpus: Iterable[GpuSlice | BookedSlice]) -> tuple[tuple[str, int, int], ...]:
+    """What a device plugin's Allocate tells a container's shares by: GPU, memory, SMs."""
+    return tuple((g.uuid, g.memory_mib, g.core_milli) for g in gpus)
 
 
 class _Node:
@@ -316,6 +321,35 @@ class ClusterView:
             queued = frozenset(n for n, count in self._handoffs.items() if count >= at_least)
             self._queued[at_least] = queued
         return queued
+
+    def waits_at_gate(self, reservation: Reservation) -> bool:
+        """Whether the binder's gate would hold ``reservation`` back on its node: a pod there
+        between decision and Allocate has a GPU container of as many shares on other slices
+        (the binder's ``plan.ambiguous``). Pods of identical slices pass the gate together: a
+        device plugin serves either from the other's record alike."""
+        entry = self._nodes.get(reservation.node)
+        if entry is None or not (entry.handing_off or entry.tentative):
+            return False
+        mine = [(len(c.gpus), _slices(c.gpus)) for c in reservation.containers if c.gpus]
+        if not mine:
+            return False
+        queued = list(entry.tentative.values())
+        if entry.handing_off and entry.ledger is not None:
+            queued += [
+                b
+                for b in entry.ledger.bookings
+                if b.pod_uid in entry.handing_off and b.pod_uid not in entry.tentative
+            ]
+        for booking in queued:
+            if booking.pod_uid == reservation.pod_uid:
+                continue
+            for container in booking.containers:
+                if not container.gpus:
+                    continue
+                theirs = _slices(container.gpus)
+                if any(count == len(container.gpus) and ours != theirs for count, ours in mine):
+                    return True
+        return False
 
     def _count_handoffs(self, node: str, entry: _Node) -> None:
         count = len(entry.handing_off.union(entry.tentative))

@@ -119,6 +119,43 @@ def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
     assert isinstance(again, Decision) and again.node == "a"
 
 
+QUEUE_LONG = 3
+"""Longer than the first queue level spread over (``decider.QUEUE_SPREAD``)."""
+
+
+def test_identical_pods_pile_up_where_they_pass_the_gate_together() -> None:
+    """The binder's gate holds a pod back only beside a queued pod of as many shares on other
+    slices: pods of identical slices pass together (a device plugin serves either from the
+    other's record alike). So a burst of identical pods is not spread while its pods stack up
+    on one GPU: it touches no more GPUs than the profile alone would. A pod that would wait
+    there is decided onto another node."""
+    view = view_of("a", "b", "c")
+    for i in range(QUEUE_LONG):
+        pending = wire.pending(f"q{i}", memory_mib=4096, cores=5)
+        decision = decider.decide(view, PROFILE, translate.pod_request(pending), now=NOW)
+        assert isinstance(decision, Decision) and decision.node == "a", i
+        assert [g.index for c in decision.reservation.containers for g in c.gpus] == [0]
+        assert not view.waits_at_gate(decision.reservation)
+        view.add_tentative(
+            translate.booking_of(
+                decision.reservation,
+                pending,
+                tenant="ml",
+                commit=f"c{i}",
+                decided_at=NOW,
+                placer_id="p",
+            )
+        )
+    assert view.queued_nodes(QUEUE_LONG) == {"a"}
+    larger = translate.pod_request(wire.pending("big", memory_mib=8192, cores=5))
+    alone = decider.decide(view, PROFILE, larger, now=NOW, spread=())
+    assert isinstance(alone, Decision) and alone.node == "a"
+    assert view.waits_at_gate(alone.reservation), "other slices beside a's queue"
+    elsewhere = decider.decide(view, PROFILE, larger, now=NOW)
+    assert isinstance(elsewhere, Decision) and elsewhere.node != "a"
+    assert not view.waits_at_gate(elsewhere.reservation)
+
+
 def test_a_placer_told_not_to_spread_packs_a_burst_onto_the_queued_node() -> None:
     """``--no-burst-spread``: the profile alone chooses, whatever the queues (a burst then
     touches the fewest GPUs and waits at the binder's gate; ``benchmarks/RESULTS.md``)."""
