@@ -47,7 +47,7 @@ record, and then the one left ``bound`` is the waiting pod's.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -208,17 +208,17 @@ def _device_containers(
 
 
 def ambiguous(
-    record: AssignmentRecord,
+    mine: Sequence[tuple[str, list[tuple[int, Slices]]]],
+    pod_uid: str,
     other: AssignmentRecord,
-    resources: Collection[str],
 ) -> bool:
-    """Whether binding ``record`` beside the bound ``other`` could let Allocate confuse them."""
-    if other.state != "bound" or other.pod_uid == record.pod_uid:
+    """Whether binding pod ``pod_uid``, whose GPU containers are ``mine`` (per gate resource,
+    :func:`_device_containers`), beside the bound ``other`` could let Allocate confuse them."""
+    if other.state != "bound" or other.pod_uid == pod_uid:
         return False
-    for resource in resources:
-        mine = _device_containers(record, resource, remaining=False)
+    for resource, ours in mine:
         theirs = _device_containers(other, resource, remaining=True)
-        if any(n == m and a != b for n, a in mine for m, b in theirs):
+        if any(n == m and a != b for n, a in ours for m, b in theirs):
             return True
     return False
 
@@ -227,7 +227,15 @@ def blocker(
     record: AssignmentRecord, node_records: Iterable[RecordView], resources: Collection[str]
 ) -> RecordView | None:
     """The earliest bound record on the node that ``record`` would be ambiguous with."""
-    candidates = [v for v in node_records if ambiguous(record, v.record, resources)]
+    # Its own containers once, not once per record on the node: a burst of identical pods keeps
+    # dozens of records bound on a node at a time, and every bind asks about each.
+    mine = [
+        (resource, ours)
+        for resource in resources
+        if (ours := _device_containers(record, resource, remaining=False))
+    ]
+    uid = record.pod_uid
+    candidates = [v for v in node_records if ambiguous(mine, uid, v.record)]
     return min(
         candidates,
         key=lambda v: (v.record.bound_at or v.record.decided_at, v.record.pod_uid),
