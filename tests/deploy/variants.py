@@ -78,6 +78,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "extender": {"extender": {"enabled": True}},
     # Placer replicas that each hold a node pool (one more replica stands by).
     "placer-pools": {"placer": {"replicas": 4, "pools": 3, "poolLeaseS": 2.5}},
+    # Bursts placed by the profile alone (tightest packing).
+    "placer-no-burst-spread": {"placer": {"burstSpread": False}},
     # What the README tells operators to install with in production.
     "production": yaml.safe_load(
         (Path(__file__).parents[2] / "deploy/helm/tessera/values-production.yaml").read_text()
