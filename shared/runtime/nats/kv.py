@@ -253,7 +253,7 @@ class _Pushed:
 
     Not nats-py's ordered consumer: it checks whether a flow-control answer is due every 0.25 s
     for as long as the watch lives, four wake-ups a second per watch whatever is written, which
-    was a third of the simulated nodes' idle CPU (three watches per node; ``benchmarks/
+    was about 40 % of the simulated nodes' idle CPU (three watches per node; ``benchmarks/
     RESULTS.md``). Here the answer goes out when the message that asked for it is taken, after
     every message before it was handed on: the server still never runs more than its window ahead
     of the reader, as the watch's queue is bounded and a full one holds up this subscription.
@@ -318,7 +318,7 @@ class _Pushed:
                 ),
             )
         except BaseException:
-            await pushed._inbox.unsubscribe()
+            await pushed.unsubscribe()
             raise
         return pushed
 
