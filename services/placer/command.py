@@ -143,10 +143,11 @@ class PlacerSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
     burst_spread: Annotated[
         bool,
         msgspec.Meta(
-            description="while pods wait between decision and Allocate on a node, decide the "
-            "next ones onto nodes with shorter queues first: a burst is handed off on many "
-            "nodes at once (faster), but touches more GPUs than the profile alone would "
-            "(benchmarks/RESULTS.md, issue 22); --no-burst-spread places by the profile alone",
+            description="while a burst is handed off, decide a pod that would wait at the "
+            "binder's gate (behind pods queued on its node with as many GPU shares on other "
+            "slices) onto another node: the burst reaches Allocate on many nodes at once, "
+            "faster, on more nodes than the profile alone would choose (benchmarks/RESULTS.md, "
+            "issue 22); --no-burst-spread places by the profile alone",
         ),
     ] = True
 

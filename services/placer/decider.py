@@ -19,7 +19,7 @@ in the shell, the same commit.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal, cast
 
@@ -68,19 +68,19 @@ def decide(
     *,
     now: float,
     avoid: Collection[str] = (),
-    spread: Sequence[int] = QUEUE_SPREAD,
+    spread: bool = True,
 ) -> Decision | Waiting:
     """Place ``pod`` on the view's cluster (nothing is booked), or say how it waits.
 
     ``avoid``: nodes where this pod's commit just lost to another replica's; they are chosen
     only when nothing else fits (then the pod is decided as if none were avoided).
 
-    Unless the placer runs with ``--no-burst-spread`` (``spread`` empty), a decision where the
-    pod would wait at the binder's gate (``view.waits_at_gate``: a pod queued there between
-    decision and Allocate has as many shares on other slices) is made again without that node,
-    up to :data:`GATE_TRIES` nodes in the profile's order; then the burst is spread over queues
-    (``spread``, :data:`QUEUE_SPREAD`): nodes with a queue of pods between decision and
-    Allocate (``view.queued_nodes``) are chosen only when no node with a shorter queue fits. A
+    Unless ``spread`` is off (the placer's ``--no-burst-spread``), a decision where the pod would
+    wait at the binder's gate (``view.waits_at_gate``: a pod queued there between decision and
+    Allocate has as many shares on other slices) is made again without that node, up to
+    :data:`GATE_TRIES` nodes in the profile's order; then the burst is spread over queues
+    (:data:`QUEUE_SPREAD`): nodes with a queue of pods between decision and Allocate
+    (``view.queued_nodes``) are chosen only when no node with a shorter queue fits. A
     burst of identical pods so stacks up on the GPUs the profile chooses, which pass the gate
     together, and moves to another node only when the next GPU would wait. In steady state
     queues are empty and the profile alone chooses.
@@ -128,36 +128,45 @@ def _decide_in(
     pod: PodRequest,
     index: ClusterIndex,
     avoided: frozenset[str],
-    spread: Sequence[int],
+    spread: bool,
     *,
     now: float,
 ) -> Decision | Rejection:
     """``decide`` on the nodes of ``index``: where the pod would not wait at the binder's gate
     first, then spread over queues, then the nodes avoided."""
+    plain: Decision | Rejection | None = None
+    """The profile's own choice (the nodes avoided left out), kept for the fallback."""
     if spread:
         excluded = avoided
         for _ in range(GATE_TRIES):
-            first = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
-            if not isinstance(first, Decision):
+            attempt = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+            if plain is None:  # the first attempt avoids only ``avoided``
+                plain = attempt
+            if not isinstance(attempt, Decision):
                 if not excluded:
-                    return first  # it fits nowhere: no spreading makes room
+                    return attempt  # it fits nowhere: no spreading makes room
                 break
-            if not view.waits_at_gate(first.reservation):
-                return first
-            excluded = excluded | {first.node}
-    tried = {avoided}
-    for queue in spread:
-        queued = view.queued_nodes(queue)
-        excluded = avoided | queued if avoided else queued
-        # Counted in this index: with pools, the queues are every pool's but the index holds
-        # only this replica's nodes (the index keeps the ranks, the decision asks them anyway).
-        if excluded in tried or len(index.ranks_of(excluded)) >= len(index):
-            continue  # the same attempt again, or no node left to try
-        tried.add(excluded)
-        elsewhere = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
-        if isinstance(elsewhere, Decision):
-            return elsewhere
-    outcome = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoided)
+            if not view.waits_at_gate(attempt.reservation):
+                return attempt
+            excluded = excluded | {attempt.node}
+        tried = {avoided}
+        for queue in QUEUE_SPREAD:
+            queued = view.queued_nodes(queue)
+            excluded = avoided | queued if avoided else queued
+            # Counted in this index: with pools, the queues are every pool's but the index
+            # holds only this replica's nodes (the index keeps the ranks, the decision asks them
+            # anyway).
+            if excluded in tried or len(index.ranks_of(excluded)) >= len(index):
+                continue  # the same attempt again, or no node left to try
+            tried.add(excluded)
+            elsewhere = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+            if isinstance(elsewhere, Decision):
+                return elsewhere
+    outcome = (
+        plain
+        if plain is not None
+        else cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoided)
+    )
     if avoided and not isinstance(outcome, Decision):
         outcome = cycle.decide(pod, index, profile, view.tenancy, now=now)
     return outcome

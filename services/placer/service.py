@@ -324,7 +324,7 @@ class PlacerService:
             item.request,
             now=now,
             avoid=self._avoided(item),
-            spread=self.shell.config.spread,
+            spread=self.shell.config.burst_spread,
         )
 
     def _avoided(self, item: HeldPod) -> set[str]:

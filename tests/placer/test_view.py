@@ -148,7 +148,7 @@ def test_identical_pods_pile_up_where_they_pass_the_gate_together() -> None:
         )
     assert view.queued_nodes(QUEUE_LONG) == {"a"}
     larger = translate.pod_request(wire.pending("big", memory_mib=8192, cores=5))
-    alone = decider.decide(view, PROFILE, larger, now=NOW, spread=())
+    alone = decider.decide(view, PROFILE, larger, now=NOW, spread=False)
     assert isinstance(alone, Decision) and alone.node == "a"
     assert view.waits_at_gate(alone.reservation), "other slices beside a's queue"
     elsewhere = decider.decide(view, PROFILE, larger, now=NOW)
@@ -163,13 +163,13 @@ def test_a_placer_told_not_to_spread_packs_a_burst_onto_the_queued_node() -> Non
     add_settings_arguments(parser, PlacerSettings)
     cli = vars(parser.parse_args(["--no-burst-spread"]))
     config = build_config(load_settings(PlacerSettings, env={}, cli=cli, config_file=None))
-    assert (config.spread, build_config(PlacerSettings()).spread) == ((), decider.QUEUE_SPREAD)
+    assert (config.burst_spread, build_config(PlacerSettings()).burst_spread) == (False, True)
     view = view_of("a", "b", "c")
     for uid in ("q1", "q2", "q3"):
         view.add_tentative(msgspec.structs.replace(booking(uid, (0, 4096, 50)), node="a"))
     assert view.queued_nodes(2) == {"a"}
     pod = translate.pod_request(wire.pending("p", memory_mib=4096, cores=5))
-    packed = decider.decide(view, PROFILE, pod, now=NOW, spread=config.spread)
+    packed = decider.decide(view, PROFILE, pod, now=NOW, spread=config.burst_spread)
     assert isinstance(packed, Decision) and packed.node == "a"
     spread = decider.decide(view, PROFILE, pod, now=NOW)
     assert isinstance(spread, Decision) and spread.node != "a"

@@ -15,7 +15,7 @@ from services.placer.core.framework import Profile
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.model import PodRequest
 from services.placer.core.profiles import ProfileSpec
-from services.placer.decider import QUEUE_SPREAD, Waiting
+from services.placer.decider import Waiting
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
@@ -66,12 +66,8 @@ class PlacerConfig:
     """Node pools shared out among the replicas (``services/placer/pools.py``); 1: none."""
     pool_lease_s: float = 3.0
     burst_spread: bool = True
-    """Spread a burst over nodes with shorter hand-off queues (``decider.QUEUE_SPREAD``)."""
-
-    @property
-    def spread(self) -> tuple[int, ...]:
-        """The queue levels a decision spreads over (``decider.decide``)."""
-        return QUEUE_SPREAD if self.burst_spread else ()
+    """Decide a pod that would wait at the binder's gate onto another node while a burst is
+    handed off (``decider.decide``'s ``spread``)."""
 
     @property
     def profile_name(self) -> str:

@@ -82,7 +82,7 @@ class WaitingPods:
             if shape in shell.failed_keys:
                 return False
             outcome = decider.decide(
-                shell.view, profile, request, now=now, spread=shell.config.spread
+                shell.view, profile, request, now=now, spread=shell.config.burst_spread
             )
             if isinstance(outcome, Waiting):
                 shell.failed_keys[shape] = outcome
