@@ -40,6 +40,27 @@ async def test_every_stream_and_bucket_has_three_replicas(cluster: NatsCluster) 
         await bus.drain()
 
 
+@pytest.mark.parametrize(
+    "batch_s", [pytest.param(0.0, id="pushed"), pytest.param(0.05, id="batched")]
+)
+async def test_a_watch_s_consumer_is_one_replica_in_memory(
+    cluster: NatsCluster, batch_s: float
+) -> None:
+    # A watch is watched again when its consumer is lost, so replicating the consumer like its
+    # stream (three copies, on disk) only costs the cluster: the batched one once was.
+    bus = await connect_when_ready(cluster.url, name="tessera-test", replicas=3)
+    stream = f"KV_{subjects.KV_LEDGER}"
+    watch = bus.kv_watch(subjects.KV_LEDGER, batch_s=batch_s)
+    try:
+        assert await asyncio.wait_for(anext(watch), timeout=10) is None
+        (consumer,) = await bus._js.consumers_info(stream)
+        assert (consumer.config.num_replicas, consumer.config.mem_storage) == (1, True)
+        assert consumer.cluster is not None and not consumer.cluster.replicas
+    finally:
+        await watch.aclose()
+        await bus.drain()
+
+
 async def test_a_server_killed_under_load_loses_no_pod_and_no_state(
     cluster: NatsCluster, start_placer: PlacerFactory
 ) -> None:

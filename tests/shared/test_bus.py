@@ -332,6 +332,57 @@ async def test_a_batched_watch_gives_every_key_s_latest_value_in_order(
         await writer.drain()
 
 
+async def test_a_quiet_batched_watch_asks_once_per_wait_not_once_per_batch(
+    nats_server: NatsServer,
+) -> None:
+    # Two placer replicas' batched watches asked 40 times a second while nothing was written.
+    # Now an ask that finds nothing is followed by one that waits (3 heartbeats, here 0.6 s)
+    # for the next change; one that expires is asked again, and the watch goes on.
+    bus = await NatsBus.connect(nats_server.url, name="watcher", watch_heartbeat_s=0.2)
+    client = await nats.connect(nats_server.url)
+    bucket = subjects.KV_LEDGER
+    asks = 0
+
+    async def count(_: NatsMsg) -> None:
+        nonlocal asks
+        asks += 1
+
+    await client.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.KV_{bucket}.>", cb=count)
+    watch = bus.kv_watch(bucket, batch_s=0.05)
+    try:
+        assert await asyncio.wait_for(anext(watch), timeout=5) is None
+        await asyncio.sleep(0.3)
+        asks = 0
+        await asyncio.sleep(1.5)  # asking every 50 ms: about 30 asks
+        assert asks <= 4
+        await bus.kv_put(bucket, "n1", b"after the quiet")
+        change = await asyncio.wait_for(anext(watch), timeout=5)
+        assert change is not None and change.value == b"after the quiet"
+    finally:
+        await watch.aclose()
+        await client.close()
+        await bus.drain()
+
+
+async def test_a_batched_watch_sees_the_first_change_after_a_quiet_spell_at_once(
+    bus: NatsBus,
+) -> None:
+    # Its ask waits for that change, rather than the next ask a batch interval (3 s) later.
+    bucket = subjects.KV_LEDGER
+    watch = bus.kv_watch(bucket, batch_s=3.0)
+    loop = asyncio.get_running_loop()
+    try:
+        assert await asyncio.wait_for(anext(watch), timeout=5) is None
+        await asyncio.sleep(4.0)  # past the first batch interval: caught up, and quiet
+        written = loop.time()
+        await bus.kv_put(bucket, "n1", b"first")
+        change = await asyncio.wait_for(anext(watch), timeout=10)
+        assert change is not None and change.value == b"first"
+        assert loop.time() - written < 1.5  # the next ask came 2 s after the write
+    finally:
+        await watch.aclose()
+
+
 @pytest.mark.parametrize(
     ("role", "settings", "heartbeat_s"),
     [

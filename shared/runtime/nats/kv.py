@@ -30,14 +30,15 @@ WATCH_BATCH = 256
 """How many changes a batched watch asks for at once (and how many its reader may hold back)."""
 
 WATCH_ANSWER_S = 5.0
-"""How long a batched watch waits for the answer to one ask: none means its consumer, or the
-server holding it, is gone, and the watch ends (the caller watches again)."""
+"""How long past the time an ask may wait a batched watch waits for its answer: none means its
+consumer, or the server holding it, is gone, and the watch ends (the caller watches again)."""
 
 
 WATCH_SILENT_HEARTBEATS = 3
 """A pushed watch that hears nothing, not even the server's idle heartbeat, for this many
 heartbeat intervals has lost its consumer (deleted, or lost with a server the connection did not
-go through): it fails, and its caller watches again."""
+go through): it fails, and its caller watches again. A quiet batched watch's ask waits this many
+heartbeat intervals for a change."""
 
 
 def sequences(reply: str) -> tuple[int, int]:
@@ -179,6 +180,7 @@ class NatsKv(NatsStore):
                     subject,
                     arrived,
                     batch_s=batch_s,
+                    wait_s=WATCH_SILENT_HEARTBEATS * self.watch_heartbeat_s,
                     headers_only=headers_only,
                 )
             else:
@@ -383,8 +385,14 @@ class _Batches:
 
     Each ask is a no-wait pull of up to :data:`WATCH_BATCH` messages, answered by the messages
     there are and then a status (404: nothing more; 408: the ask expired): nats-py's own fetch
-    cannot ask without also waiting for the next message. The subscription's interface is the
-    one the watch uses of nats-py's: ``consumer_info`` and ``unsubscribe``."""
+    cannot ask without also waiting for the next message. An ask that finds nothing is followed
+    by one that waits for the next change, up to ``wait_s`` (408 when none came): a quiet watch
+    asks once per ``wait_s``, not once per ``batch_s`` (two placer replicas asked 40 times a
+    second while nothing happened), and the first change after a quiet spell comes at once.
+    Its consumer is one replica in memory, like a pushed watch's: on a JetStream cluster it is
+    not replicated like its stream (a watch lost with its server is watched again). The
+    subscription's interface is the one the watch uses of nats-py's: ``consumer_info`` and
+    ``unsubscribe``."""
 
     def __init__(
         self,
@@ -401,6 +409,8 @@ class _Batches:
         self._next_subject = next_subject
         self._arrived = arrived
         self._answered = asyncio.Event()
+        self._asked = 0
+        """How many messages the ask in flight asked for (a full answer ends without a status)."""
         self._got = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -414,6 +424,7 @@ class _Batches:
         arrived: asyncio.Queue[NatsMsg | BaseException | None],
         *,
         batch_s: float,
+        wait_s: float,
         headers_only: bool,
     ) -> _Batches:
         consumer = await js.add_consumer(
@@ -425,11 +436,13 @@ class _Batches:
                 headers_only=headers_only or None,
                 inactive_threshold=WATCH_INACTIVE_S,
                 max_waiting=1,
+                num_replicas=1,
+                mem_storage=True,
             ),
         )
         batches = cls(nc, consumer, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer.name}", arrived)
         batches._inbox = await nc.subscribe(nc.new_inbox(), cb=batches._take)
-        batches._task = asyncio.create_task(batches._ask(batch_s))
+        batches._task = asyncio.create_task(batches._ask(batch_s, wait_s))
         return batches
 
     async def consumer_info(self) -> Any:
@@ -450,7 +463,7 @@ class _Batches:
         if status is None:
             self._got += 1
             self._arrived.put_nowait(msg)
-            if self._got == WATCH_BATCH:  # a full answer ends without a status
+            if self._got == self._asked:  # a full answer ends without a status
                 self._answered.set()
         elif status in ("404", "408"):
             self._answered.set()
@@ -458,19 +471,34 @@ class _Batches:
             description = (msg.headers or {}).get(js_api.Header.DESCRIPTION, "")
             self._arrived.put_nowait(RuntimeError(f"status {status} {description}".strip()))
 
-    async def _ask(self, batch_s: float) -> None:
-        request = json.dumps({"batch": WATCH_BATCH, "no_wait": True}).encode()
+    async def _ask(self, batch_s: float, wait_s: float) -> None:
         try:
             while True:
                 if self._arrived.qsize() < WATCH_BATCH:  # else the reader is behind: later
-                    self._answered.clear()
-                    self._got = 0
-                    await self._nc.publish(self._next_subject, request, reply=self._inbox.subject)
-                    async with asyncio.timeout(WATCH_ANSWER_S):
-                        await self._answered.wait()
-                    if self._got == WATCH_BATCH:
+                    got = await self._pull(WATCH_BATCH, wait_s=0.0)
+                    if got == WATCH_BATCH:
                         continue  # more may be there: ask again at once
-                await asyncio.sleep(batch_s)  # caught up: let the next changes gather
+                    if got == 0 and not await self._pull(1, wait_s=wait_s):
+                        continue  # quiet all along: wait again
+                await asyncio.sleep(batch_s)  # let the next changes gather
         except Exception as error:  # unanswered, or not connected: the watch ends (a cancel,
             # a BaseException, passes)
             self._arrived.put_nowait(error)
+
+    async def _pull(self, batch: int, *, wait_s: float) -> int:
+        """Ask for up to ``batch`` messages, without waiting (``wait_s`` 0) or waiting up to
+        ``wait_s`` for them; how many came. No answer in time raises TimeoutError."""
+        ask: dict[str, object] = {"batch": batch}
+        if wait_s > 0:
+            ask["expires"] = int(wait_s * 1e9)
+        else:
+            ask["no_wait"] = True
+        self._answered.clear()
+        self._asked = batch
+        self._got = 0
+        await self._nc.publish(
+            self._next_subject, json.dumps(ask).encode(), reply=self._inbox.subject
+        )
+        async with asyncio.timeout(wait_s + WATCH_ANSWER_S):
+            await self._answered.wait()
+        return self._got
