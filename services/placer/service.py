@@ -143,6 +143,8 @@ class PlacerService:
             async with asyncio.TaskGroup() as group:
                 for follow in self.watches.follows():
                     group.create_task(self.watches.follow(follow))
+                if self.pools is not None:
+                    group.create_task(self.pools.follow(), name="pool entries")
                 await self.watches.all_loaded()
                 self.view.finish_load(shell.clock.now())
                 self.held.queue = PlacementQueue(
@@ -152,6 +154,7 @@ class PlacerService:
                 self.upkeep.rebuild_profile()
                 await shell.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
                 if self.pools is not None:
+                    await self.pools.entries.loaded.wait()
                     await self.pools.keep()  # ready with its share of the pools, when free
                     group.create_task(self.pools.run(), name="pools")
                 log.info(

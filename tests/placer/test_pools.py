@@ -1,5 +1,6 @@
-"""Node pools: the pool of a node, one replica's round of lease keeping (pure), and the view
-deciding on its own pools' nodes first and on every node when none of them fits."""
+"""Node pools: the pool of a node, one replica's round of lease keeping (pure), what a replica
+holds of the pools' bucket, and the view deciding on its own pools' nodes first and on every node
+when none of them fits."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile
 from services.placer.decider import Waiting
 from services.placer.pools import LeasePlan, fair_share, plan_leases, pool_of
+from services.placer.shell.pools import PoolEntries
 from shared.messages.ledger import NodeLedger
 from shared.messages.pools import PoolLease, PoolMember
+from shared.runtime.bus import KvEntry
 from tests.placer import wire
 from tests.placer.test_translate import NOW, booking
 from tests.placer.test_view import view_of
@@ -205,3 +208,48 @@ def test_without_pools_every_node_is_owned_and_everywhere_is_the_index() -> None
     assert view.owns("a") and view.owns("b")
     view.set_owned(frozenset())  # no pools: nothing to hold or give back
     assert len(view.index) == 2
+
+
+Step = KvEntry | tuple[str, int] | set[str]
+"""A value or deletion the watch brings (or this replica's own write, answered), this
+replica's deletion of a key at a revision, or a watch's initial values listing these keys."""
+
+
+def put(key: str, revision: int) -> KvEntry:
+    return KvEntry(key=key, value=b"v", revision=revision)
+
+
+def gone(key: str, revision: int) -> KvEntry:
+    return KvEntry(key=key, value=b"", revision=revision, deleted=True)
+
+
+@pytest.mark.parametrize(
+    ("steps", "live"),
+    [
+        pytest.param([put("a", 1), put("b", 2)], {"a": 1, "b": 2}, id="values"),
+        pytest.param([put("a", 5), put("a", 3)], {"a": 5}, id="an older value late"),
+        pytest.param([put("a", 3), gone("a", 4)], {}, id="a deletion"),
+        pytest.param([gone("a", 4), put("a", 3)], {}, id="a value older than it"),
+        pytest.param([gone("a", 4), put("a", 6)], {"a": 6}, id="written again after it"),
+        pytest.param([put("a", 3), ("a", 3)], {}, id="my deletion"),
+        pytest.param([put("a", 3), ("a", 3), put("a", 3)], {}, id="the old value late"),
+        pytest.param([put("a", 3), ("a", 3), gone("a", 4)], {}, id="my deletion's marker"),
+        pytest.param([put("a", 3), ("a", 3), put("a", 9)], {"a": 9}, id="written after mine"),
+        pytest.param([put("a", 1), put("b", 2), {"b"}], {"b": 2}, id="deleted while unwatched"),
+    ],
+)
+def test_a_replica_holds_each_key_s_newest_value_heard_of(
+    steps: list[Step], live: dict[str, int]
+) -> None:
+    # The bucket is watched, and the replica's own writes are taken as soon as answered: the
+    # watch brings them (and older values) later, and those must not undo what it knows.
+    entries = PoolEntries()
+    for step in steps:
+        if isinstance(step, KvEntry):
+            entries.take(step)
+        elif isinstance(step, tuple):
+            entries.deleted(*step)
+        else:
+            entries.listed(step)
+            assert entries.loaded.is_set()
+    assert {key: entry.revision for key, entry in entries.live.items()} == live

@@ -31,7 +31,9 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import nats
 import pytest
+from nats.aio.msg import Msg as NatsMsg
 
 from shared import codec, subjects
 from shared.messages.pods import PodPending
@@ -291,6 +293,46 @@ async def test_a_standby_takes_over_a_killed_replicas_pool_and_places_its_pods(
         assert {r.pod_uid for r in state.live_records()} >= {p.uid for p in first + then}
     finally:
         await stop_all([process for process, _ in placers])
+
+
+@pytest.mark.timeout(60)
+async def test_lease_rounds_watch_the_pools_bucket_rather_than_list_it(
+    nats_server: NatsServer, bus: NatsBus, tmp_path: Path
+) -> None:
+    """A replica renews its leases every third of the lease time (here every 0.5 s) from what it
+    watches of the bucket: listing it made and deleted a consumer on the server every round
+    (on a JetStream cluster, a change of the cluster's metadata each)."""
+    client = await nats.connect(nats_server.url)
+    made: list[str] = []
+
+    async def count(msg: NatsMsg) -> None:
+        made.append(msg.subject)
+
+    stream = f"KV_{subjects.KV_POOLS}"
+    for subject in (f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>"):
+        await client.subscribe(subject, cb=count)
+    process, port = await start(
+        nats_server.url, 0, tmp_path, "--pools", "2", "--pool-lease-s", "1.5"
+    )
+    try:
+        await eventually(functools.partial(ready, port), timeout=30, what="placer ready")
+
+        async def holds_both() -> bool:
+            return await pool_holders(bus, 2) == {0: "placer-0", 1: "placer-0"}
+
+        await eventually(holds_both, timeout=15, interval=0.1, what="both pools held")
+        member = subjects.pool_member_key("placer-0")
+        before = await bus.kv_get(subjects.KV_POOLS, member)
+        made.clear()
+        await asyncio.sleep(2.0)
+        after = await bus.kv_get(subjects.KV_POOLS, member)
+        assert before is not None and after is not None
+        assert after.revision > before.revision  # rounds went on: the member entry was renewed
+        assert await holds_both()
+        assert made == []
+    finally:
+        await stop_all([process])
+        await client.close()
 
 
 @pytest.mark.timeout(60)

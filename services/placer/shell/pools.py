@@ -1,6 +1,12 @@
 """Node pools for one replica: keeps its share of the pools' leases in ``tessera-placer-pools``
 (``services/placer/pools.py`` plans each round; this carries the plan out) and tells the view
-which pools it holds. Only runs with ``--pools`` above 1."""
+which pools it holds. Only runs with ``--pools`` above 1.
+
+The bucket is followed by a KV watch (:class:`PoolEntries`), not listed every round: a listing
+makes and deletes a consumer on the server, and every replica's round did it every third of the
+lease time (on a JetStream cluster, each consumer made or deleted is a change of the cluster's
+metadata, agreed on by every server). Every write here is a compare-and-set or a create, so a
+round that planned on an entry the watch had not yet brought up to date only loses its write."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from services.placer.shell.watches import kv_delivery
 from shared import codec, subjects
 from shared.messages.pools import PoolLease, PoolMember
 from shared.runtime.bus import BusUnavailableError, KvEntry, OutcomeUnknownError
+from shared.runtime.follow import follow
 
 _T = TypeVar("_T")
 
@@ -21,11 +28,46 @@ GIVE_BACK_TIMEOUT_S = 2.0
 """At most this long is spent giving the leases back on a clean stop (else they lapse)."""
 
 
+class PoolEntries:
+    """The live entries of ``tessera-placer-pools`` as this replica last heard of them: what its
+    watch brings, and its own writes as soon as they are answered (the watch brings those a
+    moment later, and an older value of a key never replaces a newer one)."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, KvEntry] = {}
+        self._newest: dict[str, int] = {}
+        """Key -> the newest revision heard of (written, or deleted at)."""
+        self.loaded = asyncio.Event()
+        """Set once the watch's first initial values are in."""
+
+    def take(self, entry: KvEntry) -> None:
+        """A value or deletion of a key, from the watch or from this replica's own write."""
+        if entry.revision <= self._newest.get(entry.key, 0):
+            return
+        self._newest[entry.key] = entry.revision
+        if entry.deleted:
+            self.live.pop(entry.key, None)
+        else:
+            self.live[entry.key] = entry
+
+    def deleted(self, key: str, revision: int) -> None:
+        """This replica deleted ``key`` at ``revision`` (its deletion is newer)."""
+        self.take(KvEntry(key=key, value=b"", revision=revision + 1, deleted=True))
+
+    def listed(self, keys: set[str]) -> None:
+        """A watch's initial values are in; ``keys``: every key they listed (one held and not
+        listed was deleted while no watch ran)."""
+        for key in set(self.live) - keys:
+            del self.live[key]
+        self.loaded.set()
+
+
 class PoolKeeper:
     """Takes, renews and gives back this replica's pools (see the module docstring)."""
 
     def __init__(self, *, shell: Shell) -> None:
         self._shell = shell
+        self.entries = PoolEntries()
         self.holding = asyncio.Event()
         """Set while this replica holds at least one pool: only then does it take new pods."""
         self._revisions: dict[int, int] = {}
@@ -42,6 +84,24 @@ class PoolKeeper:
     @property
     def held(self) -> frozenset[int]:
         return frozenset(self._revisions)
+
+    async def follow(self) -> None:
+        """Follow the bucket into :attr:`entries`, forever (``loaded`` once it is in)."""
+
+        async def on_entry(entry: KvEntry) -> None:
+            self.entries.take(entry)
+
+        async def on_loaded(keys: set[str]) -> None:
+            self.entries.listed(keys)
+
+        await follow(
+            self._shell.bus,
+            subjects.KV_POOLS,
+            on_entry=on_entry,
+            on_loaded=on_loaded,
+            clock=self._shell.clock,
+            what="pools",
+        )
 
     async def run(self) -> None:
         """Keep the leases, a round every third of the lease time, forever."""
@@ -63,9 +123,9 @@ class PoolKeeper:
         # A renewal counts from before it is sent: no reader starts its count earlier.
         started = shell.clock.monotonic()
         member = PoolMember(placer_id=config.placer_id, seen_at=now, lease_s=config.pool_lease_s)
-        await bus.kv_put(
-            subjects.KV_POOLS, subjects.pool_member_key(config.placer_id), codec.encode(member)
-        )
+        key, value = subjects.pool_member_key(config.placer_id), codec.encode(member)
+        put = await bus.kv_put(subjects.KV_POOLS, key, value)
+        self.entries.take(KvEntry(key=key, value=value, revision=put))
         leases, members, ages = await self._read()
         plan = pools.plan_leases(
             me=config.placer_id, pools=config.pools, leases=leases, members=members, ages=ages
@@ -74,7 +134,7 @@ class PoolKeeper:
             self._forget(pool)  # the bucket says another replica holds it now
         for pool, revision in plan.give_back:
             self._forget(pool)  # stop deciding on it before another replica may take it
-            await bus.kv_delete_if(subjects.KV_POOLS, subjects.pool_key(pool), revision=revision)
+            await self._delete(subjects.pool_key(pool), revision)
         for pool, revision in (*plan.renew, *plan.take):
             lease = PoolLease(
                 pool=pool,
@@ -91,11 +151,17 @@ class PoolKeeper:
             if written is None:  # another replica wrote first: the pool is its own now
                 self._forget(pool)
             else:
+                self.entries.take(KvEntry(key=key, value=value, revision=written))
                 self._revisions[pool] = written
                 self._renewed_at[pool] = started
         for key in plan.forget:  # any replica may tidy up: the one that comes first does
-            await bus.kv_delete_if(subjects.KV_POOLS, key, revision=members[key][1])
+            await self._delete(key, members[key][1])
         self._drop_lapsed()
+
+    async def _delete(self, key: str, revision: int) -> None:
+        """Delete ``key`` if it is still at ``revision``."""
+        if await self._shell.bus.kv_delete_if(subjects.KV_POOLS, key, revision=revision):
+            self.entries.deleted(key, revision)
 
     async def give_back_all(self) -> None:
         """On a clean stop: give every lease back, so that others take the pools at once."""
@@ -114,16 +180,12 @@ class PoolKeeper:
         dict[int, tuple[PoolLease, int]], dict[str, tuple[PoolMember, int]], dict[str, float]
     ]:
         """The bucket's leases and members, and how long this replica has seen each unchanged."""
-        bus = self._shell.bus
         leases: dict[int, tuple[PoolLease, int]] = {}
         members: dict[str, tuple[PoolMember, int]] = {}
         ages: dict[str, float] = {}
         seen: dict[str, tuple[int, float]] = {}
         now = self._shell.clock.monotonic()
-        for key in await bus.kv_keys(subjects.KV_POOLS):
-            entry = await bus.kv_get(subjects.KV_POOLS, key)
-            if entry is None:
-                continue
+        for key, entry in sorted(self.entries.live.items()):
             revision, since = self._seen.get(key, (entry.revision, now))
             if revision != entry.revision:
                 since = now
