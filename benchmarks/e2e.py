@@ -2,17 +2,17 @@
 
 Starts nats-server, the simulated cluster, one fake inventory and one device plugin process per
 node, the binder and two placers; waits until everything is ready; creates ``--pods`` pods at once
-(one GPU share each: 4 GiB, 5 % of the SMs) and waits until every one is Running. Prints the
-throughput (pods Running per second from the first create to the last Running), p50/p99 per stage
-(created -> decided -> bound -> allocated -> Running), the independent checks (mismatched
-containers, over-committed GPUs), and where the time goes: CPU seconds and context switches per kind
-of process during the run, and the messages through NATS per Running pod (in and out of the
-server, and per kind of client: nats-server's monitoring endpoints) beside the binder's node-facts
-counts. With ``--idle-s``, first what the ready system costs while it does nothing: CPU
-milliseconds per second per kind of process, and NATS messages per second.
+(or ``--rate`` a second; one GPU share each: 4 GiB, 5 % of the SMs) and waits until every one is
+Running. Prints the throughput (pods Running per second from the first create to the last
+Running), p50/p99 per stage (created -> decided -> bound -> allocated -> Running), the independent
+checks (mismatched containers, over-committed GPUs), and where the time goes: CPU seconds and
+context switches per kind of process during the run, and the messages through NATS per Running
+pod (in and out of the server, and per kind of client: nats-server's monitoring endpoints) beside
+the binder's node-facts counts. With ``--idle-s``, first what the ready system costs while it
+does nothing: CPU milliseconds per second per kind of process, and NATS messages per second.
 
     .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000 [--placers 2] [--pools 0]
-        [--idle-s 20] [--no-burst-spread]
+        [--idle-s 20] [--no-burst-spread] [--rate 50]
 """
 
 from __future__ import annotations
@@ -185,6 +185,8 @@ async def main(args: argparse.Namespace) -> None:
         traffic_before = nats_traffic(system)
         t0 = time.monotonic()
         for i in range(args.pods):
+            if args.rate > 0:  # paced: pod i is created i / rate seconds in
+                await asyncio.sleep(max(0.0, t0 + i / args.rate - time.monotonic()))
             system.cluster.create_pod(
                 w.pod(
                     f"bench-{i}",
@@ -217,6 +219,7 @@ async def main(args: argparse.Namespace) -> None:
             "nodes": args.nodes,
             "gpus_per_node": args.gpus,
             "pods": args.pods,
+            "rate": args.rate or "burst",
             "start_to_ready_s": round(ready_s, 1),
             **idle,
             "create_loop_s": round(created_s, 2),
@@ -279,6 +282,13 @@ if __name__ == "__main__":
         type=float,
         default=0.0,
         help="first measure the ready system this many seconds while it does nothing",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="create the pods at this many a second (0: all at once, a burst); pods/s is "
+        "then at most this, and the CPU per pod is what a steady arrival costs",
     )
     parser.add_argument(
         "--nodes-per-process",
