@@ -245,10 +245,10 @@ class Bus(Protocol):
         """Current values of matching keys, then one ``None`` marking "initial values done",
         then every later change, until the iterator is closed.
 
-        ``batch_s`` above 0: the changes are asked for every ``batch_s`` once the watch has
-        caught up, rather than each sent as it is written, so they come up to that much later
-        and several at a time: for a reader that can lag that long and would otherwise wake
-        for every change."""
+        ``batch_s`` above 0: while changes keep coming, they are asked for every ``batch_s``
+        rather than each sent as it is written, so they come up to that much later and several
+        at a time: for a reader that can lag that long and would otherwise wake for every
+        change. The first change after a quiet spell comes at once."""
         ...
 
     async def drain(self) -> None:

@@ -51,7 +51,8 @@ class PoolEntries:
             self.live[entry.key] = entry
 
     def deleted(self, key: str, revision: int) -> None:
-        """This replica deleted ``key`` at ``revision`` (its deletion is newer)."""
+        """This replica deleted ``key``, which was at ``revision``. The deletion's own revision
+        is not known here, only that it is above ``revision``: so is any later value's."""
         self.take(KvEntry(key=key, value=b"", revision=revision + 1, deleted=True))
 
     def listed(self, keys: set[str]) -> None:
@@ -179,7 +180,8 @@ class PoolKeeper:
     ) -> tuple[
         dict[int, tuple[PoolLease, int]], dict[str, tuple[PoolMember, int]], dict[str, float]
     ]:
-        """The bucket's leases and members, and how long this replica has seen each unchanged."""
+        """The bucket's leases and members as :attr:`entries` holds them, and how long this
+        replica has seen each unchanged."""
         leases: dict[int, tuple[PoolLease, int]] = {}
         members: dict[str, tuple[PoolMember, int]] = {}
         ages: dict[str, float] = {}

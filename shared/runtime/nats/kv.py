@@ -30,8 +30,9 @@ WATCH_BATCH = 256
 """How many changes a batched watch asks for at once (and how many its reader may hold back)."""
 
 WATCH_ANSWER_S = 5.0
-"""How long past the time an ask may wait a batched watch waits for its answer: none means its
-consumer, or the server holding it, is gone, and the watch ends (the caller watches again)."""
+"""How long a batched watch waits for the answer to an ask, beyond the time the ask itself may
+wait for a change: none means its consumer, or the server holding it, is gone, and the watch
+ends (the caller watches again)."""
 
 
 WATCH_SILENT_HEARTBEATS = 3
@@ -378,8 +379,8 @@ class _Pushed:
 
 
 class _Batches:
-    """The messages of a batched watch: its consumer is pulled, every ``batch_s`` once it has
-    caught up, so a reader that may lag that long wakes once per batch rather than once per
+    """The messages of a batched watch: its consumer is pulled every ``batch_s`` while changes
+    keep coming, so a reader that may lag that long wakes once per batch rather than once per
     change (a placer replica woke for each of the other replicas' writes, about 150 us of CPU
     each on a machine with more processes than cores).
 
