@@ -77,7 +77,7 @@ def decide(
 
     Unless ``spread`` is off (the placer's ``--no-burst-spread``), a decision where the pod would
     wait at the binder's gate (``view.waits_at_gate``: a pod queued there between decision and
-    Allocate has as many shares on other slices) is made again without that node, up to
+    Allocate has as many devices on other slices) is made again without that node, up to
     :data:`GATE_TRIES` nodes in the profile's order; then the burst is spread over queues
     (:data:`QUEUE_SPREAD`): nodes with a queue of pods between decision and Allocate
     (``view.queued_nodes``) are chosen only when no node with a shorter queue fits. A
@@ -146,7 +146,7 @@ def _decide_in(
                 if not excluded:
                     return attempt  # it fits nowhere: no spreading makes room
                 break
-            if not view.waits_at_gate(attempt.reservation):
+            if not view.waits_at_gate(attempt.reservation, pod):
                 return attempt
             excluded = excluded | {attempt.node}
         tried = {avoided}

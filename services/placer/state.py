@@ -44,7 +44,7 @@ from services.placer.charges import TenantEntries
 from services.placer.core.facts import PodFacts
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
-from services.placer.core.model import GpuSlice, NodeState, Reservation
+from services.placer.core.model import GpuSlice, NodeState, PodRequest, Reservation
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
 from services.placer.pools import pool_of
@@ -322,15 +322,25 @@ class ClusterView:
             self._queued[at_least] = queued
         return queued
 
-    def waits_at_gate(self, reservation: Reservation) -> bool:
-        """Whether the binder's gate would hold ``reservation`` back on its node: a pod there
-        between decision and Allocate has a GPU container of as many shares on other slices
-        (the binder's ``plan.ambiguous``). Pods of identical slices pass the gate together: a
-        device plugin serves either from the other's record alike."""
+    def waits_at_gate(self, reservation: Reservation, pod: PodRequest) -> bool:
+        """Whether the binder's gate would hold ``reservation`` of ``pod`` back on its node: a
+        pod there between decision and Allocate has a GPU container of as many devices on other
+        slices (the binder's ``plan.ambiguous``). Pods of identical slices pass the gate
+        together: a device plugin serves either from the other's record alike.
+
+        A container's devices are what its kubelet asks the device plugin for: its shares on a
+        logical node, its ``tessera.dev/gpu-memory`` on a memory-units node (a pod of 4 GiB and
+        one of 8 GiB, one share each, never wait for each other there)."""
         entry = self._nodes.get(reservation.node)
         if entry is None or not (entry.handing_off or entry.tentative):
             return False
-        mine = [(len(c.gpus), _slices(c.gpus)) for c in reservation.containers if c.gpus]
+        units = reservation.node in self.memory_unit_nodes
+        memory = {c.name: c.share_memory_mib or 0 for c in pod.containers}
+        mine = [
+            (memory.get(c.container, 0) if units else len(c.gpus), _slices(c.gpus))
+            for c in reservation.containers
+            if c.gpus
+        ]
         if not mine:
             return False
         queued = list(entry.tentative.values())
@@ -346,8 +356,13 @@ class ClusterView:
             for container in booking.containers:
                 if not container.gpus:
                     continue
+                devices = (
+                    container.resources.get(translate.GPU_MEMORY_RESOURCE, 0)
+                    if units
+                    else len(container.gpus)
+                )
                 theirs = _slices(container.gpus)
-                if any(count == len(container.gpus) and ours != theirs for count, ours in mine):
+                if any(count == devices and ours != theirs for count, ours in mine):
                     return True
         return False
 

@@ -23,6 +23,7 @@ from services.placer.core.shape import gpu_shape
 from services.placer.state import ClusterView
 from shared.config import ConfigError, add_settings_arguments, load_settings
 from shared.messages.ledger import Booking, NodeLedger
+from shared.messages.pods import PodPending
 from tests.placer import wire
 from tests.placer.builders import node
 from tests.placer.test_translate import NOW, booking
@@ -124,18 +125,19 @@ QUEUE_LONG = 3
 
 
 def test_identical_pods_pile_up_where_they_pass_the_gate_together() -> None:
-    """The binder's gate holds a pod back only beside a queued pod of as many shares on other
-    slices: pods of identical slices pass together (a device plugin serves either from the
-    other's record alike). So a burst of identical pods is not spread while its pods stack up
-    on one GPU: it touches no more GPUs than the profile alone would. A pod that would wait
-    there is decided onto another node."""
+    """The binder's gate holds a pod back only beside a queued pod of as many devices (shares,
+    on these logical nodes) on other slices: pods of identical slices pass together (a device
+    plugin serves either from the other's record alike). So a burst of identical pods is not
+    spread while its pods stack up on one GPU: it touches no more GPUs than the profile alone
+    would. A pod that would wait there is decided onto another node."""
     view = view_of("a", "b", "c")
     for i in range(QUEUE_LONG):
         pending = wire.pending(f"q{i}", memory_mib=4096, cores=5)
-        decision = decider.decide(view, PROFILE, translate.pod_request(pending), now=NOW)
+        request = translate.pod_request(pending)
+        decision = decider.decide(view, PROFILE, request, now=NOW)
         assert isinstance(decision, Decision) and decision.node == "a", i
         assert [g.index for c in decision.reservation.containers for g in c.gpus] == [0]
-        assert not view.waits_at_gate(decision.reservation)
+        assert not view.waits_at_gate(decision.reservation, request)
         view.add_tentative(
             translate.booking_of(
                 decision.reservation,
@@ -150,10 +152,64 @@ def test_identical_pods_pile_up_where_they_pass_the_gate_together() -> None:
     larger = translate.pod_request(wire.pending("big", memory_mib=8192, cores=5))
     alone = decider.decide(view, PROFILE, larger, now=NOW, spread=False)
     assert isinstance(alone, Decision) and alone.node == "a"
-    assert view.waits_at_gate(alone.reservation), "other slices beside a's queue"
+    assert view.waits_at_gate(alone.reservation, larger), "other slices beside a's queue"
     elsewhere = decider.decide(view, PROFILE, larger, now=NOW)
     assert isinstance(elsewhere, Decision) and elsewhere.node != "a"
-    assert not view.waits_at_gate(elsewhere.reservation)
+    assert not view.waits_at_gate(elsewhere.reservation, larger)
+
+
+def memory_pod(uid: str, memory_mib: int) -> PodPending:
+    """One share of ``memory_mib``, its resources as the binder reads them from the pod spec."""
+    pod = wire.pending(uid, memory_mib=memory_mib, cores=None)
+    (container,) = pod.containers
+    resources = {"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": memory_mib}
+    container = msgspec.structs.replace(container, resources=resources)
+    return msgspec.structs.replace(pod, containers=(container,))
+
+
+@pytest.mark.parametrize(
+    ("memory_units", "queued_mib", "mine_mib", "waits"),
+    [
+        pytest.param(False, 4096, 8192, True, id="logical: one share each"),
+        pytest.param(True, 4096, 8192, False, id="memory-units: 4096 and 8192 devices"),
+        pytest.param(True, 4096, 4096, True, id="memory-units: 4096 devices each"),
+    ],
+)
+def test_the_gate_counts_the_devices_the_kubelet_asks_for(
+    memory_units: bool, queued_mib: int, mine_mib: int, waits: bool
+) -> None:
+    """The binder's gate compares device counts: shares on a logical node, the container's
+    tessera.dev/gpu-memory on a memory-units node. A pod on another GPU beside a queued one
+    waits only where their counts are equal."""
+    view = view_of("a", gpus=2)
+    if memory_units:
+        view.set_facts(
+            msgspec.structs.replace(
+                wire.facts("a", at=NOW), extended_allocatable={"tessera.dev/gpu-memory": 163840}
+            )
+        )
+    queued = memory_pod("queued", queued_mib)
+    placed = decider.decide(view, PROFILE, translate.pod_request(queued), now=NOW)
+    assert isinstance(placed, Decision)
+    view.add_tentative(
+        translate.booking_of(
+            placed.reservation, queued, tenant="ml", commit="c0", decided_at=NOW, placer_id="p"
+        )
+    )
+    used = placed.reservation.containers[0].gpus[0].index
+    mine = translate.pod_request(memory_pod("mine", mine_mib))
+    other_gpu = decider.decide_on(view, PROFILE, mine, "a", now=NOW)
+    assert isinstance(other_gpu, Decision)
+    reservation = other_gpu.reservation
+    if reservation.containers[0].gpus[0].index == used:  # put it on the other GPU
+        (container,) = reservation.containers
+        (share,) = container.gpus
+        other = view.index.node("a").gpus[1 - used]
+        moved = msgspec.structs.replace(share, index=other.index, uuid=other.uuid)
+        reservation = msgspec.structs.replace(
+            reservation, containers=(msgspec.structs.replace(container, gpus=(moved,)),)
+        )
+    assert view.waits_at_gate(reservation, mine) == waits
 
 
 def test_a_placer_told_not_to_spread_packs_a_burst_onto_the_queued_node() -> None:
