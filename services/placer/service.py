@@ -154,7 +154,6 @@ class PlacerService:
                 self.upkeep.rebuild_profile()
                 await shell.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
                 if self.pools is not None:
-                    await self.pools.entries.loaded.wait()
                     await self.pools.keep()  # ready with its share of the pools, when free
                     group.create_task(self.pools.run(), name="pools")
                 log.info(

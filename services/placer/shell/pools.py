@@ -41,7 +41,7 @@ class PoolEntries:
         """Set once the watch's first initial values are in."""
 
     def take(self, entry: KvEntry) -> None:
-        """A value or deletion of a key, from the watch or from this replica's own write."""
+        """A value or deletion of a key, as the watch brings it."""
         if entry.revision <= self._newest.get(entry.key, 0):
             return
         self._newest[entry.key] = entry.revision
@@ -49,6 +49,10 @@ class PoolEntries:
             self.live.pop(entry.key, None)
         else:
             self.live[entry.key] = entry
+
+    def written(self, key: str, value: bytes, revision: int) -> None:
+        """This replica wrote ``value`` to ``key`` at ``revision``."""
+        self.take(KvEntry(key=key, value=value, revision=revision))
 
     def deleted(self, key: str, revision: int) -> None:
         """This replica deleted ``key``, which was at ``revision``. The deletion's own revision
@@ -117,7 +121,9 @@ class PoolKeeper:
             await shell.clock.sleep(interval)
 
     async def keep(self) -> None:
-        """One round: say this replica is live, read the bucket, carry out the plan."""
+        """One round: say this replica is live, read the bucket, carry out the plan. The first
+        waits for :meth:`follow` to have brought the bucket's entries in."""
+        await self.entries.loaded.wait()
         shell, bus = self._shell, self._shell.bus
         config = shell.config
         now = shell.clock.now()
@@ -125,8 +131,7 @@ class PoolKeeper:
         started = shell.clock.monotonic()
         member = PoolMember(placer_id=config.placer_id, seen_at=now, lease_s=config.pool_lease_s)
         key, value = subjects.pool_member_key(config.placer_id), codec.encode(member)
-        put = await bus.kv_put(subjects.KV_POOLS, key, value)
-        self.entries.take(KvEntry(key=key, value=value, revision=put))
+        self.entries.written(key, value, await bus.kv_put(subjects.KV_POOLS, key, value))
         leases, members, ages = await self._read()
         plan = pools.plan_leases(
             me=config.placer_id, pools=config.pools, leases=leases, members=members, ages=ages
@@ -152,7 +157,7 @@ class PoolKeeper:
             if written is None:  # another replica wrote first: the pool is its own now
                 self._forget(pool)
             else:
-                self.entries.take(KvEntry(key=key, value=value, revision=written))
+                self.entries.written(key, value, written)
                 self._revisions[pool] = written
                 self._renewed_at[pool] = started
         for key in plan.forget:  # any replica may tidy up: the one that comes first does
