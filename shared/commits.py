@@ -1,10 +1,11 @@
 """Does an assignment record stand for a placer's commit? (pure; issue 19, finding 2b)
 
 The bus's permissions decide who may write what; this is the defence behind them. Only placers
-write ``tessera-claims`` and ``tessera-ledger``, so a record is believed only when it is what a
-placer committed (``services/placer/commit.py``):
+write the ledger and the claims (``tessera-ledger``), so a record is believed only when it is what
+a placer committed (``services/placer/commit.py``):
 
-- the record names a commit, and the pod's claim (``tessera-claims``) is ``placed`` by that commit;
+- the record names a commit, and the pod's claim (``subjects.claim_key``) is ``placed`` by that
+  commit;
 - the node's ledger entry (``tessera-ledger``) holds the pod's booking of that commit, for the
   same pod and node, and the record's container slices are exactly the ones booked.
 
@@ -59,7 +60,7 @@ def commit_problem(
 ) -> str | None:
     """Why ``record`` is not what a placer committed; None when it is.
 
-    ``claim``: the pod's entry in ``tessera-claims`` (None: there is none); ``ledger``: the entry
+    ``claim``: the pod's claim (None: there is none); ``ledger``: the entry
     of the record's node in ``tessera-ledger`` (None: there is none).
     """
     pod = f"{record.namespace}/{record.name}"

@@ -170,8 +170,7 @@ def _topology(role: Role) -> list[str]:
 
 def _placer() -> tuple[list[str], list[str]]:
     publish = [
-        *_kv_write(subjects.KV_LEDGER),
-        *_kv_write(subjects.KV_CLAIMS),
+        *_kv_write(subjects.KV_LEDGER),  # the claims too (subjects.KV_CLAIMS)
         *_kv_write(subjects.KV_TENANTS),
         *_kv_write(subjects.KV_WAITING),
         *_kv_write(subjects.KV_POOLS),
@@ -187,8 +186,7 @@ def _placer() -> tuple[list[str], list[str]]:
         *_kv_read(
             subjects.KV_INVENTORY,
             subjects.KV_NODES,
-            subjects.KV_LEDGER,
-            subjects.KV_CLAIMS,
+            subjects.KV_LEDGER,  # the claims too
             subjects.KV_ASSIGNMENTS,
             subjects.KV_TENANTS,
             subjects.KV_WAITING,
@@ -215,10 +213,8 @@ def _binder() -> tuple[list[str], list[str]]:
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_DECISIONS),
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_REJECTIONS),
         *_durable(subjects.STREAM_ALLOCATIONS, subjects.DURABLE_BINDER_ALLOCATIONS),
-        # Claims and the ledger: the ambiguity gate only waits for records matching a commit.
-        *_kv_read(
-            subjects.KV_ASSIGNMENTS, subjects.KV_NODES, subjects.KV_CLAIMS, subjects.KV_LEDGER
-        ),
+        # The ledger and its claims: the ambiguity gate only waits for records matching a commit.
+        *_kv_read(subjects.KV_ASSIGNMENTS, subjects.KV_NODES, subjects.KV_LEDGER),
     ]
     return publish, [subjects.EXTENDER_PODS]
 
@@ -227,10 +223,8 @@ def _deviceplugin(node: str) -> tuple[list[str], list[str]]:
     publish = [
         *_kv_write(subjects.KV_ASSIGNMENTS, f"{node}.*"),
         f"{subjects.ROOT}.allocations.{node}",
-        # Its records, its inventory, and the commits a record must match (claims, ledger).
-        *_kv_read(
-            subjects.KV_ASSIGNMENTS, subjects.KV_INVENTORY, subjects.KV_CLAIMS, subjects.KV_LEDGER
-        ),
+        # Its records, its inventory, and the commits a record must match (the ledger, claims).
+        *_kv_read(subjects.KV_ASSIGNMENTS, subjects.KV_INVENTORY, subjects.KV_LEDGER),
     ]
     return publish, [f"{subjects.ROOT}.inventory.{node}"]
 

@@ -21,8 +21,9 @@ operator can read the whole map here:
     KV ``tessera-stats``          placer -> dashboard: each placer's latest ``ClusterStats``
 
 KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
-``tessera-ledger`` (placer: one entry per node holding its bookings, updated by compare-and-set);
-``tessera-claims`` (placer: one entry per pod UID naming the one commit that placed it);
+``tessera-ledger`` (placer: one entry per node holding its bookings, updated by compare-and-set,
+and under ``claim.<pod uid>`` each pod's claim naming the one commit that placed it: one bucket, so
+that a booking and its claims can be written by one atomic batch);
 ``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record); ``tessera-tenants``
 (placer: one entry per tenant with a quota, its charges, updated by compare-and-set);
 ``tessera-waiting`` (placer: one entry per pod a replica holds waiting for room, the board every
@@ -182,7 +183,10 @@ DURABLE_BINDER_ALLOCATIONS: Final = "binder-allocations"
 KV_INVENTORY: Final = "tessera-inventory"
 KV_NODES: Final = "tessera-nodes"
 KV_LEDGER: Final = "tessera-ledger"
-KV_CLAIMS: Final = "tessera-claims"
+"""Each node's bookings (key :func:`ledger_key`) and each pod's claim (key :func:`claim_key`)."""
+KV_CLAIMS: Final = KV_LEDGER
+"""The pods' claims share the ledger's bucket, under keys of their own, so that a booking and
+the claims it makes are written by one atomic batch (``Bus.kv_write_all``)."""
 KV_ASSIGNMENTS: Final = "tessera-assignments"
 KV_STATS: Final = "tessera-stats"
 KV_TENANTS: Final = "tessera-tenants"
@@ -200,7 +204,6 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_INVENTORY: 1,
     KV_NODES: 1,
     KV_LEDGER: 5,
-    KV_CLAIMS: 5,
     KV_ASSIGNMENTS: 5,
     KV_STATS: 1,
     KV_TENANTS: 5,
@@ -232,8 +235,13 @@ def stats_key(placer_id: str) -> str:
 
 
 def ledger_key(node: str) -> str:
-    """KV key of ``node``'s entry in ``tessera-ledger`` (every booking on the node)."""
+    """KV key of ``node``'s entry in ``tessera-ledger`` (every booking on the node): one token,
+    so that the filter :data:`LEDGER_KEYS` matches every node and no claim."""
     return node_token(node)
+
+
+LEDGER_KEYS: Final = "*"
+"""KV key filter matching every node's entry in ``tessera-ledger`` (no pod's claim)."""
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -274,7 +282,18 @@ def pool_member_key(placer_id: str) -> str:
 
 
 def claim_key(pod_uid: str) -> str:
-    """KV key of pod ``pod_uid``'s claim in ``tessera-claims`` (which commit placed it)."""
+    """KV key of pod ``pod_uid``'s claim (which commit placed it) in ``tessera-ledger``:
+    ``claim.<uid>``, two tokens, never a node's key."""
     if not pod_uid:
         raise ValueError("pod uid must not be empty")
-    return pod_uid
+    return f"{_CLAIM_PREFIX}{pod_uid}"
+
+
+_CLAIM_PREFIX: Final = "claim."
+CLAIM_KEYS: Final = "claim.*"
+"""KV key filter matching every pod's claim in ``tessera-ledger``."""
+
+
+def claim_uid(key: str) -> str:
+    """Invert :func:`claim_key`."""
+    return key.removeprefix(_CLAIM_PREFIX)

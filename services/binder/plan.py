@@ -123,7 +123,7 @@ def claim_of(plan: BindPlan) -> tuple[RecordView, AssignmentRecord] | None:
 
 def record_on_its_way(decision: PlacementDecision, claim: PodClaim | None) -> bool:
     """Whether a record of ``decision``'s commit is still to come: the pod's claim
-    (``tessera-claims``) names that commit as placed. Its record's write lands, or a placer's
+    (``subjects.claim_key``) names that commit as placed. Its record's write lands, or a placer's
     repair writes it, unless the commit is released first (the claim then moves on). A decision
     that names no commit (an older placer's) is never waited for past the first wait."""
     return (

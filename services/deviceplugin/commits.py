@@ -1,7 +1,7 @@
 """What placers committed on this node: its ``tessera-ledger`` entry and its pods' claims.
 
-Only what a placer committed is granted (issue 19; ``shared.commits``): the pod's claim in
-``tessera-claims`` must name the record's commit, and this node's entry in ``tessera-ledger``
+Only what a placer committed is granted (issue 19; ``shared.commits``): the pod's claim
+(``subjects.claim_key``) must name the record's commit, and this node's entry in ``tessera-ledger``
 must book it with the same slices. Neither is read on the Allocate path: the node's ledger entry
 is mirrored by a KV watch, and a pod's claim is read when its record first arrives (placers write
 the claim before the record, and the record long before the kubelet's Allocate; :meth:`want`).
@@ -65,7 +65,7 @@ class CommitMirror:
         self.ledger: NodeLedger | None = None
         """This node's entry in ``tessera-ledger`` (every booking on the node)."""
         self.claims: dict[str, PodClaim] = {}
-        """The claims (``tessera-claims``) of pods with a record here, by pod UID."""
+        """The claims (``subjects.claim_key``) of pods with a record here, by pod UID."""
         self._claim_read_at: dict[str, float] = {}
         """When (monotonic) each pod's claim was last read."""
         self._claims_wanted: asyncio.Queue[str] = asyncio.Queue()

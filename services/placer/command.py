@@ -205,6 +205,7 @@ def build_config(settings: PlacerSettings) -> PlacerConfig:
         pools=settings.pools,
         pool_lease_s=settings.pool_lease_s,
         burst_spread=settings.burst_spread,
+        claims_with_bookings=settings.nats_replicas > 1,
     )
 
 

@@ -1,7 +1,8 @@
 """The commit protocol as pure functions: what to write to KV, and what to repair (no I/O).
 
 A decision for pod P on node N is committed in three writes, each a compare-and-set or a
-create-only write, the decision published beside the last one, then the pod message is acked;
+create-only write (the first two in one batch on a replicated store), the decision published
+beside the last one, then the pod message is acked;
 when P's tenant has a quota, a fourth write comes first:
 
 0. **Charge** (``tessera-tenants``, the tenant's entry, compare-and-set): the charge of P's commit
@@ -23,10 +24,14 @@ when P's tenant has a quota, a fourth write comes first:
    the ledger holds it (never on this replica's guesses), so a write that would over-commit a
    GPU's memory, cores, logical slots or exclusivity is never attempted. A lost compare-and-set
    means another replica booked on N first: refresh N and decide P again.
-2. **Claim** (``tessera-claims``, P's entry, create-only; or compare-and-set from ``requeued``):
-   the claim names the one booking that places P. Two replicas that decided P at the same moment on
-   two nodes both book, but only one claim is created: :func:`claim_verdict` tells the other that
-   it lost, and it gives its booking back. This is what makes "one pod, one record" hold.
+2. **Claim** (``tessera-ledger`` too, P's claim, ``claim.<P>``, create-only; or compare-and-set
+   from ``requeued``): the claim names the one booking that places P. On a replicated store
+   (``Store.book``) steps 1 and 2 are one atomic batch (:func:`book_and_claim`), one round trip:
+   two replicas that decided P at the same moment on two nodes cannot both land theirs; the loser
+   lands nothing, reads P's claim and finds the winner's commit there. On a single server the
+   claim is the next write: both book, but only one claim is created, :func:`claim_verdict` tells
+   the other that it lost, and it gives its booking back. Either way, this is what makes "one
+   pod, one record" hold.
 3. **Record** (``tessera-assignments``, ``<N>.<P>``, create-only): the ``reserved`` record the
    binder and the device plugin read, carrying the same commit id. A released record of an older
    commit at that key may be overwritten (P placed on N again after a requeue). The decision is
@@ -149,6 +154,35 @@ def book_all(
         NodeLedger(node=accepted[0].node, bookings=(*kept, *accepted), updated_at=now),
         refused,
     )
+
+
+def book_and_claim(
+    ledger: NodeLedger | None,
+    committed: NodeState | None,
+    bookings: Sequence[Booking],
+    claims: Mapping[str, PodClaim | None],
+    requests: Mapping[str, PodPending | None],
+    *,
+    now: float,
+    seen: Mapping[str, frozenset[str]] | None = None,
+) -> tuple[NodeLedger | None, dict[str, PodClaim], dict[str, str]]:
+    """What one atomic batch writes to commit ``bookings`` on one node (steps 1 and 2): the
+    node's ledger with those that fit (:func:`book_all`; None: unchanged) and, by pod UID, the
+    claim naming each one booked; and why each refused booking (by commit id) was refused.
+
+    ``claims``: each pod's claim as last read; ``requests``: each commit's pod as pending. A
+    booking whose pod's claim names another commit, or says the pod is gone, is neither booked
+    nor refused: committing it goes on to find that in the claim (``claim_verdict``). One whose
+    claim names it already (a retry whose batch landed) has nothing left to write.
+    """
+    to_book = [b for b in bookings if claim_verdict(claims.get(b.pod_uid), b) in ("create", "take")]
+    written, refused = book_all(ledger, committed, to_book, now=now, seen=seen)
+    claimed = {
+        b.pod_uid: placed_claim(b, requests.get(b.commit), now=now)
+        for b in to_book
+        if b.commit not in refused
+    }
+    return written, claimed, refused
 
 
 def stale_by(ledger: NodeLedger | None, booking: Booking, seen: frozenset[str]) -> Booking | None:

@@ -4,7 +4,7 @@ FGD scores a node by how much a placement changes its expected fragmentation *fo
 typical tasks* (DESIGN section 6). The simulator reads that mix from a trace; the service learns it
 from what it places:
 
-- **What is seen.** Every pod any replica placed, as its claim in ``tessera-claims`` holds it (so
+- **What is seen.** Every pod any replica placed, as its claim holds it (so
   every replica, and a replica started later, sees the same pods: the mix is a function of the KV
   state, not of which replica happened to receive which pod). A pod counts once, with its latest
   placement. Its spec is (CPU milli, GPU count, GPU milli per GPU, memory MiB), GPU milli being

@@ -63,11 +63,16 @@ class CommitProtocol:
     # --- committing ----------------------------------------------------------------------------
 
     async def book(
-        self, booking: Booking, *, seen: frozenset[str] | None = None
+        self,
+        booking: Booking,
+        *,
+        request: PodPending | None = None,
+        seen: frozenset[str] | None = None,
     ) -> tuple[Refusal, str]:
-        """Charge the tenant's quota (when it has one), then book on the node (``commit.py``
-        steps 0 and 1). Returns ("", "") when booked, else what refused it and why. ``seen``:
-        the bookings on the node when it was decided (``Store.book``).
+        """Charge the tenant's quota (when it has one), then book on the node and claim the pod
+        in one batch (``commit.py`` steps 0 to 2). Returns ("", "") when booked, else what
+        refused it and why. ``request``: the pod as pending (for its claim); ``seen``: the
+        bookings on the node when it was decided (``Store.book``).
 
         A charge whose booking did not land is given back at once (what is charged always covers
         what is booked, never much more); a booking whose answer was lost but which landed keeps
@@ -77,7 +82,7 @@ class CommitProtocol:
         if over:
             return "quota", over
         try:
-            refused = await self.store.book(booking, seen=seen)
+            refused = await self.store.book(booking, request=request, seen=seen)
         except ConflictError:
             refused = "the node's ledger changed"
         if not refused:
@@ -450,7 +455,8 @@ class CommitProtocol:
         for uid, claim in list(self.view.claims.items()):
             if claim.state == "deleted" and now - claim.updated_at >= retention_s:
                 revision = self.view.claim_revisions.get(uid, 0)
-                if revision and await self.store.delete_if(self.store.claims, uid, revision):
+                key = subjects.claim_key(uid)
+                if revision and await self.store.delete_if(self.store.claims, key, revision):
                     self.metrics.purged.labels(entry="claim").inc()
                     purged += 1
         return purged

@@ -80,7 +80,14 @@ class PlacerService:
             tenancy=config.tenancy,
             pools=config.pools,
         )
-        store = Store(bus=bus, edge=edge, view=self.view, clock=clock, metrics=metrics)
+        store = Store(
+            bus=bus,
+            edge=edge,
+            view=self.view,
+            clock=clock,
+            metrics=metrics,
+            claims_with_bookings=config.claims_with_bookings,
+        )
         protocol = CommitProtocol(
             store=store,
             bus=bus,
@@ -352,7 +359,9 @@ class PlacerService:
         again)."""
         uid = booking.pod_uid
         try:
-            refusal, why = await self.protocol.book(booking, seen=seen) if book else ("", "")
+            refusal, why = (
+                await self.protocol.book(booking, request=item.pod, seen=seen) if book else ("", "")
+            )
             if refusal:
                 self.view.drop_tentative(booking.node, uid)
                 if refusal == "node":

@@ -36,7 +36,7 @@ from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
 from shared.messages.pods import PodPending, PodRestore
-from shared.runtime.bus import Bus, Delivery
+from shared.runtime.bus import Bus, Delivery, KvWrite
 from shared.runtime.edge import Edge
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,11 @@ class Store:
         view: ClusterView,
         clock: Clock,
         metrics: PlacerMetrics,
+        claims_with_bookings: bool = False,
     ) -> None:
         self._bus = bus
+        self._claims_with_bookings = claims_with_bookings
+        """Whether :meth:`book` also claims, in the booking's batch (see there)."""
         self._edge = edge
         self._view = view
         self._clock = clock
@@ -114,10 +117,12 @@ class Store:
         """Bookings per node (charges per tenant) waiting for its lock (written together)."""
         self._seen: dict[str, frozenset[str]] = {}
         """Commit id -> the bookings on its node when it was decided (while it is booked)."""
+        self._requests: dict[str, PodPending | None] = {}
+        """Commit id -> its pod as pending, for its claim (while it is booked)."""
         self._writing: dict[tuple[str, str], _Write] = {}
         """(bucket, key) -> what this replica is writing there, until the answer comes."""
         self.ledgers = _Kind(subjects.KV_LEDGER, "ledger", NodeLedger, self._apply_ledger)
-        self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, view.set_claim)
+        self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, self._apply_claim)
         self.records = _Kind(
             subjects.KV_ASSIGNMENTS, "assignments", AssignmentRecord, view.set_record
         )
@@ -128,6 +133,9 @@ class Store:
     def _apply_ledger(self, key: str, ledger: NodeLedger | None, revision: int) -> bool:
         node = ledger.node if ledger is not None else subjects.node_from_token(key)
         return self._view.set_ledger(node, ledger, revision)
+
+    def _apply_claim(self, key: str, claim: PodClaim | None, revision: int) -> bool:
+        return self._view.set_claim(subjects.claim_uid(key), claim, revision)
 
     def _apply_tenant(self, key: str, ledger: TenantLedger | None, revision: int) -> bool:
         return ledger is not None and self._view.set_tenant_ledger(ledger, revision)
@@ -230,52 +238,130 @@ class Store:
         ledger, revision = self._view.ledger(node)
         return Entry(ledger, revision)
 
-    async def book(self, booking: Booking, *, seen: frozenset[str] | None = None) -> str:
-        """Add ``booking`` to its node's ledger at the revision the view holds.
+    async def book(
+        self,
+        booking: Booking,
+        *,
+        request: PodPending | None = None,
+        seen: frozenset[str] | None = None,
+    ) -> str:
+        """Add ``booking`` to its node's ledger at the revision the view holds and, with
+        ``claims_with_bookings``, create the pod's claim naming it (or take it from
+        ``requeued``) in the same atomic batch (``commit.book_and_claim``); ``request``: the pod
+        as pending, kept in the claim. Without, the claim is the next write (:meth:`claim`).
 
-        Returns "" when booked (or already booked by this commit), else why not: the node as the
-        ledger holds it cannot take it, or (``seen``: the bookings on the node when the booking
-        was decided) another placer booked its GPUs since (``commit.book_all``). Raises
-        :class:`ConflictError` when the entry changed first (the view then holds the new entry:
-        decide again).
+        The batch saves a round trip where the store is replicated (a JetStream cluster stages
+        the batch in memory and replicates it once), and costs more than the second write on a
+        single server, which stages it on disk with a sync first (``benchmarks/kv_batch.py``).
 
-        Bookings for one node that wait for each other here are written together, by one
-        compare-and-set (``commit.book_all``): under load a packing profile sends many pods to
-        the same node, and each would otherwise wait for the one before.
+        Returns "" when booked (or already booked by this commit; or not booked because the
+        pod's claim names another commit or says the pod is gone: claiming tells), else why
+        not: the node as the ledger holds it cannot take it, or (``seen``: the bookings on the
+        node when the booking was decided) another placer booked its GPUs since. Raises
+        :class:`ConflictError` when the node's entry changed first (the view then holds the new
+        entry: decide again); a claim that changed first is read again and the batch retried.
+
+        Bookings for one node that wait for each other here are written together, in one
+        batch: under load a packing profile sends many pods to the same node, and each would
+        otherwise wait for the one before.
         """
         node = booking.node
 
         async def write(batch: list[Booking]) -> dict[str, str]:
-            refused: dict[str, str] = {}
-
-            decided_on = {b.commit: self._seen[b.commit] for b in batch if b.commit in self._seen}
-
-            def change(ledger: NodeLedger | None) -> NodeLedger | None:
-                nonlocal refused
-                written, refused = commit.book_all(
-                    ledger,
-                    self._view.committed_state(node),
-                    batch,
-                    now=self._clock.now(),
-                    seen=decided_on,
-                )
-                return written
-
-            await self.transact(
-                self.ledgers,
-                subjects.ledger_key(node),
-                change,
-                start=self._cached_ledger(node),
-                attempts=1,
+            return await self._book_and_claim(
+                node,
+                batch,
+                seen={b.commit: self._seen[b.commit] for b in batch if b.commit in self._seen},
+                requests={b.commit: self._requests.get(b.commit) for b in batch},
             )
-            return refused
 
         if seen is not None:
             self._seen[booking.commit] = seen
+        self._requests[booking.commit] = request
         try:
             return await self._group_commit(_node_lock_key(node), booking, write)
         finally:
             self._seen.pop(booking.commit, None)
+            self._requests.pop(booking.commit, None)
+
+    async def _book_and_claim(
+        self,
+        node: str,
+        batch: list[Booking],
+        *,
+        seen: dict[str, frozenset[str]],
+        requests: dict[str, PodPending | None],
+    ) -> dict[str, str]:
+        """One atomic batch for the bookings of ``batch`` (and their claims: see :meth:`book`).
+        After a batch that lost or whose answer was lost, what it wrote is read again."""
+        node_key = subjects.ledger_key(node)
+        ledger = self._cached_ledger(node)
+        claims = {b.pod_uid: self._cached_claim(b.pod_uid) for b in batch}
+        booked_at: int | None = None
+        """The ledger revision the last batch booked at."""
+        for _ in range(MAX_ATTEMPTS):
+            if self._claims_with_bookings:
+                written, claimed, refused = commit.book_and_claim(
+                    ledger.value,
+                    self._view.committed_state(node),
+                    batch,
+                    {uid: entry.value for uid, entry in claims.items()},
+                    requests,
+                    now=self._clock.now(),
+                    seen=seen,
+                )
+            else:
+                claimed = {}
+                written, refused = commit.book_all(
+                    ledger.value,
+                    self._view.committed_state(node),
+                    batch,
+                    now=self._clock.now(),
+                    seen=seen,
+                )
+            if written is not None and booked_at not in (None, ledger.revision):
+                raise ConflictError(f"ledger entry {node_key} changed under the write")
+            writes = [
+                KvWrite(subjects.claim_key(uid), codec.encode(claim), claims[uid].revision)
+                for uid, claim in claimed.items()
+            ]
+            if written is not None:
+                booked_at = ledger.revision
+                writes.insert(0, KvWrite(node_key, codec.encode(written), ledger.revision))
+            if not writes:
+                return refused
+            slot = (subjects.KV_LEDGER, node_key)
+            echo = _Write(writes[0].value) if written is not None else None
+            if echo is not None:
+                self._writing[slot] = echo
+            try:
+                revisions = await self._bus.kv_write_all(subjects.KV_LEDGER, writes)
+            except Exception as error:
+                # The batch may have landed or not: only a read can tell.
+                self._metrics.unknown_outcomes.labels(entry="ledger").inc()
+                log.warning(
+                    "KV batch outcome unknown; reading it back",
+                    extra={"key": node_key, "error": type(error).__name__},
+                )
+                revisions = None
+            else:
+                if revisions is None:
+                    self._metrics.conflicts.labels(entry="ledger").inc()
+            finally:
+                if echo is not None and self._writing.get(slot) is echo:
+                    del self._writing[slot]
+            if revisions is None:
+                ledger = await self.read(self.ledgers, node_key)
+                for uid in claimed:
+                    claims[uid] = await self.read(self.claims, subjects.claim_key(uid))
+                continue
+            landed = iter(revisions)
+            if written is not None:
+                self.ledgers.apply(node_key, written, next(landed))
+            for uid, claim in claimed.items():
+                self.claims.apply(subjects.claim_key(uid), claim, next(landed))
+            return refused
+        raise GaveUpError(f"{subjects.KV_LEDGER} entry {node_key} kept changing")
 
     async def _group_commit(
         self,

@@ -1,4 +1,4 @@
-"""The placer's commit state in KV: ``tessera-ledger`` (per node) and ``tessera-claims`` (per pod).
+"""The placer's commit state in KV: ``tessera-ledger`` (per node, and per pod: its claim).
 
 Every placer replica reads these; only placers write them, and every write is a compare-and-set
 (or a create-only write) on the entry's KV revision, so replicas that decide at the same moment
@@ -9,13 +9,15 @@ cannot both win.
 decision was made on; a booking is what makes capacity taken, so no GPU is ever over-committed
 whatever the replicas do.
 
-``tessera-claims``, key ``subjects.claim_key(uid)``: a :class:`PodClaim` naming the one booking
-(by its ``commit`` id) that places the pod. It is created create-only, so two replicas that booked
-the same pod on two different nodes cannot both go on to write an assignment record: the loser
-gives its booking back. States: ``placed`` (the booking is the pod's placement), ``requeued`` (the
-placement was given back after a failed binding or a reserve timeout; the pod may be placed again
-by a compare-and-set from this state), ``deleted`` (the pod is gone; terminal, purged after the
-retention period).
+``tessera-ledger`` again, key ``subjects.claim_key(uid)`` (the pods' claims, ``subjects.
+KV_CLAIMS``: the same bucket, so that a booking and its claim can be written by one atomic batch):
+a :class:`PodClaim` naming the one booking (by its ``commit`` id) that places the pod. It is
+created create-only, so two replicas that booked the same pod on two different nodes cannot both
+go on to write an assignment record: the loser's batch lands neither its booking nor its claim
+(or, where the claim is written after the booking, the loser gives its booking back). States:
+``placed`` (the booking is the pod's placement), ``requeued`` (the placement was given back after
+a failed binding or a reserve timeout; the pod may be placed again by a compare-and-set from this
+state), ``deleted`` (the pod is gone; terminal, purged after the retention period).
 
 ``tessera-tenants``, key ``subjects.tenant_key(tenant)``: a :class:`TenantLedger` listing every
 :class:`TenantCharge` against the quota of a tenant that has one. A commit of such a tenant's pod
@@ -83,7 +85,7 @@ ClaimState = Literal["placed", "requeued", "deleted"]
 
 
 class PodClaim(Message, frozen=True, kw_only=True):
-    """Which booking places a pod (``tessera-claims``); see the module docstring for states."""
+    """Which booking places a pod (its claim); see the module docstring for states."""
 
     pod_uid: str
     state: ClaimState

@@ -4,7 +4,7 @@ A placer replica that holds a pod waiting for room (its JetStream message kept i
 writes the pod here, so that every replica knows which pods wait and in which order (seed 002):
 before a replica commits a pod, it places any pod ordered before it that fits now first, whoever
 holds it (``services/placer/board.py`` has the design). Entries are hints for the order, never
-the truth about a pod: the pod's claim in ``tessera-claims`` says whether it is placed, and its
+the truth about a pod: the pod's claim (in ``tessera-ledger``) says whether it is placed, and its
 message in the ``TESSERA_PODS`` stream is what keeps it from being lost.
 """
 

@@ -13,7 +13,7 @@ refused credentials is told there.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -124,6 +124,16 @@ class KvEntry:
     deleted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class KvWrite:
+    """One write of :meth:`Bus.kv_write_all`: ``value`` at ``key`` if the key is still at
+    ``revision`` (0: only if it is absent or deleted, as ``kv_create``)."""
+
+    key: str
+    value: bytes
+    revision: int
+
+
 Handler = Callable[[Delivery], Awaitable[None]]
 
 
@@ -151,9 +161,10 @@ class Bus(Protocol):
     """Messaging and latest-state storage, as the services need them.
 
     Every write (``publish``, ``js_publish``, ``kv_put``/``kv_create``/``kv_update``/
-    ``kv_delete``) raises :class:`BusUnavailableError` at once while disconnected (nothing sent)
-    and :class:`OutcomeUnknownError` when it was sent but no answer came (read the key back).
-    Neither ever lands later. A ``kv_update`` that returns None lost the compare-and-set.
+    ``kv_write_all``/``kv_delete``) raises :class:`BusUnavailableError` at once while
+    disconnected (nothing sent) and :class:`OutcomeUnknownError` when it was sent but no answer
+    came (read the key back). Neither ever lands later. A ``kv_update`` that returns None lost
+    the compare-and-set.
     """
 
     @property
@@ -225,6 +236,12 @@ class Bus(Protocol):
 
     async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
         """Compare-and-set: write only if the key is still at ``revision``; None on conflict."""
+        ...
+
+    async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
+        """Write all of ``writes`` (to distinct keys) or none: each a compare-and-set or a
+        create-only write, landing together. Returns their new revisions, in order; None when
+        any one lost (then none was written)."""
         ...
 
     async def kv_delete(self, bucket: str, key: str) -> None:

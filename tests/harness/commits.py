@@ -1,5 +1,5 @@
 """What a placer writes before an assignment record, for tests that play the placer: the pod's
-claim (``tessera-claims``) naming the record's commit and its booking in the node's ledger entry
+claim (``subjects.claim_key``) naming the record's commit and its booking in the node's ledger entry
 (``tessera-ledger``). The device plugin grants, and the binder's ambiguity gate waits for, only
 records that match such a commit (``shared.commits``)."""
 

@@ -74,7 +74,7 @@ async def test_a_server_killed_under_load_loses_no_pod_and_no_state(
             publishing = asyncio.create_task(_publish(bus, pods))
 
             async def claimed() -> bool:
-                return len(await bus.kv_keys(subjects.KV_CLAIMS)) >= PODS // 3
+                return await wire.claimed(bus) >= PODS // 3
 
             await eventually(claimed, timeout=60, what="a third of the pods claimed")
             cluster.servers[0].kill()  # under load: pods still arriving, commits in flight

@@ -1,4 +1,5 @@
-"""``tessera placer``: its help, its configuration errors (real process, exit code 2)."""
+"""``tessera placer``: its help, its configuration errors (real process, exit code 2), and
+what its settings make of the configuration."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from services.placer.command import PlacerSettings, build_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,3 +71,13 @@ def test_a_bad_tenancy_file_at_start_is_refused(tmp_path: Path) -> None:
     result = tessera("--tenancy-file", str(bad), "--nats-url", "nats://127.0.0.1:1")
     assert result.returncode == 2
     assert "Expected `int | null`, got `str` - at `$.quotas[0].gpus`" in result.stderr
+
+
+@pytest.mark.parametrize(("replicas", "batched"), [(1, False), (3, True)])
+def test_a_replicated_store_gets_claims_in_the_booking_s_batch(
+    replicas: int, batched: bool
+) -> None:
+    """On one server a batch is staged on disk first (dearer than the claim's own write); on a
+    JetStream cluster it saves a replicated round trip (``benchmarks/kv_batch.py``)."""
+    config = build_config(PlacerSettings(placer_id="p", nats_replicas=replicas))
+    assert config.claims_with_bookings is batched

@@ -92,6 +92,44 @@ def test_a_group_commit_books_what_fits_one_after_the_other() -> None:
     }
 
 
+def test_one_batch_books_and_claims_the_pods_whose_claims_let_it() -> None:
+    inventory = wire.inventory("n1", 1)
+    state = translate.node_state("n1", inventory, wire.facts("n1"), [], placeable=True)
+    fresh = booking("fresh", (0, 2048, 100))  # no claim yet: created
+    again = booking("again", (0, 2048, 100))  # requeued: taken
+    lost = booking("lost", (0, 2048, 100))  # another commit's claim: neither booked nor refused
+    gone = booking("gone", (0, 2048, 100))  # deleted: the same
+    full = booking("full", (0, 16384, 100))  # does not fit after the others: refused, unclaimed
+    other = msgspec.structs.replace(lost, commit="c-other")
+    claims = {
+        "again": PodClaim(pod_uid="again", state="requeued", booking=again, updated_at=NOW),
+        "lost": PodClaim(pod_uid="lost", state="placed", booking=other, updated_at=NOW),
+        "gone": PodClaim(pod_uid="gone", state="deleted", updated_at=NOW),
+    }
+    pending = wire.pending("fresh")
+    written, claimed, refused = commit.book_and_claim(
+        None,
+        state,
+        [fresh, again, lost, gone, full],
+        claims,
+        {fresh.commit: pending},
+        now=NOW,
+    )
+    assert written is not None and [b.pod_uid for b in written.bookings] == ["fresh", "again"]
+    assert claimed == {
+        "fresh": commit.placed_claim(fresh, pending, now=NOW),
+        "again": commit.placed_claim(again, None, now=NOW),
+    }
+    assert list(refused) == [full.commit]
+    # A retry after the batch landed (the answer lost): nothing left to write.
+    landed = {uid: claimed[uid] for uid in ("fresh", "again")}
+    assert commit.book_and_claim(written, state, [fresh, again], landed, {}, now=NOW) == (
+        None,
+        {},
+        {},
+    )
+
+
 def by(placer: str, held: Booking) -> Booking:
     return msgspec.structs.replace(held, placer_id=placer)
 

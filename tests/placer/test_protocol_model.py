@@ -25,6 +25,10 @@ recorded, every charge is a live record's, every ``reserved`` record's decision 
 binder and no decision waits for a record that will never come: nothing lost, nothing left half
 done.
 
+A commit books and claims in one atomic batch, as on a replicated store;
+:class:`SerialProtocolMachine` is the same machine with the claim written after the booking, as
+on a single NATS server.
+
 :class:`PooledProtocolMachine` is the same machine with the nodes in node pools
 (``--pools``): each replica decides on the nodes of the pools it holds first and on every node
 when none fits, and the machine moves the pools among the replicas at any moment, including
@@ -41,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,7 +76,7 @@ from shared.messages.assignments import AssignmentRecord, released, settled
 from shared.messages.ledger import NodeLedger, PodClaim, TenantLedger
 from shared.messages.placement import PlacementDecision
 from shared.messages.pods import PodPending
-from shared.runtime.bus import Handler, KvEntry, PullConsumer, Subscription
+from shared.runtime.bus import Handler, KvEntry, KvWrite, PullConsumer, Subscription
 from shared.runtime.edge import Edge
 from shared.runtime.metrics import EdgeMetrics
 from tests.harness.clock import FakeClock
@@ -141,6 +145,13 @@ class Kv:
     def update(self, bucket: str, key: str, value: bytes, revision: int) -> int | None:
         current = self.values.get(bucket, {}).get(key, (None, 0))[1]
         return self._write(bucket, key, value) if current == revision else None
+
+    def write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
+        for write in writes:
+            value, current = self.values.get(bucket, {}).get(write.key, (None, 0))
+            if (value is not None or write.revision) and current != write.revision:
+                return None
+        return tuple(self._write(bucket, write.key, write.value) for write in writes)
 
     def delete_if(self, bucket: str, key: str, revision: int) -> bool:
         current = self.values.get(bucket, {}).get(key, (None, 0))[1]
@@ -217,6 +228,12 @@ class GatedBus:
             lambda: self.kv.update(bucket, key, value, revision),
         )
 
+    async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
+        keys = ",".join(write.key for write in writes)
+        return await self._through(  # type: ignore[no-any-return]
+            f"batch {bucket}/{keys}", lambda: self.kv.write_all(bucket, writes)
+        )
+
     async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
         return await self._through(  # type: ignore[no-any-return]
             f"delete {bucket}/{key}", lambda: self.kv.delete_if(bucket, key, revision)
@@ -287,11 +304,12 @@ def apply_entry(
     view: ClusterView, bucket: str, key: str, data: bytes | None, revision: int
 ) -> None:
     """What the service's KV watch handlers do with one entry."""
-    if bucket == subjects.KV_LEDGER:
+    if bucket == subjects.KV_CLAIMS and key != subjects.claim_uid(key):
+        uid = subjects.claim_uid(key)
+        view.set_claim(uid, codec.decode(data, PodClaim) if data is not None else None, revision)
+    elif bucket == subjects.KV_LEDGER:
         ledger = codec.decode(data, NodeLedger) if data is not None else None
         view.set_ledger(subjects.node_from_token(key), ledger, revision)
-    elif bucket == subjects.KV_CLAIMS:
-        view.set_claim(key, codec.decode(data, PodClaim) if data is not None else None, revision)
     elif bucket == subjects.KV_ASSIGNMENTS:
         record = codec.decode(data, AssignmentRecord) if data is not None else None
         view.set_record(key, record, revision)
@@ -322,6 +340,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     """Whether a commit charges its tenant's quota (:class:`BrokenQuotaMachine` does not)."""
     pools = 1
     """Node pools (:class:`PooledProtocolMachine` has 3: node ``a`` in pool 0, ``b`` in 2)."""
+    claims_with_bookings = True
+    """Each booking's batch claims its pod too (a replicated store); :class:`SerialProtocolMachine`
+    claims by the next write, as on a single server."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -363,8 +384,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             )
             view.set_facts(wire.facts(name, slots=SLOTS, at=self.clock.now()))
         buckets = (
-            subjects.KV_LEDGER,
-            subjects.KV_CLAIMS,
+            subjects.KV_LEDGER,  # the claims too
             subjects.KV_ASSIGNMENTS,
             subjects.KV_TENANTS,
         )
@@ -378,7 +398,14 @@ class ProtocolMachine(RuleBasedStateMachine):
         edge = Edge(
             bus=bus, metrics=EdgeMetrics.create(registry), clock=self.clock, service="model"
         )
-        store = Store(bus=bus, edge=edge, view=view, clock=self.clock, metrics=metrics)
+        store = Store(
+            bus=bus,
+            edge=edge,
+            view=view,
+            clock=self.clock,
+            metrics=metrics,
+            claims_with_bookings=self.claims_with_bookings,
+        )
         protocol = CommitProtocol(
             store=store, bus=bus, view=view, clock=self.clock, metrics=metrics
         )
@@ -433,10 +460,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         async def commit() -> None:
             try:
                 if self.charges:
-                    refused, _ = await r.protocol.book(booking)
+                    refused, _ = await r.protocol.book(booking, request=PODS[pod])
                 else:  # the commit without the tenant's charge: the node's booking only
                     try:
-                        refused = "node" if await r.store.book(booking) else ""
+                        refused = "node" if await r.store.book(booking, request=PODS[pod]) else ""
                     except ConflictError:
                         refused = "node"
                 if not refused:
@@ -593,9 +620,10 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _state(self) -> wire.ClusterState:
         state = wire.ClusterState()
         for key, (data, _) in self.kv.entries(subjects.KV_LEDGER).items():
-            state.ledgers[key] = codec.decode(data, NodeLedger)
-        for key, (data, _) in self.kv.entries(subjects.KV_CLAIMS).items():
-            state.claims[key] = codec.decode(data, PodClaim)
+            if key == subjects.claim_uid(key):
+                state.ledgers[key] = codec.decode(data, NodeLedger)
+            else:
+                state.claims[subjects.claim_uid(key)] = codec.decode(data, PodClaim)
         for key, (data, _) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
             state.records[key] = codec.decode(data, AssignmentRecord)
         for data, _ in self.kv.entries(subjects.KV_TENANTS).values():
@@ -688,6 +716,17 @@ PooledProtocolMachine.TestCase.settings = ProtocolMachine.TestCase.settings
 TestPooledProtocol = PooledProtocolMachine.TestCase
 
 
+class SerialProtocolMachine(ProtocolMachine):
+    """The same machine with each claim written after its booking, not in its batch: the
+    protocol on a single NATS server (``Store.book``)."""
+
+    claims_with_bookings = False
+
+
+SerialProtocolMachine.TestCase.settings = ProtocolMachine.TestCase.settings
+TestSerialProtocol = SerialProtocolMachine.TestCase
+
+
 class BrokenQuotaMachine(ProtocolMachine):
     """Every replica checks the quota on its own view only: two of them place ``team``'s pods at
     once and the tenant ends over its quota."""
@@ -732,28 +771,69 @@ def _let_next(machine: ProtocolMachine, replica: int, what: str = "") -> None:
     machine.nothing_over_committed_and_one_record_per_pod()
 
 
+def _booked_without_claim(machine: ProtocolMachine, pod: str) -> None:
+    """Write ``pod``'s booking to its node's ledger with no claim: what a placer stopped between
+    the booking and the claim of a restore leaves (a commit books and claims in one batch)."""
+    view = machine.replicas[0].view
+    request = translate.pod_request(PODS[pod])
+    outcome = decider.decide(view, PROFILE, request, now=machine.clock.now())
+    assert isinstance(outcome, Decision)
+    booking = translate.booking_of(
+        outcome.reservation,
+        PODS[pod],
+        tenant=view.tenancy.tenant_of(request).tenant,
+        commit="r9.00000001",
+        decided_at=machine.clock.now(),
+        placer_id="r9",
+    )
+    ledger = NodeLedger(node=booking.node, bookings=(booking,), updated_at=machine.clock.now())
+    assert machine.kv.create(
+        subjects.KV_LEDGER, subjects.ledger_key(booking.node), codec.encode(ledger)
+    )
+
+
 def test_a_roll_forward_that_finds_its_pod_deleted_fences_the_record_first() -> None:
-    """The search's example, driven by hand: replica 1 commits ``p1`` to its end (booking,
-    claim, ``reserved`` record) while replica 0's reconciliation, on a view that had seen only
-    the booking, rolls the same commit forward; replica 2 deletes ``p1`` meanwhile. The
-    roll-forward then found the claim deleted and took the booking off the ledger, while the
+    """The search's example, driven by hand: replica 1 rolls a booked commit of ``p1`` forward
+    to its end (claim, ``reserved`` record) while replica 0's reconciliation, on a view that had
+    seen only the booking, rolls the same commit forward; replica 2 deletes ``p1`` meanwhile.
+    The roll-forward then found the claim deleted and took the booking off the ledger, while the
     record it had not fenced stayed ``reserved``: a live record without its booking until the
     deletion's own fence landed. Every release fences first."""
     machine = ProtocolMachine()
-    machine.decide(pod="p1", replica=1)
-    _let_next(machine, 1, "create tessera-ledger")
-    machine.watch_catches_up(replica=0)
-    machine.reconcile(replica=0)  # rolls p1's commit forward: its claim's create waits
-    _let_next(machine, 1, "create tessera-claims")
+    _booked_without_claim(machine, "p1")
+    for replica in (0, 1):
+        machine.watch_catches_up(replica=replica)
+        machine.reconcile(replica=replica)  # both roll p1's commit forward: its claim waits
+    _let_next(machine, 1, "create tessera-ledger/claim.p1")
     _let_next(machine, 1, "create tessera-assignments")
     machine.delete(pod="p1", really=0, replica=2)
-    _let_next(machine, 2, "get tessera-claims")
-    _let_next(machine, 2, "update tessera-claims")  # the tombstone; its fence still waits
-    _let_next(machine, 0, "create tessera-claims")  # exists: read it back, it says deleted
-    _let_next(machine, 0, "get tessera-claims")
+    _let_next(machine, 2, "get tessera-ledger/claim.p1")
+    _let_next(machine, 2, "update tessera-ledger/claim.p1")  # the tombstone; its fence waits
+    _let_next(machine, 0, "create tessera-ledger/claim.p1")  # exists: read back, says deleted
+    _let_next(machine, 0, "get tessera-ledger/claim.p1")
     while any(op.replica == 0 for op in machine.gates.pending):  # the release, ahead of r2's
         _let_next(machine, 0)
     machine.teardown()
+
+
+def test_a_booking_and_its_claim_land_together_or_not_at_all() -> None:
+    """A commit books and claims in one batch: while it waits, the ledger holds neither; a
+    batch whose answer is lost landed whole (the commit finds both and goes on); one lost on
+    its way left nothing (the pod is decided again)."""
+    for fate, booked in (("land-lost", True), ("lost", False)):
+        machine = ProtocolMachine()
+        machine.decide(pod="p0", replica=0)
+        assert not machine._state().bookings() and not machine._state().claims
+        pick = next(
+            i
+            for i, op in enumerate(machine.gates.pending)
+            if op.what.startswith("batch tessera-ledger/a,claim.p0")
+        )
+        machine.let_some_through(steps=[(pick, fate)])
+        state = machine._state()
+        assert [b.pod_uid for b in state.bookings()] == (["p0"] if booked else [])
+        assert sorted(state.claims) == (["p0"] if booked else [])
+        machine.teardown()
 
 
 def test_a_decision_ahead_of_its_record_waits_for_it_at_the_binder() -> None:
@@ -763,8 +843,7 @@ def test_a_decision_ahead_of_its_record_waits_for_it_at_the_binder() -> None:
     it would leave the record ``reserved`` with no decision to bind it (the teardown's check)."""
     machine = ProtocolMachine()
     machine.decide(pod="p0", replica=0)
-    _let_next(machine, 0, "create tessera-ledger")
-    _let_next(machine, 0, "create tessera-claims")
+    _let_next(machine, 0, "batch tessera-ledger")  # the booking and the claim
     _let_next(machine, 0, "publish tessera.assignments")
     machine.binder_reads_decisions()
     assert [d.pod_uid for d in machine.awaiting] == ["p0"]

@@ -148,7 +148,7 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         victim, _ = placers[1]
 
         async def many_claimed() -> bool:
-            return len(await bus.kv_keys(subjects.KV_CLAIMS)) >= 300
+            return await wire.claimed(bus) >= 300
 
         await eventually(many_claimed, timeout=60, interval=0.05, what="300 pods claimed")
         victim.send_signal(signal.SIGKILL)

@@ -503,7 +503,7 @@ async def test_half_done_commits_are_repaired_before_ready(
     claim = PodClaim(
         pod_uid="unrecorded", state="placed", booking=unrecorded, updated_at=time.time() - 60
     )
-    await bus.kv_put(subjects.KV_CLAIMS, "unrecorded", codec.encode(claim))
+    await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key("unrecorded"), codec.encode(claim))
     async with start_placer() as placer:
         state = await wire.cluster_state(bus)  # ready means repaired
         wire.check_invariants(state, {"n1": wire.inventory("n1", 2)})
@@ -560,7 +560,7 @@ async def test_quota_charges_are_derived_again_from_placements_before_ready(
     ledger = NodeLedger(node="n1", bookings=(old,), updated_at=time.time())
     await bus.kv_put(subjects.KV_LEDGER, subjects.ledger_key("n1"), codec.encode(ledger))
     claim = PodClaim(pod_uid="old", state="placed", booking=old, updated_at=time.time() - 60)
-    await bus.kv_put(subjects.KV_CLAIMS, "old", codec.encode(claim))
+    await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key("old"), codec.encode(claim))
     record = msgspec.structs.replace(translate.record_of(old), state="bound")
     await bus.kv_put(subjects.KV_ASSIGNMENTS, "n1.old", codec.encode(record))
     stray = charges.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() - 60)

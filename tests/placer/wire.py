@@ -164,6 +164,11 @@ class ClusterState:
         return [b for ledger in self.ledgers.values() for b in ledger.bookings]
 
 
+async def claimed(bus: Bus) -> int:
+    """How many pods have a claim (in ``tessera-ledger``, beside the nodes' entries)."""
+    return sum(key != subjects.claim_uid(key) for key in await bus.kv_keys(subjects.KV_CLAIMS))
+
+
 async def cluster_state(bus: Bus) -> ClusterState:
     """Read back what the placer wrote, records first: a commit charges its tenant, writes the
     ledger, the claim, then the record, so a record read here has its booking and its charge
@@ -173,14 +178,14 @@ async def cluster_state(bus: Bus) -> ClusterState:
         entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
         if entry is not None:
             state.records[key] = codec.decode(entry.value, AssignmentRecord)
-    for key in await bus.kv_keys(subjects.KV_CLAIMS):
-        entry = await bus.kv_get(subjects.KV_CLAIMS, key)
-        if entry is not None:
-            state.claims[key] = codec.decode(entry.value, PodClaim)
-    for key in await bus.kv_keys(subjects.KV_LEDGER):
+    for key in await bus.kv_keys(subjects.KV_LEDGER):  # the claims too
         entry = await bus.kv_get(subjects.KV_LEDGER, key)
-        if entry is not None:
+        if entry is None:
+            continue
+        if key == subjects.claim_uid(key):
             state.ledgers[key] = codec.decode(entry.value, NodeLedger)
+        else:
+            state.claims[subjects.claim_uid(key)] = codec.decode(entry.value, PodClaim)
     for key in await bus.kv_keys(subjects.KV_TENANTS):
         entry = await bus.kv_get(subjects.KV_TENANTS, key)
         if entry is not None:

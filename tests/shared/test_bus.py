@@ -21,6 +21,7 @@ from shared.runtime.bus import (
     BusUnavailableError,
     Delivery,
     KvEntry,
+    KvWrite,
     NoResponderError,
     OutcomeUnknownError,
     PullConsumer,
@@ -199,6 +200,43 @@ async def test_kv_compare_and_set_conflict_is_data(bus: NatsBus) -> None:
     assert await bus.kv_update(bucket, key, b"bound-by-other", revision=rev1) is None
     entry = await bus.kv_get(bucket, key)
     assert entry == KvEntry(key=key, value=b"bound", revision=rev2)
+
+
+async def test_kv_writes_of_one_batch_land_all_or_none(bus: NatsBus) -> None:
+    bucket = subjects.KV_LEDGER
+    node, claim = subjects.ledger_key("n1"), subjects.claim_key("uid-1")
+    first = await bus.kv_create(bucket, node, b"one booking")
+    assert first is not None
+    landed = await bus.kv_write_all(
+        bucket, [KvWrite(node, b"two bookings", first), KvWrite(claim, b"placed", 0)]
+    )
+    assert landed is not None and landed[1] == landed[0] + 1
+    assert await bus.kv_get(bucket, node) == KvEntry(node, b"two bookings", landed[0])
+    assert await bus.kv_get(bucket, claim) == KvEntry(claim, b"placed", landed[1])
+
+    # One write that loses (the claim exists; the node moved on) and nothing of the batch lands.
+    other = subjects.claim_key("uid-2")
+    for writes in (
+        [KvWrite(node, b"three", landed[0]), KvWrite(other, b"x", 0), KvWrite(claim, b"y", 0)],
+        [KvWrite(other, b"x", 0), KvWrite(node, b"three", first)],
+    ):
+        assert await bus.kv_write_all(bucket, writes) is None
+        assert await bus.kv_get(bucket, other) is None
+        assert await bus.kv_get(bucket, node) == KvEntry(node, b"two bookings", landed[0])
+
+
+async def test_a_batched_create_over_a_deleted_key_lands_as_kv_create_does(
+    bus: NatsBus,
+) -> None:
+    bucket = subjects.KV_LEDGER
+    claim = subjects.claim_key("uid-1")
+    revision = await bus.kv_create(bucket, claim, b"deleted")
+    assert revision is not None and await bus.kv_delete_if(bucket, claim, revision=revision)
+    node = subjects.ledger_key("n1")
+    landed = await bus.kv_write_all(bucket, [KvWrite(node, b"b", 0), KvWrite(claim, b"c", 0)])
+    assert landed is not None
+    assert await bus.kv_get(bucket, claim) == KvEntry(claim, b"c", landed[1])
+    assert await bus.kv_write_all(bucket, [KvWrite(claim, b"again", 0)]) is None
 
 
 async def test_kv_get_delete_and_keys(bus: NatsBus) -> None:

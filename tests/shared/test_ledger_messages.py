@@ -72,9 +72,14 @@ def test_added_fields_default_for_older_producers() -> None:
 
 def test_ledger_and_claim_keys() -> None:
     assert subjects.ledger_key("gpu-1.example.com") == "gpu-1_example_com"
-    assert subjects.claim_key("0b7c9e0e-1111-4e2b-8f43-5d1e2a3b4c5d") == (
-        "0b7c9e0e-1111-4e2b-8f43-5d1e2a3b4c5d"
-    )
+    uid = "0b7c9e0e-1111-4e2b-8f43-5d1e2a3b4c5d"
+    assert subjects.claim_key(uid) == f"claim.{uid}"
+    assert subjects.claim_uid(subjects.claim_key(uid)) == uid
     with pytest.raises(ValueError, match="pod uid"):
         subjects.claim_key("")
-    assert subjects.KV_BUCKETS[subjects.KV_CLAIMS] == 5
+    # Claims share the ledger's bucket (one batch books and claims); no key is both kinds.
+    assert subjects.KV_CLAIMS == subjects.KV_LEDGER and subjects.KV_BUCKETS[subjects.KV_CLAIMS] == 5
+    # A node's key is one token (filter "*"), a claim's two ("claim.*").
+    assert (subjects.LEDGER_KEYS, subjects.CLAIM_KEYS) == ("*", "claim.*")
+    assert "." not in subjects.ledger_key("gpu-1.example.com")
+    assert subjects.claim_key(uid).split(".") == ["claim", uid]

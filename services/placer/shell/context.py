@@ -68,6 +68,8 @@ class PlacerConfig:
     burst_spread: bool = True
     """Decide a pod that would wait at the binder's gate onto another node while a burst is
     handed off (``decider.decide``'s ``spread``)."""
+    claims_with_bookings: bool = False
+    """Claim each pod in its booking's batch (``Store.book``): on a replicated store."""
 
     @property
     def profile_name(self) -> str:

@@ -50,6 +50,8 @@ class _Follow:
     them."""
     batch_s: float = 0.0
     """Changes asked for in batches this far apart (``Bus.kv_watch``); 0: each as written."""
+    keys: str = ">"
+    """Which of the bucket's keys (a filter)."""
 
 
 def kv_delivery(entry: KvEntry, bucket: str) -> Delivery:
@@ -88,13 +90,15 @@ class Watches:
                 view.forget_ledger,
                 durable=True,
                 batch_s=batch_s,
+                keys=subjects.LEDGER_KEYS,
             ),
             _Follow(
                 subjects.KV_CLAIMS,
                 self._on_claim,
                 "claims",
-                lambda: set(view.claims),
-                view.forget_claim,
+                lambda: {subjects.claim_key(uid) for uid in view.claims},
+                lambda key: view.forget_claim(subjects.claim_uid(key)),
+                keys=subjects.CLAIM_KEYS,
             ),
             _Follow(
                 subjects.KV_ASSIGNMENTS,
@@ -150,6 +154,7 @@ class Watches:
             on_loaded=on_loaded,
             clock=shell.clock,
             batch_s=follow.batch_s,
+            keys=follow.keys,
         )
 
     async def _decode(self, entry: KvEntry, bucket: str, message: type[Any], family: str) -> Any:
@@ -214,10 +219,11 @@ class Watches:
 
     async def _on_claim(self, entry: KvEntry) -> None:
         view = self._shell.view
-        if entry.revision <= view.claim_revisions.get(entry.key, 0):
+        uid = subjects.claim_uid(entry.key)
+        if entry.revision <= view.claim_revisions.get(uid, 0):
             return
         if entry.deleted:
-            view.set_claim(entry.key, None, entry.revision)
+            view.set_claim(uid, None, entry.revision)
             return
         claim = await self._decode(entry, subjects.KV_CLAIMS, PodClaim, "claims")
         if isinstance(claim, PodClaim):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator
+import secrets
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import nats.errors
@@ -19,7 +20,7 @@ import nats.js.errors
 from nats.aio.msg import Msg as NatsMsg
 from nats.js import api as js_api
 
-from shared.runtime.bus import BusUnavailableError, KvEntry
+from shared.runtime.bus import BusUnavailableError, KvEntry, KvWrite
 from shared.runtime.nats.store import NatsStore, unavailable
 from shared.runtime.tasks import checkpointer
 
@@ -93,6 +94,96 @@ class NatsKv(NatsStore):
             return self._revision(int(await self._write(lambda: kv.update(key, value, last=last))))
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
+
+    async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
+        """One JetStream atomic batch (nats-server 2.12+, the bucket's stream ``allow_atomic``):
+        every message but the last sent without an answer, the last one committing the batch
+        and answered for all. Each carries the revision it expects as the last sequence of its
+        subject, 0 for a create. A create whose key holds a delete marker expects that marker
+        instead, as nats-py's ``KeyValue.create`` does: a conflict is looked into once.
+
+        A single write goes as a plain compare-and-set or create: on a single server a batch is
+        staged on disk and synced before it is committed, which costs more than its one write.
+        """
+        if len(writes) == 1:
+            write = writes[0]
+            if write.revision:
+                landed = await self.kv_update(
+                    bucket, write.key, write.value, revision=write.revision
+                )
+            else:
+                landed = await self.kv_create(bucket, write.key, write.value)
+            return None if landed is None else (landed,)
+        await self._checked_bucket(bucket)
+        expected: list[int] = []
+        for write in writes:
+            last = self._sequence(write.revision) if write.revision else 0
+            if last is None:  # read from a store that was lost: that entry has moved on for good
+                return None
+            expected.append(last)
+        for _ in range(2):
+            answer = await self._write(lambda: self._send_batch(bucket, writes, expected))
+            error = answer.get("error")
+            if error is None:
+                first = int(answer["seq"]) - len(writes) + 1
+                return tuple(self._revision(first + n) for n in range(len(writes)))
+            if error.get("code") == 503:  # no stream leader now (a cluster electing)
+                raise BusUnavailableError(f"bucket {bucket}: {error.get('description')}")
+            if error.get("err_code") != 10071:  # not "wrong last sequence"
+                raise nats.js.errors.APIError(
+                    code=error.get("code"),
+                    err_code=error.get("err_code"),
+                    description=error.get("description"),
+                )
+            if not await self._expect_delete_markers(bucket, writes, expected):
+                return None
+        return None
+
+    async def _send_batch(
+        self, bucket: str, writes: Sequence[KvWrite], expected: Sequence[int]
+    ) -> dict[str, Any]:
+        batch = secrets.token_hex(8)
+        answer = None
+        for number, (write, last) in enumerate(zip(writes, expected, strict=True), start=1):
+            headers = {
+                "Nats-Batch-Id": batch,
+                "Nats-Batch-Sequence": str(number),
+                "Nats-Expected-Last-Subject-Sequence": str(last),
+            }
+            subject = f"$KV.{bucket}.{write.key}"
+            if number < len(writes):
+                await self._nc.publish(subject, write.value, headers=headers)
+                continue
+            headers["Nats-Batch-Commit"] = "1"
+            try:
+                answer = await self._nc.request(
+                    subject, write.value, timeout=self._js._timeout, headers=headers
+                )
+            except nats.errors.NoRespondersError:
+                raise nats.js.errors.NoStreamResponseError from None
+        assert answer is not None
+        parsed: dict[str, Any] = json.loads(answer.data)
+        return parsed
+
+    async def _expect_delete_markers(
+        self, bucket: str, writes: Sequence[KvWrite], expected: list[int]
+    ) -> bool:
+        """Point each create whose key holds a delete marker at that marker; False when none
+        does (the batch lost to another writer)."""
+        kv = await self._checked_bucket(bucket)
+        moved = False
+        for number, write in enumerate(writes):
+            if write.revision:
+                continue
+            try:
+                with unavailable(f"bucket {bucket} cannot be read now"):
+                    await kv.get(write.key)
+            except nats.js.errors.KeyNotFoundError as missing:  # a deleted one carries its marker
+                marker = missing.entry.revision if missing.entry is not None else 0
+                if marker and marker != expected[number]:
+                    expected[number] = int(marker)
+                    moved = True
+        return moved
 
     async def kv_delete(self, bucket: str, key: str) -> None:
         kv = await self._checked_bucket(bucket)

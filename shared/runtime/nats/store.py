@@ -31,12 +31,14 @@ def _bucket_stream(bucket: str, history: int, replicas: int) -> js_api.StreamCon
     """The stream of a KV bucket as nats-py's ``create_key_value`` makes it, except that it
     refuses rollups: a ``Nats-Rollup: all`` header on a write to any one key would otherwise
     purge the whole bucket, so an identity allowed to write only its own node's keys could wipe
-    every node's records. Tessera never purges a key (deletes are delete markers)."""
+    every node's records. Tessera never purges a key (deletes are delete markers). Atomic
+    batches are allowed (``Bus.kv_write_all``)."""
     return js_api.StreamConfig(
         name=f"KV_{bucket}",
         subjects=[f"$KV.{bucket}.>"],
         allow_direct=False,
         allow_rollup_hdrs=False,
+        allow_atomic=True,
         deny_delete=True,
         discard=js_api.DiscardPolicy.NEW,
         duplicate_window=120.0,
@@ -230,9 +232,11 @@ class NatsStore(NatsConnection):
                 info = await self._js.stream_info(f"KV_{bucket}")
                 if (
                     info.config.allow_rollup_hdrs
+                    or not info.config.allow_atomic
                     or (info.config.num_replicas or 1) != self._replicas
                 ):
                     info.config.allow_rollup_hdrs = False
+                    info.config.allow_atomic = True
                     info.config.num_replicas = self._replicas
                     await self._js.update_stream(info.config)
         await self._read_epoch()
