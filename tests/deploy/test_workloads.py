@@ -144,6 +144,15 @@ def test_placer_and_binder_replicas_and_disruption_budgets() -> None:
         assert budget["spec"]["selector"] == deployment["spec"]["selector"]
 
 
+def test_placement_can_be_stopped_for_an_upgrade() -> None:
+    """``placer.replicas=0`` (README, upgrading): no placer runs, everything else does, and the
+    placers' disruption budget still renders."""
+    objects = render({"placer": {"replicas": 0}})
+    assert named(objects, "Deployment", component("placer"))["spec"]["replicas"] == 0
+    assert named(objects, "Deployment", component("binder"))["spec"]["replicas"] == 2
+    assert named(objects, "PodDisruptionBudget", component("placer"))["spec"]["maxUnavailable"]
+
+
 def test_every_service_selects_pods_of_its_own_component() -> None:
     objects = render(VARIANTS["extender"])
     pods = {
