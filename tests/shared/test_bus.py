@@ -598,9 +598,12 @@ async def stopped(pid: int) -> None:
     raise AssertionError(f"process {pid} did not stop")
 
 
-async def test_a_write_whose_answer_never_comes_has_an_unknown_outcome_at_once() -> None:
-    """The server stops answering, then dies: the waiting compare-and-set says its outcome is
-    unknown as soon as the connection drops, instead of timing out seconds later."""
+@pytest.mark.parametrize("batched", [False, True], ids=["compare-and-set", "batch"])
+async def test_a_write_whose_answer_never_comes_has_an_unknown_outcome_at_once(
+    batched: bool,
+) -> None:
+    """The server stops answering, then dies: the waiting compare-and-set (or batch) says its
+    outcome is unknown as soon as the connection drops, instead of timing out seconds later."""
     with NatsServer() as server:
         bus = await NatsBus.connect(server.url, name="in-flight", request_timeout=30.0)
         key = subjects.assignment_key("n1", "uid-1")
@@ -609,7 +612,15 @@ async def test_a_write_whose_answer_never_comes_has_an_unknown_outcome_at_once()
         await stopped(server.pid)
         try:
             write = asyncio.ensure_future(
-                bus.kv_update(subjects.KV_ASSIGNMENTS, key, b"claimed", revision=revision)
+                bus.kv_write_all(
+                    subjects.KV_ASSIGNMENTS,
+                    [
+                        KvWrite(key, b"claimed", revision),
+                        KvWrite(subjects.assignment_key("n1", "uid-2"), b"reserved", 0),
+                    ],
+                )
+                if batched
+                else bus.kv_update(subjects.KV_ASSIGNMENTS, key, b"claimed", revision=revision)
             )
             await asyncio.sleep(0.2)
             assert not write.done(), "a stopped server cannot answer"
