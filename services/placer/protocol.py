@@ -69,10 +69,11 @@ class CommitProtocol:
         request: PodPending | None = None,
         seen: frozenset[str] | None = None,
     ) -> tuple[Refusal, str]:
-        """Charge the tenant's quota (when it has one), then book on the node and claim the pod
-        in one batch (``commit.py`` steps 0 to 2). Returns ("", "") when booked, else what
-        refused it and why. ``request``: the pod as pending (for its claim); ``seen``: the
-        bookings on the node when it was decided (``Store.book``).
+        """Charge the tenant's quota (when it has one), then book on the node (``commit.py``
+        steps 0 and 1; and 2, the claim, in the booking's batch where the store takes one:
+        ``Store.book``). Returns ("", "") when booked, else what refused it and why.
+        ``request``: the pod as pending (for its claim); ``seen``: the bookings on the node when
+        it was decided (``Store.book``).
 
         A charge whose booking did not land is given back at once (what is charged always covers
         what is booked, never much more); a booking whose answer was lost but which landed keeps
