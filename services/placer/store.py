@@ -5,12 +5,15 @@ pure ``change`` function say what the entry should become (``None``: nothing to 
 is what it should be), write it at the revision read, and
 
 - on a **conflict** (another writer got there first) read the entry again and ask ``change``
-  again, or give up at once when the caller wants to decide anew (the ledger: the node changed
-  under the decision, so the pod is decided again);
+  again;
 - on an **unknown outcome** (the write timed out, or the connection dropped while it was in
   flight: it may or may not have landed) read the entry back and ask ``change`` again, which
   finds its own write when it landed (and then has nothing to write) and writes again when it
   did not. Nothing is ever assumed from a write whose answer was lost.
+
+A booking is the one write that does not go through it: :meth:`Store.book` writes the node's
+entry (with the pods' claims, in one batch, on a replicated store) and reads back the same way,
+but gives up at once when the node's entry changed under the decision (the pod is decided again).
 
 Every value read or written here is applied to the :class:`~.state.ClusterView` at once, so the
 index reflects this replica's own writes without waiting for the watch to echo them.
@@ -63,7 +66,7 @@ class GaveUpError(Exception):
 
 
 class ConflictError(Exception):
-    """A single-attempt write lost to another writer (the caller decides anew)."""
+    """A booking found its node's entry changed under its decision (the caller decides anew)."""
 
 
 @dataclass(frozen=True)
@@ -176,16 +179,14 @@ class Store:
         change: Callable[[T | None], T | None],
         *,
         start: Entry[T] | None = None,
-        attempts: int = MAX_ATTEMPTS,
     ) -> Entry[T]:
         """Bring entry ``key`` to what ``change`` says (see the module docstring).
 
         ``start``: the cached entry to try first (saves a read on the fast path). Raises
-        :class:`ConflictError` when ``attempts`` writes lost, :class:`GaveUpError` when it kept
-        changing.
+        :class:`GaveUpError` when it kept changing.
         """
         current = start if start is not None else await self.read(kind, key)
-        for _ in range(attempts):
+        for _ in range(MAX_ATTEMPTS):
             wanted = change(current.value)
             if wanted is None:
                 return current
@@ -219,9 +220,7 @@ class Store:
                 continue
             kind.apply(key, wanted, revision)
             return Entry(wanted, revision)
-        if attempts < MAX_ATTEMPTS:
-            raise ConflictError(f"{kind.bucket} entry {key} changed under the write")
-        raise GaveUpError(f"{kind.bucket} entry {key} kept changing under {attempts} writes")
+        raise GaveUpError(f"{kind.bucket} entry {key} kept changing under {MAX_ATTEMPTS} writes")
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)
@@ -297,27 +296,18 @@ class Store:
         node_key = subjects.ledger_key(node)
         ledger = self._cached_ledger(node)
         claims = {b.pod_uid: self._cached_claim(b.pod_uid) for b in batch}
-        booked_at: int | None = None
-        """The ledger revision the last batch booked at."""
+        booked_at: int | None = None  # the ledger revision the last batch booked at
         for _ in range(MAX_ATTEMPTS):
+            committed, now = self._view.committed_state(node), self._clock.now()
             if self._claims_with_bookings:
+                read = {uid: entry.value for uid, entry in claims.items()}
                 written, claimed, refused = commit.book_and_claim(
-                    ledger.value,
-                    self._view.committed_state(node),
-                    batch,
-                    {uid: entry.value for uid, entry in claims.items()},
-                    requests,
-                    now=self._clock.now(),
-                    seen=seen,
+                    ledger.value, committed, batch, read, requests, now=now, seen=seen
                 )
             else:
                 claimed = {}
                 written, refused = commit.book_all(
-                    ledger.value,
-                    self._view.committed_state(node),
-                    batch,
-                    now=self._clock.now(),
-                    seen=seen,
+                    ledger.value, committed, batch, now=now, seen=seen
                 )
             if written is not None and booked_at not in (None, ledger.revision):
                 raise ConflictError(f"ledger entry {node_key} changed under the write")
