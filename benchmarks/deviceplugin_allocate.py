@@ -4,10 +4,10 @@
 
 A fake kubelet (the test one) registers the plugin; a real ``nats-server`` holds the assignment
 records. Records are written in batches the way the placer and binder write them (each pod's
-claim and its booking in the node's ledger entry first, then one bound record per pod, one
+claim and its booking on the node first, then one bound record per pod, one
 container needing one logical device), the kubelet calls Allocate for each, and the finished
 records are deleted before the next batch, so the plugin's view stays the size of a busy node.
-The plugin grants only records that match their commit: it mirrors the node's ledger entry and
+The plugin grants only records that match their commit: it mirrors the node's bookings and
 reads each pod's claim when its record arrives, so the check itself is in memory. Each
 measured call is the full path: gRPC in, pick the record, compare-and-set in the KV bucket, publish
 the allocation event to JetStream, gRPC out. Prints p50/p90/p99/max latency and calls per second,
@@ -42,7 +42,6 @@ from shared import codec, subjects  # noqa: E402
 from shared.messages.assignments import AssignmentRecord, RecordView  # noqa: E402
 from shared.messages.base import ContainerSlices, GpuSlice  # noqa: E402
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
-from shared.messages.ledger import NodeLedger  # noqa: E402
 from shared.runtime.health import Readiness  # noqa: E402
 from shared.runtime.lifecycle import run_service  # noqa: E402
 from shared.runtime.nats import NatsBus  # noqa: E402
@@ -105,8 +104,9 @@ async def commit_batch(bus: NatsBus, records: list[AssignmentRecord]) -> None:
         await bus.kv_put(
             subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), codec.encode(claim_of(record))
         )
-    ledger = NodeLedger(node=NODE, bookings=tuple(booking_of(r) for r in records))
-    await bus.kv_put(subjects.KV_LEDGER, subjects.ledger_key(NODE), codec.encode(ledger))
+    for record in records:
+        key = subjects.booking_key(NODE, record.pod_uid)
+        await bus.kv_put(subjects.KV_LEDGER, key, codec.encode(booking_of(record)))
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -238,7 +238,7 @@ def plan_cost(batch: int, rounds: int = 2000) -> float:
     records = [bound_record(n) for n in range(batch)]
     views = [RecordView(key=f"k{n}", revision=n + 1, record=r) for n, r in enumerate(records)]
     claims = {r.pod_uid: claim_of(r) for r in records}
-    ledger = NodeLedger(node=NODE, bookings=tuple(booking_of(r) for r in records))
+    bookings = {r.pod_uid: booking_of(r) for r in records}
     advertised = {f"{gpu_uuid(i)}::{n}" for i in range(GPUS) for n in range(40)}
     started = time.perf_counter()
     for n in range(rounds):
@@ -253,7 +253,7 @@ def plan_cost(batch: int, rounds: int = 2000) -> float:
             now=2_000_000.0,
             plugin_id="bench",
             claims=claims,
-            ledger=ledger,
+            bookings=bookings,
         )
     return (time.perf_counter() - started) / rounds
 

@@ -4,9 +4,9 @@
 
 For each server count (one nats-server, or a JetStream cluster on loopback with every bucket
 replicated on each server): ``--commits`` commits, one after the other, each the two writes a
-placer makes to commit a pod on a node: the node's ledger entry by compare-and-set at its
-revision, and a new pod's claim, create-only. Once as two round trips, the ledger's write then the
-claim's (the protocol before the batch), once as one atomic batch (the protocol now); the two
+placer makes to commit a pod on a node: the pod's booking, guarded at the revision of the node's
+bookings, and the pod's claim, create-only. Once as two round trips, the booking then the claim
+(the protocol on a single server), once as one atomic batch (on a replicated store); the two
 forms alternate in rounds of 100 commits so that both see the same machine. Prints the latency
 of a commit (p50, p90, p99) and the CPU per commit of this process and of the nats-servers.
 """
@@ -32,8 +32,8 @@ from tests.harness.procstat import cpu_seconds  # noqa: E402
 
 ROUND = 100
 NODES = 50
-LEDGER = b"x" * 2000
-"""About a ledger entry with a few bookings."""
+LEDGER = b"x" * 460
+"""About one booking."""
 CLAIM = b"y" * 700
 
 
@@ -48,22 +48,24 @@ class Commits:
 
     async def one(self) -> None:
         self.pods += 1
-        node = subjects.ledger_key(f"{self.form}-node-{self.pods % NODES}")
-        claim = subjects.claim_key(f"{self.form}-pod-{self.pods}")
-        revision = self.revisions.get(node, 0)
+        node, pod = f"{self.form}-node-{self.pods % NODES}", f"{self.form}-pod-{self.pods}"
+        claim = subjects.claim_key(pod)
+        booking = KvWrite(
+            subjects.booking_key(node, pod),
+            LEDGER,
+            self.revisions.get(node, 0),
+            guard=subjects.node_bookings(node),
+        )
         if self.form == "batch":
             landed = await self.bus.kv_write_all(
-                subjects.KV_LEDGER, [KvWrite(node, LEDGER, revision), KvWrite(claim, CLAIM, 0)]
+                subjects.KV_LEDGER, [booking, KvWrite(claim, CLAIM, 0)]
             )
             assert landed is not None
             self.revisions[node] = landed[0]
             return
-        if revision:
-            booked = await self.bus.kv_update(subjects.KV_LEDGER, node, LEDGER, revision=revision)
-        else:
-            booked = await self.bus.kv_create(subjects.KV_LEDGER, node, LEDGER)
+        booked = await self.bus.kv_write_all(subjects.KV_LEDGER, [booking])
         assert booked is not None
-        self.revisions[node] = booked
+        self.revisions[node] = booked[0]
         assert await self.bus.kv_create(subjects.KV_LEDGER, claim, CLAIM) is not None
 
 

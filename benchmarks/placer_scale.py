@@ -264,8 +264,9 @@ async def load_cluster(bus: NatsBus, plans: list[NodePlan], gpus: int) -> int:
             )
             if plan.held:
                 ledger, claims, records = held_entries(plan, now)
-                key = subjects.ledger_key(plan.name)
-                writes.append(bus.kv_put(subjects.KV_LEDGER, key, codec.encode(ledger)))
+                for booking in ledger.bookings:
+                    key = subjects.booking_key(plan.name, booking.pod_uid)
+                    writes.append(bus.kv_put(subjects.KV_LEDGER, key, codec.encode(booking)))
                 for claim in claims:
                     key = subjects.claim_key(claim.pod_uid)
                     writes.append(bus.kv_put(subjects.KV_CLAIMS, key, codec.encode(claim)))

@@ -6,8 +6,9 @@ a placer committed (``services/placer/commit.py``):
 
 - the record names a commit, and the pod's claim (``subjects.claim_key``) is ``placed`` by that
   commit;
-- the node's ledger entry (``tessera-ledger``) holds the pod's booking of that commit, for the
-  same pod and node, and the record's container slices are exactly the ones booked.
+- the pod's booking on the record's node (``subjects.booking_key`` in ``tessera-ledger``) is of
+  that commit, for the same pod and node, and the record's container slices are exactly the
+  ones booked.
 
 A well-formed record that any writer of ``tessera-assignments`` made up (a pod that does not
 exist, slices on a GPU another pod holds whole, the slices of a real pod moved to another node)
@@ -22,7 +23,7 @@ from typing import Final
 
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.base import ContainerSlices, GpuSlice
-from shared.messages.ledger import Booking, NodeLedger, PodClaim
+from shared.messages.ledger import Booking, PodClaim
 
 CORE_MILLI_PER_PERCENT: Final = 10
 """A booking counts thousandths of a GPU's SMs; a record percent (``tessera.dev/gpu-cores``)."""
@@ -48,20 +49,13 @@ def record_containers(booking: Booking) -> tuple[ContainerSlices, ...]:
     )
 
 
-def booking_of(ledger: NodeLedger | None, pod_uid: str) -> Booking | None:
-    """``pod_uid``'s booking in a node's ledger entry, if any."""
-    if ledger is None:
-        return None
-    return next((b for b in ledger.bookings if b.pod_uid == pod_uid), None)
-
-
 def commit_problem(
-    record: AssignmentRecord, *, claim: PodClaim | None, ledger: NodeLedger | None
+    record: AssignmentRecord, *, claim: PodClaim | None, booking: Booking | None
 ) -> str | None:
     """Why ``record`` is not what a placer committed; None when it is.
 
-    ``claim``: the pod's claim (None: there is none); ``ledger``: the entry
-    of the record's node in ``tessera-ledger`` (None: there is none).
+    ``claim``: the pod's claim (None: there is none); ``booking``: the pod's booking on the
+    record's node in ``tessera-ledger`` (None: there is none).
     """
     pod = f"{record.namespace}/{record.name}"
     if not record.commit:
@@ -75,9 +69,6 @@ def commit_problem(
             f"the claim of pod {pod} names commit {claim.booking.commit}, the record "
             f"{record.commit}"
         )
-    if ledger is not None and ledger.node != record.node:
-        return f"the ledger entry is node {ledger.node}'s, the record node {record.node}'s"
-    booking = booking_of(ledger, record.pod_uid)
     if booking is None or booking.commit != record.commit:
         held = f"commit {booking.commit}" if booking is not None else "nothing"
         return f"node {record.node}'s ledger holds {held} for pod {pod}, not commit {record.commit}"

@@ -183,7 +183,8 @@ DURABLE_BINDER_ALLOCATIONS: Final = "binder-allocations"
 KV_INVENTORY: Final = "tessera-inventory"
 KV_NODES: Final = "tessera-nodes"
 KV_LEDGER: Final = "tessera-ledger"
-"""Each node's bookings (key :func:`ledger_key`) and each pod's claim (key :func:`claim_key`)."""
+"""Each pod's booking on its node (key :func:`booking_key`) and each pod's claim (key
+:func:`claim_key`)."""
 KV_CLAIMS: Final = KV_LEDGER
 """The pods' claims share the ledger's bucket, under keys of their own, so that a booking and
 the claims it makes are written by one atomic batch (``Bus.kv_write_all``)."""
@@ -234,14 +235,37 @@ def stats_key(placer_id: str) -> str:
     return placer_id.replace(".", "_")
 
 
-def ledger_key(node: str) -> str:
-    """KV key of ``node``'s entry in ``tessera-ledger`` (every booking on the node): one token,
-    so that the filter :data:`LEDGER_KEYS` matches every node and no claim."""
-    return node_token(node)
+def booking_key(node: str, pod_uid: str) -> str:
+    """KV key of pod ``pod_uid``'s booking on ``node`` in ``tessera-ledger``:
+    ``book.<node>.<uid>``. A node's bookings are the keys :func:`node_bookings` matches, and a
+    booking is written only if none of them changed since it was decided (``KvWrite.guard``):
+    the node's bookings change as one entry would, yet each write holds one booking."""
+    if not pod_uid:
+        raise ValueError("pod uid must not be empty")
+    return f"{_BOOKING_PREFIX}{node_token(node)}.{pod_uid}"
 
 
-LEDGER_KEYS: Final = "*"
-"""KV key filter matching every node's entry in ``tessera-ledger`` (no pod's claim)."""
+def node_bookings(node: str) -> str:
+    """KV key filter matching every booking on ``node`` in ``tessera-ledger``."""
+    return f"{_BOOKING_PREFIX}{node_token(node)}.*"
+
+
+def booking_of_key(key: str) -> tuple[str, str]:
+    """Invert :func:`booking_key`: (node, pod UID); ValueError for a key that is not one."""
+    tokens = key.split(".")
+    if len(tokens) != 3 or f"{tokens[0]}." != _BOOKING_PREFIX or not all(tokens[1:]):
+        raise ValueError(f"not a booking key: {key!r}")
+    return node_from_token(tokens[1]), tokens[2]
+
+
+_BOOKING_PREFIX: Final = "book."
+BOOKING_KEYS: Final = "book.*.*"
+"""KV key filter matching every booking in ``tessera-ledger`` (no pod's claim)."""
+
+LEGACY_LEDGER_KEYS: Final = "*"
+"""KV key filter matching the whole-node ledger entries of earlier versions (one token, a node
+name: a :class:`~shared.messages.ledger.NodeLedger` listing every booking on the node). A
+placer turns each into booking keys before it is ready (``Store.convert_legacy_ledgers``)."""
 
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

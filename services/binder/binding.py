@@ -57,7 +57,7 @@ from shared.commits import commit_problem, withdrawing
 from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.bindings import BindingResult, BindOutcome
-from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.ledger import Booking, PodClaim
 from shared.messages.placement import PlacementDecision
 from shared.runtime.bus import Bus
 from shared.runtime.consumer import AlreadyHandlingError
@@ -241,14 +241,16 @@ class DecisionBinder:
         return record_on_its_way(decision, claim)
 
     async def _stands_for_commit(self, view: RecordView) -> bool:
-        """Whether ``view`` is what a placer committed (reads its claim and its node's ledger
-        entry once per revision); one that is not is remembered, counted and logged."""
+        """Whether ``view`` is what a placer committed (reads its claim and its booking once per
+        revision); one that is not is remembered, counted and logged."""
         if self._committed.get(view.key) == view.revision:
             return True
         record = view.record
         claim = await self._read(subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), PodClaim)
-        ledger = await self._read(subjects.KV_LEDGER, subjects.ledger_key(record.node), NodeLedger)
-        problem = commit_problem(record, claim=claim, ledger=ledger)
+        booking = await self._read(
+            subjects.KV_LEDGER, subjects.booking_key(record.node, record.pod_uid), Booking
+        )
+        problem = commit_problem(record, claim=claim, booking=booking)
         if len(self._committed) + len(self._uncommitted) > MAX_COMMIT_CHECKS:
             held = self._records.get
             self._committed = {k: r for k, r in self._committed.items() if held(k)}

@@ -3,7 +3,7 @@
 The kubelet's Allocate carries device IDs only, never the pod. The rule: take the oldest ``bound``
 record on this node whose next device-holding container needs exactly as many devices as the
 kubelet picked and that stands for a placer's commit (``shared.commits``: the pod's claim names
-the record's commit, the node's ledger books it with the same slices; issue 19), answer from that
+the record's commit, its booking on the node has the same slices; issue 19), answer from that
 record whatever IDs were picked (the record, not the IDs, says which GPU and how much of it), and
 move the record on: one more :class:`ContainerAllocation`, and ``allocated`` once every
 device-holding container is answered. The shell commits the new record
@@ -48,7 +48,7 @@ from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry
-from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.ledger import Booking, PodClaim
 
 Isolation = Literal["none", "mps", "hami-core"]
 Compat = Literal["volcano", "aliyun"]
@@ -336,17 +336,17 @@ def plan_allocation(
     now: float,
     plugin_id: str,
     claims: Mapping[str, PodClaim],
-    ledger: NodeLedger | None,
+    bookings: Mapping[str, Booking],
     retired: AbstractSet[str] = frozenset(),
     refused: AbstractSet[str] = frozenset(),
 ) -> Allocation | Refusal:
     """Decide one container's Allocate: which record, its next state, the response, the event.
 
     The oldest matching bound record that can be served now wins; one that cannot (it matches
-    no commit, by ``claims``, the pods' claims by UID, and ``ledger``, the node's ledger entry;
-    or its GPU is unhealthy or not listed) never blocks a younger one. When none can, the oldest
-    one's reason is the answer. Records keyed in ``refused`` (an Allocate that tried them was
-    refused, so their pod most likely failed admission) come after every other one.
+    no commit, by ``claims``, the pods' claims, and ``bookings``, their bookings on this node,
+    by UID; or its GPU is unhealthy or not listed) never blocks a younger one. When none can,
+    the oldest one's reason is the answer. Records keyed in ``refused`` (an Allocate that tried
+    them was refused, so their pod most likely failed admission) come after every other one.
     """
     refusal = check_device_ids(device_ids, advertised, retired)
     if refusal is not None:
@@ -366,7 +366,7 @@ def plan_allocation(
     for view in matching:
         container = next_container(view.record, resource)
         assert container is not None  # matching_records only returns records with one
-        forged = uncommitted(view, claims=claims, ledger=ledger)
+        forged = uncommitted(view, claims=claims, bookings=bookings)
         if forged is not None:
             first_refusal = first_refusal or forged
             continue
@@ -395,10 +395,11 @@ def plan_allocation(
 
 
 def uncommitted(
-    view: RecordView, *, claims: Mapping[str, PodClaim], ledger: NodeLedger | None
+    view: RecordView, *, claims: Mapping[str, PodClaim], bookings: Mapping[str, Booking]
 ) -> Refusal | None:
     """The refusal of a record that is not what a placer committed, or None when it is."""
-    problem = commit_problem(view.record, claim=claims.get(view.record.pod_uid), ledger=ledger)
+    uid = view.record.pod_uid
+    problem = commit_problem(view.record, claim=claims.get(uid), booking=bookings.get(uid))
     if problem is None:
         return None
     return Refusal(
@@ -408,10 +409,13 @@ def uncommitted(
 
 
 def committed(
-    views: Iterable[RecordView], *, claims: Mapping[str, PodClaim], ledger: NodeLedger | None
+    views: Iterable[RecordView],
+    *,
+    claims: Mapping[str, PodClaim],
+    bookings: Mapping[str, Booking],
 ) -> list[RecordView]:
     """The records that stand for a placer's commit."""
-    return [v for v in views if uncommitted(v, claims=claims, ledger=ledger) is None]
+    return [v for v in views if uncommitted(v, claims=claims, bookings=bookings) is None]
 
 
 def _sickness(uuid: str, gpus: Mapping[str, GpuTelemetry]) -> str:

@@ -149,7 +149,7 @@ class Claimer:
                 now=self._clock.now(),
                 plugin_id=self._config.plugin_id,
                 claims=self._commits.claims,
-                ledger=self._commits.ledger,
+                bookings=self._commits.bookings,
                 refused=self._refused_keys(),
             )
             if isinstance(plan, Refusal):
@@ -330,5 +330,5 @@ class Claimer:
         views = allocate.matching_records(
             self._records.views(), count=count, resource=self._config.resource
         )
-        claims, ledger = self._commits.claims, self._commits.ledger
-        return [v for v in views if allocate.uncommitted(v, claims=claims, ledger=ledger)]
+        claims, bookings = self._commits.claims, self._commits.bookings
+        return [v for v in views if allocate.uncommitted(v, claims=claims, bookings=bookings)]

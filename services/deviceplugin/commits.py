@@ -1,13 +1,14 @@
-"""What placers committed on this node: its ``tessera-ledger`` entry and its pods' claims.
+"""What placers committed on this node: its bookings in ``tessera-ledger`` and its pods' claims.
 
 Only what a placer committed is granted (issue 19; ``shared.commits``): the pod's claim
-(``subjects.claim_key``) must name the record's commit, and this node's entry in ``tessera-ledger``
-must book it with the same slices. Neither is read on the Allocate path: the node's ledger entry
-is mirrored by a KV watch, and a pod's claim is read when its record first arrives (placers write
-the claim before the record, and the record long before the kubelet's Allocate; :meth:`want`).
-An Allocate whose record still matches no commit reads them again (:meth:`reread`, at most every
-``CLAIM_REREAD_S``). Each change bumps the records' change counter: an Allocate waiting for its
-record to become servable waits on both.
+(``subjects.claim_key``) must name the record's commit, and the pod's booking on this node
+(``subjects.booking_key``) must be of that commit with the same slices. Neither is read on the
+Allocate path: the node's bookings are mirrored by a KV watch, and a pod's claim is read when its
+record first arrives (placers write the claim before the record, and the record long before the
+kubelet's Allocate; :meth:`want`). An Allocate whose record still matches no commit reads the
+pod's claim and booking again (:meth:`reread`, at most every ``CLAIM_REREAD_S``). Each change
+bumps the records' change counter: an Allocate waiting for its record to become servable waits on
+both.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from shared import subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord, RecordView
-from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.ledger import Booking, PodClaim
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
@@ -30,7 +31,7 @@ from shared.runtime.tasks import ChangeCounter
 log = logging.getLogger(__name__)
 
 CLAIM_REREAD_S = 0.25
-"""An Allocate reads a pod's claim (and the ledger entry) again only when it was last read longer
+"""An Allocate reads a pod's claim (and its booking) again only when they were last read longer
 ago than this."""
 
 CLAIM_RETRY_S = 1.0
@@ -44,7 +45,7 @@ MAX_CLAIM_REREADS = 8
 
 
 class CommitMirror:
-    """This node's ledger entry and the claims of the pods with a record here."""
+    """This node's bookings and the claims of the pods with a record here."""
 
     def __init__(
         self,
@@ -62,16 +63,14 @@ class CommitMirror:
         self._clock = clock
         self._readiness = readiness
         self._changed = changed
-        self.ledger: NodeLedger | None = None
-        """This node's entry in ``tessera-ledger`` (every booking on the node)."""
+        self.bookings: dict[str, Booking] = {}
+        """This node's bookings in ``tessera-ledger``, by pod UID."""
         self.claims: dict[str, PodClaim] = {}
         """The claims (``subjects.claim_key``) of pods with a record here, by pod UID."""
         self._claim_read_at: dict[str, float] = {}
         """When (monotonic) each pod's claim was last read."""
         self._claims_wanted: asyncio.Queue[str] = asyncio.Queue()
-        self._ledger_read_at = -math.inf
-        """When (monotonic) an Allocate last read the ledger entry itself."""
-        readiness.set("ledger", False, "loading this node's ledger entry")
+        readiness.set("ledger", False, "loading this node's bookings")
 
     def want(self, record: AssignmentRecord) -> None:
         """Have the pod's claim read unless the one held already names the record's commit."""
@@ -87,38 +86,43 @@ class CommitMirror:
         self._claim_read_at.pop(pod_uid, None)
 
     async def follow(self) -> None:
-        """Mirror this node's ledger entry and read the claims of the pods recorded here."""
+        """Mirror this node's bookings and read the claims of the pods recorded here."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._follow_ledger(), name="ledger")
             group.create_task(self._read_wanted_claims(), name="claims")
 
     async def _follow_ledger(self) -> None:
         async def on_entry(entry: KvEntry) -> None:
-            await self._take_ledger(None if entry.deleted else entry)
+            await self._take_booking(entry)
 
         async def on_loaded(listed: set[str]) -> None:
-            if not listed:  # none now (deleted while no watch was running)
-                await self._take_ledger(None)
+            for uid in set(self.bookings) - {subjects.booking_of_key(k)[1] for k in listed}:
+                del self.bookings[uid]  # deleted while no watch was running
+            await self._changed.bump()
             self._readiness.set("ledger", True)
 
         await follow(
             self._bus,
             subjects.KV_LEDGER,
-            keys=subjects.ledger_key(self._node),
+            keys=subjects.node_bookings(self._node),
             on_entry=on_entry,
             on_loaded=on_loaded,
             clock=self._clock,
             what="ledger",
         )
 
-    async def _take_ledger(self, entry: KvEntry | None) -> None:
-        ledger = None
-        if entry is not None:
+    async def _take_booking(self, entry: KvEntry) -> None:
+        """Hold the booking ``entry`` is (none when deleted, or when it does not decode or is
+        not of the pod and node its key names: dead-lettered or ignored, and never granted)."""
+        _, uid = subjects.booking_of_key(entry.key)
+        booking = None
+        if not entry.deleted:
             delivery = Delivery(subject=f"$KV.{subjects.KV_LEDGER}.{entry.key}", data=entry.value)
-            ledger = await self._edge.accept(delivery, NodeLedger, family="ledger")
-            if ledger is None or ledger.node != self._node:
-                return  # undecodable (dead-lettered), or not this node's: keep what we hold
-        self.ledger = ledger
+            booking = await self._edge.accept(delivery, Booking, family="ledger")
+        if booking is None or (booking.node, booking.pod_uid) != (self._node, uid):
+            self.bookings.pop(uid, None)
+        else:
+            self.bookings[uid] = booking
         await self._changed.bump()
 
     async def _read_wanted_claims(self) -> None:
@@ -156,24 +160,22 @@ class CommitMirror:
         await self._changed.bump()
 
     async def reread(self, views: Sequence[RecordView]) -> bool:
-        """Read again the ledger entry and the claims of ``views`` not read in the last
-        :data:`CLAIM_REREAD_S` (at most :data:`MAX_CLAIM_REREADS` claims); whether it read any."""
+        """Read again the claims and bookings of ``views`` not read in the last
+        :data:`CLAIM_REREAD_S` (at most :data:`MAX_CLAIM_REREADS` pods); whether it read any."""
         now = self._clock.monotonic()
         uids = [
             v.record.pod_uid
             for v in views
             if now - self._claim_read_at.get(v.record.pod_uid, -math.inf) >= CLAIM_REREAD_S
         ][:MAX_CLAIM_REREADS]
-        ledger_due = now - self._ledger_read_at >= CLAIM_REREAD_S
-        if not uids and not ledger_due:
+        if not uids:
             return False
         try:
-            if ledger_due:
-                self._ledger_read_at = now
-                entry = await self._bus.kv_get(subjects.KV_LEDGER, subjects.ledger_key(self._node))
-                await self._take_ledger(entry)
             for uid in uids:
                 await self._read_claim(uid)
+                key = subjects.booking_key(self._node, uid)
+                entry = await self._bus.kv_get(subjects.KV_LEDGER, key)
+                await self._take_booking(entry or KvEntry(key, b"", 0, deleted=True))
         except Exception as error:  # NATS away: plan with what is held
             log.warning(
                 "cannot read commits again", extra={"error": f"{type(error).__name__}: {error}"}

@@ -150,7 +150,9 @@ class DevicePluginService:
         """The held records whose commit is confirmed (claim and booking read): those an
         Allocate may serve now."""
         return allocate.committed(
-            self._records.mirror.views(), claims=self._commits.claims, ledger=self._commits.ledger
+            self._records.mirror.views(),
+            claims=self._commits.claims,
+            bookings=self._commits.bookings,
         )
 
     def device_lists(self) -> AsyncIterator[tuple[Device, ...]]:

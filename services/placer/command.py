@@ -233,8 +233,8 @@ SERVICE = ServiceCommand(
     summary="decide node and GPUs for pending pods",
     description="The placer consumes pending and deleted pods (a durable consumer every replica "
     "shares), keeps inventory, node facts, the ledger and assignment records current from KV, "
-    "runs the pure placement core and commits each decision by compare-and-set on the node's "
-    "ledger entry before publishing it; run as many replicas as needed. GET /v1/pods/<uid> on "
+    "runs the pure placement core and commits each decision by a write guarded on the node's "
+    "bookings before publishing it; run as many replicas as needed. GET /v1/pods/<uid> on "
     "--http-port explains one pod. With --extender-port it also serves kube-scheduler's "
     "scheduler extender (filter, prioritize, bind) for clusters that keep kube-scheduler.",
     settings=PlacerSettings,

@@ -18,9 +18,12 @@ when P's tenant has a quota, a fourth write comes first:
    no ledger write and never holds node capacity, not even for a moment; and every booking of a
    charged commit is covered, so a release gives the booking back first and the charge after
    (:func:`~.charges.without_charge`): usage never counts less than is held.
-1. **Book** (``tessera-ledger``, N's entry, compare-and-set at the revision the decision saw; the
-   bookings of several decisions for N may go in one write, :func:`book_all`): the booking takes
-   the capacity. Before the write, :func:`check_booking` books it on N's state as
+1. **Book** (``tessera-ledger``, P's booking under N, ``book.<N>.<P>``, written only if the
+   latest revision among N's bookings is still the one the decision saw: a compare-and-set on the
+   node's bookings as a whole, one booking per write, so an entry never grows with the node;
+   the bookings of several decisions for N are checked together, :func:`book_all`, and written
+   in one batch on a replicated store, one after the other on one server): the booking takes the
+   capacity. Before the write, :func:`check_booking` books it on N's state as
    the ledger holds it (never on this replica's guesses), so a write that would over-commit a
    GPU's memory, cores, logical slots or exclusivity is never attempted. A lost compare-and-set
    means another replica booked on N first: refresh N and decide P again.
@@ -154,6 +157,15 @@ def book_all(
         NodeLedger(node=accepted[0].node, bookings=(*kept, *accepted), updated_at=now),
         refused,
     )
+
+
+def added_bookings(ledger: NodeLedger | None, written: NodeLedger | None) -> list[Booking]:
+    """The bookings ``written`` (a ledger :func:`book_all` gave) holds and ``ledger`` does not:
+    what is left to write, each to its own key."""
+    if written is None:
+        return []
+    held = {b.pod_uid for b in (ledger.bookings if ledger else ())}
+    return [b for b in written.bookings if b.pod_uid not in held]
 
 
 def book_and_claim(

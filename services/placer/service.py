@@ -152,6 +152,7 @@ class PlacerService:
                     group.create_task(self.watches.follow(follow))
                 if self.pools is not None:
                     group.create_task(self.pools.follow(), name="pool entries")
+                await shell.store.convert_legacy_ledgers()
                 await self.watches.all_loaded()
                 self.view.finish_load(shell.clock.now())
                 self.held.queue = PlacementQueue(

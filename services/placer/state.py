@@ -1,7 +1,7 @@
 """The placer's picture of the cluster, kept current from KV (pure: no I/O, time passed in).
 
 :class:`ClusterView` holds the latest value of every KV entry the placer reads (inventory, node
-facts, ledger entries, pod claims, assignment records, tenants' charges), each with its KV revision,
+facts, bookings, pod claims, assignment records, tenants' charges), each with its KV revision,
 and from them one :class:`~.core.index.ClusterIndex` of node states that decisions run on. Updates
 come from the shell's KV watches and from the shell's own writes (a write's revision is applied at
 once; the watch event for it arrives later and is ignored, as is anything older than what is held).
@@ -54,7 +54,7 @@ from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedSlice, Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
-from shared.subjects import node_from_token, node_token
+from shared.subjects import booking_key, booking_of_key, node_from_token, node_token
 
 UNREADABLE = "ledger entry unreadable"
 
@@ -68,6 +68,7 @@ class _Node:
     """Everything known about one node."""
 
     __slots__ = (
+        "booking_revisions",
         "charged",
         "deleted",
         "facts",
@@ -87,7 +88,14 @@ class _Node:
         self.inventory: NodeInventory | None = None
         self.facts: NodeFacts | None = None
         self.ledger: NodeLedger | None = None
+        """Every booking on the node (``tessera-ledger``'s booking keys of the node, in the
+        order they were written); None: none."""
         self.ledger_revision = 0
+        """The latest revision among the node's booking keys, delete markers included: what a
+        booking's write is guarded at (``subjects.node_bookings``)."""
+        self.booking_revisions: dict[str, int] = {}
+        """Pod UID -> the revision of its booking key as last seen here (its delete marker's
+        once deleted)."""
         self.tentative: dict[str, Booking] = {}
         self.records: set[str] = set()
         """Pod UIDs with a record on this node."""
@@ -102,9 +110,9 @@ class _Node:
         self.shown: frozenset[tuple[str, str]] | None = None
         """(pod UID, commit) of the bookings the index's state of this node was derived from:
         a tentative booking that becomes committed changes nothing, so it is not derived again."""
-        self.unreadable = False
-        """The node's ledger entry does not decode: its bookings are unknown, so nothing more
-        is placed on it until a readable entry arrives."""
+        self.unreadable: set[str] = set()
+        """Pod UIDs whose booking key here does not decode: the node's bookings are unknown, so
+        nothing more is placed on it until each is written readable again or deleted."""
 
     @property
     def known(self) -> bool:
@@ -266,11 +274,17 @@ class ClusterView:
         return entry.facts if entry else None
 
     def ledger(self, node: str) -> tuple[NodeLedger | None, int]:
-        """The committed ledger of ``node`` and its revision (0: no entry yet)."""
+        """The committed bookings of ``node`` and their revision: the latest among its booking
+        keys (0: none seen)."""
         entry = self._nodes.get(node)
         if entry is None:
             return None, 0
         return entry.ledger, entry.ledger_revision
+
+    def booking_revision(self, node: str, pod_uid: str) -> int:
+        """The revision of ``pod_uid``'s booking key on ``node`` as held (0: never seen)."""
+        entry = self._nodes.get(node)
+        return entry.booking_revisions.get(pod_uid, 0) if entry is not None else 0
 
     def ledgers(self) -> dict[str, tuple[Booking, ...]]:
         return {name: entry.ledger.bookings for name, entry in self._nodes.items() if entry.ledger}
@@ -430,23 +444,33 @@ class ClusterView:
         else:
             self.memory_unit_nodes.discard(node)
 
-    def set_ledger(self, node: str, ledger: NodeLedger | None, revision: int) -> bool:
-        """Take ``node``'s ledger at ``revision`` (None: the entry was deleted); False when a
-        newer revision is already held."""
+    def set_booking(self, node: str, pod_uid: str, booking: Booking | None, revision: int) -> bool:
+        """Take pod ``pod_uid``'s booking key on ``node`` at ``revision`` (None: deleted);
+        False when a newer revision of the key is already held."""
         entry = self._entry(node)
-        if revision <= entry.ledger_revision:
+        if revision <= entry.booking_revisions.get(pod_uid, 0):
             return False
-        self._take_ledger(node, entry, ledger, revision)
+        entry.booking_revisions[pod_uid] = revision
+        held = {b.pod_uid: b for b in entry.ledger.bookings} if entry.ledger else {}
+        if booking is None:
+            held.pop(pod_uid, None)
+        else:
+            held[pod_uid] = booking
+        self._take_ledger(node, entry, held, max(entry.ledger_revision, revision))
+        if pod_uid in entry.unreadable:
+            entry.unreadable.discard(pod_uid)
+            self._rebuild(node)
         return True
 
     def _take_ledger(
-        self, node: str, entry: _Node, ledger: NodeLedger | None, revision: int
+        self, node: str, entry: _Node, bookings: dict[str, Booking], revision: int
     ) -> None:
         before = {b.pod_uid for b in entry.ledger.bookings} if entry.ledger else set()
-        entry.ledger = ledger
+        entry.ledger = (
+            NodeLedger(node=node, bookings=tuple(bookings.values())) if bookings else None
+        )
         entry.ledger_revision = revision
-        entry.unreadable = False
-        after = {b.pod_uid for b in ledger.bookings} if ledger else set()
+        after = set(bookings)
         for uid in before - after:
             _drop_node(self._committed, uid, node)
         for uid in after - before:
@@ -456,12 +480,14 @@ class ClusterView:
         if entry.shown != _shown(entry.bookings()):
             self._rebuild(node)
 
-    def set_ledger_unreadable(self, node: str, revision: int) -> None:
-        """``node``'s ledger entry at ``revision`` does not decode: stop placing on the node."""
+    def set_booking_unreadable(self, node: str, pod_uid: str, revision: int) -> None:
+        """Pod ``pod_uid``'s booking key on ``node`` at ``revision`` does not decode: stop
+        placing on the node (the booking it held, if any, still counts)."""
         entry = self._entry(node)
-        if revision > entry.ledger_revision:
-            entry.ledger_revision = revision
-            entry.unreadable = True
+        if revision > entry.booking_revisions.get(pod_uid, 0):
+            entry.booking_revisions[pod_uid] = revision
+            entry.ledger_revision = max(entry.ledger_revision, revision)
+            entry.unreadable.add(pod_uid)
             self._rebuild(node)
 
     def add_tentative(self, booking: Booking) -> None:
@@ -553,19 +579,23 @@ class ClusterView:
     def forget_facts(self, key: str) -> None:
         self.drop_facts(node_from_token(key))
 
-    def ledger_keys(self) -> set[str]:
-        return {node_token(n) for n, e in self._nodes.items() if e.ledger is not None}
+    def booking_keys(self) -> set[str]:
+        return {booking_key(n, uid) for n, e in self._nodes.items() for uid in e.booking_revisions}
 
-    def forget_ledger(self, key: str) -> None:
-        """A ledger entry the store no longer has (NATS lost its store): none of its bookings
-        holds any room now (the restored ones come back through the new store)."""
-        node = node_from_token(key)
+    def forget_booking(self, key: str) -> None:
+        """A booking key the store no longer has (NATS lost its store): the booking holds no
+        room now (a restored one comes back through the new store)."""
+        node, pod_uid = booking_of_key(key)
         entry = self._nodes.get(node)
-        if entry is not None and entry.ledger is not None:
-            self._take_ledger(node, entry, None, 0)
+        if entry is None or entry.booking_revisions.pop(pod_uid, None) is None:
+            return
+        entry.unreadable.discard(pod_uid)
+        held = {b.pod_uid: b for b in entry.ledger.bookings} if entry.ledger else {}
+        held.pop(pod_uid, None)
+        self._take_ledger(node, entry, held, max(entry.booking_revisions.values(), default=0))
 
     def forget_tenant(self, key: str) -> None:
-        """A tenant's usage entry the store no longer has (see :meth:`forget_ledger`)."""
+        """A tenant's usage entry the store no longer has (see :meth:`forget_booking`)."""
         if self.tenants.forget(key):
             self.freed += 1
 

@@ -11,9 +11,14 @@ is what it should be), write it at the revision read, and
   finds its own write when it landed (and then has nothing to write) and writes again when it
   did not. Nothing is ever assumed from a write whose answer was lost.
 
-A booking is the one write that does not go through it: :meth:`Store.book` writes the node's
-entry (with the pods' claims, in one batch, on a replicated store) and reads back the same way,
-but gives up at once when the node's entry changed under the decision (the pod is decided again).
+A node's bookings are one key each (``subjects.booking_key``), and every write of one is
+guarded at the latest revision among the node's keys (``KvWrite.guard``), so they change as one
+entry would: :meth:`Store.book` writes new bookings (with the pods' claims, in one batch, on a
+replicated store) and reads back the same way, but gives up at once when the node's bookings
+changed under the decision (the pod is decided again); :meth:`Store.unbook` and the repairs go
+through :meth:`Store._change_node`, the same loop as ``transact`` over the node's keys. Because
+each write is guarded at the view's revision of the node, the view holds a node at a revision
+only with every booking written up to it.
 
 Every value read or written here is applied to the :class:`~.state.ClusterView` at once, so the
 index reflects this replica's own writes without waiting for the watch to echo them.
@@ -124,7 +129,7 @@ class Store:
         """Commit id -> its pod as pending, for its claim (while it is booked)."""
         self._writing: dict[tuple[str, str], _Write] = {}
         """(bucket, key) -> what this replica is writing there, until the answer comes."""
-        self.ledgers = _Kind(subjects.KV_LEDGER, "ledger", NodeLedger, self._apply_ledger)
+        self.bookings = _Kind(subjects.KV_LEDGER, "ledger", Booking, self._apply_booking)
         self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, self._apply_claim)
         self.records = _Kind(
             subjects.KV_ASSIGNMENTS, "assignments", AssignmentRecord, view.set_record
@@ -133,9 +138,9 @@ class Store:
 
     # --- reading -------------------------------------------------------------------------------
 
-    def _apply_ledger(self, key: str, ledger: NodeLedger | None, revision: int) -> bool:
-        node = ledger.node if ledger is not None else subjects.node_from_token(key)
-        return self._view.set_ledger(node, ledger, revision)
+    def _apply_booking(self, key: str, booking: Booking | None, revision: int) -> bool:
+        node, pod_uid = subjects.booking_of_key(key)
+        return self._view.set_booking(node, pod_uid, booking, revision)
 
     def _apply_claim(self, key: str, claim: PodClaim | None, revision: int) -> bool:
         return self._view.set_claim(subjects.claim_uid(key), claim, revision)
@@ -158,6 +163,18 @@ class Store:
             raise GaveUpError(f"{kind.bucket} entry {key} does not decode; see the dead letter")
         kind.apply(key, value, entry.revision)
         return Entry(value, entry.revision)
+
+    async def read_node(self, node: str) -> Entry[NodeLedger]:
+        """``node``'s bookings as the server has them now (and applied to the view), at the
+        latest revision among its booking keys."""
+        for entry in await self._bus.kv_list(subjects.KV_LEDGER, subjects.node_bookings(node)):
+            booking = None
+            if not entry.deleted:
+                booking = await self.decode(self.bookings, entry.key, entry.value)
+                if booking is None:
+                    raise GaveUpError(f"booking {entry.key} does not decode; see the dead letter")
+            self.bookings.apply(entry.key, booking, entry.revision)
+        return self._cached_ledger(node)
 
     # --- writing -------------------------------------------------------------------------------
 
@@ -291,13 +308,16 @@ class Store:
         seen: dict[str, frozenset[str]],
         requests: dict[str, PodPending | None],
     ) -> dict[str, str]:
-        """One atomic batch for the bookings of ``batch`` (and their claims: see :meth:`book`).
-        After a batch that lost or whose answer was lost, what it wrote is read again."""
-        node_key = subjects.ledger_key(node)
+        """Write the bookings of ``batch`` that fit (and their claims: see :meth:`book`), each
+        to its own key, the first guarded at the node's revision the decisions saw: with the
+        claims, in one atomic batch; without, one booking at a time, each guarded at the
+        revision the one before landed at. After a write that lost or whose answer was lost,
+        what it wrote is read again."""
         ledger = self._cached_ledger(node)
         claims = {b.pod_uid: self._cached_claim(b.pod_uid) for b in batch}
-        booked_at: int | None = None  # the ledger revision the last batch booked at
-        for _ in range(MAX_ATTEMPTS):
+        attempted: int | None = None  # the node's revision the last write was guarded at
+        failures = 0
+        while True:
             committed, now = self._view.committed_state(node), self._clock.now()
             if self._claims_with_bookings:
                 read = {uid: entry.value for uid, entry in claims.items()}
@@ -309,49 +329,69 @@ class Store:
                 written, refused = commit.book_all(
                     ledger.value, committed, batch, now=now, seen=seen
                 )
-            if written is not None and booked_at not in (None, ledger.revision):
-                raise ConflictError(f"ledger entry {node_key} changed under the write")
+            added = commit.added_bookings(ledger.value, written)
+            if added and attempted not in (None, ledger.revision):
+                raise ConflictError(f"node {node}'s bookings changed under the write")
+            if not self._claims_with_bookings:
+                added = added[:1]  # a batch costs more than its writes on one server
             writes = [
+                KvWrite(
+                    subjects.booking_key(node, b.pod_uid),
+                    codec.encode(b),
+                    ledger.revision if n == 0 else 0,
+                    guard=subjects.node_bookings(node) if n == 0 else "",
+                )
+                for n, b in enumerate(added)
+            ]
+            writes += [
                 KvWrite(subjects.claim_key(uid), codec.encode(claim), claims[uid].revision)
                 for uid, claim in claimed.items()
             ]
-            if written is not None:
-                booked_at = ledger.revision
-                writes.insert(0, KvWrite(node_key, codec.encode(written), ledger.revision))
             if not writes:
                 return refused
-            slot = (subjects.KV_LEDGER, node_key)
-            echo = _Write(writes[0].value) if written is not None else None
-            if echo is not None:
-                self._writing[slot] = echo
+            if added:
+                attempted = ledger.revision
+            echoes = {
+                (subjects.KV_LEDGER, w.key): (_Write(w.value), b)
+                for w, b in zip(writes, added, strict=False)
+            }
+            self._writing.update({slot: echo for slot, (echo, _) in echoes.items()})
             try:
                 revisions = await self._bus.kv_write_all(subjects.KV_LEDGER, writes)
             except Exception as error:
-                # The batch may have landed or not: only a read can tell.
+                # The write may have landed or not: only a read can tell.
                 self._metrics.unknown_outcomes.labels(entry="ledger").inc()
                 log.warning(
-                    "KV batch outcome unknown; reading it back",
-                    extra={"key": node_key, "error": type(error).__name__},
+                    "KV booking outcome unknown; reading it back",
+                    extra={"node": node, "error": type(error).__name__},
                 )
                 revisions = None
             else:
                 if revisions is None:
                     self._metrics.conflicts.labels(entry="ledger").inc()
             finally:
-                if echo is not None and self._writing.get(slot) is echo:
-                    del self._writing[slot]
+                for slot, (echo, written_booking) in echoes.items():
+                    if self._writing.get(slot) is echo:
+                        del self._writing[slot]
+                    if echo.landed:  # its watch delivery came first and was left to us
+                        self.bookings.apply(slot[1], written_booking, echo.landed)
             if revisions is None:
-                ledger = await self.read(self.ledgers, node_key)
+                failures += 1
+                if failures >= MAX_ATTEMPTS:
+                    raise GaveUpError(f"node {node}'s bookings kept changing")
+                ledger = await self.read_node(node)
                 for uid in claimed:
                     claims[uid] = await self.read(self.claims, subjects.claim_key(uid))
                 continue
             landed = iter(revisions)
-            if written is not None:
-                self.ledgers.apply(node_key, written, next(landed))
+            for b in added:
+                self.bookings.apply(subjects.booking_key(node, b.pod_uid), b, next(landed))
             for uid, claim in claimed.items():
-                self.claims.apply(subjects.claim_key(uid), claim, next(landed))
-            return refused
-        raise GaveUpError(f"{subjects.KV_LEDGER} entry {node_key} kept changing")
+                revision = next(landed)
+                self.claims.apply(subjects.claim_key(uid), claim, revision)
+                claims[uid] = Entry(claim, revision)
+            ledger = self._cached_ledger(node)
+            attempted = ledger.revision
 
     async def _group_commit(
         self,
@@ -397,7 +437,7 @@ class Store:
             return commit.with_booking(ledger, booking, now=self._clock.now())
 
         async with self.node_lock(booking.node):
-            await self.transact(self.ledgers, subjects.ledger_key(booking.node), change)
+            await self._change_node(booking.node, change)
         return refused
 
     async def restore_booking(self, booking: Booking) -> None:
@@ -410,7 +450,7 @@ class Store:
             return commit.with_booking(ledger, booking, now=self._clock.now())
 
         async with self.node_lock(booking.node):
-            await self.transact(self.ledgers, subjects.ledger_key(booking.node), change)
+            await self._change_node(booking.node, change)
 
     async def unbook(self, booking: Booking) -> None:
         """Take ``booking`` (this commit's, not a newer one) off its node's ledger."""
@@ -421,13 +461,107 @@ class Store:
             )
 
         async with self.node_lock(booking.node):
-            await self.transact(
-                self.ledgers,
-                subjects.ledger_key(booking.node),
-                change,
-                start=self._cached_ledger(booking.node),
-            )
+            await self._change_node(booking.node, change, start=self._cached_ledger(booking.node))
         self._view.drop_tentative(booking.node, booking.pod_uid)
+
+    async def _change_node(
+        self,
+        node: str,
+        change: Callable[[NodeLedger | None], NodeLedger | None],
+        *,
+        start: Entry[NodeLedger] | None = None,
+    ) -> None:
+        """Bring ``node``'s bookings to what ``change`` says, as :meth:`transact` brings an
+        entry: each booking added, changed or deleted is written guarded at the node's revision
+        (the view then holds the node whole at the revision it landed at); a write that lost, or
+        whose answer was lost, reads the node again and asks ``change`` again."""
+        current = start if start is not None else await self.read_node(node)
+        for _ in range(MAX_ATTEMPTS):
+            wanted = change(current.value)
+            if wanted is None:
+                return
+            if not await self._write_difference(node, current, wanted):
+                current = await self.read_node(node)
+                continue
+            current = self._cached_ledger(node)
+        raise GaveUpError(f"node {node}'s bookings kept changing under {MAX_ATTEMPTS} writes")
+
+    async def _write_difference(
+        self, node: str, current: Entry[NodeLedger], wanted: NodeLedger
+    ) -> bool:
+        """Write the first difference between ``current`` and ``wanted``; whether it landed
+        (False: it lost, or its answer was lost)."""
+        held = {b.pod_uid: b for b in (current.value.bookings if current.value else ())}
+        kept = {b.pod_uid for b in wanted.bookings}
+        changed = next((b for b in wanted.bookings if held.get(b.pod_uid) != b), None)
+        gone = next((uid for uid in held if uid not in kept), None)
+        uid = changed.pod_uid if changed is not None else gone
+        if uid is None:
+            return True
+        key = subjects.booking_key(node, uid)
+        try:
+            if changed is not None:
+                data = codec.encode(changed)
+                guarded = KvWrite(key, data, current.revision, guard=subjects.node_bookings(node))
+                revisions = await self._bus.kv_write_all(subjects.KV_LEDGER, [guarded])
+                if revisions is not None:
+                    self.bookings.apply(key, changed, revisions[0])
+                    return True
+            else:
+                # Guarded like a booking, not by the key alone: the view applies the marker's
+                # revision as the node's, so nothing else may have landed on the node between.
+                marker = await self._bus.kv_delete_if(
+                    subjects.KV_LEDGER,
+                    key,
+                    revision=current.revision,
+                    guard=subjects.node_bookings(node),
+                )
+                if marker is not None:
+                    self.bookings.apply(key, None, marker)
+                    return True
+        except Exception as error:
+            # The write may have landed or not: only a read can tell.
+            self._metrics.unknown_outcomes.labels(entry="ledger").inc()
+            log.warning(
+                "KV booking outcome unknown; reading it back",
+                extra={"key": key, "error": type(error).__name__},
+            )
+            return False
+        self._metrics.conflicts.labels(entry="ledger").inc()
+        return False
+
+    async def convert_legacy_ledgers(self) -> int:
+        """Turn each whole-node ledger entry an earlier version wrote (``subjects.
+        LEGACY_LEDGER_KEYS``) into booking keys, then delete it; returns how many it turned.
+
+        Each booking is created only where its key is free, and the entry deleted only at the
+        revision read, so two replicas converting at once write each booking once. Placers of
+        the earlier version are stopped first (README, "Upgrading"): nothing writes an entry
+        meanwhile. An entry that does not decode keeps its node unplaceable, as it did before.
+        """
+        converted = 0
+        entries = await self._bus.kv_list(subjects.KV_LEDGER, subjects.LEGACY_LEDGER_KEYS)
+        for entry in entries:
+            if entry.deleted:
+                continue
+            node = subjects.node_from_token(entry.key)
+            delivery = Delivery(subject=f"$KV.{subjects.KV_LEDGER}.{entry.key}", data=entry.value)
+            ledger = await self._edge.accept(delivery, NodeLedger, family="ledger")
+            if ledger is None or ledger.node != node:
+                log.error("an earlier version's ledger entry is unreadable", extra={"node": node})
+                self._view.set_booking_unreadable(node, "legacy-entry", entry.revision)
+                continue
+            for booking in ledger.bookings:
+                key = subjects.booking_key(node, booking.pod_uid)
+                await self._bus.kv_create(subjects.KV_LEDGER, key, codec.encode(booking))
+            await self._bus.kv_delete_if(subjects.KV_LEDGER, entry.key, revision=entry.revision)
+            await self.read_node(node)  # a listing: the view takes the node whole
+            converted += 1
+        if converted:
+            log.info(
+                "earlier version's ledger entries turned into bookings", extra={"nodes": converted}
+            )
+        return converted
 
     # --- tenants' charges ----------------------------------------------------------------------
 
@@ -598,5 +732,4 @@ class Store:
 
     async def delete_if(self, kind: _Kind[T], key: str, revision: int) -> bool:
         """Delete ``key`` only if still at ``revision`` (purging after retention)."""
-        deleted = await self._bus.kv_delete_if(kind.bucket, key, revision=revision)
-        return deleted
+        return await self._bus.kv_delete_if(kind.bucket, key, revision=revision) is not None

@@ -1,13 +1,16 @@
-"""The placer's commit state in KV: ``tessera-ledger`` (per node, and per pod: its claim).
+"""The placer's commit state in KV: ``tessera-ledger`` (per pod: its booking and its claim).
 
 Every placer replica reads these; only placers write them, and every write is a compare-and-set
-(or a create-only write) on the entry's KV revision, so replicas that decide at the same moment
-cannot both win.
+(or a create-only write) on a KV revision, so replicas that decide at the same moment cannot both
+win.
 
-``tessera-ledger``, key ``subjects.ledger_key(node)``: a :class:`NodeLedger` listing every
-:class:`Booking` on the node. A decision is committed by adding its booking at the revision the
-decision was made on; a booking is what makes capacity taken, so no GPU is ever over-committed
-whatever the replicas do.
+``tessera-ledger``, key ``subjects.booking_key(node, uid)``: one :class:`Booking`, what the pod
+holds on the node. A decision is committed by writing its booking only if the latest revision
+among the node's bookings (``subjects.node_bookings``) is still the one the decision was made
+on; a booking is what makes capacity taken, so no GPU is ever over-committed whatever the
+replicas do, and each write carries one booking however full the node is. :class:`NodeLedger`
+is a node's bookings together, as the placer's view holds them (and as earlier versions stored
+them, one entry per node, which a placer turns into booking keys before it is ready).
 
 ``tessera-ledger`` again, key ``subjects.claim_key(uid)`` (the pods' claims, ``subjects.
 KV_CLAIMS``: the same bucket, so that a booking and its claim can be written by one atomic batch):

@@ -127,11 +127,16 @@ class KvEntry:
 @dataclass(frozen=True, slots=True)
 class KvWrite:
     """One write of :meth:`Bus.kv_write_all`: ``value`` at ``key`` if the key is still at
-    ``revision`` (0: only if it is absent or deleted, as ``kv_create``)."""
+    ``revision`` (0: only if it is absent or deleted, as ``kv_create``).
+
+    ``guard``: a key filter; when set, ``revision`` is the latest revision expected among *all*
+    keys it matches, delete markers included (0: none was ever written), not ``key``'s own. So a
+    write can depend on a group of keys as a compare-and-set depends on one."""
 
     key: str
     value: bytes
     revision: int
+    guard: str = ""
 
 
 Handler = Callable[[Delivery], Awaitable[None]]
@@ -248,12 +253,21 @@ class Bus(Protocol):
         """Delete the key (a delete marker stays in history)."""
         ...
 
-    async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
-        """Delete the key only if it is still at ``revision``; False when it moved on."""
+    async def kv_delete_if(
+        self, bucket: str, key: str, *, revision: int, guard: str = ""
+    ) -> int | None:
+        """Delete the key only if it is still at ``revision`` (with ``guard``, a key filter:
+        only if ``revision`` is still the latest among the keys it matches, as ``KvWrite.guard``);
+        returns the delete marker's revision, None when the key (or the guard's keys) moved on."""
         ...
 
     async def kv_keys(self, bucket: str) -> list[str]:
         """Every live key of the bucket."""
+        ...
+
+    async def kv_list(self, bucket: str, keys: str) -> list[KvEntry]:
+        """The latest entry of every key matching the filter ``keys``, delete markers included
+        (the revision of each is what a ``KvWrite.guard`` of ``keys`` compares with)."""
         ...
 
     def kv_watch(

@@ -104,7 +104,7 @@ async def test_each_identity_does_its_job_and_no_more_on_the_charts_own_nats(
                     request_timeout=0.5,
                 )
             # Each does its job...
-            ledger = subjects.ledger_key(node)
+            ledger = subjects.booking_key(node, "uid-1")
             record = subjects.assignment_key(node, "uid-1")
             await buses["placer"].kv_put(subjects.KV_LEDGER, ledger, b"{}")
             await buses["binder"].js_publish(subjects.PODS_PENDING, b"{}")

@@ -22,7 +22,7 @@ from shared.messages.assignments import (
     RecordView,
 )
 from shared.messages.inventory import GpuTelemetry
-from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.ledger import Booking, PodClaim
 from tests.deviceplugin.builders import (
     GPU_RESOURCE,
     MEMORY_RESOURCE,
@@ -33,7 +33,7 @@ from tests.deviceplugin.builders import (
     share,
     uuid,
 )
-from tests.harness.commits import booking_of, claim_of, ledger_of
+from tests.harness.commits import booking_of, bookings_of, claim_of
 
 GPUS = {g.uuid: g for g in (gpu(0, memory_mib=16_384), gpu(1, memory_mib=24_576), gpu(2))}
 NOW = 1_700_000_500.0
@@ -61,11 +61,11 @@ def plan(
     resource: str = GPU_RESOURCE,
     advertised: frozenset[str] = ADVERTISED,
     claims: dict[str, PodClaim] | None = None,
-    ledger: NodeLedger | None = None,
+    bookings: dict[str, Booking] | None = None,
     refused: frozenset[str] = frozenset(),
 ) -> Allocation | Refusal:
     """Plan over ``records``, each committed (its claim and booking held) unless ``claims`` and
-    ``ledger`` say otherwise."""
+    ``bookings`` say otherwise."""
     return allocate.plan_allocation(
         device_ids,
         views(*records),
@@ -77,7 +77,7 @@ def plan(
         now=NOW,
         plugin_id="dp-test",
         claims={r.pod_uid: claim_of(r) for r in records} if claims is None else claims,
-        ledger=(ledger_of(*records) if records else None) if ledger is None else ledger,
+        bookings=bookings_of(*records) if bookings is None else bookings,
         refused=refused,
     )
 
@@ -373,34 +373,34 @@ def with_claim(target: AssignmentRecord, **changes: object) -> dict[str, PodClai
 
 
 MOVED = msgspec.structs.replace(REAL, node="gpu-node-2.example.com")
-UNCOMMITTED: list[tuple[AssignmentRecord, dict[str, PodClaim], NodeLedger, str]] = [
-    (FORGED, {}, ledger_of(REAL), "no placer claimed pod ml/pod-ghost"),
+UNCOMMITTED: list[tuple[AssignmentRecord, dict[str, PodClaim], dict[str, Booking], str]] = [
+    (FORGED, {}, bookings_of(REAL), "no placer claimed pod ml/pod-ghost"),
     (
         FORGED,
         with_claim(FORGED, booking=booking_of(REAL)),
-        ledger_of(REAL),
+        bookings_of(REAL),
         "names commit commit-real, the record c-x",
     ),
-    (FORGED, with_claim(FORGED, state="requeued"), ledger_of(FORGED), "is requeued, not placed"),
-    (FORGED, with_claim(FORGED), ledger_of(REAL), "ledger holds nothing for pod ml/pod-ghost"),
+    (FORGED, with_claim(FORGED, state="requeued"), bookings_of(FORGED), "is requeued, not placed"),
+    (FORGED, with_claim(FORGED), bookings_of(REAL), "ledger holds nothing for pod ml/pod-ghost"),
     (
         msgspec.structs.replace(REAL, containers=FORGED.containers),
         with_claim(REAL),
-        ledger_of(REAL),
+        bookings_of(REAL),
         "slices of pod ml/pod-real are not the ones commit commit-real booked",
     ),
     (
         msgspec.structs.replace(FORGED, commit=""),
         with_claim(FORGED),
-        ledger_of(FORGED),
+        bookings_of(FORGED),
         "no commit",
     ),
-    (MOVED, with_claim(REAL), ledger_of(REAL), "is node gpu-node-1.example.com's"),
+    (MOVED, with_claim(REAL), bookings_of(REAL), "booked ml/pod-real on gpu-node-1.example.com"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("forged", "claims", "ledger", "says"),
+    ("forged", "claims", "bookings", "says"),
     UNCOMMITTED,
     ids=[
         "no-claim",
@@ -413,9 +413,9 @@ UNCOMMITTED: list[tuple[AssignmentRecord, dict[str, PodClaim], NodeLedger, str]]
     ],
 )
 def test_a_record_that_matches_no_commit_is_refused_with_the_reason(
-    forged: AssignmentRecord, claims: dict[str, PodClaim], ledger: NodeLedger, says: str
+    forged: AssignmentRecord, claims: dict[str, PodClaim], bookings: dict[str, Booking], says: str
 ) -> None:
-    result = plan(ids(0, 0), forged, claims=claims, ledger=ledger)
+    result = plan(ids(0, 0), forged, claims=claims, bookings=bookings)
     assert isinstance(result, Refusal) and result.kind == "uncommitted", result
     assert says in result.message
 
@@ -423,7 +423,9 @@ def test_a_record_that_matches_no_commit_is_refused_with_the_reason(
 def test_a_forged_older_record_never_blocks_the_committed_one() -> None:
     assert REAL.bound_at is not None
     forged = msgspec.structs.replace(FORGED, bound_at=REAL.bound_at - 50.0)  # older: first pick
-    result = granted(plan(ids(0, 3), forged, REAL, claims=with_claim(REAL), ledger=ledger_of(REAL)))
+    result = granted(
+        plan(ids(0, 3), forged, REAL, claims=with_claim(REAL), bookings=bookings_of(REAL))
+    )
     assert result.claimed.record.pod_uid == "real"
     assert result.grant.envs["TESSERA_GPU_MEMORY_LIMIT_MIB"] == "16384"
 

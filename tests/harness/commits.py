@@ -1,14 +1,14 @@
 """What a placer writes before an assignment record, for tests that play the placer: the pod's
-claim (``subjects.claim_key``) naming the record's commit and its booking in the node's ledger entry
-(``tessera-ledger``). The device plugin grants, and the binder's ambiguity gate waits for, only
-records that match such a commit (``shared.commits``)."""
+claim (``subjects.claim_key``) naming the record's commit and its booking on the node
+(``subjects.booking_key``, in ``tessera-ledger``). The device plugin grants, and the binder's
+ambiguity gate waits for, only records that match such a commit (``shared.commits``)."""
 
 from __future__ import annotations
 
 from shared import codec, subjects
 from shared.commits import CORE_MILLI_PER_PERCENT
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
+from shared.messages.ledger import BookedContainer, BookedSlice, Booking, PodClaim
 from shared.runtime.bus import Bus
 
 
@@ -48,27 +48,18 @@ def claim_of(record: AssignmentRecord) -> PodClaim:
     )
 
 
-def ledger_of(*records: AssignmentRecord) -> NodeLedger:
-    """The ledger entry of the node of ``records`` (one node) booking them."""
-    (node,) = {r.node for r in records}
-    return NodeLedger(node=node, bookings=tuple(booking_of(r) for r in records))
+def bookings_of(*records: AssignmentRecord) -> dict[str, Booking]:
+    """The bookings of ``records`` (on their nodes), by pod UID."""
+    return {r.pod_uid: booking_of(r) for r in records}
 
 
 async def commit(bus: Bus, record: AssignmentRecord) -> None:
-    """Write ``record``'s claim, and add its booking to its node's ledger entry (by
-    compare-and-set, so concurrent commits keep each other's bookings)."""
+    """Write ``record``'s claim and its booking."""
     await bus.kv_put(
         subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), codec.encode(claim_of(record))
     )
-    key = subjects.ledger_key(record.node)
-    while True:
-        entry = await bus.kv_get(subjects.KV_LEDGER, key)
-        held = codec.decode(entry.value, NodeLedger).bookings if entry is not None else ()
-        kept = tuple(b for b in held if b.pod_uid != record.pod_uid)
-        data = codec.encode(NodeLedger(node=record.node, bookings=(*kept, booking_of(record))))
-        if entry is None:
-            written = await bus.kv_create(subjects.KV_LEDGER, key, data)
-        else:
-            written = await bus.kv_update(subjects.KV_LEDGER, key, data, revision=entry.revision)
-        if written is not None:
-            return
+    await bus.kv_put(
+        subjects.KV_LEDGER,
+        subjects.booking_key(record.node, record.pod_uid),
+        codec.encode(booking_of(record)),
+    )

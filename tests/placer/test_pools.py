@@ -15,7 +15,6 @@ from services.placer.core.profiles import build_profile
 from services.placer.decider import Waiting
 from services.placer.pools import LeasePlan, fair_share, plan_leases, pool_of
 from services.placer.shell.pools import PoolEntries
-from shared.messages.ledger import NodeLedger
 from shared.messages.pools import PoolLease, PoolMember
 from shared.runtime.bus import KvEntry
 from tests.placer import wire
@@ -165,7 +164,7 @@ def test_a_replica_decides_on_its_own_pool_first_and_on_every_node_when_none_fit
     assert isinstance(decided, Decision) and decided.node in mine
     for name in mine:  # the own pool is full: the pod goes to the other pool's nodes
         full = msgspec.structs.replace(booking(f"full-{name}", (0, 80 * 1024, 1000)), node=name)
-        assert view.set_ledger(name, NodeLedger(node=name, bookings=(full,)), revision=3)
+        assert view.set_booking(name, full.pod_uid, full, revision=3)
     fallback = decider.decide(view, PROFILE, small, now=NOW)
     assert isinstance(fallback, Decision) and fallback.node in theirs
     # Holding the other pool moves its nodes into the index, and these out.
@@ -192,10 +191,10 @@ def test_room_given_back_on_another_pools_node_wakes_waiting_pods_once_derived()
     view.set_owned(frozenset({0}))
     other = theirs[0]
     held = msgspec.structs.replace(booking("x", (0, 8192, 500)), node=other)
-    view.set_ledger(other, NodeLedger(node=other, bookings=(held,)), revision=1)
+    view.set_booking(other, "x", held, revision=1)
     view.everywhere()
     freed = view.freed
-    view.set_ledger(other, NodeLedger(node=other, bookings=()), revision=2)
+    view.set_booking(other, "x", None, revision=2)
     assert other not in view.index
     view.everywhere()
     assert view.freed > freed

@@ -73,7 +73,7 @@ from services.placer.state import ClusterView
 from services.placer.store import ConflictError, Store
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord, released, settled
-from shared.messages.ledger import NodeLedger, PodClaim, TenantLedger
+from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.placement import PlacementDecision
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Handler, KvEntry, KvWrite, PullConsumer, Subscription
@@ -148,17 +148,41 @@ class Kv:
 
     def write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
         for write in writes:
+            if write.guard:  # the latest of every key it matches, deleted ones included
+                current = max((rev for _, rev in self._matching(bucket, write.guard)), default=0)
+                if current != write.revision:
+                    return None
+                continue
             value, current = self.values.get(bucket, {}).get(write.key, (None, 0))
             if (value is not None or write.revision) and current != write.revision:
                 return None
         return tuple(self._write(bucket, write.key, write.value) for write in writes)
 
-    def delete_if(self, bucket: str, key: str, revision: int) -> bool:
-        current = self.values.get(bucket, {}).get(key, (None, 0))[1]
+    def _matching(self, bucket: str, keys: str) -> list[tuple[str, int]]:
+        """(key, revision) of every key the NATS filter ``keys`` matches (``*``: one token)."""
+        wanted = keys.split(".")
+        return [
+            (key, rev)
+            for key, (_, rev) in self.values.get(bucket, {}).items()
+            if len(key.split(".")) == len(wanted)
+            and all(w in ("*", t) for w, t in zip(wanted, key.split("."), strict=True))
+        ]
+
+    def list(self, bucket: str, keys: str) -> list[KvEntry]:
+        held = self.values.get(bucket, {})
+        return [
+            KvEntry(key, held[key][0] or b"", rev, deleted=held[key][0] is None)
+            for key, rev in self._matching(bucket, keys)
+        ]
+
+    def delete_if(self, bucket: str, key: str, revision: int, guard: str = "") -> int | None:
+        if guard:
+            current = max((rev for _, rev in self._matching(bucket, guard)), default=0)
+        else:
+            current = self.values.get(bucket, {}).get(key, (None, 0))[1]
         if current != revision:
-            return False
-        self._write(bucket, key, None)
-        return True
+            return None
+        return self._write(bucket, key, None)
 
     def publish(self, subject: str, data: bytes, msg_id: str | None) -> int:
         if msg_id is None or msg_id not in self._msg_ids:
@@ -234,10 +258,18 @@ class GatedBus:
             f"batch {bucket}/{keys}", lambda: self.kv.write_all(bucket, writes)
         )
 
-    async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
+    async def kv_delete_if(
+        self, bucket: str, key: str, *, revision: int, guard: str = ""
+    ) -> int | None:
         return await self._through(  # type: ignore[no-any-return]
-            f"delete {bucket}/{key}", lambda: self.kv.delete_if(bucket, key, revision)
+            f"delete {bucket}/{key}", lambda: self.kv.delete_if(bucket, key, revision, guard)
         )
+
+    async def kv_list(self, bucket: str, keys: str) -> list[KvEntry]:
+        entries: list[KvEntry] = await self._through(
+            f"list {bucket}/{keys}", lambda: self.kv.list(bucket, keys), read=True
+        )
+        return entries
 
     async def js_publish(
         self,
@@ -308,8 +340,8 @@ def apply_entry(
         uid = subjects.claim_uid(key)
         view.set_claim(uid, codec.decode(data, PodClaim) if data is not None else None, revision)
     elif bucket == subjects.KV_LEDGER:
-        ledger = codec.decode(data, NodeLedger) if data is not None else None
-        view.set_ledger(subjects.node_from_token(key), ledger, revision)
+        booking = codec.decode(data, Booking) if data is not None else None
+        view.set_booking(*subjects.booking_of_key(key), booking, revision)
     elif bucket == subjects.KV_ASSIGNMENTS:
         record = codec.decode(data, AssignmentRecord) if data is not None else None
         view.set_record(key, record, revision)
@@ -620,10 +652,13 @@ class ProtocolMachine(RuleBasedStateMachine):
     def _state(self) -> wire.ClusterState:
         state = wire.ClusterState()
         for key, (data, _) in self.kv.entries(subjects.KV_LEDGER).items():
-            if key == subjects.claim_uid(key):
-                state.ledgers[key] = codec.decode(data, NodeLedger)
-            else:
+            if key != subjects.claim_uid(key):
                 state.claims[subjects.claim_uid(key)] = codec.decode(data, PodClaim)
+                continue
+            node, _ = subjects.booking_of_key(key)
+            held = state.ledgers[node].bookings if node in state.ledgers else ()
+            booking = codec.decode(data, Booking)
+            state.ledgers[node] = NodeLedger(node=node, bookings=(*held, booking))
         for key, (data, _) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
             state.records[key] = codec.decode(data, AssignmentRecord)
         for data, _ in self.kv.entries(subjects.KV_TENANTS).values():
@@ -786,9 +821,10 @@ def _booked_without_claim(machine: ProtocolMachine, pod: str) -> None:
         decided_at=machine.clock.now(),
         placer_id="r9",
     )
-    ledger = NodeLedger(node=booking.node, bookings=(booking,), updated_at=machine.clock.now())
     assert machine.kv.create(
-        subjects.KV_LEDGER, subjects.ledger_key(booking.node), codec.encode(ledger)
+        subjects.KV_LEDGER,
+        subjects.booking_key(booking.node, booking.pod_uid),
+        codec.encode(booking),
     )
 
 
@@ -827,7 +863,7 @@ def test_a_booking_and_its_claim_land_together_or_not_at_all() -> None:
         pick = next(
             i
             for i, op in enumerate(machine.gates.pending)
-            if op.what.startswith("batch tessera-ledger/a,claim.p0")
+            if op.what.startswith("batch tessera-ledger/book.a.p0,claim.p0")
         )
         machine.let_some_through(steps=[(pick, fate)])
         state = machine._state()

@@ -498,8 +498,7 @@ async def test_half_done_commits_are_repaired_before_ready(
     await wire.put_node(bus, "n1", 2)
     unclaimed = _booking("unclaimed", "n1", "c1")  # stopped after booking
     unrecorded = _booking("unrecorded", "n1", "c2")  # stopped after claiming
-    ledger = NodeLedger(node="n1", bookings=(unclaimed, unrecorded), updated_at=time.time())
-    await bus.kv_put(subjects.KV_LEDGER, subjects.ledger_key("n1"), codec.encode(ledger))
+    await wire.put_bookings(bus, unclaimed, unrecorded)
     claim = PodClaim(
         pod_uid="unrecorded", state="placed", booking=unrecorded, updated_at=time.time() - 60
     )
@@ -512,6 +511,42 @@ async def test_half_done_commits_are_repaired_before_ready(
         assert {d.pod_uid for d in await decisions(bus)} == {"unclaimed", "unrecorded"}
         assert placer.metric("tessera_placer_repairs_total", kind="roll-forward") == 1
         assert placer.metric("tessera_placer_repairs_total", kind="create-record") == 1
+
+
+async def test_an_earlier_version_s_whole_node_entries_become_bookings_before_ready(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    """Upgrading: earlier placers wrote one entry per node listing every booking. A placer of
+    this version turns each into booking keys (and deletes it) before it decides anything, so
+    the capacity those bookings hold is never offered again."""
+    await wire.put_node(bus, "n1.example.com", 1)
+    held = [_booking(f"held-{n}", "n1.example.com", f"c{n}") for n in range(2)]
+    for booking in held:
+        claim = PodClaim(pod_uid=booking.pod_uid, state="placed", booking=booking, updated_at=1.0)
+        key = subjects.claim_key(booking.pod_uid)
+        await bus.kv_put(subjects.KV_CLAIMS, key, codec.encode(claim))
+        record = msgspec.structs.replace(translate.record_of(booking), state="allocated")
+        key = subjects.assignment_key(booking.node, booking.pod_uid)
+        await bus.kv_put(subjects.KV_ASSIGNMENTS, key, codec.encode(record))
+    legacy = subjects.node_token("n1.example.com")  # the earlier versions' key
+    entry = NodeLedger(node="n1.example.com", bookings=tuple(held), updated_at=1.0)
+    await bus.kv_put(subjects.KV_LEDGER, legacy, codec.encode(entry))
+
+    whole = {"shares": 1, "memory_mib": None, "cores": None}
+    async with start_placer() as placer:
+        state = await wire.cluster_state(bus)
+        assert state.ledgers["n1.example.com"].bookings == tuple(held)
+        assert await bus.kv_get(subjects.KV_LEDGER, legacy) is None
+        # The node's one GPU holds the two converted shares: a whole GPU waits, a share fits.
+        await wire.publish_pod(bus, wire.pending("whole", **whole))  # type: ignore[arg-type]
+        await until(
+            lambda: placer.metric("tessera_placer_decisions_total", outcome="rejected") == 1,
+            what="the whole GPU refused",
+        )
+        await wire.publish_pod(bus, wire.pending("share", memory_mib=2048))
+        state = await settled(bus, placed("share"), what="the share placed")
+        assert "whole" not in state.claims
+        wire.check_invariants(state, {"n1.example.com": wire.inventory("n1.example.com", 1)})
 
 
 async def test_a_record_no_placer_committed_is_released_by_reconciliation(
@@ -557,8 +592,7 @@ async def test_quota_charges_are_derived_again_from_placements_before_ready(
     tenancy.write_text(json.dumps({"quotas": [{"tenant": "ml", "gpus": 2}]}))
     await wire.put_node(bus, "n1", 4)
     old = _booking("old", "n1", "c-old")
-    ledger = NodeLedger(node="n1", bookings=(old,), updated_at=time.time())
-    await bus.kv_put(subjects.KV_LEDGER, subjects.ledger_key("n1"), codec.encode(ledger))
+    await wire.put_bookings(bus, old)
     claim = PodClaim(pod_uid="old", state="placed", booking=old, updated_at=time.time() - 60)
     await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key("old"), codec.encode(claim))
     record = msgspec.structs.replace(translate.record_of(old), state="bound")

@@ -19,9 +19,11 @@ from services.placer.metrics import PlacerMetrics
 from services.placer.state import ClusterView
 from services.placer.store import Store
 from shared import codec, subjects
+from shared.messages.ledger import NodeLedger
 from shared.runtime.bus import KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.metrics import EdgeMetrics
+from shared.runtime.nats import NatsBus
 from tests.harness.clock import FakeClock
 from tests.placer.test_translate import booking
 from tests.placer.test_view import view_of
@@ -106,3 +108,45 @@ async def test_a_delivery_that_is_not_the_write_in_flight_is_the_watchs_to_apply
     assert not store.echoed(bucket, key, value, 7)
     bus.answer.set()
     await task
+
+
+def _store_over(bus: NatsBus) -> tuple[Store, ClusterView]:
+    """A replica's store and view of node n1 (one 16 GiB GPU) over a real bucket, with no
+    watch: the view learns only what this store writes and reads."""
+    view = view_of("n1", gpus=1)
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    edge = Edge(bus=bus, metrics=EdgeMetrics.create(registry), clock=clock, service="test")
+    metrics = PlacerMetrics.create(registry)
+    return Store(bus=bus, edge=edge, view=view, clock=clock, metrics=metrics), view
+
+
+async def test_a_replica_that_missed_a_booking_learns_it_before_booking_over_it(
+    bus: NatsBus,
+) -> None:
+    """Each booking has a key of its own, and the view holds a node at the latest revision among
+    them: a write that lands may move that revision on only when nothing else landed on the
+    node in between, or the view would hold the node at a revision it has not seen whole.
+
+    Replica A unbooks while replica B's booking on the same GPU, which A never saw, has landed.
+    Had A's delete been checked by its key alone, A's view would hold the node at the delete's
+    revision without B's booking, and A's next booking would land over it (the protocol model
+    found this: ``a GPU 0 memory`` over-committed in the ledger)."""
+    a, a_view = _store_over(bus)
+    b, _ = _store_over(bus)
+    mine, theirs = booking("x", (0, 4096, 100)), booking("y", (0, 8192, 100))
+    assert await a.book(mine) == ""
+    await b.read_node("n1")
+    assert await b.book(theirs) == ""
+    assert a_view.ledger("n1")[0] == NodeLedger(node="n1", bookings=(mine,))  # y unseen
+
+    await a.unbook(mine)  # its delete loses to y, reads the node and deletes again
+    assert a_view.ledger("n1")[0] == NodeLedger(node="n1", bookings=(theirs,))
+    # 12 GiB would fit beside x's 4 GiB, not beside y's 8 GiB.
+    refused = await a.book(booking("z", (0, 12288, 100)))
+    assert refused == "GPU 0: 12288 MiB asked, 8192 free"
+    listed = await bus.kv_list(subjects.KV_LEDGER, subjects.node_bookings("n1"))
+    assert {e.key: e.deleted for e in listed} == {
+        subjects.booking_key("n1", "x"): True,
+        subjects.booking_key("n1", "y"): False,
+    }

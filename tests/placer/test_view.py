@@ -103,7 +103,8 @@ def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
     spread = decider.decide(view, PROFILE, pod, now=NOW)
     assert isinstance(spread, Decision) and spread.node != "a", "a's queue is long"
     # Committed (booked in the ledger) and recorded: still queued until allocated.
-    assert view.set_ledger("a", NodeLedger(node="a", bookings=tuple(queued)), revision=5)
+    for revision, held in enumerate(queued, start=5):
+        assert view.set_booking("a", held.pod_uid, held, revision)
     for key, held in enumerate(queued, start=1):
         view.set_record(f"a.{held.pod_uid}", translate.record_of(held), key)
     assert view.queued_nodes(2) == {"a"}
@@ -309,10 +310,11 @@ def test_tentative_bookings_count_until_the_ledger_holds_them() -> None:
     assert committed is not None
     assert committed.gpus[0].memory_reserved_mib == 0
     shapes = len(view.index.shapes)
-    assert view.set_ledger("a", NodeLedger(node="a", bookings=(held,)), revision=5)
+    assert view.set_booking("a", "x", held, revision=5)
     assert len(view.index.shapes) == shapes  # nothing the index shows changed
     assert view.tentative("a", "x") is None
-    assert not view.set_ledger("a", NodeLedger(node="a"), revision=4)  # older: ignored
+    assert not view.set_booking("a", "x", None, revision=4)  # older: ignored
+    assert view.ledger("a") == (NodeLedger(node="a", bookings=(held,)), 5)
     assert view.bookings_of("x") == [held]
     assert view.tenancy.used("ml").gpus == 1
 
@@ -320,9 +322,10 @@ def test_tentative_bookings_count_until_the_ledger_holds_them() -> None:
 def test_change_counters_move_when_capacity_is_given_back_or_nodes_come() -> None:
     view = view_of("a", gpus=1)
     held = msgspec.structs.replace(booking("x", (0, 8192, 500)), node="a")
-    view.set_ledger("a", NodeLedger(node="a", bookings=(held,)), revision=1)
+    view.set_booking("a", "x", held, revision=1)
     freed, grown = view.freed, view.grown
-    view.set_ledger("a", NodeLedger(node="a", bookings=()), revision=2)
+    view.set_booking("a", "x", None, revision=2)  # its delete marker
+    assert view.ledger("a") == (None, 2)
     assert view.freed > freed
     assert view.grown == grown
     view.set_inventory(wire.inventory("b", 4, at=NOW), now=NOW)
@@ -348,8 +351,11 @@ def test_why_nodes_are_not_placed_on() -> None:
     }
     view.set_facts(msgspec.structs.replace(wire.facts("late"), deleted=True))
     assert "late" not in view.index
-    view.set_ledger_unreadable("ok", revision=9)
+    view.set_booking_unreadable("ok", "x", revision=9)
     assert view.reason("ok") == "ledger entry unreadable"
+    assert view.ledger("ok") == (None, 9)
+    view.set_booking("ok", "x", None, revision=10)  # the key deleted: its booking is known
+    assert view.reason("ok") != "ledger entry unreadable"
 
 
 def test_a_pod_larger_than_any_node_is_told_apart() -> None:
@@ -485,9 +491,8 @@ def test_a_memory_units_node_takes_only_containers_that_ask_gpu_memory() -> None
     ]
     assert isinstance(decider.decide_on(view, PROFILE, by_memory, "units", now=NOW), Decision)
     # The logical node full: the whole-GPU pod waits, counting the memory-units node apart.
-    view.set_ledger("logical", NodeLedger(node="logical", bookings=(
-        msgspec.structs.replace(booking("x", (0, 81920, 1000), whole=True), node="logical"),
-    )), 1)  # fmt: skip
+    whole_gpu = booking("x", (0, 81920, 1000), whole=True)
+    view.set_booking("logical", "x", msgspec.structs.replace(whole_gpu, node="logical"), 1)
     waiting = decider.decide(view, PROFILE, whole, now=NOW)
     assert isinstance(waiting, decider.Waiting)
     reasons = {r.reason: r.nodes for r in waiting.rejection.reasons}

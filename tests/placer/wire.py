@@ -135,6 +135,13 @@ async def put_node(
     await put_facts(bus, facts(node, at=when, slots=slots))
 
 
+async def put_bookings(bus: Bus, *bookings: Booking) -> None:
+    """Write ``bookings`` as a placer does, each to its own key (``subjects.booking_key``)."""
+    for booking in bookings:
+        key = subjects.booking_key(booking.node, booking.pod_uid)
+        await bus.kv_put(subjects.KV_LEDGER, key, codec.encode(booking))
+
+
 async def publish_pod(bus: Bus, pod: PodPending) -> None:
     await bus.js_publish(
         subjects.PODS_PENDING,
@@ -165,7 +172,7 @@ class ClusterState:
 
 
 async def claimed(bus: Bus) -> int:
-    """How many pods have a claim (in ``tessera-ledger``, beside the nodes' entries)."""
+    """How many pods have a claim (in ``tessera-ledger``, beside the bookings)."""
     return sum(key != subjects.claim_uid(key) for key in await bus.kv_keys(subjects.KV_CLAIMS))
 
 
@@ -178,14 +185,17 @@ async def cluster_state(bus: Bus) -> ClusterState:
         entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
         if entry is not None:
             state.records[key] = codec.decode(entry.value, AssignmentRecord)
-    for key in await bus.kv_keys(subjects.KV_LEDGER):  # the claims too
+    for key in await bus.kv_keys(subjects.KV_LEDGER):  # the bookings and the claims
         entry = await bus.kv_get(subjects.KV_LEDGER, key)
         if entry is None:
             continue
-        if key == subjects.claim_uid(key):
-            state.ledgers[key] = codec.decode(entry.value, NodeLedger)
-        else:
+        if key != subjects.claim_uid(key):
             state.claims[subjects.claim_uid(key)] = codec.decode(entry.value, PodClaim)
+            continue
+        node, _ = subjects.booking_of_key(key)
+        booking = codec.decode(entry.value, Booking)
+        held = state.ledgers[node].bookings if node in state.ledgers else ()
+        state.ledgers[node] = NodeLedger(node=node, bookings=(*held, booking))
     for key in await bus.kv_keys(subjects.KV_TENANTS):
         entry = await bus.kv_get(subjects.KV_TENANTS, key)
         if entry is not None:

@@ -204,7 +204,7 @@ async def test_kv_compare_and_set_conflict_is_data(bus: NatsBus) -> None:
 
 async def test_kv_writes_of_one_batch_land_all_or_none(bus: NatsBus) -> None:
     bucket = subjects.KV_LEDGER
-    node, claim = subjects.ledger_key("n1"), subjects.claim_key("uid-1")
+    node, claim = subjects.booking_key("n1", "uid-0"), subjects.claim_key("uid-1")
     first = await bus.kv_create(bucket, node, b"one booking")
     assert first is not None
     landed = await bus.kv_write_all(
@@ -232,11 +232,41 @@ async def test_a_batched_create_over_a_deleted_key_lands_as_kv_create_does(
     claim = subjects.claim_key("uid-1")
     revision = await bus.kv_create(bucket, claim, b"deleted")
     assert revision is not None and await bus.kv_delete_if(bucket, claim, revision=revision)
-    node = subjects.ledger_key("n1")
+    node = subjects.booking_key("n1", "uid-0")
     landed = await bus.kv_write_all(bucket, [KvWrite(node, b"b", 0), KvWrite(claim, b"c", 0)])
     assert landed is not None
     assert await bus.kv_get(bucket, claim) == KvEntry(claim, b"c", landed[1])
     assert await bus.kv_write_all(bucket, [KvWrite(claim, b"again", 0)]) is None
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one write", "batch"])
+async def test_a_guarded_write_lands_only_while_no_key_of_its_guard_moved(
+    bus: NatsBus, batched: bool
+) -> None:
+    bucket, guard = subjects.KV_LEDGER, subjects.node_bookings("n1")
+    first, second = subjects.booking_key("n1", "uid-1"), subjects.booking_key("n1", "uid-2")
+
+    async def write(key: str, value: bytes, seen: int) -> int | None:
+        writes = [KvWrite(key, value, seen, guard=guard)]
+        if batched:  # with a claim of its own, as a booking's batch goes
+            writes.append(KvWrite(subjects.claim_key(value.decode()), value, 0))
+        landed = await bus.kv_write_all(bucket, writes)
+        return None if landed is None else landed[0]
+
+    one = await write(first, b"a", 0)  # no booking on the node yet
+    assert one is not None
+    assert await write(second, b"b", 0) is None  # the node changed since 0
+    other_node = await bus.kv_create(bucket, subjects.booking_key("n2", "uid-3"), b"c")
+    assert other_node is not None  # a key the guard does not match moves nothing
+    two = await write(second, b"b", one)
+    assert two is not None
+    await bus.kv_delete(bucket, first)  # a deletion moves the node too
+    assert await write(first, b"a2", two) is None
+    assert await bus.kv_get(bucket, first) is None
+    listed = await bus.kv_list(bucket, guard)
+    assert {e.key: e.deleted for e in listed} == {first: True, second: False}
+    marker = max(e.revision for e in listed)
+    assert await write(first, b"a2", marker) is not None
 
 
 async def test_kv_get_delete_and_keys(bus: NatsBus) -> None:

@@ -162,7 +162,7 @@ FORGERIES = [
             PLACER,
         )
         for bucket, key in (
-            (subjects.KV_LEDGER, subjects.ledger_key(NODE_B)),
+            (subjects.KV_LEDGER, subjects.booking_key(NODE_B, "uid-1")),
             (subjects.KV_CLAIMS, subjects.claim_key("uid-1")),
             (subjects.KV_TENANTS, subjects.tenant_key("team")),
             (subjects.KV_WAITING, subjects.waiting_key("uid-1")),
@@ -316,7 +316,7 @@ async def test_a_placer_may_watch_the_ledger_and_the_records_in_batches(cluster:
     placer = await cluster.connect(*PLACER)
     try:
         for bucket, key in (
-            (subjects.KV_LEDGER, subjects.ledger_key(NODE_A)),
+            (subjects.KV_LEDGER, subjects.booking_key(NODE_A, "uid-1")),
             (subjects.KV_ASSIGNMENTS, subjects.assignment_key(NODE_A, "uid-1")),
         ):
             watch = placer.kv_watch(bucket, batch_s=0.05)
@@ -336,7 +336,7 @@ async def test_no_identity_can_read_another_s_replies(cluster: Cluster) -> None:
     placer = await cluster.connect(*PLACER)
     try:
         snooped, stop = await _seen(plugin, f"{permissions.inbox_prefix('placer')}.>")
-        await placer.kv_get(subjects.KV_LEDGER, subjects.ledger_key(NODE_A))
+        await placer.kv_get(subjects.KV_LEDGER, subjects.booking_key(NODE_A, "uid-1"))
         await eventually(
             lambda: (
                 f"{permissions.inbox_prefix('placer')}.>"
@@ -379,6 +379,6 @@ async def test_a_per_node_user_jwt_in_operator_mode_takes_the_same_permissions(
             with pytest.raises(TimeoutError):  # refused: no answer comes
                 await plugin.kv_put(subjects.KV_ASSIGNMENTS, RECORD_B, b"{}")
             with pytest.raises(TimeoutError):
-                await plugin.kv_put(subjects.KV_LEDGER, subjects.ledger_key(node), b"{}")
+                await plugin.kv_put(subjects.KV_LEDGER, subjects.booking_key(node, "uid-1"), b"{}")
         finally:
             await plugin.drain()

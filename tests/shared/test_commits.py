@@ -11,9 +11,9 @@ import pytest
 from services.placer.commit import deleted_claim, requeued_claim
 from shared.commits import commit_problem, withdrawing
 from shared.messages.assignments import AssignmentRecord
-from shared.messages.ledger import NodeLedger, PodClaim
+from shared.messages.ledger import Booking, PodClaim
 from tests.binder.builders import record, slices
-from tests.harness.commits import claim_of, ledger_of
+from tests.harness.commits import booking_of, claim_of
 
 REAL = record("uid-1", "real", slices("main", (0, 4096, 5)), state="bound", bound_at=1.0)
 
@@ -22,34 +22,48 @@ def moved(**changes: object) -> AssignmentRecord:
     return msgspec.structs.replace(REAL, **changes)
 
 
+def moved_booking(**changes: object) -> Booking:
+    return msgspec.structs.replace(booking_of(REAL), **changes)
+
+
 DELETED = deleted_claim(REAL.pod_uid, claim_of(REAL), reason="gone", now=2.0)
 """REAL's claim once its pod was deleted (its booking still named)."""
 
-Case = tuple[AssignmentRecord, PodClaim | None, NodeLedger | None]
+Case = tuple[AssignmentRecord, PodClaim | None, Booking | None]
 CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
-    # name: (record, claim, ledger), the problem found (a fragment), withdrawing
-    "committed": (lambda: (REAL, claim_of(REAL), ledger_of(REAL)), None, False),
+    # name: (record, claim, booking), the problem found (a fragment), withdrawing
+    "committed": (lambda: (REAL, claim_of(REAL), booking_of(REAL)), None, False),
     "no commit named": (
-        lambda: (moved(commit=""), claim_of(REAL), ledger_of(REAL)),
+        lambda: (moved(commit=""), claim_of(REAL), booking_of(REAL)),
         "names no commit",
         False,
     ),
-    "no claim": (lambda: (REAL, None, ledger_of(REAL)), "it has no claim", False),
+    "no claim": (lambda: (REAL, None, booking_of(REAL)), "it has no claim", False),
     "claim of another commit": (
-        lambda: (moved(commit="forged"), claim_of(REAL), ledger_of(REAL)),
+        lambda: (moved(commit="forged"), claim_of(REAL), booking_of(REAL)),
         "names commit commit-uid-1, the record forged",
         False,
     ),
     "not booked": (
-        lambda: (REAL, claim_of(REAL), NodeLedger(node=REAL.node, bookings=())),
+        lambda: (REAL, claim_of(REAL), None),
         "holds nothing",
+        False,
+    ),
+    "booked by another commit": (
+        lambda: (REAL, claim_of(REAL), moved_booking(commit="older")),
+        "holds commit older",
+        False,
+    ),
+    "booked for another node": (
+        lambda: (REAL, claim_of(REAL), moved_booking(node="gpu-9")),
+        "booked default/real on gpu-9",
         False,
     ),
     "other slices than booked": (
         lambda: (
             moved(containers=(slices("main", (1, 4096, 5)),)),
             claim_of(REAL),
-            ledger_of(REAL),
+            booking_of(REAL),
         ),
         "are not the ones",
         False,
@@ -59,7 +73,7 @@ CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
         lambda: (
             REAL,
             DELETED,
-            ledger_of(REAL),
+            booking_of(REAL),
         ),
         "is deleted, not placed",
         True,
@@ -99,8 +113,8 @@ CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
 @pytest.mark.parametrize("name", CASES)
 def test_commit_problem_and_withdrawing(name: str) -> None:
     build, problem, withdrawn = CASES[name]
-    rec, claim, ledger = build()
-    found = commit_problem(rec, claim=claim, ledger=ledger)
+    rec, claim, booking = build()
+    found = commit_problem(rec, claim=claim, booking=booking)
     if problem is None:
         assert found is None
     else:

@@ -70,16 +70,24 @@ def test_added_fields_default_for_older_producers() -> None:
     assert record.commit == ""
 
 
-def test_ledger_and_claim_keys() -> None:
-    assert subjects.ledger_key("gpu-1.example.com") == "gpu-1_example_com"
+def test_booking_and_claim_keys() -> None:
     uid = "0b7c9e0e-1111-4e2b-8f43-5d1e2a3b4c5d"
+    key = subjects.booking_key("gpu-1.example.com", uid)
+    assert key == f"book.gpu-1_example_com.{uid}"
+    assert subjects.booking_of_key(key) == ("gpu-1.example.com", uid)
+    assert subjects.node_bookings("gpu-1.example.com") == "book.gpu-1_example_com.*"
+    for not_a_booking in ("gpu-1", f"claim.{uid}", "book.n1", f"book..{uid}", f"pod.n1.{uid}"):
+        with pytest.raises(ValueError, match="not a booking key"):
+            subjects.booking_of_key(not_a_booking)
     assert subjects.claim_key(uid) == f"claim.{uid}"
     assert subjects.claim_uid(subjects.claim_key(uid)) == uid
-    with pytest.raises(ValueError, match="pod uid"):
-        subjects.claim_key("")
+    for empty in (subjects.claim_key, lambda uid: subjects.booking_key("n1", uid)):
+        with pytest.raises(ValueError, match="pod uid"):
+            empty("")
     # Claims share the ledger's bucket (one batch books and claims); no key is both kinds.
     assert subjects.KV_CLAIMS == subjects.KV_LEDGER and subjects.KV_BUCKETS[subjects.KV_CLAIMS] == 5
-    # A node's key is one token (filter "*"), a claim's two ("claim.*").
-    assert (subjects.LEDGER_KEYS, subjects.CLAIM_KEYS) == ("*", "claim.*")
-    assert "." not in subjects.ledger_key("gpu-1.example.com")
+    # A booking's key is three tokens ("book.*.*"), a claim's two ("claim.*"), an earlier
+    # version's whole-node entry one ("*").
+    assert (subjects.BOOKING_KEYS, subjects.CLAIM_KEYS) == ("book.*.*", "claim.*")
+    assert subjects.LEGACY_LEDGER_KEYS == "*"
     assert subjects.claim_key(uid).split(".") == ["claim", uid]

@@ -166,7 +166,10 @@ class PoolKeeper:
 
     async def _delete(self, key: str, revision: int) -> None:
         """Delete ``key`` if it is still at ``revision``."""
-        if await self._shell.bus.kv_delete_if(subjects.KV_POOLS, key, revision=revision):
+        if (
+            await self._shell.bus.kv_delete_if(subjects.KV_POOLS, key, revision=revision)
+            is not None
+        ):
             self.entries.deleted(key, revision)
 
     async def give_back_all(self) -> None:

@@ -184,7 +184,7 @@ class WaitingPods:
                 )
             except Exception:  # the sweep takes it off later
                 return
-            if deleted:
+            if deleted is not None:
                 shell.board.remove(posted.uid, before=posted.revision + 1)
 
         shell.tasks.spawn(delete(), f"unpost-{uid}")

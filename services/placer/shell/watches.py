@@ -15,7 +15,7 @@ from services.placer.shell.waiting import WaitingPods
 from shared import subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
-from shared.messages.ledger import NodeLedger, PodClaim, TenantLedger
+from shared.messages.ledger import Booking, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
 from shared.messages.store import StoreRestored
 from shared.messages.waiting import WaitingPod
@@ -84,13 +84,13 @@ class Watches:
             _Follow(subjects.KV_NODES, self._on_facts, "nodes", view.facts_keys, view.forget_facts),
             _Follow(
                 subjects.KV_LEDGER,
-                self._on_ledger,
+                self._on_booking,
                 "ledger",
-                view.ledger_keys,
-                view.forget_ledger,
+                view.booking_keys,
+                view.forget_booking,
                 durable=True,
                 batch_s=batch_s,
-                keys=subjects.LEDGER_KEYS,
+                keys=subjects.BOOKING_KEYS,
             ),
             _Follow(
                 subjects.KV_CLAIMS,
@@ -201,21 +201,26 @@ class Watches:
                 return
             self._shell.view.set_facts(facts)
 
-    async def _on_ledger(self, entry: KvEntry) -> None:
+    async def _on_booking(self, entry: KvEntry) -> None:
         view = self._shell.view
-        node = subjects.node_from_token(entry.key)
-        if entry.revision <= view.ledger(node)[1]:
+        node, uid = subjects.booking_of_key(entry.key)
+        if entry.revision <= view.booking_revision(node, uid):
             return  # our own write coming back (or older): nothing new, nothing to decode
         if self._shell.store.echoed(subjects.KV_LEDGER, entry.key, entry.value, entry.revision):
             return  # our own write, back before its answer: the store applies it then
         if entry.deleted:
-            view.set_ledger(node, None, entry.revision)
+            view.set_booking(node, uid, None, entry.revision)
             return
-        ledger = await self._decode(entry, subjects.KV_LEDGER, NodeLedger, "ledger")
-        if isinstance(ledger, NodeLedger):
-            view.set_ledger(ledger.node, ledger, entry.revision)
+        booking = await self._decode(entry, subjects.KV_LEDGER, Booking, "ledger")
+        if not isinstance(booking, Booking):
+            view.set_booking_unreadable(node, uid, entry.revision)
+        elif (booking.node, booking.pod_uid) != (node, uid):
+            await self._reject_entry(
+                entry, subjects.KV_LEDGER, "ledger", f"{booking.node}/{booking.pod_uid}"
+            )
+            view.set_booking_unreadable(node, uid, entry.revision)
         else:
-            view.set_ledger_unreadable(node, entry.revision)
+            view.set_booking(node, uid, booking, entry.revision)
 
     async def _on_claim(self, entry: KvEntry) -> None:
         view = self._shell.view

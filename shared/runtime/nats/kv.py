@@ -58,6 +58,15 @@ def stream_sequence(reply: str) -> int:
     return sequences(reply)[0]
 
 
+def _expectation(bucket: str, write: KvWrite, last: int) -> dict[str, str]:
+    """The headers making ``write`` land only where the server's last sequence is ``last``: of
+    its key's subject, or of every subject its guard matches."""
+    headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
+    if write.guard:
+        headers["Nats-Expected-Last-Subject-Sequence-Subject"] = f"$KV.{bucket}.{write.guard}"
+    return headers
+
+
 class NatsKv(NatsStore):
     """The Bus's KV operations over the buckets of the store."""
 
@@ -102,11 +111,17 @@ class NatsKv(NatsStore):
         subject, 0 for a create. A create whose key holds a delete marker expects that marker
         instead, as nats-py's ``KeyValue.create`` does: a conflict is looked into once.
 
+        A guarded write (``KvWrite.guard``) expects its revision as the last sequence of the
+        guard's subjects instead (``Nats-Expected-Last-Subject-Sequence-Subject``).
+
         A single write goes as a plain compare-and-set or create: on a single server a batch is
         staged on disk and synced before it is committed, which costs more than its one write.
         """
         if len(writes) == 1:
             write = writes[0]
+            if write.guard:
+                guarded = await self._guarded_put(bucket, write)
+                return None if guarded is None else (guarded,)
             if write.revision:
                 landed = await self.kv_update(
                     bucket, write.key, write.value, revision=write.revision
@@ -139,6 +154,26 @@ class NatsKv(NatsStore):
                 return None
         return None
 
+    async def _guarded_put(self, bucket: str, write: KvWrite) -> int | None:
+        """One guarded write (see :meth:`kv_write_all`); None when the guard's keys moved on."""
+        await self._checked_bucket(bucket)
+        last = self._sequence(write.revision) if write.revision else 0
+        if last is None:  # read from a store that was lost: those keys have moved on for good
+            return None
+        try:
+            ack = await self._write(
+                lambda: self._js.publish(
+                    f"$KV.{bucket}.{write.key}",
+                    write.value,
+                    headers=_expectation(bucket, write, last),
+                )
+            )
+        except nats.js.errors.APIError as error:
+            if error.err_code == 10071:  # wrong last sequence
+                return None
+            raise
+        return self._revision(int(ack.seq))
+
     async def _send_batch(
         self, bucket: str, writes: Sequence[KvWrite], expected: Sequence[int]
     ) -> dict[str, Any]:
@@ -148,7 +183,7 @@ class NatsKv(NatsStore):
             headers = {
                 "Nats-Batch-Id": batch,
                 "Nats-Batch-Sequence": str(number),
-                "Nats-Expected-Last-Subject-Sequence": str(last),
+                **_expectation(bucket, write, last),
             }
             subject = f"$KV.{bucket}.{write.key}"
             if number < len(writes):
@@ -173,7 +208,7 @@ class NatsKv(NatsStore):
         kv = await self._checked_bucket(bucket)
         moved = False
         for number, write in enumerate(writes):
-            if write.revision:
+            if write.revision or write.guard:
                 continue
             try:
                 with unavailable(f"bucket {bucket} cannot be read now"):
@@ -189,18 +224,26 @@ class NatsKv(NatsStore):
         kv = await self._checked_bucket(bucket)
         await self._write(lambda: kv.delete(key))
 
-    async def kv_delete_if(self, bucket: str, key: str, *, revision: int) -> bool:
-        kv = await self._checked_bucket(bucket)
+    async def kv_delete_if(
+        self, bucket: str, key: str, *, revision: int, guard: str = ""
+    ) -> int | None:
+        await self._checked_bucket(bucket)
         last = self._sequence(revision)
         if last is None:
-            return False
+            return None
+        # What nats-py's KeyValue.delete sends, keeping the answer (the marker's revision).
+        headers = {"KV-Operation": "DEL"}
+        if last or guard:
+            headers.update(_expectation(bucket, KvWrite(key, b"", revision, guard=guard), last))
         try:
-            await self._write(lambda: kv.delete(key, last=last))
+            ack = await self._write(
+                lambda: self._js.publish(f"$KV.{bucket}.{key}", b"", headers=headers)
+            )
         except nats.js.errors.APIError as error:
             if error.err_code in (10071, 10164):  # wrong last sequence: the key moved on
-                return False
+                return None
             raise
-        return True
+        return self._revision(int(ack.seq))
 
     async def kv_keys(self, bucket: str) -> list[str]:
         # Not nats-py's KeyValue.keys(): it ends at its watcher's "initial values done" marker,
@@ -212,6 +255,15 @@ class NatsKv(NatsStore):
                     break
                 live[entry.key] = not entry.deleted
         return [key for key, alive in live.items() if alive]
+
+    async def kv_list(self, bucket: str, keys: str) -> list[KvEntry]:
+        latest: dict[str, KvEntry] = {}
+        async with contextlib.aclosing(self._watch(bucket, keys, headers_only=False)) as watch:
+            async for entry in watch:
+                if entry is None:
+                    break
+                latest[entry.key] = entry
+        return list(latest.values())
 
     def kv_watch(
         self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
