@@ -239,10 +239,12 @@ _FIXED_FIELDS: Final = ("pod_uid", "namespace", "name", "node", "containers", "p
 
 def may_replace(previous: AssignmentRecord | None, commit: str) -> bool:
     """Whether a record of ``commit`` may take the key of ``previous`` as a new placement:
-    nothing is there, or a released record of another commit (the fence a given-back placement
-    leaves: the pod placed on the same node again after a requeue). The one rule every writer
-    and reader of records follows."""
-    return previous is None or (previous.state == "released" and previous.commit != commit)
+    nothing is there, or a released record of another commit that does not fence ``commit``
+    too (the fence a given-back placement leaves: the pod placed on the same node again after a
+    requeue). The one rule every writer and reader of records follows."""
+    return previous is None or (
+        previous.state == "released" and previous.commit != commit and commit not in previous.fenced
+    )
 
 
 def transition_problem(previous: AssignmentRecord | None, record: AssignmentRecord) -> str | None:
@@ -260,6 +262,11 @@ def transition_problem(previous: AssignmentRecord | None, record: AssignmentReco
     if record.commit != previous.commit:
         if may_replace(previous, record.commit):
             return None
+        if previous.state == "released":
+            return (
+                f"a record of commit {record.commit or '(none)'} over the released record of "
+                f"commit {previous.commit or '(none)'}, which fences it"
+            )
         return (
             f"a record of commit {record.commit or '(none)'} over the live {previous.state} "
             f"record of commit {previous.commit or '(none)'}"

@@ -37,7 +37,8 @@ when P's tenant has a quota, a fourth write comes first:
    pod, one record" hold.
 3. **Record** (``tessera-assignments``, ``<N>.<P>``, create-only): the ``reserved`` record the
    binder and the device plugin read, carrying the same commit id. A released record of an older
-   commit at that key may be overwritten (P placed on N again after a requeue). The decision is
+   commit at that key may be overwritten (P placed on N again after a requeue) unless it fences
+   this commit too; the new record carries its fences on (:func:`placed_over`). The decision is
    published at the same time, not after the record's write came back (one serial round trip
    fewer): the binder binds a record, never a decision alone. It waits for a record that has
    not reached it yet for as long as P's claim names this commit (the record comes: its write
@@ -46,7 +47,9 @@ when P's tenant has a quota, a fourth write comes first:
 
 A release moves the other way and leaves a **fence**: the record of the released commit ends in
 state ``released`` (written ``released`` when it did not exist yet), so a commit still on its way
-cannot create its record afterwards (:func:`record_action`). Order of the writes:
+cannot create its record afterwards (:func:`record_action`). Where the key holds a released
+record of another commit, the commit joins that record's fences (``AssignmentRecord.fenced``)
+instead of replacing it, which would lift the other commit's fence. Order of the writes:
 
 - pod deleted, or the binder says ``gone``: claim -> ``deleted``, fence the record, unbook;
 - binder ``failed``, or a ``reserved`` record never bound within the reserve timeout: record ->
@@ -294,7 +297,17 @@ record of another commit holds the key (a repair must sort it out first)."""
 def record_action(current: AssignmentRecord | None, commit: str) -> RecordAction:
     if current is not None and current.commit == commit:
         return "released" if current.state == "released" else "done"
+    if current is not None and commit in current.fenced:
+        return "released"
     return "write" if may_replace(current, commit) else "blocked"
+
+
+def placed_over(current: AssignmentRecord | None, record: AssignmentRecord) -> AssignmentRecord:
+    """``record``, a new placement written over ``current`` (nothing, or a released record of
+    another commit: ``record_action`` said ``write``), carrying on the fences ``current`` holds."""
+    if current is None or not current.commit:
+        return record
+    return msgspec.structs.replace(record, fenced=(*current.fenced, current.commit))
 
 
 FenceAction = Literal["write", "done", "blocked"]
@@ -302,19 +315,33 @@ FenceAction = Literal["write", "done", "blocked"]
 
 def fence_action(current: AssignmentRecord | None, commit: str) -> FenceAction:
     """For releasing the record of ``commit``: ``write`` the released record (create it, or
-    compare-and-set over the live one or over a released one of an older commit); ``done``;
-    ``blocked``: a live record of another commit (not this commit's to release)."""
+    compare-and-set over the live one, or add ``commit`` to the fences of a released one of
+    another commit); ``done``; ``blocked``: a live record of another commit (not this commit's
+    to release)."""
     if current is None:
         return "write"
     if current.commit == commit or not current.commit:
         return "done" if current.state == "released" else "write"
-    return "write" if current.state == "released" else "blocked"
+    if current.state != "released":
+        return "blocked"
+    return "done" if commit in current.fenced else "write"
 
 
 def released_record(
     current: AssignmentRecord | None, booking: Booking, *, now: float
 ) -> AssignmentRecord:
-    """The fence for ``booking``: its record (or a fresh one) in state ``released``."""
+    """The fence for ``booking``: its record (or a fresh one) in state ``released``; where the key
+    holds a released record of another commit, that record with ``booking``'s commit added to
+    its fences. Replacing it would lift its own fence: a commit of it still on its way (a
+    roll-forward that read its claim while it was placed) could then write its record again
+    after its booking was given back (the protocol model's explore run found that)."""
+    if (
+        current is not None
+        and current.commit
+        and current.commit != booking.commit
+        and current.state == "released"
+    ):
+        return msgspec.structs.replace(current, fenced=(*current.fenced, booking.commit))
     base = current if current is not None and current.commit == booking.commit else None
     return released(base or record_of(booking), now=now)
 

@@ -694,7 +694,9 @@ class Store:
         def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
             nonlocal action
             action = commit.record_action(record, booking.commit)
-            return translate.record_of(booking) if action == "write" else None
+            if action != "write":
+                return None
+            return commit.placed_over(record, translate.record_of(booking))
 
         await self.transact(self.records, key, change, start=Entry(None, 0))
         return "done" if action == "write" else action
@@ -708,7 +710,9 @@ class Store:
         def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
             nonlocal action
             action = commit.record_action(record, booking.commit)
-            return translate.restored_record(booking, restore) if action == "write" else None
+            if action != "write":
+                return None
+            return commit.placed_over(record, translate.restored_record(booking, restore))
 
         await self.transact(self.records, key, change)
         return "done" if action == "write" else action

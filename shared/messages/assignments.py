@@ -61,6 +61,12 @@ class AssignmentRecord(Message, frozen=True, kw_only=True):
     commit: str = ""
     """The placer commit that made this record (its ledger booking and pod claim carry the same
     id); empty in records written before the placer recorded it."""
+    fenced: tuple[str, ...] = ()
+    """Other commits of this pod released at this key before (or beside) this record's: none of
+    them may ever take the key again (``shared.validation.may_replace``). A release fences its
+    commit by leaving a released record; where the key already holds another commit's released
+    record, the commit is added here instead of replacing that fence, and a new placement over a
+    released record carries its fences on."""
 
 
 class RecordView(msgspec.Struct, frozen=True, gc=False, kw_only=True):

@@ -7,7 +7,8 @@ import pytest
 
 from services.placer import commit, repairs, translate
 from services.placer.repairs import RecordFacts, Repair
-from shared.messages.assignments import AssignmentRecord, AssignmentState
+from shared import validation
+from shared.messages.assignments import AssignmentRecord, AssignmentState, released
 from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from tests.placer import wire
 from tests.placer.test_translate import NOW, booking
@@ -42,8 +43,12 @@ def test_claim_verdicts(current: PodClaim | None, verdict: str) -> None:
     assert commit.claim_verdict(current, A) == verdict
 
 
-def record(state: AssignmentState, commit_id: str = A.commit) -> AssignmentRecord:
-    return msgspec.structs.replace(translate.record_of(A), state=state, commit=commit_id)
+def record(
+    state: AssignmentState, commit_id: str = A.commit, fenced: tuple[str, ...] = ()
+) -> AssignmentRecord:
+    return msgspec.structs.replace(
+        translate.record_of(A), state=state, commit=commit_id, fenced=fenced
+    )
 
 
 @pytest.mark.parametrize(
@@ -55,6 +60,11 @@ def record(state: AssignmentState, commit_id: str = A.commit) -> AssignmentRecor
         pytest.param(record("released"), "released", "done", id="this-commit-released"),
         pytest.param(record("released", "old"), "write", "write", id="older-released"),
         pytest.param(record("reserved", "other"), "blocked", "blocked", id="another-live"),
+        # Another commit's fence that fences this commit too: never placed over, nothing to add.
+        pytest.param(
+            record("released", "old", (A.commit,)), "released", "done", id="fenced-beside-older"
+        ),
+        pytest.param(record("bound", "new", (A.commit,)), "released", "blocked", id="fenced-under"),
     ],
 )
 def test_record_creation_and_fencing(
@@ -69,6 +79,22 @@ def test_the_fence_is_a_released_record_of_the_commit() -> None:
     assert (fenced.state, fenced.commit, fenced.released_at) == ("released", A.commit, NOW + 5)
     bound = record("bound")
     assert commit.released_record(bound, A, now=NOW).containers == bound.containers
+
+
+def test_a_fence_over_another_commit_s_fence_joins_it_and_placements_carry_fences_on() -> None:
+    older = record("released", "old")
+    fence = commit.released_record(older, A, now=NOW)
+    assert fence == msgspec.structs.replace(older, fenced=(A.commit,)), "old stays fenced too"
+    assert commit.record_action(fence, "old") == "released"
+    assert commit.record_action(fence, A.commit) == "released"
+    assert validation.may_replace(fence, "new") and not validation.may_replace(fence, A.commit)
+    placed = commit.placed_over(fence, msgspec.structs.replace(record("reserved"), commit="new"))
+    assert placed.fenced == (A.commit, "old")
+    assert commit.placed_over(None, placed) == placed
+    released_again = released(placed, now=NOW)
+    for earlier in ("old", A.commit):
+        assert commit.record_action(released_again, earlier) == "released"
+        assert commit.fence_action(released_again, earlier) == "done"
 
 
 def test_a_group_commit_books_what_fits_one_after_the_other() -> None:

@@ -888,3 +888,30 @@ def test_a_decision_ahead_of_its_record_waits_for_it_at_the_binder() -> None:
     assert not machine.awaiting
     machine.teardown()
     assert machine.taken == {"r0.00000001"}
+
+
+@pytest.mark.parametrize("machine_class", [ProtocolMachine, SerialProtocolMachine])
+def test_a_fence_written_over_another_commit_s_fence_keeps_both(
+    machine_class: type[ProtocolMachine],
+) -> None:
+    """The explore run's example (``scripts/fuzz``), driven by hand: a pod message taken twice
+    makes two commits of ``p0``; the first is placed and recorded, the binder withdraws its
+    record (the pod ended before its GPUs were allocated), and the second, which lost the claim,
+    fences its own commit at the same key. That fence replaced the first commit's released
+    record, so a roll-forward of the first commit (its claim still ``placed``) wrote its
+    ``reserved`` record again after all: a record the binder had dropped the decision of, and
+    with its booking about to be given back, room counted twice. The second fence now joins
+    the first (``AssignmentRecord.fenced``)."""
+    machine = machine_class()
+    machine.decide(pod="p0", replica=0)
+    machine.decide(pod="p0", replica=0)
+    for _ in range(4):
+        machine.let_some_through(steps=[(0, "land")])
+    machine.binder_binds(pod="p0")
+    machine.binder_withdraws(pod="p0")
+    machine.binder_reads_decisions()
+    (record,) = machine._state().records.values()
+    assert (record.state, record.commit) == ("released", "r0.00000001")
+    machine.teardown()
+    (record,) = machine._state().records.values()
+    assert record.state == "released" or record.commit not in ("r0.00000001", "r0.00000002")

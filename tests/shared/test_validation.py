@@ -193,6 +193,13 @@ RELEASED = msgspec.structs.replace(ALLOCATED, state="released", released_at=NOW 
             "a record of commit c-2 over the live bound record of commit c-1",
             id="new-commit-over-live",
         ),
+        # A commit released at this key beside another one's fence never takes the key again.
+        pytest.param(
+            msgspec.structs.replace(RELEASED, commit="c-1", fenced=("c-2",)),
+            msgspec.structs.replace(BOUND, state="reserved", commit="c-2"),
+            "a record of commit c-2 over the released record of commit c-1, which fences it",
+            id="fenced-commit-over-released",
+        ),
         pytest.param(
             BOUND,
             msgspec.structs.replace(BOUND, containers=(slices(piece(1, index=1)),)),
