@@ -111,7 +111,8 @@ class _Node:
         """(pod UID, commit) of the bookings the index's state of this node was derived from:
         a tentative booking that becomes committed changes nothing, so it is not derived again."""
         self.unreadable: set[str] = set()
-        """Pod UIDs whose booking key here does not decode: the node's bookings are unknown, so
+        """Pod UIDs whose booking key here does not decode (or the key of an earlier version's
+        entry that does not: :meth:`hold_unreadable`): the node's bookings are unknown, so
         nothing more is placed on it until each is written readable again or deleted."""
 
     @property
@@ -578,6 +579,13 @@ class ClusterView:
 
     def forget_facts(self, key: str) -> None:
         self.drop_facts(node_from_token(key))
+
+    def hold_unreadable(self, node: str, key: str) -> None:
+        """A key of ``node`` that is not a booking does not decode (an earlier version's
+        whole-node entry): stop placing on the node for as long as this view lives."""
+        entry = self._entry(node)
+        entry.unreadable.add(key)
+        self._rebuild(node)
 
     def booking_keys(self) -> set[str]:
         return {booking_key(n, uid) for n, e in self._nodes.items() for uid in e.booking_revisions}

@@ -549,7 +549,7 @@ class Store:
             ledger = await self._edge.accept(delivery, NodeLedger, family="ledger")
             if ledger is None or ledger.node != node:
                 log.error("an earlier version's ledger entry is unreadable", extra={"node": node})
-                self._view.set_booking_unreadable(node, "legacy-entry", entry.revision)
+                self._view.hold_unreadable(node, entry.key)
                 continue
             for booking in ledger.bookings:
                 key = subjects.booking_key(node, booking.pod_uid)

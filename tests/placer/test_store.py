@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry
 
 from services.placer import translate
 from services.placer.metrics import PlacerMetrics
-from services.placer.state import ClusterView
+from services.placer.state import UNREADABLE, ClusterView
 from services.placer.store import Store
 from shared import codec, subjects
-from shared.messages.ledger import NodeLedger
+from shared.messages.ledger import Booking, NodeLedger
 from shared.runtime.bus import KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.metrics import EdgeMetrics
@@ -111,9 +111,9 @@ async def test_a_delivery_that_is_not_the_write_in_flight_is_the_watchs_to_apply
 
 
 def _store_over(bus: NatsBus) -> tuple[Store, ClusterView]:
-    """A replica's store and view of node n1 (one 16 GiB GPU) over a real bucket, with no
-    watch: the view learns only what this store writes and reads."""
-    view = view_of("n1", gpus=1)
+    """A replica's store and view of nodes n1 and n2 (one 16 GiB GPU each) over a real bucket,
+    with no watch: the view learns only what this store writes and reads."""
+    view = view_of("n1", "n2", gpus=1)
     registry = CollectorRegistry()
     clock = FakeClock()
     edge = Edge(bus=bus, metrics=EdgeMetrics.create(registry), clock=clock, service="test")
@@ -150,3 +150,25 @@ async def test_a_replica_that_missed_a_booking_learns_it_before_booking_over_it(
         subjects.booking_key("n1", "x"): True,
         subjects.booking_key("n1", "y"): False,
     }
+
+
+async def test_an_earlier_version_s_entry_becomes_booking_keys_or_keeps_its_node_unplaceable(
+    bus: NatsBus,
+) -> None:
+    store, view = _store_over(bus)
+    held = (booking("x", (0, 4096, 100)), booking("y", (0, 2048, 100)))
+    legacy = subjects.node_token("n1")
+    entry = NodeLedger(node="n1", bookings=held)
+    await bus.kv_put(subjects.KV_LEDGER, legacy, codec.encode(entry))
+    # A replica that converted x already (two replicas starting at once) changes nothing.
+    await bus.kv_create(subjects.KV_LEDGER, subjects.booking_key("n1", "x"), codec.encode(held[0]))
+    await bus.kv_put(subjects.KV_LEDGER, subjects.node_token("n2"), b"not a ledger")
+
+    assert await store.convert_legacy_ledgers() == 1
+    assert await bus.kv_get(subjects.KV_LEDGER, legacy) is None
+    assert view.ledger("n1")[0] == entry
+    for kept in held:
+        stored = await bus.kv_get(subjects.KV_LEDGER, subjects.booking_key("n1", kept.pod_uid))
+        assert stored is not None and codec.decode(stored.value, Booking) == kept
+    assert view.reason("n2") == UNREADABLE
+    assert await bus.kv_get(subjects.KV_LEDGER, subjects.node_token("n2")) is not None
