@@ -452,21 +452,23 @@ class ClusterView:
         if revision <= entry.booking_revisions.get(pod_uid, 0):
             return False
         entry.booking_revisions[pod_uid] = revision
-        held = {b.pod_uid: b for b in entry.ledger.bookings} if entry.ledger else {}
-        if booking is None:
-            held.pop(pod_uid, None)
-        else:
-            held[pod_uid] = booking
-        self._take_ledger(node, entry, held, max(entry.ledger_revision, revision))
+        self._take_ledger(node, entry, pod_uid, booking, max(entry.ledger_revision, revision))
         if pod_uid in entry.unreadable:
             entry.unreadable.discard(pod_uid)
             self._rebuild(node)
         return True
 
     def _take_ledger(
-        self, node: str, entry: _Node, bookings: dict[str, Booking], revision: int
+        self, node: str, entry: _Node, pod_uid: str, booking: Booking | None, revision: int
     ) -> None:
-        before = {b.pod_uid for b in entry.ledger.bookings} if entry.ledger else set()
+        """Hold ``booking`` as ``pod_uid``'s on ``node`` (None: it has none), the node's bookings
+        at ``revision``."""
+        bookings = {b.pod_uid: b for b in entry.ledger.bookings} if entry.ledger else {}
+        before = set(bookings)
+        if booking is None:
+            bookings.pop(pod_uid, None)
+        else:
+            bookings[pod_uid] = booking
         entry.ledger = (
             NodeLedger(node=node, bookings=tuple(bookings.values())) if bookings else None
         )
@@ -598,9 +600,8 @@ class ClusterView:
         if entry is None or entry.booking_revisions.pop(pod_uid, None) is None:
             return
         entry.unreadable.discard(pod_uid)
-        held = {b.pod_uid: b for b in entry.ledger.bookings} if entry.ledger else {}
-        held.pop(pod_uid, None)
-        self._take_ledger(node, entry, held, max(entry.booking_revisions.values(), default=0))
+        revision = max(entry.booking_revisions.values(), default=0)
+        self._take_ledger(node, entry, pod_uid, None, revision)
 
     def forget_tenant(self, key: str) -> None:
         """A tenant's usage entry the store no longer has (see :meth:`forget_booking`)."""

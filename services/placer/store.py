@@ -71,7 +71,8 @@ class GaveUpError(Exception):
 
 
 class ConflictError(Exception):
-    """A booking found its node's entry changed under its decision (the caller decides anew)."""
+    """A booking found its node's bookings changed under its decision (the caller decides
+    anew)."""
 
 
 @dataclass(frozen=True)

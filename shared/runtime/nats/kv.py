@@ -58,12 +58,12 @@ def stream_sequence(reply: str) -> int:
     return sequences(reply)[0]
 
 
-def _expectation(bucket: str, write: KvWrite, last: int) -> dict[str, str]:
-    """The headers making ``write`` land only where the server's last sequence is ``last``: of
-    its key's subject, or of every subject its guard matches."""
+def _expectation(bucket: str, last: int, guard: str) -> dict[str, str]:
+    """The headers making a write land only where the server's last sequence is ``last``: of
+    its key's subject, or (``guard``, a key filter) of every subject the guard matches."""
     headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
-    if write.guard:
-        headers["Nats-Expected-Last-Subject-Sequence-Subject"] = f"$KV.{bucket}.{write.guard}"
+    if guard:
+        headers["Nats-Expected-Last-Subject-Sequence-Subject"] = f"$KV.{bucket}.{guard}"
     return headers
 
 
@@ -165,7 +165,7 @@ class NatsKv(NatsStore):
                 lambda: self._js.publish(
                     f"$KV.{bucket}.{write.key}",
                     write.value,
-                    headers=_expectation(bucket, write, last),
+                    headers=_expectation(bucket, last, write.guard),
                 )
             )
         except nats.js.errors.APIError as error:
@@ -183,7 +183,7 @@ class NatsKv(NatsStore):
             headers = {
                 "Nats-Batch-Id": batch,
                 "Nats-Batch-Sequence": str(number),
-                **_expectation(bucket, write, last),
+                **_expectation(bucket, last, write.guard),
             }
             subject = f"$KV.{bucket}.{write.key}"
             if number < len(writes):
@@ -234,7 +234,7 @@ class NatsKv(NatsStore):
         # What nats-py's KeyValue.delete sends, keeping the answer (the marker's revision).
         headers = {"KV-Operation": "DEL"}
         if last or guard:
-            headers.update(_expectation(bucket, KvWrite(key, b"", revision, guard=guard), last))
+            headers.update(_expectation(bucket, last, guard))
         try:
             ack = await self._write(
                 lambda: self._js.publish(f"$KV.{bucket}.{key}", b"", headers=headers)
@@ -248,18 +248,18 @@ class NatsKv(NatsStore):
     async def kv_keys(self, bucket: str) -> list[str]:
         # Not nats-py's KeyValue.keys(): it ends at its watcher's "initial values done" marker,
         # which can come before the values (see _watch); this one comes after them.
-        live: dict[str, bool] = {}
-        async with contextlib.aclosing(self._watch(bucket, ">", headers_only=True)) as watch:
-            async for entry in watch:
-                if entry is None:
-                    break
-                live[entry.key] = not entry.deleted
-        return [key for key, alive in live.items() if alive]
+        listed = await self._latest(bucket, ">", headers_only=True)
+        return [entry.key for entry in listed if not entry.deleted]
 
     async def kv_list(self, bucket: str, keys: str) -> list[KvEntry]:
+        return await self._latest(bucket, keys, headers_only=False)
+
+    async def _latest(self, bucket: str, keys: str, *, headers_only: bool) -> list[KvEntry]:
+        """The latest entry of each key matching ``keys``, delete markers included: a watch's
+        initial values (``headers_only``: without the values)."""
         latest: dict[str, KvEntry] = {}
-        async with contextlib.aclosing(self._watch(bucket, keys, headers_only=False)) as watch:
-            async for entry in watch:
+        async with contextlib.aclosing(self._watch(bucket, keys, headers_only=headers_only)) as w:
+            async for entry in w:
                 if entry is None:
                     break
                 latest[entry.key] = entry
