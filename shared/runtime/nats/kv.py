@@ -622,8 +622,9 @@ class _Batches:
                     got = await self._pull(WATCH_BATCH, wait_s=0.0)
                     if got == WATCH_BATCH:
                         continue  # more may be there: ask again at once
-                    if got == 0 and not await self._pull(1, wait_s=wait_s):
-                        continue  # quiet all along: wait again
+                    if got == 0:  # quiet: wait for the next change, asking again on expiry
+                        while not await self._pull(1, wait_s=wait_s):
+                            pass
                 await asyncio.sleep(batch_s)  # let the next changes gather
         except Exception as error:  # unanswered, or not connected: the watch ends (a cancel,
             # a BaseException, passes)
