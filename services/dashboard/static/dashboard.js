@@ -23,7 +23,7 @@
     generatedAt: null,
   };
   const RUNNING_PAGE = 20; // placed pods per page (api/v1/pods/running)
-  const running = { offset: 0, filter: "", count: 0, timer: null, pods: [] };
+  const running = { offset: 0, filter: "", count: 0, timer: null, pods: [], asked: 0 };
   const perf = {
     snapshots: 0,
     updates: 0,
@@ -316,6 +316,9 @@
 
   async function loadRunning() {
     const query = new URLSearchParams({ offset: running.offset, limit: RUNNING_PAGE, filter: running.filter });
+    // Loads overlap (updates, paging, the filter); only the latest one asked may be shown, or an
+    // older answer arriving last (an unfiltered page) would stay on screen.
+    const asked = ++running.asked;
     let data;
     try {
       const response = await fetch(`api/v1/pods/running?${query}`);
@@ -324,6 +327,7 @@
     } catch (error) {
       return; // the next update tries again
     }
+    if (asked !== running.asked) return;
     if (data.count > 0 && data.offset >= data.count) {
       running.offset = Math.max(0, Math.floor((data.count - 1) / RUNNING_PAGE) * RUNNING_PAGE);
       return loadRunning();
