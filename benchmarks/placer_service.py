@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/placer_service.py [--nodes 1000] [--gpus 8] [--rate 500]
         [--seconds 10] [--replicas 1,3] [--burst 3000] [--rss-nodes 10000] [--quota-share 0]
-        [--pools 1] [--nats-servers 1]
+        [--pools 1] [--nats-servers 1] [--hand-off-s 0.25]
 
 For each replica count: a fresh nats-server; every node's inventory and node facts written into KV
 (as the inventory and the binder do); that many placer processes started and waited for (ready =
@@ -21,6 +21,11 @@ binder publishes them.
 - **Saturation**: ``--burst`` pods published at once; decisions per second from the first publish
   to the last decision, and the CPU each process took per pod from the first publish to a second
   after the last decision (the replicas' idle upkeep weighs less in it than at the rate).
+- **The hand-off**: ``--hand-off-s`` after each decision the driver marks the pod's record
+  ``allocated``, in one compare-and-set, as the binder and the device plugin would between them
+  (its CPU is the driver's). A placer keeps a pod whose record is not yet allocated off nodes
+  where it would wait at the binder's gate; with every record left ``reserved``, every node
+  would soon look queued.
 - **Memory**: one placer with ``--rss-nodes`` nodes of ``--gpus`` GPUs loaded; its resident set
   size (``VmRSS``) once ready, and again after placing ``--burst`` pods on them.
 
@@ -57,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from shared import codec, subjects  # noqa: E402
+from shared.messages.assignments import AssignmentRecord, settled  # noqa: E402
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
 from shared.messages.nodes import NodeFacts  # noqa: E402
 from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
@@ -303,10 +309,13 @@ class Clocked:
     decided: dict[str, float] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     expected: int = 0
+    hand_offs: set[asyncio.Task[None]] = field(default_factory=set)
 
 
-async def follow_decisions(bus: NatsBus, clocked: Clocked) -> None:
+async def follow_decisions(bus: NatsBus, clocked: Clocked, hand_off_s: float) -> None:
+    """Time each decision's arrival; ``hand_off_s`` after it, mark the pod's record allocated."""
     pattern = re.compile(rb'"pod_uid":"([^"]+)"')
+    node_pattern = re.compile(rb'"node":"([^"]+)"')
 
     async def on_decision(delivery: Delivery) -> None:
         found = pattern.search(delivery.data)
@@ -315,8 +324,35 @@ async def follow_decisions(bus: NatsBus, clocked: Clocked) -> None:
             clocked.decided.setdefault(uid, time.perf_counter())
             if len(clocked.decided) >= clocked.expected:
                 clocked.done.set()
+            node = node_pattern.search(delivery.data)
+            if hand_off_s >= 0 and node is not None:
+                key = subjects.assignment_key(node.group(1).decode(), uid)
+                clocked.hand_offs.add(asyncio.create_task(hand_off(bus, key, hand_off_s)))
 
     await bus.subscribe(subjects.ASSIGNMENTS_ALL, on_decision)
+
+
+async def hand_off(bus: NatsBus, key: str, after_s: float) -> None:
+    """What the binder and the device plugin do to a record, in one write: ``after_s`` after the
+    decision (bind, kubelet, Allocate), ``reserved -> allocated``. The placers then stop counting
+    the pod as queued at the binder's gate, as they do in a whole system; with records left
+    ``reserved`` forever, every node would look queued and each decision would try node after
+    node (``decider._decide_in``)."""
+    await asyncio.sleep(after_s)
+    for _ in range(3):
+        entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        if entry is None:
+            await asyncio.sleep(0.05)  # written at the same time as the decision: not yet
+            continue
+        record = codec.decode(entry.value, AssignmentRecord)
+        if record.state != "reserved":
+            return
+        allocated = settled(record, now=time.time())
+        written = await bus.kv_update(
+            subjects.KV_ASSIGNMENTS, key, codec.encode(allocated), revision=entry.revision
+        )
+        if written is not None:
+            return
 
 
 async def publish(bus: NatsBus, message: PodPending, clocked: Clocked) -> None:
@@ -420,7 +456,7 @@ async def run_cluster(
                 # Latency at a fixed rate.
                 count = int(args.rate * args.seconds)
                 clocked = Clocked(expected=count)
-                await follow_decisions(bus, clocked)
+                await follow_decisions(bus, clocked, args.hand_off_s)
                 pods = [pod(n, rng, args.quota_share) for n in range(count)]
                 tasks = []
                 pids = {
@@ -446,6 +482,7 @@ async def run_cluster(
                     if uid not in warm
                 ]
                 achieved = count / (time.perf_counter() - start)
+                await asyncio.gather(*clocked.hand_offs)  # their writes count in the CPU too
                 cpu_per_pod, switches = Used.now(pids).per_pod(used_before, count, replicas)
                 messages = await placer_messages(servers_of(server))
                 sent, received = (
@@ -461,12 +498,13 @@ async def run_cluster(
                 if args.burst:
                     burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
                     clocked = Clocked(expected=args.burst)
-                    await follow_decisions(bus, clocked)
+                    await follow_decisions(bus, clocked, args.hand_off_s)
                     used_before = Used.now(pids)
                     start = time.perf_counter()
                     await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
                     await asyncio.wait_for(clocked.done.wait(), 300)
                     saturated = args.burst / (max(clocked.decided.values()) - start)
+                    await asyncio.gather(*clocked.hand_offs)
                     # The other replicas may still be applying the last writes: counted too.
                     await asyncio.sleep(BURST_SETTLE_S)
                     burst_cpu, burst_switches = Used.now(pids).per_pod(
@@ -517,11 +555,12 @@ async def measure_rss(args: argparse.Namespace, directory: Path) -> dict[str, fl
                 loaded = rss_mib(placers[0].process.pid)
                 rng = random.Random(9)
                 clocked = Clocked(expected=args.burst)
-                await follow_decisions(bus, clocked)
+                await follow_decisions(bus, clocked, args.hand_off_s)
                 pods = [pod(n, rng) for n in range(args.burst)]
                 await asyncio.gather(*(publish(bus, message, clocked) for message in pods))
                 if pods:
                     await asyncio.wait_for(clocked.done.wait(), 600)
+                await asyncio.gather(*clocked.hand_offs)
                 await asyncio.sleep(2)
                 placed = rss_mib(placers[0].process.pid)
                 return {"ready_s": ready_s, "loaded": loaded, "placed": placed}
@@ -628,6 +667,14 @@ if __name__ == "__main__":
         type=int,
         default=1,
         help="1, or 3 for a JetStream cluster on loopback (streams with 3 replicas)",
+    )
+    parser.add_argument(
+        "--hand-off-s",
+        type=float,
+        default=0.25,
+        help="seconds from a decision to its record marked allocated, standing in for the "
+        "binder and the device plugin (bind -> Allocate, p50 in benchmarks/e2e.py: "
+        "0.22-0.27 s); below 0: records stay reserved",
     )
     parser.add_argument(
         "--quota-share",

@@ -134,12 +134,15 @@ def _decide_in(
 ) -> Decision | Rejection:
     """``decide`` on the nodes of ``index``: where the pod would not wait at the binder's gate
     first, then spread over queues, then the nodes avoided."""
+    ranked = cycle.rank(pod, index, profile, view.tenancy, now=now)
+    if isinstance(ranked, Rejection):
+        return ranked  # refused before any node is looked at: no node can change that
     plain: Decision | Rejection | None = None
     """The profile's own choice (the nodes avoided left out), kept for the fallback."""
     if spread:
         excluded = avoided
         for _ in range(GATE_TRIES):
-            attempt = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+            attempt = ranked.decide(now=now, avoid=excluded)
             if plain is None:  # the first attempt avoids only ``avoided``
                 plain = attempt
             if not isinstance(attempt, Decision):
@@ -159,16 +162,12 @@ def _decide_in(
             if excluded in tried or len(index.ranks_of(excluded)) >= len(index):
                 continue  # the same attempt again, or no node left to try
             tried.add(excluded)
-            elsewhere = cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=excluded)
+            elsewhere = ranked.decide(now=now, avoid=excluded)
             if isinstance(elsewhere, Decision):
                 return elsewhere
-    outcome = (
-        plain
-        if plain is not None
-        else cycle.decide(pod, index, profile, view.tenancy, now=now, avoid=avoided)
-    )
+    outcome = plain if plain is not None else ranked.decide(now=now, avoid=avoided)
     if avoided and not isinstance(outcome, Decision):
-        outcome = cycle.decide(pod, index, profile, view.tenancy, now=now)
+        outcome = ranked.decide(now=now)
     return outcome
 
 

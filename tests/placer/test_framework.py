@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from services.placer.core.cycle import decide
+from services.placer.core.cycle import decide, prepare
 from services.placer.core.facts import PodFacts, pod_facts
-from services.placer.core.framework import SUCCESS, CycleState, Status, judgements
+from services.placer.core.framework import SUCCESS, CycleState, Ranking, Status, judgements
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection
 from services.placer.core.profiles import build_profile
@@ -221,6 +221,32 @@ def test_a_random_tie_break_draws_alike_whatever_the_index_went_through() -> Non
 
 
 NODES_USED = [("a", 100), ("b", 200), ("c", 300), ("d", 400)]
+
+
+@pytest.mark.parametrize(
+    "avoid",
+    [set(), {"a1"}, {"a2", "b1"}, {"a1", "a2"}, {"b2", "c1", "c2"}, {"a1", "b1", "c1"}],
+)
+def test_a_random_draw_among_shapes_of_several_nodes_skips_only_the_avoided(
+    avoid: set[str],
+) -> None:
+    """Three shapes of two nodes each, all tied: every draw lands on a node not avoided, and
+    every such node is drawn by some pod (one ranking picks for each pod, as the placer's burst
+    spreading does)."""
+    nodes = [node(f"{s}{n}").gpu(used=used).build() for s, used in NODES_USED[:3] for n in (1, 2)]
+    cluster = ClusterIndex(nodes)
+    profile = build_profile("random")
+    drawn = set()
+    for i in range(60):
+        request = pod(f"p{i}").share(100).build()
+        prepared = prepare(request, cluster, profile, now=0)
+        assert not isinstance(prepared, Rejection)
+        ranking = Ranking(prepared.facts, cluster, prepared.profile)
+        assert decided(ranking.pick(now=0)) == decided(decide(request, cluster, profile, now=0))
+        picked = decided(ranking.pick(now=0, avoid=avoid))
+        assert picked.feasible_nodes == len(nodes) - len(avoid)
+        drawn.add(picked.node)
+    assert drawn == {n.name for n in nodes} - avoid
 
 
 def test_reserving_a_decision_changes_only_the_chosen_node() -> None:

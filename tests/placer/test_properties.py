@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from services.placer.core.cycle import decide
+from services.placer.core.cycle import decide, prepare
 from services.placer.core.facts import ShareAsk, pod_facts
-from services.placer.core.framework import place_on_node
+from services.placer.core.framework import Ranking, place_on_node, schedule
 from services.placer.core.index import ClusterIndex
 from services.placer.core.ledger import book
 from services.placer.core.model import (
@@ -37,6 +37,7 @@ from services.placer.core.model import (
     GpuState,
     NodeState,
     PodRequest,
+    Rejection,
     Reservation,
 )
 from services.placer.core.plugins.groups import GroupFilter
@@ -308,6 +309,57 @@ def test_same_input_same_decision(
     first = decide(request, ClusterIndex(cluster_nodes), build_profile(profile), now=3.0)
     second = decide(request, ClusterIndex(cluster_nodes), COMPILED[profile], now=3.0)
     assert first == second
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cluster_nodes=clusters(),
+    request=requests(),
+    profile=st.sampled_from(PROFILES),
+    avoids=st.lists(
+        st.sets(st.sampled_from(["n0", "n1", "n2", "n3", "n0-twin", "n1-twin", "gone"])),
+        max_size=5,
+    ),
+)
+def test_one_ranking_picks_under_any_avoided_nodes_what_judging_every_node_picks(
+    cluster_nodes: list[NodeState], request: PodRequest, profile: str, avoids: list[set[str]]
+) -> None:
+    """A decision that tries node after node ranks the cluster once (issue 23): each pick must
+    be what judging every node afresh with those nodes avoided gives. Each node has a twin of
+    its shape, so that ties and shapes of several nodes, some avoided, are common."""
+    cluster_nodes = [
+        *cluster_nodes,
+        *(msgspec.structs.replace(n, name=f"{n.name}-twin") for n in cluster_nodes),
+    ]
+    index = ClusterIndex(cluster_nodes)
+    prepared = prepare(request, index, COMPILED[profile], now=3.0)
+    if isinstance(prepared, Rejection):
+        return
+    chosen = prepared.profile
+    ranking = Ranking(prepared.facts, index, chosen)
+    judged = {n.name: chosen.judge(prepared.facts, node_shape(n)) for n in cluster_nodes}
+    fitting = {name: j for name, j in judged.items() if not isinstance(j, str)}
+    # Each fitting node avoided alone, then the drawn sets, then every fitting node but one.
+    alone = [{name} for name in fitting]
+    but_one = [set(fitting) - {name} for name in fitting]
+    for avoid in [set(), *alone, *avoids, *but_one]:
+        picked = ranking.pick(now=3.0, avoid=avoid)
+        fresh = ClusterIndex(cluster_nodes)  # no memo shared with the ranking
+        assert picked == schedule(prepared.facts, fresh, chosen, now=3.0, avoid=avoid)
+        usable = {name: j for name, j in fitting.items() if name not in avoid}
+        if not usable:
+            assert isinstance(picked, Rejection)
+            continue
+        assert isinstance(picked, Decision)
+        assert picked.feasible_nodes == len(usable)
+        if chosen.normalizing:
+            continue  # totals rescaled over the usable shapes: the schedule equality covers it
+        best = max(usable.values())
+        tied = sorted((n for n, j in usable.items() if j == best), key=index.rank_of)
+        if chosen.tie_break == "random":
+            assert picked.node in tied
+        else:
+            assert picked.node == tied[0]
 
 
 def _gpu(

@@ -82,6 +82,46 @@ def prepare(
     return Prepared(pod=pod, facts=facts, profile=chosen)
 
 
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """A pod past :func:`prepare` with the nodes of one index ranked for it: :meth:`decide`
+    places it under any set of nodes to avoid without judging the cluster again."""
+
+    prepared: Prepared
+    ranking: framework.Ranking
+    tenancy: Tenancy | None
+
+    def decide(
+        self, *, now: float, rng: random.Random | None = None, avoid: Collection[str] = ()
+    ) -> Decision | Rejection:
+        """:func:`decide`'s outcome with ``avoid`` (and ``rng``)."""
+        decision = self.ranking.pick(now=now, rng=rng, avoid=avoid)
+        if isinstance(decision, Rejection) or self.tenancy is None:
+            return decision
+        reason = self.tenancy.over_quota(self.prepared.pod.tenant, decision.reservation)
+        if reason:
+            return _refused(self.prepared.pod, reason, 1, now)
+        return decision
+
+
+def rank(
+    pod: PodRequest,
+    cluster: ClusterIndex,
+    profile: Profile,
+    tenancy: Tenancy | None = None,
+    *,
+    now: float,
+) -> Ranked | Rejection:
+    """The steps of :func:`decide` before a node is picked, for a caller that picks more than
+    once (``decider._decide_in``: a node where the pod would wait at the binder's gate is
+    avoided, and the pod placed again)."""
+    prepared = prepare(pod, cluster, profile, tenancy, now=now)
+    if isinstance(prepared, Rejection):
+        return prepared
+    ranking = framework.Ranking(prepared.facts, cluster, prepared.profile)
+    return Ranked(prepared=prepared, ranking=ranking, tenancy=tenancy)
+
+
 def decide(
     pod: PodRequest,
     cluster: ClusterIndex,
@@ -97,18 +137,10 @@ def decide(
     ``profile`` carries ``tenancy``'s plugins (``build_profile(..., **tenancy.plugins())``).
     ``avoid``: nodes not to choose (see ``framework.schedule``).
     """
-    prepared = prepare(pod, cluster, profile, tenancy, now=now)
-    if isinstance(prepared, Rejection):
-        return prepared
-    decision = framework.schedule(
-        prepared.facts, cluster, prepared.profile, now=now, rng=rng, avoid=avoid
-    )
-    if isinstance(decision, Rejection) or tenancy is None:
-        return decision
-    reason = tenancy.over_quota(prepared.pod.tenant, decision.reservation)
-    if reason:
-        return _refused(pod, reason, 1, now)
-    return decision
+    ranked = rank(pod, cluster, profile, tenancy, now=now)
+    if isinstance(ranked, Rejection):
+        return ranked
+    return ranked.decide(now=now, rng=rng, avoid=avoid)
 
 
 def _refused(

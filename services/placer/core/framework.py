@@ -30,7 +30,6 @@ group restriction is a ``Filter`` on ``NodeShape.groups`` plus a ``GpuFilter`` o
 
 from __future__ import annotations
 
-import math
 import random
 import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -310,42 +309,130 @@ def schedule(
     they are judged as usual, only never picked. Nothing is booked: the caller reserves
     ``Decision.reservation``.
     """
-    excluded = cluster.ranks_of(frozenset(avoid))
-    memo = profile.judged(cluster, pod.request.placement_key())
-    if profile.normalizing:
-        picked = _select_normalized(pod, cluster, profile, excluded)
-    else:
-        picked = _select(pod, cluster, profile, memo, excluded)
-    if picked is None:
-        return _rejection(pod, cluster, memo, now)
-    tied, best, feasible = picked
-    if profile.tie_break == "random":
-        rng = rng or _rng_for(pod.request)
-        # Drawn in rank order: the index's shape ids (and so ``tied``'s order) follow the
-        # history of node states, and a placer restarted on the same cluster must draw the
-        # same node as one that ran all along.
-        tied.sort(key=lambda sid: cluster.groups[sid][0])
-        total = sum(_usable_count(cluster.groups[sid], excluded) for sid in tied)
-        draw = rng.randrange(total)
-        for sid in tied:
-            ranks = _usable(cluster.groups[sid], excluded)
-            if draw < len(ranks):
-                rank = ranks[draw]
-                break
-            draw -= len(ranks)
-    else:
-        rank = min(_usable(cluster.groups[sid], excluded)[0] for sid in tied)
-    node = cluster.node(cluster.name_at(rank))
-    reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
-    if reservation is None:  # the fit filter said yes, so this is a bug
-        raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
-    return Decision(
-        reservation=reservation,
-        score=best,
-        scores=profile.weighted(pod, cluster.shape_of(node.name)),
-        feasible_nodes=feasible,
-        decided_at=now,
-    )
+    return Ranking(pod, cluster, profile).pick(now=now, rng=rng, avoid=avoid)
+
+
+class Ranking:
+    """One pod's judged shapes on one index, best total first: :meth:`pick` chooses a node
+    under any set of nodes to avoid, exactly as :func:`schedule` would, without going over the
+    cluster's shapes again. A decision that tries node after node (the placer's burst spreading,
+    ``decider._decide_in``) ranks once and picks several times; going over every shape for each
+    try was most of a placer's CPU in a burst (issue 23)."""
+
+    __slots__ = ("_cluster", "_levels", "_memo", "_nodes", "_pod", "_profile", "_total_of")
+
+    def __init__(self, pod: PodFacts, cluster: ClusterIndex, profile: Profile) -> None:
+        self._pod = pod
+        self._cluster = cluster
+        self._profile = profile
+        self._memo = profile.judged(cluster, pod.request.placement_key())
+        self._levels: list[tuple[float, list[int]]] = []
+        """The feasible shapes by total, best first, each level's in rank order. Empty for a
+        normalising profile, whose totals depend on which shapes are left to choose from: its
+        picks judge the cluster each time."""
+        self._total_of: dict[int, float] = {}
+        self._nodes = 0
+        """How many nodes fit."""
+        if not profile.normalizing:
+            self._rank_shapes()
+
+    def _rank_shapes(self) -> None:
+        pod, cluster, profile, memo = self._pod, self._cluster, self._profile, self._memo
+        _judge_together(pod, cluster, profile, memo, cluster.groups)
+        shapes = cluster.shapes
+        judge = profile.judge
+        by_total: dict[float, list[int]] = {}
+        added = 0
+        for sid, ranks in cluster.groups.items():
+            value = memo.get(sid)
+            if value is None:
+                value = memo[sid] = judge(pod, shapes[sid])
+                added += 1
+            if value.__class__ is str:  # why the shape does not fit
+                continue
+            total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
+            self._total_of[sid] = total
+            self._nodes += len(ranks)
+            if total != total:  # NaN: it fits, but no comparison makes it the best
+                continue
+            level = by_total.get(total)
+            if level is None:
+                by_total[total] = [sid]
+            else:
+                level.append(sid)
+        cluster.memo_size += added
+        groups = cluster.groups
+        self._levels = [
+            (total, sorted(sids, key=lambda sid: groups[sid][0]))
+            for total, sids in sorted(by_total.items(), reverse=True)
+        ]
+
+    def _excluded_by_shape(self, excluded: frozenset[int]) -> dict[int, int]:
+        """How many of each shape's nodes are ``excluded``."""
+        cluster = self._cluster
+        out: dict[int, int] = {}
+        for rank in excluded:
+            sid = cluster.shape_id_of(cluster.name_at(rank))
+            out[sid] = out.get(sid, 0) + 1
+        return out
+
+    def _best(self, out: dict[int, int]) -> Picked | None:
+        groups = self._cluster.groups
+        feasible = self._nodes
+        if out:
+            feasible -= sum(n for sid, n in out.items() if sid in self._total_of)
+        for total, sids in self._levels:
+            tied = [sid for sid in sids if len(groups[sid]) > out.get(sid, 0)] if out else sids
+            if tied:
+                return list(tied), total, feasible
+        return None
+
+    def pick(
+        self, *, now: float, rng: random.Random | None = None, avoid: Collection[str] = ()
+    ) -> Decision | Rejection:
+        """:func:`schedule`'s decision with ``avoid`` (and ``rng``)."""
+        pod, cluster, profile = self._pod, self._cluster, self._profile
+        excluded = cluster.ranks_of(frozenset(avoid)) if avoid else frozenset()
+        out = self._excluded_by_shape(excluded) if excluded else {}
+        if profile.normalizing:
+            picked = _select_normalized(pod, cluster, profile, excluded)
+        else:
+            picked = self._best(out)
+        if picked is None:
+            return _rejection(pod, cluster, self._memo, now)
+        tied, best, feasible = picked
+        groups = cluster.groups
+        if profile.tie_break == "random":
+            rng = rng or _rng_for(pod.request)
+            # Drawn in rank order: the index's shape ids (and so ``tied``'s order) follow the
+            # history of node states, and a placer restarted on the same cluster must draw the
+            # same node as one that ran all along.
+            tied.sort(key=lambda sid: groups[sid][0])
+            draw = rng.randrange(sum(len(groups[sid]) - out.get(sid, 0) for sid in tied))
+            for sid in tied:
+                usable = len(groups[sid]) - out.get(sid, 0)
+                if draw < usable:
+                    rank = _usable(groups[sid], excluded)[draw]
+                    break
+                draw -= usable
+        else:
+            rank = min(
+                next(r for r in groups[sid] if r not in excluded)
+                if out.get(sid)
+                else groups[sid][0]
+                for sid in tied
+            )
+        node = cluster.node(cluster.name_at(rank))
+        reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
+        if reservation is None:  # the fit filter said yes, so this is a bug
+            raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
+        return Decision(
+            reservation=reservation,
+            score=best,
+            scores=profile.weighted(pod, cluster.shape_of(node.name)),
+            feasible_nodes=feasible,
+            decided_at=now,
+        )
 
 
 def judgements(
@@ -403,44 +490,6 @@ def _usable_count(ranks: list[int], excluded: frozenset[int]) -> int:
 Picked = tuple[list[int], float, int]
 """The shapes tied on the best total (with a node to choose), that total, and how many nodes to
 choose from fit."""
-
-
-def _select(
-    pod: PodFacts,
-    cluster: ClusterIndex,
-    profile: Profile,
-    memo: dict[int, Judgement],
-    excluded: frozenset[int],
-) -> Picked | None:
-    _judge_together(pod, cluster, profile, memo, cluster.groups)
-    shapes = cluster.shapes
-    judge = profile.judge
-    best = -math.inf
-    tied: list[int] = []
-    feasible = 0
-    added = 0
-    for sid, ranks in cluster.groups.items():
-        if sid in memo:
-            value = memo[sid]
-        else:
-            value = memo[sid] = judge(pod, shapes[sid])
-            added += 1
-        if value.__class__ is str:  # why the shape does not fit
-            continue
-        usable = _usable_count(ranks, excluded)
-        if not usable:
-            continue
-        feasible += usable
-        total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
-        if total > best:
-            best = total
-            tied = [sid]
-        elif total == best:
-            tied.append(sid)
-    cluster.memo_size += added
-    if not tied:
-        return None
-    return tied, best, feasible
 
 
 def _select_normalized(
