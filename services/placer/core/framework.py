@@ -327,8 +327,7 @@ class Ranking:
         self._profile = profile
         self._memo = profile.judged(cluster, pod.request.placement_key())
         self._levels: list[tuple[float, list[int]]] = []
-        """The feasible shapes by total, best first, each level's in rank order. Empty for a
-        normalising profile, whose totals depend on which shapes are left to choose from: its
+        """The feasible shapes by total, best first. Empty for a normalising profile, whose totals depend on which shapes are left to choose from: its
         picks judge the cluster each time."""
         self._total_of: dict[int, float] = {}
         self._nodes = 0
@@ -361,11 +360,7 @@ class Ranking:
             else:
                 level.append(sid)
         cluster.memo_size += added
-        groups = cluster.groups
-        self._levels = [
-            (total, sorted(sids, key=lambda sid: groups[sid][0]))
-            for total, sids in sorted(by_total.items(), reverse=True)
-        ]
+        self._levels = sorted(by_total.items(), reverse=True)
 
     def _excluded_by_shape(self, excluded: frozenset[int]) -> dict[int, int]:
         """How many of each shape's nodes are ``excluded``."""
