@@ -137,21 +137,26 @@ def _decide_in(
     ranked = cycle.rank(pod, index, profile, view.tenancy, now=now)
     if isinstance(ranked, Rejection):
         return ranked  # refused before any node is looked at: no node can change that
-    plain: Decision | Rejection | None = None
-    """The profile's own choice (the nodes avoided left out), kept for the fallback."""
     if spread:
+        asks = pod_facts(pod).asks
         excluded = avoided
         for _ in range(GATE_TRIES):
-            attempt = ranked.decide(now=now, avoid=excluded)
-            if plain is None:  # the first attempt avoids only ``avoided``
-                plain = attempt
-            if not isinstance(attempt, Decision):
+            node = ranked.node(avoid=excluded)
+            if node is None:
                 if not excluded:
-                    return attempt  # it fits nowhere: no spreading makes room
+                    return ranked.decide(now=now)  # it fits nowhere: no spreading makes room
                 break
-            if not view.waits_at_gate(attempt.reservation, pod):
-                return attempt
-            excluded = excluded | {attempt.node}
+            # The GPUs are chosen only where the gate might let the pod through: most tries of
+            # a mixed burst find a node where a pod of another size waits.
+            if not view.certainly_waits_at_gate(node, pod.uid, asks):
+                attempt = ranked.decide(now=now, avoid=excluded)
+                if not isinstance(attempt, Decision):  # over the tenant's exact quota
+                    if not excluded:
+                        return attempt
+                    break
+                if not view.waits_at_gate(attempt.reservation, pod):
+                    return attempt
+            excluded = excluded | {node}
         tried = {avoided}
         for queue in QUEUE_SPREAD:
             queued = view.queued_nodes(queue)
@@ -165,7 +170,7 @@ def _decide_in(
             elsewhere = ranked.decide(now=now, avoid=excluded)
             if isinstance(elsewhere, Decision):
                 return elsewhere
-    outcome = plain if plain is not None else ranked.decide(now=now, avoid=avoided)
+    outcome = ranked.decide(now=now, avoid=avoided)  # the profile's own choice
     if avoided and not isinstance(outcome, Decision):
         outcome = ranked.decide(now=now)
     return outcome

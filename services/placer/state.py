@@ -36,12 +36,12 @@ not pay, decision after decision, for the state of nodes another replica places 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from services.placer import translate
 from services.placer.capacity import Capacities, Signature, gives_room, signature_of
 from services.placer.charges import TenantEntries
-from services.placer.core.facts import PodFacts
+from services.placer.core.facts import PodFacts, ShareAsk
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import GpuSlice, NodeState, PodRequest, Reservation
@@ -62,6 +62,21 @@ UNREADABLE = "ledger entry unreadable"
 def _slices(gpus: Iterable[GpuSlice | BookedSlice]) -> tuple[tuple[str, int, int], ...]:
     """What a device plugin's Allocate tells a container's shares by: GPU, memory, SMs."""
     return tuple((g.uuid, g.memory_mib, g.core_milli) for g in gpus)
+
+
+def _queued(entry: _Node, pod_uid: str) -> list[Booking]:
+    """The bookings of pods between decision and Allocate on ``entry``'s node, but
+    ``pod_uid``'s: the binder's gate holds a pod back beside them."""
+    queued = [b for b in entry.tentative.values() if b.pod_uid != pod_uid]
+    if entry.handing_off and entry.ledger is not None:
+        queued += [
+            b
+            for b in entry.ledger.bookings
+            if b.pod_uid in entry.handing_off
+            and b.pod_uid not in entry.tentative
+            and b.pod_uid != pod_uid
+        ]
+    return queued
 
 
 class _Node:
@@ -358,16 +373,7 @@ class ClusterView:
         ]
         if not mine:
             return False
-        queued = list(entry.tentative.values())
-        if entry.handing_off and entry.ledger is not None:
-            queued += [
-                b
-                for b in entry.ledger.bookings
-                if b.pod_uid in entry.handing_off and b.pod_uid not in entry.tentative
-            ]
-        for booking in queued:
-            if booking.pod_uid == reservation.pod_uid:
-                continue
+        for booking in _queued(entry, reservation.pod_uid):
             for container in booking.containers:
                 if not container.gpus:
                     continue
@@ -379,6 +385,32 @@ class ClusterView:
                 theirs = _slices(container.gpus)
                 if any(count == devices and ours != theirs for count, ours in mine):
                     return True
+        return False
+
+    def certainly_waits_at_gate(self, node: str, pod_uid: str, asks: Sequence[ShareAsk]) -> bool:
+        """Whether :meth:`waits_at_gate` holds for every choice of GPUs for ``asks`` on
+        ``node``: a pod queued there has a GPU container of as many shares as one of ``asks``
+        whose slices differ from that ask's in size (a slice takes its ask's cores, and its MiB
+        when the ask names them), so on other slices whichever GPUs are chosen. False where it
+        takes the GPUs chosen to tell, and on memory-units nodes (their devices are MiB)."""
+        entry = self._nodes.get(node)
+        if (
+            entry is None
+            or not (entry.handing_off or entry.tentative)
+            or node in self.memory_unit_nodes
+        ):
+            return False
+        for booking in _queued(entry, pod_uid):
+            for container in booking.containers:
+                gpus = container.gpus
+                for ask in asks:
+                    if ask.shares != len(gpus):
+                        continue
+                    if any(g.core_milli != ask.core_milli for g in gpus):
+                        return True
+                    sized = ask.memory_mib is not None and not ask.whole
+                    if sized and any(g.memory_mib != ask.memory_mib for g in gpus):
+                        return True
         return False
 
     def _count_handoffs(self, node: str, entry: _Node) -> None:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from services.placer import decider, mix, translate
 from services.placer.command import PlacerSettings, build_config
 from services.placer.config import ConfigFileError, parse_profile, parse_tenancy
+from services.placer.core.facts import pod_facts
 from services.placer.core.fragmentation import TypicalTask
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, GpuState, NodeState
@@ -211,6 +213,74 @@ def test_the_gate_counts_the_devices_the_kubelet_asks_for(
             reservation, containers=(msgspec.structs.replace(container, gpus=(moved,)),)
         )
     assert view.waits_at_gate(reservation, mine) == waits
+
+
+sizes = st.tuples(
+    st.integers(1, 2),  # shares
+    st.sampled_from([None, 4096, 8192]),  # MiB per share (None: whole GPUs, or by cores alone)
+    st.sampled_from([None, 5, 25]),  # cores per share, percent
+    st.sampled_from([None, "physical"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(queued=st.lists(sizes, min_size=1, max_size=3), mine=sizes)
+@example(queued=[(1, None, 5, None)], mine=(1, None, 5, None))  # cores alone, alike: may pass
+@example(queued=[(1, 4096, 25, None)], mine=(1, 4096, 25, None))  # alike: may pass
+@example(queued=[(1, 4096, 25, None)], mine=(1, 8192, 25, None))  # other MiB: waits
+@example(queued=[(2, 4096, 5, None)], mine=(2, 4096, 25, None))  # other cores: waits
+def test_a_node_where_a_pod_certainly_waits_holds_it_whichever_gpus_it_gets(
+    queued: list[tuple[int, int | None, int | None, str | None]],
+    mine: tuple[int, int | None, int | None, str | None],
+) -> None:
+    """The decider skips choosing GPUs on a node where the gate holds the pod back whatever
+    they are (``certainly_waits_at_gate``): then every choice of GPUs there waits."""
+
+    def pending(uid: str, size: tuple[int, int | None, int | None, str | None]) -> PodPending:
+        shares, memory_mib, cores, gpu_type = size
+        return wire.pending(
+            uid, shares=shares, memory_mib=memory_mib, cores=cores, gpu_type=gpu_type
+        )
+
+    view = view_of("a", gpus=4)
+    for i, size in enumerate(queued):
+        held = pending(f"q{i}", size)
+        placed = decider.decide_on(view, PROFILE, translate.pod_request(held), "a", now=NOW)
+        if isinstance(placed, Decision):
+            view.add_tentative(
+                translate.booking_of(
+                    placed.reservation,
+                    held,
+                    tenant="ml",
+                    commit=f"c{i}",
+                    decided_at=NOW,
+                    placer_id="p",
+                )
+            )
+    request = translate.pod_request(pending("mine", mine))
+    if not view.certainly_waits_at_gate("a", request.uid, pod_facts(request).asks):
+        return
+    mine_placed = decider.decide_on(view, PROFILE, request, "a", now=NOW)
+    if not isinstance(mine_placed, Decision):
+        return
+    gpus = view.index.node("a").gpus
+    for order in itertools.permutations(gpus):  # the same slices on any other GPUs
+        moved = msgspec.structs.replace(
+            mine_placed.reservation,
+            containers=tuple(
+                msgspec.structs.replace(
+                    container,
+                    gpus=tuple(
+                        msgspec.structs.replace(
+                            share, index=order[share.index].index, uuid=order[share.index].uuid
+                        )
+                        for share in container.gpus
+                    ),
+                )
+                for container in mine_placed.reservation.containers
+            ),
+        )
+        assert view.waits_at_gate(moved, request)
 
 
 def test_a_placer_told_not_to_spread_packs_a_burst_onto_the_queued_node() -> None:

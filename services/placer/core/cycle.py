@@ -91,6 +91,11 @@ class Ranked:
     ranking: framework.Ranking
     tenancy: Tenancy | None
 
+    def node(self, *, avoid: Collection[str] = ()) -> str | None:
+        """The node :meth:`decide` would place the pod on, before its GPUs are chosen and the
+        tenant's exact quota checked; None when no node is left."""
+        return self.ranking.node(avoid=avoid)
+
     def decide(
         self, *, now: float, rng: random.Random | None = None, avoid: Collection[str] = ()
     ) -> Decision | Rejection:

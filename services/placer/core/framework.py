@@ -327,8 +327,9 @@ class Ranking:
         self._profile = profile
         self._memo = profile.judged(cluster, pod.request.placement_key())
         self._levels: list[tuple[float, list[int]]] = []
-        """The feasible shapes by total, best first. Empty for a normalising profile, whose totals depend on which shapes are left to choose from: its
-        picks judge the cluster each time."""
+        """The feasible shapes by total, best first. Empty for a normalising profile, whose
+        totals depend on which shapes are left to choose from: its picks judge the cluster each
+        time."""
         self._total_of: dict[int, float] = {}
         self._nodes = 0
         """How many nodes fit."""
@@ -382,10 +383,38 @@ class Ranking:
                 return list(tied), total, feasible
         return None
 
+    def node(self, *, avoid: Collection[str] = ()) -> str | None:
+        """The node :meth:`pick` would choose with ``avoid``, without choosing its GPUs; None
+        when no node is left to choose."""
+        chosen = self._choose(avoid, None)
+        return None if chosen is None else self._cluster.name_at(chosen[0])
+
     def pick(
         self, *, now: float, rng: random.Random | None = None, avoid: Collection[str] = ()
     ) -> Decision | Rejection:
         """:func:`schedule`'s decision with ``avoid`` (and ``rng``)."""
+        pod, cluster, profile = self._pod, self._cluster, self._profile
+        chosen = self._choose(avoid, rng)
+        if chosen is None:
+            return _rejection(pod, cluster, self._memo, now)
+        rank, best, feasible, rng = chosen
+        node = cluster.node(cluster.name_at(rank))
+        reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
+        if reservation is None:  # the fit filter said yes, so this is a bug
+            raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
+        return Decision(
+            reservation=reservation,
+            score=best,
+            scores=profile.weighted(pod, cluster.shape_of(node.name)),
+            feasible_nodes=feasible,
+            decided_at=now,
+        )
+
+    def _choose(
+        self, avoid: Collection[str], rng: random.Random | None
+    ) -> tuple[int, float, int, random.Random | None] | None:
+        """The chosen node's rank, its total, how many nodes were to choose from, and the RNG
+        drawn from (the GPU choice goes on with it); None when no node is left."""
         pod, cluster, profile = self._pod, self._cluster, self._profile
         excluded = cluster.ranks_of(frozenset(avoid)) if avoid else frozenset()
         out = self._excluded_by_shape(excluded) if excluded else {}
@@ -394,7 +423,7 @@ class Ranking:
         else:
             picked = self._best(out)
         if picked is None:
-            return _rejection(pod, cluster, self._memo, now)
+            return None
         tied, best, feasible = picked
         groups = cluster.groups
         if profile.tie_break == "random":
@@ -407,27 +436,14 @@ class Ranking:
             for sid in tied:
                 usable = len(groups[sid]) - out.get(sid, 0)
                 if draw < usable:
-                    rank = _usable(groups[sid], excluded)[draw]
-                    break
+                    return _usable(groups[sid], excluded)[draw], best, feasible, rng
                 draw -= usable
-        else:
-            rank = min(
-                next(r for r in groups[sid] if r not in excluded)
-                if out.get(sid)
-                else groups[sid][0]
-                for sid in tied
-            )
-        node = cluster.node(cluster.name_at(rank))
-        reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
-        if reservation is None:  # the fit filter said yes, so this is a bug
-            raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
-        return Decision(
-            reservation=reservation,
-            score=best,
-            scores=profile.weighted(pod, cluster.shape_of(node.name)),
-            feasible_nodes=feasible,
-            decided_at=now,
+            raise AssertionError("a draw below the usable nodes' count found none")
+        rank = min(
+            next(r for r in groups[sid] if r not in excluded) if out.get(sid) else groups[sid][0]
+            for sid in tied
         )
+        return rank, best, feasible, rng
 
 
 def judgements(
