@@ -138,7 +138,7 @@ def _decide_in(
     if isinstance(ranked, Rejection):
         return ranked  # refused before any node is looked at: no node can change that
     if spread:
-        asks = pod_facts(pod).asks
+        asks = ranked.prepared.facts.asks
         excluded = avoided
         for _ in range(GATE_TRIES):
             node = ranked.node(avoid=excluded)
