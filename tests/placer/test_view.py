@@ -215,6 +215,9 @@ def test_the_gate_counts_the_devices_the_kubelet_asks_for(
     assert view.waits_at_gate(reservation, mine) == waits
 
 
+Size = tuple[int, int | None, int | None, str | None]
+"""A one-container pod's GPU ask: shares, MiB per share, cores per share (percent), gpu type."""
+
 sizes = st.tuples(
     st.integers(1, 2),  # shares
     st.sampled_from([None, 4096, 8192]),  # MiB per share (None: whole GPUs, or by cores alone)
@@ -223,28 +226,16 @@ sizes = st.tuples(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(queued=st.lists(sizes, min_size=1, max_size=3), mine=sizes)
-@example(queued=[(1, None, 5, None)], mine=(1, None, 5, None))  # cores alone, alike: may pass
-@example(queued=[(1, 4096, 25, None)], mine=(1, 4096, 25, None))  # alike: may pass
-@example(queued=[(1, 4096, 25, None)], mine=(1, 8192, 25, None))  # other MiB: waits
-@example(queued=[(2, 4096, 5, None)], mine=(2, 4096, 25, None))  # other cores: waits
-def test_a_node_where_a_pod_certainly_waits_holds_it_whichever_gpus_it_gets(
-    queued: list[tuple[int, int | None, int | None, str | None]],
-    mine: tuple[int, int | None, int | None, str | None],
-) -> None:
-    """The decider skips choosing GPUs on a node where the gate holds the pod back whatever
-    they are (``certainly_waits_at_gate``): then every choice of GPUs there waits."""
+def sized(uid: str, size: Size) -> PodPending:
+    shares, memory_mib, cores, gpu_type = size
+    return wire.pending(uid, shares=shares, memory_mib=memory_mib, cores=cores, gpu_type=gpu_type)
 
-    def pending(uid: str, size: tuple[int, int | None, int | None, str | None]) -> PodPending:
-        shares, memory_mib, cores, gpu_type = size
-        return wire.pending(
-            uid, shares=shares, memory_mib=memory_mib, cores=cores, gpu_type=gpu_type
-        )
 
+def queued_on_a(queued: list[Size]) -> ClusterView:
+    """A view of node ``a`` (4 GPUs) with the pods of ``queued`` decided there, not allocated."""
     view = view_of("a", gpus=4)
     for i, size in enumerate(queued):
-        held = pending(f"q{i}", size)
+        held = sized(f"q{i}", size)
         placed = decider.decide_on(view, PROFILE, translate.pod_request(held), "a", now=NOW)
         if isinstance(placed, Decision):
             view.add_tentative(
@@ -257,7 +248,42 @@ def test_a_node_where_a_pod_certainly_waits_holds_it_whichever_gpus_it_gets(
                     placer_id="p",
                 )
             )
-    request = translate.pod_request(pending("mine", mine))
+    return view
+
+
+@pytest.mark.parametrize(
+    ("queued", "mine", "certain"),
+    [
+        pytest.param([(1, 4096, 25, None)], (1, 8192, 25, None), True, id="other MiB"),
+        pytest.param([(2, 4096, 5, None)], (2, 4096, 25, None), True, id="other cores"),
+        pytest.param([(1, None, 5, None)], (1, None, 25, None), True, id="cores alone, other"),
+        pytest.param([(1, 4096, 25, None)], (1, 4096, 25, None), False, id="alike: may pass"),
+        pytest.param([(1, None, 5, None)], (1, None, 5, None), False, id="cores alike"),
+        pytest.param([(2, 4096, 25, None)], (1, 8192, 25, None), False, id="other share count"),
+        pytest.param([], (1, 8192, 25, None), False, id="nothing queued"),
+    ],
+)
+def test_the_sizes_alone_tell_when_a_node_surely_holds_a_pod(
+    queued: list[Size], mine: Size, certain: bool
+) -> None:
+    request = translate.pod_request(sized("mine", mine))
+    view = queued_on_a(queued)
+    assert view.certainly_waits_at_gate("a", request.uid, pod_facts(request).asks) == certain
+
+
+@settings(max_examples=200, deadline=None)
+@given(queued=st.lists(sizes, min_size=1, max_size=3), mine=sizes)
+@example(queued=[(1, None, 5, None)], mine=(1, None, 5, None))  # cores alone, alike: may pass
+@example(queued=[(1, 4096, 25, None)], mine=(1, 4096, 25, None))  # alike: may pass
+@example(queued=[(1, 4096, 25, None)], mine=(1, 8192, 25, None))  # other MiB: waits
+@example(queued=[(2, 4096, 5, None)], mine=(2, 4096, 25, None))  # other cores: waits
+def test_a_node_where_a_pod_certainly_waits_holds_it_whichever_gpus_it_gets(
+    queued: list[Size], mine: Size
+) -> None:
+    """The decider skips choosing GPUs on a node where the gate holds the pod back whatever
+    they are (``certainly_waits_at_gate``): then every choice of GPUs there waits."""
+    view = queued_on_a(queued)
+    request = translate.pod_request(sized("mine", mine))
     if not view.certainly_waits_at_gate("a", request.uid, pod_facts(request).asks):
         return
     mine_placed = decider.decide_on(view, PROFILE, request, "a", now=NOW)
