@@ -21,11 +21,11 @@ binder publishes them.
 - **Saturation**: ``--burst`` pods published at once; decisions per second from the first publish
   to the last decision, and the CPU each process took per pod from the first publish to a second
   after the last decision (the replicas' idle upkeep weighs less in it than at the rate).
-- **The hand-off**: ``--hand-off-s`` after each decision the driver marks the pod's record
+- **The hand-off**: ``--hand-off-s`` after each record is created the driver marks it
   ``allocated``, in one compare-and-set, as the binder and the device plugin would between them
-  (its CPU is the driver's). A placer keeps a pod whose record is not yet allocated off nodes
-  where it would wait at the binder's gate; with every record left ``reserved``, every node
-  would soon look queued.
+  (its CPU is the driver's; it follows the records with a batched watch). A placer keeps a pod
+  whose record is not yet allocated off nodes where it would wait at the binder's gate; with
+  every record left ``reserved``, every node would soon look queued.
 - **Memory**: one placer with ``--rss-nodes`` nodes of ``--gpus`` GPUs loaded; its resident set
   size (``VmRSS``) once ready, and again after placing ``--burst`` pods on them.
 
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import os
 import platform
@@ -309,13 +310,10 @@ class Clocked:
     decided: dict[str, float] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     expected: int = 0
-    hand_offs: set[asyncio.Task[None]] = field(default_factory=set)
 
 
-async def follow_decisions(bus: NatsBus, clocked: Clocked, hand_off_s: float) -> None:
-    """Time each decision's arrival; ``hand_off_s`` after it, mark the pod's record allocated."""
+async def follow_decisions(bus: NatsBus, clocked: Clocked) -> None:
     pattern = re.compile(rb'"pod_uid":"([^"]+)"')
-    node_pattern = re.compile(rb'"node":"([^"]+)"')
 
     async def on_decision(delivery: Delivery) -> None:
         found = pattern.search(delivery.data)
@@ -324,35 +322,66 @@ async def follow_decisions(bus: NatsBus, clocked: Clocked, hand_off_s: float) ->
             clocked.decided.setdefault(uid, time.perf_counter())
             if len(clocked.decided) >= clocked.expected:
                 clocked.done.set()
-            node = node_pattern.search(delivery.data)
-            if hand_off_s >= 0 and node is not None:
-                key = subjects.assignment_key(node.group(1).decode(), uid)
-                clocked.hand_offs.add(asyncio.create_task(hand_off(bus, key, hand_off_s)))
 
     await bus.subscribe(subjects.ASSIGNMENTS_ALL, on_decision)
 
 
-async def hand_off(bus: NatsBus, key: str, after_s: float) -> None:
-    """What the binder and the device plugin do to a record, in one write: ``after_s`` after the
-    decision (bind, kubelet, Allocate), ``reserved -> allocated``. The placers then stop counting
-    the pod as queued at the binder's gate, as they do in a whole system; with records left
-    ``reserved`` forever, every node would look queued and each decision would try node after
-    node (``decider._decide_in``)."""
-    await asyncio.sleep(after_s)
-    for _ in range(3):
-        entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
-        if entry is None:
-            await asyncio.sleep(0.05)  # written at the same time as the decision: not yet
-            continue
-        record = codec.decode(entry.value, AssignmentRecord)
-        if record.state != "reserved":
-            return
-        allocated = settled(record, now=time.time())
-        written = await bus.kv_update(
-            subjects.KV_ASSIGNMENTS, key, codec.encode(allocated), revision=entry.revision
-        )
-        if written is not None:
-            return
+class HandOff:
+    """What the binder and the device plugin do to a record, in one write: ``after_s`` after
+    the record is created (bind, kubelet, Allocate), ``reserved -> allocated``. The placers then
+    stop counting the pod as queued at the binder's gate, as they do in a whole system; with
+    records left ``reserved`` for ever, every node would look queued and each decision would try
+    node after node (``decider._decide_in``). The records come from a batched watch, so the
+    stand-in costs the driver a delivery per write and one compare-and-set per pod."""
+
+    def __init__(self, bus: NatsBus, after_s: float) -> None:
+        self._bus = bus
+        self._after_s = after_s
+        self._due: list[tuple[float, str, int, bytes]] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.written = 0
+        """Records marked allocated."""
+
+    def start(self) -> None:
+        """Follow and write in the background (nothing, for ``after_s`` below 0)."""
+        if self._after_s >= 0:
+            self._tasks = [asyncio.create_task(self._follow()), asyncio.create_task(self._write())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def settled(self) -> None:
+        """Wait until every record seen so far is handed off."""
+        await self._idle.wait()
+
+    async def _follow(self) -> None:
+        async for entry in self._bus.kv_watch(subjects.KV_ASSIGNMENTS, batch_s=0.05):
+            if entry is None or entry.deleted:
+                continue
+            record = codec.decode(entry.value, AssignmentRecord)
+            if record.state == "reserved":
+                when = time.monotonic() + self._after_s
+                heapq.heappush(self._due, (when, entry.key, entry.revision, entry.value))
+                self._idle.clear()
+
+    async def _write(self) -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            while self._due and self._due[0][0] <= now:
+                _, key, revision, value = heapq.heappop(self._due)
+                record = settled(codec.decode(value, AssignmentRecord), now=time.time())
+                # A write that lost found the record moved on (released): nothing to hand off.
+                if await self._bus.kv_update(
+                    subjects.KV_ASSIGNMENTS, key, codec.encode(record), revision=revision
+                ):
+                    self.written += 1
+            if not self._due:
+                self._idle.set()
 
 
 async def publish(bus: NatsBus, message: PodPending, clocked: Clocked) -> None:
@@ -448,6 +477,8 @@ async def run_cluster(
             placers = [
                 await start_placer(server.url, n, directory, *options) for n in range(replicas)
             ]
+            hand_off = HandOff(bus, args.hand_off_s)
+            hand_off.start()
             try:
                 ready_s = await wait_ready(placers)
                 if pools > 1:
@@ -456,7 +487,7 @@ async def run_cluster(
                 # Latency at a fixed rate.
                 count = int(args.rate * args.seconds)
                 clocked = Clocked(expected=count)
-                await follow_decisions(bus, clocked, args.hand_off_s)
+                await follow_decisions(bus, clocked)
                 pods = [pod(n, rng, args.quota_share) for n in range(count)]
                 tasks = []
                 pids = {
@@ -482,7 +513,7 @@ async def run_cluster(
                     if uid not in warm
                 ]
                 achieved = count / (time.perf_counter() - start)
-                await asyncio.gather(*clocked.hand_offs)  # their writes count in the CPU too
+                await hand_off.settled()  # its writes count in the CPU too
                 cpu_per_pod, switches = Used.now(pids).per_pod(used_before, count, replicas)
                 messages = await placer_messages(servers_of(server))
                 sent, received = (
@@ -498,13 +529,13 @@ async def run_cluster(
                 if args.burst:
                     burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
                     clocked = Clocked(expected=args.burst)
-                    await follow_decisions(bus, clocked, args.hand_off_s)
+                    await follow_decisions(bus, clocked)
                     used_before = Used.now(pids)
                     start = time.perf_counter()
                     await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
                     await asyncio.wait_for(clocked.done.wait(), 300)
                     saturated = args.burst / (max(clocked.decided.values()) - start)
-                    await asyncio.gather(*clocked.hand_offs)
+                    await hand_off.settled()
                     # The other replicas may still be applying the last writes: counted too.
                     await asyncio.sleep(BURST_SETTLE_S)
                     burst_cpu, burst_switches = Used.now(pids).per_pod(
@@ -513,6 +544,7 @@ async def run_cluster(
                 conflicts = await counter_sum(placers, "tessera_placer_commit_conflicts_total")
                 fallbacks = await counter_sum(placers, "tessera_placer_pool_fallbacks_total")
                 return {
+                    "handed_off": hand_off.written,
                     "conflicts": conflicts,
                     "fallbacks": fallbacks,
                     "replicas": replicas,
@@ -537,6 +569,7 @@ async def run_cluster(
                     "received": received,
                 }
             finally:
+                await hand_off.stop()
                 await stop(placers)
         finally:
             await bus.drain()
@@ -549,22 +582,25 @@ async def measure_rss(args: argparse.Namespace, directory: Path) -> dict[str, fl
         try:
             await load_cluster(bus, args.rss_nodes, args.gpus)
             placers = [await start_placer(server.url, 9, directory)]
+            hand_off = HandOff(bus, args.hand_off_s)
+            hand_off.start()
             try:
                 ready_s = await wait_ready(placers)
                 await asyncio.sleep(2)
                 loaded = rss_mib(placers[0].process.pid)
                 rng = random.Random(9)
                 clocked = Clocked(expected=args.burst)
-                await follow_decisions(bus, clocked, args.hand_off_s)
+                await follow_decisions(bus, clocked)
                 pods = [pod(n, rng) for n in range(args.burst)]
                 await asyncio.gather(*(publish(bus, message, clocked) for message in pods))
                 if pods:
                     await asyncio.wait_for(clocked.done.wait(), 600)
-                await asyncio.gather(*clocked.hand_offs)
+                await hand_off.settled()
                 await asyncio.sleep(2)
                 placed = rss_mib(placers[0].process.pid)
                 return {"ready_s": ready_s, "loaded": loaded, "placed": placed}
             finally:
+                await hand_off.stop()
                 await stop(placers)
         finally:
             await bus.drain()
@@ -633,7 +669,8 @@ async def main(args: argparse.Namespace) -> None:
         pods = int(args.rate * args.seconds) + args.burst
         print(
             f"  compare-and-sets lost: {r['conflicts']:.0f}; pods decided outside the deciding "
-            f"replica's pools: {r['fallbacks']:.0f} (of {pods})",
+            f"replica's pools: {r['fallbacks']:.0f} (of {pods}); records handed off: "
+            f"{r['handed_off']:.0f}",
             flush=True,
         )
     if args.rss_nodes:
