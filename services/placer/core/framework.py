@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol, runtime_checkable
 
@@ -319,18 +319,33 @@ class Ranking:
     ``decider._decide_in``) ranks once and picks several times; going over every shape for each
     try was most of a placer's CPU in a burst (issue 23)."""
 
-    __slots__ = ("_cluster", "_levels", "_memo", "_nodes", "_pod", "_profile", "_total_of")
+    __slots__ = (
+        "_by_total",
+        "_cluster",
+        "_fitting",
+        "_memo",
+        "_nodes",
+        "_order",
+        "_pod",
+        "_profile",
+        "_top",
+    )
 
     def __init__(self, pod: PodFacts, cluster: ClusterIndex, profile: Profile) -> None:
         self._pod = pod
         self._cluster = cluster
         self._profile = profile
         self._memo = profile.judged(cluster, pod.request.placement_key())
-        self._levels: list[tuple[float, list[int]]] = []
-        """The feasible shapes by total, best first. Empty for a normalising profile, whose
-        totals depend on which shapes are left to choose from: its picks judge the cluster each
-        time."""
-        self._total_of: dict[int, float] = {}
+        self._by_total: dict[float, list[int]] = {}
+        """The feasible shapes by total. Empty for a normalising profile, whose totals depend
+        on which shapes are left to choose from: its picks judge the cluster each time."""
+        self._top = 0.0
+        """The best of the totals (when there are any)."""
+        self._order: list[float] | None = None
+        """The totals best first, sorted only once a pick finds every best node avoided (most
+        picks take the best: sorting for each decision cost more than finding it)."""
+        self._fitting: set[int] = set()
+        """The shapes that fit."""
         self._nodes = 0
         """How many nodes fit."""
         if not profile.normalizing:
@@ -341,7 +356,7 @@ class Ranking:
         _judge_together(pod, cluster, profile, memo, cluster.groups)
         shapes = cluster.shapes
         judge = profile.judge
-        by_total: dict[float, list[int]] = {}
+        by_total = self._by_total
         added = 0
         for sid, ranks in cluster.groups.items():
             value = memo.get(sid)
@@ -351,7 +366,7 @@ class Ranking:
             if value.__class__ is str:  # why the shape does not fit
                 continue
             total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
-            self._total_of[sid] = total
+            self._fitting.add(sid)
             self._nodes += len(ranks)
             if total != total:  # NaN: it fits, but no comparison makes it the best
                 continue
@@ -361,7 +376,17 @@ class Ranking:
             else:
                 level.append(sid)
         cluster.memo_size += added
-        self._levels = sorted(by_total.items(), reverse=True)
+        if by_total:
+            self._top = max(by_total)
+
+    def _totals(self) -> Iterator[float]:
+        """The totals, best first."""
+        if not self._by_total:
+            return
+        yield self._top
+        if self._order is None:
+            self._order = sorted(self._by_total, reverse=True)
+        yield from self._order[1:]
 
     def _excluded_by_shape(self, excluded: frozenset[int]) -> dict[int, int]:
         """How many of each shape's nodes are ``excluded``."""
@@ -376,8 +401,9 @@ class Ranking:
         groups = self._cluster.groups
         feasible = self._nodes
         if out:
-            feasible -= sum(n for sid, n in out.items() if sid in self._total_of)
-        for total, sids in self._levels:
+            feasible -= sum(n for sid, n in out.items() if sid in self._fitting)
+        for total in self._totals():
+            sids = self._by_total[total]
             tied = [sid for sid in sids if len(groups[sid]) > out.get(sid, 0)] if out else sids
             if tied:
                 return list(tied), total, feasible
