@@ -137,6 +137,8 @@ def _decide_in(
     ranked = cycle.rank(pod, index, profile, view.tenancy, now=now)
     if isinstance(ranked, Rejection):
         return ranked  # refused before any node is looked at: no node can change that
+    plain: Decision | Rejection | None = None
+    """The profile's own choice (the nodes avoided left out), when a try made it: the fallback."""
     if spread:
         asks = ranked.prepared.facts.asks
         excluded = avoided
@@ -150,6 +152,8 @@ def _decide_in(
             # a mixed burst find a node where a pod of another size waits.
             if not view.certainly_waits_at_gate(node, pod.uid, asks):
                 attempt = ranked.decide(now=now, avoid=excluded)
+                if excluded is avoided:  # the first try: it avoids only ``avoided``
+                    plain = attempt
                 if not isinstance(attempt, Decision):  # over the tenant's exact quota
                     if not excluded:
                         return attempt
@@ -170,7 +174,7 @@ def _decide_in(
             elsewhere = ranked.decide(now=now, avoid=excluded)
             if isinstance(elsewhere, Decision):
                 return elsewhere
-    outcome = ranked.decide(now=now, avoid=avoided)  # the profile's own choice
+    outcome = plain if plain is not None else ranked.decide(now=now, avoid=avoided)
     if avoided and not isinstance(outcome, Decision):
         outcome = ranked.decide(now=now)
     return outcome
