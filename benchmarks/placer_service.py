@@ -337,7 +337,7 @@ class HandOff:
     def __init__(self, bus: NatsBus, after_s: float) -> None:
         self._bus = bus
         self._after_s = after_s
-        self._due: list[tuple[float, str, int, bytes]] = []
+        self._due: list[tuple[float, str, int, AssignmentRecord]] = []
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -365,7 +365,7 @@ class HandOff:
             record = codec.decode(entry.value, AssignmentRecord)
             if record.state == "reserved":
                 when = time.monotonic() + self._after_s
-                heapq.heappush(self._due, (when, entry.key, entry.revision, entry.value))
+                heapq.heappush(self._due, (when, entry.key, entry.revision, record))
                 self._idle.clear()
 
     async def _write(self) -> None:
@@ -373,8 +373,8 @@ class HandOff:
             await asyncio.sleep(0.01)
             now = time.monotonic()
             while self._due and self._due[0][0] <= now:
-                _, key, revision, value = heapq.heappop(self._due)
-                record = settled(codec.decode(value, AssignmentRecord), now=time.time())
+                _, key, revision, reserved = heapq.heappop(self._due)
+                record = settled(reserved, now=time.time())
                 # A write that lost found the record moved on (released): nothing to hand off.
                 if await self._bus.kv_update(
                     subjects.KV_ASSIGNMENTS, key, codec.encode(record), revision=revision
@@ -709,7 +709,7 @@ if __name__ == "__main__":
         "--hand-off-s",
         type=float,
         default=0.25,
-        help="seconds from a decision to its record marked allocated, standing in for the "
+        help="seconds from a record's creation to its marking allocated, standing in for the "
         "binder and the device plugin (bind -> Allocate, p50 in benchmarks/e2e.py: "
         "0.22-0.27 s); below 0: records stay reserved",
     )
