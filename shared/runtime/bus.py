@@ -154,7 +154,8 @@ class PullConsumer(Protocol):
     """A durable JetStream consumer: what is fetched and not acked comes back after ``ack_wait``."""
 
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
-        """Up to ``batch`` messages; an empty list when none arrived within ``timeout``."""
+        """Up to ``batch`` messages; an empty list when none arrived within ``timeout``.
+        Raises :class:`BusUnavailableError` while disconnected."""
         ...
 
     async def close(self) -> None:
@@ -169,7 +170,8 @@ class Bus(Protocol):
     ``kv_write_all``/``kv_delete``) raises :class:`BusUnavailableError` at once while
     disconnected (nothing sent) and :class:`OutcomeUnknownError` when it was sent but no answer
     came (read the key back). Neither ever lands later. A ``kv_update`` that returns None lost
-    the compare-and-set.
+    the compare-and-set. Reads (``kv_get``, ``kv_keys``, a watch starting) and attaching or
+    fetching a consumer raise :class:`BusUnavailableError` too while disconnected.
     """
 
     @property

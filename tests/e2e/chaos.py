@@ -31,7 +31,7 @@ from shared.runtime.tasks import cancel_and_wait
 from tessera.devcluster.resources import POD
 from tessera.up import workload as w
 from tessera.up.system import LocalSystem
-from tests.e2e.helpers import assert_exact, pending_message, phase, until
+from tests.e2e.helpers import assert_exact, connected_bus, pending_message, phase, until
 
 NAMESPACE = "chaos"
 TARGETS = ("placer", "binder-leader", "deviceplugin", "nats-server")
@@ -223,13 +223,12 @@ async def assert_no_record_stuck(system: LocalSystem, running: dict[str, str]) -
     A Running pod may also have a released record on another node: the fence of a commit that
     lost (two replicas decided the pod at once after a placer died mid-commit; seen in a
     three-server run, where the loser's fence stayed as it should)."""
-    assert system.bus is not None
 
     async def stuck() -> list[str]:
-        assert system.bus is not None
+        bus = await connected_bus(system)
         problems = []
-        for key in await system.bus.kv_keys(subjects.KV_ASSIGNMENTS):
-            entry = await system.bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+        for key in await bus.kv_keys(subjects.KV_ASSIGNMENTS):
+            entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
             if entry is None:
                 continue
             record = codec.decode(entry.value, AssignmentRecord)

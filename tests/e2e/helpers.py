@@ -14,6 +14,7 @@ from typing import Any
 
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
+from shared.runtime.bus import Bus
 from tessera.devcluster.resources import POD, ApiError
 from tessera.up import report
 from tessera.up.command import pod_state
@@ -63,10 +64,20 @@ def pending_message(pod: Obj) -> str:
     return ""
 
 
+async def connected_bus(system: LocalSystem) -> Bus:
+    """The system's own bus, once it is connected: checks that run right after a NATS server
+    was killed read through it (a chaos seed whose last kill came a second before its checks
+    failed on a read made while the bus still reconnected)."""
+    bus = system.bus
+    assert bus is not None
+    await until(lambda: bus.connected, what="the NATS connection of tessera up back")
+    return bus
+
+
 async def record_of(system: LocalSystem, pod: Obj) -> AssignmentRecord | None:
-    assert system.bus is not None
+    bus = await connected_bus(system)
     node = pod["spec"]["nodeName"]
-    entry = await system.bus.kv_get(
+    entry = await bus.kv_get(
         subjects.KV_ASSIGNMENTS, subjects.assignment_key(node, pod["metadata"]["uid"])
     )
     return codec.decode(entry.value, AssignmentRecord) if entry is not None else None

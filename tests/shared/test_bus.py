@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -525,6 +525,58 @@ def test_node_names_become_single_tokens(node: str, token: str) -> None:
     assert subjects.node_token(node) == token
     assert subjects.node_from_token(token) == node
     assert subjects.inventory(node) == f"tessera.inventory.{token}"
+
+
+async def test_every_operation_while_disconnected_raises_bus_unavailable() -> None:
+    # Regression: reads, watches and consumers let nats-py's "outbound buffer limit exceeded"
+    # through while the bus reconnected (it buffers nothing), so a handler of
+    # BusUnavailableError missed them; a chaos run's checks failed on one after a late kill.
+    with NatsServer() as server:
+        bus = await NatsBus.connect(server.url, name="cut-off")
+        await bus.kv_put(subjects.KV_NODES, "n1", b"facts")
+        await bus.js_publish(subjects.PODS_PENDING, b"pod")
+        consumer = await bus.pull_consumer(
+            stream=subjects.STREAM_PODS, durable="d", subject=subjects.PODS_PENDING
+        )
+        assert len(await consumer.fetch(1, timeout=2)) == 1
+        server.kill()
+        await eventually(lambda: not bus.connected, timeout=10, what="the disconnect")
+        operations: dict[str, Callable[[], Awaitable[object]]] = {
+            "kv_get": lambda: bus.kv_get(subjects.KV_NODES, "n1"),
+            "kv_keys": lambda: bus.kv_keys(subjects.KV_NODES),
+            "kv_watch": lambda: anext(bus.kv_watch(subjects.KV_NODES)),
+            "kv_watch batched": lambda: anext(bus.kv_watch(subjects.KV_NODES, batch_s=0.1)),
+            "kv_put": lambda: bus.kv_put(subjects.KV_NODES, "n1", b"new"),
+            "kv_create": lambda: bus.kv_create(subjects.KV_NODES, "n2", b"new"),
+            "kv_update": lambda: bus.kv_update(subjects.KV_NODES, "n1", b"new", revision=1),
+            "kv_delete": lambda: bus.kv_delete(subjects.KV_NODES, "n1"),
+            "publish": lambda: bus.publish("tessera.test", b"x"),
+            "js_publish": lambda: bus.js_publish(subjects.PODS_PENDING, b"x"),
+            "request": lambda: bus.request("tessera.test", b"x", timeout=1),
+            "pull_consumer": lambda: bus.pull_consumer(
+                stream=subjects.STREAM_PODS, durable="d", subject=subjects.PODS_PENDING
+            ),
+            "fetch": lambda: consumer.fetch(1, timeout=1),
+        }
+        outcomes: dict[str, str] = {}
+        for name, operation in operations.items():
+            try:
+                await asyncio.wait_for(operation(), timeout=10)
+                outcomes[name] = "nothing raised"
+            except Exception as error:
+                outcomes[name] = f"{type(error).__module__}.{type(error).__name__}: {error}"
+        wrong = {
+            name: outcome
+            for name, outcome in outcomes.items()
+            if not outcome.startswith("shared.runtime.bus.BusUnavailableError: ")
+            or "not connected to NATS" not in outcome
+        }
+        assert wrong == {}
+        server.start()
+        await eventually(lambda: bus.connected, timeout=20, what="the reconnect")
+        entry = await bus.kv_get(subjects.KV_NODES, "n1")
+        assert entry is not None and entry.value == b"facts"  # nothing was written meanwhile
+        await bus.drain()
 
 
 async def test_bus_reconnects_after_a_server_restart_and_keeps_durable_state() -> None:

@@ -24,7 +24,7 @@ from shared.runtime.bus import (
     Subscription,
 )
 from shared.runtime.nats.connection import log
-from shared.runtime.nats.store import _MISSING, NatsStore
+from shared.runtime.nats.store import _DISCONNECTED, _MISSING, NatsStore, unavailable
 
 GATHER_S: Final = 0.05
 """How long a pull of several messages waits for them (``_NatsPullConsumer._pull``)."""
@@ -91,6 +91,8 @@ class _NatsPullConsumer:
             msgs = await self._pull(batch, timeout)
         except TimeoutError:  # nats-py's TimeoutError, and at times a bare asyncio one: no message
             return []
+        except _DISCONNECTED:
+            raise BusUnavailableError("not connected to NATS; nothing was fetched") from None
         except (*_MISSING, nats.js.errors.NotFoundError):
             await self._restore()
             attached = await self._attach()  # may fail: the current subscription stays
@@ -144,7 +146,7 @@ class NatsMessaging(NatsStore):
             raise BusUnavailableError("not connected to NATS; nothing was sent")
         try:
             await self._nc.publish(subject, data, headers=dict(headers) if headers else None)
-        except nats.errors.OutboundBufferLimitError:
+        except _DISCONNECTED:
             raise BusUnavailableError("not connected to NATS; nothing was sent") from None
 
     async def subscribe(self, subject: str, handler: Handler, *, queue: str = "") -> Subscription:
@@ -162,7 +164,7 @@ class NatsMessaging(NatsStore):
             raise NoResponderError(f"nobody answers on {subject}") from None
         except nats.errors.TimeoutError:
             raise TimeoutError(f"no answer on {subject} within {timeout:g} s") from None
-        except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
+        except _DISCONNECTED:
             raise BusUnavailableError("not connected to NATS; nothing was sent") from None
         return bytes(answer.data)
 
@@ -209,11 +211,12 @@ class NatsMessaging(NatsStore):
         async def restore() -> None:
             await self.restore_topology(reason=f"consumer {durable} was gone")
 
-        try:
-            sub = await attach()
-        except nats.js.errors.NotFoundError:
-            await restore()
-            sub = await attach()
+        with unavailable(f"consumer {durable} cannot be attached now"):
+            try:
+                sub = await attach()
+            except nats.js.errors.NotFoundError:
+                await restore()
+                sub = await attach()
         consumer = _NatsPullConsumer(sub, attach, restore)
         self._consumers.append(consumer)
         return consumer

@@ -54,13 +54,22 @@ _MISSING = (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavaila
 JetStream publish nobody stores, a pull request nobody answers."""
 
 
+_DISCONNECTED = (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError)
+"""What nats-py raises for a request or a publish while it reconnects: the bus connects with no
+buffer for them (``pending_size=0``), so nothing was sent."""
+
+
 @contextlib.contextmanager
 def unavailable(what: str) -> Iterator[None]:
     """A JetStream request before anything was written or read that times out or finds no
-    responder (a cluster electing its leaders) is NATS unavailable: :class:`BusUnavailableError`
-    saying ``what``, which every caller handles, rather than nats-py's own error."""
+    responder (a cluster electing its leaders), or that is made while the connection is down, is
+    NATS unavailable: :class:`BusUnavailableError` saying ``what``, which every caller handles,
+    rather than nats-py's own error (a read during a reconnect raised "outbound buffer limit
+    exceeded")."""
     try:
         yield
+    except _DISCONNECTED:
+        raise BusUnavailableError(f"{what}: not connected to NATS; nothing was done") from None
     except (nats.errors.TimeoutError, nats.errors.NoRespondersError, *_MISSING) as error:
         raise BusUnavailableError(
             f"{what} ({type(error).__name__}: {error}); nothing was done"
@@ -178,7 +187,7 @@ class NatsStore(NatsConnection):
             )
         try:
             return task.result()
-        except (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError):
+        except _DISCONNECTED:
             raise BusUnavailableError("not connected to NATS; nothing was sent") from None
         except _MISSING:
             await self.restore_topology(reason="a write found no stream")
