@@ -19,7 +19,7 @@ from services.placer.config import ConfigFileError, parse_profile, parse_tenancy
 from services.placer.core.facts import pod_facts
 from services.placer.core.fragmentation import TypicalTask
 from services.placer.core.index import ClusterIndex
-from services.placer.core.model import Decision, GpuState, NodeState
+from services.placer.core.model import Decision, GpuState, NodeState, Reservation
 from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS, build_profile
 from services.placer.core.shape import gpu_shape
 from services.placer.state import ClusterView
@@ -43,6 +43,18 @@ def view_of(*names: str, gpus: int = 2, **options: object) -> ClusterView:
 
 
 # --- the index ---------------------------------------------------------------------------------
+
+
+def queue_decided(
+    view: ClusterView, reservation: Reservation, pod: PodPending, *, commit: str
+) -> None:
+    """Hold ``reservation`` of ``pod`` on the view as this replica's commit ``commit``: decided,
+    not yet allocated (a pod queued at the binder's gate)."""
+    view.add_tentative(
+        translate.booking_of(
+            reservation, pod, tenant="ml", commit=commit, decided_at=NOW, placer_id="p"
+        )
+    )
 
 
 def _consistent(index: ClusterIndex) -> None:
@@ -141,16 +153,7 @@ def test_identical_pods_pile_up_where_they_pass_the_gate_together() -> None:
         assert isinstance(decision, Decision) and decision.node == "a", i
         assert [g.index for c in decision.reservation.containers for g in c.gpus] == [0]
         assert not view.waits_at_gate(decision.reservation, request)
-        view.add_tentative(
-            translate.booking_of(
-                decision.reservation,
-                pending,
-                tenant="ml",
-                commit=f"c{i}",
-                decided_at=NOW,
-                placer_id="p",
-            )
-        )
+        queue_decided(view, decision.reservation, pending, commit=f"c{i}")
     assert view.queued_nodes(QUEUE_LONG) == {"a"}
     larger = translate.pod_request(wire.pending("big", memory_mib=8192, cores=5))
     alone = decider.decide(view, PROFILE, larger, now=NOW, spread=False)
@@ -194,11 +197,7 @@ def test_the_gate_counts_the_devices_the_kubelet_asks_for(
     queued = memory_pod("queued", queued_mib)
     placed = decider.decide(view, PROFILE, translate.pod_request(queued), now=NOW)
     assert isinstance(placed, Decision)
-    view.add_tentative(
-        translate.booking_of(
-            placed.reservation, queued, tenant="ml", commit="c0", decided_at=NOW, placer_id="p"
-        )
-    )
+    queue_decided(view, placed.reservation, queued, commit="c0")
     used = placed.reservation.containers[0].gpus[0].index
     mine = translate.pod_request(memory_pod("mine", mine_mib))
     other_gpu = decider.decide_on(view, PROFILE, mine, "a", now=NOW)
@@ -238,16 +237,7 @@ def queued_on_a(queued: list[Size]) -> ClusterView:
         held = sized(f"q{i}", size)
         placed = decider.decide_on(view, PROFILE, translate.pod_request(held), "a", now=NOW)
         if isinstance(placed, Decision):
-            view.add_tentative(
-                translate.booking_of(
-                    placed.reservation,
-                    held,
-                    tenant="ml",
-                    commit=f"c{i}",
-                    decided_at=NOW,
-                    placer_id="p",
-                )
-            )
+            queue_decided(view, placed.reservation, held, commit=f"c{i}")
     return view
 
 
