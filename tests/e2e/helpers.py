@@ -14,6 +14,7 @@ from typing import Any
 
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
+from shared.messages.ledger import TenantLedger
 from shared.runtime.bus import Bus
 from tessera.devcluster.resources import POD, ApiError
 from tessera.up import report
@@ -139,7 +140,9 @@ def gpus_of(system: LocalSystem, pod: Obj) -> list[str]:
 
 
 async def clear(system: LocalSystem, namespace: str, timeout: float = 60.0) -> None:
-    """Delete every pod of ``namespace``; wait until each is gone and its record released."""
+    """Delete every pod of ``namespace``; wait until each is gone, its record released and its
+    tenant's charge given back (a placer takes the charge off last: a test that came next and
+    found it still there saw a pod of the same tenant wait for quota)."""
     pods = pods_of(system, namespace)
     for pod in pods:
         with contextlib.suppress(ApiError):  # gone already
@@ -158,6 +161,18 @@ async def clear(system: LocalSystem, namespace: str, timeout: float = 60.0) -> N
         while not await released():
             assert loop.time() < deadline, f"record of {pod['metadata']['name']} not released"
             await asyncio.sleep(0.1)
+    uids = {pod["metadata"]["uid"] for pod in pods}
+
+    async def uncharged() -> bool:
+        bus = await connected_bus(system)
+        for key in await bus.kv_keys(subjects.KV_TENANTS):
+            entry = await bus.kv_get(subjects.KV_TENANTS, key)
+            ledger = codec.decode(entry.value, TenantLedger) if entry is not None else None
+            if ledger is not None and any(c.pod_uid in uids for c in ledger.charges):
+                return False
+        return True
+
+    await until(uncharged, timeout=timeout, what=f"the charges of {namespace}'s pods given back")
 
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
