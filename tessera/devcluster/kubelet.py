@@ -57,7 +57,7 @@ from tessera.devcluster.devicemanager import (
 )
 from tessera.devcluster.resources import NODE, POD, ApiError, Obj, timestamp
 
-KUBELET_VERSION: Final = "v1.31.0-tessera-sim"
+KUBELET_VERSION: Final = "v1.37.0-tessera-sim"
 ENV_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 ENV_MEMORY: Final = "TESSERA_GPU_MEMORY_LIMIT_MIB"
 ENV_CORES: Final = "TESSERA_GPU_CORES"
