@@ -35,7 +35,9 @@ REGISTRATION_TIMEOUT_S: Final = 10.0
 
 @dataclass(frozen=True)
 class ContainerRecord:
-    """What one container was given by the device plugin (one Allocate answer per resource)."""
+    """What one container was given: by the device plugin (one Allocate answer per resource,
+    ``resource`` its name), or by a DRA claim (its CDI devices resolved, ``resource`` is
+    ``resourceclaims/<claim>``)."""
 
     pod_uid: str
     namespace: str
@@ -48,6 +50,8 @@ class ContainerRecord:
     """(container path, host path, read only)."""
     annotations: Mapping[str, str]
     allocated_at: float
+    device_nodes: tuple[str, ...] = ()
+    """Container paths of device nodes (from CDI edits: DRA claims)."""
 
 
 @dataclass
