@@ -30,6 +30,8 @@ from tessera.devcluster.dravalidation import (
     duplicate,
     immutable,
     invalid,
+    label_name,
+    label_value,
     required,
 )
 from tessera.devcluster.jsoncopy import clone
@@ -105,14 +107,16 @@ def validate_claim(claim: Obj) -> list[str]:
 
 
 def validate_template(template: Obj) -> list[str]:
+    """``ValidateResourceClaimTemplate``: the claim spec, and the template's metadata as
+    ``ValidateTemplateObjectMeta`` checks it (label and annotation keys, label values)."""
     spec = template.get("spec") or {}
-    errors: list[str] = []
     meta = spec.get("metadata") or {}
-    for key in ("name", "namespace", "generateName", "uid", "resourceVersion"):
-        if meta.get(key):
-            errors.append(
-                f"spec.metadata.{key}: Forbidden: field is not allowed in a template's metadata"
-            )
+    errors: list[str] = []
+    for key, value in (meta.get("labels") or {}).items():
+        errors += label_name(key, "spec.metadata.labels")
+        errors += label_value(str(value), f"spec.metadata.labels[{key}]")
+    for key in meta.get("annotations") or {}:
+        errors += label_name(key.lower(), "spec.metadata.annotations")
     devices = (spec.get("spec") or {}).get("devices") or {}
     return errors + device_claim(devices, "spec.spec.devices")
 

@@ -280,6 +280,15 @@ CREATE_REFUSALS = [
         id="template-selector-cel",
     ),
     pytest.param(
+        "resourceclaimtemplates",
+        {
+            **b.template("t"),
+            "spec": {**b.template("t")["spec"], "metadata": {"labels": {"a": "-x"}}},
+        },
+        'spec.metadata.labels[a]: Invalid value: "-x": a valid label must be',
+        id="template-label",
+    ),
+    pytest.param(
         "deviceclasses",
         {**b.device_class(), "spec": {"config": [{"opaque": {"driver": b.DRIVER}}]}},
         "spec.config[0].opaque.parameters: Required value",
