@@ -371,27 +371,34 @@ class DraManager:
             for info in infos:
                 info.prepared = True
 
-    async def _prepare_batch(self, driver: str, infos: list[ClaimInfo]) -> None:
+    async def _call(self, method: str, driver: str, infos: list[ClaimInfo]) -> Any:
+        """One ``NodePrepareResources`` or ``NodeUnprepareResources`` call for ``infos``; its
+        answer checked as the kubelet checks it: an RPC error, an entry for a claim it did not
+        ask about, a claim's error, or a claim left out is a DraError (the last after the
+        others' results are taken, by the caller, from the returned answer)."""
         plugin = self.plugin(driver)
-        request = dra_pb2.NodePrepareResourcesRequest(
+        request_type = getattr(dra_pb2, f"{method}Request")
+        request = request_type(
             claims=[dra_pb2.Claim(namespace=i.namespace, uid=i.uid, name=i.name) for i in infos]
         )
         try:
-            response = await plugin.stub.NodePrepareResources(request, timeout=self.call_timeout_s)
+            response = await getattr(plugin.stub, method)(request, timeout=self.call_timeout_s)
         except grpc.aio.AioRpcError as error:
-            raise DraError(f"NodePrepareResources: {_rpc_text(error)}") from None
+            raise DraError(f"{method}: {_rpc_text(error)}") from None
         by_uid = {i.uid: i for i in infos}
         for claim_uid, result in response.claims.items():
             info = by_uid.get(claim_uid)
             if info is None:
-                raise DraError(
-                    f"NodePrepareResources returned result for unknown claim UID {claim_uid}"
-                )
+                raise DraError(f"{method} returned result for unknown claim UID {claim_uid}")
             if result.error:
-                raise DraError(
-                    f"NodePrepareResources failed for ResourceClaim {info.name}: {result.error}"
-                )
-            info.devices[driver] = [
+                raise DraError(f"{method} failed for ResourceClaim {info.name}: {result.error}")
+        return response
+
+    async def _prepare_batch(self, driver: str, infos: list[ClaimInfo]) -> None:
+        response = await self._call("NodePrepareResources", driver, infos)
+        by_uid = {i.uid: i for i in infos}
+        for claim_uid, result in response.claims.items():
+            by_uid[claim_uid].devices[driver] = [
                 PreparedDevice(
                     driver=driver,
                     pool=d.pool_name,
@@ -402,9 +409,7 @@ class DraManager:
                 )
                 for d in result.devices
             ]
-        unfinished = len(infos) - len(response.claims)
-        if unfinished:
-            raise DraError(f"NodePrepareResources skipped {unfinished} ResourceClaims")
+        _all_answered("NodePrepareResources", infos, response)
 
     def cdi_devices(self, pod: Obj, container: Obj) -> dict[str, list[str]]:
         """``GetResources``: claim name -> the CDI device names ``container`` gets from it."""
@@ -489,30 +494,14 @@ class DraManager:
         return [info.name for info in done]
 
     async def _unprepare_batch(self, driver: str, infos: list[ClaimInfo]) -> None:
-        plugin = self.plugin(driver)
-        request = dra_pb2.NodeUnprepareResourcesRequest(
-            claims=[dra_pb2.Claim(namespace=i.namespace, uid=i.uid, name=i.name) for i in infos]
-        )
-        try:
-            response = await plugin.stub.NodeUnprepareResources(
-                request, timeout=self.call_timeout_s
-            )
-        except grpc.aio.AioRpcError as error:
-            raise DraError(f"NodeUnprepareResources: {_rpc_text(error)}") from None
-        by_uid = {i.uid: i for i in infos}
-        for claim_uid, result in response.claims.items():
-            info = by_uid.get(claim_uid)
-            if info is None:
-                raise DraError(
-                    f"NodeUnprepareResources returned result for unknown claim UID {claim_uid}"
-                )
-            if result.error:
-                raise DraError(
-                    f"NodeUnprepareResources failed for ResourceClaim {info.name}: {result.error}"
-                )
-        unfinished = len(infos) - len(response.claims)
-        if unfinished:
-            raise DraError(f"NodeUnprepareResources skipped {unfinished} ResourceClaims")
+        response = await self._call("NodeUnprepareResources", driver, infos)
+        _all_answered("NodeUnprepareResources", infos, response)
+
+
+def _all_answered(method: str, infos: list[ClaimInfo], response: Any) -> None:
+    unfinished = len(infos) - len(response.claims)
+    if unfinished:
+        raise DraError(f"{method} skipped {unfinished} ResourceClaims")
 
 
 def _drivers(claim: Obj) -> tuple[str, ...]:
