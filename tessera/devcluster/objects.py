@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Final
 
 from tessera.devcluster import patches, resources, schema
@@ -224,7 +225,7 @@ class ApiObjects:
         causes = [
             f"metadata.{key}: Invalid value: {meta.get(key)!r}: field is immutable"
             for key in ("name", "namespace", "uid", "creationTimestamp")
-            if key in meta and meta[key] != current_meta.get(key)
+            if key in meta and not _same(key, meta[key], current_meta.get(key))
         ]
         if causes:
             raise invalid(resource.kind, name, causes)
@@ -238,6 +239,8 @@ class ApiObjects:
         ):
             if key in current_meta and key not in meta:
                 meta[key] = current_meta[key]
+        if "creationTimestamp" in current_meta:  # stored as the API server writes a time
+            meta["creationTimestamp"] = current_meta["creationTimestamp"]
         missing = self._decode(resource, new)
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
         errors = resource.update_rules(current, new, subresource) + resource.validate(new)
@@ -365,6 +368,19 @@ class ApiObjects:
             }
             NAMESPACE.defaults(obj, self.clock())
             self.store.put(NAMESPACE, obj)
+
+
+def _same(key: str, sent: Any, stored: Any) -> bool:
+    """Whether an immutable metadata field is unchanged; a time is compared as a time (a client
+    may write ``2026-01-02T03:04:05+00:00`` for the stored ``2026-01-02T03:04:05Z``)."""
+    if sent == stored:
+        return True
+    if key != "creationTimestamp" or not isinstance(sent, str) or not isinstance(stored, str):
+        return False
+    try:
+        return datetime.fromisoformat(sent) == datetime.fromisoformat(stored)
+    except ValueError:
+        return False
 
 
 def _distinct(errors: list[str]) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -58,6 +57,16 @@ async def http() -> AsyncIterator[Http]:
         yield Http(api, session)
 
 
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def resource_api(http: Http, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any]:
+    """The real kubernetes-asyncio client's ``ResourceV1Api`` for the double."""
+    configuration = client.Configuration()
+    kubeconfig = http.api.write_kubeconfig(tmp_path_factory.mktemp("kube") / "kubeconfig")
+    await config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    async with client.ApiClient(configuration) as api_client:
+        yield client.ResourceV1Api(api_client)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -86,35 +95,50 @@ async def test_the_schema_extract_is_what_kubernetes_validate_ships() -> None:
 
 
 async def test_the_real_client_creates_and_lists_slices_by_node_and_driver(
-    http: Http, tmp_path: Path
+    http: Http, resource_api: Any
 ) -> None:
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=str(http.api.write_kubeconfig(tmp_path / "kubeconfig")),
-        client_configuration=configuration,
-    )
     node = unique("node")
-    async with client.ApiClient(configuration) as api_client:
-        resource = client.ResourceV1Api(api_client)
-        for name, on, driver in (
-            (f"{node}-a", node, b.DRIVER),
-            (f"{node}-b", node, "net.test.tessera.dev"),
-            (f"{node}-c", unique("other"), b.DRIVER),
-        ):
-            body: Any = b.resource_slice(name, on, driver=driver)  # the client sends dicts as JSON
-            await resource.create_resource_slice(body)
-        mine = await resource.list_resource_slice(field_selector=f"spec.nodeName={node}")
-        assert sorted(s.metadata.name for s in mine.items) == [f"{node}-a", f"{node}-b"]
-        both = await resource.list_resource_slice(
-            field_selector=f"spec.nodeName={node},spec.driver={b.DRIVER}"
-        )
-        assert [s.metadata.name for s in both.items] == [f"{node}-a"]
-        assert both.items[0].metadata.generation == 1
-        assert both.items[0].spec.devices[0].capacity["memory"].value == "80Gi"
+    for name, on, driver in (
+        (f"{node}-a", node, b.DRIVER),
+        (f"{node}-b", node, "net.test.tessera.dev"),
+        (f"{node}-c", unique("other"), b.DRIVER),
+    ):
+        await resource_api.create_resource_slice(b.resource_slice(name, on, driver=driver))
+    mine = await resource_api.list_resource_slice(field_selector=f"spec.nodeName={node}")
+    assert sorted(s.metadata.name for s in mine.items) == [f"{node}-a", f"{node}-b"]
+    both = await resource_api.list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={b.DRIVER}"
+    )
+    assert [s.metadata.name for s in both.items] == [f"{node}-a"]
+    assert both.items[0].metadata.generation == 1
+    assert both.items[0].spec.devices[0].capacity["memory"].value == "80Gi"
     status, refused = await http.call(
         "GET", f"{b.API}/resourceslices", fieldSelector="spec.pool.name=x"
     )
     assert status == 400 and "field label not supported: spec.pool.name" in refused["message"]
+
+
+async def test_the_real_client_allocates_and_reserves_a_claim_through_status(
+    resource_api: Any,
+) -> None:
+    """What an allocator writes with kubernetes-asyncio: strategic merge patches of the status
+    (``reservedFor`` merged by uid) and a replace of the status with the typed object it read
+    (whose times the client writes in its own RFC 3339 form)."""
+    name = unique("c")
+    created = await resource_api.create_namespaced_resource_claim("default", b.claim(name))
+    assert created.spec.devices.requests[0].exactly.count == 1
+    first, second = b.consumer("p1"), b.consumer("p2")
+    await resource_api.patch_namespaced_resource_claim_status(
+        name, "default", {"status": {"allocation": b.allocation(), "reservedFor": [first]}}
+    )
+    both = await resource_api.patch_namespaced_resource_claim_status(
+        name, "default", {"status": {"reservedFor": [second]}}
+    )
+    assert [r.name for r in both.status.reserved_for] == ["p1", "p2"]
+    both.status.reserved_for = both.status.reserved_for[1:]
+    one = await resource_api.replace_namespaced_resource_claim_status(name, "default", both)
+    assert [r.uid for r in one.status.reserved_for] == [second["uid"]]
+    assert one.status.allocation.devices.results[0].device == "gpu-0"
 
 
 async def test_a_watch_follows_one_node_s_slices(http: Http) -> None:
