@@ -3,8 +3,9 @@
 It serves the kubelet's ``Registration`` service on ``kubelet.sock``, dials each registered
 plugin back, follows its ``ListAndWatch`` stream into the Node's capacity and allocatable, and,
 when a pod is admitted, picks devices for each container (``GetPreferredAllocation`` when the
-plugin offers it) and calls ``Allocate``, recording each answer (:class:`ContainerRecord`). The
-only part of the simulated cluster that speaks gRPC (see ``kubelet.py`` for the whole kubelet).
+plugin offers it) and calls ``Allocate``, recording each answer (:class:`ContainerRecord`). With
+the DRA manager (``dramanager.py``), the part of the simulated cluster that speaks gRPC (see
+``kubelet.py`` for the whole kubelet).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""A simulated kubelet: one node's Node object, its device-plugin registry and device manager.
+"""A simulated kubelet: one node's Node object, its device-plugin registry and device manager,
+and its DRA manager.
 
-What a real kubelet does with device plugins and pods, minus the containers (in the spirit of
-kwok, but with the device-plugin path real, over unix-socket gRPC):
+What a real kubelet does with device plugins, DRA drivers and pods, minus the containers (in the
+spirit of kwok, but with the device-plugin and DRA paths real, over unix-socket gRPC):
 
 - **Node.** :meth:`SimulatedKubelet.start` creates the Node (CPU, memory, pods, labels, Ready
   condition, addresses, node info) through the API test double.
@@ -23,17 +24,23 @@ kwok, but with the device-plugin path real, over unix-socket gRPC):
   with container statuses. An Allocate error rejects the pod as the kubelet does: phase
   ``Failed``, reason ``UnexpectedAdmissionError``; a resource that does not fit: ``OutOf<name>``.
   Extended resources the node does not advertise are ignored, as the kubelet's admission does.
-- **Deletion.** A pod marked for deletion has its containers stopped, its devices freed, and its
-  deletion finished (delete with grace 0 and a uid precondition), as the kubelet's status manager
-  does; a pod deleted outright frees its devices as well.
+- **DRA.** Before an admitted pod's containers start, its ResourceClaims are prepared by their
+  drivers' plugins and each container's CDI devices resolved (``dramanager.py``, ``cdi.py``);
+  what the containers get is recorded like Allocate answers. When that fails the pod stays
+  ``Pending`` (a ``FailedPrepareDynamicResources`` event, containers waiting) and is tried again
+  after ``retry_s``, as the pod workers back off.
+- **Deletion.** A pod marked for deletion has its containers stopped, its devices freed, its DRA
+  claims unprepared, and its deletion finished (delete with grace 0 and a uid precondition), as
+  the kubelet's status manager does; a pod deleted outright frees its devices and claims as well.
 
 The kubelet never trusts the plugin's answers: it records them, and :meth:`usage` and
 :attr:`overcommits` let callers check them against the GPUs' real capacities (passed in, from the
 fake GPU description) at every allocation.
 
 The device-plugin registry and Allocate calls are the :class:`DeviceManager` it extends
-(``devicemanager.py``); this module adds the Node, the pod lifecycle, the resource fit, the pod
-status, the containers' logs and what they hold.
+(``devicemanager.py``), the DRA plugins and claims its :class:`DraManager` (``dramanager.py``);
+this module adds the Node, the pod lifecycle, the resource fit, the pod status, the containers'
+logs and what they hold.
 """
 
 from __future__ import annotations
