@@ -150,6 +150,8 @@ class DraManager:
         self._sockets: dict[Path, tuple[int, int]] = {}
         self._listed_at: int | None = None
         """The registry directory's mtime at the last listing: unchanged, nothing to list."""
+        self._unanswered: set[Path] = set()
+        """Sockets whose GetInfo failed (warned about once)."""
         self._watcher: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
 
@@ -225,13 +227,16 @@ class DraManager:
                     registration_pb2.InfoRequest(), timeout=REGISTRATION_TIMEOUT_S
                 )
             except grpc.aio.AioRpcError as error:
-                log.warning(
+                log.log(
+                    logging.DEBUG if path in self._unanswered else logging.WARNING,
                     "plugin registration: GetInfo failed",
                     extra={"node": self.node, "socket": str(path), "error": str(error.code())},
                 )
-                self._sockets.pop(path, None)  # not serving yet: try again next pass
+                self._unanswered.add(path)
+                self._sockets.pop(path, None)  # not serving (yet): try again next pass
                 self._listed_at = None
                 return
+            self._unanswered.discard(path)
             problem = self._problem(info, path)
             if not problem:
                 plugin_channel = grpc.aio.insecure_channel(f"unix:{info.endpoint}")
