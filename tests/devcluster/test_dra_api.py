@@ -146,13 +146,23 @@ async def test_a_watch_follows_one_node_s_slices(http: Http) -> None:
     await http.create(f"{b.API}/resourceslices", b.resource_slice(f"{node}-s", node))
     async with http.session.get(
         http.api.url + f"{b.API}/resourceslices",
-        params={"watch": "true", "fieldSelector": f"spec.nodeName={node}", "timeoutSeconds": "1"},
+        params={"watch": "true", "fieldSelector": f"spec.nodeName={node}"},
         headers={"Authorization": f"Bearer {http.api.token}"},
     ) as response:
-        events = [json.loads(line) async for line in response.content if line.strip()]
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
-        ("ADDED", f"{node}-s")
-    ]
+        first = json.loads(await response.content.readline())
+        await http.create(f"{b.API}/resourceslices", b.resource_slice(f"{node}-x", unique("other")))
+        await http.call(
+            "PATCH",
+            f"{b.API}/resourceslices/{node}-s",
+            {"metadata": {"labels": {"seen": "yes"}}},
+            "application/merge-patch+json",
+        )
+        second = json.loads(await response.content.readline())
+    assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", f"{node}-s")
+    assert (second["type"], second["object"]["metadata"]["labels"]) == (
+        "MODIFIED",
+        {"seen": "yes"},
+    ), "another node's slice is not seen"
 
 
 async def test_a_claim_is_defaulted_and_its_status_dropped_on_create(http: Http) -> None:
