@@ -6,9 +6,11 @@ is the server, :meth:`ApiServer.write_kubeconfig` writes a kubeconfig with a bea
 
 What it serves (``resources.RESOURCES``): pods (with ``/status`` and ``/binding``), nodes (with
 ``/status``), namespaces (created implicitly by the first object in them), coordination.k8s.io/v1
-leases, events.k8s.io/v1 events and the core v1 view of the same events, and
+leases, events.k8s.io/v1 events and the core v1 view of the same events,
 admissionregistration.k8s.io/v1 mutating and validating webhook configurations, whose webhooks a
-create over HTTP calls as the API server does (``admission.py``). For each:
+create over HTTP calls as the API server does (``admission.py``), and resource.k8s.io/v1
+(DeviceClass, ResourceSlice, ResourceClaim with ``/status``, ResourceClaimTemplate: ``dra.py``),
+decoded by their strict 1.37 schemas (``schema.py``). For each:
 
 - get, list (``fieldSelector``, ``labelSelector``, ``limit``/``continue`` pages from one snapshot),
   create (``generateName``, uid, creationTimestamp, the type's defaults and validation: 422 with the
@@ -25,6 +27,8 @@ create over HTTP calls as the API server does (``admission.py``). For each:
   annotations and sets ``PodScheduled=True``, as ``BindingREST`` does;
 - status writes keep the spec, main-resource writes keep the status; a pod's spec is immutable
   but for the fields the API allows; quantities are stored in the API server's canonical form;
+- ``metadata.finalizers``: a delete only marks an object that has some (``deletionTimestamp``),
+  the update that removes the last one completes the delete, none may be added meanwhile;
 - pods/log: a container's log from the simulated kubelet of the pod's node (``pod_logs``).
 
 Boolean query parameters are accepted as ``true``, ``True`` and ``1`` (kubernetes-asyncio sends

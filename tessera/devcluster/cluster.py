@@ -4,7 +4,9 @@
 ``cluster.write_kubeconfig(path)``), creates every Node and serves every node's ``kubelet.sock``
 under ``workdir/<n>/`` (short paths: unix sockets must stay under 107 bytes). The device plugins
 and every other service are separate processes started by the caller (``tessera up``, tests);
-each node's plugin directory is :meth:`SimulatedCluster.plugin_dir`.
+each node's plugin directory is :meth:`SimulatedCluster.plugin_dir`. A DRA driver's kubelet
+plugin registers in the node's ``kubelet.registry_dir`` and writes CDI specs to its
+``kubelet.cdi_dir``; kube-controller-manager's claim handling runs beside the API (``claims.py``).
 
 One in-process watch of every pod routes each change to the kubelet of the pod's node, as each
 kubelet's own ``spec.nodeName`` watch would. :meth:`create_pod` records the moment it created a
@@ -22,6 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from tessera.devcluster.apiserver import ApiServer
+from tessera.devcluster.claims import ClaimController
 from tessera.devcluster.kubelet import NodeSpec, Overcommit, PodRecord, SimulatedKubelet
 from tessera.devcluster.resources import POD, ApiError, Obj
 from tessera.devcluster.store import Closed, Watcher
@@ -43,6 +46,8 @@ class SimulatedCluster:
         clock: Callable[[], float] = time.time,
         host: str = "127.0.0.1",
         port: int = 0,
+        kubelet_retry_s: float = 1.0,
+        dra_poll_s: float = 0.2,
     ) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
@@ -59,9 +64,13 @@ class SimulatedCluster:
                 plugin_dir=workdir / str(index),
                 clock=clock,
                 node_index=index,
+                retry_s=kubelet_retry_s,
+                dra_poll_s=dra_poll_s,
             )
             for index, spec in enumerate(nodes)
         }
+        self.claims = ClaimController(self.api)
+        """kube-controller-manager's part for ResourceClaims (``claims.py``)."""
         self.api.pod_logs = self._logs
         self.created_at: dict[str, float] = {}
         """Pod uid -> when :meth:`create_pod` created it."""
@@ -87,6 +96,7 @@ class SimulatedCluster:
         )
         for kubelet in self.kubelets.values():
             await kubelet.start()
+        self.claims.start()
         for kind, pod in initial:
             self._route(kind, pod)
         self._router = asyncio.create_task(self._route_changes(), name="cluster-pod-router")
@@ -106,6 +116,7 @@ class SimulatedCluster:
         if self._watcher is not None:
             self.api.store.stop_watch(self._watcher)
             self._watcher = None
+        await self.claims.stop()
         for kubelet in self.kubelets.values():
             await kubelet.stop()
         await self.api.stop()

@@ -3,8 +3,9 @@
 It serves the kubelet's ``Registration`` service on ``kubelet.sock``, dials each registered
 plugin back, follows its ``ListAndWatch`` stream into the Node's capacity and allocatable, and,
 when a pod is admitted, picks devices for each container (``GetPreferredAllocation`` when the
-plugin offers it) and calls ``Allocate``, recording each answer (:class:`ContainerRecord`). The
-only part of the simulated cluster that speaks gRPC (see ``kubelet.py`` for the whole kubelet).
+plugin offers it) and calls ``Allocate``, recording each answer (:class:`ContainerRecord`). With
+the DRA manager (``dramanager.py``), the part of the simulated cluster that speaks gRPC (see
+``kubelet.py`` for the whole kubelet).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ REGISTRATION_TIMEOUT_S: Final = 10.0
 
 @dataclass(frozen=True)
 class ContainerRecord:
-    """What one container was given by the device plugin (one Allocate answer per resource)."""
+    """What one container was given: by the device plugin (one Allocate answer per resource,
+    ``resource`` its name), or by a DRA claim (its CDI devices resolved, ``resource`` is
+    ``resourceclaims/<claim>``)."""
 
     pod_uid: str
     namespace: str
@@ -48,6 +51,8 @@ class ContainerRecord:
     """(container path, host path, read only)."""
     annotations: Mapping[str, str]
     allocated_at: float
+    device_nodes: tuple[str, ...] = ()
+    """Container paths of device nodes (from CDI edits: DRA claims)."""
 
 
 @dataclass

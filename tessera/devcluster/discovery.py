@@ -7,7 +7,9 @@
 - ``/version``.
 - Server-side printing: a list or get asked for ``as=Table`` (what ``kubectl get`` asks for)
   answers a ``meta.k8s.io/v1`` Table with the columns the real API server prints for pods
-  (``-o wide`` shows the priority-1 columns: IP, node, ...) and nodes, and Name/Age for the rest.
+  (``-o wide`` shows the priority-1 columns: IP, node, ...), nodes, resource claims (their state:
+  ``pending``, ``allocated,reserved``, ``deleted``...) and resource slices (node, driver, pool),
+  and Name/Age for the rest (``pkg/printers/internalversion/printers.go``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from tessera.devcluster.resources import RESOURCES, Obj, ResourceType
 
 SERVER_VERSION: Final = {
     "major": "1",
-    "minor": "31",
-    "gitVersion": "v1.31.0-tessera-sim",
+    "minor": "37",
+    "gitVersion": "v1.37.0-tessera-sim",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
     "buildDate": "2025-01-01T00:00:00Z",
@@ -182,7 +184,7 @@ def _openapi_v3(rest: list[str]) -> Obj | None:
             }
         return {
             "openapi": "3.0.0",
-            "info": {"title": "Kubernetes (Tessera API test double)", "version": "v1.31.0"},
+            "info": {"title": "Kubernetes (Tessera API test double)", "version": "v1.37.0"},
             "paths": paths,
             "components": {"schemas": {}},
         }
@@ -319,6 +321,56 @@ _NODE_COLUMNS: Final[Sequence[Column]] = (
 )
 
 
+def _claim_state(claim: Obj) -> str:
+    """``resourceClaimState``: deleted, pending, allocated, reserved, comma-joined."""
+    meta, status = claim.get("metadata") or {}, claim.get("status") or {}
+    states = ["deleted"] if meta.get("deletionTimestamp") else []
+    if status.get("allocation") is None:
+        if not meta.get("deletionTimestamp"):
+            states.append("pending")
+    else:
+        states.append("allocated")
+        if status.get("reservedFor"):
+            states.append("reserved")
+    return ",".join(states)
+
+
+def _claim_row(claim: Obj, now: float) -> list[Any]:
+    meta = claim.get("metadata") or {}
+    return [
+        meta.get("name", ""),
+        _claim_state(claim),
+        human_age(meta.get("creationTimestamp", ""), now),
+    ]
+
+
+_CLAIM_COLUMNS: Final[Sequence[Column]] = (
+    _NAME,
+    ("State", "string", 0, "A summary of the current state (allocated, pending, reserved, etc.)."),
+    _AGE,
+)
+
+
+def _slice_row(resource_slice: Obj, now: float) -> list[Any]:
+    meta, spec = resource_slice.get("metadata") or {}, resource_slice.get("spec") or {}
+    return [
+        meta.get("name", ""),
+        spec.get("nodeName") or "",
+        spec.get("driver") or "",
+        (spec.get("pool") or {}).get("name") or "",
+        human_age(meta.get("creationTimestamp", ""), now),
+    ]
+
+
+_SLICE_COLUMNS: Final[Sequence[Column]] = (
+    _NAME,
+    ("Node", "string", 0, "NodeName identifies the node which provides the resources."),
+    ("Driver", "string", 0, "Driver identifies the DRA driver providing the capacity."),
+    ("Pool", "string", 0, "Name is used to identify the pool."),
+    _AGE,
+)
+
+
 def _generic_row(obj: Obj, now: float) -> list[Any]:
     meta = obj.get("metadata") or {}
     return [meta.get("name", ""), human_age(meta.get("creationTimestamp", ""), now)]
@@ -327,6 +379,8 @@ def _generic_row(obj: Obj, now: float) -> list[Any]:
 PRINTERS: Final[dict[str, tuple[Sequence[Column], Callable[[Obj, float], list[Any]]]]] = {
     "pods": (_POD_COLUMNS, _pod_row),
     "nodes": (_NODE_COLUMNS, _node_row),
+    "resourceclaims": (_CLAIM_COLUMNS, _claim_row),
+    "resourceslices": (_SLICE_COLUMNS, _slice_row),
 }
 
 

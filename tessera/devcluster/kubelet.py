@@ -1,7 +1,8 @@
-"""A simulated kubelet: one node's Node object, its device-plugin registry and device manager.
+"""A simulated kubelet: one node's Node object, its device-plugin registry and device manager,
+and its DRA manager.
 
-What a real kubelet does with device plugins and pods, minus the containers (in the spirit of
-kwok, but with the device-plugin path real, over unix-socket gRPC):
+What a real kubelet does with device plugins, DRA drivers and pods, minus the containers (in the
+spirit of kwok, but with the device-plugin and DRA paths real, over unix-socket gRPC):
 
 - **Node.** :meth:`SimulatedKubelet.start` creates the Node (CPU, memory, pods, labels, Ready
   condition, addresses, node info) through the API test double.
@@ -23,17 +24,23 @@ kwok, but with the device-plugin path real, over unix-socket gRPC):
   with container statuses. An Allocate error rejects the pod as the kubelet does: phase
   ``Failed``, reason ``UnexpectedAdmissionError``; a resource that does not fit: ``OutOf<name>``.
   Extended resources the node does not advertise are ignored, as the kubelet's admission does.
-- **Deletion.** A pod marked for deletion has its containers stopped, its devices freed, and its
-  deletion finished (delete with grace 0 and a uid precondition), as the kubelet's status manager
-  does; a pod deleted outright frees its devices as well.
+- **DRA.** Before an admitted pod's containers start, its ResourceClaims are prepared by their
+  drivers' plugins and each container's CDI devices resolved (``dramanager.py``, ``cdi.py``);
+  what the containers get is recorded like Allocate answers. When that fails the pod stays
+  ``Pending`` (a ``FailedPrepareDynamicResources`` event, containers waiting) and is tried again
+  after ``retry_s``, as the pod workers back off.
+- **Deletion.** A pod marked for deletion has its containers stopped, its devices freed, its DRA
+  claims unprepared, and its deletion finished (delete with grace 0 and a uid precondition), as
+  the kubelet's status manager does; a pod deleted outright frees its devices and claims as well.
 
 The kubelet never trusts the plugin's answers: it records them, and :meth:`usage` and
 :attr:`overcommits` let callers check them against the GPUs' real capacities (passed in, from the
 fake GPU description) at every allocation.
 
 The device-plugin registry and Allocate calls are the :class:`DeviceManager` it extends
-(``devicemanager.py``); this module adds the Node, the pod lifecycle, the resource fit, the pod
-status, the containers' logs and what they hold.
+(``devicemanager.py``), the DRA plugins and claims its :class:`DraManager` (``dramanager.py``);
+this module adds the Node, the pod lifecycle, the resource fit, the pod status, the containers'
+logs and what they hold.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from typing import Any, Final
 
 from shared.quantity import QuantityError, parse_quantity
 from tessera.devcluster.apiserver import ApiServer
+from tessera.devcluster.cdi import UnresolvableDevicesError
 from tessera.devcluster.devicemanager import (
     AdmissionError,
     ContainerRecord,
@@ -55,14 +63,22 @@ from tessera.devcluster.devicemanager import (
     _count,
     log,
 )
+from tessera.devcluster.dramanager import DraError, DraManager
+from tessera.devcluster.recorder import record_event
 from tessera.devcluster.resources import NODE, POD, ApiError, Obj, timestamp
 
-KUBELET_VERSION: Final = "v1.31.0-tessera-sim"
+KUBELET_VERSION: Final = "v1.37.0-tessera-sim"
 ENV_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 ENV_MEMORY: Final = "TESSERA_GPU_MEMORY_LIMIT_MIB"
 ENV_CORES: Final = "TESSERA_GPU_CORES"
 LOGGED_ENV: Final = ("NVIDIA_", "TESSERA_", "CUDA_", "LD_PRELOAD", "VOLCANO_", "ALIYUN_")
 """What a simulated container's log shows of its environment (``kubectl logs``)."""
+REGISTRY_DIR: Final = "plugins_registry"
+"""Under the plugin directory: where DRA plugins put their registration sockets."""
+CDI_DIR: Final = "cdi"
+"""Under the plugin directory: the node's CDI spec directory."""
+RESYNC: Final = "RESYNC"
+"""A pod event the kubelet queues itself: look at the pod again (a retry)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,12 @@ class PodRecord:
     running_at: float | None = None
     failed_reason: str = ""
     failed_message: str = ""
+    waiting_reason: str = ""
+    """Why its containers have not started yet (e.g. ``FailedPrepareDynamicResources``)."""
+    waiting_message: str = ""
     terminated_at: float | None = None
+    unprepared: tuple[str, ...] = ()
+    """The DRA claims unprepared for it when it ended."""
 
     @property
     def key(self) -> str:
@@ -136,8 +157,20 @@ class SimulatedKubelet(DeviceManager):
         clock: Callable[[], float] = time.time,
         pod_ip_prefix: str = "10.244",
         node_index: int = 0,
+        retry_s: float = 1.0,
+        dra_poll_s: float = 0.2,
     ) -> None:
         super().__init__(api=api, name=spec.name, plugin_dir=plugin_dir, clock=clock)
+        self.retry_s = retry_s
+        """How soon a pod whose containers could not start (or whose claims could not be
+        unprepared) is tried again (the pod workers' back-off)."""
+        self.dra = DraManager(
+            api=api,
+            node=spec.name,
+            registry_dir=plugin_dir / REGISTRY_DIR,
+            cdi_dirs=(plugin_dir / CDI_DIR,),
+            poll_s=dra_poll_s,
+        )
         self.spec = spec
         self._node_index = node_index
         self._pod_ip_prefix = pod_ip_prefix
@@ -158,8 +191,10 @@ class SimulatedKubelet(DeviceManager):
     async def start(self) -> None:
         """Create (or refresh) the Node, serve ``kubelet.sock``, start admitting pods."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        (self.plugin_dir / CDI_DIR).mkdir(exist_ok=True)
         self._create_node()
         await self._serve()
+        await self.dra.start()
         self._worker = asyncio.create_task(self._work(), name=f"kubelet-{self.name}")
 
     async def stop(self) -> None:
@@ -168,7 +203,18 @@ class SimulatedKubelet(DeviceManager):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
             self._worker = None
+        await self.dra.stop()
         await self._stop_serving()
+
+    @property
+    def registry_dir(self) -> Path:
+        """Where DRA plugins put their registration sockets (``plugins_registry``)."""
+        return self.dra.registry_dir
+
+    @property
+    def cdi_dir(self) -> Path:
+        """The node's CDI spec directory (``/etc/cdi``, ``/var/run/cdi`` on a real node)."""
+        return self.plugin_dir / CDI_DIR
 
     # --- the Node -------------------------------------------------------------------------------
 
@@ -263,8 +309,14 @@ class SimulatedKubelet(DeviceManager):
     async def _handle(self, kind: str, pod: Obj) -> None:
         meta = pod["metadata"]
         uid = meta["uid"]
+        if kind == RESYNC:
+            current = self.api.find(POD, meta["namespace"], meta["name"])
+            if current is None or current["metadata"]["uid"] != uid:
+                await self._terminated(pod)  # gone meanwhile: what is left to undo
+                return
+            pod, kind = current, "MODIFIED"
         if kind == "DELETED":
-            self._terminated(uid)
+            await self._terminated(pod)
             return
         record = self.pods.get(uid)
         if meta.get("deletionTimestamp"):
@@ -272,11 +324,14 @@ class SimulatedKubelet(DeviceManager):
                 self.pods[uid] = record = PodRecord(
                     uid, meta["namespace"], meta["name"], self.clock()
                 )
-            self._terminated(uid)
+            if not await self._terminated(pod):
+                return  # its claims are not unprepared yet: the pod stays until they are
             with contextlib.suppress(ApiError):
                 self.api.delete(POD, meta["namespace"], meta["name"], grace_period_s=0, uid=uid)
             return
         if record is not None:
+            if record.waiting_reason and record.terminated_at is None:
+                await self._start(pod, record)
             return  # admitted (or rejected) already
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
@@ -303,17 +358,108 @@ class SimulatedKubelet(DeviceManager):
         record.allocated_at = self.clock()
         self._live.add(uid)
         self._asked[uid] = asked
+        await self._start(current, record)
+
+    async def _start(self, pod: Obj, record: PodRecord) -> None:
+        """Start an admitted pod's containers: its DRA claims prepared first (``SyncPod``) and
+        their CDI devices resolved; when that fails the pod stays Pending and is tried again."""
+        if (pod.get("spec") or {}).get("resourceClaims"):
+            try:
+                await self.dra.prepare(pod)
+                claimed = self.dra.container_records(pod, self.clock())
+            except DraError as error:
+                self._wait(
+                    pod,
+                    record,
+                    "FailedPrepareDynamicResources",
+                    f"Failed to prepare dynamic resources: {error}",
+                    "ContainerCreating",
+                )
+                return
+            except UnresolvableDevicesError as error:
+                self._wait(
+                    pod,
+                    record,
+                    "Failed",
+                    f"Error: CDI device injection failed: {error}",
+                    "CreateContainerError",
+                )
+                return
+            record.containers.extend(claimed)
+        record.waiting_reason = record.waiting_message = ""
         self._observe_usage()
-        self._set_running(current, record)
+        self._set_running(pod, record)
         record.running_at = self.clock()
 
-    def _terminated(self, uid: str) -> None:
+    def _wait(self, pod: Obj, record: PodRecord, reason: str, note: str, state: str) -> None:
+        """The pod stays Pending with its containers waiting in ``state``; a Warning event says
+        why, and the pod is looked at again after ``retry_s``."""
+        if (record.waiting_reason, record.waiting_message) != (reason, note):
+            # Once per distinct reason: a recorder counts repeats instead of writing them again.
+            log.info("pod waits", extra={"node": self.name, "pod": record.key, "reason": reason})
+            record_event(
+                self.api,
+                pod,
+                kind="Pod",
+                reason=reason,
+                note=note,
+                controller="kubelet",
+                instance=self.name,
+                action="StartContainer",
+            )
+        record.waiting_reason, record.waiting_message = reason, note
+        containers = (pod.get("spec") or {}).get("containers") or []
+        waiting = {"reason": state}
+        if state != "ContainerCreating":
+            waiting["message"] = note
+        self._patch_status(
+            pod,
+            {
+                "phase": "Pending",
+                "hostIP": self._host_ip(),
+                "startTime": timestamp(record.seen_at),
+                "containerStatuses": [
+                    {
+                        "name": c.get("name", ""),
+                        "image": c.get("image", ""),
+                        "imageID": "",
+                        "ready": False,
+                        "started": False,
+                        "restartCount": 0,
+                        "state": {"waiting": waiting},
+                    }
+                    for c in containers
+                ],
+            },
+        )
+        self._retry(pod)
+
+    def _retry(self, pod: Obj) -> None:
+        asyncio.get_running_loop().call_later(self.retry_s, self._queue.put_nowait, (RESYNC, pod))
+
+    async def _terminated(self, pod: Obj) -> bool:
+        """The pod's containers are gone: free its devices and unprepare its DRA claims; False
+        when a claim could not be unprepared yet (tried again after ``retry_s``)."""
+        uid = pod["metadata"]["uid"]
         record = self.pods.get(uid)
         if record is not None and record.terminated_at is None:
             record.terminated_at = self.clock()
         self._live.discard(uid)
         self._asked.pop(uid, None)
         self._free(uid)
+        if not self.dra.pod_claims(uid):
+            return True
+        try:
+            unprepared = await self.dra.unprepare(uid)
+        except DraError as error:
+            log.warning(
+                "unprepare failed", extra={"node": self.name, "uid": uid, "error": str(error)}
+            )
+            self._retry(pod)
+            return False
+        if record is not None:
+            record.unprepared += tuple(unprepared)
+        return True
 
     def _fit(self, pod: Obj) -> dict[str, Any]:
         """The kubelet's resource fit (GeneralPredicates) over the pods admitted here; what
@@ -437,6 +583,12 @@ class SimulatedKubelet(DeviceManager):
         mounts = [m for r in record.containers if r.container == container for m in r.mounts]
         lines = [f"{key}={envs[key]}" for key in sorted(envs) if key.startswith(LOGGED_ENV)]
         lines += [f"mount {host} -> {path}{' (ro)' if ro else ''}" for path, host, ro in mounts]
+        lines += [
+            f"device {path}"
+            for r in record.containers
+            if r.container == container
+            for path in r.device_nodes
+        ]
         if not lines:
             lines = ["no GPU environment: this container was given no Tessera device"]
         return "".join(f"{line}\n" for line in lines)

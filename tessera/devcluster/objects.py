@@ -9,9 +9,10 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Final
 
-from tessera.devcluster import patches, resources
+from tessera.devcluster import patches, resources, schema
 from tessera.devcluster.admission import AdmissionChain, Phase
 from tessera.devcluster.jsoncopy import clone
 from tessera.devcluster.resources import (
@@ -86,6 +87,7 @@ class ApiObjects:
             namespace = namespace or meta.get("namespace") or "default"
         labels = self._namespace_labels(namespace)
         defaulted = clone(obj)
+        self._decode(resource, defaulted)
         resource.defaults(defaulted, self.clock())  # the API server defaults when it decodes
         mutated = await self.admission.admit(
             "mutating", resource, defaulted, namespace=namespace, namespace_labels=labels
@@ -154,16 +156,32 @@ class ApiObjects:
                 name=name,
             )
         now = self.clock()
+        missing = self._decode(resource, obj)
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
         meta["uid"] = resources.new_uid()
         meta["creationTimestamp"] = timestamp(now)
         meta.pop("resourceVersion", None)
         meta.pop("deletionTimestamp", None)
         resource.defaults(obj, now)
-        errors = resource.validate(obj)
+        errors = _distinct(missing + resource.validate(obj))
         if errors:
             raise invalid(resource.kind, name, errors)
         return obj, namespace
+
+    def _decode(self, resource: ResourceType, obj: Obj) -> list[str]:
+        """Decode ``obj`` in place by its kind's strict schema (when it has one): unknown fields
+        dropped, 400 for a value of the wrong type; the required fields that are missing."""
+        if not resource.schema:
+            return []
+        decoded = schema.decode(resource.kind, obj)
+        if decoded.type_errors:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'{resource.kind} in version "{resource.version}" cannot be handled as a '
+                f"{resource.kind}: {'; '.join(decoded.type_errors)}",
+            )
+        return decoded.missing
 
     def update(
         self, resource: ResourceType, namespace: str, name: str, obj: Obj, subresource: str = ""
@@ -207,7 +225,7 @@ class ApiObjects:
         causes = [
             f"metadata.{key}: Invalid value: {meta.get(key)!r}: field is immutable"
             for key in ("name", "namespace", "uid", "creationTimestamp")
-            if key in meta and meta[key] != current_meta.get(key)
+            if key in meta and not _same(key, meta[key], current_meta.get(key))
         ]
         if causes:
             raise invalid(resource.kind, name, causes)
@@ -221,13 +239,21 @@ class ApiObjects:
         ):
             if key in current_meta and key not in meta:
                 meta[key] = current_meta[key]
+        if "creationTimestamp" in current_meta:  # stored as the API server writes a time
+            meta["creationTimestamp"] = current_meta["creationTimestamp"]
+        missing = self._decode(resource, new)
         new["apiVersion"], new["kind"] = resource.api_version, resource.kind
         errors = resource.update_rules(current, new, subresource) + resource.validate(new)
+        errors = _distinct(missing + errors + _finalizers_added(current_meta, meta))
         if errors:
             raise invalid(resource.kind, name, errors)
         meta["resourceVersion"] = current_meta["resourceVersion"]
         if new == current:
             return current  # a no-op write keeps the resourceVersion, as the API server does
+        if _finished(current_meta, meta):
+            # The last finalizer of an object being deleted is gone: the delete completes.
+            self.store.delete(resource, self._key(resource, meta.get("namespace", ""), name))
+            return new
         return self.store.put(resource, new)
 
     def delete(
@@ -273,6 +299,14 @@ class ApiObjects:
             marked = clone(current)
             marked["metadata"]["deletionTimestamp"] = timestamp(self.clock() + grace)
             marked["metadata"]["deletionGracePeriodSeconds"] = grace
+            return self.store.put(resource, marked)
+        if meta.get("finalizers"):
+            # Finalizers hold the object: it is only marked, and goes when the last is removed.
+            if meta.get("deletionTimestamp") and not meta.get("deletionGracePeriodSeconds"):
+                return current
+            marked = clone(current)
+            marked["metadata"]["deletionTimestamp"] = timestamp(self.clock())
+            marked["metadata"]["deletionGracePeriodSeconds"] = 0
             return self.store.put(resource, marked)
         self.store.delete(resource, self._key(resource, namespace, name))
         return current
@@ -334,6 +368,49 @@ class ApiObjects:
             }
             NAMESPACE.defaults(obj, self.clock())
             self.store.put(NAMESPACE, obj)
+
+
+def _same(key: str, sent: Any, stored: Any) -> bool:
+    """Whether an immutable metadata field is unchanged; a time is compared as a time (a client
+    may write ``2026-01-02T03:04:05+00:00`` for the stored ``2026-01-02T03:04:05Z``)."""
+    if sent == stored:
+        return True
+    if key != "creationTimestamp" or not isinstance(sent, str) or not isinstance(stored, str):
+        return False
+    try:
+        return datetime.fromisoformat(sent) == datetime.fromisoformat(stored)
+    except ValueError:
+        return False
+
+
+def _distinct(errors: list[str]) -> list[str]:
+    """Each error once (the schema and a validation rule may both find a missing field)."""
+    return list(dict.fromkeys(errors))
+
+
+def _finalizers_added(old_meta: Obj, new_meta: Obj) -> list[str]:
+    """``ValidateObjectMetaUpdate``: no finalizer may be added to an object being deleted."""
+    if not old_meta.get("deletionTimestamp"):
+        return []
+    before = old_meta.get("finalizers") or []
+    added = [f for f in new_meta.get("finalizers") or [] if f not in before]
+    if not added:
+        return []
+    shown = ", ".join(f'"{f}"' for f in added)
+    return [
+        "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being "
+        f"deleted, found new finalizers []string{{{shown}}}"
+    ]
+
+
+def _finished(old_meta: Obj, new_meta: Obj) -> bool:
+    """``shouldDeleteDuringUpdate``: the object was being deleted with no grace period left and
+    the update removes its last finalizer."""
+    return (
+        bool(old_meta.get("deletionTimestamp"))
+        and not new_meta.get("finalizers")
+        and not old_meta.get("deletionGracePeriodSeconds")
+    )
 
 
 def set_condition(pod: Obj, condition: Obj, now: float) -> None:

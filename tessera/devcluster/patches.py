@@ -6,7 +6,7 @@
   ``spec.containers`` by ``name``, ...), primitive lists with the ``merge`` strategy are unioned,
   and the ``$patch`` (``replace``/``delete``), ``$retainKeys``, ``$deleteFromPrimitiveList/`` and
   ``$setElementOrder/`` directives are honoured. The merge keys are those of the core types'
-  struct tags (``patchMergeKey``), for the fields pods, nodes and events have.
+  struct tags (``patchMergeKey``), for the fields pods, nodes, events and resource claims have.
 - ``application/json-patch+json``: RFC 6902 operations with RFC 6901 pointers.
 
 Errors are :class:`PatchError` with the HTTP status the API server would answer (400 for a
@@ -50,6 +50,8 @@ MERGE_KEYS: Final[dict[tuple[str, ...], str]] = {
     ("status", "hostIPs"): "ip",
     ("status", "addresses"): "type",
     ("status", "images"): "names",
+    ("status", "resourceClaimStatuses"): "name",
+    ("status", "reservedFor"): "uid",
 }
 """Lists merged element by element in a strategic merge patch, by field path -> merge key."""
 

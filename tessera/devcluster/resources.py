@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from shared.quantity import QuantityError, canonical, parse_quantity
+from tessera.devcluster import dra
 from tessera.devcluster.jsoncopy import clone
 
 Obj = dict[str, Any]
@@ -196,7 +197,7 @@ def _validate_pod(pod: Obj) -> list[str]:
             if not container.get("image"):
                 errors.append(f"{path}.image: Required value")
             errors.extend(_validate_resources(container, path))
-    return errors
+    return errors + dra.validate_pod_claims(spec)
 
 
 def _default_pod(pod: Obj, now: float) -> None:
@@ -286,7 +287,7 @@ def _update_pod(old: Obj, new: Obj, subresource: str) -> list[str]:
         new["spec"] = clone(old.get("spec", {}))
         _keep(new, old, "metadata", "deletionTimestamp")
         _keep(new, old, "metadata", "ownerReferences")
-        return []
+        return dra.validate_pod_claim_statuses(new)
     new["status"] = clone(old.get("status", {}))
     _canonical_quantities(new.setdefault("spec", {}))
     if _comparable_pod_spec(old.get("spec", {})) != _comparable_pod_spec(new.get("spec", {})):
@@ -524,6 +525,8 @@ class ResourceType:
     """Storage shared with another view of the same objects (core Events); default: own."""
     to_view: Callable[[Obj], Obj] = _same
     from_view: Callable[[Obj], Obj] = _same
+    schema: bool = False
+    """Decoded by the strict OpenAPI schema of its kind (``schema.py``) before validation."""
 
     @property
     def api_version(self) -> str:
@@ -644,6 +647,53 @@ VALIDATING_WEBHOOKS: Final = ResourceType(
     validate=_validate_webhook_configuration,
 )
 
+DEVICE_CLASS: Final = ResourceType(
+    group=dra.GROUP,
+    version=dra.VERSION,
+    plural="deviceclasses",
+    kind="DeviceClass",
+    namespaced=False,
+    defaults=dra.default_generation,
+    validate=dra.validate_device_class,
+    update_rules=dra.update_device_class,
+    schema=True,
+)
+RESOURCE_SLICE: Final = ResourceType(
+    group=dra.GROUP,
+    version=dra.VERSION,
+    plural="resourceslices",
+    kind="ResourceSlice",
+    namespaced=False,
+    fields=dra.slice_fields,
+    defaults=dra.default_generation,
+    validate=dra.validate_slice,
+    update_rules=dra.update_slice,
+    schema=True,
+)
+RESOURCE_CLAIM: Final = ResourceType(
+    group=dra.GROUP,
+    version=dra.VERSION,
+    plural="resourceclaims",
+    kind="ResourceClaim",
+    namespaced=True,
+    subresources=frozenset({"status"}),
+    defaults=dra.default_claim,
+    validate=dra.validate_claim,
+    update_rules=dra.update_claim,
+    schema=True,
+)
+RESOURCE_CLAIM_TEMPLATE: Final = ResourceType(
+    group=dra.GROUP,
+    version=dra.VERSION,
+    plural="resourceclaimtemplates",
+    kind="ResourceClaimTemplate",
+    namespaced=True,
+    defaults=dra.default_template,
+    validate=dra.validate_template,
+    update_rules=dra.update_template,
+    schema=True,
+)
+
 RESOURCES: Final[tuple[ResourceType, ...]] = (
     POD,
     NODE,
@@ -654,6 +704,10 @@ RESOURCES: Final[tuple[ResourceType, ...]] = (
     SECRET,
     MUTATING_WEBHOOKS,
     VALIDATING_WEBHOOKS,
+    DEVICE_CLASS,
+    RESOURCE_SLICE,
+    RESOURCE_CLAIM,
+    RESOURCE_CLAIM_TEMPLATE,
     *STORED_ONLY,
 )
 

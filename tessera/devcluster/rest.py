@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 from aiohttp import web
 
-from tessera.devcluster import discovery, resources
+from tessera.devcluster import discovery, resources, schema
 from tessera.devcluster.controls import Write
+from tessera.devcluster.jsoncopy import clone
 from tessera.devcluster.resources import POD, ApiError, Obj, ResourceType
 from tessera.devcluster.selectors import (
     SelectorError,
@@ -106,6 +107,35 @@ def _strict_top_level(body: Obj) -> None:
             400,
             "BadRequest",
             "strict decoding error: " + ", ".join(f'unknown field "{name}"' for name in unknown),
+        )
+
+
+def _without_directives(patch: Any) -> Any:
+    """A strategic merge patch without its ``$patch``, ``$retainKeys``, ``$setElementOrder/``
+    and ``$deleteFromPrimitiveList/`` directives: the fields it sets."""
+    if isinstance(patch, dict):
+        return {k: _without_directives(v) for k, v in patch.items() if not k.startswith("$")}
+    if isinstance(patch, list):
+        return [_without_directives(item) for item in patch]
+    return patch
+
+
+def _strict(resource: ResourceType, body: Any) -> None:
+    """``fieldValidation=Strict``: a field the type does not have is a 400. Types with a schema
+    are checked at every depth (a patch by the fields it sets), the others at the top level."""
+    if not isinstance(body, dict):
+        return
+    if not resource.schema:
+        _strict_top_level(body)
+        return
+    unknown = schema.decode(resource.kind, clone(_without_directives(body))).unknown
+    if unknown:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f'{resource.kind} in version "{resource.version}" cannot be handled as a '
+            f"{resource.kind}: strict decoding error: "
+            + ", ".join(f'unknown field "{field}"' for field in unknown),
         )
 
 
@@ -209,7 +239,7 @@ class RestFront:
                 if not isinstance(body, dict):
                     raise ApiError(400, "BadRequest", "the object must be a JSON object")
                 if request.query.get("fieldValidation") == "Strict":
-                    _strict_top_level(body)
+                    _strict(resource, body)
                 result = await self.api.create_admitted(
                     resource, resource.from_view(body), namespace
                 )
@@ -217,11 +247,16 @@ class RestFront:
             elif verb == "update":
                 if not isinstance(body, dict):
                     raise ApiError(400, "BadRequest", "the object must be a JSON object")
+                if request.query.get("fieldValidation") == "Strict" and resource.schema:
+                    _strict(resource, body)
                 result = self.api.update(
                     resource, namespace, name, resource.from_view(body), target.subresource
                 )
                 answer = resource.to_view(result)
             elif verb == "patch":
+                strict = request.query.get("fieldValidation") == "Strict"
+                if strict and resource.schema and not content_type.endswith("json-patch+json"):
+                    _strict(resource, body)
                 result = self.api.patch(
                     resource, namespace, name, body, content_type, target.subresource
                 )
@@ -239,7 +274,13 @@ class RestFront:
                     resource_version=preconditions.get("resourceVersion"),
                 )
                 result = self.api.find(resource, namespace, name)
-                answer = resource.to_view(deleted) if resource is POD else _status(200)
+                # An object that stays (a pod given its grace period, one held by finalizers) is
+                # answered with its new state, as the API server does.
+                answer = (
+                    resource.to_view(deleted)
+                    if resource is POD or result is not None
+                    else _status(200)
+                )
         except ApiError as error:
             self.api.writes.append(
                 Write(verb, target.label, namespace, name, content_type, body, error.code, None)

@@ -1,0 +1,1 @@
+"""The kubelet's DRA plugin API, by version."""
