@@ -32,7 +32,9 @@ decoded by their strict 1.37 schemas (``schema.py``). For each:
 - pods/log: a container's log from the simulated kubelet of the pod's node (``pod_logs``).
 
 Boolean query parameters are accepted as ``true``, ``True`` and ``1`` (kubernetes-asyncio sends
-``True``). Every answer that is not a success is a ``metav1.Status``.
+``True``). Every answer that is not a success is a ``metav1.Status``; a 422 carries each field
+error in ``details.causes`` (reason, message, field), which kubectl prints. A create body may be
+JSON or, for the kinds kubectl's ``create`` generators send that way, protobuf (``protobuf.py``).
 
 Faults for tests (:class:`Faults`): fail a verb on a resource with a status code, delay it, or
 reset the connection, N times or until cleared; :meth:`ApiServer.drop_watches` ends open watches
@@ -44,7 +46,8 @@ Run it by hand: ``python -m tessera.devcluster.apiserver --port 6443 --kubeconfi
 This module puts the double together and runs it; the parts: ``objects.py`` (the operations on
 objects, in process), ``rest.py`` (the HTTP front), ``controls.py`` (faults and the journal of
 writes), ``store.py`` (storage, resource versions, watches), ``patches.py`` (patch semantics),
-``resources.py`` (the types, their defaults and validation), ``admission.py`` (webhooks).
+``resources.py`` (the types, their defaults and validation), ``admission.py`` (webhooks),
+``protobuf.py`` (protobuf request bodies).
 """
 
 from __future__ import annotations

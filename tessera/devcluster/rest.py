@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 from aiohttp import web
 
-from tessera.devcluster import discovery, resources, schema
+from tessera.devcluster import discovery, protobuf, resources, schema
 from tessera.devcluster.controls import Write
 from tessera.devcluster.jsoncopy import clone
 from tessera.devcluster.resources import POD, ApiError, Obj, ResourceType
@@ -96,6 +96,7 @@ _TOP_LEVEL: Final = frozenset(
     | {"reportingController", "reportingInstance", "deprecatedSource", "deprecatedCount"}
     | {"deprecatedFirstTimestamp", "deprecatedLastTimestamp", "involvedObject", "message"}
     | {"source", "firstTimestamp", "lastTimestamp", "count", "reportingComponent"}
+    | {"data", "stringData", "binaryData", "immutable"}  # secrets and config maps
 )
 
 
@@ -202,6 +203,11 @@ class RestFront:
         raw = await request.read()
         if not raw:
             return None
+        if request.content_type == protobuf.CONTENT_TYPE:
+            try:
+                return protobuf.decode(raw)
+            except protobuf.ProtobufError as error:
+                raise ApiError(415, "UnsupportedMediaType", str(error)) from None
         try:
             return json.loads(raw)
         except ValueError as error:
