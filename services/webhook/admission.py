@@ -13,9 +13,16 @@ the mutated pod):
   refused when Tessera could never place it as written, with exactly the one line the binder
   would write on it (``shared.podspec``: the same parse, the same reasons).
 
+And on a pod's CREATE or UPDATE, whatever its scheduler: Tessera's own annotations
+(``tessera.dev/assignment``, ``bind-time``, ``assigned``) are written by Tessera only. A review
+that sets, changes or removes one is refused unless ``userInfo`` names the binder's identity
+(``AdmissionPolicy.binder_usernames``): a placement restored after NATS lost its store is read
+from ``tessera.dev/assignment``, so a pod's owner must not be able to point it at another GPU.
+
 Pods already bound (``spec.nodeName``), pods of other schedulers, pods asking for no Tessera
-resource and every other operation are allowed untouched. A body that is not an AdmissionReview
-v1 is a :class:`BadReview` (the shell answers 400 with its reason), never an exception.
+resource and every other operation are otherwise allowed untouched. A body that is not an
+AdmissionReview v1 is a :class:`BadReview` (the shell answers 400 with its reason), never an
+exception.
 """
 
 from __future__ import annotations
@@ -47,12 +54,21 @@ class AdmissionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """Schedulers that ask Tessera's extender: their pods keep their scheduler name."""
     default_gpu_shares: bool = True
     """A container giving a slice without ``tessera.dev/gpu`` gets one share."""
+    binder_usernames: tuple[str, ...] = ()
+    """The users that may write Tessera's annotations (the binder's service account)."""
 
 
 class GroupVersionResource(msgspec.Struct, frozen=True, kw_only=True):
     group: str = ""
     version: str = ""
     resource: str = ""
+
+
+class UserInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Who asks, as the API server authenticated them."""
+
+    username: str = ""
+    groups: tuple[str, ...] = ()
 
 
 class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -63,8 +79,21 @@ class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"
     sub_resource: str = ""
     namespace: str = ""
     operation: str = ""
+    user_info: UserInfo = UserInfo()
     object: msgspec.Raw = msgspec.Raw()
     """The pod, kept undecoded until a review needs it (empty when absent)."""
+    old_object: msgspec.Raw = msgspec.Raw()
+    """The pod an UPDATE replaces (empty when absent)."""
+
+
+class _Metadata(msgspec.Struct, frozen=True, kw_only=True):
+    annotations: dict[str, str] | None = None
+
+
+class _Annotated(msgspec.Struct, frozen=True, kw_only=True):
+    """An object's annotations, whatever else it holds."""
+
+    metadata: _Metadata = _Metadata()
 
 
 class AdmissionReview(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -148,6 +177,50 @@ def _reviewed_pod(request: AdmissionRequest) -> Pod | BadReview | None:
         return BadReview(reason=f"request.object is not a pod: {error}")
 
 
+def _written(raw: msgspec.Raw) -> dict[str, str] | BadReview:
+    """Tessera's own annotations on an object of a review (none when it is absent)."""
+    if not raw or bytes(raw) == b"null":
+        return {}
+    try:
+        annotations = msgspec.json.decode(raw, type=_Annotated).metadata.annotations or {}
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        return BadReview(reason=f"the pod of the review has no readable annotations: {error}")
+    return {key: annotations[key] for key in names.WRITTEN if key in annotations}
+
+
+def _annotations_refused(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadReview:
+    """A pod's CREATE or UPDATE that sets, changes or removes Tessera's own annotations, refused
+    unless the binder asks (see the module docstring); allowed otherwise."""
+    resource = request.resource
+    if (
+        request.operation not in ("CREATE", "UPDATE")
+        or (resource.group, resource.resource) != ("", "pods")
+        or request.sub_resource
+    ):
+        return _allowed(request)
+    new = _written(request.object)
+    old = _written(request.old_object) if request.operation == "UPDATE" else {}
+    if isinstance(new, BadReview):
+        return new
+    if isinstance(old, BadReview):
+        return old
+    changed = [key for key in names.WRITTEN if new.get(key) != old.get(key)]
+    user = request.user_info.username
+    if not changed or user in policy.binder_usernames:
+        return _allowed(request)
+    fields = [f"metadata.annotations[{key}]" for key in changed]
+    writers = ", ".join(policy.binder_usernames) or "none configured"
+    message = (
+        f"{', '.join(fields)}: written by Tessera only (its binder: {writers}); "
+        f"user {user or '(unknown)'!r} may not set, change or remove "
+        f"{'it' if len(changed) == 1 else 'them'}"
+    )
+    response = AdmissionResponse(
+        uid=request.uid, allowed=False, status=Status(code=403, reason="Forbidden", message=message)
+    )
+    return Review(answer=ReviewAnswer(response=response), outcome="denied", reasons=tuple(fields))
+
+
 def _allowed(request: AdmissionRequest) -> Review:
     return Review(
         answer=ReviewAnswer(response=AdmissionResponse(uid=request.uid, allowed=True)),
@@ -221,6 +294,9 @@ def mutate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadRe
 
 def validate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadReview:
     """The validating review (see the module docstring)."""
+    refused = _annotations_refused(request, policy)
+    if isinstance(refused, BadReview) or refused.outcome == "denied":
+        return refused
     pod = _reviewed_pod(request)
     if pod is None or isinstance(pod, BadReview):
         return pod or _allowed(request)

@@ -164,6 +164,7 @@ def policy_of(settings: WebhookSettings) -> AdmissionPolicy:
         scheduler_name=settings.scheduler_name,
         extender_scheduler_names=settings.extender_scheduler_names,
         default_gpu_shares=settings.default_gpu_shares,
+        binder_usernames=settings.binder_usernames,
     )
 
 

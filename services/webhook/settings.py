@@ -53,6 +53,14 @@ class WebhookSettings(ProcessSettings, frozen=True, kw_only=True, forbid_unknown
             "list default-scheduler here when the main kube-scheduler runs the extender"
         ),
     ] = ()
+    binder_usernames: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(
+            description="the Kubernetes users that may write Tessera's own pod annotations "
+            "(tessera.dev/assignment, bind-time, assigned): the binder's service account; a "
+            "pod create or update by anyone else that sets, changes or removes one is refused"
+        ),
+    ] = ("system:serviceaccount:tessera-system:tessera-binder",)
     default_gpu_shares: Annotated[
         bool,
         msgspec.Meta(

@@ -206,6 +206,29 @@ def test_a_pod_without_scheduler_or_share_count_is_defaulted_and_runs(system: Sy
     assert env["TESSERA_GPU_CORES"] == "25"
 
 
+def test_tessera_s_annotations_cannot_be_edited_with_kubectl(system: System) -> None:
+    """The binder marked the pod assigned through the webhook (its own identity); kubectl may
+    not point the pod's assignment elsewhere, which a restore after a store loss would read."""
+    running = system.wait_running("seed")
+    annotations = running["metadata"]["annotations"]
+    deadline = time.monotonic() + 30
+    while annotations.get("tessera.dev/assigned") != "true":
+        assert time.monotonic() < deadline, f"seed never marked assigned: {annotations}"
+        time.sleep(0.2)
+        annotations = system.pod("seed")["metadata"]["annotations"]
+    edited = annotations["tessera.dev/assignment"].replace('"index":0', '"index":1')
+    refused = system.kubectl(
+        "annotate", "pod", "seed", "--overwrite", f"tessera.dev/assignment={edited}", check=False
+    )
+    assert refused.returncode != 0
+    assert (
+        "metadata.annotations[tessera.dev/assignment]: written by Tessera only (its binder: "
+        "system:serviceaccount:tessera-system:tessera-binder); user 'system:anonymous' may not "
+        "set, change or remove it"
+    ) in refused.stderr, refused.stderr
+    assert system.pod("seed")["metadata"]["annotations"] == annotations
+
+
 def test_logs_of_a_pod_not_running_say_so(system: System) -> None:
     pod = manifest("waits", {"tessera.dev/gpu": 8})  # eight whole GPUs: no node has them
     system.kubectl("apply", "-f", "-", stdin=pod)

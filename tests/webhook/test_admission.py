@@ -25,7 +25,18 @@ from tests.binder.builders import container, pod
 POLICY = AdmissionPolicy()
 
 
-def review_body(obj: dict[str, Any], *, operation: str = "CREATE", uid: str = "r-1") -> bytes:
+BINDER = "system:serviceaccount:tessera-system:tessera-binder"
+GUARDED = AdmissionPolicy(binder_usernames=(BINDER,))
+
+
+def review_body(
+    obj: dict[str, Any],
+    *,
+    operation: str = "CREATE",
+    uid: str = "r-1",
+    old: dict[str, Any] | None = None,
+    user: str = "alice",
+) -> bytes:
     return json.dumps(
         {
             "apiVersion": "admission.k8s.io/v1",
@@ -36,7 +47,9 @@ def review_body(obj: dict[str, Any], *, operation: str = "CREATE", uid: str = "r
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
                 "namespace": "ml",
                 "operation": operation,
+                "userInfo": {"username": user, "groups": ["system:authenticated"]},
                 "object": obj,
+                "oldObject": old,
                 "dryRun": False,
             },
         }
@@ -194,3 +207,89 @@ def test_a_pod_review_whose_object_is_not_a_pod_is_a_bad_review() -> None:
     request = request_of({"spec": {"containers": "not a list"}})
     for review in (mutate(request, POLICY), validate(request, POLICY)):
         assert isinstance(review, BadReview) and "request.object is not a pod" in review.reason
+
+
+ASSIGNMENT = '{"node":"n1","containers":[],"decided_at":1.0,"placer_id":"p"}'
+
+
+def annotated(**annotations: str) -> dict[str, Any]:
+    """A bound Tessera pod carrying ``annotations``."""
+    body = pod("p", container(gpu=1, memory=4096), annotations=annotations or None)
+    body["spec"]["nodeName"] = "n1"
+    return body
+
+
+@pytest.mark.parametrize(
+    ("operation", "old", "new", "user", "refused"),
+    [
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT}),
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT.replace("n1", "n2")}),
+            "alice",
+            ["tessera.dev/assignment"],
+            id="owner-edits-the-assignment",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/assigned": "true", "tessera.dev/bind-time": "t"}),
+            annotated(),
+            "alice",
+            ["tessera.dev/bind-time", "tessera.dev/assigned"],
+            id="owner-removes-two",
+        ),
+        pytest.param(
+            "CREATE",
+            None,
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT}),
+            "system:serviceaccount:ml:replicaset-controller",
+            ["tessera.dev/assignment"],
+            id="created-with-one",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT}),
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT, "team": "b"}),
+            "alice",
+            [],
+            id="other-annotations-change",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(),
+            annotated(**{"tessera.dev/assigned": "true"}),
+            BINDER,
+            [],
+            id="the-binder-marks-it-assigned",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/gpu-policy": "spread"}),
+            annotated(**{"tessera.dev/gpu-policy": "binpack"}),
+            "alice",
+            [],
+            id="user-hints-are-the-owner-s",
+        ),
+    ],
+)
+def test_tessera_s_annotations_are_written_by_its_binder_only(
+    operation: str,
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    user: str,
+    refused: list[str],
+) -> None:
+    request = read_review(review_body(new, operation=operation, old=old, user=user))
+    assert isinstance(request, AdmissionRequest)
+    review = validate(request, GUARDED)
+    assert isinstance(review, Review)
+    fields = [f"metadata.annotations[{key}]" for key in refused]
+    assert list(review.reasons) == fields
+    assert review.outcome == ("denied" if refused else "allowed")
+    status = review.answer.response.status
+    if refused:
+        assert status is not None and (status.code, status.reason) == (403, "Forbidden")
+        assert status.message == (
+            f"{', '.join(fields)}: written by Tessera only (its binder: {BINDER}); user "
+            f"{user!r} may not set, change or remove {'it' if len(fields) == 1 else 'them'}"
+        )

@@ -390,6 +390,11 @@ podAntiAffinity:
 CEL of the webhooks' matchCondition: the pod asks for a tessera.dev/* resource in a container or
 an init container (limits or requests). Other pods never reach the webhook.
 */}}
+{{- define "tessera.writtenAnnotationsCondition" -}}
+{{- $written := "has(o.metadata.annotations) && o.metadata.annotations.exists(k, k in ['tessera.dev/assignment', 'tessera.dev/bind-time', 'tessera.dev/assigned'])" -}}
+{{ $written | replace "o." "object." }} || (oldObject != null && {{ $written | replace "o." "oldObject." }})
+{{- end }}
+
 {{- define "tessera.webhookCondition" -}}
 {{- $asks := "c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('tessera.dev/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('tessera.dev/'))))" -}}
 object.spec.containers.exists({{ $asks }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists({{ $asks }}))
