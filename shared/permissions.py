@@ -23,6 +23,7 @@ Roles and what they may write (reads are listed in :func:`permissions`)::
                   tessera.allocations.<its node>
     inventory     KV tessera-inventory.<its node>; tessera.inventory.<its node>
     dashboard     nothing (reads only)
+    webhook       nothing (reads the inventories only: the cluster's GPUs)
 
 Every role may publish dead letters, read the streams' and buckets' information, create a missing
 stream or bucket (never change or delete one: only the placer may update a configuration) and the
@@ -50,8 +51,15 @@ import msgspec
 
 from shared import subjects
 
-Role = Literal["placer", "binder", "deviceplugin", "inventory", "dashboard"]
-ROLES: Final[tuple[Role, ...]] = ("placer", "binder", "deviceplugin", "inventory", "dashboard")
+Role = Literal["placer", "binder", "deviceplugin", "inventory", "dashboard", "webhook"]
+ROLES: Final[tuple[Role, ...]] = (
+    "placer",
+    "binder",
+    "deviceplugin",
+    "inventory",
+    "dashboard",
+    "webhook",
+)
 NODE_ROLES: Final[frozenset[Role]] = frozenset({"deviceplugin", "inventory"})
 """Roles run once per node (DaemonSets): their rights name their node."""
 
@@ -250,6 +258,10 @@ def _dashboard() -> tuple[list[str], list[str]]:
     ]
 
 
+def _webhook() -> tuple[list[str], list[str]]:
+    return _kv_read(subjects.KV_INVENTORY), []
+
+
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
@@ -270,6 +282,8 @@ def permissions(role: Role, node: str | None = None) -> Permissions:
         publish, subscribe = _deviceplugin(token)
     elif role == "inventory":
         publish, subscribe = _inventory(token)
+    elif role == "webhook":
+        publish, subscribe = _webhook()
     else:
         publish, subscribe = _dashboard()
     return Permissions(

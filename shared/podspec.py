@@ -92,7 +92,7 @@ def _count(
     return int(number)
 
 
-def _mib_problem(value: Quantity) -> str | None:
+def gpu_memory_problem(value: Quantity) -> str | None:
     """Why a ``tessera.dev/gpu-memory`` value is refused before it is counted: written with a
     binary unit (``1Gi`` would ask 1,073,741,824 MiB), in thousandths (``2000m`` is 2 MiB, not
     2000), or above the 1 TiB no GPU has. None when none of these (or when the value is not a
@@ -167,7 +167,7 @@ def _container(
         if resource not in limits:
             continue
         if resource == names.GPU_MEMORY:
-            problem = _mib_problem(limits[resource])
+            problem = gpu_memory_problem(limits[resource])
             if problem is not None:
                 errors.append(FieldError(field=where(resource), problem=problem))
                 continue

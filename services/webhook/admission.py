@@ -11,7 +11,12 @@ the mutated pod):
   answer is a JSONPatch.
 - **validate** (``/validate``): a pod of Tessera's schedulers asking for Tessera resources is
   refused when Tessera could never place it as written, with exactly the one line the binder
-  would write on it (``shared.podspec``: the same parse, the same reasons).
+  would write on it (``shared.podspec``: the same parse, the same reasons); and when no node of
+  the cluster could ever hold its GPUs (``shared.capacity``, against each node's GPUs as the
+  inventories publish them: ``capacity.py``), with the number: "asks 200000 MiB per GPU; the
+  largest GPU here has 81920 MiB", "asks 9 GPUs; a node here has at most 4 GPUs"; and when
+  ``kubectl apply`` sent its ``tessera.dev/gpu-memory`` in thousandths (``2000m``: the API server
+  stores it as ``2``, but kubectl's last-applied annotation keeps the text).
 
 And on a pod's CREATE or UPDATE, whatever its scheduler: Tessera's own annotations
 (``tessera.dev/assignment``, ``bind-time``, ``assigned``) are written by Tessera only. A review
@@ -28,17 +33,27 @@ exception.
 from __future__ import annotations
 
 import base64
+from collections.abc import Collection
 from typing import Any, Final, Literal
 
 import msgspec
 
 from shared import annotations as names
+from shared.capacity import GpuAsk, Models, NodeGpus, never_fits
 from shared.kubeobjects import Container, Pod
-from shared.podspec import InvalidPod, parse_pending, requests_tessera
+from shared.messages.pods import PodPending
+from shared.podspec import (
+    FieldError,
+    InvalidPod,
+    gpu_memory_problem,
+    parse_pending,
+    requests_tessera,
+)
 
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 DEFAULT_SCHEDULER: Final = "default-scheduler"
+LAST_APPLIED: Final = "kubectl.kubernetes.io/last-applied-configuration"
 SLICE_RESOURCES: Final = names.RESOURCES[1:]
 """Resources that give a slice of a share (memory, memory percentage, cores)."""
 
@@ -292,8 +307,97 @@ def mutate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadRe
     return Review(answer=ReviewAnswer(response=response), outcome="mutated", reasons=tuple(changes))
 
 
-def validate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadReview:
-    """The validating review (see the module docstring)."""
+def _never_fits(pod: Pod, pending: PodPending, cluster: Collection[NodeGpus]) -> InvalidPod | None:
+    """The pod as invalid when no node of ``cluster`` could ever hold its GPUs."""
+    asks = [
+        GpuAsk(
+            container=c.name,
+            shares=c.gpu_shares,
+            memory_mib=c.gpu_memory_mib,
+            memory_pct=c.gpu_memory_pct,
+        )
+        for c in pending.containers
+    ]
+    hints = pending.hints
+    found = never_fits(
+        asks, cluster, Models(wanted=hints.gpu_models, excluded=hints.gpu_models_excluded)
+    )
+    if found is None:
+        return None
+    field = "spec.containers"
+    index = next((i for i, c in enumerate(pod.spec.containers) if c.name == found.container), -1)
+    if index >= 0 and found.resource:
+        field = (
+            f"spec.containers[{index}].resources.limits[{found.resource}] "
+            f"(container {found.container!r})"
+        )
+    elif hints.gpu_models or hints.gpu_models_excluded:
+        hint = names.GPU_MODEL if hints.gpu_models else names.GPU_MODEL_EXCLUDE
+        field = f"metadata.annotations[{hint}]"
+    return InvalidPod(
+        uid=pending.uid,
+        namespace=pending.namespace,
+        name=pending.name,
+        errors=(FieldError(field=field, problem=found.problem),),
+    )
+
+
+class _AppliedResources(msgspec.Struct, frozen=True, kw_only=True):
+    limits: dict[str, Any] | None = None
+    requests: dict[str, Any] | None = None
+
+
+class _AppliedContainer(msgspec.Struct, frozen=True, kw_only=True):
+    name: str = ""
+    resources: _AppliedResources = _AppliedResources()
+
+
+class _AppliedSpec(msgspec.Struct, frozen=True, kw_only=True):
+    containers: tuple[_AppliedContainer, ...] = ()
+
+
+class _Applied(msgspec.Struct, frozen=True, kw_only=True):
+    spec: _AppliedSpec = _AppliedSpec()
+
+
+def _as_applied(pod: Pod) -> InvalidPod | None:
+    """``tessera.dev/gpu-memory`` as ``kubectl apply`` sent it, when that is refused.
+
+    The API server stores quantities in their canonical form before any webhook sees them
+    (``2000m`` becomes ``2``): only the text kubectl keeps in its last-applied annotation still
+    says the user wrote thousandths."""
+    applied_text = (pod.metadata.annotations or {}).get(LAST_APPLIED)
+    if not applied_text:
+        return None
+    try:
+        applied = msgspec.json.decode(applied_text, type=_Applied)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None  # not ours to judge: the pod itself is what is placed
+    errors = []
+    for index, container in enumerate(applied.spec.containers):
+        for section in ("limits", "requests"):
+            value = (getattr(container.resources, section) or {}).get(names.GPU_MEMORY)
+            problem = gpu_memory_problem(value) if value is not None else None
+            if problem:
+                errors.append(
+                    FieldError(
+                        field=f"spec.containers[{index}].resources.{section}[{names.GPU_MEMORY}] "
+                        f"(container {container.name!r})",
+                        problem=problem,
+                    )
+                )
+                break
+    meta = pod.metadata
+    if not errors:
+        return None
+    return InvalidPod(uid=meta.uid, namespace=meta.namespace, name=meta.name, errors=tuple(errors))
+
+
+def validate(
+    request: AdmissionRequest, policy: AdmissionPolicy, cluster: Collection[NodeGpus] = ()
+) -> Review | BadReview:
+    """The validating review (see the module docstring); ``cluster``: each node's GPUs (none
+    known: nothing is judged against the cluster)."""
     refused = _annotations_refused(request, policy)
     if isinstance(refused, BadReview) or refused.outcome == "denied":
         return refused
@@ -303,15 +407,20 @@ def validate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | Bad
     if pod.spec.node_name or not _tessera_scheduled(pod, policy) or not requests_tessera(pod):
         return _allowed(request)
     parsed = parse_pending(pod)
-    if not isinstance(parsed, InvalidPod):
+    invalid = (
+        parsed
+        if isinstance(parsed, InvalidPod)
+        else _as_applied(pod) or _never_fits(pod, parsed, cluster)
+    )
+    if invalid is None:
         return _allowed(request)
     response = AdmissionResponse(
         uid=request.uid,
         allowed=False,
-        status=Status(code=422, reason="Invalid", message=parsed.reason),
+        status=Status(code=422, reason="Invalid", message=invalid.reason),
     )
     return Review(
         answer=ReviewAnswer(response=response),
         outcome="denied",
-        reasons=tuple(error.field for error in parsed.errors),
+        reasons=tuple(error.field for error in invalid.errors),
     )

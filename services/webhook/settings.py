@@ -6,11 +6,12 @@ from typing import Annotated
 
 import msgspec
 
-from shared.config import ProcessSettings
+from shared.config import Settings
 
 
-class WebhookSettings(ProcessSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Admission webhook settings (it needs no NATS: everything it decides is in the pod)."""
+class WebhookSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Admission webhook settings. NATS only to read the inventories (the cluster's GPUs); an
+    empty --nats-url reads none, and the webhook then judges no pod against the cluster."""
 
     tls_cert_file: Annotated[
         str,

@@ -6,6 +6,7 @@ front (``rest.py``) calls these, and tests and simulated components call them di
 
 from __future__ import annotations
 
+import functools
 import random
 import string
 from collections.abc import Callable
@@ -106,6 +107,8 @@ class ApiObjects:
             namespace_labels=labels,
             user=user,
         )
+        # Another create of the name may have been stored while the webhooks were called.
+        self._refuse_existing(resource, namespace, prepared["metadata"]["name"])
         return self._store_created(resource, prepared, namespace)
 
     async def update_admitted(
@@ -119,9 +122,12 @@ class ApiObjects:
         user: Obj = ADMIN_INFO,
     ) -> Obj:
         """:meth:`update` as a client's PUT over HTTP is: through the admission webhooks."""
-        current = self.get(resource, namespace, name)
         return await self._replace_admitted(
-            resource, current, self._updated(current, obj), subresource, user
+            resource,
+            (namespace, name),
+            lambda current: self._updated(current, obj),
+            subresource,
+            user,
         )
 
     async def patch_admitted(
@@ -136,30 +142,46 @@ class ApiObjects:
         user: Obj = ADMIN_INFO,
     ) -> Obj:
         """:meth:`patch` as a client's PATCH over HTTP is: through the admission webhooks."""
-        current = self.get(resource, namespace, name)
-        patched = self._patched(resource, current, patch, content_type)
-        return await self._replace_admitted(resource, current, patched, subresource, user)
+        return await self._replace_admitted(
+            resource,
+            (namespace, name),
+            lambda current: self._patched(resource, current, patch, content_type),
+            subresource,
+            user,
+        )
 
     async def _replace_admitted(
-        self, resource: ResourceType, current: Obj, new: Obj, subresource: str, user: Obj
+        self,
+        resource: ResourceType,
+        key: tuple[str, str],
+        change: Callable[[Obj], Obj],
+        subresource: str,
+        user: Obj,
     ) -> Obj:
         """An UPDATE of the main resource meets the mutating webhooks, then validation, then
         the validating webhooks (a subresource, such as pods/status, meets none: webhooks name
-        ``pods``, not ``pods/status``)."""
-        if subresource:
-            return self._replace(resource, current, new, subresource)
-        meta = current["metadata"]
-        namespace = meta.get("namespace", "")
-        labels = self._namespace_labels(namespace)
-        review = {"namespace": namespace, "namespace_labels": labels, "user": user}
-        mutated = await self.admission.admit(
-            "mutating", resource, new, operation="UPDATE", old=current, **review
-        )
-        replacement = self._replacement(resource, current, mutated, subresource)
-        await self.admission.admit(
-            "validating", resource, replacement, operation="UPDATE", old=current, **review
-        )
-        return self._store_replaced(resource, current, replacement)
+        ``pods``, not ``pods/status``). The object may change while the webhooks are called (a
+        kubelet's status): as the API server's ``GuaranteedUpdate``, the change is then made
+        again on the new object and admitted again, never written over it."""
+        namespace, name = key
+        while True:
+            current = self.get(resource, namespace, name)
+            new = change(current)
+            if subresource:
+                return self._replace(resource, current, new, subresource)
+            admit = functools.partial(
+                self.admission.admit,
+                namespace=namespace,
+                namespace_labels=self._namespace_labels(namespace),
+                user=user,
+                operation="UPDATE",
+                old=current,
+            )
+            mutated = await admit("mutating", resource, new)
+            replacement = self._replacement(resource, current, mutated, subresource)
+            await admit("validating", resource, replacement)
+            if self.get(resource, namespace, name) is current:
+                return self._store_replaced(resource, current, replacement)
 
     def _namespace_labels(self, namespace: str) -> dict[str, str]:
         found = self.store.get(NAMESPACE, ("", namespace)) if namespace else None
@@ -208,16 +230,7 @@ class ApiObjects:
                     "lower case alphanumeric characters, '-' or '.'"
                 ],
             )
-        key = self._key(resource, namespace, name)
-        if self.store.get(resource, key) is not None:
-            raise ApiError(
-                409,
-                "AlreadyExists",
-                f'{resource.plural}{"." + resource.group if resource.group else ""} "{name}" '
-                "already exists",
-                kind=resource.plural,
-                name=name,
-            )
+        self._refuse_existing(resource, namespace, name)
         now = self.clock()
         missing = self._decode(resource, obj)
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
@@ -245,6 +258,17 @@ class ApiObjects:
                 f"{resource.kind}: {'; '.join(decoded.type_errors)}",
             )
         return decoded.missing
+
+    def _refuse_existing(self, resource: ResourceType, namespace: str, name: str) -> None:
+        if self.store.get(resource, self._key(resource, namespace, name)) is not None:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{resource.plural}{"." + resource.group if resource.group else ""} "{name}" '
+                "already exists",
+                kind=resource.plural,
+                name=name,
+            )
 
     def update(
         self, resource: ResourceType, namespace: str, name: str, obj: Obj, subresource: str = ""

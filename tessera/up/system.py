@@ -539,9 +539,9 @@ class LocalSystem:
                 str(self.webhook_port),
                 "--binder-usernames",
                 BINDER_ACCOUNT.name,
-                *self._process(),
+                *self._common(),
             ),
-            env=self.env,
+            env=self._env_as("webhook"),
         )
 
     def register_webhook(self) -> None:
