@@ -18,6 +18,7 @@ a count in ``tessera_binder_restores_total{outcome}`` and a log line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -44,6 +45,8 @@ REPUBLISH_S: Final = 10.0
 """A restore not recorded this long after it was published is published again."""
 GRANTS_TIMEOUT_S: Final = 2.0
 """How long a node's device plugin has to say what it granted."""
+GRANTS_AT_ONCE: Final = 100
+"""Nodes' plugins asked at the same time."""
 REPORTS: Final = {
     "corrected": ("RestoreCorrected", "Its placement was restored as its device plugin granted it"),
     "overcommit": ("RestoreRefused", "Its placement was not restored"),
@@ -121,7 +124,7 @@ class StoreRestorer:
         reason, what = REPORTS[verdict.outcome]
         note = f"{what} after NATS lost its store: {'; '.join(verdict.problems)}"
         log.warning(
-            "a restored placement was checked and " + what.lower(),
+            f"restore checked: {what.lower()}",
             extra={
                 "pod": pod.metadata.key,
                 "outcome": verdict.outcome,
@@ -160,12 +163,20 @@ class StoreRestorer:
                 continue
             by_node[restore.node].append((pod, restore))
         pending: dict[str, PodRestore] = {}
-        for node, placed in sorted(by_node.items()):
-            keys = {subjects.assignment_key(node, r.pod.uid) for _, r in placed}
-            if keys <= recorded:
-                continue  # nothing of this node to restore
-            answer = await self._granted(node)
-            checked = check_node([r for _, r in placed], answer)
+        lacking = [
+            node
+            for node, placed in sorted(by_node.items())
+            if {subjects.assignment_key(node, r.pod.uid) for _, r in placed} - recorded
+        ]
+        answers: dict[str, NodeGrants | None] = {}
+        for start in range(0, len(lacking), GRANTS_AT_ONCE):  # the nodes' plugins, concurrently
+            asked = lacking[start : start + GRANTS_AT_ONCE]
+            answers.update(
+                zip(asked, await asyncio.gather(*map(self._granted, asked)), strict=True)
+            )
+        for node in lacking:
+            placed = by_node[node]
+            checked = check_node([r for _, r in placed], answers[node])
             for (pod, _), verdict in zip(placed, checked, strict=True):
                 key = subjects.assignment_key(node, verdict.pod_uid)
                 if key in recorded:
