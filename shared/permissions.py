@@ -18,11 +18,12 @@ Roles and what they may write (reads are listed in :func:`permissions`)::
     binder        KV tessera-assignments (reserved -> bound), tessera-nodes, tessera-meta.restored;
                   tessera.nodes.<node>, tessera.pods.pending / .deleted / .restore,
                   tessera.placements.invalid, tessera.bindings.<node>; answers
-                  tessera.extender.pods
+                  tessera.extender.pods; requests tessera.grants.<node>
     deviceplugin  KV tessera-assignments.<its node>.* (bound -> allocated);
-                  tessera.allocations.<its node>
+                  tessera.allocations.<its node>; answers tessera.grants.<its node>
     inventory     KV tessera-inventory.<its node>; tessera.inventory.<its node>
     dashboard     nothing (reads only)
+    webhook       nothing (reads the inventories only: the cluster's GPUs)
 
 Every role may publish dead letters, read the streams' and buckets' information, create a missing
 stream or bucket (never change or delete one: only the placer may update a configuration) and the
@@ -50,8 +51,15 @@ import msgspec
 
 from shared import subjects
 
-Role = Literal["placer", "binder", "deviceplugin", "inventory", "dashboard"]
-ROLES: Final[tuple[Role, ...]] = ("placer", "binder", "deviceplugin", "inventory", "dashboard")
+Role = Literal["placer", "binder", "deviceplugin", "inventory", "dashboard", "webhook"]
+ROLES: Final[tuple[Role, ...]] = (
+    "placer",
+    "binder",
+    "deviceplugin",
+    "inventory",
+    "dashboard",
+    "webhook",
+)
 NODE_ROLES: Final[frozenset[Role]] = frozenset({"deviceplugin", "inventory"})
 """Roles run once per node (DaemonSets): their rights name their node."""
 
@@ -210,6 +218,8 @@ def _binder() -> tuple[list[str], list[str]]:
         *_kv_write(subjects.KV_META, subjects.META_RESTORED),
         subjects.PLACEMENTS_INVALID,
         subjects.BINDING_RESULTS_ALL,
+        # Before a restore: what each node's device plugin granted (request/reply).
+        subjects.GRANTS_ALL,
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_DECISIONS),
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_REJECTIONS),
         *_durable(subjects.STREAM_ALLOCATIONS, subjects.DURABLE_BINDER_ALLOCATIONS),
@@ -226,7 +236,8 @@ def _deviceplugin(node: str) -> tuple[list[str], list[str]]:
         # Its records, its inventory, and the commits a record must match (the ledger, claims).
         *_kv_read(subjects.KV_ASSIGNMENTS, subjects.KV_INVENTORY, subjects.KV_LEDGER),
     ]
-    return publish, [f"{subjects.ROOT}.inventory.{node}"]
+    # What it granted, asked by the binder before a restore.
+    return publish, [f"{subjects.ROOT}.inventory.{node}", f"{subjects.ROOT}.grants.{node}"]
 
 
 def _inventory(node: str) -> tuple[list[str], list[str]]:
@@ -250,6 +261,10 @@ def _dashboard() -> tuple[list[str], list[str]]:
     ]
 
 
+def _webhook() -> tuple[list[str], list[str]]:
+    return _kv_read(subjects.KV_INVENTORY), []
+
+
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
@@ -270,12 +285,14 @@ def permissions(role: Role, node: str | None = None) -> Permissions:
         publish, subscribe = _deviceplugin(token)
     elif role == "inventory":
         publish, subscribe = _inventory(token)
+    elif role == "webhook":
+        publish, subscribe = _webhook()
     else:
         publish, subscribe = _dashboard()
     return Permissions(
         publish=_unique([*publish, *_topology(role), subjects.DEADLETTER_ALL]),
         subscribe=_unique([*subscribe, _inbox_grant(role, node if role in NODE_ROLES else None)]),
-        allow_responses=role in ("binder", "placer"),
+        allow_responses=role in ("binder", "placer", "deviceplugin"),
     )
 
 

@@ -31,7 +31,7 @@ from shared.kubeobjects import Container, Pod, Quantity, epoch
 from shared.messages.base import GpuPolicy, GpuType, NodePolicy
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
 from shared.quantity import QuantityError, mebibytes, milli, parse_quantity
-from shared.validation import MAX_GPU_CONTAINERS
+from shared.validation import MAX_GPU_CONTAINERS, MAX_GPU_MEMORY_MIB
 
 GPU_POLICIES: Final[tuple[str, ...]] = get_args(GpuPolicy)
 NODE_POLICIES: Final[tuple[str, ...]] = get_args(NodePolicy)
@@ -40,6 +40,8 @@ MODEL_SEPARATORS: Final = ("|", ",")
 _SUFFIX: Final = re.compile(r"^[+-]?[0-9.]+(Ki|Mi|Gi|Ti|Pi|Ei)$")
 """A quantity written with a binary byte-size suffix. Decimal suffixes are not: the API server
 itself writes a plain 1000000 as ``1M`` (its canonical form), so they may be nobody's unit."""
+_FRACTION: Final = re.compile(r"^[+-]?[0-9.]+(?:([num])|[eE]-[0-9]+)$")
+"""A quantity written in thousandths or finer (``2000m``, ``2e-3``): not a count of MiB."""
 
 
 class FieldError(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,23 +92,35 @@ def _count(
     return int(number)
 
 
-def _byte_quantity_problem(value: Quantity) -> str | None:
-    """Why a ``tessera.dev/gpu-memory`` value written with a binary unit (``1Gi``) is
-    refused: the resource counts MiB, so ``1Gi`` would ask for 1,073,741,824 MiB. None when the
-    value has no suffix (or is not a quantity at all: :func:`_count` says so)."""
-    if not isinstance(value, str):
-        return None
-    match = _SUFFIX.match(value.strip())
-    if match is None:
-        return None
+def gpu_memory_problem(value: Quantity) -> str | None:
+    """Why a ``tessera.dev/gpu-memory`` value is refused before it is counted: written with a
+    binary unit (``1Gi`` would ask 1,073,741,824 MiB), in thousandths (``2000m`` is 2 MiB, not
+    2000), or above the 1 TiB no GPU has. None when none of these (or when the value is not a
+    quantity at all: :func:`_count` says so)."""
+    text = value.strip() if isinstance(value, str) else ""
     try:
+        number = parse_quantity(value)
         mib = mebibytes(value)
     except QuantityError:
         return None
-    return (
-        f"{value!r} has a unit, but {names.GPU_MEMORY} counts MiB and takes a plain number; "
-        f"for {value} write {mib}"
-    )
+    if _SUFFIX.match(text):
+        return (
+            f"{value!r} has a unit, but {names.GPU_MEMORY} counts MiB and takes a plain number; "
+            f"for {value} write {mib}"
+        )
+    fraction = _FRACTION.match(text)
+    if fraction:
+        shown = f"{number.numerator}" if number.denominator == 1 else f"{float(number):g}"
+        meant = text[:-1] if fraction.group(1) else ""
+        scale = {"n": "n is billionths", "u": "u is millionths", "m": "m is thousandths"}
+        return (
+            f"{value!r} means {shown} ({scale.get(fraction.group(1) or '', 'a fraction')}), but "
+            f"{names.GPU_MEMORY} counts MiB and takes a plain number"
+            + (f"; for {meant} MiB write {meant}" if meant else "")
+        )
+    if number.denominator == 1 and number > MAX_GPU_MEMORY_MIB:
+        return f"asks {number} MiB per GPU; no GPU has more than {MAX_GPU_MEMORY_MIB} MiB (1 TiB)"
+    return None
 
 
 def _tessera_limits(container: Container) -> Mapping[str, Quantity]:
@@ -153,7 +167,7 @@ def _container(
         if resource not in limits:
             continue
         if resource == names.GPU_MEMORY:
-            problem = _byte_quantity_problem(limits[resource])
+            problem = gpu_memory_problem(limits[resource])
             if problem is not None:
                 errors.append(FieldError(field=where(resource), problem=problem))
                 continue

@@ -85,6 +85,10 @@ DEADLETTER_ALL: Final = f"{ROOT}.deadletter.>"
 PLACER_EXPLAIN: Final = f"{ROOT}.placer.explain"
 """Request/reply: ``tessera explain NAMESPACE/POD`` asks every placer replica; those that know the
 pod answer (outside every stream)."""
+GRANTS_ALL: Final = f"{ROOT}.grants.*"
+"""Request/reply, per node (:func:`grants`): what a node's device plugin records it granted, asked
+by the binder before it restores placements into a store that lost them (outside every
+stream)."""
 EXTENDER_PODS: Final = f"{ROOT}.extender.pods"
 """Request/reply: the extender asks the binder for the pod it binds (outside every stream: the
 pods stream captures ``tessera.pods.>``)."""
@@ -105,6 +109,11 @@ def node_from_token(token: str) -> str:
 def inventory(node: str) -> str:
     """Subject carrying the GPU inventory of ``node``."""
     return f"{ROOT}.inventory.{node_token(node)}"
+
+
+def grants(node: str) -> str:
+    """Request/reply subject of what ``node``'s device plugin granted (``GRANTS_ALL``)."""
+    return f"{ROOT}.grants.{node_token(node)}"
 
 
 def nodes(node: str) -> str:

@@ -67,6 +67,10 @@ kubelet's admission: ``shared.podspec`` refuses the pod up front instead, as an 
 the binder explains, rather than let it be placed and bound to fail."""
 
 
+MAX_GPU_MEMORY_MIB: Final = 1 << 20
+"""Memory of one GPU: 1 TiB (the largest GPUs today have under 200 GiB). An inventory saying
+more is not believed, and a pod asking more per GPU is refused (``shared.podspec``)."""
+
 MAX_TEMPERATURE_C: Final = 200
 MAX_POWER_W: Final = 10_000.0
 MAX_CLOCK_MHZ: Final = 100_000
@@ -80,8 +84,7 @@ class InventoryLimits(msgspec.Struct, frozen=True, kw_only=True):
 
     max_gpus: int = 256
     """GPUs on one node (the largest systems today have 16)."""
-    max_gpu_memory_mib: int = 1 << 20
-    """Memory of one GPU: 1 TiB (the largest GPUs today have under 200 GiB)."""
+    max_gpu_memory_mib: int = MAX_GPU_MEMORY_MIB
     max_future_s: float = 300.0
     """How far ``observed_at`` may lie ahead of the reader's clock (clock skew between hosts).
     A reader on the same node as the producer can pass a much smaller value."""

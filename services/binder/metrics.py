@@ -137,7 +137,11 @@ class BinderMetrics:
             restores=Counter(
                 "tessera_binder_restores_total",
                 "Bound pods' placements restored into a NATS store that lost them (restored), "
-                "or that could not be (refused: an unreadable or inconsistent annotation).",
+                "or that could not be (refused: an unreadable or inconsistent annotation), and "
+                "what checking them against the device plugins found: corrected (restored as "
+                "the plugin granted, not as annotated), overcommit (not booked: it would "
+                "over-commit a GPU the plugin did not grant it), overfull (booked on an "
+                "over-full GPU: the plugin did not answer).",
                 ["outcome"],
                 registry=registry,
             ),

@@ -7,19 +7,32 @@ every bound Tessera pod whose assignment record the store lacks, waits until a p
 recorded each of them (publishing again what is not), then writes ``StoreRestored`` for the
 epoch. Placers decide nothing new before it, so no running pod's GPUs are given to another. A
 new epoch also republishes every pending pod and node's facts (the streams lost them too).
+
+No placement is published unchecked: first each node's device plugin is asked what it granted
+(``tessera.grants.<node>``), and the node's placements are checked together against that
+(``restorecheck.py``): one the annotation misstates is restored as the plugin granted it, one
+that would over-commit a GPU and that the plugin cannot vouch for is not booked. Each such
+outcome is an Event on the pod (``RestoreCorrected``, ``RestoreRefused``, ``RestoreOverfull``),
+a count in ``tessera_binder_restores_total{outcome}`` and a log line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from services.binder import explain
+from services.binder.events import EventRecorder
 from services.binder.metrics import BinderMetrics
 from services.binder.restore import restore_of
+from services.binder.restorecheck import Checked, check_node
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
+from shared.messages.grants import GrantsRequest, NodeGrants
 from shared.messages.pods import PodRestore
 from shared.messages.store import StoreRestored
 from shared.runtime.bus import Bus
@@ -30,6 +43,16 @@ CHECK_S: Final = 1.0
 """How often the leader looks whether the store's epoch is restored."""
 REPUBLISH_S: Final = 10.0
 """A restore not recorded this long after it was published is published again."""
+GRANTS_TIMEOUT_S: Final = 2.0
+"""How long a node's device plugin has to say what it granted."""
+GRANTS_AT_ONCE: Final = 100
+"""Nodes' plugins asked at the same time."""
+REPORTS: Final = {
+    "corrected": ("RestoreCorrected", "Its placement was restored as its device plugin granted it"),
+    "overcommit": ("RestoreRefused", "Its placement was not restored"),
+    "overfull": ("RestoreOverfull", "Its placement was restored on an over-full GPU"),
+}
+"""Outcome -> (Event reason, what happened)."""
 
 
 class StoreRestorer:
@@ -42,10 +65,12 @@ class StoreRestorer:
         clock: Clock,
         identity: str,
         metrics: BinderMetrics,
+        recorder: EventRecorder,
         bound_pods: Callable[[], Iterable[Pod]],
         republish: Callable[[], None],
     ) -> None:
         self._bus = bus
+        self._recorder = recorder
         self._clock = clock
         self._identity = identity
         self._metrics = metrics
@@ -75,6 +100,46 @@ class StoreRestorer:
                     )
             await self._clock.sleep(CHECK_S)
 
+    async def _granted(self, node: str) -> NodeGrants | None:
+        """What ``node``'s device plugin says it granted; None when it does not answer."""
+        question = codec.encode(GrantsRequest(node=node))
+        try:
+            reply = await self._bus.request(
+                subjects.grants(node), question, timeout=GRANTS_TIMEOUT_S
+            )
+            return codec.decode(reply, NodeGrants)
+        except Exception as error:  # no plugin there, NATS away, an answer that does not read
+            log.warning(
+                "the device plugin did not say what it granted; its node's placements are "
+                "restored as their annotations say",
+                extra={"node": node, "error": f"{type(error).__name__}: {error}"},
+            )
+            return None
+
+    def _report(self, pod: Pod, verdict: Checked) -> None:
+        """Count, log and tell on the pod what the check found (nothing for ``restored``)."""
+        if verdict.outcome == "restored":
+            return
+        self._metrics.restores.labels(outcome=verdict.outcome).inc()
+        reason, what = REPORTS[verdict.outcome]
+        note = f"{what} after NATS lost its store: {'; '.join(verdict.problems)}"
+        log.warning(
+            f"restore checked: {what.lower()}",
+            extra={
+                "pod": pod.metadata.key,
+                "outcome": verdict.outcome,
+                "problems": verdict.problems,
+            },
+        )
+        meta = pod.metadata
+        self._recorder.emit(
+            regarding=explain.regarding_pod(namespace=meta.namespace, name=meta.name, uid=meta.uid),
+            event_type="Warning",
+            reason=reason,
+            action="Restoring",
+            note=note,
+        )
+
     async def _restored_epoch(self) -> str:
         entry = await self._bus.kv_get(subjects.KV_META, subjects.META_RESTORED)
         if entry is None:
@@ -86,7 +151,7 @@ class StoreRestorer:
 
     async def _restore(self, epoch: str) -> None:
         recorded = set(await self._bus.kv_keys(subjects.KV_ASSIGNMENTS))
-        pending: dict[str, PodRestore] = {}
+        by_node: dict[str, list[tuple[Pod, PodRestore]]] = defaultdict(list)
         for pod in self._bound_pods():
             restore = restore_of(pod, store_epoch=epoch)
             if isinstance(restore, str):
@@ -96,9 +161,29 @@ class StoreRestorer:
                     extra={"pod": pod.metadata.key, "reason": restore},
                 )
                 continue
-            key = subjects.assignment_key(restore.node, restore.pod.uid)
-            if key not in recorded:
-                pending[key] = restore
+            by_node[restore.node].append((pod, restore))
+        pending: dict[str, PodRestore] = {}
+        lacking = [
+            node
+            for node, placed in sorted(by_node.items())
+            if {subjects.assignment_key(node, r.pod.uid) for _, r in placed} - recorded
+        ]
+        answers: dict[str, NodeGrants | None] = {}
+        for start in range(0, len(lacking), GRANTS_AT_ONCE):  # the nodes' plugins, concurrently
+            asked = lacking[start : start + GRANTS_AT_ONCE]
+            answers.update(
+                zip(asked, await asyncio.gather(*map(self._granted, asked)), strict=True)
+            )
+        for node in lacking:
+            placed = by_node[node]
+            checked = check_node([r for _, r in placed], answers[node])
+            for (pod, _), verdict in zip(placed, checked, strict=True):
+                key = subjects.assignment_key(node, verdict.pod_uid)
+                if key in recorded:
+                    continue  # the store holds it: it only counted in the check
+                self._report(pod, verdict)
+                if verdict.restore is not None:
+                    pending[key] = verdict.restore
         if pending:
             log.warning(
                 "restoring the placements of bound pods into the NATS store",

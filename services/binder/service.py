@@ -153,6 +153,7 @@ class Binder:
             clock=clock,
             identity=self.identity,
             metrics=metrics,
+            recorder=self.recorder,
             bound_pods=self.sync.bound_pods,
             republish=self.sync.resync,
         )

@@ -466,11 +466,21 @@ class Granted(msgspec.Struct, frozen=True, kw_only=True):
 
     commit: str
     containers: tuple[str, ...]
+    slices: tuple[ContainerSlices, ...] = ()
+    """The answered containers' slices (empty in a state file from before they were kept)."""
+    unrecorded_at: float | None = None
+    """When the store lost the record while its pod held the grant (NATS lost its store):
+    kept to answer what was granted, no longer checked against records."""
 
 
 def granted_of(record: AssignmentRecord) -> Granted:
     """What granting ``record`` (as committed after an Allocate) gave away."""
-    return Granted(commit=record.commit, containers=tuple(a.container for a in record.allocated))
+    answered = tuple(a.container for a in record.allocated)
+    return Granted(
+        commit=record.commit,
+        containers=answered,
+        slices=tuple(c for c in record.containers if c.container in answered),
+    )
 
 
 def granted_problem(record: AssignmentRecord, granted: Granted | None) -> str | None:

@@ -1,10 +1,18 @@
-"""The device plugin's memory of what it granted, across its own restarts (issue 19).
+"""The device plugin's memory of what it granted, across its own restarts (issue 19) and across
+NATS losing its store.
 
 A plugin that restarted sees each record fresh: it cannot tell that a record now ``bound`` was
 ``allocated`` by it before (a writer moved it backwards), and would grant its slices twice. So
 every grant is also written to a small state file, loaded at start before any record is taken
 (``allocate.granted_problem`` checks each record against it), and a key is forgotten once its
-record is released or gone from the bucket.
+record is released.
+
+A record gone from the bucket without a release (NATS lost its store; its pod still runs with
+what it was handed) is not forgotten but kept *unrecorded* (``Granted.unrecorded_at``) for
+:data:`UNRECORDED_KEEP_S`: no longer checked against records (a restored record starts afresh),
+only answered when the binder asks what this node granted before it restores placements from
+the pods' annotations (``tessera.grants.<node>``, :meth:`GrantBook.answer`), so a placement an
+annotation misstates is booked as the plugin granted it.
 
 Where: ``<plugin dir>/tessera-state/<endpoint>.granted.json``. The kubelet deletes every file of
 its device plugin directory when it starts (its sockets, and whatever else is there, but not
@@ -39,10 +47,16 @@ import msgspec
 
 from services.deviceplugin.allocate import Granted
 from shared.clock import Clock
+from shared.messages.grants import GrantedPod, NodeGpu, NodeGrants
+from shared.messages.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 
 STATE_DIR: Final = "tessera-state"
+
+UNRECORDED_KEEP_S: Final = 86_400.0
+"""How long a grant whose record the store lost is kept to answer a restore (a day: a store is
+restored within minutes; a pod deleted meanwhile has its grant dropped at the end of it)."""
 
 GRANTS_WRITE_DELAY_S: Final = 0.05
 """How long grants gather before the state file is written: a burst of Allocates costs one write
@@ -124,19 +138,57 @@ class GrantBook:
         self._writing: asyncio.Future[bool] | None = None
 
     def get(self, key: str) -> Granted | None:
-        return self.given.get(key)
+        """What was granted of the record at ``key``, while the store holds that record."""
+        granted = self.given.get(key)
+        return granted if granted is not None and granted.unrecorded_at is None else None
 
     def grant(self, key: str, granted: Granted) -> None:
         self.given[key] = granted
         self._save()
 
     def forget(self, keys: set[str]) -> None:
-        """Released or gone: what was granted of these records is free again."""
+        """Released: what was granted of these records is free again."""
         gone = keys & set(self.given)
         for key in gone:
             del self.given[key]
         if gone:
             self._save()
+
+    def unrecord(self, keys: set[str]) -> None:
+        """These records are gone from the store without a release: keep what was granted of
+        them, unrecorded, to answer a restore (see the module docstring)."""
+        now = self._clock.now()
+        changed = False
+        for key in keys & set(self.given):
+            if self.given[key].unrecorded_at is None:
+                self.given[key] = msgspec.structs.replace(self.given[key], unrecorded_at=now)
+                changed = True
+        for key, granted in list(self.given.items()):
+            if (
+                granted.unrecorded_at is not None
+                and now - granted.unrecorded_at > UNRECORDED_KEEP_S
+            ):
+                del self.given[key]
+                changed = True
+        if changed:
+            self._save()
+
+    def answer(self, node: str, inventory: NodeInventory | None) -> NodeGrants:
+        """What this plugin granted, recorded or not, and its node's GPUs."""
+        gpus = inventory.gpus if inventory is not None else ()
+        return NodeGrants(
+            node=node,
+            gpus=tuple(
+                NodeGpu(uuid=g.uuid, index=g.index, memory_mib=g.memory_total_mib) for g in gpus
+            ),
+            granted=tuple(
+                GrantedPod(
+                    pod_uid=key.rsplit(".", 1)[-1], commit=granted.commit, containers=granted.slices
+                )
+                for key, granted in sorted(self.given.items())
+            ),
+            answered_at=self._clock.now(),
+        )
 
     def _save(self) -> None:
         """Have the state file written (by :meth:`keep`, off the Allocate path)."""

@@ -7,7 +7,8 @@ from the last version accepted) and against what this plugin granted before a re
 (:mod:`~services.deviceplugin.grants`); one that fails is dead-lettered with the reason and
 forgotten: never served, never blocking a valid one. Checks against the inventory run again
 whenever the inventory changes (:meth:`NodeRecords.revalidate`). A record taken has its pod's
-claim read (:mod:`~services.deviceplugin.commits`); one released or gone frees its grants.
+claim read (:mod:`~services.deviceplugin.commits`); one released frees its grants, one gone
+without a release (NATS lost its store) leaves them unrecorded, to answer a restore.
 
 A watch on a NATS cluster can go silent for seconds, so an Allocate that finds no record reads
 this node's records afresh (:meth:`NodeRecords.reread`).
@@ -99,10 +100,10 @@ class NodeRecords:
     def _deleted(self, key: str, known: RecordView | None) -> None:
         if known is not None:
             self._commits.drop(known.record.pod_uid)
-        self._grants.forget({key})
+        self._grants.unrecord({key})
 
     def _loaded(self, listed: set[str]) -> None:
-        self._grants.forget(set(self._grants.given) - listed)
+        self._grants.unrecord(set(self._grants.given) - listed)
         self._readiness.set("records", True)
 
     async def revalidate(self, inventory: NodeInventory) -> None:

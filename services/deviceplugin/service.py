@@ -25,6 +25,7 @@ twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -47,10 +48,11 @@ from services.deviceplugin.server import (
     PreferenceRequest,
     register,
 )
+from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import RecordView
 from shared.messages.inventory import NodeInventory
-from shared.runtime.bus import Bus
+from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
@@ -78,6 +80,8 @@ class DevicePluginService:
         grants: GrantFile,
     ) -> None:
         self._config = config
+        self._bus = bus
+        self._clock = clock
         node = config.node
         changed = ChangeCounter()
         """Bumped by every change to the records or the commits an Allocate waits on."""
@@ -202,6 +206,32 @@ class DevicePluginService:
         """Mirror this node's ledger entry and read the claims of the pods recorded here."""
         await self._commits.follow()
 
+    async def answer_grants(self) -> None:
+        """Answer the binder's question of what this node granted (before it restores a lost
+        store), until cancelled."""
+        node = self._config.node
+        while True:
+            try:  # nats-py keeps a subscription across reconnects; only the first can fail
+                subscription = await self._bus.subscribe(
+                    subjects.grants(node), self._on_grants_request
+                )
+                break
+            except Exception as error:
+                log.warning("cannot answer what this node granted yet", extra={"error": str(error)})
+                await self._clock.sleep(1.0)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _on_grants_request(self, delivery: Delivery) -> None:
+        if not delivery.reply:
+            return
+        answer = self._grants.answer(self._config.node, self._inventory.inventory)
+        with contextlib.suppress(Exception):  # the asker gave up, or NATS is away
+            await self._bus.publish(delivery.reply, codec.encode(answer))
+
     async def keep_grants(self) -> None:
         """Keep the state file of grants written, forever."""
         await self._grants.keep()
@@ -265,6 +295,7 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
             group.create_task(service.follow_inventory(), name="inventory")
             group.create_task(service.follow_commits(), name="commits")
             group.create_task(service.keep_grants(), name="grants")
+            group.create_task(service.answer_grants(), name="grants-answers")
             group.create_task(link.run(), name="kubelet")
     finally:
         await finish(service.write_grants())

@@ -8,9 +8,13 @@ from collections import Counter
 
 from services.placer.core.facts import PodFacts
 from services.placer.core.model import NodeState
+from shared.capacity import GpuAsk, Models, NodeGpus, gpus_fit, never_fits
 
-Signature = tuple[int, int, tuple[tuple[str, int], ...]]
+Signature = tuple[int, int, NodeGpus]
 """A node's capacity when empty: CPU, memory, and (model, memory) of each GPU."""
+
+TOO_LARGE = "larger than any node can hold"
+"""How the reason of a pod too large for every node begins; the dimension follows."""
 
 
 def signature_of(node: NodeState) -> Signature:
@@ -62,17 +66,36 @@ class Capacities:
             del self._counts[signature]
 
     def too_large(self, pod: PodFacts) -> str:
-        """Why no known node could hold ``pod`` even with nothing on it; empty when one could."""
+        """Why no known node could hold ``pod`` even with nothing on it, naming the dimension
+        (CPU, memory, GPU model, MiB per GPU, GPU count); empty when one could."""
         if not self._counts:
             return ""
         request = pod.request
+        models = Models(wanted=request.gpu_models, excluded=request.gpu_models_excluded)
+        asks = [
+            GpuAsk(
+                container=ask.container,
+                shares=ask.shares,
+                memory_mib=ask.memory_mib,
+                memory_pct=ask.memory_pct,
+            )
+            for ask in pod.asks
+        ]
         for cpu, memory, gpus in self._counts:
-            if cpu < pod.cpu_milli or memory < pod.memory_mib:
-                continue
-            allowed = [mib for model, mib in gpus if request.allows_model(model)]
-            if all(
-                sum(1 for mib in allowed if ask.memory_on(mib) <= mib) >= ask.shares
-                for ask in pod.asks
-            ):
+            if cpu >= pod.cpu_milli and memory >= pod.memory_mib and gpus_fit(asks, gpus, models):
                 return ""
-        return "larger than any node can hold (CPU, memory, or GPUs of an allowed model)"
+        return f"{TOO_LARGE}: {self._dimension(pod, asks, models)}"
+
+    def _dimension(self, pod: PodFacts, asks: list[GpuAsk], models: Models) -> str:
+        """The first dimension no node has enough of."""
+        cpu = max(signature[0] for signature in self._counts)
+        if pod.cpu_milli > cpu:
+            return f"asks {pod.cpu_milli}m CPU; the largest node here has {cpu}m"
+        memory = max(signature[1] for signature in self._counts)
+        if pod.memory_mib > memory:
+            return f"asks {pod.memory_mib} MiB of memory; the largest node here has {memory} MiB"
+        gpus = never_fits(asks, {signature[2] for signature in self._counts}, models)
+        if gpus is not None:
+            within = f" (container {gpus.container!r})" if gpus.container else ""
+            return f"{gpus.problem}{within}"
+        return "no node here has the CPU, memory and GPUs it asks for all together"

@@ -11,27 +11,49 @@ the mutated pod):
   answer is a JSONPatch.
 - **validate** (``/validate``): a pod of Tessera's schedulers asking for Tessera resources is
   refused when Tessera could never place it as written, with exactly the one line the binder
-  would write on it (``shared.podspec``: the same parse, the same reasons).
+  would write on it (``shared.podspec``: the same parse, the same reasons); and when no node of
+  the cluster could ever hold its GPUs (``shared.capacity``, against each node's GPUs as the
+  inventories publish them: ``capacity.py``), with the number: "asks 200000 MiB per GPU; the
+  largest GPU here has 81920 MiB", "asks 9 GPUs; a node here has at most 4 GPUs"; and when
+  ``kubectl apply`` sent its ``tessera.dev/gpu-memory`` in thousandths (``2000m``: the API server
+  stores it as ``2``, but kubectl's last-applied annotation keeps the text).
+
+And on a pod's CREATE or UPDATE, whatever its scheduler: Tessera's own annotations
+(``tessera.dev/assignment``, ``bind-time``, ``assigned``) are written by Tessera only. A review
+that sets, changes or removes one is refused unless ``userInfo`` names the binder's identity
+(``AdmissionPolicy.binder_usernames``): a placement restored after NATS lost its store is read
+from ``tessera.dev/assignment``, so a pod's owner must not be able to point it at another GPU.
 
 Pods already bound (``spec.nodeName``), pods of other schedulers, pods asking for no Tessera
-resource and every other operation are allowed untouched. A body that is not an AdmissionReview
-v1 is a :class:`BadReview` (the shell answers 400 with its reason), never an exception.
+resource and every other operation are otherwise allowed untouched. A body that is not an
+AdmissionReview v1 is a :class:`BadReview` (the shell answers 400 with its reason), never an
+exception.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Collection
 from typing import Any, Final, Literal
 
 import msgspec
 
 from shared import annotations as names
+from shared.capacity import GpuAsk, Models, NodeGpus, never_fits
 from shared.kubeobjects import Container, Pod
-from shared.podspec import InvalidPod, parse_pending, requests_tessera
+from shared.messages.pods import PodPending
+from shared.podspec import (
+    FieldError,
+    InvalidPod,
+    gpu_memory_problem,
+    parse_pending,
+    requests_tessera,
+)
 
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 DEFAULT_SCHEDULER: Final = "default-scheduler"
+LAST_APPLIED: Final = "kubectl.kubernetes.io/last-applied-configuration"
 SLICE_RESOURCES: Final = names.RESOURCES[1:]
 """Resources that give a slice of a share (memory, memory percentage, cores)."""
 
@@ -47,12 +69,21 @@ class AdmissionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """Schedulers that ask Tessera's extender: their pods keep their scheduler name."""
     default_gpu_shares: bool = True
     """A container giving a slice without ``tessera.dev/gpu`` gets one share."""
+    binder_usernames: tuple[str, ...] = ()
+    """The users that may write Tessera's annotations (the binder's service account)."""
 
 
 class GroupVersionResource(msgspec.Struct, frozen=True, kw_only=True):
     group: str = ""
     version: str = ""
     resource: str = ""
+
+
+class UserInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Who asks, as the API server authenticated them."""
+
+    username: str = ""
+    groups: tuple[str, ...] = ()
 
 
 class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -63,8 +94,21 @@ class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"
     sub_resource: str = ""
     namespace: str = ""
     operation: str = ""
+    user_info: UserInfo = UserInfo()
     object: msgspec.Raw = msgspec.Raw()
     """The pod, kept undecoded until a review needs it (empty when absent)."""
+    old_object: msgspec.Raw = msgspec.Raw()
+    """The pod an UPDATE replaces (empty when absent)."""
+
+
+class _Metadata(msgspec.Struct, frozen=True, kw_only=True):
+    annotations: dict[str, str] | None = None
+
+
+class _Annotated(msgspec.Struct, frozen=True, kw_only=True):
+    """An object's annotations, whatever else it holds."""
+
+    metadata: _Metadata = _Metadata()
 
 
 class AdmissionReview(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -148,6 +192,50 @@ def _reviewed_pod(request: AdmissionRequest) -> Pod | BadReview | None:
         return BadReview(reason=f"request.object is not a pod: {error}")
 
 
+def _written(raw: msgspec.Raw) -> dict[str, str] | BadReview:
+    """Tessera's own annotations on an object of a review (none when it is absent)."""
+    if not raw or bytes(raw) == b"null":
+        return {}
+    try:
+        annotations = msgspec.json.decode(raw, type=_Annotated).metadata.annotations or {}
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        return BadReview(reason=f"the pod of the review has no readable annotations: {error}")
+    return {key: annotations[key] for key in names.WRITTEN if key in annotations}
+
+
+def _annotations_refused(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadReview:
+    """A pod's CREATE or UPDATE that sets, changes or removes Tessera's own annotations, refused
+    unless the binder asks (see the module docstring); allowed otherwise."""
+    resource = request.resource
+    if (
+        request.operation not in ("CREATE", "UPDATE")
+        or (resource.group, resource.resource) != ("", "pods")
+        or request.sub_resource
+    ):
+        return _allowed(request)
+    new = _written(request.object)
+    old = _written(request.old_object) if request.operation == "UPDATE" else {}
+    if isinstance(new, BadReview):
+        return new
+    if isinstance(old, BadReview):
+        return old
+    changed = [key for key in names.WRITTEN if new.get(key) != old.get(key)]
+    user = request.user_info.username
+    if not changed or user in policy.binder_usernames:
+        return _allowed(request)
+    fields = [f"metadata.annotations[{key}]" for key in changed]
+    writers = ", ".join(policy.binder_usernames) or "none configured"
+    message = (
+        f"{', '.join(fields)}: written by Tessera only (its binder: {writers}); "
+        f"user {user or '(unknown)'!r} may not set, change or remove "
+        f"{'it' if len(changed) == 1 else 'them'}"
+    )
+    response = AdmissionResponse(
+        uid=request.uid, allowed=False, status=Status(code=403, reason="Forbidden", message=message)
+    )
+    return Review(answer=ReviewAnswer(response=response), outcome="denied", reasons=tuple(fields))
+
+
 def _allowed(request: AdmissionRequest) -> Review:
     return Review(
         answer=ReviewAnswer(response=AdmissionResponse(uid=request.uid, allowed=True)),
@@ -219,23 +307,120 @@ def mutate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadRe
     return Review(answer=ReviewAnswer(response=response), outcome="mutated", reasons=tuple(changes))
 
 
-def validate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadReview:
-    """The validating review (see the module docstring)."""
+def _never_fits(pod: Pod, pending: PodPending, cluster: Collection[NodeGpus]) -> InvalidPod | None:
+    """The pod as invalid when no node of ``cluster`` could ever hold its GPUs."""
+    asks = [
+        GpuAsk(
+            container=c.name,
+            shares=c.gpu_shares,
+            memory_mib=c.gpu_memory_mib,
+            memory_pct=c.gpu_memory_pct,
+        )
+        for c in pending.containers
+    ]
+    hints = pending.hints
+    found = never_fits(
+        asks, cluster, Models(wanted=hints.gpu_models, excluded=hints.gpu_models_excluded)
+    )
+    if found is None:
+        return None
+    field = "spec.containers"
+    index = next((i for i, c in enumerate(pod.spec.containers) if c.name == found.container), -1)
+    if index >= 0 and found.resource:
+        field = (
+            f"spec.containers[{index}].resources.limits[{found.resource}] "
+            f"(container {found.container!r})"
+        )
+    elif hints.gpu_models or hints.gpu_models_excluded:
+        hint = names.GPU_MODEL if hints.gpu_models else names.GPU_MODEL_EXCLUDE
+        field = f"metadata.annotations[{hint}]"
+    return InvalidPod(
+        uid=pending.uid,
+        namespace=pending.namespace,
+        name=pending.name,
+        errors=(FieldError(field=field, problem=found.problem),),
+    )
+
+
+class _AppliedResources(msgspec.Struct, frozen=True, kw_only=True):
+    limits: dict[str, Any] | None = None
+    requests: dict[str, Any] | None = None
+
+
+class _AppliedContainer(msgspec.Struct, frozen=True, kw_only=True):
+    name: str = ""
+    resources: _AppliedResources = _AppliedResources()
+
+
+class _AppliedSpec(msgspec.Struct, frozen=True, kw_only=True):
+    containers: tuple[_AppliedContainer, ...] = ()
+
+
+class _Applied(msgspec.Struct, frozen=True, kw_only=True):
+    spec: _AppliedSpec = _AppliedSpec()
+
+
+def _as_applied(pod: Pod) -> InvalidPod | None:
+    """``tessera.dev/gpu-memory`` as ``kubectl apply`` sent it, when that is refused.
+
+    The API server stores quantities in their canonical form before any webhook sees them
+    (``2000m`` becomes ``2``): only the text kubectl keeps in its last-applied annotation still
+    says the user wrote thousandths."""
+    applied_text = (pod.metadata.annotations or {}).get(LAST_APPLIED)
+    if not applied_text:
+        return None
+    try:
+        applied = msgspec.json.decode(applied_text, type=_Applied)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None  # not ours to judge: the pod itself is what is placed
+    errors = []
+    for index, container in enumerate(applied.spec.containers):
+        for section in ("limits", "requests"):
+            value = (getattr(container.resources, section) or {}).get(names.GPU_MEMORY)
+            problem = gpu_memory_problem(value) if value is not None else None
+            if problem:
+                errors.append(
+                    FieldError(
+                        field=f"spec.containers[{index}].resources.{section}[{names.GPU_MEMORY}] "
+                        f"(container {container.name!r})",
+                        problem=problem,
+                    )
+                )
+                break
+    meta = pod.metadata
+    if not errors:
+        return None
+    return InvalidPod(uid=meta.uid, namespace=meta.namespace, name=meta.name, errors=tuple(errors))
+
+
+def validate(
+    request: AdmissionRequest, policy: AdmissionPolicy, cluster: Collection[NodeGpus] = ()
+) -> Review | BadReview:
+    """The validating review (see the module docstring); ``cluster``: each node's GPUs (none
+    known: nothing is judged against the cluster)."""
+    refused = _annotations_refused(request, policy)
+    if isinstance(refused, BadReview) or refused.outcome == "denied":
+        return refused
     pod = _reviewed_pod(request)
     if pod is None or isinstance(pod, BadReview):
         return pod or _allowed(request)
     if pod.spec.node_name or not _tessera_scheduled(pod, policy) or not requests_tessera(pod):
         return _allowed(request)
     parsed = parse_pending(pod)
-    if not isinstance(parsed, InvalidPod):
+    invalid = (
+        parsed
+        if isinstance(parsed, InvalidPod)
+        else _as_applied(pod) or _never_fits(pod, parsed, cluster)
+    )
+    if invalid is None:
         return _allowed(request)
     response = AdmissionResponse(
         uid=request.uid,
         allowed=False,
-        status=Status(code=422, reason="Invalid", message=parsed.reason),
+        status=Status(code=422, reason="Invalid", message=invalid.reason),
     )
     return Review(
         answer=ReviewAnswer(response=response),
         outcome="denied",
-        reasons=tuple(error.field for error in parsed.errors),
+        reasons=tuple(error.field for error in invalid.errors),
     )

@@ -2,10 +2,13 @@
 (``admission.py``), ``/healthz``, ``/readyz`` and ``/metrics`` on the HTTP port as every service,
 and the serving certificate read again whenever its files change (a rotated Secret).
 
-No NATS: everything a review decides is in the pod. A body that is not an AdmissionReview v1 is
+Everything a review decides is in the pod and in what the webhook knows of the cluster's GPUs,
+which it follows from the inventories on NATS, read-only (``inventory.py``; none with an empty
+``--nats-url``). Admission never waits for NATS, and ``/readyz`` does not depend on it: without
+it, the webhook judges nothing against the cluster. A body that is not an AdmissionReview v1 is
 answered 400 with the reason; the API server then applies the webhook's ``failurePolicy``.
-Exit codes: 0 after SIGTERM or SIGINT; 2 when a port cannot be bound or the certificate cannot
-be loaded (one line names the setting).
+Exit codes: 0 after SIGTERM or SIGINT; 2 when a port cannot be bound, the certificate cannot be
+loaded or a NATS credential file cannot be read (one line names the setting).
 """
 
 from __future__ import annotations
@@ -34,20 +37,22 @@ from services.webhook.admission import (
     read_review,
     validate,
 )
+from services.webhook.capacity import ClusterGpus
+from services.webhook.inventory import InventoryMetrics, follow_inventories
 from services.webhook.settings import WebhookSettings
-from shared.config import option
+from shared.config import ConfigError, nats_security, option, url_secrets
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.health import HealthServer, Readiness
-from shared.runtime.logs import configure_logging
+from shared.runtime.logs import Redactor, configure_logging
 from shared.runtime.metrics import register_runtime_metrics
+from shared.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
 NAME: Final = "webhook"
 MAX_BODY_BYTES: Final = 8 * 2**20
 """An AdmissionReview of the largest pod the API server accepts (about 1.5 MiB) fits easily."""
-Reviewer = Callable[[AdmissionRequest, AdmissionPolicy], Review | BadReview]
-REVIEWERS: Final[dict[str, Reviewer]] = {"mutate": mutate, "validate": validate}
+WEBHOOKS: Final = ("mutate", "validate")
 
 
 @dataclass(frozen=True)
@@ -113,15 +118,23 @@ class Certificate:
 class AdmissionApp:
     """The HTTPS side: one POST route per review."""
 
-    def __init__(self, *, policy: AdmissionPolicy, metrics: WebhookMetrics) -> None:
+    def __init__(
+        self, *, policy: AdmissionPolicy, metrics: WebhookMetrics, cluster: ClusterGpus
+    ) -> None:
         self._policy = policy
         self._metrics = metrics
+        self._cluster = cluster
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
-        for webhook in REVIEWERS:
+        for webhook in WEBHOOKS:
             app.router.add_post(f"/{webhook}", self._handler(webhook))
         return app
+
+    def _reviewed(self, webhook: str, request: AdmissionRequest) -> Review | BadReview:
+        if webhook == "mutate":
+            return mutate(request, self._policy)
+        return validate(request, self._policy, self._cluster.nodes())
 
     def _handler(self, webhook: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
@@ -135,9 +148,7 @@ class AdmissionApp:
 
     async def _review(self, webhook: str, body: bytes) -> web.Response:
         request = read_review(body)
-        review = (
-            request if isinstance(request, BadReview) else REVIEWERS[webhook](request, self._policy)
-        )
+        review = request if isinstance(request, BadReview) else self._reviewed(webhook, request)
         if isinstance(review, BadReview):
             self._metrics.reviews.labels(webhook=webhook, outcome="bad_request").inc()
             log.warning("bad AdmissionReview", extra={"webhook": webhook, "reason": review.reason})
@@ -164,6 +175,7 @@ def policy_of(settings: WebhookSettings) -> AdmissionPolicy:
         scheduler_name=settings.scheduler_name,
         extender_scheduler_names=settings.extender_scheduler_names,
         default_gpu_shares=settings.default_gpu_shares,
+        binder_usernames=settings.binder_usernames,
     )
 
 
@@ -175,7 +187,16 @@ async def run_webhook(
     registry: CollectorRegistry | None = None,
 ) -> int:
     """Serve until a signal (or ``stop``); the exit code."""
-    configure_logging(service=NAME, level=settings.log_level, fmt=settings.log_format)
+    try:
+        security = nats_security(settings)
+    except ConfigError as error:
+        configure_logging(service=NAME, level=settings.log_level, fmt=settings.log_format)
+        log.error(str(error))
+        return EXIT_CONFIG_ERROR
+    redact = Redactor((*security.secrets, *url_secrets(settings.nats_url)))
+    configure_logging(
+        service=NAME, level=settings.log_level, fmt=settings.log_format, redact=redact
+    )
     stop = stop or asyncio.Event()
     readiness = readiness or Readiness()
     registry = registry or CollectorRegistry()
@@ -191,8 +212,11 @@ async def run_webhook(
         return EXIT_CONFIG_ERROR
     readiness.set("https", False, "starting")
     health = HealthServer(readiness=readiness, registry=registry, service=NAME)
+    cluster = ClusterGpus()
     admission = web.AppRunner(
-        AdmissionApp(policy=policy_of(settings), metrics=WebhookMetrics.create(registry)).app(),
+        AdmissionApp(
+            policy=policy_of(settings), metrics=WebhookMetrics.create(registry), cluster=cluster
+        ).app(),
         access_log=None,
     )
     await admission.setup()
@@ -215,6 +239,14 @@ async def run_webhook(
     tls_port = int(sockets[0].getsockname()[1]) if sockets else settings.tls_port
     log.info("service starting", extra={"http_port": port, "tls_port": tls_port})
     readiness.set("https", True, f"serving /mutate and /validate on port {tls_port}")
+    follower = (
+        asyncio.create_task(
+            follow_inventories(settings, security, cluster, InventoryMetrics.create(registry)),
+            name="webhook-inventories",
+        )
+        if settings.nats_url
+        else None
+    )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -228,6 +260,8 @@ async def run_webhook(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         readiness.set("https", False, "stopping")
+        if follower is not None:
+            await cancel_and_wait(follower)
         await admission.cleanup()
         await health.stop()
         log.info("service stopped")

@@ -6,11 +6,12 @@ from typing import Annotated
 
 import msgspec
 
-from shared.config import ProcessSettings
+from shared.config import Settings
 
 
-class WebhookSettings(ProcessSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Admission webhook settings (it needs no NATS: everything it decides is in the pod)."""
+class WebhookSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Admission webhook settings. NATS only to read the inventories (the cluster's GPUs); an
+    empty --nats-url reads none, and the webhook then judges no pod against the cluster."""
 
     tls_cert_file: Annotated[
         str,
@@ -53,6 +54,14 @@ class WebhookSettings(ProcessSettings, frozen=True, kw_only=True, forbid_unknown
             "list default-scheduler here when the main kube-scheduler runs the extender"
         ),
     ] = ()
+    binder_usernames: Annotated[
+        tuple[str, ...],
+        msgspec.Meta(
+            description="the Kubernetes users that may write Tessera's own pod annotations "
+            "(tessera.dev/assignment, bind-time, assigned): the binder's service account; a "
+            "pod create or update by anyone else that sets, changes or removes one is refused"
+        ),
+    ] = ("system:serviceaccount:tessera-system:tessera-binder",)
     default_gpu_shares: Annotated[
         bool,
         msgspec.Meta(

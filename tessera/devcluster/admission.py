@@ -1,11 +1,13 @@
-"""Dynamic admission as the API server does it: the registered webhooks called on a create.
+"""Dynamic admission as the API server does it: the registered webhooks called on a write.
 
-For a pod created over HTTP, :class:`AdmissionChain` calls every matching webhook of every
-``MutatingWebhookConfiguration`` (configurations by name, webhooks in order), applying each one's
-JSONPatch to the pod the next one sees, then every matching ``ValidatingWebhookConfiguration``
-webhook on the result. Each call is an ``admission.k8s.io/v1`` AdmissionReview POSTed over HTTPS
-to ``clientConfig.url``, the server certificate verified against ``clientConfig.caBundle``, within
-``timeoutSeconds`` (10). What the API server does with the answers, this does too:
+For an object created or changed (PUT, PATCH) over HTTP, :class:`AdmissionChain` calls every
+matching webhook of every ``MutatingWebhookConfiguration`` (configurations by name, webhooks in
+order), applying each one's JSONPatch to the object the next one sees, then every matching
+``ValidatingWebhookConfiguration`` webhook on the result. The review carries who asks
+(``userInfo``: the user the request authenticated as) and, on an UPDATE, the ``oldObject``. Each
+call is an ``admission.k8s.io/v1`` AdmissionReview POSTed over HTTPS to ``clientConfig.url``, the
+server certificate verified against ``clientConfig.caBundle``, within ``timeoutSeconds`` (10).
+What the API server does with the answers, this does too:
 
 - a refusal is an error to the client: ``admission webhook "NAME" denied the request: MESSAGE``
   with the webhook's status code (at least 400) and reason;
@@ -29,6 +31,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, Literal
 
 import aiohttp
@@ -43,6 +46,19 @@ DEFAULT_TIMEOUT_S: Final = 10
 REVIEW_VERSION: Final = "admission.k8s.io/v1"
 
 Phase = Literal["mutating", "validating"]
+
+
+@dataclass(frozen=True)
+class Review:
+    """What an AdmissionReview says besides the object: what is asked, where, and by whom."""
+
+    resource: ResourceType
+    namespace: str
+    operation: str
+    user: Obj
+    """``userInfo``: username and groups of the authenticated client."""
+    old: Obj | None
+    """``oldObject``: the object an UPDATE replaces (None on a CREATE)."""
 
 
 class CallError(Exception):
@@ -111,10 +127,13 @@ class AdmissionChain:
         *,
         namespace: str,
         namespace_labels: dict[str, str],
+        user: Obj,
         operation: str = "CREATE",
+        old: Obj | None = None,
     ) -> Obj:
         """``obj`` after every matching webhook of ``phase`` (mutated when mutating); ApiError
-        when one refuses it or cannot be called under ``failurePolicy: Fail``."""
+        when one refuses it or cannot be called under ``failurePolicy: Fail``. ``user`` is the
+        review's ``userInfo`` (who asks); ``old`` the object an UPDATE replaces."""
         labels = (obj.get("metadata") or {}).get("labels") or {}
         for configuration in sorted(
             self._configurations(phase), key=lambda c: c["metadata"]["name"]
@@ -124,14 +143,12 @@ class AdmissionChain:
                     hook, namespace_labels, labels
                 ):
                     continue
-                obj = await self._call(phase, hook, resource, obj, namespace, operation)
+                review = Review(resource, namespace, operation, user, old)
+                obj = await self._call(phase, hook, review, obj)
         return obj
 
-    async def _call(
-        self, phase: Phase, hook: Obj, resource: ResourceType, obj: Obj, namespace: str,
-        operation: str,
-    ) -> Obj:  # fmt: skip
-        name = hook["name"]
+    async def _call(self, phase: Phase, hook: Obj, asked: Review, obj: Obj) -> Obj:
+        name, resource, operation = hook["name"], asked.resource, asked.operation
         uid = str(uuid.uuid4())
         gvk = {"group": resource.group, "version": resource.version, "kind": resource.kind}
         gvr = {"group": resource.group, "version": resource.version, "resource": resource.plural}
@@ -145,13 +162,16 @@ class AdmissionChain:
                 "requestKind": gvk,
                 "requestResource": gvr,
                 "name": (obj.get("metadata") or {}).get("name", ""),
-                "namespace": namespace,
+                "namespace": asked.namespace,
                 "operation": operation,
-                "userInfo": {"username": "tessera-dev"},
+                "userInfo": asked.user,
                 "object": obj,
-                "oldObject": None,
+                "oldObject": asked.old,
                 "dryRun": False,
-                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+                "options": {
+                    "apiVersion": "meta.k8s.io/v1",
+                    "kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions",
+                },
             },
         }
         try:

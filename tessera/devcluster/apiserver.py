@@ -1,8 +1,16 @@
 """A Kubernetes API test double over aiohttp, faithful for every endpoint Tessera uses.
 
-Real clients (kubernetes-asyncio in the binder, later kubectl) talk to it over HTTP exactly as to
+Real clients (kubernetes-asyncio in the binder, kubectl, helm) talk to it over HTTP exactly as to
 a kube-apiserver: ``async with ApiServer() as api:`` listens on a free loopback port, ``api.url``
 is the server, :meth:`ApiServer.write_kubeconfig` writes a kubeconfig with a bearer token for it.
+
+Who asks: each request authenticates as a user by its bearer token, as a kube-apiserver's token
+authenticator does: ``token`` is an admin's (``system:masters``), :meth:`ApiServer.add_user` makes
+a token for any other user (a service account's ``system:serviceaccount:NS:NAME``), an unknown
+token is 401, and a request without one is ``system:anonymous`` when the server has no admin
+token, else 401. The user is the ``userInfo`` of the admission reviews a write causes. kubectl
+and helm send a token only over HTTPS: ``ApiServer(tls=True)`` serves HTTPS with a CA made for it
+(in the kubeconfigs it writes).
 
 What it serves (``resources.RESOURCES``): pods (with ``/status`` and ``/binding``), nodes (with
 ``/status``), namespaces (created implicitly by the first object in them), coordination.k8s.io/v1
@@ -32,7 +40,9 @@ decoded by their strict 1.37 schemas (``schema.py``). For each:
 - pods/log: a container's log from the simulated kubelet of the pod's node (``pod_logs``).
 
 Boolean query parameters are accepted as ``true``, ``True`` and ``1`` (kubernetes-asyncio sends
-``True``). Every answer that is not a success is a ``metav1.Status``.
+``True``). Every answer that is not a success is a ``metav1.Status``; a 422 carries each field
+error in ``details.causes`` (reason, message, field), which kubectl prints. A create body may be
+JSON or, for the kinds kubectl's ``create`` generators send that way, protobuf (``protobuf.py``).
 
 Faults for tests (:class:`Faults`): fail a verb on a resource with a status code, delay it, or
 reset the connection, N times or until cleared; :meth:`ApiServer.drop_watches` ends open watches
@@ -44,15 +54,20 @@ Run it by hand: ``python -m tessera.devcluster.apiserver --port 6443 --kubeconfi
 This module puts the double together and runs it; the parts: ``objects.py`` (the operations on
 objects, in process), ``rest.py`` (the HTTP front), ``controls.py`` (faults and the journal of
 writes), ``store.py`` (storage, resource versions, watches), ``patches.py`` (patch semantics),
-``resources.py`` (the types, their defaults and validation), ``admission.py`` (webhooks).
+``resources.py`` (the types, their defaults and validation), ``admission.py`` (webhooks),
+``protobuf.py`` (protobuf request bodies).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
+import secrets
+import ssl
+import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -63,12 +78,40 @@ from typing import Final
 
 from aiohttp import web
 
+from tessera.devcluster.certs import make_serving_certificate
 from tessera.devcluster.controls import Faults, Write
-from tessera.devcluster.objects import DEFAULT_NAMESPACES, ApiObjects
+from tessera.devcluster.objects import ADMIN_INFO, DEFAULT_NAMESPACES, ApiObjects
 from tessera.devcluster.resources import Obj, ResourceType
 from tessera.devcluster.rest import RestFront
 
 DEFAULT_TOKEN: Final = "tessera-dev-token"
+
+
+@dataclass(frozen=True)
+class User:
+    """Who a request authenticated as."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+    authenticated: bool = True
+
+    def info(self) -> Obj:
+        """As an AdmissionReview's ``userInfo`` (every authenticated user is in
+        ``system:authenticated``, as the API server adds it)."""
+        groups = [*self.groups, "system:authenticated"] if self.authenticated else [*self.groups]
+        return {"username": self.name, "groups": groups}
+
+
+ADMIN: Final = User(ADMIN_INFO["username"], tuple(ADMIN_INFO["groups"]))
+ANONYMOUS: Final = User("system:anonymous", ("system:unauthenticated",), authenticated=False)
+
+
+def service_account(namespace: str, name: str) -> User:
+    """A service account's user, as its token authenticates."""
+    return User(
+        f"system:serviceaccount:{namespace}:{name}",
+        ("system:serviceaccounts", f"system:serviceaccounts:{namespace}"),
+    )
 
 
 class ApiServer(ApiObjects):
@@ -78,6 +121,7 @@ class ApiServer(ApiObjects):
         self,
         *,
         token: str = DEFAULT_TOKEN,
+        tls: bool = False,
         bookmark_interval_s: float = 1.0,
         graceful_deletion: bool = False,
         history_limit: int = 20_000,
@@ -88,6 +132,12 @@ class ApiServer(ApiObjects):
             graceful_deletion=graceful_deletion, history_limit=history_limit, clock=clock
         )
         self.token = token
+        self.users: dict[str, User] = {token: ADMIN} if token else {}
+        """Bearer token -> the user it authenticates."""
+        self.tls = tls
+        self.ca_pem = b""
+        """The CA of the serving certificate (HTTPS only)."""
+        self._certs: tempfile.TemporaryDirectory[str] | None = None
         self.bookmark_interval_s = bookmark_interval_s
         self.faults = Faults()
         self.writes: deque[Write] = deque(maxlen=journal_limit)
@@ -110,15 +160,26 @@ class ApiServer(ApiObjects):
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Listen; returns the server URL (``http://host:port``)."""
+        """Listen; returns the server URL (``http://host:port``, ``https://`` with ``tls``)."""
+        context = self._serving_context(host) if self.tls else None
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=context)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []
         bound = int(sockets[0].getsockname()[1]) if sockets else port
-        self.url = f"http://{host}:{bound}"
+        self.url = f"{'https' if context else 'http'}://{host}:{bound}"
         return self.url
+
+    def _serving_context(self, host: str) -> ssl.SSLContext:
+        self._certs = tempfile.TemporaryDirectory(prefix="tessera-api-")
+        certificate = make_serving_certificate(
+            Path(self._certs.name), [host, "localhost"], ca_name="tessera-api-double-ca"
+        )
+        self.ca_pem = certificate.ca_pem
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(certificate.cert_file, certificate.key_file)
+        return context
 
     async def stop(self) -> None:
         await self.admission.close()
@@ -126,6 +187,26 @@ class ApiServer(ApiObjects):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._certs is not None:
+            self._certs.cleanup()
+            self._certs = None
+
+    # --- who asks -------------------------------------------------------------------------------
+
+    def add_user(self, user: User) -> str:
+        """A new bearer token that authenticates as ``user``."""
+        token = secrets.token_urlsafe(24)
+        self.users[token] = user
+        return token
+
+    def authenticate(self, authorization: str | None) -> User | None:
+        """The user of a request's ``Authorization`` header; None when it is refused (401)."""
+        if not authorization:
+            return ANONYMOUS if not self.token else None
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        return self.users.get(token.strip())
 
     async def __aenter__(self) -> ApiServer:
         await self.start()
@@ -139,9 +220,18 @@ class ApiServer(ApiObjects):
     ) -> None:
         await self.stop()
 
-    def write_kubeconfig(self, path: str | Path, *, namespace: str = "default") -> Path:
-        """Write a kubeconfig (JSON, which is YAML) that reaches this server with its token."""
-        return write_kubeconfig(path, server=self.url, token=self.token, namespace=namespace)
+    def write_kubeconfig(
+        self, path: str | Path, *, namespace: str = "default", token: str | None = None
+    ) -> Path:
+        """Write a kubeconfig (JSON, which is YAML) that reaches this server with ``token``
+        (default: the admin's), trusting its CA over HTTPS."""
+        return write_kubeconfig(
+            path,
+            server=self.url,
+            token=self.token if token is None else token,
+            namespace=namespace,
+            ca_pem=self.ca_pem,
+        )
 
     # --- test controls --------------------------------------------------------------------------
 
@@ -170,12 +260,17 @@ def write_kubeconfig(
     token: str,
     namespace: str = "default",
     name: str = "tessera-dev",
+    ca_pem: bytes = b"",
 ) -> Path:
-    """Write a kubeconfig for ``server`` with a bearer ``token``; returns the path."""
+    """Write a kubeconfig for ``server`` with a bearer ``token`` (trusting ``ca_pem`` for an
+    HTTPS server); returns the path."""
+    cluster: Obj = {"server": server}
+    if ca_pem:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": server}}],
+        "clusters": [{"name": name, "cluster": cluster}],
         "users": [{"name": name, "user": {"token": token} if token else {}}],
         "contexts": [
             {"name": name, "context": {"cluster": name, "user": name, "namespace": namespace}}

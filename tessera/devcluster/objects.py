@@ -6,6 +6,7 @@ front (``rest.py``) calls these, and tests and simulated components call them di
 
 from __future__ import annotations
 
+import functools
 import random
 import string
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from tessera.devcluster.resources import (
 from tessera.devcluster.store import Key, Store
 
 DEFAULT_NAMESPACES: Final = ("default", "kube-system")
+ADMIN_INFO: Final[Obj] = {"username": "tessera-dev", "groups": ["system:masters"]}
+"""The ``userInfo`` of a write made in process (tests, simulated components): an admin."""
 NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 """The label the API server gives every namespace (webhooks' namespaceSelector keys on it)."""
 
@@ -79,9 +82,12 @@ class ApiObjects:
         prepared, namespace = self._prepare_create(resource, obj, namespace)
         return self._store_created(resource, prepared, namespace)
 
-    async def create_admitted(self, resource: ResourceType, obj: Obj, namespace: str = "") -> Obj:
+    async def create_admitted(
+        self, resource: ResourceType, obj: Obj, namespace: str = "", *, user: Obj = ADMIN_INFO
+    ) -> Obj:
         """Create ``obj`` as a client's create over HTTP is: defaults, the mutating admission
-        webhooks, validation, the validating webhooks (``admission.py``), then stored."""
+        webhooks, validation, the validating webhooks (``admission.py``), then stored.
+        ``user``: the review's ``userInfo``."""
         meta = obj.get("metadata") or {}
         if resource.namespaced:
             namespace = namespace or meta.get("namespace") or "default"
@@ -90,13 +96,92 @@ class ApiObjects:
         self._decode(resource, defaulted)
         resource.defaults(defaulted, self.clock())  # the API server defaults when it decodes
         mutated = await self.admission.admit(
-            "mutating", resource, defaulted, namespace=namespace, namespace_labels=labels
+            "mutating", resource, defaulted, namespace=namespace, namespace_labels=labels, user=user
         )
         prepared, namespace = self._prepare_create(resource, mutated, namespace)
         await self.admission.admit(
-            "validating", resource, prepared, namespace=namespace, namespace_labels=labels
+            "validating",
+            resource,
+            prepared,
+            namespace=namespace,
+            namespace_labels=labels,
+            user=user,
         )
+        # Another create of the name may have been stored while the webhooks were called.
+        self._refuse_existing(resource, namespace, prepared["metadata"]["name"])
         return self._store_created(resource, prepared, namespace)
+
+    async def update_admitted(
+        self,
+        resource: ResourceType,
+        namespace: str,
+        name: str,
+        obj: Obj,
+        subresource: str = "",
+        *,
+        user: Obj = ADMIN_INFO,
+    ) -> Obj:
+        """:meth:`update` as a client's PUT over HTTP is: through the admission webhooks."""
+        return await self._replace_admitted(
+            resource,
+            (namespace, name),
+            lambda current: self._updated(current, obj),
+            subresource,
+            user,
+        )
+
+    async def patch_admitted(
+        self,
+        resource: ResourceType,
+        namespace: str,
+        name: str,
+        patch: Any,
+        content_type: str,
+        subresource: str = "",
+        *,
+        user: Obj = ADMIN_INFO,
+    ) -> Obj:
+        """:meth:`patch` as a client's PATCH over HTTP is: through the admission webhooks."""
+        return await self._replace_admitted(
+            resource,
+            (namespace, name),
+            lambda current: self._patched(resource, current, patch, content_type),
+            subresource,
+            user,
+        )
+
+    async def _replace_admitted(
+        self,
+        resource: ResourceType,
+        key: tuple[str, str],
+        change: Callable[[Obj], Obj],
+        subresource: str,
+        user: Obj,
+    ) -> Obj:
+        """An UPDATE of the main resource meets the mutating webhooks, then validation, then
+        the validating webhooks (a subresource, such as pods/status, meets none: webhooks name
+        ``pods``, not ``pods/status``). The object may change while the webhooks are called (a
+        kubelet's status): as the API server's ``GuaranteedUpdate``, the change is then made
+        again on the new object and admitted again, never written over it."""
+        namespace, name = key
+        while True:
+            current = self.get(resource, namespace, name)
+            new = change(current)
+            if subresource:
+                return self._replace(resource, current, new, subresource)
+            admit = functools.partial(
+                self.admission.admit,
+                namespace=namespace,
+                namespace_labels=self._namespace_labels(namespace),
+                user=user,
+                operation="UPDATE",
+                old=current,
+            )
+            mutated = await admit("mutating", resource, new)
+            replacement = self._replacement(resource, current, mutated, subresource)
+            await admit("validating", resource, replacement)
+            if self.get(resource, namespace, name) is current:
+                return self._store_replaced(resource, current, replacement)
 
     def _namespace_labels(self, namespace: str) -> dict[str, str]:
         found = self.store.get(NAMESPACE, ("", namespace)) if namespace else None
@@ -145,16 +230,7 @@ class ApiObjects:
                     "lower case alphanumeric characters, '-' or '.'"
                 ],
             )
-        key = self._key(resource, namespace, name)
-        if self.store.get(resource, key) is not None:
-            raise ApiError(
-                409,
-                "AlreadyExists",
-                f'{resource.plural}{"." + resource.group if resource.group else ""} "{name}" '
-                "already exists",
-                kind=resource.plural,
-                name=name,
-            )
+        self._refuse_existing(resource, namespace, name)
         now = self.clock()
         missing = self._decode(resource, obj)
         obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
@@ -183,18 +259,32 @@ class ApiObjects:
             )
         return decoded.missing
 
+    def _refuse_existing(self, resource: ResourceType, namespace: str, name: str) -> None:
+        if self.store.get(resource, self._key(resource, namespace, name)) is not None:
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{resource.plural}{"." + resource.group if resource.group else ""} "{name}" '
+                "already exists",
+                kind=resource.plural,
+                name=name,
+            )
+
     def update(
         self, resource: ResourceType, namespace: str, name: str, obj: Obj, subresource: str = ""
     ) -> Obj:
         """Replace the object (PUT): a ``metadata.resourceVersion`` must be the current one."""
         current = self.get(resource, namespace, name)
-        new = clone(obj)
+        return self._replace(resource, current, self._updated(current, obj), subresource)
+
+    def _updated(self, current: Obj, obj: Obj) -> Obj:
+        new: Obj = clone(obj)
         meta = new.setdefault("metadata", {})
-        if meta.get("name", name) != name:
+        if meta.get("name", current["metadata"]["name"]) != current["metadata"]["name"]:
             raise ApiError(
                 400, "BadRequest", "the name of the object does not match the name on the URL"
             )
-        return self._replace(resource, current, new, subresource)
+        return new
 
     def patch(
         self,
@@ -207,15 +297,36 @@ class ApiObjects:
     ) -> Obj:
         """Apply a patch of ``content_type`` to the object (or its status)."""
         current = self.get(resource, namespace, name)
+        patched = self._patched(resource, current, patch, content_type)
+        return self._replace(resource, current, patched, subresource)
+
+    def _patched(self, resource: ResourceType, current: Obj, patch: Any, content_type: str) -> Obj:
         try:
             patched = patches.apply_patch(resource.to_view(current), patch, content_type)
         except patches.PatchError as error:
             reason = {400: "BadRequest", 415: "UnsupportedMediaType"}.get(error.status, "Invalid")
             raise ApiError(error.status, reason, error.message) from None
         # A patch result shares untouched parts with the stored object: work on a copy.
-        return self._replace(resource, current, clone(resource.from_view(patched)), subresource)
+        copy: Obj = clone(resource.from_view(patched))
+        return copy
 
     def _replace(self, resource: ResourceType, current: Obj, new: Obj, subresource: str) -> Obj:
+        replacement = self._replacement(resource, current, new, subresource)
+        return self._store_replaced(resource, current, replacement)
+
+    def _store_replaced(self, resource: ResourceType, current: Obj, replacement: Obj) -> Obj:
+        if replacement == current:
+            return current  # a no-op write keeps the resourceVersion, as the API server does
+        meta = replacement["metadata"]
+        if _finished(current["metadata"], meta):
+            # The last finalizer of an object being deleted is gone: the delete completes.
+            key = self._key(resource, meta.get("namespace", ""), meta["name"])
+            self.store.delete(resource, key)
+            return replacement
+        return self.store.put(resource, replacement)
+
+    def _replacement(self, resource: ResourceType, current: Obj, new: Obj, subresource: str) -> Obj:
+        """``new`` checked (preconditions, immutable fields, validation) and ready to store."""
         name = current["metadata"]["name"]
         meta = new.setdefault("metadata", {})
         current_meta = current["metadata"]
@@ -248,13 +359,7 @@ class ApiObjects:
         if errors:
             raise invalid(resource.kind, name, errors)
         meta["resourceVersion"] = current_meta["resourceVersion"]
-        if new == current:
-            return current  # a no-op write keeps the resourceVersion, as the API server does
-        if _finished(current_meta, meta):
-            # The last finalizer of an object being deleted is gone: the delete completes.
-            self.store.delete(resource, self._key(resource, meta.get("namespace", ""), name))
-            return new
-        return self.store.put(resource, new)
+        return new
 
     def delete(
         self,

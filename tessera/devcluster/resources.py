@@ -13,6 +13,7 @@ events.k8s.io, as on a real cluster.
 
 from __future__ import annotations
 
+import base64
 import re
 import uuid
 from collections.abc import Callable
@@ -40,7 +41,14 @@ class ApiError(Exception):
     """An API failure, answered as a ``metav1.Status`` with the same code and reason."""
 
     def __init__(
-        self, code: int, reason: str, message: str, *, kind: str = "", name: str = ""
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        kind: str = "",
+        name: str = "",
+        causes: tuple[Obj, ...] = (),
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -48,6 +56,8 @@ class ApiError(Exception):
         self.message = message
         self.kind = kind
         self.name = name
+        self.causes = causes
+        """``details.causes``: one ``StatusCause`` (reason, message, field) per field error."""
 
     def status(self) -> Obj:
         details: Obj = {}
@@ -55,6 +65,8 @@ class ApiError(Exception):
             details["name"] = self.name
         if self.kind:
             details["kind"] = self.kind
+        if self.causes:
+            details["causes"] = list(self.causes)
         return {
             "kind": "Status",
             "apiVersion": "v1",
@@ -88,9 +100,38 @@ def conflict(plural: str, name: str, group: str = "", message: str = "") -> ApiE
     )
 
 
+_CAUSE_TYPES: Final = (
+    ("Invalid value", "FieldValueInvalid"),
+    ("Required value", "FieldValueRequired"),
+    ("Duplicate value", "FieldValueDuplicate"),
+    ("Unsupported value", "FieldValueNotSupported"),
+    ("Forbidden", "FieldValueForbidden"),
+    ("Too long", "FieldValueTooLong"),
+    ("Too many", "FieldValueTooMany"),
+    ("Not found", "FieldValueNotFound"),
+)
+"""``field.ErrorType`` as written in an error -> the ``CauseType`` of its ``StatusCause``."""
+
+
+def field_cause(error: str) -> Obj:
+    """A ``StatusCause`` of one field error written ``"field: Type: detail"``, as the API server
+    builds it from a ``field.Error``: the field, and the message without it."""
+    field, _, body = error.partition(": ")
+    if not body:
+        field, body = "", error
+    reason = next((cause for kind, cause in _CAUSE_TYPES if body.startswith(kind)), "")
+    return {"reason": reason or "FieldValueInvalid", "message": body, "field": field}
+
+
 def invalid(kind: str, name: str, causes: list[str]) -> ApiError:
+    """422 Invalid, with each field error as a cause (kubectl prints them from the causes)."""
     return ApiError(
-        422, "Invalid", f'{kind} "{name}" is invalid: {", ".join(causes)}', kind=kind, name=name
+        422,
+        "Invalid",
+        f'{kind} "{name}" is invalid: {", ".join(causes)}',
+        kind=kind,
+        name=name,
+        causes=tuple(field_cause(cause) for cause in causes),
     )
 
 
@@ -438,8 +479,25 @@ def _validate_lease(lease: Obj) -> list[str]:
 
 
 def _default_namespace(namespace: Obj, now: float) -> None:
+    meta = namespace.setdefault("metadata", {})
+    if meta.get("name"):  # the API server labels every namespace with its name
+        labels = meta.get("labels") or {}
+        meta["labels"] = {**labels, "kubernetes.io/metadata.name": meta["name"]}
     namespace.setdefault("spec", {"finalizers": ["kubernetes"]})
     namespace.setdefault("status", {"phase": "Active"})
+
+
+def _default_secret(secret: Obj, now: float) -> None:
+    """A Secret as the API server stores it: of type Opaque when none is given, and
+    ``stringData`` merged into ``data`` (base64), as its conversion does on every write."""
+    if not secret.get("type"):
+        secret["type"] = "Opaque"
+    written = secret.pop("stringData", None) or {}
+    if written:
+        data = dict(secret.get("data") or {})
+        for key, value in written.items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        secret["data"] = data
 
 
 # --- admission webhook configurations ---------------------------------------------------------
@@ -610,6 +668,7 @@ SECRET: Final = ResourceType(
     plural="secrets",
     kind="Secret",
     namespaced=True,
+    defaults=_default_secret,
 )
 STORED_ONLY: Final = tuple(
     ResourceType(group=group, version=version, plural=plural, kind=kind, namespaced=namespaced)

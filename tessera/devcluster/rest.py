@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 from aiohttp import web
 
-from tessera.devcluster import discovery, resources, schema
+from tessera.devcluster import discovery, protobuf, resources, schema
 from tessera.devcluster.controls import Write
 from tessera.devcluster.jsoncopy import clone
 from tessera.devcluster.resources import POD, ApiError, Obj, ResourceType
@@ -96,6 +96,7 @@ _TOP_LEVEL: Final = frozenset(
     | {"reportingController", "reportingInstance", "deprecatedSource", "deprecatedCount"}
     | {"deprecatedFirstTimestamp", "deprecatedLastTimestamp", "involvedObject", "message"}
     | {"source", "firstTimestamp", "lastTimestamp", "count", "reportingComponent"}
+    | {"data", "stringData", "binaryData", "immutable"}  # secrets and config maps
 )
 
 
@@ -146,7 +147,8 @@ class RestFront:
         self.api = api
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if self.api.token and request.headers.get("Authorization") != f"Bearer {self.api.token}":
+        user = self.api.authenticate(request.headers.get("Authorization"))
+        if user is None:
             return _error(ApiError(401, "Unauthorized", "Unauthorized"))
         document = discovery.discovery(request.path, request.host)
         if document is not None and request.method == "GET":
@@ -180,7 +182,7 @@ class RestFront:
         try:
             if verb == "watch":
                 return await self._watch(request, target)
-            return await self._dispatch(request, target, verb)
+            return await self._dispatch(request, target, verb, user.info())
         except ApiError as error:
             return _error(error)
 
@@ -202,12 +204,19 @@ class RestFront:
         raw = await request.read()
         if not raw:
             return None
+        if request.content_type == protobuf.CONTENT_TYPE:
+            try:
+                return protobuf.decode(raw)
+            except protobuf.ProtobufError as error:
+                raise ApiError(415, "UnsupportedMediaType", str(error)) from None
         try:
             return json.loads(raw)
         except ValueError as error:
             raise ApiError(400, "BadRequest", f"the request body is not JSON: {error}") from None
 
-    async def _dispatch(self, request: web.Request, target: Target, verb: str) -> web.Response:
+    async def _dispatch(
+        self, request: web.Request, target: Target, verb: str, user: Obj
+    ) -> web.Response:
         resource, namespace, name = target.resource, target.namespace, target.name
         if verb == "get" and target.subresource == "log":
             return self._log(request, self.api.get(resource, namespace, name))
@@ -241,7 +250,7 @@ class RestFront:
                 if request.query.get("fieldValidation") == "Strict":
                     _strict(resource, body)
                 result = await self.api.create_admitted(
-                    resource, resource.from_view(body), namespace
+                    resource, resource.from_view(body), namespace, user=user
                 )
                 code, answer = 201, resource.to_view(result)
             elif verb == "update":
@@ -249,16 +258,21 @@ class RestFront:
                     raise ApiError(400, "BadRequest", "the object must be a JSON object")
                 if request.query.get("fieldValidation") == "Strict" and resource.schema:
                     _strict(resource, body)
-                result = self.api.update(
-                    resource, namespace, name, resource.from_view(body), target.subresource
+                result = await self.api.update_admitted(
+                    resource,
+                    namespace,
+                    name,
+                    resource.from_view(body),
+                    target.subresource,
+                    user=user,
                 )
                 answer = resource.to_view(result)
             elif verb == "patch":
                 strict = request.query.get("fieldValidation") == "Strict"
                 if strict and resource.schema and not content_type.endswith("json-patch+json"):
                     _strict(resource, body)
-                result = self.api.patch(
-                    resource, namespace, name, body, content_type, target.subresource
+                result = await self.api.patch_admitted(
+                    resource, namespace, name, body, content_type, target.subresource, user=user
                 )
                 answer = resource.to_view(result)
             else:

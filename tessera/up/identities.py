@@ -60,7 +60,7 @@ class Identities:
         self.directory = directory
         self._by_user: dict[str, Identity] = {}
         self._add(ADMIN, None)
-        for role in ("placer", "binder", "dashboard"):
+        for role in ("placer", "binder", "dashboard", "webhook"):
             self._add(permissions.user_name(role), permissions.permissions(role))
         for node in nodes:
             for role in sorted(permissions.NODE_ROLES):

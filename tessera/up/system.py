@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
@@ -42,16 +42,21 @@ from services.inventory.fake import FakeReader, parse_fake_gpus
 from shared import codec, subjects
 from shared.messages.nodes import NodeFacts
 from shared.runtime.nats import NatsBus
+from tessera.devcluster.apiserver import service_account
+from tessera.devcluster.certs import ServingCertificate, make_serving_certificate
 from tessera.devcluster.cluster import SimulatedCluster
 from tessera.devcluster.kubelet import GpuCapacity, NodeSpec
+from tessera.devcluster.objects import ApiObjects
 from tessera.devcluster.resources import LEASE, MUTATING_WEBHOOKS, NODE, VALIDATING_WEBHOOKS
 from tessera.up import report
-from tessera.up.certs import ServingCertificate, make_serving_certificate
 from tessera.up.identities import Identities, Identity
 from tessera.up.processes import Child, StartError, Supervisor, python_command
 from tessera.up.spec import NodePlan
 
 Say = Callable[[str], None]
+
+BINDER_ACCOUNT: Final = service_account("tessera-system", "tessera-binder")
+"""Who the binder is to the API, as the chart's service account."""
 
 
 def _quiet(_: str) -> None:
@@ -90,6 +95,49 @@ def permission_violations(log: str) -> list[str]:
     return [
         line for line in log.splitlines() if " Violation - " in line and not _ROUTE.search(line)
     ]
+
+
+def register_webhook(api: ApiObjects, url: str, *, ca_pem: bytes) -> None:
+    """Register Tessera's webhook served at ``url`` (``/mutate``, ``/validate``) with ``api``, as
+    the chart does (the API test double evaluates no ``matchConditions``: the webhook answers
+    every pod create, and every pod update for the validating one)."""
+    ca_bundle = base64.b64encode(ca_pem).decode()
+    for kind, path in ((MUTATING_WEBHOOKS, "mutate"), (VALIDATING_WEBHOOKS, "validate")):
+        operations = ["CREATE"] if path == "mutate" else ["CREATE", "UPDATE"]
+        api.create(
+            kind,
+            {
+                "metadata": {"name": f"tessera-{path}"},
+                "webhooks": [
+                    {
+                        "name": f"{path}.tessera.dev",
+                        "clientConfig": {"url": f"{url}/{path}", "caBundle": ca_bundle},
+                        "rules": [
+                            {
+                                "operations": operations,
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "resources": ["pods"],
+                                "scope": "Namespaced",
+                            }
+                        ],
+                        "namespaceSelector": {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/metadata.name",
+                                    "operator": "NotIn",
+                                    "values": ["kube-system"],
+                                }
+                            ]
+                        },
+                        "failurePolicy": "Fail",
+                        "sideEffects": "None",
+                        "admissionReviewVersions": ["v1"],
+                        "timeoutSeconds": 5,
+                    }
+                ],
+            },
+        )
 
 
 def free_port() -> int:
@@ -176,6 +224,9 @@ class LocalSystem:
             else None
         )
         self.kubeconfig = options.run_dir / "kubeconfig"
+        self.binder_kubeconfig = options.run_dir / "binder.kubeconfig"
+        """The binder's: it authenticates as the binder's service account (the only user that
+        may write Tessera's annotations); kubectl's ``kubeconfig`` has no token (anonymous)."""
         self.webhook_port = 0
         self.webhook_cert: ServingCertificate | None = None
         self.bus: NatsBus | None = None
@@ -225,6 +276,9 @@ class LocalSystem:
         await self._start_nats()
         await self.cluster.start()
         self.cluster.write_kubeconfig(self.kubeconfig)
+        self.cluster.api.write_kubeconfig(
+            self.binder_kubeconfig, token=self.cluster.api.add_user(BINDER_ACCOUNT)
+        )
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
         self.bus = await self._connect_bus()
         if self.options.nodes_per_process > 1:
@@ -483,54 +537,23 @@ class LocalSystem:
                 "127.0.0.1",
                 "--tls-port",
                 str(self.webhook_port),
-                *self._process(),
+                "--binder-usernames",
+                BINDER_ACCOUNT.name,
+                *self._common(),
             ),
-            env=self.env,
+            env=self._env_as("webhook"),
         )
 
     def register_webhook(self) -> None:
         """Register the running webhook with the API, as the chart does on a cluster: called on
-        every pod create over HTTP (kubectl), in every namespace but kube-system."""
+        every pod create over HTTP (kubectl), and the validating one on every pod update too, in
+        every namespace but kube-system."""
         assert self.webhook_cert is not None
-        ca_bundle = base64.b64encode(self.webhook_cert.ca_pem).decode()
-        for kind, path in ((MUTATING_WEBHOOKS, "mutate"), (VALIDATING_WEBHOOKS, "validate")):
-            self.cluster.api.create(
-                kind,
-                {
-                    "metadata": {"name": f"tessera-{path}"},
-                    "webhooks": [
-                        {
-                            "name": f"{path}.tessera.dev",
-                            "clientConfig": {
-                                "url": f"https://127.0.0.1:{self.webhook_port}/{path}",
-                                "caBundle": ca_bundle,
-                            },
-                            "rules": [
-                                {
-                                    "operations": ["CREATE"],
-                                    "apiGroups": [""],
-                                    "apiVersions": ["v1"],
-                                    "resources": ["pods"],
-                                    "scope": "Namespaced",
-                                }
-                            ],
-                            "namespaceSelector": {
-                                "matchExpressions": [
-                                    {
-                                        "key": "kubernetes.io/metadata.name",
-                                        "operator": "NotIn",
-                                        "values": ["kube-system"],
-                                    }
-                                ]
-                            },
-                            "failurePolicy": "Fail",
-                            "sideEffects": "None",
-                            "admissionReviewVersions": ["v1"],
-                            "timeoutSeconds": 5,
-                        }
-                    ],
-                },
-            )
+        register_webhook(
+            self.cluster.api,
+            f"https://127.0.0.1:{self.webhook_port}",
+            ca_pem=self.webhook_cert.ca_pem,
+        )
 
     def _start_binder(self, name: str) -> None:
         self.supervisor.start(
@@ -538,7 +561,7 @@ class LocalSystem:
             python_command(
                 "binder",
                 "--kubeconfig",
-                str(self.kubeconfig),
+                str(self.binder_kubeconfig),
                 "--leader-elect",
                 "--identity",
                 name,

@@ -295,6 +295,51 @@ def test_invalid_requests_name_the_field_and_what_is_allowed(
 
 
 @pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        pytest.param(
+            "2000m",
+            "'2000m' means 2 (m is thousandths), but tessera.dev/gpu-memory counts MiB and takes "
+            "a plain number; for 2000 MiB write 2000",
+            id="milli",
+        ),
+        pytest.param(
+            "2500000u",
+            "'2500000u' means 2.5 (u is millionths), but tessera.dev/gpu-memory counts MiB and "
+            "takes a plain number; for 2500000 MiB write 2500000",
+            id="micro",
+        ),
+        pytest.param(
+            "2e-3",
+            "'2e-3' means 0.002 (a fraction), but tessera.dev/gpu-memory counts MiB and takes a "
+            "plain number",
+            id="negative-exponent",
+        ),
+        pytest.param(
+            "2000000",
+            "asks 2000000 MiB per GPU; no GPU has more than 1048576 MiB (1 TiB)",
+            id="above-1-tib",
+        ),
+        pytest.param(
+            "2M",  # how the API server stores 2000000
+            "asks 2000000 MiB per GPU; no GPU has more than 1048576 MiB (1 TiB)",
+            id="above-1-tib-canonical",
+        ),
+    ],
+)
+def test_gpu_memory_in_fractions_or_beyond_any_gpu_is_refused(value: str, problem: str) -> None:
+    result = parsed(pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": value})))
+    assert isinstance(result, InvalidPod)
+    assert result.message == f"{C0}[tessera.dev/gpu-memory] (container 'main'): {problem}"
+
+
+@pytest.mark.parametrize("value", ["1048576", "1e3", "2k", 4096])
+def test_gpu_memory_up_to_1_tib_in_any_whole_form_is_taken(value: str | int) -> None:
+    result = parsed(pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": value})))
+    assert not isinstance(result, InvalidPod), result.message
+
+
+@pytest.mark.parametrize(
     ("value", "write"), [("1Gi", 1024), ("512Mi", 512), ("1536Mi", 1536), ("1Ti", 1048576)]
 )
 def test_gpu_memory_with_a_unit_says_it_counts_mib(value: str, write: int) -> None:

@@ -111,6 +111,9 @@ async def test_each_identity_does_its_job_and_no_more_on_the_charts_own_nats(
             await buses["deviceplugin"].kv_put(subjects.KV_ASSIGNMENTS, record, b"{}")
             await buses["inventory"].publish(subjects.inventory(node), b"{}")
             assert await buses["dashboard"].kv_get(subjects.KV_ASSIGNMENTS, record) is not None
+            inventory = subjects.node_token(node)
+            await buses["inventory"].kv_put(subjects.KV_INVENTORY, inventory, b"{}")
+            assert await buses["webhook"].kv_get(subjects.KV_INVENTORY, inventory) is not None
             # ... and no more (a refused request gets no answer).
             with pytest.raises(TimeoutError):
                 await buses["deviceplugin"].kv_put(subjects.KV_LEDGER, ledger, b"x")
@@ -121,6 +124,10 @@ async def test_each_identity_does_its_job_and_no_more_on_the_charts_own_nats(
             # An unanswered read is NATS unavailable to its caller, whatever the reason.
             with pytest.raises(BusUnavailableError, match="cannot be read now"):
                 await buses["dashboard"].kv_get(subjects.KV_LEDGER, ledger)
+            with pytest.raises(BusUnavailableError, match="cannot be read now"):
+                await buses["webhook"].kv_get(subjects.KV_ASSIGNMENTS, record)
+            with pytest.raises(TimeoutError):
+                await buses["webhook"].kv_put(subjects.KV_INVENTORY, inventory, b"x")
             entry = await buses["placer"].kv_get(subjects.KV_LEDGER, ledger)
             assert entry is not None and entry.value == b"{}"
         finally:
@@ -134,5 +141,7 @@ async def test_each_identity_does_its_job_and_no_more_on_the_charts_own_nats(
             ("deviceplugin", "Publish", f"$KV.{subjects.KV_LEDGER}.{ledger}"),
             ("inventory", "Publish", subjects.PODS_PENDING),
             ("dashboard", "Publish", f"$KV.{subjects.KV_ASSIGNMENTS}.{record}"),
+            ("webhook", "Publish", f"$JS.API.STREAM.MSG.GET.KV_{subjects.KV_ASSIGNMENTS}"),
+            ("webhook", "Publish", f"$KV.{subjects.KV_INVENTORY}.{inventory}"),
         ]
     )

@@ -107,12 +107,8 @@ def test_credential_files_come_from_the_configured_secret_and_keys() -> None:
     for variant, (option, secret_name, key) in cases.items():
         objects = render(VARIANTS[variant])
         tessera = [c for c in containers(objects) if c.args() and c.args()[0] != "-"]
-        (webhook,) = [c for c in tessera if c.args()[0] == "webhook"]
-        assert not [o for o in option_values(webhook.args()) if o.startswith("--nats")], (
-            "the webhook uses no NATS and gets no NATS credential"
-        )
-        tessera.remove(webhook)
-        assert len([c for c in tessera if option in option_values(c.args())]) == 5, variant
+        # The webhook too: it reads the inventories (the cluster's GPUs).
+        assert len([c for c in tessera if option in option_values(c.args())]) == 6, variant
         for container in tessera:
             secret, found_key = _mounted_secret_key(
                 container, option_values(container.args())[option]
@@ -124,9 +120,6 @@ def test_user_name_comes_from_the_secret_by_reference() -> None:
     objects = render(VARIANTS["clustered-nats-user-password"])
     for container in containers(objects):
         if not container.args() or container.init:
-            continue
-        if container.args()[0] == "webhook":  # no NATS: no NATS user
-            assert not [e for e in container.env() if e["name"].startswith("TESSERA_NATS")]
             continue
         (user,) = [e for e in container.env() if e["name"] == "TESSERA_NATS_USER"]
         assert user["valueFrom"] == {

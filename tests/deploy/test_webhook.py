@@ -100,7 +100,9 @@ def test_the_configurations_reach_the_webhook_s_service_and_container() -> None:
         }
         assert hook["rules"] == [
             {
-                "operations": ["CREATE"],
+                # Validating: also every change to Tessera's annotations (the webhook refuses
+                # them from anyone but the binder).
+                "operations": ["CREATE"] if path == "mutate" else ["CREATE", "UPDATE"],
                 "apiGroups": [""],
                 "apiVersions": ["v1"],
                 "resources": ["pods"],
@@ -118,9 +120,17 @@ def test_the_configurations_reach_the_webhook_s_service_and_container() -> None:
                 }
             ]
         }
-        (condition,) = hook["matchConditions"]
+        condition = hook["matchConditions"][0]
         assert "startsWith('tessera.dev/')" in condition["expression"]
         assert "initContainers" in condition["expression"]
+    written = "['tessera.dev/assignment', 'tessera.dev/bind-time', 'tessera.dev/assigned']"
+    assert written not in hooks["mutate"]["matchConditions"][0]["expression"]
+    assert len(hooks["mutate"]["matchConditions"]) == 1
+    annotations, binder = hooks["validate"]["matchConditions"]
+    for side in ("object", "oldObject"):
+        assert f"{side}.metadata.annotations.exists(k, k in {written})" in annotations["expression"]
+    binder_account = f"system:serviceaccount:{NAMESPACE}:{component('binder')}"
+    assert binder["expression"] == f"request.userInfo.username != '{binder_account}'"
     assert hooks["mutate"]["reinvocationPolicy"] == "IfNeeded"
     # The files the webhook serves come from the Secret the certificate is in.
     mount = next(m for m in webhook.spec["volumeMounts"] if m["name"] == "tls")
@@ -129,6 +139,7 @@ def test_the_configurations_reach_the_webhook_s_service_and_container() -> None:
     assert webhook.volume("tls")["secret"]["secretName"] == f"{NAME}-tls"
     assert not webhook.volume("tls")["secret"]["defaultMode"] & 0o004, "key not world-readable"
     assert args["--scheduler-name"] == "tessera" and "--default-gpu-shares" in args
+    assert args["--binder-usernames"] == binder_account, "the binder's service account"
     assert webhook.pod["automountServiceAccountToken"] is False, "no Kubernetes API access"
 
 

@@ -15,10 +15,11 @@ import grpc
 import msgspec
 import pytest
 
-from services.deviceplugin.allocate import ContainerGrant, Refusal
+from services.deviceplugin.allocate import ContainerGrant, Granted, Refusal
 from services.deviceplugin.grants import GrantFile, state_file
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
+from shared.messages.grants import GrantsRequest, NodeGrants
 from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import (
@@ -174,3 +175,44 @@ async def test_a_grant_is_forgotten_once_its_record_is_released(
     async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
         granted = await stub.Allocate(allocate_request(device(1)), timeout=10)
     assert granted.container_responses[0].annotations["tessera.dev/pod-uid"] == "first"
+
+
+async def test_a_grant_whose_record_the_store_lost_is_kept_and_answered_until_released(
+    bus: NatsBus, kubelet: FakeKubelet, start_plugin: PluginFactory, plugin_dir: Path
+) -> None:
+    """NATS losing its store deletes the record of a pod that still runs with what it was
+    handed: the plugin keeps the grant (unrecorded) and tells the binder, which restores the
+    placement from it; a release forgets it."""
+    await announce_inventory(bus, inventory(gpu(0), gpu(1)))
+    held = share(0, memory_mib=6000, cores=40)
+    await put_committed(bus, record("kept", container("main", held)))
+    key = subjects.assignment_key(NODE, "kept")
+    question = codec.encode(GrantsRequest(node=NODE))
+    async with start_plugin() as plugin, kubelet.plugin(plugin.endpoint) as stub:
+        await stub.Allocate(allocate_request(device(0)), timeout=10)
+        grants = GrantFile(state_file(plugin_dir, plugin.endpoint))
+        await until(lambda: key in grants.load(), what="the grant written")
+        await bus.kv_delete(subjects.KV_ASSIGNMENTS, key)  # the store lost it
+        await until(
+            lambda: (grants.load().get(key) or Granted(commit="", containers=())).unrecorded_at,
+            what="the grant kept unrecorded",
+        )
+        answer = codec.decode(
+            await bus.request(subjects.grants(NODE), question, timeout=5), NodeGrants
+        )
+        (granted,) = answer.granted
+        assert (granted.pod_uid, granted.commit) == ("kept", "commit-kept")
+        assert granted.containers == (container("main", held),)
+        assert [(g.uuid, g.memory_mib) for g in answer.gpus] == [
+            (uuid(0), gpu(0).memory_total_mib),
+            (uuid(1), gpu(1).memory_total_mib),
+        ]
+        released = msgspec.structs.replace(
+            record("kept", container("main", held)), state="released", released_at=1.0
+        )
+        await bus.kv_put(subjects.KV_ASSIGNMENTS, key, codec.encode(released))
+        await until(lambda: grants.load() == {}, what="the released grant forgotten")
+        again = codec.decode(
+            await bus.request(subjects.grants(NODE), question, timeout=5), NodeGrants
+        )
+        assert again.granted == ()

@@ -444,14 +444,62 @@ def test_why_nodes_are_not_placed_on() -> None:
     assert view.reason("ok") != "ledger entry unreadable"
 
 
-def test_a_pod_larger_than_any_node_is_told_apart() -> None:
-    view = view_of("a", gpus=2)
-    nine = translate.pod_request(wire.pending("big", shares=3, memory_mib=1, cores=1))
-    outcome = decider.decide(view, PROFILE, nine, now=NOW)
+def _too_large(pod: PodPending) -> str:
+    """The reason the pod waits on a cluster of two nodes of 2 x A100 (16,384 MiB each)."""
+    view = view_of("a", "b", gpus=2)
+    outcome = decider.decide(view, PROFILE, translate.pod_request(pod), now=NOW)
     assert isinstance(outcome, decider.Waiting)
-    assert outcome.wake == "grown"
-    assert outcome.rejection.unresolvable
-    assert "larger than any node" in outcome.rejection.reasons[0].reason
+    assert outcome.wake == "grown" and outcome.rejection.unresolvable
+    (reason,) = outcome.rejection.reasons
+    assert reason.nodes == 2
+    return reason.reason
+
+
+def _models(pod: PodPending, wanted: tuple[str, ...], excluded: tuple[str, ...]) -> PodPending:
+    hints = msgspec.structs.replace(pod.hints, gpu_models=wanted, gpu_models_excluded=excluded)
+    return msgspec.structs.replace(pod, hints=hints)
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason"),
+    [
+        pytest.param(
+            wire.pending("big", memory_mib=200_000),
+            "asks 200000 MiB per GPU; the largest GPU here has 16384 MiB (container 'main')",
+            id="gpu-memory",
+        ),
+        pytest.param(
+            wire.pending("nine", shares=9),
+            "asks 9 GPUs with 4096 MiB each; a node here has at most 2 GPUs that large "
+            "(container 'main')",
+            id="gpu-count",
+        ),
+        pytest.param(
+            wire.pending("whole", shares=3, memory_mib=None, cores=None),
+            "asks 3 GPUs; a node here has at most 2 GPUs (container 'main')",
+            id="whole-gpus",
+        ),
+        pytest.param(
+            wire.pending("cpu", cpu_milli=100_000),
+            "asks 100000m CPU; the largest node here has 64000m",
+            id="cpu",
+        ),
+        pytest.param(
+            _models(wire.pending("t4"), ("T4",), ()),
+            "asks GPUs of model T4; no node here has one",
+            id="model",
+        ),
+        pytest.param(
+            _models(wire.pending("not-a100"), (), ("A100",)),
+            "asks GPUs not of model A100; no node here has one",
+            id="model-excluded",
+        ),
+    ],
+)
+def test_a_pod_larger_than_any_node_is_told_apart_by_the_dimension(
+    pod: PodPending, reason: str
+) -> None:
+    assert _too_large(pod) == f"larger than any node can hold: {reason}"
 
 
 # --- the task mix ------------------------------------------------------------------------------

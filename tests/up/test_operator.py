@@ -206,8 +206,89 @@ def test_a_pod_without_scheduler_or_share_count_is_defaulted_and_runs(system: Sy
     assert env["TESSERA_GPU_CORES"] == "25"
 
 
+def test_tessera_s_annotations_cannot_be_edited_with_kubectl(system: System) -> None:
+    """The binder marked the pod assigned through the webhook (its own identity); kubectl may
+    not point the pod's assignment elsewhere, which a restore after a store loss would read."""
+    running = system.wait_running("seed")
+    annotations = running["metadata"]["annotations"]
+    deadline = time.monotonic() + 30
+    while annotations.get("tessera.dev/assigned") != "true":
+        assert time.monotonic() < deadline, f"seed never marked assigned: {annotations}"
+        time.sleep(0.2)
+        annotations = system.pod("seed")["metadata"]["annotations"]
+    edited = annotations["tessera.dev/assignment"].replace('"index":0', '"index":1')
+    refused = system.kubectl(
+        "annotate", "pod", "seed", "--overwrite", f"tessera.dev/assignment={edited}", check=False
+    )
+    assert refused.returncode != 0
+    assert (
+        "metadata.annotations[tessera.dev/assignment]: written by Tessera only (its binder: "
+        "system:serviceaccount:tessera-system:tessera-binder); user 'system:anonymous' may not "
+        "set, change or remove it"
+    ) in refused.stderr, refused.stderr
+    assert system.pod("seed")["metadata"]["annotations"] == annotations
+
+
+def webhook_knows_the_cluster(system: System, nodes: int) -> None:
+    """Wait until the webhook has read every GPU node's inventory (its metric says)."""
+    url = f"http://127.0.0.1:{system.endpoints['http_ports']['webhook']}/metrics"
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+        if f"tessera_webhook_cluster_nodes {float(nodes)}" in text:
+            return
+        assert time.monotonic() < deadline, "the webhook never read the inventories"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    ("limits", "line"),
+    [
+        pytest.param(
+            {"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": 200000},
+            "limits[tessera.dev/gpu-memory] (container 'cuda'): asks 200000 MiB per GPU; the "
+            "largest GPU here has 81920 MiB",
+            id="memory",
+        ),
+        pytest.param(
+            {"tessera.dev/gpu": 9},
+            "limits[tessera.dev/gpu] (container 'cuda'): asks 9 GPUs; a node here has at most 4 "
+            "GPUs",
+            id="count",
+        ),
+        pytest.param(
+            {"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": 2000000},
+            "limits[tessera.dev/gpu-memory] (container 'cuda'): asks 2000000 MiB per GPU; no GPU "
+            "has more than 1048576 MiB (1 TiB)",
+            id="beyond-1-tib",
+        ),
+        pytest.param(
+            {"tessera.dev/gpu": 1, "tessera.dev/gpu-memory": "2000m"},
+            "limits[tessera.dev/gpu-memory] (container 'cuda'): '2000m' means 2 (m is "
+            "thousandths), but tessera.dev/gpu-memory counts MiB and takes a plain number; for "
+            "2000 MiB write 2000",
+            id="thousandths-of-a-mib",
+        ),
+    ],
+)
+def test_what_no_node_could_ever_hold_is_refused_at_kubectl_apply_with_the_number(
+    system: System, limits: dict[str, Any], line: str, request: pytest.FixtureRequest
+) -> None:
+    webhook_knows_the_cluster(system, nodes=2)
+    name = f"never-{request.node.callspec.id}"
+    refused = system.kubectl("apply", "-f", "-", stdin=manifest(name, limits), check=False)
+    assert refused.returncode != 0
+    assert (
+        'admission webhook "validate.tessera.dev" denied the request: Tessera cannot place this '
+        f"pod as written: spec.containers[0].resources.{line}"
+    ) in refused.stderr, refused.stderr
+    assert system.kubectl("get", "pod", "-n", "team-a", name, check=False).returncode != 0
+
+
 def test_logs_of_a_pod_not_running_say_so(system: System) -> None:
-    pod = manifest("waits", {"tessera.dev/gpu": 8})  # eight whole GPUs: no node has them
+    # Four whole GPUs: only the T4 node has four, and it takes memory slices only.
+    pod = manifest("waits", {"tessera.dev/gpu": 4})
     system.kubectl("apply", "-f", "-", stdin=pod)
     refused = system.kubectl("logs", "-n", "team-a", "waits", check=False)
     assert refused.returncode != 0

@@ -25,7 +25,18 @@ from tests.binder.builders import container, pod
 POLICY = AdmissionPolicy()
 
 
-def review_body(obj: dict[str, Any], *, operation: str = "CREATE", uid: str = "r-1") -> bytes:
+BINDER = "system:serviceaccount:tessera-system:tessera-binder"
+GUARDED = AdmissionPolicy(binder_usernames=(BINDER,))
+
+
+def review_body(
+    obj: dict[str, Any],
+    *,
+    operation: str = "CREATE",
+    uid: str = "r-1",
+    old: dict[str, Any] | None = None,
+    user: str = "alice",
+) -> bytes:
     return json.dumps(
         {
             "apiVersion": "admission.k8s.io/v1",
@@ -36,7 +47,9 @@ def review_body(obj: dict[str, Any], *, operation: str = "CREATE", uid: str = "r
                 "resource": {"group": "", "version": "v1", "resource": "pods"},
                 "namespace": "ml",
                 "operation": operation,
+                "userInfo": {"username": user, "groups": ["system:authenticated"]},
                 "object": obj,
+                "oldObject": old,
                 "dryRun": False,
             },
         }
@@ -194,3 +207,180 @@ def test_a_pod_review_whose_object_is_not_a_pod_is_a_bad_review() -> None:
     request = request_of({"spec": {"containers": "not a list"}})
     for review in (mutate(request, POLICY), validate(request, POLICY)):
         assert isinstance(review, BadReview) and "request.object is not a pod" in review.reason
+
+
+ASSIGNMENT = '{"node":"n1","containers":[],"decided_at":1.0,"placer_id":"p"}'
+
+
+def annotated(**annotations: str) -> dict[str, Any]:
+    """A bound Tessera pod carrying ``annotations``."""
+    body = pod("p", container(gpu=1, memory=4096), annotations=annotations or None)
+    body["spec"]["nodeName"] = "n1"
+    return body
+
+
+@pytest.mark.parametrize(
+    ("operation", "old", "new", "user", "refused"),
+    [
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT}),
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT.replace("n1", "n2")}),
+            "alice",
+            ["tessera.dev/assignment"],
+            id="owner-edits-the-assignment",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/assigned": "true", "tessera.dev/bind-time": "t"}),
+            annotated(),
+            "alice",
+            ["tessera.dev/bind-time", "tessera.dev/assigned"],
+            id="owner-removes-two",
+        ),
+        pytest.param(
+            "CREATE",
+            None,
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT}),
+            "system:serviceaccount:ml:replicaset-controller",
+            ["tessera.dev/assignment"],
+            id="created-with-one",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT}),
+            annotated(**{"tessera.dev/assignment": ASSIGNMENT, "team": "b"}),
+            "alice",
+            [],
+            id="other-annotations-change",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(),
+            annotated(**{"tessera.dev/assigned": "true"}),
+            BINDER,
+            [],
+            id="the-binder-marks-it-assigned",
+        ),
+        pytest.param(
+            "UPDATE",
+            annotated(**{"tessera.dev/gpu-policy": "spread"}),
+            annotated(**{"tessera.dev/gpu-policy": "binpack"}),
+            "alice",
+            [],
+            id="user-hints-are-the-owner-s",
+        ),
+    ],
+)
+def test_tessera_s_annotations_are_written_by_its_binder_only(
+    operation: str,
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    user: str,
+    refused: list[str],
+) -> None:
+    request = read_review(review_body(new, operation=operation, old=old, user=user))
+    assert isinstance(request, AdmissionRequest)
+    review = validate(request, GUARDED)
+    assert isinstance(review, Review)
+    fields = [f"metadata.annotations[{key}]" for key in refused]
+    assert list(review.reasons) == fields
+    assert review.outcome == ("denied" if refused else "allowed")
+    status = review.answer.response.status
+    if refused:
+        assert status is not None and (status.code, status.reason) == (403, "Forbidden")
+        assert status.message == (
+            f"{', '.join(fields)}: written by Tessera only (its binder: {BINDER}); user "
+            f"{user!r} may not set, change or remove {'it' if len(fields) == 1 else 'them'}"
+        )
+
+
+def applied(body: dict[str, Any], memory: str | int) -> dict[str, Any]:
+    """``body`` as ``kubectl apply`` creates it: what it sent (``memory`` as written) kept in
+    its last-applied annotation, the pod itself holding the API server's canonical form."""
+    sent = json.loads(json.dumps(body))
+    sent["spec"]["containers"][0]["resources"]["limits"]["tessera.dev/gpu-memory"] = memory
+    annotation = {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(sent)}
+    body["metadata"]["annotations"] = annotation
+    return body
+
+
+A100_NODE = (("A100-80GB", 81920),) * 4
+T4_NODE = (("T4", 15360),) * 2
+CLUSTER = frozenset({A100_NODE, T4_NODE})
+GPU_MEMORY = "spec.containers[0].resources.limits[tessera.dev/gpu-memory] (container 'main')"
+GPU = "spec.containers[0].resources.limits[tessera.dev/gpu] (container 'main')"
+
+
+@pytest.mark.parametrize(
+    ("body", "cluster", "line"),
+    [
+        pytest.param(
+            pod("p", container(gpu=1, memory=200_000)),
+            CLUSTER,
+            f"{GPU_MEMORY}: asks 200000 MiB per GPU; the largest GPU here has 81920 MiB",
+            id="memory-beyond-the-largest-gpu",
+        ),
+        pytest.param(
+            pod("p", container(gpu=9)),
+            CLUSTER,
+            f"{GPU}: asks 9 GPUs; a node here has at most 4 GPUs",
+            id="more-gpus-than-a-node-has",
+        ),
+        pytest.param(
+            pod("p", container(gpu=3, memory=20_000), annotations={"tessera.dev/gpu-model": "T4"}),
+            CLUSTER,
+            f"{GPU_MEMORY}: asks 20000 MiB per GPU; the largest GPU of model T4 here has 15360 MiB",
+            id="memory-beyond-the-largest-gpu-of-the-model",
+        ),
+        pytest.param(
+            pod("p", container(gpu=1), annotations={"tessera.dev/gpu-model": "H100"}),
+            CLUSTER,
+            "metadata.annotations[tessera.dev/gpu-model]: asks GPUs of model H100; no node here "
+            "has one",
+            id="no-gpu-of-the-model",
+        ),
+        pytest.param(
+            pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": "2000000"})),
+            frozenset(),
+            f"{GPU_MEMORY}: asks 2000000 MiB per GPU; no GPU has more than 1048576 MiB (1 TiB)",
+            id="beyond-1-tib-whatever-the-cluster",
+        ),
+        pytest.param(
+            pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": "2000m"})),
+            frozenset(),
+            f"{GPU_MEMORY}: '2000m' means 2 (m is thousandths), but tessera.dev/gpu-memory counts "
+            "MiB and takes a plain number; for 2000 MiB write 2000",
+            id="milli-mib",
+        ),
+        pytest.param(
+            applied(pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": "2"})), "2000m"),
+            CLUSTER,
+            f"{GPU_MEMORY}: '2000m' means 2 (m is thousandths), but tessera.dev/gpu-memory counts "
+            "MiB and takes a plain number; for 2000 MiB write 2000",
+            id="milli-mib-as-kubectl-apply-sent-it",
+        ),
+        pytest.param(
+            applied(pod("p", container(gpu=1, extra={"tessera.dev/gpu-memory": "2k"})), 2000),
+            CLUSTER,
+            None,
+            id="as-applied-in-another-form",
+        ),
+        pytest.param(pod("p", container(gpu=4, memory=81920)), CLUSTER, None, id="fits-exactly"),
+        pytest.param(
+            pod("p", container(gpu=9, memory=200_000)), frozenset(), None, id="cluster-unknown"
+        ),
+    ],
+)
+def test_what_no_node_could_ever_hold_is_refused_with_the_number(
+    body: dict[str, Any], cluster: frozenset[tuple[tuple[str, int], ...]], line: str | None
+) -> None:
+    review = validate(request_of(body), GUARDED, cluster)
+    assert isinstance(review, Review)
+    status = review.answer.response.status
+    if line is None:
+        assert review.outcome == "allowed", status
+        return
+    assert review.outcome == "denied"
+    assert status is not None and status.code == 422
+    assert status.message == f"Tessera cannot place this pod as written: {line}"

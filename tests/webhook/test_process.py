@@ -19,8 +19,12 @@ import aiohttp
 import pytest
 from cryptography import x509
 
-from tessera.up.certs import ServingCertificate, make_serving_certificate
+from tessera.devcluster.apiserver import ApiServer, User, service_account
+from tessera.devcluster.certs import ServingCertificate, make_serving_certificate
+from tessera.devcluster.resources import POD
+from tessera.up.system import register_webhook
 from tests.binder.builders import container, pod
+from tests.devcluster.test_kubectl import kubectl
 from tests.harness.nats import environment_without_proxies
 from tests.webhook.test_admission import review_body
 
@@ -113,6 +117,63 @@ async def test_reviews_are_answered_over_tls(webhook: Webhook) -> None:
         "Tessera cannot place this pod as written: spec.containers[0].resources.limits"
         "[tessera.dev/gpu-cores] (container 'main'): 150 is not allowed; use 1..100"
     )
+
+
+async def test_through_kubectl_only_the_binder_may_write_tessera_s_annotations(
+    webhook: Webhook, tmp_path: Path
+) -> None:
+    """The API double over HTTPS (kubectl sends its token only there) calls the webhook with
+    who asks: an admin and a plain user editing ``tessera.dev/assignment`` are refused with a
+    line saying why; the binder's service account marking the pod assigned is not."""
+    async with ApiServer(tls=True) as api:
+        register_webhook(api, f"https://127.0.0.1:{webhook.tls_port}", ca_pem=webhook.certs.ca_pem)
+        assignment = json.dumps({"node": "n1", "containers": [], "decided_at": 1, "placer_id": "p"})
+        api.create(
+            POD,
+            pod(
+                "after-0",
+                container(gpu=1, memory=16000),
+                node="n1",
+                annotations={"tessera.dev/assignment": assignment},
+            ),
+        )
+        admin = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
+        alice = api.write_kubeconfig(
+            tmp_path / "alice.kubeconfig", token=api.add_user(User("alice", ("team-a",)))
+        )
+        binder = api.write_kubeconfig(
+            tmp_path / "binder.kubeconfig",
+            token=api.add_user(service_account("tessera-system", "tessera-binder")),
+        )
+        edited = assignment.replace('"n1"', '"n2"')
+        for kubeconfig, user in ((admin, "tessera-dev"), (alice, "alice")):
+            refused = await kubectl(
+                kubeconfig, "annotate", "pod", "after-0", "--overwrite",
+                f"tessera.dev/assignment={edited}",
+            )  # fmt: skip
+            assert refused.returncode != 0
+            assert (
+                'admission webhook "validate.tessera.dev" denied the request: '
+                "metadata.annotations[tessera.dev/assignment]: written by Tessera only (its "
+                f"binder: system:serviceaccount:tessera-system:tessera-binder); user '{user}' "
+                "may not set, change or remove it"
+            ) in refused.stderr, refused.stderr
+            removed = await kubectl(
+                kubeconfig, "annotate", "pod", "after-0", "tessera.dev/assignment-"
+            )
+            assert removed.returncode != 0 and "written by Tessera only" in removed.stderr
+        hint = await kubectl(alice, "annotate", "pod", "after-0", "tessera.dev/gpu-policy=spread")
+        assert hint.returncode == 0, hint.stderr
+        marked = await kubectl(binder, "annotate", "pod", "after-0", "tessera.dev/assigned=true")
+        assert marked.returncode == 0, marked.stderr
+        annotations = api.get(POD, "default", "after-0")["metadata"]["annotations"]
+        assert annotations == {
+            "tessera.dev/assignment": assignment,
+            "tessera.dev/gpu-policy": "spread",
+            "tessera.dev/assigned": "true",
+        }
+        denied_to = [write.body for write in api.writes_to("pods", "patch") if write.code == 403]
+        assert len(denied_to) == 4
 
 
 async def test_a_malformed_review_is_a_400_with_its_reason_and_the_webhook_goes_on(

@@ -16,6 +16,8 @@ from typing import Literal
 
 import msgspec
 
+from shared.capacity import model_matches
+
 GPU_MILLI = 1000
 """A whole GPU, in core milli and in GPU milli."""
 
@@ -225,29 +227,3 @@ class Rejection(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     def message(self) -> str:
         parts = [f"{r.nodes} node{'s' if r.nodes != 1 else ''}: {r.reason}" for r in self.reasons]
         return "; ".join(parts) if parts else "no nodes"
-
-
-_MODEL_VENDOR_PREFIX = "NVIDIA "
-_MODEL_SEPARATORS = frozenset("- _")
-
-
-def model_matches(model: str, wanted: str) -> bool:
-    """Whether a GPU reported as ``model`` is of the model a pod names as ``wanted``.
-
-    Pods name models as people say them (``A100``, ``H100``); inventories report them as NVML
-    does (``NVIDIA A100-SXM4-80GB``) or with the memory (``A100-80GB``). ``wanted`` matches the
-    model itself (case-insensitive, without the ``NVIDIA`` vendor prefix) or its leading part up
-    to a separator (``-``, ``_``, space): ``A100`` matches ``A100-80GB`` and
-    ``NVIDIA A100-SXM4-80GB``, never ``A100X`` or ``A10`` matching ``A100``.
-    """
-    name = model.strip().upper()
-    if name.startswith(_MODEL_VENDOR_PREFIX):
-        name = name[len(_MODEL_VENDOR_PREFIX) :]
-    target = wanted.strip().upper()
-    if target.startswith(_MODEL_VENDOR_PREFIX):
-        target = target[len(_MODEL_VENDOR_PREFIX) :]
-    if not target:
-        return False
-    if name == target:
-        return True
-    return name.startswith(target) and name[len(target)] in _MODEL_SEPARATORS

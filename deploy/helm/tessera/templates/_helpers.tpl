@@ -102,7 +102,7 @@ The Tessera services that log in to NATS, each as itself with nats.auth.type=per
 roles of shared/permissions.py; the chart's tests check the two lists agree).
 */}}
 {{- define "tessera.natsRoles" -}}
-{{- list "placer" "binder" "dashboard" "inventory" "deviceplugin" | toJson }}
+{{- list "placer" "binder" "dashboard" "inventory" "deviceplugin" "webhook" | toJson }}
 {{- end }}
 
 {{/*
@@ -133,8 +133,8 @@ secretKeyRef); per-service, the service's own password (its user name is the ser
 
 {{/*
 Arguments of a Tessera container, as a JSON list: the service name (the image's entrypoint is
-`tessera`), the settings every service has, the NATS credential/TLS files (not with noNats: the
-webhook uses no NATS), then the service's own ("args") and the operator's ("extraArgs"). Only
+`tessera`), the settings every service has, the NATS credential/TLS files (not with noNats),
+then the service's own ("args") and the operator's ("extraArgs"). Only
 file paths reach the command line, never secrets.
 */}}
 {{- define "tessera.args" -}}
@@ -352,7 +352,7 @@ podAntiAffinity:
 {{- $auth := .Values.nats.auth }}
 {{- $embedded := include "tessera.natsEmbedded" . }}
 {{- if and (not $embedded) (eq $auth.type "per-service") (not $auth.existingSecret) }}
-{{- fail "nats.auth.type=per-service with an external NATS (nats.url) needs nats.auth.existingSecret: a Secret with each service's password under its name (placer, binder, dashboard, inventory, deviceplugin), for the users you made on your server (`tessera nats-permissions` prints their permissions)" }}
+{{- fail "nats.auth.type=per-service with an external NATS (nats.url) needs nats.auth.existingSecret: a Secret with each service's password under its name (placer, binder, dashboard, inventory, deviceplugin, webhook), for the users you made on your server (`tessera nats-permissions` prints their permissions)" }}
 {{- end }}
 {{- if and $embedded (eq $auth.type "creds") }}
 {{- fail "nats.auth.type=creds needs an external NATS server (set nats.url): the embedded server has no operator or account resolver" }}
@@ -390,6 +390,11 @@ podAntiAffinity:
 CEL of the webhooks' matchCondition: the pod asks for a tessera.dev/* resource in a container or
 an init container (limits or requests). Other pods never reach the webhook.
 */}}
+{{- define "tessera.writtenAnnotationsCondition" -}}
+{{- $written := "has(o.metadata.annotations) && o.metadata.annotations.exists(k, k in ['tessera.dev/assignment', 'tessera.dev/bind-time', 'tessera.dev/assigned'])" -}}
+{{ $written | replace "o." "object." }} || (oldObject != null && {{ $written | replace "o." "oldObject." }})
+{{- end }}
+
 {{- define "tessera.webhookCondition" -}}
 {{- $asks := "c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('tessera.dev/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('tessera.dev/'))))" -}}
 object.spec.containers.exists({{ $asks }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists({{ $asks }}))

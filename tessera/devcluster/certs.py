@@ -1,8 +1,11 @@
-"""A throwaway CA and serving certificate for the admission webhook ``tessera up`` runs.
+"""A throwaway CA and serving certificate: for the admission webhook ``tessera up`` runs, and
+for the API test double when it serves HTTPS.
 
 The API server calls webhooks over HTTPS and verifies the serving certificate against the
 configuration's ``caBundle``; on a cluster the chart's certificate (cert-manager's, or one helm
-generates) plays this part. Keys never leave the run directory.
+generates) plays this part. kubectl sends credentials (a bearer token) only over HTTPS, so the
+API test double serves HTTPS when clients must say who they are. Keys never leave the directory
+they are written to.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def _alternative_name(host: str) -> x509.GeneralName:
 
 
 def make_serving_certificate(
-    directory: Path, hosts: Sequence[str], *, days: int = 30
+    directory: Path, hosts: Sequence[str], *, days: int = 30, ca_name: str = "tessera-webhook-ca"
 ) -> ServingCertificate:
     """A new CA and a certificate it signs for ``hosts`` (DNS names or IP addresses), written
     to ``directory`` (``ca.crt``, ``tls.crt``, ``tls.key``, the key readable by its owner only)."""
@@ -52,8 +55,8 @@ def make_serving_certificate(
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
         x509.CertificateBuilder()
-        .subject_name(_name("tessera-webhook-ca"))
-        .issuer_name(_name("tessera-webhook-ca"))
+        .subject_name(_name(ca_name))
+        .issuer_name(_name(ca_name))
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(valid_from)
