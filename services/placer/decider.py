@@ -26,7 +26,7 @@ from typing import Final, Literal, cast
 import msgspec
 
 from services.placer import translate
-from services.placer.core import cycle, framework
+from services.placer.core import cycle, ranking
 from services.placer.core.facts import pod_facts
 from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
@@ -271,7 +271,7 @@ def verdicts(
         ]
     chosen = prepared.profile
     shape_ids = [index.shape_id_or_none(name) for name in names]
-    judged = framework.judgements(
+    judged = ranking.judgements(
         prepared.facts, index, chosen, (sid for sid in shape_ids if sid is not None)
     )
     fitting = {sid: score for sid, score in judged.items() if not isinstance(score, str)}
@@ -329,7 +329,7 @@ def unjudged(
     prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
     if isinstance(prepared, Rejection):  # answered without looking at any node
         return []
-    memo = prepared.profile.judged(index, prepared.facts.request.placement_key())
+    memo = prepared.profile.judged(index, prepared.facts.request.shape_key())
     if nodes is None:
         shape_ids: Iterable[int] = index.groups
     else:
@@ -350,7 +350,7 @@ def judge_shapes(
     if isinstance(prepared, Rejection):
         return 0
     current = [sid for sid in shape_ids if sid in index.groups]
-    framework.judgements(prepared.facts, index, prepared.profile, current)
+    ranking.judgements(prepared.facts, index, prepared.profile, current)
     return len(current)
 
 
