@@ -153,9 +153,8 @@ class NodeCheck:
     nothing, a rule overrides what it does."""
 
     candidates: frozenset[str] | None = None
-    """The only nodes that may take the pod (None: any)."""
-    narrowed: Refusal | None = None
-    """Why the nodes outside :attr:`candidates` may not."""
+    """The only nodes that may take the pod (None: any): the others are not judged for a
+    decision, and :meth:`refuse` says why of each when a rejection or a verdict asks."""
     scores = False
     """Whether :meth:`score` has anything to say."""
 

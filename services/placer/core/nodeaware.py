@@ -194,18 +194,16 @@ class NodeRanking:
         self._pod = pod
         self._cluster = cluster
         self._profile = profile
-        memo = profile.judged(cluster, pod.request.shape_key())
+        self._checks = checks
+        self._memo = memo = profile.judged(cluster, pod.request.shape_key())
         names: frozenset[str] | None = None
-        self._narrowed: Refusal | None = None
         for _, check in checks:
             if check.candidates is not None:
                 names = check.candidates if names is None else names & check.candidates
-                self._narrowed = self._narrowed or check.narrowed
         if names is None:
             ranks: Sequence[int] = range(len(cluster))
         else:
             ranks = sorted(cluster.rank_of(n) for n in names if n in cluster)
-        self._candidates = len(ranks)
         shape_of = [cluster.shape_id_of(cluster.name_at(r)) for r in ranks]
         judge_together(pod, cluster, profile, memo, shape_of)
         self.reasons: dict[int, str | Refusal] = {}
@@ -218,8 +216,7 @@ class NodeRanking:
             if judged is None:
                 judged = memo[sid] = profile.judge(pod, cluster.shapes[sid])
                 added += 1
-            node = cluster.node(cluster.name_at(rank))
-            reason = reason_of(judged, _first(c.refuse(node) for _, c in checks))
+            reason = self._reason(rank, judged)
             if reason is None:
                 feasible.append(rank)
                 judgements.append(judged)
@@ -228,6 +225,26 @@ class NodeRanking:
         cluster.memo_size += added
         self._totals = self._score(feasible, judgements, checks)
         self._order: list[int] | None = None
+
+    def _reason(self, rank: int, judged: Judgement) -> str | Refusal | None:
+        """Why the node at ``rank``, whose shape was judged ``judged``, does not fit (None: it
+        does): the reasons in kube-scheduler's filter order."""
+        node = self._cluster.node(self._cluster.name_at(rank))
+        return reason_of(judged, _first(c.refuse(node) for _, c in self._checks))
+
+    def _outside(self, rank: int) -> str | Refusal:
+        """Why a node the rules' PreFilter left out does not fit: the reason it would get were
+        it judged (a taint before the selector, as kube-scheduler filters), judged only when a
+        rejection or a verdict asks."""
+        cluster, memo = self._cluster, self._memo
+        sid = cluster.shape_id_of(cluster.name_at(rank))
+        judged = memo.get(sid)
+        if judged is None:
+            judged = memo[sid] = self._profile.judge(self._pod, cluster.shapes[sid])
+            cluster.memo_size += 1
+        reason = self._reason(rank, judged)
+        assert reason is not None, "a node outside the candidates fits"
+        return reason
 
     def _score(
         self, feasible: list[int], judgements: list[Judgement], checks: Checks
@@ -312,11 +329,11 @@ class NodeRanking:
 
     def _rejection(self, avoid: Collection[str], now: float) -> Rejection:
         counts: dict[str, int] = {}
-        outside = len(self._cluster) - self._candidates
-        if outside and self._narrowed is not None:
-            counts[self._narrowed.reason] = outside
-        for reason in self.reasons.values():
-            text = _text(reason)
+        for rank in range(len(self._cluster)):
+            if rank in self._totals:
+                continue
+            reason = self.reasons.get(rank)
+            text = _text(reason if reason is not None else self._outside(rank))
             counts[text] = counts.get(text, 0) + 1
         if self._totals:
             counts[AVOIDED] = counts.get(AVOIDED, 0) + len(self._totals)
@@ -332,10 +349,7 @@ class NodeRanking:
         if found is not None:
             return None, found[0], found[1]
         reason = self.reasons.get(rank)
-        if reason is None:  # not a candidate
-            assert self._narrowed is not None
-            return self._narrowed, 0.0, {}
-        return reason, 0.0, {}
+        return reason if reason is not None else self._outside(rank), 0.0, {}
 
 
 Verdict = tuple[str | Refusal | None, float, dict[str, float]]

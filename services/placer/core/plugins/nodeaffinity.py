@@ -3,11 +3,11 @@ kube-scheduler's plugin of that name.
 
 PreFilter: the nodes the pod's ``nodeSelector`` and required terms allow, found from the index's
 labels (the nodes labelled with each ``nodeSelector`` pair, then the required terms over those)
-and kept until a label changes; they are the pod's only candidates, and every other node is
-counted as ``node(s) didn't match Pod's node affinity/selector`` (unresolvable: only a label
-change helps). Score: the weights of the preferred terms a node matches, normalised over the
-feasible nodes (kube-scheduler's ``DefaultNormalizeScore``), weight 2 as in its default
-profile.
+and kept until a label changes; they are the pod's only candidates. Every other node is refused,
+``node(s) didn't match Pod's node affinity/selector`` (unresolvable: only a label change helps),
+unless a rule kube-scheduler runs first (a taint) says otherwise. Score: the weights of the
+preferred terms a node matches, normalised over the feasible nodes (kube-scheduler's
+``DefaultNormalizeScore``), weight 2 as in its default profile.
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ def candidates(constraints: Constraints, cluster: ClusterIndex) -> frozenset[str
 
 
 class NodeAffinityCheck(NodeCheck):
-    narrowed = REFUSAL
-
     def __init__(
         self,
         constraints: Constraints,
