@@ -345,16 +345,24 @@ def requests_tessera(pod: Pod) -> bool:
 
 
 def parse_pending(
-    pod: Pod, namespaces: Mapping[str, Mapping[str, str]] | None = None
+    pod: Pod,
+    namespaces: Mapping[str, Mapping[str, str]] | None = None,
+    *,
+    strict_constraints: bool = True,
 ) -> PodPending | InvalidPod:
     """The pod as the placer's input, or every reason it cannot be placed as written.
 
     ``namespaces``: every namespace's labels, for pod-affinity namespace selectors
-    (``shared.scheduling``)."""
+    (``shared.scheduling``). Without ``strict_constraints`` (a pod kube-scheduler schedules,
+    extender mode, or one bound already), constraints Tessera cannot read are kube-scheduler's
+    business, not a reason to refuse the pod: the pod then carries none."""
     errors: list[FieldError] = []
     hints = _hints(pod, errors)
     constraints, problems = constraints_of(pod, namespaces)
-    errors.extend(FieldError(field=field, problem=problem) for field, problem in problems)
+    if strict_constraints:
+        errors.extend(FieldError(field=field, problem=problem) for field, problem in problems)
+    elif problems:
+        constraints = None
     for index, container in enumerate(pod.spec.init_containers or ()):
         for resource in _tessera_limits(container):
             errors.append(

@@ -101,6 +101,12 @@ class ClusterIndex:
         self.node_cache: dict[object, object] = {}
         """What node-aware rules derived from labels and taints (by name, never by rank),
         dropped when a label or a taint changes."""
+        self.relabelled = 0
+        """Counts changes of a held node's labels or taints (a pod waiting on a node selector
+        or a toleration may fit now)."""
+        self.repodded = 0
+        """Counts changes of a held node's pods (a pod waiting on pod affinity or topology
+        spread may fit now)."""
         for name in names:
             self._enter(name, self._nodes[name])
             self._note(name, None, self._nodes[name])
@@ -188,8 +194,11 @@ class ClusterIndex:
             else:
                 self.tainted.pop(name, None)
             self.node_cache.clear()
-        if old is not None and new is not None and old.pods is new.pods:
+            if old is not None and new is not None:
+                self.relabelled += 1
+        if old is not None and new is not None and (old.pods is new.pods or old.pods == new.pods):
             return
+        self.repodded += 1
         pods = new.pods if new is not None else ()
         with_terms = tuple(pod for pod in pods if _has_terms(pod))
         if with_terms:
