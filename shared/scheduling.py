@@ -444,6 +444,20 @@ def constraints_of(
     return constraints, problems
 
 
+def uses_namespace_selector(pod: Pod) -> bool:
+    """Whether a pod-affinity term of the pod names a namespace selector (what it selects moves
+    as namespaces come, go and are labelled)."""
+    affinity = pod.spec.affinity or {}
+    return any(
+        "namespaceSelector" in (weighted.get("podAffinityTerm") or weighted)
+        for kind in ("podAffinity", "podAntiAffinity")
+        for terms in (affinity.get(kind) or {}).values()
+        if isinstance(terms, list)
+        for weighted in terms
+        if isinstance(weighted, dict)
+    )
+
+
 def scheduling_gates(pod: Pod) -> tuple[tuple[str, ...], list[Problem]]:
     """The names of the pod's scheduling gates (``spec.schedulingGates``): while any is left
     the pod is not placed (kube-scheduler's ``SchedulingGates``)."""
