@@ -11,7 +11,9 @@ the mutated pod):
   answer is a JSONPatch.
 - **validate** (``/validate``): a pod of Tessera's schedulers asking for Tessera resources is
   refused when Tessera could never place it as written, with exactly the one line the binder
-  would write on it (``shared.podspec``: the same parse, the same reasons).
+  would write on it (``shared.podspec``: the same parse, the same reasons). That includes a
+  scheduling constraint Tessera's own scheduler does not implement (a field, operator or policy
+  a later Kubernetes adds), named by its field: refused, never ignored.
 
 Pods already bound (``spec.nodeName``), pods of other schedulers, pods asking for no Tessera
 resource and every other operation are allowed untouched. A body that is not an AdmissionReview
@@ -226,7 +228,10 @@ def validate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | Bad
         return pod or _allowed(request)
     if pod.spec.node_name or not _tessera_scheduled(pod, policy) or not requests_tessera(pod):
         return _allowed(request)
-    parsed = parse_pending(pod)
+    # A pod of an extender scheduler is kube-scheduler's to place: constraints Tessera does not
+    # implement are not Tessera's to refuse there.
+    own = (pod.spec.scheduler_name or DEFAULT_SCHEDULER) == policy.scheduler_name
+    parsed = parse_pending(pod, strict_constraints=own)
     if not isinstance(parsed, InvalidPod):
         return _allowed(request)
     response = AdmissionResponse(
