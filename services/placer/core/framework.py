@@ -152,6 +152,8 @@ class NodeCheck:
     """One rule's work for one pod on one index (its PreFilter state); the defaults say
     nothing, a rule overrides what it does."""
 
+    stage: Stage = "before_fit"
+    """Where its filter runs among kube-scheduler's (its refusals carry the same)."""
     candidates: frozenset[str] | None = None
     """The only nodes that may take the pod (None: any): the others are not judged for a
     decision, and :meth:`refuse` says why of each when a rejection or a verdict asks."""

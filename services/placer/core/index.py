@@ -125,6 +125,12 @@ class ClusterIndex:
     def name_at(self, rank: int) -> str:
         return self._names_by_rank[rank]
 
+    @property
+    def names_by_rank(self) -> Sequence[str]:
+        """Node names in tie-break order (``names_by_rank[r]`` is ``name_at(r)``); the caller
+        must not change it."""
+        return self._names_by_rank
+
     def rank_of(self, name: str) -> int:
         return self._rank[name]
 

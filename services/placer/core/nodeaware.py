@@ -200,23 +200,40 @@ class NodeRanking:
         for _, check in checks:
             if check.candidates is not None:
                 names = check.candidates if names is None else names & check.candidates
+        by_rank = cluster.names_by_rank
         if names is None:
             ranks: Sequence[int] = range(len(cluster))
         else:
             ranks = sorted(cluster.rank_of(n) for n in names if n in cluster)
-        shape_of = [cluster.shape_id_of(cluster.name_at(r)) for r in ranks]
+        shape_id_of = cluster.shape_id_of
+        shape_of = [shape_id_of(by_rank[r]) for r in ranks]
         judge_together(pod, cluster, profile, memo, shape_of)
         self.reasons: dict[int, str | Refusal] = {}
         """Candidate rank -> why it does not fit."""
         feasible: list[int] = []
         judgements: list[Judgement] = []
         added = 0
+        every = [c for _, c in checks]
+        before = [c for c in every if c.stage == "before_fit"]
+        node_of = cluster.node
+        # The hot loop of a pod with constraints (once per candidate node): _reason inlined.
         for rank, sid in zip(ranks, shape_of, strict=True):
             judged = memo.get(sid)
             if judged is None:
                 judged = memo[sid] = profile.judge(pod, cluster.shapes[sid])
                 added += 1
-            reason = self._reason(rank, judged)
+            if judged.__class__ is str and judged == NODE_UNSCHEDULABLE:
+                self.reasons[rank] = judged  # a shape's reason
+                continue
+            node = node_of(by_rank[rank])
+            refusal = None
+            # A shape that does not fit gives its own reason unless a rule before the fit
+            # refuses: the rules after it need not be asked.
+            for check in before if judged.__class__ is str else every:
+                refusal = check.refuse(node)
+                if refusal is not None:
+                    break
+            reason = reason_of(judged, refusal)
             if reason is None:
                 feasible.append(rank)
                 judgements.append(judged)
@@ -261,11 +278,13 @@ class NodeRanking:
             base = [by_sid[sid] for sid in sids]
         else:
             base = [float(j) for j in judgements]  # type: ignore[arg-type]
+        scoring = [(rule, check) for rule, check in checks if check.scores]
+        if not scoring or not feasible:
+            none: dict[str, float] = {}
+            return {rank: (base[i], none) for i, rank in enumerate(feasible)}
         extra: list[dict[str, float]] = [{} for _ in feasible]
-        nodes = [cluster.node(cluster.name_at(r)) for r in feasible] if feasible else []
-        for rule, check in checks:
-            if not check.scores or not nodes:
-                continue
+        nodes = [cluster.node(cluster.name_at(r)) for r in feasible]
+        for rule, check in scoring:
             for i, value in enumerate(check.score(nodes)):
                 extra[i][rule.name] = rule.weight * value
         return {
@@ -275,29 +294,37 @@ class NodeRanking:
     # -- choosing --------------------------------------------------------------------------------
 
     def _ordered(self) -> list[int]:
-        """Feasible ranks, best total first (then the tie-break rank); a NaN total last."""
+        """Feasible ranks, best total first (then the tie-break rank); a NaN total last. Sorted
+        only once a pick finds the best avoided (most picks take it)."""
         if self._order is None:
-            totals = self._totals
-
-            def key(rank: int) -> tuple[bool, float, int]:
-                total = totals[rank][0]
-                return (total != total, -total if total == total else 0.0, rank)
-
-            self._order = sorted(totals, key=key)
+            self._order = [rank for _, rank in sorted(self._keys())]
         return self._order
+
+    def _keys(self) -> list[tuple[float, int]]:
+        """(minus the total, rank) of each feasible rank: the smallest is the best (a NaN
+        total ranks after every other)."""
+        inf = float("inf")
+        return [(-t if t == t else inf, rank) for rank, (t, _) in self._totals.items()]
 
     def _choose(
         self, avoid: Collection[str], rng: random.Random | None
     ) -> tuple[int, random.Random | None] | None:
         cluster = self._cluster
         excluded = cluster.ranks_of(frozenset(avoid)) if avoid else frozenset()
+        if not self._totals:
+            return None
+        random_tie = self._profile.tie_break == "random"
+        if not random_tie and self._order is None:
+            best = min(self._keys())[1]
+            if best not in excluded:
+                return best, rng
         usable = [r for r in self._ordered() if r not in excluded]
         if not usable:
             return None
-        if self._profile.tie_break != "random":
+        if not random_tie:
             return usable[0], rng
-        best = self._totals[usable[0]][0]
-        tied = sorted(r for r in usable if self._totals[r][0] == best)
+        best_total = self._totals[usable[0]][0]
+        tied = sorted(r for r in usable if self._totals[r][0] == best_total)
         rng = rng or _rng_for(self._pod)
         return tied[rng.randrange(len(tied))], rng
 
@@ -323,7 +350,7 @@ class NodeRanking:
             reservation=reservation,
             score=total,
             scores={**profile.weighted(pod, cluster.shape_of(node.name)), **extra},
-            feasible_nodes=sum(1 for r in self._totals if r not in excluded),
+            feasible_nodes=len(self._totals) - sum(1 for r in excluded if r in self._totals),
             decided_at=now,
         )
 

@@ -62,6 +62,8 @@ def _add(counts: dict[Domain, int], node: NodeState, key: str, amount: int) -> N
 
 
 class AffinityCheck(NodeCheck):
+    stage = "after_fit"
+
     def __init__(
         self,
         affinity: PodAffinity | None,

@@ -52,6 +52,39 @@ def _included(spread: SpreadConstraint, constraints: Constraints, node: NodeStat
     )
 
 
+Eligible = list[tuple[str, str]]
+"""(node, its value of a constraint's topology key) for each node a constraint counts."""
+
+
+def _eligible(
+    cluster: ClusterIndex, constraints: Constraints, spreads: Sequence[SpreadConstraint]
+) -> list[Eligible]:
+    """For each of ``spreads``, the nodes it counts: those with every one of ``spreads``' keys
+    that pass its inclusion policies. Labels and taints alone decide, so it is kept in the
+    index's node cache until one changes."""
+    affinity = constraints.node_affinity
+    key = (
+        NAME,
+        tuple((s.topology_key, s.node_affinity_policy, s.node_taints_policy) for s in spreads),
+        constraints.node_selector,
+        affinity.required if affinity is not None else None,
+        constraints.tolerations,
+    )
+    found = cluster.node_cache.get(key)
+    if found is None:
+        keys = [s.topology_key for s in spreads]
+        built: list[Eligible] = [[] for _ in spreads]
+        for node in cluster:
+            labels = node.labels
+            if not all(k in labels for k in keys):
+                continue
+            for i, spread in enumerate(spreads):
+                if _included(spread, constraints, node):
+                    built[i].append((node.name, labels[spread.topology_key]))
+        found = cluster.node_cache[key] = built
+    return found  # type: ignore[return-value]  # stored just above
+
+
 class _Hard:
     """One ``DoNotSchedule`` constraint's PreFilter state."""
 
@@ -65,6 +98,8 @@ class _Hard:
 
 
 class SpreadCheck(NodeCheck):
+    stage = "after_fit"
+
     def __init__(self, pod: PodFacts, cluster: ClusterIndex, constraints: Constraints) -> None:
         request = pod.request
         labels = dict(request.labels)
@@ -75,18 +110,13 @@ class SpreadCheck(NodeCheck):
         self._soft = [s for s in constraints.spread if s.when_unsatisfiable == "ScheduleAnyway"]
         self.scores = bool(self._soft)
         self._hard = [_Hard(s, 1 if selector_matches(s.selector, labels) else 0) for s in hard]
-        keys = [s.topology_key for s in hard]
-        for state in self._hard:
+        for state, eligible in zip(self._hard, _eligible(cluster, constraints, hard), strict=True):
             counts = self._counts(state.spread)
-            for node in cluster:
-                if not all(k in node.labels for k in keys):
-                    continue
-                if not _included(state.spread, constraints, node):
-                    continue
-                value = node.labels[state.spread.topology_key]
-                state.domains[value] = state.domains.get(value, 0) + counts.get(node.name, 0)
-            if len(state.domains) >= state.spread.min_domains:
-                state.minimum = min(state.domains.values())
+            domains = state.domains
+            for name, value in eligible:
+                domains[value] = domains.get(value, 0) + counts.get(name, 0)
+            if len(domains) >= state.spread.min_domains:
+                state.minimum = min(domains.values())
 
     def _counts(self, spread: SpreadConstraint) -> dict[str, int]:
         return self._cluster.pod_counts(((self._namespace, spread.selector),))
@@ -121,17 +151,14 @@ class SpreadCheck(NodeCheck):
             per_domain.append(dict.fromkeys(values, 0))
             weights.append(math.log(len(values) + 2))
         counts = [self._counts(s) for s in soft]
-        for node in self._cluster:
-            if not all(k in node.labels for k in keys):
+        eligible = _eligible(self._cluster, self._constraints, soft)
+        for i, spread in enumerate(soft):
+            if spread.topology_key == HOSTNAME:
                 continue
-            for i, spread in enumerate(soft):
-                if spread.topology_key == HOSTNAME or not _included(
-                    spread, self._constraints, node
-                ):
-                    continue
-                value = node.labels[spread.topology_key]
-                if value in per_domain[i]:
-                    per_domain[i][value] += counts[i].get(node.name, 0)
+            domains = per_domain[i]
+            for name, value in eligible[i]:
+                if value in domains:
+                    domains[value] += counts[i].get(name, 0)
         raw: list[int] = []
         for node, ok in zip(nodes, scored, strict=True):
             if not ok:
