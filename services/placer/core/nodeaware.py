@@ -32,7 +32,6 @@ each node's shape judged from the same memo.
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import Collection, Iterable, Sequence
 from typing import Protocol
 
@@ -44,12 +43,11 @@ from services.placer.core.framework import (
     NodeRule,
     Profile,
     Refusal,
-    place_on_node,
 )
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, Rejection, RejectionReason
 from services.placer.core.plugins.fit import CAPACITY_REASONS, NODE_UNSCHEDULABLE
-from services.placer.core.ranking import Ranking, judge_together
+from services.placer.core.ranking import Ranking, decision_on, judge_together, rng_for
 
 
 class Ranker(Protocol):
@@ -137,10 +135,6 @@ def _rejection(pod: PodFacts, counts: dict[str, int], now: float) -> Rejection:
         if n
     )
     return Rejection(pod_uid=pod.request.uid, reasons=reasons, decided_at=now)
-
-
-def _rng_for(pod: PodFacts) -> random.Random:
-    return random.Random(zlib.crc32(pod.request.uid.encode()))
 
 
 class SparseRanking:
@@ -325,7 +319,7 @@ class NodeRanking:
             return usable[0], rng
         best_total = self._totals[usable[0]][0]
         tied = sorted(r for r in usable if self._totals[r][0] == best_total)
-        rng = rng or _rng_for(self._pod)
+        rng = rng or rng_for(self._pod.request)
         return tied[rng.randrange(len(tied))], rng
 
     def node(self, *, avoid: Collection[str] = ()) -> str | None:
@@ -340,19 +334,10 @@ class NodeRanking:
         if chosen is None:
             return self._rejection(avoid, now)
         rank, rng = chosen
-        node = cluster.node(cluster.name_at(rank))
-        reservation = place_on_node(pod, node, profile, rng or _rng_for(pod))
-        if reservation is None:  # the fit filter said yes, so this is a bug
-            raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
         total, extra = self._totals[rank]
         excluded = cluster.ranks_of(frozenset(avoid)) if avoid else frozenset()
-        return Decision(
-            reservation=reservation,
-            score=total,
-            scores={**profile.weighted(pod, cluster.shape_of(node.name)), **extra},
-            feasible_nodes=len(self._totals) - sum(1 for r in excluded if r in self._totals),
-            decided_at=now,
-        )
+        feasible = len(self._totals) - sum(1 for r in excluded if r in self._totals)
+        return decision_on(pod, cluster, profile, rank, total, extra, feasible, rng, now=now)
 
     def _rejection(self, avoid: Collection[str], now: float) -> Rejection:
         counts: dict[str, int] = {}

@@ -34,7 +34,7 @@ from services.placer.core.model import (
 )
 
 
-def _rng_for(pod: PodRequest) -> random.Random:
+def rng_for(pod: PodRequest) -> random.Random:
     return random.Random(zlib.crc32(pod.uid.encode()))
 
 
@@ -174,17 +174,7 @@ class Ranking:
         if chosen is None:
             return _rejection(pod, cluster, self._memo, now)
         rank, best, feasible, rng = chosen
-        node = cluster.node(cluster.name_at(rank))
-        reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
-        if reservation is None:  # the fit filter said yes, so this is a bug
-            raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
-        return Decision(
-            reservation=reservation,
-            score=best,
-            scores=profile.weighted(pod, cluster.shape_of(node.name)),
-            feasible_nodes=feasible,
-            decided_at=now,
-        )
+        return decision_on(pod, cluster, profile, rank, best, {}, feasible, rng, now=now)
 
     def _choose(
         self, avoid: Collection[str], rng: random.Random | None
@@ -203,7 +193,7 @@ class Ranking:
         tied, best, feasible = picked
         groups = cluster.groups
         if profile.tie_break == "random":
-            rng = rng or _rng_for(pod.request)
+            rng = rng or rng_for(pod.request)
             # Drawn in rank order: the index's shape ids (and so ``tied``'s order) follow the
             # history of node states, and a placer restarted on the same cluster must draw the
             # same node as one that ran all along.
@@ -220,6 +210,33 @@ class Ranking:
             for sid in tied
         )
         return rank, best, feasible, rng
+
+
+def decision_on(
+    pod: PodFacts,
+    cluster: ClusterIndex,
+    profile: Profile,
+    rank: int,
+    total: float,
+    extra: dict[str, float],
+    feasible: int,
+    rng: random.Random | None,
+    *,
+    now: float,
+) -> Decision:
+    """The decision for the node at ``rank``, its GPUs chosen (``extra``: scores beside the
+    profile's, the node-aware rules')."""
+    node = cluster.node(cluster.name_at(rank))
+    reservation = place_on_node(pod, node, profile, rng or rng_for(pod.request))
+    if reservation is None:  # the fit filter said yes, so this is a bug
+        raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
+    return Decision(
+        reservation=reservation,
+        score=total,
+        scores={**profile.weighted(pod, cluster.shape_of(node.name)), **extra},
+        feasible_nodes=feasible,
+        decided_at=now,
+    )
 
 
 def judgements(
