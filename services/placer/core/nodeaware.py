@@ -11,8 +11,9 @@ kube-scheduler runs them:
    (the nodes a ``nodeSelector`` leaves, from the index's labels; the pods matching a selector
    per topology domain, from the index's counts) or says it has nothing to do (None). A rule
    may narrow the candidate nodes (:attr:`NodeCheck.candidates`, kube-scheduler's
-   ``PreFilterResult.NodeNames``): the nodes it leaves out are counted under its own reason and
-   never judged.
+   ``PreFilterResult.NodeNames``): the nodes it leaves out are not judged for a decision, and
+   get the reason kube-scheduler's filter order gives them only when a rejection or a verdict
+   asks.
 2. **Filter**, node by node: :meth:`NodeCheck.refuse` gives a :class:`Refusal` with its reason,
    worded as kube-scheduler words it, and whether it is unresolvable (no pod leaving the node
    can help: kube-scheduler's ``UnschedulableAndUnresolvable``, which the extender passes on).
