@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/placer_service.py [--nodes 1000] [--gpus 8] [--rate 500]
         [--seconds 10] [--replicas 1,3] [--burst 3000] [--rss-nodes 10000] [--quota-share 0]
-        [--pools 1] [--nats-servers 1] [--hand-off-s 0.25]
+        [--spread-share 0] [--pools 1] [--nats-servers 1] [--hand-off-s 0.25]
 
 For each replica count: a fresh nats-server; every node's inventory and node facts written into KV
 (as the inventory and the binder do); that many placer processes started and waited for (ready =
@@ -32,7 +32,12 @@ binder publishes them.
 The pods are GPU shares (2-8 GiB, 10-40 % of the SMs) and a few whole GPUs; the cluster never
 fills, so every pod is placed and nothing waits. ``--quota-share F`` puts that fraction of the pods
 in a tenant with a quota (large enough never to refuse one): each of their commits also charges the
-tenant's one usage entry by compare-and-set, which is what exact quotas cost. ``--pools N``
+tenant's one usage entry by compare-and-set, which is what exact quotas cost.
+``--spread-share F`` gives that fraction of the pods a topology spread constraint over
+``kubernetes.io/hostname`` (``maxSkew`` 1, ``DoNotSchedule``, one app's pods), which the placer
+judges node by node, counting the app's pods on every node: what such a pod costs beside the
+others, which the node-aware rules leave alone (every node carries the hostname label, as a
+kubelet's node does). ``--pools N``
 starts the placers with node pools (``--pools 0``: as many pools as replicas), and waits until
 the pools are shared out before sending pods. ``--nats-servers 3`` runs them over a three-server
 JetStream cluster on loopback, every stream and bucket with three replicas (each write then waits
@@ -64,6 +69,11 @@ import aiohttp  # noqa: E402
 
 from shared import codec, subjects  # noqa: E402
 from shared.messages.assignments import AssignmentRecord, settled  # noqa: E402
+from shared.messages.constraints import (  # noqa: E402
+    Constraints,
+    LabelSelector,
+    SpreadConstraint,
+)
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
 from shared.messages.nodes import NodeFacts  # noqa: E402
 from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
@@ -117,17 +127,31 @@ def facts(node: str, now: float) -> NodeFacts:
         node=node,
         cpu_allocatable_milli=128_000,
         memory_allocatable_mib=1024 * 1024,
-        labels={"nvidia.com/gpu.product": "A100-SXM4-80GB"},
+        labels={"nvidia.com/gpu.product": "A100-SXM4-80GB", "kubernetes.io/hostname": node},
         observed_at=now,
     )
 
 
 QUOTA_TENANT = "bench-quota"
+SPREAD_APP = {"app": "bench-spread"}
+SPREAD = Constraints(
+    spread=(
+        SpreadConstraint(
+            max_skew=1,
+            topology_key="kubernetes.io/hostname",
+            when_unsatisfiable="DoNotSchedule",
+            selector=LabelSelector(match_labels=tuple(SPREAD_APP.items())),
+        ),
+    )
+)
 
 
-def pod(n: int, rng: random.Random, quota_share: float = 0.0) -> PodPending:
+def pod(
+    n: int, rng: random.Random, quota_share: float = 0.0, spread_share: float = 0.0
+) -> PodPending:
     whole = rng.random() < 0.1
     quoted = quota_share > 0 and rng.random() < quota_share
+    spread = spread_share > 0 and rng.random() < spread_share
     return PodPending(
         uid=f"bench-{n:06d}",
         namespace=QUOTA_TENANT if quoted else "bench",
@@ -145,6 +169,8 @@ def pod(n: int, rng: random.Random, quota_share: float = 0.0) -> PodPending:
         ),
         created_at=time.time(),
         resource_version="1",
+        labels=dict(SPREAD_APP) if spread else {},
+        constraints=SPREAD if spread else None,
     )
 
 
@@ -488,7 +514,7 @@ async def run_cluster(
                 count = int(args.rate * args.seconds)
                 clocked = Clocked(expected=count)
                 await follow_decisions(bus, clocked)
-                pods = [pod(n, rng, args.quota_share) for n in range(count)]
+                pods = [pod(n, rng, args.quota_share, args.spread_share) for n in range(count)]
                 tasks = []
                 pids = {
                     "placers": [p.process.pid for p in placers],
@@ -527,7 +553,10 @@ async def run_cluster(
                 burst_cpu: dict[str, float] = {}
                 burst_switches = 0.0
                 if args.burst:
-                    burst = [pod(count + n, rng, args.quota_share) for n in range(args.burst)]
+                    burst = [
+                        pod(count + n, rng, args.quota_share, args.spread_share)
+                        for n in range(args.burst)
+                    ]
                     clocked = Clocked(expected=args.burst)
                     await follow_decisions(bus, clocked)
                     used_before = Used.now(pids)
@@ -620,6 +649,11 @@ async def main(args: argparse.Namespace) -> None:
         + (
             f"; {args.quota_share:.0%} of the pods in a tenant with a quota"
             if args.quota_share
+            else ""
+        )
+        + (
+            f"; {args.spread_share:.0%} of the pods with a hostname spread constraint"
+            if args.spread_share
             else ""
         )
     )
@@ -718,5 +752,11 @@ if __name__ == "__main__":
         type=float,
         default=0.0,
         help="fraction of the pods in a tenant with a (never refusing) quota",
+    )
+    parser.add_argument(
+        "--spread-share",
+        type=float,
+        default=0.0,
+        help="fraction of the pods with a topology spread constraint over kubernetes.io/hostname",
     )
     asyncio.run(main(parser.parse_args()))

@@ -10,6 +10,7 @@ scheduler extender from kube-scheduler's requests; both parse them with ``shared
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
@@ -49,6 +50,13 @@ class PodSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel
     containers: tuple[Container, ...] = ()
     init_containers: tuple[Container, ...] | None = None
     overhead: dict[str, Quantity] | None = None
+    node_selector: dict[str, str] | None = None
+    affinity: dict[str, Any] | None = None
+    """The scheduling constraints as the API wrote them: ``shared.scheduling`` reads them
+    strictly (a field it does not know is refused, never skipped)."""
+    tolerations: tuple[dict[str, Any], ...] | None = None
+    topology_spread_constraints: tuple[dict[str, Any], ...] | None = None
+    scheduling_gates: tuple[dict[str, Any], ...] | None = None
 
 
 class Condition(msgspec.Struct, frozen=True, gc=False, kw_only=True):

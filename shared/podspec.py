@@ -10,6 +10,9 @@ placer's scheduler extender answers kube-scheduler with the same reasons (every 
 Shared by the binder (pods from its informer) and the placer's extender (the pod kube-scheduler
 sends), so a pod is read the same way in both modes.
 
+The pod's scheduling constraints (``nodeSelector``, affinity, tolerations, topology spread) are
+read by ``shared.scheduling``: a field or value Tessera does not implement is one more problem.
+
 Rules beyond the placer's own checks (these are refused here so the placer never decides them):
 unknown ``tessera.dev/`` resources or annotations (a typo must not be silently ignored), Tessera
 resources on init containers (the device plugin hands devices to app containers only), a slice
@@ -31,6 +34,7 @@ from shared.kubeobjects import Container, Pod, Quantity, epoch
 from shared.messages.base import GpuPolicy, GpuType, NodePolicy
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
 from shared.quantity import QuantityError, mebibytes, milli, parse_quantity
+from shared.scheduling import constraints_of
 from shared.validation import MAX_GPU_CONTAINERS, MAX_GPU_MEMORY_MIB
 
 GPU_POLICIES: Final[tuple[str, ...]] = get_args(GpuPolicy)
@@ -354,10 +358,25 @@ def requests_tessera(pod: Pod) -> bool:
     return False
 
 
-def parse_pending(pod: Pod) -> PodPending | InvalidPod:
-    """The pod as the placer's input, or every reason it cannot be placed as written."""
+def parse_pending(
+    pod: Pod,
+    namespaces: Mapping[str, Mapping[str, str]] | None = None,
+    *,
+    strict_constraints: bool = True,
+) -> PodPending | InvalidPod:
+    """The pod as the placer's input, or every reason it cannot be placed as written.
+
+    ``namespaces``: every namespace's labels, for pod-affinity namespace selectors
+    (``shared.scheduling``). Without ``strict_constraints`` (a pod kube-scheduler schedules,
+    extender mode, or one bound already), constraints Tessera cannot read are kube-scheduler's
+    business, not a reason to refuse the pod: the pod then carries none."""
     errors: list[FieldError] = []
     hints = _hints(pod, errors)
+    constraints, problems = constraints_of(pod, namespaces)
+    if strict_constraints:
+        errors.extend(FieldError(field=field, problem=problem) for field, problem in problems)
+    elif problems:
+        constraints = None
     for index, container in enumerate(pod.spec.init_containers or ()):
         for resource in _tessera_limits(container):
             errors.append(
@@ -394,4 +413,6 @@ def parse_pending(pod: Pod) -> PodPending | InvalidPod:
         hints=hints,
         created_at=epoch(meta.creation_timestamp),
         resource_version=meta.resource_version,
+        labels=dict(meta.labels or {}),
+        constraints=constraints,
     )

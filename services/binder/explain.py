@@ -21,6 +21,8 @@ from shared.messages.placement import PlacementRejected
 
 SCHEDULED: Final = "PodScheduled"
 UNSCHEDULABLE: Final = "Unschedulable"
+GATED: Final = "SchedulingGated"
+"""The reason of a pod held by scheduling gates (the API server's)."""
 REPORTING_CONTROLLER: Final = "tessera.dev/binder"
 NOTE_LIMIT: Final = 1024
 """events.k8s.io/v1 rejects a note over 1 KiB."""
@@ -41,18 +43,18 @@ def unschedulable_message(rejected: PlacementRejected) -> str:
     return message
 
 
-def reports_unschedulable(pod: Pod, message: str) -> bool:
-    """Whether the pod already says ``PodScheduled=False/Unschedulable`` with ``message``."""
+def reports_unschedulable(pod: Pod, message: str, *, reason: str = UNSCHEDULABLE) -> bool:
+    """Whether the pod already says ``PodScheduled=False/<reason>`` with ``message``."""
     condition = pod.condition(SCHEDULED)
     return (
         condition is not None
         and condition.status == "False"
-        and condition.reason == UNSCHEDULABLE
+        and condition.reason == reason
         and condition.message == message
     )
 
 
-def unschedulable_patch(*, uid: str, message: str, now: str) -> Obj:
+def unschedulable_patch(*, uid: str, message: str, now: str, reason: str = UNSCHEDULABLE) -> Obj:
     """A strategic merge patch of ``pods/status`` (conditions merge by type), guarded by uid."""
     return {
         "metadata": {"uid": uid},
@@ -61,7 +63,7 @@ def unschedulable_patch(*, uid: str, message: str, now: str) -> Obj:
                 {
                     "type": SCHEDULED,
                     "status": "False",
-                    "reason": UNSCHEDULABLE,
+                    "reason": reason,
                     "message": message,
                     "lastTransitionTime": now,
                 }

@@ -76,7 +76,7 @@ def lookup_reply(
             f"--extender-scheduler-names ({known}): add it, or the binder never sees the pod "
             "go and its GPUs are never given back",
         )
-    parsed = parse_pending(pod)
+    parsed = parse_pending(pod, strict_constraints=False)
     if isinstance(parsed, InvalidPod):
         return PodLookupReply(uid=lookup.uid, error=f"invalid request: {parsed.message}")
     return PodLookupReply(uid=lookup.uid, pod=msgspec.structs.replace(parsed, extender=True))

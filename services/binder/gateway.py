@@ -15,10 +15,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from services.binder.objects import Lease, Node
+from services.binder.objects import Lease, Namespace, Node
 from shared.kubeobjects import Pod
 
-Kind = TypeVar("Kind", Pod, Node)
+Kind = TypeVar("Kind", Pod, Node, Namespace)
 
 
 class ApiUnavailableError(Exception):

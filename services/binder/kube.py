@@ -47,6 +47,8 @@ from services.binder.metrics import BinderMetrics
 from services.binder.objects import (
     Bookmark,
     Lease,
+    Namespace,
+    NamespaceList,
     Node,
     NodeList,
     PodList,
@@ -274,6 +276,8 @@ class KubeGateway:
             return "pods", self._core.list_pod_for_all_namespaces, PodList
         if kind is Node:
             return "nodes", self._core.list_node, NodeList
+        if kind is Namespace:
+            return "namespaces", self._core.list_namespace, NamespaceList
         raise TypeError(f"cannot list {kind.__name__}")
 
     async def list_objects(

@@ -119,7 +119,7 @@ class BinderMetrics:
             ),
             explained=Counter(
                 "tessera_binder_pending_explained_total",
-                "PodScheduled=False conditions written, by cause (rejected, invalid).",
+                "PodScheduled=False conditions written, by cause (rejected, invalid, gated).",
                 ["cause"],
                 registry=registry,
             ),

@@ -1,5 +1,8 @@
 """Pure: a Kubernetes Node and what the pods on it request, as the placer's ``NodeFacts``.
 
+The node's labels and taints go with them, and the pods on it that Tessera did not place
+(``neighbours.py``): what ``nodeSelector``, affinity, tolerations and spread are judged by.
+
 A pod's CPU and memory request is what kube-scheduler counts: the larger of the sum over its app
 containers and the largest init container, plus the pod overhead; a container without a request
 counts its limit (the API server defaults requests to limits). Quantities the API server would
@@ -15,6 +18,7 @@ import msgspec
 from services.binder.objects import Node
 from shared import annotations as names
 from shared.kubeobjects import Pod, Quantity
+from shared.messages.constraints import ExistingPod, Taint
 from shared.messages.nodes import NodeFacts
 from shared.podspec import container_request
 from shared.quantity import MIB, QuantityError, mebibytes, milli, parse_quantity, whole
@@ -96,8 +100,11 @@ def extended_allocatable(node: Node) -> dict[str, int]:
     return extended
 
 
-def node_facts(node: Node, requested: Requested, *, now: float) -> NodeFacts:
-    """The placer's view of ``node`` with ``requested`` summed over its non-terminated pods."""
+def node_facts(
+    node: Node, requested: Requested, *, pods: tuple[ExistingPod, ...] = (), now: float
+) -> NodeFacts:
+    """The placer's view of ``node`` with ``requested`` summed over its non-terminated pods and
+    ``pods`` (those not Tessera's) on it."""
     allocatable = node.status.allocatable or {}
     ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or ())
     return NodeFacts(
@@ -113,6 +120,10 @@ def node_facts(node: Node, requested: Requested, *, now: float) -> NodeFacts:
         schedulable=not node.spec.unschedulable,
         observed_at=now,
         extended_allocatable=extended_allocatable(node),
+        taints=tuple(
+            Taint(key=t.key, value=t.value or "", effect=t.effect) for t in node.spec.taints or ()
+        ),
+        pods=pods,
     )
 
 

@@ -14,8 +14,15 @@ import msgspec
 from shared.kubeobjects import Condition, ObjectMeta, Pod, Quantity
 
 
+class NodeTaint(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    key: str = ""
+    value: str | None = None
+    effect: str = ""
+
+
 class NodeSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     unschedulable: bool | None = None
+    taints: tuple[NodeTaint, ...] | None = None
 
 
 class NodeStatus(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -27,6 +34,12 @@ class Node(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ObjectMeta
     spec: NodeSpec = NodeSpec()
     status: NodeStatus = NodeStatus()
+
+
+class Namespace(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """What pod-affinity namespace selectors read of a namespace: its labels."""
+
+    metadata: ObjectMeta
 
 
 class LeaseSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
@@ -55,6 +68,11 @@ class PodList(msgspec.Struct, frozen=True, gc=False, kw_only=True):
 class NodeList(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     metadata: ListMeta = ListMeta()
     items: tuple[Node, ...] | None = None
+
+
+class NamespaceList(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    metadata: ListMeta = ListMeta()
+    items: tuple[Namespace, ...] | None = None
 
 
 class Status(msgspec.Struct, frozen=True, gc=False, kw_only=True):

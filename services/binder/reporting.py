@@ -141,6 +141,32 @@ class Reporter:
             note=message,
         )
 
+    async def gated(self, pod: Pod, message: str) -> None:
+        """``PodScheduled=False`` (reason ``SchedulingGated``, as the API server sets it) with
+        ``message``, once per message; no Event, as kube-scheduler writes none for a gated
+        pod."""
+        meta = pod.metadata
+        if self._explained.get(meta.uid) == message or explain.reports_unschedulable(
+            pod, message, reason=explain.GATED
+        ):
+            self._explained[meta.uid] = message
+            return
+        self._explained[meta.uid] = message
+        answer = await self._writer.patch_pod_status(
+            meta.namespace,
+            meta.name,
+            explain.unschedulable_patch(
+                uid=meta.uid,
+                message=message,
+                now=explain.status_time(self._clock.now()),
+                reason=explain.GATED,
+            ),
+        )
+        if not answer.ok:
+            self._explained.pop(meta.uid, None)
+            return
+        self._metrics.explained.labels(cause="gated").inc()
+
     async def handle_rejection(self, rejected: PlacementRejected) -> None:
         """Explain on the pod why it is Pending."""
         pod = self._pod_of(rejected.pod_uid)

@@ -32,7 +32,7 @@ def restore_of(pod: Pod, *, store_epoch: str) -> PodRestore | str:
         return f"{names.ASSIGNMENT} does not read: {error}"
     if placed.node != pod.node:
         return f"{names.ASSIGNMENT} names node {placed.node}, the pod is bound to {pod.node}"
-    request = parse_pending(pod)
+    request = parse_pending(pod, strict_constraints=False)
     if isinstance(request, InvalidPod):
         return f"its spec no longer reads as a Tessera request: {request.errors[0].problem}"
     asked = {c.name: c for c in request.containers}

@@ -180,6 +180,7 @@ class Binder:
             for what, done in (
                 ("pods", self.pods.synced),
                 ("nodes", self.nodes.synced),
+                ("namespaces", self.sync.namespaces.synced),
                 ("assignment records", self.records.loaded),
             )
             if not done
@@ -215,6 +216,7 @@ class Binder:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self.pods.run(), name="pod-informer")
                 group.create_task(self.nodes.run(), name="node-informer")
+                group.create_task(self.sync.namespaces.run(), name="namespace-informer")
                 group.create_task(self.records.run(), name="records")
                 group.create_task(self.lookups.answer(), name="extender-lookups")
                 if self.elector is not None:

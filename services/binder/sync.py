@@ -9,6 +9,11 @@ extender-mode pods, whose node kube-scheduler picks), ``PodDeleted`` (pod gone o
 withdrawing its record when it ended before its GPUs were allocated: ``plan.stranded``), or
 have an invalid pod explained (:mod:`~services.binder.reporting`; nothing pending published),
 and ``NodeFacts`` on change (subject + KV). Every write is fenced by the Lease (``fence``).
+
+A pod with scheduling gates is not published while any is left (its ``PodScheduled`` says so).
+The pods on each node that are not Tessera's go into its facts (``neighbours.py``); the namespace
+informer resolves pod-affinity namespace selectors, and a namespace change has the pods whose
+terms name one read again.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from services.binder.extender import is_extender_pod, is_ours
 from services.binder.gateway import ClusterGateway
 from services.binder.informer import Informer
 from services.binder.metrics import BinderMetrics
+from services.binder.neighbours import NodePods, existing_pod
 from services.binder.nodefacts import (
     Requested,
     gone_facts,
@@ -36,7 +42,7 @@ from services.binder.nodefacts import (
     pod_requested,
     same_facts,
 )
-from services.binder.objects import Node
+from services.binder.objects import Namespace, Node
 from services.binder.plan import (
     Admission,
     admission_of,
@@ -58,6 +64,7 @@ from shared.runtime.bus import Bus
 from shared.runtime.consumer import RETRY_S
 from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint
+from shared.scheduling import gated_message, scheduling_gates, uses_namespace_selector
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +143,17 @@ class ClusterSync:
             clock=clock,
             metrics=metrics,
         )
+        self.namespaces: Informer[Namespace] = Informer(
+            name="namespaces",
+            kind=Namespace,
+            gateway=gateway,
+            on_change=self._namespace_changed,
+            clock=clock,
+            metrics=metrics,
+        )
+        self.namespace_labels: dict[str, dict[str, str]] = {}
+        self._neighbours = NodePods()
+        """The pods on each node that are not Tessera's (its facts carry them)."""
         # Tessera's pods: uid -> informer key; those that left, until PodDeleted is out.
         self._ours: dict[str, str] = {}
         self._gone: dict[str, PodRef] = {}
@@ -198,6 +216,7 @@ class ClusterSync:
                 self.node_queue.add(after[0])
         if after is not None:
             self._contribution[key] = after
+        self._count_neighbour(key, new)
         if not self.is_ours(pod):
             return
         uid = pod.metadata.uid
@@ -207,6 +226,39 @@ class ClusterSync:
         else:
             self._ours[uid] = key
         self.pod_queue.add(uid)
+
+    def _count_neighbour(self, key: str, pod: Pod | None) -> None:
+        """Count ``pod`` (None: gone) on its node's facts when it is bound, running and not
+        Tessera's."""
+        counted = (
+            pod is not None and bool(pod.node) and not pod.terminating and not self.is_ours(pod)
+        )
+        if pod is not None and counted:
+            changed = self._neighbours.put(key, pod.node, existing_pod(pod, self.namespace_labels))
+        else:
+            changed = self._neighbours.put(key, None, None)
+        for node in changed:
+            self.node_queue.add(node)
+
+    def _namespace_changed(self, old: Namespace | None, new: Namespace | None) -> None:
+        """Read again the pods whose pod-affinity terms name a namespace selector."""
+        namespace = new or old
+        assert namespace is not None
+        name = namespace.metadata.name
+        labels = dict(new.metadata.labels or {}) if new is not None else None
+        if self.namespace_labels.get(name) == labels:
+            return
+        if labels is None:
+            self.namespace_labels.pop(name, None)
+        else:
+            self.namespace_labels[name] = labels
+        for key, pod in self.pods.cache.items():
+            if not uses_namespace_selector(pod):
+                continue
+            if self.is_ours(pod):
+                self.pod_queue.add(pod.metadata.uid)
+            else:
+                self._count_neighbour(key, pod)
 
     def _node_changed(self, old: Node | None, new: Node | None) -> None:
         node = new or old
@@ -283,7 +335,11 @@ class ClusterSync:
             if pod.node:
                 await self._settle_served_elsewhere(pod)
             return
-        parsed = parse_pending(pod)
+        gates, _ = scheduling_gates(pod)
+        if gates:  # the API lets gates only be removed: it was never published as pending
+            await self._reporter.gated(pod, gated_message(gates))
+            return
+        parsed = parse_pending(pod, self.namespace_labels)
         if isinstance(parsed, InvalidPod):
             if self._published_pending.pop(uid, None) is not None:
                 await self.publish_deleted(
@@ -468,7 +524,9 @@ class ClusterSync:
                         return
             await self._publish_facts(gone_facts(name, now=self._clock.now()))
             return
-        facts = node_facts(node, self.requested_on(name), now=self._clock.now())
+        facts = node_facts(
+            node, self.requested_on(name), pods=self._neighbours.on(name), now=self._clock.now()
+        )
         published = self._published_facts.get(name)
         if same_facts(published, facts):
             return

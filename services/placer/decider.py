@@ -8,7 +8,10 @@ wait:
 - a pod **too large for every node** (or refused by the tenancy config: unknown group, no
   permission) is rejected as unresolvable but kept, and tried again only when the largest node
   shapes or the tenancy config change (``wake="grown"``);
-- any other pod waits for capacity to be given back (``wake="freed"``).
+- a pod whose place depends on the pods already placed (pod affinity, anti-affinity, topology
+  spread) waits for that too: a pod placed anywhere may let it fit (``wake="placed"``);
+- any other pod waits for capacity to be given back or a node's labels or taints to change
+  (``wake="freed"``).
 
 The same view serves the scheduler extender (issue 14): :func:`decide_on` places a pod on the one
 node kube-scheduler chose, and :func:`verdicts` is filter and prioritize over a list of nodes:
@@ -26,15 +29,15 @@ from typing import Final, Literal, cast
 import msgspec
 
 from services.placer import translate
-from services.placer.core import cycle, framework
-from services.placer.core.facts import pod_facts
+from services.placer.core import cycle, nodeaware, ranking
+from services.placer.core.facts import PodFacts, pod_facts
 from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
 from services.placer.core.plugins.fit import CAPACITY_REASONS
 from services.placer.state import ClusterView
 
-Wake = Literal["freed", "grown"]
+Wake = Literal["freed", "grown", "placed"]
 
 UNKNOWN_NODE = "no Tessera node facts or GPU inventory"
 """Why a node the placer has never heard of does not fit (kube-scheduler may name any node)."""
@@ -86,7 +89,9 @@ def decide(
     queues are empty and the profile alone chooses.
 
     With node pools, the pod is decided on this replica's own nodes first, and on every node
-    only when it fits on none of them (``state.py``, "Node pools").
+    only when it fits on none of them (``state.py``, "Node pools"); a pod whose place depends
+    on the pods already placed (``PodRequest.counts_pods``) is decided on every node at once,
+    since its topology domains span the pools.
     """
     facts = pod_facts(pod)
     if facts.invalid:
@@ -95,11 +100,12 @@ def decide(
             return outcome
         return Waiting(rejection=outcome, final=True, wake="grown")
     avoided = frozenset(avoid)
-    index, kept_out = _servable(view, pod, view.index)
+    everywhere_first = view.pools > 1 and pod.counts_pods
+    index, kept_out = _servable(view, pod, view.everywhere() if everywhere_first else view.index)
     placed = _decide_in(view, profile, pod, index, avoided, spread, now=now)
     if isinstance(placed, Decision):
         return placed
-    if view.pools > 1:
+    if view.pools > 1 and not everywhere_first:
         index, kept_out = _servable(view, pod, view.everywhere())
         placed = _decide_in(view, profile, pod, index, avoided, spread, now=now)
         if isinstance(placed, Decision):
@@ -118,7 +124,7 @@ def decide(
         (*outcome.reasons, *_kept_out_reason(kept_out)), view.unplaceable()
     )
     rejection = translate.rejection_of(outcome, reasons)
-    wake: Wake = "grown" if outcome.unresolvable else "freed"
+    wake: Wake = "grown" if outcome.unresolvable else "placed" if pod.counts_pods else "freed"
     return Waiting(rejection=rejection, final=False, wake=wake)
 
 
@@ -192,6 +198,20 @@ def _servable(view: ClusterView, pod: PodRequest, index: ClusterIndex) -> tuple[
     return narrower, len(index) - len(narrower)
 
 
+def node_local(pod: PodRequest) -> PodRequest:
+    """``pod`` with only the constraints about a node itself (selector, node affinity,
+    tolerations), for a pod kube-scheduler schedules (extender mode): it counts the pods over
+    topology domains itself, from every pod it sees, and scores them itself too."""
+    if not pod.counts_pods or pod.constraints is None:
+        return pod
+    return msgspec.structs.replace(
+        pod,
+        constraints=msgspec.structs.replace(
+            pod.constraints, pod_affinity=None, pod_anti_affinity=None, spread=()
+        ),
+    )
+
+
 def _kept_out_reason(kept_out: int) -> tuple[RejectionReason, ...]:
     if not kept_out:
         return ()
@@ -201,7 +221,11 @@ def _kept_out_reason(kept_out: int) -> tuple[RejectionReason, ...]:
 def decide_on(
     view: ClusterView, profile: Profile, pod: PodRequest, node: str, *, now: float
 ) -> Decision | Waiting:
-    """Place ``pod`` on ``node`` only (the node kube-scheduler chose), or say why not."""
+    """Place ``pod`` on ``node`` only (the node kube-scheduler chose), or say why not.
+
+    kube-scheduler has applied the pod's constraints in choosing the node; those about the node
+    itself are judged again here (:func:`node_local`)."""
+    pod = node_local(pod)
     everywhere = view.everywhere()
     if node not in everywhere:
         rejection = Rejection(
@@ -270,8 +294,14 @@ def verdicts(
             for n in names
         ]
     chosen = prepared.profile
+    held = [name for name in names if name in index]
+    by_node = nodeaware.verdicts(prepared.facts, index, chosen, held)
+    if by_node is not None:
+        return [
+            _node_verdict(view, chosen, prepared.facts, name, by_node, detail) for name in names
+        ]
     shape_ids = [index.shape_id_or_none(name) for name in names]
-    judged = framework.judgements(
+    judged = ranking.judgements(
         prepared.facts, index, chosen, (sid for sid in shape_ids if sid is not None)
     )
     fitting = {sid: score for sid, score in judged.items() if not isinstance(score, str)}
@@ -318,6 +348,37 @@ def verdicts(
     return found
 
 
+def _node_verdict(
+    view: ClusterView,
+    profile: Profile,
+    pod: PodFacts,
+    name: str,
+    by_node: dict[str, nodeaware.Verdict],
+    detail: bool,
+) -> NodeVerdict:
+    """One node's verdict from the node-aware judgement of every node (``verdicts``)."""
+    if name in view.memory_unit_nodes and translate.needs_gpu_devices(pod.request):
+        return NodeVerdict(
+            node=name, fits=False, reason=translate.MEMORY_UNITS_ONLY, unresolvable=True
+        )
+    found = by_node.get(name)
+    if found is None:
+        return NodeVerdict(node=name, fits=False, reason=UNKNOWN_NODE, unresolvable=True)
+    reason, total, extra = found
+    if reason is None:
+        scores = {}
+        if detail:
+            index = view.everywhere()
+            scores = {**profile.weighted(pod, index.shape_of(name)), **extra}
+        return NodeVerdict(node=name, fits=True, score=total, scores=scores)
+    text = reason if isinstance(reason, str) else reason.reason
+    if text == translate.UNSCHEDULABLE:
+        text = view.reason(name) or text
+    return NodeVerdict(
+        node=name, fits=False, reason=text, unresolvable=nodeaware.unresolvable(reason)
+    )
+
+
 def unjudged(
     view: ClusterView, profile: Profile, pod: PodRequest, nodes: Iterable[str] | None = None
 ) -> list[int]:
@@ -329,7 +390,7 @@ def unjudged(
     prepared = cycle.prepare(pod, index, profile, view.tenancy, now=0.0)
     if isinstance(prepared, Rejection):  # answered without looking at any node
         return []
-    memo = prepared.profile.judged(index, prepared.facts.request.placement_key())
+    memo = prepared.profile.judged(index, prepared.facts.request.shape_key())
     if nodes is None:
         shape_ids: Iterable[int] = index.groups
     else:
@@ -350,7 +411,7 @@ def judge_shapes(
     if isinstance(prepared, Rejection):
         return 0
     current = [sid for sid in shape_ids if sid in index.groups]
-    framework.judgements(prepared.facts, index, prepared.profile, current)
+    ranking.judgements(prepared.facts, index, prepared.profile, current)
     return len(current)
 
 

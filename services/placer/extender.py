@@ -2,8 +2,11 @@
 HTTP (issue 14, DESIGN section 10).
 
 In extender mode kube-scheduler keeps scheduling (affinity, taints, topology spread, preemption)
-and asks Tessera only about GPUs. Each placer replica serves the extender on its own port
-(``--extender-port``; the Helm chart's Service spreads kube-scheduler's calls over the replicas):
+and asks Tessera only about GPUs; Tessera judges the pod's constraints about a node itself
+(``nodeSelector``, node affinity, taints) as kube-scheduler does, and leaves those that count
+pods over topology domains to it (``decider.node_local``). Each placer replica serves the
+extender on its own port (``--extender-port``; the Helm chart's Service spreads kube-scheduler's
+calls over the replicas):
 
 - **filter** and **prioritize** are answered from this replica's view of the cluster, which every
   replica keeps current from the same KV buckets: the pod is parsed as the binder parses pods
@@ -220,10 +223,10 @@ class Extender:
         as it is now."""
         if not requests_tessera(args.pod):
             return None
-        parsed = parse_pending(args.pod)
+        parsed = parse_pending(args.pod, strict_constraints=False)
         if isinstance(parsed, InvalidPod):
             return f"invalid request: {parsed.message}"
-        asked = translate.pod_request(parsed)
+        asked = decider.node_local(translate.pod_request(parsed))
         await self.judgements.ready(
             self._service.view.tenancy.resolve(asked), candidates, verb=verb
         )

@@ -274,11 +274,12 @@ class PlacerService:
         assert self.shell.profile is not None
         now = self.clock.now()
         item.tried = self.clock.monotonic()
-        item.seen = (self.view.freed, self.view.grown)
+        item.seen = self.shell.counters()
         key = item.request.placement_key()
-        if self.shell.failed_at != item.seen:
-            self.shell.failed_at, self.shell.failed_keys = item.seen, {}
-        known = self.shell.failed_keys.get(key) if item.rejections else None
+        if self.shell.failed_at != item.seen[:3]:
+            self.shell.failed_at, self.shell.failed_keys = item.seen[:3], {}
+        counts_pods = item.request.counts_pods  # its fit moves with every pod placed: not kept
+        known = self.shell.failed_keys.get(key) if item.rejections and not counts_pods else None
         self.metrics.tries.inc()
         self.shell.decisions += 1
         try:
@@ -297,7 +298,8 @@ class PlacerService:
             if item.result is not None:  # the extender's: answered, never held
                 self.waiting.answer_unplaced(item, outcome)
                 return
-            self.shell.failed_keys[key] = outcome
+            if not counts_pods:
+                self.shell.failed_keys[key] = outcome
             item.stage = "waiting"
             self.held.waiting[uid] = item
             self.tasks.spawn(self.waiting.reject(item, outcome), f"reject-{uid}")

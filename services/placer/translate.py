@@ -38,6 +38,9 @@ Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
   and, apart, the part of it held by Tessera's pods. The node's reservation is the requests of
   the other pods (the difference) plus every Tessera booking, so a Tessera pod is counted once
   whether the binder has seen it bound yet or not.
+- **Labels, taints, pods.** A node's labels and taints come from its facts; its pods are the
+  facts' pods (those Tessera did not place) and its bookings (those it did, with their labels
+  and pod affinity), which is what node-aware rules read (``core/nodeaware.py``).
 - **Live readings.** GPU utilisation is rounded to :data:`UTILIZATION_STEP_PCT` (it only orders
   GPUs; finer readings would make every node a shape of its own and defeat the shape memo).
 """
@@ -58,6 +61,7 @@ from services.placer.core.model import (
     GpuSlice,
     GpuState,
     NodeState,
+    PodOnNode,
     PodRequest,
     Rejection,
     RejectionReason,
@@ -124,6 +128,8 @@ def pod_request(pod: PodPending) -> PodRequest:
         tenant=pod.namespace,
         tenant_label=hints.tenant,
         priority=pod.priority,
+        labels=tuple(sorted(pod.labels.items())),
+        constraints=pod.constraints,
     )
 
 
@@ -266,6 +272,7 @@ def node_state(
     for booking in bookings:
         if booking.kind:
             kinds[booking.kind] = kinds.get(booking.kind, 0) + 1
+    pods: tuple[PodOnNode, ...] = (*facts.pods, *bookings) if facts is not None else tuple(bookings)
     return NodeState(
         name=name,
         cpu_milli_total=cpu_total,
@@ -275,6 +282,9 @@ def node_state(
         gpus=_gpu_states(gpus, bookings, slots),
         schedulable=placeable,
         gpu_task_kinds=tuple(sorted(kinds.items())),
+        labels=facts.labels if facts is not None else {},
+        taints=facts.taints if facts is not None else (),
+        pods=pods,
     )
 
 
@@ -312,6 +322,7 @@ def booking_of(
     """The ledger booking of a decided reservation for ``pod`` of ``tenant`` (as the tenancy
     resolved it when deciding: what its quota is charged under)."""
     resources = {c.name: c.resources for c in pod.containers}
+    constraints = pod.constraints
     return Booking(
         pod_uid=pod.uid,
         namespace=pod.namespace,
@@ -332,6 +343,9 @@ def booking_of(
         ),
         decided_at=decided_at,
         placer_id=placer_id,
+        labels=dict(pod.labels),
+        affinity=constraints.pod_affinity if constraints is not None else None,
+        anti_affinity=constraints.pod_anti_affinity if constraints is not None else None,
     )
 
 

@@ -16,7 +16,9 @@ the mutated pod):
   inventories publish them: ``capacity.py``), with the number: "asks 200000 MiB per GPU; the
   largest GPU here has 81920 MiB", "asks 9 GPUs; a node here has at most 4 GPUs"; and when
   ``kubectl apply`` sent its ``tessera.dev/gpu-memory`` in thousandths (``2000m``: the API server
-  stores it as ``2``, but kubectl's last-applied annotation keeps the text).
+  stores it as ``2``, but kubectl's last-applied annotation keeps the text). That includes a
+  scheduling constraint Tessera's own scheduler does not implement (a field, operator or policy
+  a later Kubernetes adds), named by its field: refused, never ignored.
 
 And on a pod's CREATE or UPDATE, whatever its scheduler: Tessera's own annotations
 (``tessera.dev/assignment``, ``bind-time``, ``assigned``) are written by Tessera only. A review
@@ -406,7 +408,10 @@ def validate(
         return pod or _allowed(request)
     if pod.spec.node_name or not _tessera_scheduled(pod, policy) or not requests_tessera(pod):
         return _allowed(request)
-    parsed = parse_pending(pod)
+    # A pod of an extender scheduler is kube-scheduler's to place: constraints Tessera does not
+    # implement are not Tessera's to refuse there.
+    own = (pod.spec.scheduler_name or DEFAULT_SCHEDULER) == policy.scheduler_name
+    parsed = parse_pending(pod, strict_constraints=own)
     invalid = (
         parsed
         if isinstance(parsed, InvalidPod)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Literal
 
 from shared.messages.base import Message
+from shared.messages.constraints import PodAffinity
 from shared.messages.pods import PodPending
 
 
@@ -74,6 +75,11 @@ class Booking(Message, frozen=True, kw_only=True):
     containers: tuple[BookedContainer, ...] = ()
     decided_at: float
     placer_id: str
+    labels: dict[str, str] = {}
+    """The pod's labels, and below its own pod (anti-)affinity: what later pods' constraints
+    read of it while it is booked here."""
+    affinity: PodAffinity | None = None
+    anti_affinity: PodAffinity | None = None
 
 
 class NodeLedger(Message, frozen=True, kw_only=True):

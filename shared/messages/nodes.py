@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shared.messages.base import Message
+from shared.messages.constraints import ExistingPod, Taint
 
 
 class NodeFacts(Message, frozen=True, kw_only=True):
@@ -16,7 +17,8 @@ class NodeFacts(Message, frozen=True, kw_only=True):
     kube-scheduler counts requests."""
     memory_requested_mib: int = 0
     labels: dict[str, str] = {}
-    """The node's labels (group and permission selectors may name any of them)."""
+    """The node's labels (group and permission selectors, ``nodeSelector`` and affinity may name
+    any of them)."""
     ready: bool = True
     schedulable: bool = True
     """False when the node is cordoned."""
@@ -31,3 +33,9 @@ class NodeFacts(Message, frozen=True, kw_only=True):
     not terminated): the placer's own bookings already count these, so it subtracts them."""
     tessera_memory_requested_mib: int = 0
     """The part of ``memory_requested_mib`` held by Tessera's pods (see above)."""
+    taints: tuple[Taint, ...] = ()
+    """``spec.taints``: what a pod must tolerate to be placed here."""
+    pods: tuple[ExistingPod, ...] = ()
+    """The node's running pods that are not Tessera's (the placer knows its own from their
+    bookings): what other pods' affinity, anti-affinity and topology spread count. Terminating
+    pods are left out, as kube-scheduler leaves them out of spreading."""

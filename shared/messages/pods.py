@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 from shared.messages.base import ContainerSlices, GpuPolicy, GpuType, Message, NodePolicy
+from shared.messages.constraints import Constraints
 
 
 class ContainerRequest(Message, frozen=True, kw_only=True):
@@ -64,6 +65,11 @@ class PodPending(Message, frozen=True, kw_only=True):
     """Scheduled by kube-scheduler through the extender (issue 14): kube-scheduler chooses its
     node, so a placement given back is never put on ``tessera.pods.pending`` again (kube-scheduler
     tries the pod again by itself). Never published on ``tessera.pods.pending``."""
+    labels: dict[str, str] = {}
+    """The pod's labels: what other pods' affinity, anti-affinity and spread select it by."""
+    constraints: Constraints | None = None
+    """``nodeSelector``, affinity, tolerations and topology spread (``shared.scheduling``);
+    None when the pod states none."""
 
 
 class PodDeleted(Message, frozen=True, kw_only=True):

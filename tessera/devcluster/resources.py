@@ -310,6 +310,7 @@ _POD_MUTABLE_SPEC: Final = (
     "`spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,"
     "`spec.tolerations` (only additions to existing tolerations),"
     "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"
+    ",`spec.schedulingGates` (only removals)"
 )
 
 
@@ -318,9 +319,20 @@ def _comparable_pod_spec(spec: Obj) -> Obj:
     for kind in ("containers", "initContainers"):
         for container in spec.get(kind) or []:
             container.pop("image", None)
-    for key in ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds"):
+    for key in (
+        "activeDeadlineSeconds",
+        "tolerations",
+        "terminationGracePeriodSeconds",
+        "schedulingGates",
+    ):
         spec.pop(key, None)
     return spec
+
+
+def _gates_added(old: Obj, new: Obj) -> bool:
+    """Whether ``new`` names a scheduling gate ``old`` did not (gates may only be removed)."""
+    before = {g.get("name") for g in old.get("schedulingGates") or []}
+    return any(g.get("name") not in before for g in new.get("schedulingGates") or [])
 
 
 def _update_pod(old: Obj, new: Obj, subresource: str) -> list[str]:
@@ -331,7 +343,9 @@ def _update_pod(old: Obj, new: Obj, subresource: str) -> list[str]:
         return dra.validate_pod_claim_statuses(new)
     new["status"] = clone(old.get("status", {}))
     _canonical_quantities(new.setdefault("spec", {}))
-    if _comparable_pod_spec(old.get("spec", {})) != _comparable_pod_spec(new.get("spec", {})):
+    if _comparable_pod_spec(old.get("spec", {})) != _comparable_pod_spec(
+        new.get("spec", {})
+    ) or _gates_added(old.get("spec", {}), new.get("spec", {})):
         return [
             f"spec: Forbidden: pod updates may not change fields other than {_POD_MUTABLE_SPEC}"
         ]

@@ -21,6 +21,7 @@ BINDER_RIGHTS: dict[tuple[str, str, str | None], set[str]] = {
     ("", "pods/binding", None): {"create"},
     ("", "pods/status", None): {"patch"},
     ("", "nodes", None): {"get", "list", "watch"},
+    ("", "namespaces", None): {"list", "watch"},
     ("events.k8s.io", "events", None): {"create", "patch"},
     ("coordination.k8s.io", "leases", NAMESPACE): {"get", "create", "update"},
 }

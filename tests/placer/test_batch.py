@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.placer.core import framework
+from services.placer.core import ranking
 from services.placer.core.batch import FgdBatch, shape_rows
 from services.placer.core.facts import pod_facts
 from services.placer.core.fragmentation import TypicalTask
@@ -162,7 +162,7 @@ def test_a_pod_asking_more_than_any_array_holds_is_judged_one_shape_at_a_time(
     facts = pod_facts(request_)
     sids = list(range(len(index.shapes)))
     assert profile.batch.judge(facts, index, sids) is None
-    judged = framework.judgements(facts, index, profile, sids)
+    judged = ranking.judgements(facts, index, profile, sids)
     assert judged == {sid: profile.judge(facts, index.shapes[sid]) for sid in sids}
     assert all(isinstance(judgement, str) for judgement in judged.values())
 
@@ -188,11 +188,11 @@ def test_decisions_judge_a_new_request_together_and_keep_the_shape_rows() -> Non
     nodes = [node(f"n{i:03d}").gpu(used=i).gpu(used=2 * i).build() for i in range(BATCH_MIN + 8)]
     index = ClusterIndex(nodes)
     request = pod("p").share(150).build()
-    decision = framework.schedule(pod_facts(request), index, profile, now=0.0)
+    decision = ranking.schedule(pod_facts(request), index, profile, now=0.0)
     unbatched = msgspec.structs.replace(request, uid="q")
     alone = tessera(DEFAULT_TYPICAL_TASKS)
     alone.batch = None
-    expected = framework.schedule(pod_facts(unbatched), ClusterIndex(nodes), alone, now=0.0)
+    expected = ranking.schedule(pod_facts(unbatched), ClusterIndex(nodes), alone, now=0.0)
     assert not isinstance(decision, str) and not isinstance(expected, str)
     assert (decision.node, decision.score) == (expected.node, expected.score)  # type: ignore[union-attr]
     rows = shape_rows(index)

@@ -8,10 +8,11 @@ import pytest
 
 from services.placer.core.cycle import decide, prepare
 from services.placer.core.facts import PodFacts, pod_facts
-from services.placer.core.framework import SUCCESS, CycleState, Ranking, Status, judgements
+from services.placer.core.framework import SUCCESS, CycleState, Status
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection
 from services.placer.core.profiles import build_profile
+from services.placer.core.ranking import Ranking, judgements
 from services.placer.core.shape import GpuShape, NodeShape
 from tests.placer.builders import node, pod
 

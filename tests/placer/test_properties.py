@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from services.placer.core.cycle import decide, prepare
 from services.placer.core.facts import ShareAsk, pod_facts
-from services.placer.core.framework import Ranking, place_on_node, schedule
+from services.placer.core.framework import place_on_node
 from services.placer.core.index import ClusterIndex
 from services.placer.core.ledger import book
 from services.placer.core.model import (
@@ -42,6 +42,7 @@ from services.placer.core.model import (
 )
 from services.placer.core.plugins.groups import GroupFilter
 from services.placer.core.profiles import BUILTIN, build_profile
+from services.placer.core.ranking import Ranking, schedule
 from services.placer.core.shape import node_shape
 from tests.placer.builders import node, pod
 

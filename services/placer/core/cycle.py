@@ -12,7 +12,7 @@ commits it to KV by compare-and-set, charging the tenant's usage entry the same 
 bind (``decider.decide_on``) and the simulator (``sim/replay.py``) call :func:`decide`; the
 extender's filter and prioritize (``decider.verdicts``) call :func:`prepare`, the steps before any
 node is looked at, then judge the candidate nodes from the memo decisions select from
-(``framework.judgements``).
+(``ranking.judgements``).
 
 Without a :class:`~.tenancy.Tenancy` (tests of the framework alone) the tenancy steps are
 skipped: a pod's group, if it names one, is taken as given.
@@ -31,11 +31,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.placer.core import framework
 from services.placer.core.facts import PodFacts, invalid_rejection, pod_facts
 from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
+from services.placer.core.nodeaware import Ranker
+from services.placer.core.nodeaware import rank as rank_nodes
 from services.placer.core.tenancy import Tenancy
 
 
@@ -73,7 +74,7 @@ def prepare(
         if choice.group != pod.group:
             pod = msgspec.structs.replace(pod, group=choice.group)
     chosen = profile.for_pod(pod)
-    facts = chosen.facts(pod, pod.placement_key())
+    facts = chosen.facts(pod, pod.shape_key())
     status = chosen.pre_filter(facts, cluster)
     if not status.ok:
         return _refused(
@@ -88,7 +89,7 @@ class Ranked:
     places it under any set of nodes to avoid without judging the cluster again."""
 
     prepared: Prepared
-    ranking: framework.Ranking
+    ranking: Ranker
     tenancy: Tenancy | None
 
     def node(self, *, avoid: Collection[str] = ()) -> str | None:
@@ -123,7 +124,7 @@ def rank(
     prepared = prepare(pod, cluster, profile, tenancy, now=now)
     if isinstance(prepared, Rejection):
         return prepared
-    ranking = framework.Ranking(prepared.facts, cluster, prepared.profile)
+    ranking = rank_nodes(prepared.facts, cluster, prepared.profile)
     return Ranked(prepared=prepared, ranking=ranking, tenancy=tenancy)
 
 
@@ -140,7 +141,7 @@ def decide(
     """Place ``pod`` on ``cluster`` (nothing is booked); see the module docstring.
 
     ``profile`` carries ``tenancy``'s plugins (``build_profile(..., **tenancy.plugins())``).
-    ``avoid``: nodes not to choose (see ``framework.schedule``).
+    ``avoid``: nodes not to choose (see ``ranking.schedule``).
     """
     ranked = rank(pod, cluster, profile, tenancy, now=now)
     if isinstance(ranked, Rejection):

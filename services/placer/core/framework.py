@@ -1,4 +1,4 @@
-"""The placement framework: extension points, a compiled profile, and ``schedule``.
+"""The placement framework: extension points and a compiled profile (``ranking.py`` selects).
 
 The steps of placing one pod (kube-scheduler's shape, DESIGN section 5; ``cycle.py`` runs them in
 this order, with validation and the tenancy's group choice before):
@@ -16,11 +16,14 @@ this order, with validation and the tenancy's group choice before):
    profile's chooser, the same search the fit filter ran.
 6. The caller **reserves** the result through the ledger.
 
-:func:`schedule` runs steps 2 to 5.
+:func:`ranking.schedule` runs steps 2 to 5.
 
 Filters and scores must be pure functions of ``(PodFacts, NodeShape)``: the framework evaluates
 each distinct shape once per distinct request and memoises the result, which is what makes 10,000
 nodes affordable. Anything a plugin needs beyond that goes in its arguments at profile build time.
+
+Kubernetes' scheduling constraints are judged node by node, not by shape: a :class:`NodeRule`
+(``nodeaware.py`` has how, ``profiles.NODE_RULES`` which).
 
 Extension points for seed 001 (groups and quotas) and seed 002 (queue order): a quota check is a
 ``PreFilter`` (it sees the pod and the ``ClusterIndex``, including the ledger's reservations); a
@@ -31,8 +34,7 @@ group restriction is a ``Filter`` on ``NodeShape.groups`` plus a ``GpuFilter`` o
 from __future__ import annotations
 
 import random
-import zlib
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol, runtime_checkable
 
@@ -42,13 +44,10 @@ from services.placer.core.facts import PodFacts, ShareAsk, pod_facts
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import (
     ContainerPlacement,
-    Decision,
     GpuSlice,
     GpuState,
     NodeState,
     PodRequest,
-    Rejection,
-    RejectionReason,
     Reservation,
 )
 from services.placer.core.search import assign, slice_memory
@@ -138,6 +137,55 @@ class GpuChooser(Protocol):
     ) -> list[int]: ...
 
 
+Stage = Literal["before_fit", "after_fit"]
+
+
+class Refusal(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a node-aware rule keeps a node out."""
+
+    reason: str
+    unresolvable: bool
+    stage: Stage = "before_fit"
+
+
+class NodeCheck:
+    """One rule's work for one pod on one index (its PreFilter state); the defaults say
+    nothing, a rule overrides what it does."""
+
+    stage: Stage = "before_fit"
+    """Where its filter runs among kube-scheduler's (its refusals carry the same)."""
+    candidates: frozenset[str] | None = None
+    """The only nodes that may take the pod (None: any): the others are not judged for a
+    decision, and :meth:`refuse` says why of each when a rejection or a verdict asks."""
+    scores = False
+    """Whether :meth:`score` has anything to say."""
+
+    def refused(self) -> Mapping[str, Refusal] | None:
+        """Every node this rule refuses, when it can list them without going over every node
+        (a few tainted nodes); None: ask :meth:`refuse` node by node."""
+        return {}
+
+    def refuse(self, node: NodeState) -> Refusal | None:
+        """Why ``node`` may not take the pod (None: it may)."""
+        return None
+
+    def score(self, nodes: Sequence[NodeState]) -> list[float]:
+        """Each of the feasible ``nodes``' score, normalised over them to 0..100."""
+        return [0.0] * len(nodes)
+
+
+class NodeRule(Protocol):
+    """A node-aware rule (``profiles.NODE_RULES``): filters, and maybe scores, node by node."""
+
+    name: str
+    weight: float
+    """Of its score, beside the profile's scores (kube-scheduler's default weight)."""
+
+    def check(self, pod: PodFacts, cluster: ClusterIndex) -> NodeCheck | None:
+        """Its PreFilter: what it needs for ``pod`` on ``cluster``, None when nothing."""
+        ...
+
+
 TieBreak = Literal["rank", "random"]
 Judgement = str | float | tuple[float, ...]
 """Why a node shape does not fit a pod, else its score: the weighted total, or, for a profile
@@ -179,6 +227,8 @@ class Profile:
     """Profiles a pod may ask for by its ``node_policy`` hint."""
     memo_limit: int = 2_000_000
     """Memoised (request, shape) evaluations kept per cluster before the memo starts over."""
+    node_rules: tuple[NodeRule, ...] = ()
+    """Node-aware rules (``nodeaware.py``), in kube-scheduler's order."""
     batch: BatchJudge | None = field(default=None, repr=False)
     """Judges many shapes at once for the pods it knows (``batch.batch_judge``; set by
     ``profiles.build_profile``)."""
@@ -190,7 +240,7 @@ class Profile:
         )
 
     def facts(self, pod: PodRequest, key: PodRequest) -> PodFacts:
-        """``pod``'s facts; ``key`` is ``pod.placement_key()`` (facts are cached by it)."""
+        """``pod``'s facts; ``key`` is ``pod.shape_key()`` (facts are cached by it)."""
         found = self._facts.get(key)
         if found is None:
             if len(self._facts) > 100_000:
@@ -258,7 +308,7 @@ class Profile:
         return total
 
     def judged(self, cluster: ClusterIndex, key: PodRequest) -> dict[int, Judgement]:
-        """The memo of :meth:`judge` for requests equal to ``key`` (``placement_key()``) on
+        """The memo of :meth:`judge` for requests equal to ``key`` (``shape_key()``) on
         ``cluster``, by shape id: what decisions select from, and what the scheduler extender's
         filter and prioritize answer from (kube-scheduler sends a job's replicas one after the
         other). Shape ids only mean something within one index, so the memo lives on it, and is
@@ -287,281 +337,6 @@ def _with_request(facts: PodFacts, pod: PodRequest) -> PodFacts:
         kind=facts.kind,
         invalid=facts.invalid,
     )
-
-
-def _rng_for(pod: PodRequest) -> random.Random:
-    return random.Random(zlib.crc32(pod.uid.encode()))
-
-
-def schedule(
-    pod: PodFacts,
-    cluster: ClusterIndex,
-    profile: Profile,
-    *,
-    now: float,
-    rng: random.Random | None = None,
-    avoid: Collection[str] = (),
-) -> Decision | Rejection:
-    """Filter, Score, select and GPU choice for a pod past its PreFilters (``cycle.prepare``);
-    deterministic for equal inputs and RNG state.
-
-    ``avoid``: nodes not to choose (the service's replicas just lost a compare-and-set on them);
-    they are judged as usual, only never picked. Nothing is booked: the caller reserves
-    ``Decision.reservation``.
-    """
-    return Ranking(pod, cluster, profile).pick(now=now, rng=rng, avoid=avoid)
-
-
-class Ranking:
-    """One pod's judged shapes on one index, best total first: :meth:`pick` chooses a node
-    under any set of nodes to avoid, exactly as :func:`schedule` would, without going over the
-    cluster's shapes again. A decision that tries node after node (the placer's burst spreading,
-    ``decider._decide_in``) ranks once and picks several times; going over every shape for each
-    try was most of a placer's CPU in a burst (issue 23)."""
-
-    __slots__ = (
-        "_by_total",
-        "_cluster",
-        "_fitting",
-        "_memo",
-        "_nodes",
-        "_order",
-        "_pod",
-        "_profile",
-        "_top",
-    )
-
-    def __init__(self, pod: PodFacts, cluster: ClusterIndex, profile: Profile) -> None:
-        self._pod = pod
-        self._cluster = cluster
-        self._profile = profile
-        self._memo = profile.judged(cluster, pod.request.placement_key())
-        self._by_total: dict[float, list[int]] = {}
-        """The feasible shapes by total. Empty for a normalising profile, whose totals depend
-        on which shapes are left to choose from: its picks judge the cluster each time."""
-        self._top = 0.0
-        """The best of the totals (when there are any)."""
-        self._order: list[float] | None = None
-        """The totals best first, sorted only once a pick finds every best node avoided (most
-        picks take the best: sorting for each decision cost more than finding it)."""
-        self._fitting: set[int] = set()
-        """The shapes that fit."""
-        self._nodes = 0
-        """How many nodes fit."""
-        if not profile.normalizing:
-            self._rank_shapes()
-
-    def _rank_shapes(self) -> None:
-        pod, cluster, profile, memo = self._pod, self._cluster, self._profile, self._memo
-        _judge_together(pod, cluster, profile, memo, cluster.groups)
-        shapes = cluster.shapes
-        judge = profile.judge
-        by_total = self._by_total
-        added = 0
-        for sid, ranks in cluster.groups.items():
-            value = memo.get(sid)
-            if value is None:
-                value = memo[sid] = judge(pod, shapes[sid])
-                added += 1
-            if value.__class__ is str:  # why the shape does not fit
-                continue
-            total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
-            self._fitting.add(sid)
-            self._nodes += len(ranks)
-            if total != total:  # NaN: it fits, but no comparison makes it the best
-                continue
-            level = by_total.get(total)
-            if level is None:
-                by_total[total] = [sid]
-            else:
-                level.append(sid)
-        cluster.memo_size += added
-        if by_total:
-            self._top = max(by_total)
-
-    def _totals(self) -> Iterator[float]:
-        """The totals, best first."""
-        if not self._by_total:
-            return
-        yield self._top
-        if self._order is None:
-            self._order = sorted(self._by_total, reverse=True)
-        yield from self._order[1:]
-
-    def _excluded_by_shape(self, excluded: frozenset[int]) -> dict[int, int]:
-        """How many of each shape's nodes are ``excluded``."""
-        cluster = self._cluster
-        out: dict[int, int] = {}
-        for rank in excluded:
-            sid = cluster.shape_id_of(cluster.name_at(rank))
-            out[sid] = out.get(sid, 0) + 1
-        return out
-
-    def _best(self, out: dict[int, int]) -> Picked | None:
-        groups = self._cluster.groups
-        feasible = self._nodes
-        if out:
-            feasible -= sum(n for sid, n in out.items() if sid in self._fitting)
-        for total in self._totals():
-            sids = self._by_total[total]
-            tied = [sid for sid in sids if len(groups[sid]) > out.get(sid, 0)] if out else sids
-            if tied:
-                return list(tied), total, feasible
-        return None
-
-    def node(self, *, avoid: Collection[str] = ()) -> str | None:
-        """The node :meth:`pick` would choose with ``avoid``, without choosing its GPUs; None
-        when no node is left to choose."""
-        chosen = self._choose(avoid, None)
-        return None if chosen is None else self._cluster.name_at(chosen[0])
-
-    def pick(
-        self, *, now: float, rng: random.Random | None = None, avoid: Collection[str] = ()
-    ) -> Decision | Rejection:
-        """:func:`schedule`'s decision with ``avoid`` (and ``rng``)."""
-        pod, cluster, profile = self._pod, self._cluster, self._profile
-        chosen = self._choose(avoid, rng)
-        if chosen is None:
-            return _rejection(pod, cluster, self._memo, now)
-        rank, best, feasible, rng = chosen
-        node = cluster.node(cluster.name_at(rank))
-        reservation = place_on_node(pod, node, profile, rng or _rng_for(pod.request))
-        if reservation is None:  # the fit filter said yes, so this is a bug
-            raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
-        return Decision(
-            reservation=reservation,
-            score=best,
-            scores=profile.weighted(pod, cluster.shape_of(node.name)),
-            feasible_nodes=feasible,
-            decided_at=now,
-        )
-
-    def _choose(
-        self, avoid: Collection[str], rng: random.Random | None
-    ) -> tuple[int, float, int, random.Random | None] | None:
-        """The chosen node's rank, its total, how many nodes were to choose from, and the RNG
-        drawn from (the GPU choice goes on with it); None when no node is left."""
-        pod, cluster, profile = self._pod, self._cluster, self._profile
-        excluded = cluster.ranks_of(frozenset(avoid)) if avoid else frozenset()
-        out = self._excluded_by_shape(excluded) if excluded else {}
-        if profile.normalizing:
-            picked = _select_normalized(pod, cluster, profile, excluded)
-        else:
-            picked = self._best(out)
-        if picked is None:
-            return None
-        tied, best, feasible = picked
-        groups = cluster.groups
-        if profile.tie_break == "random":
-            rng = rng or _rng_for(pod.request)
-            # Drawn in rank order: the index's shape ids (and so ``tied``'s order) follow the
-            # history of node states, and a placer restarted on the same cluster must draw the
-            # same node as one that ran all along.
-            tied.sort(key=lambda sid: groups[sid][0])
-            draw = rng.randrange(sum(len(groups[sid]) - out.get(sid, 0) for sid in tied))
-            for sid in tied:
-                usable = len(groups[sid]) - out.get(sid, 0)
-                if draw < usable:
-                    return _usable(groups[sid], excluded)[draw], best, feasible, rng
-                draw -= usable
-            raise AssertionError("a draw below the usable nodes' count found none")
-        rank = min(
-            next(r for r in groups[sid] if r not in excluded) if out.get(sid) else groups[sid][0]
-            for sid in tied
-        )
-        return rank, best, feasible, rng
-
-
-def judgements(
-    pod: PodFacts, cluster: ClusterIndex, profile: Profile, shape_ids: Iterable[int]
-) -> dict[int, Judgement]:
-    """:meth:`Profile.judge` of each of ``shape_ids``, from the memo decisions select from."""
-    memo = profile.judged(cluster, pod.request.placement_key())
-    wanted = list(shape_ids)
-    _judge_together(pod, cluster, profile, memo, wanted)
-    found: dict[int, Judgement] = {}
-    for sid in wanted:
-        if sid not in found:
-            judgement = memo.get(sid)
-            if judgement is None:
-                judgement = memo[sid] = profile.judge(pod, cluster.shapes[sid])
-                cluster.memo_size += 1
-            found[sid] = judgement
-    return found
-
-
-def _judge_together(
-    pod: PodFacts,
-    cluster: ClusterIndex,
-    profile: Profile,
-    memo: dict[int, Judgement],
-    sids: Iterable[int],
-) -> None:
-    """Judge the shapes of ``sids`` the memo lacks with the profile's batch judge, when it has
-    one, knows the pod and enough of them are missing (:data:`BATCH_MIN`)."""
-    if profile.batch is None:
-        return
-    missing = list(dict.fromkeys(sid for sid in sids if sid not in memo))
-    if len(missing) < BATCH_MIN:
-        return
-    judged = profile.batch.judge(pod, cluster, missing)
-    if judged is not None:
-        memo.update(judged)
-        cluster.memo_size += len(judged)
-
-
-def _usable(ranks: list[int], excluded: frozenset[int]) -> list[int]:
-    return [r for r in ranks if r not in excluded] if excluded else ranks
-
-
-def _usable_count(ranks: list[int], excluded: frozenset[int]) -> int:
-    """``len(_usable(ranks, excluded))`` without building the list (most shapes hold one
-    node)."""
-    if not excluded:
-        return len(ranks)
-    if len(ranks) == 1:
-        return 0 if ranks[0] in excluded else 1
-    return sum(1 for r in ranks if r not in excluded)
-
-
-Picked = tuple[list[int], float, int]
-"""The shapes tied on the best total (with a node to choose), that total, and how many nodes to
-choose from fit."""
-
-
-def _select_normalized(
-    pod: PodFacts, cluster: ClusterIndex, profile: Profile, excluded: frozenset[int]
-) -> Picked | None:
-    judged = judgements(pod, cluster, profile, cluster.groups)
-    rows: list[tuple[int, tuple[float, ...]]] = []
-    feasible = 0
-    for sid, ranks in cluster.groups.items():
-        raw = judged[sid]
-        usable = _usable_count(ranks, excluded)
-        if usable and isinstance(raw, tuple):
-            rows.append((sid, raw))
-            feasible += usable
-    if not rows:
-        return None
-    totals = profile.totals([raw for _, raw in rows])
-    best = max(totals)
-    return [rows[r][0] for r in range(len(rows)) if totals[r] == best], best, feasible
-
-
-def _rejection(
-    pod: PodFacts, cluster: ClusterIndex, memo: dict[int, Judgement], now: float
-) -> Rejection:
-    """Why no node was chosen, counted over nodes (every shape is in ``memo`` by now)."""
-    counts: dict[str, int] = {}
-    for sid, ranks in cluster.groups.items():
-        reason = memo[sid]
-        reason = reason if isinstance(reason, str) else AVOIDED
-        counts[reason] = counts.get(reason, 0) + len(ranks)
-    reasons = tuple(
-        RejectionReason(reason=reason, nodes=n)
-        for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    )
-    return Rejection(pod_uid=pod.request.uid, reasons=reasons, decided_at=now)
 
 
 def gpu_admitted(facts: PodFacts, gpu: GpuShape, gpu_filters: Sequence[GpuFilter]) -> bool:
@@ -618,4 +393,5 @@ def place_on_node(
         memory_mib=facts.memory_mib,
         containers=containers,
         kind=facts.kind,
+        pod=facts.request.placed(),
     )

@@ -12,6 +12,12 @@ the table is rebuilt from the nodes' current shapes and every memo is dropped wi
 tie-break order is the caller's: node names sorted by default (the service), or a seeded
 permutation (the simulator, as in the FGD methodology). Nodes added later (``add``) take their
 place in name order; with an explicit order they go last.
+
+What is not in a shape is indexed by node for the node-aware rules (``nodeaware.py``): nodes by
+label, the tainted nodes, the pods with pod-affinity terms, and, for each pod selector a rule
+asked about, how many pods on each node it matches, kept current as nodes change (one node's
+pods counted again when they change). What the rules derive from labels and taints is kept in
+:attr:`ClusterIndex.node_cache` until a label or a taint changes.
 """
 
 from __future__ import annotations
@@ -21,12 +27,34 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from services.placer.core.ledger import Ledger
-from services.placer.core.model import NodeState, Reservation
+from services.placer.core.model import NodeState, PodOnNode, Reservation
 from services.placer.core.shape import NodeShape, node_shape
+from shared.messages.constraints import LabelSelector, Taint
+from shared.selectors import selector_matches
 
 RANK_SETS_KEPT = 8
 """Name sets :meth:`ClusterIndex.ranks_of` keeps converted (one per spreading level, and a few
 sets of nodes a replica lost a commit on)."""
+COUNTS_KEPT = 64
+"""Pod selectors :meth:`ClusterIndex.pod_counts` keeps counted (a few per workload with
+affinity or spread constraints in flight)."""
+
+PodSelector = tuple[tuple[frozenset[str] | None, LabelSelector | None], ...]
+"""Pods that are, for every entry, in one of its namespaces (None: any) and matched by its
+selector (None: matches no pod)."""
+
+
+def selects(selector: PodSelector, pod: PodOnNode) -> bool:
+    for namespaces, labels in selector:
+        if namespaces is not None and pod.namespace not in namespaces:
+            return False
+        if not selector_matches(labels, pod.labels):
+            return False
+    return True
+
+
+def _has_terms(pod: PodOnNode) -> bool:
+    return pod.affinity is not None or pod.anti_affinity is not None
 
 
 class ClusterIndex:
@@ -64,8 +92,24 @@ class ClusterIndex:
         """Interned shapes kept before the table is rebuilt (see the module docstring)."""
         self._ranks_of: dict[frozenset[str], frozenset[int]] = {}
         """The last few name sets :meth:`ranks_of` converted, until ranks move."""
+        self._by_label: dict[tuple[str, str], set[str]] = {}
+        self.tainted: dict[str, tuple[Taint, ...]] = {}
+        """Nodes with taints (of any effect)."""
+        self.term_pods: dict[str, tuple[PodOnNode, ...]] = {}
+        """Nodes holding pods with pod-affinity or anti-affinity terms: those pods."""
+        self._counts: dict[PodSelector, dict[str, int]] = {}
+        self.node_cache: dict[object, object] = {}
+        """What node-aware rules derived from labels and taints (by name, never by rank),
+        dropped when a label or a taint changes."""
+        self.relabelled = 0
+        """Counts changes of a held node's labels or taints (a pod waiting on a node selector
+        or a toleration may fit now)."""
+        self.repodded = 0
+        """Counts changes of a held node's pods (a pod waiting on pod affinity or topology
+        spread may fit now)."""
         for name in names:
             self._enter(name, self._nodes[name])
+            self._note(name, None, self._nodes[name])
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -80,6 +124,12 @@ class ClusterIndex:
 
     def name_at(self, rank: int) -> str:
         return self._names_by_rank[rank]
+
+    @property
+    def names_by_rank(self) -> Sequence[str]:
+        """Node names in tie-break order (``names_by_rank[r]`` is ``name_at(r)``); the caller
+        must not change it."""
+        return self._names_by_rank
 
     def rank_of(self, name: str) -> int:
         return self._rank[name]
@@ -107,6 +157,66 @@ class ClusterIndex:
     def shape_id_or_none(self, name: str) -> int | None:
         """The node's shape id; None for a node the index does not hold."""
         return self._node_shape.get(name)
+
+    def with_label(self, key: str, value: str) -> frozenset[str]:
+        """The nodes labelled ``key=value``."""
+        return frozenset(self._by_label.get((key, value), ()))
+
+    def pod_counts(self, selector: PodSelector) -> dict[str, int]:
+        """How many pods on each node ``selector`` selects (nodes with none left out). Kept
+        current from then on, node by node, while the index holds it: the caller must not
+        change it."""
+        counts = self._counts.get(selector)
+        if counts is None:
+            if len(self._counts) >= COUNTS_KEPT:
+                self._counts.clear()
+            counts = self._counts[selector] = {}
+            for name, node in self._nodes.items():
+                count = sum(1 for pod in node.pods if selects(selector, pod))
+                if count:
+                    counts[name] = count
+        return counts
+
+    # -- node-aware indexes ----------------------------------------------------------------------
+
+    def _note(self, name: str, old: NodeState | None, new: NodeState | None) -> None:
+        """Keep the node-aware indexes current as node ``name`` goes from ``old`` to ``new``
+        (None: absent)."""
+        if (
+            old is None
+            or new is None
+            or (old.labels is not new.labels and old.labels != new.labels)
+            or old.taints != new.taints
+        ):
+            for pair in old.labels.items() if old is not None else ():
+                holders = self._by_label[pair]
+                holders.discard(name)
+                if not holders:
+                    del self._by_label[pair]
+            for pair in new.labels.items() if new is not None else ():
+                self._by_label.setdefault(pair, set()).add(name)
+            if new is not None and new.taints:
+                self.tainted[name] = new.taints
+            else:
+                self.tainted.pop(name, None)
+            self.node_cache.clear()
+            if old is not None and new is not None:
+                self.relabelled += 1
+        if old is not None and new is not None and (old.pods is new.pods or old.pods == new.pods):
+            return
+        self.repodded += 1
+        pods = new.pods if new is not None else ()
+        with_terms = tuple(pod for pod in pods if _has_terms(pod))
+        if with_terms:
+            self.term_pods[name] = with_terms
+        else:
+            self.term_pods.pop(name, None)
+        for selector, counts in self._counts.items():
+            count = sum(1 for pod in pods if selects(selector, pod))
+            if count:
+                counts[name] = count
+            else:
+                counts.pop(name, None)
 
     # -- changing --------------------------------------------------------------------------------
 
@@ -159,9 +269,11 @@ class ClusterIndex:
         """Replace a known node's state (new telemetry, health, cordon, group membership)."""
         if node.name not in self._nodes:
             raise KeyError(f"unknown node {node.name!r}")
+        old = self._nodes[node.name]
         self._leave(node.name)
         self._nodes[node.name] = node
         self._enter(node.name, node)
+        self._note(node.name, old, node)
         if len(self.shapes) > self.shape_limit:
             self._compact()
 
@@ -187,11 +299,13 @@ class ClusterIndex:
         self._rank[node.name] = position
         self._nodes[node.name] = node
         self._enter(node.name, node)
+        self._note(node.name, None, node)
 
     def remove(self, name: str) -> NodeState:
         """Forget node ``name`` (it left the cluster); its ledger reservations stay recorded."""
         node = self._nodes[name]
         self._leave(name)
+        self._note(name, node, None)
         position = self._rank.pop(name)
         del self._nodes[name]
         del self._names_by_rank[position]

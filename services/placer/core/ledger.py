@@ -140,6 +140,7 @@ def book(node: NodeState, reservation: Reservation) -> NodeState | str:
         memory_mib_reserved=node.memory_mib_reserved + reservation.memory_mib,
         gpus=tuple(gpus[g.index] for g in node.gpus),
         gpu_task_kinds=_count_kind(node.gpu_task_kinds, reservation.kind, +1),
+        pods=node.pods if reservation.pod is None else (*node.pods, reservation.pod),
     )
 
 
@@ -162,6 +163,9 @@ def unbook(node: NodeState, reservation: Reservation) -> NodeState:
         memory_mib_reserved=max(0, node.memory_mib_reserved - reservation.memory_mib),
         gpus=released,
         gpu_task_kinds=_count_kind(node.gpu_task_kinds, reservation.kind, -1),
+        pods=node.pods
+        if reservation.pod is None
+        else tuple(p for p in node.pods if p is not reservation.pod),
     )
 
 

@@ -12,11 +12,13 @@ thousandths of the whole GPU.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Literal, Protocol
 
 import msgspec
 
 from shared.capacity import model_matches
+from shared.messages.constraints import Constraints, Labels, PodAffinity, Taint
 
 GPU_MILLI = 1000
 """A whole GPU, in core milli and in GPU milli."""
@@ -74,6 +76,33 @@ class GpuState(msgspec.Struct, frozen=True, gc=False, kw_only=True):
         )
 
 
+class PodOnNode(Protocol):
+    """A pod on a node as other pods' affinity, anti-affinity and spread see it: a pod
+    Tessera did not place (``shared.messages.constraints.ExistingPod``) or one it booked
+    (``shared.messages.ledger.Booking``)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def affinity(self) -> PodAffinity | None: ...
+
+    @property
+    def anti_affinity(self) -> PodAffinity | None: ...
+
+
+class PlacedPod(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """A pod the core itself placed on a node (:class:`Reservation`), as a :class:`PodOnNode`."""
+
+    namespace: str
+    labels: Mapping[str, str]
+    affinity: PodAffinity | None = None
+    anti_affinity: PodAffinity | None = None
+
+
 class NodeState(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """One node: allocatable CPU and memory, what is reserved, its GPUs, its group memberships."""
 
@@ -89,6 +118,12 @@ class NodeState(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Resource groups (seed 001) this node belongs to; filled by the groups extension."""
     gpu_task_kinds: tuple[tuple[str, int], ...] = ()
     """How many GPU pods of each kind ("share", "2-gpu", ...) run here, sorted by kind."""
+    labels: Mapping[str, str] = {}
+    """The node's Kubernetes labels. Like the taints and pods below, not part of the node's
+    shape: node-aware rules (``nodeaware.py``) read them from the index, node by node."""
+    taints: tuple[Taint, ...] = ()
+    pods: tuple[PodOnNode, ...] = ()
+    """Every pod on the node, Tessera's or not."""
 
     @property
     def cpu_milli_free(self) -> int:
@@ -142,6 +177,11 @@ class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """The tenant the pod asks for with the ``tessera.dev/tenant`` label (empty: none). Only a
     request: ``Tenancy`` grants it when the pod's namespace may choose it, else refuses the pod."""
     priority: int = 0
+    labels: Labels = ()
+    """The pod's labels, sorted: what existing pods' anti-affinity and a spread constraint's
+    own-pod match read."""
+    constraints: Constraints | None = None
+    """``nodeSelector``, affinity, tolerations, topology spread; None: none stated."""
 
     def allows_model(self, model: str) -> bool:
         """Whether a GPU of ``model`` may hold this pod (``tessera.dev/gpu-model`` and
@@ -162,9 +202,37 @@ class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     def gpu_shares(self) -> int:
         return sum(c.shares for c in self.containers)
 
+    @property
+    def counts_pods(self) -> bool:
+        """Whether where the pod may go depends on the pods already placed."""
+        return self.constraints is not None and self.constraints.counts_pods
+
     def placement_key(self) -> PodRequest:
-        """The request without identity: two pods with equal keys fit and score identically."""
-        return msgspec.structs.replace(self, uid="", namespace="", name="")
+        """The request without identity: two pods with equal keys fit and score identically
+        (on a cluster whose pods and nodes have not changed)."""
+        return msgspec.structs.replace(self, uid="", name="")
+
+    def placed(self) -> PlacedPod | None:
+        """This pod once placed, as later pods see it (None when nothing could select it)."""
+        if not self.labels and self.constraints is None:
+            return None
+        constraints = self.constraints
+        return PlacedPod(
+            namespace=self.namespace,
+            labels=dict(self.labels),
+            affinity=constraints.pod_affinity if constraints is not None else None,
+            anti_affinity=constraints.pod_anti_affinity if constraints is not None else None,
+        )
+
+    def shape_key(self) -> PodRequest:
+        """What node shapes judge a pod by: its request without identity, labels or node
+        constraints (those are judged node by node, ``nodeaware.py``), so that a
+        deployment's replicas share the shape memo whatever they ask of nodes."""
+        if self.constraints is None and not self.labels:
+            return msgspec.structs.replace(self, uid="", namespace="", name="")
+        return msgspec.structs.replace(
+            self, uid="", namespace="", name="", labels=(), constraints=None
+        )
 
 
 class GpuSlice(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -192,6 +260,9 @@ class Reservation(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     containers: tuple[ContainerPlacement, ...]
     kind: str = ""
     """The pod's GPU task kind ("share", "<k>-gpu", "" for none), for GPU clustering."""
+    pod: PlacedPod | None = None
+    """The pod as later pods' affinity and spread see it (None: a pod with no labels and no
+    constraints, which no selector can tell from nothing); booked into ``NodeState.pods``."""
 
 
 class Decision(msgspec.Struct, frozen=True, gc=False, kw_only=True):

@@ -20,6 +20,18 @@ binpack      fullest node after placement                          binpack
 spread       emptiest node after placement                         spread
 balanced     seed 002 Score1 / Score2                              binpack
 ============ ===================================================== ===========
+
+Every profile also runs Kubernetes' scheduling constraints, node by node (:data:`NODE_RULES`,
+``nodeaware.py``), with kube-scheduler's default weights beside the profile's own scores:
+
+================= ====== ============================================================
+node rule         weight what
+================= ====== ============================================================
+TaintToleration   3      taints and tolerations (``plugins/tainttoleration.py``)
+NodeAffinity      2      ``nodeSelector``, node affinity (``plugins/nodeaffinity.py``)
+PodTopologySpread 2      ``topologySpreadConstraints`` (``plugins/topologyspread.py``)
+InterPodAffinity  2      pod affinity and anti-affinity (``plugins/interpodaffinity.py``)
+================= ====== ============================================================
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from services.placer.core.framework import (
     Filter,
     GpuChooser,
     GpuFilter,
+    NodeRule,
     PreFilter,
     Profile,
     Score,
@@ -51,8 +64,12 @@ from services.placer.core.plugins.dotprod import DotProdScore
 from services.placer.core.plugins.fed_fgd import FedFragmentation
 from services.placer.core.plugins.fgd import FgdScore
 from services.placer.core.plugins.fit import GpuModel, NodeFit
+from services.placer.core.plugins.interpodaffinity import InterPodAffinityRule
+from services.placer.core.plugins.nodeaffinity import NodeAffinityRule
 from services.placer.core.plugins.packing import PackingScore
 from services.placer.core.plugins.spread import SpreadScore
+from services.placer.core.plugins.tainttoleration import TaintTolerationRule
+from services.placer.core.plugins.topologyspread import TopologySpreadRule
 
 
 class ProfileError(ValueError):
@@ -198,6 +215,16 @@ SCORES: dict[str, Callable[[Mapping[str, Any], BuildContext], Score]] = {
 }
 
 
+NODE_RULES: dict[str, Callable[[], NodeRule]] = {
+    "TaintToleration": TaintTolerationRule,
+    "NodeAffinity": NodeAffinityRule,
+    "PodTopologySpread": TopologySpreadRule,
+    "InterPodAffinity": InterPodAffinityRule,
+}
+"""Kubernetes' scheduling constraints every profile keeps, in kube-scheduler's filter order
+(which a node's reason follows when several rules refuse it)."""
+
+
 def _choosers(context: BuildContext) -> dict[str, GpuChooser]:
     fragmentation = context.fragmentation
     return {
@@ -311,6 +338,7 @@ def _compile(
         tie_break=tie_break,
         pre_filters=pre_filters,
         gpu_choices={k: choosers[k] for k in ("binpack", "spread", "colocate")},
+        node_rules=tuple(make() for make in NODE_RULES.values()),
     )
     profile.batch = batch_judge(profile)
     return profile

@@ -124,10 +124,12 @@ class Shell:
     """Pods decided (placed or not) since the start: what a compile of the profile is paid by."""
     restored_epoch: str = field(default="", init=False)
     """The store epoch the binder last said it restored (``watches``)."""
-    failed_at: tuple[int, int] = field(default=(-1, -1), init=False)
+    failed_at: tuple[int, ...] = field(default=(-1, -1, -1), init=False)
     failed_keys: dict[PodRequest, Waiting] = field(default_factory=dict, init=False)
-    """Pod shapes known not to fit since the view's change counters were ``failed_at``."""
-    _seen_change: tuple[int, int] = field(default=(0, 0), init=False)
+    """Pod shapes known not to fit since the view's change counters were ``failed_at`` (the
+    first three of :meth:`counters`: a pod placed changes no request's fit but those that count
+    pods, which are never kept here)."""
+    _seen_change: tuple[int, ...] = field(default=(0, 0, 0, 0), init=False)
 
     @property
     def restored(self) -> bool:
@@ -135,9 +137,21 @@ class Shell:
         store's epoch. Nothing new is decided before, so no running pod's GPUs go to another."""
         return bool(self.bus.store_epoch) and self.restored_epoch == self.bus.store_epoch
 
+    def counters(self) -> tuple[int, int, int, int]:
+        """What waiting pods wake on: the view's ``freed`` and ``grown``, and its indexes' node
+        label or taint changes and pods placed or gone (``ClusterIndex.relabelled`` and
+        ``repodded``)."""
+        indexes = self.view.indexes()
+        return (
+            self.view.freed,
+            self.view.grown,
+            sum(i.relabelled for i in indexes),
+            sum(i.repodded for i in indexes),
+        )
+
     def poke(self) -> None:
         """Wake the retry loop when the view's change counters moved."""
-        seen = (self.view.freed, self.view.grown)
+        seen = self.counters()
         if seen != self._seen_change:
             self._seen_change = seen
             self.changed.set()

@@ -55,8 +55,8 @@ class HeldPod:
     stage: Stage = "queued"
     attempts: int = 0
     wake: decider.Wake = "freed"
-    seen: tuple[int, int] = (0, 0)
-    """The view's (freed, grown) counters when it was last tried."""
+    seen: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """The shell's change counters (``Shell.counters``) when it was last tried."""
     tried: float = 0.0
     backoff: float = BACKOFF_MIN_S
     last_message: str = ""

@@ -85,7 +85,8 @@ class WaitingPods:
                 shell.view, profile, request, now=now, spread=shell.config.burst_spread
             )
             if isinstance(outcome, Waiting):
-                shell.failed_keys[shape] = outcome
+                if not request.counts_pods:
+                    shell.failed_keys[shape] = outcome
                 return False
             return True
 
@@ -310,9 +311,11 @@ class WaitingPods:
             now = shell.clock.monotonic()
             if held.waiting:  # other pools' nodes move the counters only once derived
                 shell.view.everywhere()
-            freed, grown = shell.view.freed, shell.view.grown
+            freed, grown, relabelled, placed = shell.counters()
             for item in list(held.waiting.values()):
-                changed = grown != item.seen[1] or (item.wake == "freed" and freed != item.seen[0])
+                seen = item.seen
+                room = item.wake != "grown" and (freed != seen[0] or relabelled != seen[2])
+                changed = grown != seen[1] or room or (item.wake == "placed" and placed != seen[3])
                 due = now - item.tried >= item.backoff
                 if (changed and due) or now - item.tried >= SAFETY_RETRY_S:
                     held.enqueue(item)
