@@ -139,6 +139,14 @@ def memory_range(total_mib: int, policy: MemoryPolicy) -> MemoryRange:
     return MemoryRange(minimum=minimum, maximum=maximum, step=step)
 
 
+def round_memory(mib: int, policy: MemoryPolicy) -> int:
+    """A memory request of ``mib`` as the request policy rounds it up: the minimum slice, or
+    that plus whole steps (the GPU's own maximum is a fit, checked where it is placed)."""
+    step = max(1, policy.step_mib)
+    minimum = max(1, policy.minimum_mib)
+    return minimum + max(0, -(-(mib - minimum) // step)) * step
+
+
 def attributes(gpu: GpuTelemetry) -> dict[str, AttributeValue]:
     """The device attributes of ``gpu`` (fully qualified names)."""
     found: dict[str, AttributeValue] = {
@@ -191,7 +199,7 @@ def consumed(requests: dict[str, str], *, total_mib: int, policy: MemoryPolicy) 
         return str(error)
     if memory <= 0 or compute_asked <= 0:
         return "a capacity request must be positive"
-    memory = window.minimum + max(0, -(-(memory - window.minimum) // window.step)) * window.step
+    memory = round_memory(memory, policy) if memory > window.minimum else window.minimum
     if memory > window.maximum:
         return f"{memory} MiB of memory is more than the GPU's {window.maximum} MiB"
     compute = max(1, math.ceil(compute_asked))
