@@ -190,6 +190,7 @@ class KubeGateway:
         self._core: Any = client.CoreV1Api(api)
         self._events: Any = client.EventsV1Api(api)
         self._coordination: Any = client.CoordinationV1Api(api)
+        self._resource: Any = client.ResourceV1Api(api)
         self._clock = clock
         self._metrics = metrics
         self._timeout_s = timeout_s
@@ -525,5 +526,50 @@ class KubeGateway:
                 lambda: self._coordination.replace_namespaced_lease(
                     name, namespace, lease, field_manager=FIELD_MANAGER, **self._options()
                 ),
+            )
+        )
+
+    # --- DRA: resource slices (resource.k8s.io/v1) -----------------------------------------------
+
+    async def list_slices(self, *, node: str, driver: str) -> list[Body]:
+        """The ResourceSlices of ``driver`` on ``node`` (as JSON objects)."""
+        selector = f"spec.nodeName={node},spec.driver={driver}"
+        code, body = await self._send(
+            "list resourceslices",
+            lambda: self._resource.list_resource_slice(field_selector=selector, **self._options()),
+        )
+        if code != 200:
+            answer = _answer(code, body)
+            raise ApiUnavailableError(
+                "list resourceslices", f"HTTP {code} {answer.reason}: {answer.message}"
+            )
+        items: list[Body] = msgspec.json.decode(body).get("items") or []
+        return items
+
+    async def create_slice(self, body: Body) -> Answer:
+        return _answer(
+            *await self._send(
+                "create resourceslices",
+                lambda: self._resource.create_resource_slice(
+                    body, field_manager=FIELD_MANAGER, **self._options()
+                ),
+            )
+        )
+
+    async def replace_slice(self, name: str, body: Body) -> Answer:
+        return _answer(
+            *await self._send(
+                "update resourceslices",
+                lambda: self._resource.replace_resource_slice(
+                    name, body, field_manager=FIELD_MANAGER, **self._options()
+                ),
+            )
+        )
+
+    async def delete_slice(self, name: str) -> Answer:
+        return _answer(
+            *await self._send(
+                "delete resourceslices",
+                lambda: self._resource.delete_resource_slice(name, **self._options()),
             )
         )

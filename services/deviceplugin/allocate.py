@@ -46,7 +46,7 @@ import msgspec
 from shared.commits import commit_problem
 from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
-from shared.messages.base import ContainerSlices
+from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import Booking, PodClaim
 
@@ -219,37 +219,16 @@ def _joined(values: Iterable[object]) -> str:
     return ",".join(str(v) for v in values)
 
 
-def container_grant(
-    record: AssignmentRecord,
-    container: ContainerSlices,
+def slice_environment(
+    slices: Sequence[GpuSlice],
+    totals: Sequence[int],
     *,
-    gpus: Mapping[str, GpuTelemetry],
     options: ResponseOptions,
-) -> ContainerGrant | Refusal:
-    """The response for ``container`` of ``record``, from the record's slices alone."""
-    slices = container.gpus
-    pod = f"{record.namespace}/{record.name}"
-    if not slices:
-        return Refusal(
-            kind="invalid",
-            message=f"assignment record of {pod} has no GPU slices for container "
-            f"{container.container}",
-        )
-    missing = [s.uuid for s in slices if s.uuid not in gpus]
-    if missing:
-        return Refusal(
-            kind="unavailable",
-            message=f"assignment record of {pod} container {container.container} names GPU "
-            f"{', '.join(missing)}, which the inventory of node {record.node} does not list",
-        )
-    sick = [_sickness(s.uuid, gpus) for s in slices if _sickness(s.uuid, gpus)]
-    if sick:
-        return Refusal(
-            kind="unavailable",
-            message=f"assignment record of {pod} container {container.container} was decided "
-            f"on GPU {', '.join(sick)}; it is not granted while the GPU is not healthy",
-        )
-    totals = [gpus[s.uuid].memory_total_mib for s in slices]
+    pod_memory_mib: int,
+) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    """The environment and mounts of a container holding ``slices`` (DESIGN section 3), on GPUs
+    of ``totals`` MiB each; ``pod_memory_mib`` is every slice of its pod (Aliyun's variable).
+    Shared by Allocate and the DRA side's CDI specs, so both hand a container the same."""
     envs = {
         "NVIDIA_VISIBLE_DEVICES": _joined(s.uuid for s in slices),
         "TESSERA_GPU_MEMORY_LIMIT_MIB": _joined(s.memory_mib for s in slices),
@@ -285,14 +264,48 @@ def container_grant(
         envs["VOLCANO_GPU_MEMORY_TOTAL"] = str(sum(totals))
     if "aliyun" in options.compat:
         envs["ALIYUN_COM_GPU_MEM_IDX"] = _joined(s.index for s in slices)
-        envs["ALIYUN_COM_GPU_MEM_POD"] = str(
-            sum(s.memory_mib for c in record.containers for s in c.gpus)
-        )
+        envs["ALIYUN_COM_GPU_MEM_POD"] = str(pod_memory_mib)
         envs["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(container_mib)
         envs["ALIYUN_COM_GPU_MEM_DEV"] = _joined(totals)
+    return envs, tuple(mounts)
+
+
+def container_grant(
+    record: AssignmentRecord,
+    container: ContainerSlices,
+    *,
+    gpus: Mapping[str, GpuTelemetry],
+    options: ResponseOptions,
+) -> ContainerGrant | Refusal:
+    """The response for ``container`` of ``record``, from the record's slices alone."""
+    slices = container.gpus
+    pod = f"{record.namespace}/{record.name}"
+    if not slices:
+        return Refusal(
+            kind="invalid",
+            message=f"assignment record of {pod} has no GPU slices for container "
+            f"{container.container}",
+        )
+    missing = [s.uuid for s in slices if s.uuid not in gpus]
+    if missing:
+        return Refusal(
+            kind="unavailable",
+            message=f"assignment record of {pod} container {container.container} names GPU "
+            f"{', '.join(missing)}, which the inventory of node {record.node} does not list",
+        )
+    sick = [_sickness(s.uuid, gpus) for s in slices if _sickness(s.uuid, gpus)]
+    if sick:
+        return Refusal(
+            kind="unavailable",
+            message=f"assignment record of {pod} container {container.container} was decided "
+            f"on GPU {', '.join(sick)}; it is not granted while the GPU is not healthy",
+        )
+    totals = [gpus[s.uuid].memory_total_mib for s in slices]
+    pod_mib = sum(s.memory_mib for c in record.containers for s in c.gpus)
+    envs, mounts = slice_environment(slices, totals, options=options, pod_memory_mib=pod_mib)
     return ContainerGrant(
         envs=envs,
-        mounts=tuple(mounts),
+        mounts=mounts,
         annotations={ANNOTATION_POD_UID: record.pod_uid, ANNOTATION_CONTAINER: container.container},
     )
 

@@ -69,6 +69,7 @@ from services.placer.core.model import (
 )
 from shared import annotations as names
 from shared.commits import record_containers
+from shared.dra.claims import ClaimPlan
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
@@ -130,6 +131,22 @@ def pod_request(pod: PodPending) -> PodRequest:
         priority=pod.priority,
         labels=tuple(sorted(pod.labels.items())),
         constraints=pod.constraints,
+    )
+
+
+def claim_containers(plan: ClaimPlan) -> tuple[ContainerRequest, ...]:
+    """The asks of a pod's ``gpu.tessera.dev`` claims as the core's containers: ``count``
+    shares, each on a distinct GPU, of the rounded memory and compute, or whole GPUs (DESIGN
+    section 14). A memory left out is all of the GPU's, as DRA's default for it is."""
+    return tuple(
+        ContainerRequest(
+            name=ask.container,
+            shares=ask.count,
+            share_memory_mib=ask.memory_mib,
+            share_memory_pct=100 if ask.memory_mib is None and not ask.whole else None,
+            share_core_milli=None if ask.compute is None else ask.compute * GPU_MILLI // 100,
+        )
+        for ask in plan.asks
     )
 
 

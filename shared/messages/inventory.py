@@ -44,6 +44,9 @@ class GpuTelemetry(Message, frozen=True, kw_only=True):
     sm_clock_max_mhz: int = 0
     pci_bus_id: str = ""
     numa_node: int | None = None
+    pcie_root: str = ""
+    """The PCIe root complex the GPU hangs off (``pci0000:00``), as sysfs names it; "" when
+    unknown. GPUs under one root talk without crossing the CPU interconnect."""
     nvlink_peers: tuple[str, ...] = ()
     """UUIDs of GPUs reachable over NVLink."""
     links: tuple[GpuLink, ...] = ()

@@ -11,6 +11,7 @@ from typing import Literal
 
 from shared.messages.base import ContainerSlices, GpuPolicy, GpuType, Message, NodePolicy
 from shared.messages.constraints import Constraints
+from shared.messages.resourceclaims import PodResourceClaim
 
 
 class ContainerRequest(Message, frozen=True, kw_only=True):
@@ -70,6 +71,9 @@ class PodPending(Message, frozen=True, kw_only=True):
     constraints: Constraints | None = None
     """``nodeSelector``, affinity, tolerations and topology spread (``shared.scheduling``);
     None when the pod states none."""
+    claims: tuple[PodResourceClaim, ...] = ()
+    """The pod's DRA ResourceClaims (DESIGN section 14), as the binder read them; the placer
+    places those of class ``gpu.tessera.dev`` (``shared.dra.claims``)."""
 
 
 class PodDeleted(Message, frozen=True, kw_only=True):

@@ -1,0 +1,208 @@
+"""Pure: a physical GPU as a ``gpu.tessera.dev`` DRA device (DESIGN section 14).
+
+One device per physical GPU, named ``gpu-<index>``, in one pool per node, allocatable many times
+(``allowMultipleAllocations``), with two consumable capacities:
+
+- ``memory``: the GPU's memory as a byte quantity (``81920Mi``). Its request policy rounds a
+  request up to the node's memory unit (``step``) from a minimum slice (``min``), at most the
+  largest such value within the GPU (``max``), and an unrequested memory is that maximum: the
+  whole GPU.
+- ``compute``: 100 (percent of the GPU's SMs), steps of 1 from 1, unrequested = 100.
+
+So a claim that requests no capacity takes the whole GPU, as DRA's defaults say, and a slice
+names both (either one left out is the whole of it). Rounding follows the structured allocator
+(``calculateConsumedCapacity`` in ``k8s.io/dynamic-resource-allocation/structured``): a request
+below ``min`` is ``min``, otherwise ``min`` plus whole steps, never above ``max``.
+
+Attributes, in the driver's domain: ``uuid``, ``model``, ``index``, ``memoryMiB``; and the
+standard ones (``k8s.io/dynamic-resource-allocation/deviceattribute``), when the inventory knows
+them: ``resource.kubernetes.io/numaNode``, ``resource.kubernetes.io/pciBusID`` and
+``resource.kubernetes.io/pcieRoot``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from typing import Final
+
+import msgspec
+
+from shared.messages.inventory import GpuTelemetry
+from shared.quantity import MIB, QuantityError, parse_quantity
+
+DRIVER: Final = "gpu.tessera.dev"
+"""The driver's name, and the DeviceClass Tessera's chart creates."""
+DEVICE_CLASS: Final = DRIVER
+DEVICE_PREFIX: Final = "gpu-"
+
+STANDARD_DOMAIN: Final = "resource.kubernetes.io"
+UUID: Final = "uuid"
+MODEL: Final = "model"
+INDEX: Final = "index"
+MEMORY_MIB: Final = "memoryMiB"
+NUMA_NODE: Final = f"{STANDARD_DOMAIN}/numaNode"
+PCI_BUS_ID: Final = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT: Final = f"{STANDARD_DOMAIN}/pcieRoot"
+
+MEMORY: Final = "memory"
+COMPUTE: Final = "compute"
+COMPUTE_TOTAL: Final = 100
+"""``compute`` counts percent of the GPU's SMs (``tessera.dev/gpu-cores``)."""
+
+ATTRIBUTE_MAX_LENGTH: Final = 64
+"""The API refuses longer string attribute values."""
+
+_DEVICE_NAME: Final = re.compile(r"^gpu-(0|[1-9][0-9]*)$")
+_PCI_BUS_ID: Final = re.compile(
+    r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$"
+)
+
+
+class MemoryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """How a node's GPUs round memory requests: its memory unit and the smallest slice."""
+
+    step_mib: int = 1
+    minimum_mib: int = 1
+
+
+class Version(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``version`` attribute (semver 2.0.0), as distinct from a plain string."""
+
+    text: str
+
+
+AttributeValue = bool | int | str | Version
+
+
+class DeviceDescription(msgspec.Struct, frozen=True, kw_only=True):
+    """A device as DRA describes it: what CEL selectors and constraints read."""
+
+    name: str
+    driver: str = DRIVER
+    attributes: dict[str, AttributeValue]
+    """Fully qualified names (``gpu.tessera.dev/model``) -> values."""
+    capacity: dict[str, Fraction]
+    """Fully qualified names -> amounts in the capacity's base unit (bytes for memory)."""
+    allow_multiple_allocations: bool = True
+
+
+class MemoryRange(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``validRange`` of one GPU's memory, in MiB; ``maximum`` is also the default."""
+
+    minimum: int
+    maximum: int
+    step: int
+
+
+class Consumed(msgspec.Struct, frozen=True, kw_only=True):
+    """What one allocation of a device takes of it (``consumedCapacity``)."""
+
+    memory_mib: int
+    compute: int
+    """Percent of the GPU's SMs."""
+
+
+def qualified(name: str) -> str:
+    """The attribute or capacity name as CEL and constraints see it: an unqualified name is in
+    the driver's domain."""
+    return name if "/" in name else f"{DRIVER}/{name}"
+
+
+def device_name(index: int) -> str:
+    return f"{DEVICE_PREFIX}{index}"
+
+
+def device_index(name: str) -> int | None:
+    """The GPU index a device name stands for; None when it is not one of Tessera's."""
+    match = _DEVICE_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def pci_bus_id(nvml_bus_id: str) -> str | None:
+    """NVML's bus ID (``00000000:3B:00.0``) in the extended BDF notation the standard
+    attribute uses (``0000:3b:00.0``); None when it is not one."""
+    match = _PCI_BUS_ID.match(nvml_bus_id.strip())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+
+
+def memory_range(total_mib: int, policy: MemoryPolicy) -> MemoryRange:
+    """The memory request policy of a GPU with ``total_mib``: from the minimum slice (at most the
+    whole GPU) in whole steps up to the largest value the GPU holds."""
+    step = max(1, policy.step_mib)
+    minimum = min(max(1, policy.minimum_mib), total_mib)
+    maximum = minimum + (total_mib - minimum) // step * step
+    return MemoryRange(minimum=minimum, maximum=maximum, step=step)
+
+
+def round_memory(mib: int, policy: MemoryPolicy) -> int:
+    """A memory request of ``mib`` as the request policy rounds it up: the minimum slice, or
+    that plus whole steps (the GPU's own maximum is a fit, checked where it is placed)."""
+    step = max(1, policy.step_mib)
+    minimum = max(1, policy.minimum_mib)
+    return minimum + max(0, -(-(mib - minimum) // step)) * step
+
+
+def attributes(gpu: GpuTelemetry) -> dict[str, AttributeValue]:
+    """The device attributes of ``gpu`` (fully qualified names)."""
+    found: dict[str, AttributeValue] = {
+        qualified(UUID): gpu.uuid[:ATTRIBUTE_MAX_LENGTH],
+        qualified(MODEL): gpu.model[:ATTRIBUTE_MAX_LENGTH],
+        qualified(INDEX): gpu.index,
+        qualified(MEMORY_MIB): gpu.memory_total_mib,
+    }
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        found[NUMA_NODE] = gpu.numa_node
+    bus = pci_bus_id(gpu.pci_bus_id) if gpu.pci_bus_id else None
+    if bus is not None:
+        found[PCI_BUS_ID] = bus
+    if gpu.pcie_root:
+        found[PCIE_ROOT] = gpu.pcie_root[:ATTRIBUTE_MAX_LENGTH]
+    return found
+
+
+def describe(gpu: GpuTelemetry) -> DeviceDescription:
+    """``gpu`` as the device Tessera publishes for it."""
+    return DeviceDescription(
+        name=device_name(gpu.index),
+        attributes=attributes(gpu),
+        capacity={
+            qualified(MEMORY): Fraction(gpu.memory_total_mib * MIB),
+            qualified(COMPUTE): Fraction(COMPUTE_TOTAL),
+        },
+    )
+
+
+def _mib(value: str | int) -> int:
+    return math.ceil(parse_quantity(value) / MIB)
+
+
+def consumed(requests: dict[str, str], *, total_mib: int, policy: MemoryPolicy) -> Consumed | str:
+    """What a request of ``requests`` (``capacity.requests``: capacity name -> quantity) takes of
+    one GPU with ``total_mib``, rounded as its request policy says; the reason when the GPU
+    cannot hold it (or a request names a capacity the device does not have)."""
+    unknown = sorted(set(requests) - {MEMORY, COMPUTE, qualified(MEMORY), qualified(COMPUTE)})
+    if unknown:
+        return f"capacity {', '.join(unknown)} is not one of {MEMORY}, {COMPUTE}"
+    wanted = {name.rsplit("/", 1)[-1]: value for name, value in requests.items()}
+    window = memory_range(total_mib, policy)
+    try:
+        memory = window.maximum if MEMORY not in wanted else _mib(wanted[MEMORY])
+        compute_asked = (
+            Fraction(COMPUTE_TOTAL) if COMPUTE not in wanted else parse_quantity(wanted[COMPUTE])
+        )
+    except QuantityError as error:
+        return str(error)
+    if memory <= 0 or compute_asked <= 0:
+        return "a capacity request must be positive"
+    memory = round_memory(memory, policy) if memory > window.minimum else window.minimum
+    if memory > window.maximum:
+        return f"{memory} MiB of memory is more than the GPU's {window.maximum} MiB"
+    compute = max(1, math.ceil(compute_asked))
+    if compute > COMPUTE_TOTAL:
+        return f"compute {compute_asked} is more than {COMPUTE_TOTAL}"
+    return Consumed(memory_mib=memory, compute=compute)
