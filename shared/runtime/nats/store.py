@@ -95,6 +95,9 @@ class NatsStore(NatsConnection):
         """How many times streams or buckets were found missing and created again."""
         self._background: set[asyncio.Task[None]] = set()
         self._epoch = ""
+        self._renewed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Resolved (and replaced) when the bus takes a new store's epoch: it wakes every watch
+        started before, which then ends (``NatsKv._watch``)."""
         self._revision_base = 0
         """Added to the new store's revisions, so that they count above the lost store's."""
         self._last_revision = 0
@@ -135,6 +138,10 @@ class NatsStore(NatsConnection):
         return self._epoch
 
     def _take_epoch(self, epoch: str) -> None:
+        """Take ``epoch`` as the store's. A new one (NATS lost its store) ends every watch
+        started before: what a watch read and what it reads on are then of one store, the one
+        :attr:`store_epoch` names (a watch started on the new store before the epoch was taken,
+        a store replaced behind a live connection, read its values under the lost store's)."""
         if self._epoch and epoch != self._epoch:
             self._revision_base = self._last_revision + 1
             log.warning(
@@ -142,6 +149,10 @@ class NatsStore(NatsConnection):
                 "into it from the Kubernetes API",
                 extra={"epoch": epoch, "previous_epoch": self._epoch},
             )
+            self._epoch = epoch
+            renewed, self._renewed = self._renewed, asyncio.get_running_loop().create_future()
+            renewed.set_result(None)
+            return
         self._epoch = epoch
 
     async def _store_checked(self) -> None:
@@ -279,6 +290,17 @@ class NatsStore(NatsConnection):
                 "NATS had lost streams or buckets; created them again",
                 extra={"reason": reason, "created": created},
             )
+
+    async def _look_for_lost_store(self, reason: str) -> None:
+        """A watch lost its consumer while the connection stayed up: the store may have been
+        replaced behind it (its streams deleted and created again by another client, which a
+        reconnect would have shown). Check it as after a reconnect, so the next watch runs
+        under the new store's epoch; NATS unable to answer now (a cluster electing) is left to
+        the next check."""
+        try:
+            await self.restore_topology(reason=reason)
+        except Exception as error:  # NATS unavailable or refusing: the watch fails as it was
+            log.info("cannot look for a lost store now", extra={"error": repr(error)})
 
     async def _bucket(
         self, bucket: str, *, history: int | None = None, created: list[str] | None = None
