@@ -8,7 +8,7 @@ import asyncio
 import functools
 import shutil
 
-from shared import codec, subjects
+from shared import codec, subjects, validation
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.pods import PodRestore
 from shared.runtime.nats import NatsBus
@@ -71,6 +71,9 @@ async def test_nothing_is_decided_before_what_is_bound_is_restored_then_it_is_ho
         )
         assert state.claims["old"].state == "placed"
         assert [b.pod_uid for b in state.bookings()] == ["old"]
+        # Valid as every reader checks it: allocated, with its containers answered.
+        key = subjects.assignment_key("n1", "old")
+        assert validation.record_problem(record, key=key) is None
 
         await mark_restored(bus)  # the binder's word: every bound placement is in the store
         await until(lambda: placer.readiness.ready, what="ready once restored")
