@@ -86,6 +86,9 @@ class NatsStore(NatsConnection):
         self._js = client.jetstream(timeout=request_timeout)
         self._replicas = replicas
         self._update_topology = True
+        self._create_epoch = True
+        """Whether this client may give a new store its epoch (``shared.permissions``: only the
+        identities that create the store do); one that may not waits for it."""
         self.watch_heartbeat_s = WATCH_HEARTBEAT_S
         """The server's idle heartbeat on each KV watch (``shared.runtime.bus``)."""
         self._kv: dict[str, KeyValue] = {}
@@ -263,12 +266,22 @@ class NatsStore(NatsConnection):
         return created
 
     async def _read_epoch(self) -> None:
-        """Take the store's epoch (a new store gets one: the first writer's stays)."""
+        """Take the store's epoch. A new store gets one from the first client that may create
+        it (the first writer's stays); a client that may not (a node's device plugin or
+        inventory, the dashboard: one that could write it could make every service believe the
+        store lost at its next reconnect) waits until one that may has: BusUnavailableError."""
         meta = await self._bucket(subjects.KV_META)
-        fresh = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
-        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-            await meta.create(subjects.META_EPOCH, codec.encode(fresh))
-        entry = await meta.get(subjects.META_EPOCH)
+        if self._create_epoch:
+            fresh = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
+            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+                await meta.create(subjects.META_EPOCH, codec.encode(fresh))
+        try:
+            entry = await meta.get(subjects.META_EPOCH)
+        except nats.js.errors.KeyNotFoundError:
+            raise BusUnavailableError(
+                "the NATS store has no epoch yet (a placer or the binder gives a new store its "
+                "epoch); nothing was done"
+            ) from None
         self._take_epoch(codec.decode(entry.value or b"", StoreEpoch).epoch)
 
     async def restore_topology(self, *, reason: str) -> None:
