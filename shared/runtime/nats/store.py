@@ -21,7 +21,12 @@ from nats.js.kv import KeyValue
 
 from shared import codec, subjects
 from shared.messages.store import StoreEpoch
-from shared.runtime.bus import WATCH_HEARTBEAT_S, BusUnavailableError, OutcomeUnknownError
+from shared.runtime.bus import (
+    WATCH_HEARTBEAT_S,
+    BusUnavailableError,
+    OutcomeUnknownError,
+    StoreRefusedError,
+)
 from shared.runtime.nats.connection import NatsConnection, log
 
 T = TypeVar("T")
@@ -52,6 +57,19 @@ def _bucket_stream(bucket: str, history: int, replicas: int) -> js_api.StreamCon
 _MISSING = (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 """What nats-py raises when the stream (or consumer) an operation needs does not exist: a
 JetStream publish nobody stores, a pull request nobody answers."""
+
+
+_REFUSALS = (10077, 10047)
+"""JetStream error codes of a message it refused to store: the stream's store failed (message,
+byte or per-subject limit reached with ``discard: new``), insufficient resources."""
+
+
+def refusal(error: BaseException) -> str:
+    """The server's description when ``error`` is JetStream refusing to store a message (it
+    answers 503, which nats-py raises as a missing stream would be: ``_MISSING``), else ""."""
+    if isinstance(error, nats.js.errors.APIError) and error.err_code in _REFUSALS:
+        return str(error.description or f"error {error.err_code}")
+    return ""
 
 
 _DISCONNECTED = (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError)
@@ -203,7 +221,12 @@ class NatsStore(NatsConnection):
             return task.result()
         except _DISCONNECTED:
             raise BusUnavailableError("not connected to NATS; nothing was sent") from None
-        except _MISSING:
+        except _MISSING as error:
+            refused = refusal(error)
+            if refused:
+                raise StoreRefusedError(
+                    f"JetStream refused to store it ({refused}); nothing was stored"
+                ) from None
             await self.restore_topology(reason="a write found no stream")
             raise BusUnavailableError(
                 "no stream took the write (NATS lost its store?): nothing was written; the "
