@@ -25,11 +25,15 @@ Roles and what they may write (reads are listed in :func:`permissions`)::
     dashboard     nothing (reads only)
     webhook       nothing (reads the inventories only: the cluster's GPUs)
 
-Every role may publish dead letters, read the streams' and buckets' information, create a missing
-stream or bucket (never change or delete one: only the placer may update a configuration) and the
-store's epoch (``tessera-meta.epoch``: whoever recreates a lost store's streams first), and
-receive on its own inbox prefix ``_INBOX.<role>[.<node>]`` (:func:`inbox_prefix`), so no identity
-can read the replies meant for another. JetStream calls are scoped to the streams and the durable
+Every role may publish dead letters, read the streams' and buckets' information and the store's
+epoch (``tessera-meta.epoch``), create a missing stream or bucket (never change or delete one: only
+the placer may update a configuration), and receive on its own inbox prefix
+``_INBOX.<role>[.<node>]`` (:func:`inbox_prefix`), so no identity can read the replies meant for
+another. Only the roles that create the store (:data:`STORE_CREATORS`: the placer and the binder,
+which restores a lost store) may write its epoch, a create that the first of them after a store loss
+wins: NATS cannot grant "create only", and a node's identity allowed to write the epoch could
+overwrite it, making every service believe at its next reconnect that the store was lost. The others
+read it, and wait for it on a new store. JetStream calls are scoped to the streams and the durable
 consumers a role uses: ``$JS.API.CONSUMER.*`` on the streams and buckets it reads,
 ``$JS.ACK.<stream>.<durable>.>`` for its own durables, ``$JS.FC.<bucket stream>.>`` for the flow
 control of its KV watches.
@@ -65,6 +69,9 @@ NODE_ROLES: Final[frozenset[Role]] = frozenset({"deviceplugin", "inventory"})
 
 TOPOLOGY_OWNERS: Final[frozenset[Role]] = frozenset({"placer"})
 """Roles that may change an existing stream's or bucket's configuration."""
+
+STORE_CREATORS: Final[frozenset[Role]] = frozenset({"placer", "binder"})
+"""Roles that may give a new store its epoch (``tessera-meta.epoch``); every other reads it."""
 
 ANY_NODE: Final = "*"
 NODE_PLACEHOLDER: Final = "__NODE__"
@@ -102,6 +109,11 @@ def inbox_prefix(role: str, node: str | None = None) -> str:
 def may_update_topology(role: str) -> bool:
     """Whether ``role`` may change an existing stream's or bucket's configuration."""
     return role in TOPOLOGY_OWNERS
+
+
+def creates_store(role: str) -> bool:
+    """Whether ``role`` may give a new store its epoch (:data:`STORE_CREATORS`)."""
+    return role in STORE_CREATORS
 
 
 def _inbox_grant(role: Role, node: str | None) -> str:
@@ -157,15 +169,16 @@ def _all_streams() -> list[str]:
 
 
 def _topology(role: Role) -> list[str]:
-    # Also the store's epoch: whoever creates the streams of an empty store creates it, and
-    # every role reads it after each reconnect (shared.messages.store; a get, no watch).
+    # Also the store's epoch: every role reads it after each reconnect (shared.messages.store;
+    # a get, no watch), and only the store's creators may write it (the first after a loss).
     # Any stream's info (read-only metadata) in one grant rather than one per stream: the grants
     # travel in a per-node user JWT, which nats-server takes only under its 4 KiB control line.
     grants = [
-        *_kv_write(subjects.KV_META, subjects.META_EPOCH),
         f"{_API}.STREAM.MSG.GET.{kv_stream(subjects.KV_META)}",
         f"{_API}.STREAM.INFO.*",
     ]
+    if creates_store(role):
+        grants += _kv_write(subjects.KV_META, subjects.META_EPOCH)
     for stream in _all_streams():
         grants.append(f"{_API}.STREAM.CREATE.{stream}")
         if role in TOPOLOGY_OWNERS:

@@ -50,7 +50,7 @@ import msgspec
 
 from shared import subjects
 from shared.annotations import GPU, PREFIX
-from shared.messages.assignments import STATE_ORDER, AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, moves_forward
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 
@@ -274,8 +274,7 @@ def transition_problem(previous: AssignmentRecord | None, record: AssignmentReco
             f"a record of commit {record.commit or '(none)'} over the live {previous.state} "
             f"record of commit {previous.commit or '(none)'}"
         )
-    before, after = STATE_ORDER[previous.state], STATE_ORDER[record.state]
-    if after < before:
+    if not moves_forward(previous.state, record.state):
         return f"state moved backwards: {previous.state} -> {record.state}"
     for field in _FIXED_FIELDS:
         if getattr(previous, field) != getattr(record, field):

@@ -1,10 +1,12 @@
 """Pure: what ``kubectl describe pod`` shows of Tessera's work, and the API bodies that carry it.
 
-Pending pods get ``PodScheduled=False``, reason ``Unschedulable``, and a message in
-kube-scheduler's style: ``0/12 nodes are available: 3 insufficient GPU memory, 9 GPU model not
-allowed.`` (counts first, entries sorted as kube-scheduler sorts them), plus a Warning Event
-``FailedScheduling`` with the same text. Bound pods get a Normal ``Scheduled`` Event naming the
-node and GPUs; a pod bound but not allocated in time gets a Warning ``AllocationDelayed``.
+Pending pods get ``PodScheduled=False``, reason ``Unschedulable``, and a message in kube-scheduler's
+style: ``0/12 nodes are available: 3 insufficient GPU memory, 9 GPU model not allowed.`` (counts
+first, entries sorted as kube-scheduler sorts them), plus a Warning Event ``FailedScheduling`` with
+the same text. A pod Tessera cannot take on at all (NATS does not store its placement request) gets
+reason ``SchedulerError``, kube-scheduler's for its own failures, and the bus's error
+(:func:`not_queued_message`). Bound pods get a Normal ``Scheduled`` Event naming the node and GPUs;
+a pod bound but not allocated in time gets a Warning ``AllocationDelayed``.
 
 Events are events.k8s.io/v1 objects; repeats of one event are a series (count and last time),
 as client-go's event recorder writes them.
@@ -23,6 +25,8 @@ SCHEDULED: Final = "PodScheduled"
 UNSCHEDULABLE: Final = "Unschedulable"
 GATED: Final = "SchedulingGated"
 """The reason of a pod held by scheduling gates (the API server's)."""
+SCHEDULER_ERROR: Final = "SchedulerError"
+"""The reason of a pod Tessera cannot take on at all (kube-scheduler's for its own failures)."""
 REPORTING_CONTROLLER: Final = "tessera.dev/binder"
 NOTE_LIMIT: Final = 1024
 """events.k8s.io/v1 rejects a note over 1 KiB."""
@@ -41,6 +45,14 @@ def unschedulable_message(rejected: PlacementRejected) -> str:
     if rejected.unresolvable:
         message += " No change in the cluster can make this request fit; change the request."
     return message
+
+
+def not_queued_message(error: BaseException) -> str:
+    """Why a pod is not being placed at all: NATS did not take its placement request."""
+    return (
+        f"Tessera cannot queue this pod for placement: NATS did not store its request "
+        f"({type(error).__name__}: {error}). The binder tries again; check NATS."
+    )
 
 
 def reports_unschedulable(pod: Pod, message: str, *, reason: str = UNSCHEDULABLE) -> bool:

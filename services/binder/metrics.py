@@ -24,6 +24,7 @@ class BinderMetrics:
     records_settled: Counter
     records_kept: Gauge
     pods_published: Counter
+    publish_failures: Counter
     invalid_pods: Counter
     explained: Counter
     node_facts: Counter
@@ -112,6 +113,14 @@ class BinderMetrics:
                 ["kind"],
                 registry=registry,
             ),
+            publish_failures=Counter(
+                "tessera_binder_publish_failures_total",
+                "Pod messages NATS did not take (not connected, or JetStream refusing to store "
+                "them: a stream full or gone, JetStream off), by kind (pending, deleted); each is "
+                "tried again, and a pending pod says so in its PodScheduled condition.",
+                ["kind"],
+                registry=registry,
+            ),
             invalid_pods=Counter(
                 "tessera_binder_invalid_pods_total",
                 "Tessera pods whose request is invalid (explained on the pod, never published).",
@@ -119,7 +128,8 @@ class BinderMetrics:
             ),
             explained=Counter(
                 "tessera_binder_pending_explained_total",
-                "PodScheduled=False conditions written, by cause (rejected, invalid, gated).",
+                "PodScheduled=False conditions written, by cause (rejected, invalid, gated, "
+                "not-queued: NATS did not store the pod's placement request).",
                 ["cause"],
                 registry=registry,
             ),

@@ -100,15 +100,18 @@ class Reporter:
         )
         self._invalid_published[invalid.uid] = invalid.reason
 
-    async def explain(self, pod: Pod, message: str, *, cause: str) -> None:
-        """``PodScheduled=False`` with ``message`` (unless the pod says so already) and a Warning
-        Event. A placer rejection is an occurrence each time (repeats count into the Event's
-        series); an invalid request is one occurrence until the message changes."""
+    async def explain(
+        self, pod: Pod, message: str, *, cause: str, reason: str = explain.UNSCHEDULABLE
+    ) -> None:
+        """``PodScheduled=False`` with ``reason`` and ``message`` (unless the pod says so
+        already) and a Warning Event. A placer rejection is an occurrence each time (repeats
+        count into the Event's series); an invalid request, or a request NATS did not store, is
+        one occurrence until the message changes."""
         meta = pod.metadata
         said = self._explained.get(meta.uid) == message
-        if said and cause == "invalid":
+        if said and cause in ("invalid", "not-queued"):
             return
-        if not said and explain.reports_unschedulable(pod, message):
+        if not said and explain.reports_unschedulable(pod, message, reason=reason):
             self._explained[meta.uid] = message  # written before (a previous leader)
         elif not said:
             if cause == "invalid":
@@ -119,7 +122,10 @@ class Reporter:
                     meta.namespace,
                     meta.name,
                     explain.unschedulable_patch(
-                        uid=meta.uid, message=message, now=explain.status_time(self._clock.now())
+                        uid=meta.uid,
+                        message=message,
+                        now=explain.status_time(self._clock.now()),
+                        reason=reason,
                     ),
                 )
             except BaseException:

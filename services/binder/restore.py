@@ -55,6 +55,10 @@ def restore_of(pod: Pod, *, store_epoch: str) -> PodRestore | str:
     if sum(c.gpu_shares for c in request.containers) != sum(len(c.gpus) for c in containers):
         return f"{names.ASSIGNMENT} leaves GPU containers of the pod without slices"
     annotations = meta.annotations or {}
+    # The kubelet runs a pod only once its device plugin allocated every container: a Running
+    # pod's record was allocated, marked (``tessera.dev/assigned``) or not yet when the store
+    # was lost. Restored ``bound``, it held its node's ambiguity gate shut, nobody to allocate it.
+    allocated = annotations.get(names.ASSIGNED) == "true" or pod.status.phase == "Running"
     return PodRestore(
         pod=request,
         node=pod.node,
@@ -62,7 +66,7 @@ def restore_of(pod: Pod, *, store_epoch: str) -> PodRestore | str:
         decided_at=placed.decided_at,
         placer_id=placed.placer_id,
         commit=placed.commit or f"restored.{meta.uid}",
-        state="allocated" if annotations.get(names.ASSIGNED) == "true" else "bound",
+        state="allocated" if allocated else "bound",
         bound_at=epoch(annotations.get(names.BIND_TIME)) or None,
         epoch=store_epoch,
     )

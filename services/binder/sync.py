@@ -29,6 +29,7 @@ from typing import Final, Literal, Protocol
 import msgspec
 
 from services.binder.config import BinderConfig
+from services.binder.explain import SCHEDULER_ERROR, not_queued_message
 from services.binder.extender import is_extender_pod, is_ours
 from services.binder.gateway import ClusterGateway
 from services.binder.informer import Informer
@@ -60,7 +61,7 @@ from shared.messages.assignments import AssignmentRecord, RecordView, released, 
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
-from shared.runtime.bus import Bus
+from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
 from shared.runtime.consumer import RETRY_S
 from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint
@@ -352,11 +353,20 @@ class ClusterSync:
         if self._published_pending.get(uid) == fingerprint:
             return
         self._fence("publish PodPending")
-        await self._bus.js_publish(
-            subjects.PODS_PENDING,
-            codec.encode(parsed),
-            msg_id=f"pending.{uid}.{parsed.resource_version}",
-        )
+        try:
+            await self._bus.js_publish(
+                subjects.PODS_PENDING,
+                codec.encode(parsed),
+                msg_id=f"pending.{uid}.{parsed.resource_version}",
+            )
+        except (BusUnavailableError, OutcomeUnknownError) as error:
+            # The pod is not being placed at all: say so on it (it stayed Pending with no
+            # reason while JetStream could not store pod work), then try again (``_work``).
+            self._metrics.publish_failures.labels(kind="pending").inc()
+            await self._reporter.explain(
+                pod, not_queued_message(error), cause="not-queued", reason=SCHEDULER_ERROR
+            )
+            raise
         self._published_pending[uid] = fingerprint
         self._metrics.pods_published.labels(kind="pending").inc()
 
@@ -505,9 +515,13 @@ class ClusterSync:
             node=ref.node,
             deleted_at=self._clock.now(),
         )
-        await self._bus.js_publish(
-            subjects.PODS_DELETED, codec.encode(message), msg_id=f"deleted.{uid}"
-        )
+        try:
+            await self._bus.js_publish(
+                subjects.PODS_DELETED, codec.encode(message), msg_id=f"deleted.{uid}"
+            )
+        except (BusUnavailableError, OutcomeUnknownError):
+            self._metrics.publish_failures.labels(kind="deleted").inc()
+            raise
         self._metrics.pods_published.labels(kind="deleted").inc()
 
     async def _sync_node(self, name: str) -> None:

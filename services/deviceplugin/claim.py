@@ -7,8 +7,10 @@ it was read at, answer the kubelet and publish the :class:`AllocationEvent` besi
 plugin process, the binder) moved the record: re-read it and plan again, so no record is ever
 claimed twice. When no record matches yet, Allocate waits up to ``record_wait_s`` for the
 binder's write to arrive before refusing, reading this node's records afresh at its start and end
-(:meth:`~services.deviceplugin.records.NodeRecords.reread`). A record whose GPU is unhealthy is
-not granted (the next servable record is), and device IDs of GPUs no longer listed are refused.
+(:meth:`~services.deviceplugin.records.NodeRecords.reread`); after NATS lost its store, until the
+binder restored what is bound into the new one (up to ``nats_wait_s``). A record whose GPU is
+unhealthy is not granted (the next servable record is), and device IDs of GPUs no longer listed
+are refused.
 While a record still matches no commit (:mod:`~services.deviceplugin.commits`), its claim and the
 ledger entry are read again as it waits like a missing record; then it is refused as
 ``uncommitted`` with the reason, counted in
@@ -53,6 +55,7 @@ from services.deviceplugin.records import NodeRecords
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import RecordView
+from shared.messages.store import StoreRestored
 from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,8 @@ class Claimer:
         self._refused: dict[str, float] = {}
         """Records whose claim failed here for a refused Allocate, with when (monotonic)."""
         self._allocate_lock = asyncio.Lock()
+        self._first_epoch = bus.store_epoch
+        """The store's epoch when this plugin started (``_store_restoring``)."""
 
     async def allocate(self, requests: Sequence[tuple[str, ...]]) -> list[ContainerGrant] | Refusal:
         started = self._clock.monotonic()
@@ -166,6 +171,10 @@ class Claimer:
                     deadline = max(deadline, self._clock.monotonic() + self._config.record_wait_s)
                     continue
                 remaining = deadline - self._clock.monotonic()
+                if remaining <= 0 and plan.kind == "no_record" and await self._restoring(start):
+                    # NATS lost its store: the record comes back with the binder's restore.
+                    deadline = self._clock.monotonic() + self._config.record_wait_s
+                    continue
                 # Only a missing record (or a commit not read yet) can still arrive (the
                 # binder's write may trail the kubelet's call); anything else is final.
                 if (plan.kind != "no_record" and not unconfirmed) or remaining <= 0:
@@ -176,6 +185,9 @@ class Claimer:
                 if not changed and not unconfirmed:
                     if plan.kind == "no_record" and await self._reread(now=True):
                         continue  # the watch stayed silent, the bucket did not: plan again
+                    if plan.kind == "no_record" and await self._restoring(start):
+                        deadline = self._clock.monotonic() + self._config.record_wait_s
+                        continue
                     return plan
                 continue
             key = plan.claimed.key
@@ -241,6 +253,24 @@ class Claimer:
                     )
                 continue
             return await self._granted(plan, revision)
+
+    async def _restoring(self, start: float) -> bool:
+        """Whether an Allocate that started at ``start`` (monotonic) and finds no record may
+        wait longer for it: NATS lost its store since this plugin started and the binder has not
+        said yet that it restored what is bound into the new one (``StoreRestored`` of the
+        store's epoch), and ``nats_wait_s`` has not passed. A pod bound just before the loss
+        has its record back only with the restore, a second or more after the reconnect;
+        refused meanwhile, it would fail at admission."""
+        epoch = self._bus.store_epoch
+        waited_out = self._clock.monotonic() >= start + self._config.nats_wait_s
+        if epoch == self._first_epoch or waited_out:
+            return False
+        try:
+            entry = await self._bus.kv_get(subjects.KV_META, subjects.META_RESTORED)
+            restored = codec.decode(entry.value, StoreRestored) if entry is not None else None
+        except (BusUnavailableError, codec.DecodeError):
+            return True  # cannot tell yet: the restore is as likely as ever
+        return restored is None or restored.epoch != epoch
 
     async def _connected_by(self, deadline: float) -> bool:
         """Wait until NATS is connected or ``deadline`` (monotonic) passes; True when connected."""

@@ -33,7 +33,7 @@ from shared.messages.inventory import NodeInventory
 from shared.runtime.bus import Bus
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
-from shared.runtime.records import RecordMirror
+from shared.runtime.records import RecordMirror, version_problem
 from shared.runtime.tasks import ChangeCounter
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class NodeRecords:
     def _problem(self, key: str, record: AssignmentRecord, known: RecordView | None) -> str | None:
         return (
             validation.assignment_problem(record, key=key, inventory=self._inventory.inventory)
-            or validation.transition_problem(known.record if known else None, record)
+            or version_problem(key, record, known)
             or allocate.granted_problem(record, self._grants.get(key))
         )
 

@@ -135,9 +135,16 @@ class CommitProtocol:
         two replicas at once, change nothing more)."""
         tenant = self.view.tenancy.tenant_of(translate.pod_request(restore.pod)).tenant
         booking = translate.restored_booking(restore, tenant=tenant)
+
+        def same_store() -> None:
+            if self.bus.store_epoch != restore.epoch:  # lost again: the restore comes again
+                raise GaveUpError("NATS lost its store during a restore")
+
         if booking.tenant and self.view.tenancy.quota_of(booking.tenant) is not None:
             await self.store.adopt_charge(booking)
+        same_store()
         await self.store.restore_booking(booking)
+        same_store()
         verdict, claim = await self.store.claim(booking, restore.pod)
         if verdict != "mine":  # another commit's claim (a restore of another store's epoch)
             log.error(
@@ -145,6 +152,7 @@ class CommitProtocol:
                 extra={"pod_uid": booking.pod_uid, "claim": repr(claim)},
             )
             return "claimed elsewhere"
+        same_store()
         await self.store.restore_record(booking, restore)
         return "restored"
 
@@ -323,6 +331,7 @@ class CommitProtocol:
         view = self.view
         ledgers = view.ledgers()
         now = self.clock.now()
+        epoch = self.bus.store_epoch
         planned = repairs.plan_repairs(
             ledgers, view.claims, view.records.values(), now=now, grace_s=grace_s
         )
@@ -337,6 +346,9 @@ class CommitProtocol:
         )
         done = 0
         for repair in planned:
+            if self.bus.store_epoch != epoch:  # planned on a store that is lost now
+                log.warning("NATS lost its store; reconciliation stops here")
+                break
             try:
                 await self.repair(repair)
             except Exception as error:

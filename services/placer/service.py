@@ -160,7 +160,8 @@ class PlacerService:
                 )
                 shell.board.rekey(self.held.queue.reference)
                 self.upkeep.rebuild_profile()
-                await shell.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
+                if shell.restored:  # else once the binder restored the store (``upkeep``)
+                    await shell.protocol.reconcile(grace_s=self.config.reconcile_interval_s / 2)
                 if self.pools is not None:
                     await self.pools.keep()  # ready with its share of the pools, when free
                     group.create_task(self.pools.run(), name="pools")
@@ -209,6 +210,8 @@ class PlacerService:
     def _store_check(self) -> tuple[bool, str]:
         if self.shell.restored:
             return True, ""
+        if self.loaded and not self.shell.current:
+            return False, "loading the new NATS store into the view (NATS lost its store)"
         return False, (
             f"waiting for the binder to restore the placements of bound pods into this NATS "
             f"store (epoch {self.shell.bus.store_epoch or '?'}); is a binder running?"

@@ -70,7 +70,7 @@ from services.placer.core.model import (
 from shared import annotations as names
 from shared.commits import record_containers
 from shared.dra.claims import ClaimPlan
-from shared.messages.assignments import AssignmentRecord
+from shared.messages.assignments import AssignmentRecord, settled
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.nodes import NodeFacts
@@ -412,10 +412,15 @@ def restored_booking(restore: PodRestore, *, tenant: str) -> Booking:
 
 
 def restored_record(booking: Booking, restore: PodRestore) -> AssignmentRecord:
-    """The assignment record of a restored placement, as far as the hand-off had come."""
-    return msgspec.structs.replace(
+    """The assignment record of a restored placement, as far as the hand-off had come; an
+    allocated one with every GPU container answered (the device IDs the kubelet was handed are
+    not known here), as the binder settles a record: without, it read as invalid."""
+    record = msgspec.structs.replace(
         record_of(booking), state=restore.state, bound_at=restore.bound_at
     )
+    if restore.state != "allocated":
+        return record
+    return settled(record, now=restore.bound_at or restore.decided_at)
 
 
 def record_of(booking: Booking) -> AssignmentRecord:

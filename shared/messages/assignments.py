@@ -5,6 +5,10 @@ section 4). A record only moves forward, each step a compare-and-set on its KV r
 
     reserved -> bound -> allocated -> released
 
+:func:`moves_forward` is that rule, the one every reader applies to a rewrite of a record it
+holds (``shared.validation.transition_problem``, through every record mirror: the binder's
+ambiguity gate as the device plugin): a version moved back is refused, whoever wrote it.
+
 ``reserved``: the placer decided and booked it. ``bound``: the binder annotated the pod and bound it
 to the node. ``allocated``: the device plugin answered Allocate for every GPU container.
 ``released``: the pod is gone; the GPUs are free again.
@@ -28,9 +32,11 @@ STATE_ORDER: Final[dict[AssignmentState, int]] = {
 }
 
 
-def can_advance(current: AssignmentState, new: AssignmentState) -> bool:
-    """True when ``new`` is a legal next state of ``current`` (states never move backward)."""
-    return STATE_ORDER[new] > STATE_ORDER[current]
+def moves_forward(current: AssignmentState, new: AssignmentState) -> bool:
+    """Whether a record of one commit in state ``current`` may be rewritten in state ``new``:
+    the same state (the binder touching it, one more container answered) or a later one, never
+    an earlier one."""
+    return STATE_ORDER[new] >= STATE_ORDER[current]
 
 
 class ContainerAllocation(Message, frozen=True, kw_only=True):

@@ -22,6 +22,11 @@ class BusUnavailableError(ConnectionError):
     """Not connected to NATS: the write was not sent, and nothing of it will land later."""
 
 
+class StoreRefusedError(BusUnavailableError):
+    """NATS took the message but JetStream refused to store it (a stream full: its message or
+    byte limit, the server's storage exhausted): nothing of it landed, nor will later."""
+
+
 class OutcomeUnknownError(TimeoutError):
     """The write was sent but its answer never came (timeout, or the connection dropped).
 

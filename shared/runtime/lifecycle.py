@@ -89,6 +89,8 @@ class BusIdentity:
     inbox_prefix: str = DEFAULT_INBOX_PREFIX
     update_topology: bool = True
     """Whether it may change an existing stream's or bucket's configuration."""
+    create_epoch: bool = True
+    """Whether it may give a new store its epoch (``shared.permissions.creates_store``)."""
     watch_heartbeat_s: float = WATCH_HEARTBEAT_S
 
 
@@ -108,6 +110,7 @@ async def connect_nats(
         replicas=replicas,
         inbox_prefix=identity.inbox_prefix,
         update_topology=identity.update_topology,
+        create_epoch=identity.create_epoch,
         watch_heartbeat_s=identity.watch_heartbeat_s,
     )
 
@@ -126,6 +129,7 @@ def bus_identity(name: str, settings: Settings) -> BusIdentity:
     return BusIdentity(
         inbox_prefix=permissions.inbox_prefix(role, node),
         update_topology=permissions.may_update_topology(role),
+        create_epoch=permissions.creates_store(role),
         watch_heartbeat_s=NODE_WATCH_HEARTBEAT_S if per_node else WATCH_HEARTBEAT_S,
     )
 

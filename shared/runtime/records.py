@@ -3,12 +3,14 @@ the binder mirrors every node's records, a device plugin its own node's (``keys`
 
 Fed by a KV watch (initial values, then every change; watched again if the server ends it) and by
 the service's own compare-and-set writes (:meth:`RecordMirror.remember`), whichever revision is
-newer winning. Each revision is decoded at the edge and judged by ``check`` (by default: the key
-names the record's node and pod); one that fails is dead-lettered with the reason and stops being
-served, never blocking a valid one, and is not dead-lettered twice. The last version accepted of
-each key (released ones included) stays the reference a rewrite is checked against and the
-revision an older version arriving late (our own write racing the watch) cannot undercut;
-deleted keys leave a tombstone of their revision for the same reason.
+newer winning. Each revision is decoded at the edge and judged by ``check`` (every mirror's: the key
+names the record's node and pod, and the version follows the last one taken of the key:
+``shared.validation.transition_problem``, so a record moved backwards is refused by the binder's
+ambiguity gate as by the device plugin); one that fails is dead-lettered with the reason and stops
+being served, never blocking a valid one, and is not dead-lettered twice. The last version accepted
+of each key (released ones included) stays the reference a rewrite is checked against and the
+revision an older version arriving late (our own write racing the watch) cannot undercut; deleted
+keys leave a tombstone of their revision for the same reason.
 
 Served (``views``, ``get``, ``on_node``): accepted, neither released nor refused since.
 ``changed`` bumps on every change, so a waiter (the binder's ambiguity gate, an Allocate waiting
@@ -21,7 +23,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from shared import codec, subjects
+from shared import codec, subjects, validation
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.runtime.bus import Bus, Delivery, KvEntry
@@ -39,12 +41,16 @@ Check = Callable[[str, AssignmentRecord, RecordView | None], str | None]
 """Why a record read under a key cannot be taken, given the last version accepted (None: it can)."""
 
 
-def key_problem(key: str, record: AssignmentRecord, _known: RecordView | None) -> str | None:
-    """The default check: the record stands under the key of its node and pod."""
+def version_problem(key: str, record: AssignmentRecord, known: RecordView | None) -> str | None:
+    """The check every mirror applies: the record stands under the key of its node and pod, and
+    it may follow ``known``, the last version taken of the key (within a commit its state only
+    moves forward; another commit takes the key only over a released record). A version a node's
+    credentials replayed from before (``allocated -> bound``) held every pod headed to that node
+    at the binder's ambiguity gate, 30 s at a time, while the device plugin refused it."""
     expected = subjects.assignment_key(record.node, record.pod_uid)
     if expected != key:
         return f"record under key {key} belongs under {expected}"
-    return None
+    return validation.transition_problem(known.record if known is not None else None, record)
 
 
 def _ignore(*_: object) -> None:
@@ -66,7 +72,7 @@ class RecordMirror:
         edge: Edge,
         clock: Clock,
         keys: str = ">",
-        check: Check = key_problem,
+        check: Check = version_problem,
         on_taken: Callable[[RecordView], None] = _ignore,
         on_deleted: Callable[[str, RecordView | None], None] = _ignore,
         on_loaded: Callable[[set[str]], None] = _ignore,

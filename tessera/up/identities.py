@@ -100,6 +100,7 @@ class Identities:
                 "_INBOX" if role == ADMIN else permissions.inbox_prefix(role, node or inbox_node)
             ),
             update_topology=role == ADMIN or permissions.may_update_topology(role),
+            create_epoch=role == ADMIN or permissions.creates_store(role),
         )
 
     def server_config(self) -> str:

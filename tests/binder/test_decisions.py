@@ -28,7 +28,7 @@ from services.binder.metrics import BinderMetrics
 from services.binder.service import Binder
 from shared import codec, subjects
 from shared.clock import SystemClock
-from shared.messages.assignments import AssignmentRecord, released
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, released
 from shared.runtime.bus import BusUnavailableError
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
@@ -303,3 +303,50 @@ async def test_a_decision_never_binds_an_earlier_commits_record_at_its_key(
     assert stored is not None
     bound = codec.decode(stored.value, AssignmentRecord)
     assert (bound.commit, bound.state) == ("commit-newer", "bound")
+
+
+async def test_a_record_moved_backwards_does_not_hold_the_gate(
+    api: ApiServer, bus: NatsBus, nats_server: NatsServer, kubeconfig: Path
+) -> None:
+    """A node's own credentials replayed an older version of ``first``'s record (``allocated
+    -> bound``): the device plugin refuses it, and the binder's gate once waited for it, holding
+    every pod headed to the node 30 s at a time while other nodes had room. One rule for both
+    now (``shared.validation.transition_problem``): the mirror dead-letters the version and
+    ``second`` binds at once."""
+    api.create(NODE, node())
+    first, second = (
+        record(api.create(POD, pod(name))["metadata"]["uid"], name, slices("main", gpu))
+        for name, gpu in (("first", (0, 8192, 10)), ("second", (1, 4096, 5)))
+    )
+    bound = msgspec.structs.replace(first, state="bound", bound_at=time.time())
+    allocated = msgspec.structs.replace(
+        bound,
+        state="allocated",
+        allocated=(ContainerAllocation(container="main", device_ids=("d0",), allocated_at=1.0),),
+        allocated_at=time.time(),
+    )
+    async with built_binder(nats_server, kubeconfig, bus, gate_timeout_s=0.5) as idle:
+        binder = idle.parts
+        key = subjects.assignment_key("gpu-1", first.pod_uid)
+        await commit(bus, allocated)
+        for version in (allocated, bound):  # the replay comes last
+            await put_record(bus, version)
+            entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
+            assert entry is not None
+            await binder.records.take(entry)
+        await create_committed(bus, second)
+        entry = await bus.kv_get(
+            subjects.KV_ASSIGNMENTS, subjects.assignment_key("gpu-1", second.pod_uid)
+        )
+        assert entry is not None
+        await binder.records.take(entry)
+
+        await binder.decisions.handle(decision(second))
+
+        assert idle.metric("tessera_binder_gate_waits_total", outcome="timed_out") == 0
+        assert [w.code for w in api.writes_to("pods/binding")] == [201]
+        assert api.get(POD, "default", "second")["spec"]["nodeName"] == "gpu-1"
+        rejected = idle.metric(
+            "tessera_messages_rejected_total", family="assignments", kind="validate"
+        )
+        assert rejected == 1, "the backwards version dead-lettered, with its reason"

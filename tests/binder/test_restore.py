@@ -42,6 +42,7 @@ def annotated(
 
 
 def bound(annotations: dict[str, str] | None, *containers: dict[str, Any], **extra: Any) -> Pod:
+    status = extra.pop("status", None)
     obj = pod(
         "train",
         *(containers or (container(gpu=1, memory=8192, cores=30),)),
@@ -50,6 +51,8 @@ def bound(annotations: dict[str, str] | None, *containers: dict[str, Any], **ext
         **extra,
     )
     obj["metadata"]["uid"] = "uid-1"
+    if status is not None:
+        obj["status"] = status
     return msgspec.convert(obj, Pod, strict=False)
 
 
@@ -77,6 +80,15 @@ def test_an_allocated_pod_is_restored_allocated_and_an_old_annotation_gets_a_com
     restore = restore_of(bound(annotated(commit="", assigned=True)), store_epoch="e2")
     assert isinstance(restore, PodRestore)
     assert (restore.state, restore.commit) == ("allocated", "restored.uid-1")
+
+
+def test_a_running_pod_not_yet_marked_allocated_is_restored_allocated() -> None:
+    """The kubelet ran the pod, so its device plugin had allocated it; the store was lost before
+    the binder marked it (``tessera.dev/assigned``). Restored ``bound``, its record held the
+    node's ambiguity gate shut with no Allocate ever to come."""
+    running = bound(annotated(), status={"phase": "Running"})
+    restore = restore_of(running, store_epoch="e2")
+    assert isinstance(restore, PodRestore) and restore.state == "allocated"
 
 
 TWO = ContainerSlices(container="main", gpus=(SLICE, msgspec.structs.replace(SLICE, index=4)))

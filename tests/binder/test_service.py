@@ -8,7 +8,9 @@ import contextlib
 from typing import Any
 
 import msgspec
+import nats
 import pytest
+from nats.js import api as js_api
 
 from services.placer.commit import deleted_claim
 from shared import annotations as names
@@ -34,6 +36,7 @@ from tests.binder.conftest import (
 )
 from tests.harness.commits import claim_of
 from tests.harness.kv import create_committed
+from tests.harness.nats import NatsServer
 
 MERGE = "application/merge-patch+json"
 
@@ -133,6 +136,49 @@ async def test_an_invalid_request_is_explained_and_never_published(
             MERGE,
         )
         await eventually(lambda: len(pending.deliveries) == 2, what="the fixed pod")
+
+
+async def test_a_pod_nats_does_not_store_says_why_and_is_published_once_it_does(
+    api: ApiServer, bus: NatsBus, nats_server: NatsServer, start_binder: BinderFactory
+) -> None:
+    """JetStream could not store pod work (here the pods' stream is full) and pods stayed
+    Pending for 20 s with no event and no reason: the binder says so on the pod, with the bus's
+    error, counts it, and publishes the pod once JetStream takes it again."""
+    admin = await nats.connect(nats_server.url)
+    js = admin.jetstream()
+    try:
+        config = (await js.stream_info(subjects.STREAM_PODS)).config
+        config.max_msgs, config.discard = 1, js_api.DiscardPolicy.NEW
+        await js.update_stream(config)
+        await js.publish(subjects.PODS_PENDING, b"a pod nobody places yet")  # full now
+        api.create(NODE, node())
+        async with start_binder() as binder:
+            api.create(POD, pod("a", container(gpu=1, memory=4096)))
+            await eventually(lambda: condition(api, "a"), what="the condition")
+            said = condition(api, "a")
+            assert said is not None
+            assert (said["status"], said["reason"]) == ("False", "SchedulerError")
+            assert said["message"] == (
+                "Tessera cannot queue this pod for placement: NATS did not store its request "
+                "(StoreRefusedError: JetStream refused to store it (maximum messages exceeded); "
+                "nothing was stored). The binder tries again; check NATS."
+            )
+            await eventually(lambda: events_about(api, "a", "FailedScheduling"), what="event")
+            failures = binder.metric("tessera_binder_publish_failures_total", kind="pending")
+            assert failures >= 1
+            assert binder.metric("tessera_binder_pending_explained_total", cause="not-queued") == 1
+
+            config.max_msgs = -1
+            await js.update_stream(config)
+            await eventually(
+                lambda: binder.metric("tessera_binder_pods_published_total", kind="pending") == 1,
+                what="the pod published once JetStream stores it",
+            )
+            assert (await js.stream_info(subjects.STREAM_PODS)).state.messages == 2
+            # Said once: the retries do not write the condition again.
+            assert binder.metric("tessera_binder_pending_explained_total", cause="not-queued") == 1
+    finally:
+        await admin.close()
 
 
 async def test_a_decision_binds_the_pod_and_a_redelivery_changes_nothing(

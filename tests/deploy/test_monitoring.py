@@ -41,6 +41,7 @@ ALERTS = {
     "TesseraNodeInventoryStale",
     "TesseraDevicePluginNotReady",
     "TesseraBinderWithoutLeader",
+    "TesseraPodWorkNotStored",
 }
 _METRIC = re.compile(r"\btessera_[a-z0-9_]+\b")
 

@@ -101,6 +101,7 @@ async def test_each_identity_does_its_job_and_no_more_on_the_charts_own_nats(
                         role, node if role in permissions.NODE_ROLES else None
                     ),
                     update_topology=permissions.may_update_topology(role),
+                    create_epoch=permissions.creates_store(role),
                     request_timeout=0.5,
                 )
             # Each does its job...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import AsyncIterator
 
 import pytest
@@ -23,6 +24,7 @@ from tests.deviceplugin.test_service import service_on
 from tests.harness.kv import announce_inventory, put_committed
 from tests.harness.lossy import LostAnswerBus
 from tests.harness.nats import NatsServer
+from tests.harness.store import mark_restored
 
 DEVICES = (f"{uuid(0)}::0",)
 
@@ -186,3 +188,33 @@ async def test_a_claim_whose_answer_was_lost_is_read_back_at_once_when_it_can_be
         granted = await service.allocate([DEVICES])
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
     assert len((await get_record(bus, "readable")).allocated) == 1
+
+
+async def test_an_allocate_whose_record_the_store_lost_waits_for_the_restore(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    """NATS lost its store just after the pod was bound: its record comes back only with the
+    binder's restore, a second or more after the reconnect. The Allocate waits for it (up to
+    ``--nats-wait-s``) instead of refusing once the usual record wait is over, which failed the
+    pod at admission."""
+    await announce_inventory(bus, inventory(gpu(0)))
+    lost = record("lost", container("main", share(0)))
+    await put_committed(bus, lost)
+    async with service_on(bus, nats_wait_s=60) as (service, _):
+        await until(lambda: service.servable_records, what="the record's commit read")
+        old = bus.store_epoch
+        nats_server.kill()
+        shutil.rmtree(nats_server.directory / "js")  # an emptyDir NATS pod restarting
+        nats_server.start()
+        await until(lambda: bus.connected and bus.store_epoch != old, timeout=30, what="new store")
+        waiting = asyncio.ensure_future(service.allocate([DEVICES]))
+        await asyncio.sleep(1.0)  # well past the record wait (0.2 s)
+        assert not waiting.done(), "it waits for the restore instead of refusing"
+        # The binder's restore: the placement committed and recorded again, then its word.
+        await announce_inventory(bus, inventory(gpu(0)))
+        await put_committed(bus, lost)
+        await mark_restored(bus)
+        granted = await asyncio.wait_for(waiting, timeout=30)
+        assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
+    stored = await get_record(bus, "lost")
+    assert stored.state == "allocated"

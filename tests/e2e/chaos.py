@@ -18,6 +18,7 @@ exactly its record's slices, no GPU over-committed at any allocation, no record 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 import time
@@ -28,7 +29,7 @@ from typing import Any
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.runtime.tasks import cancel_and_wait
-from tessera.devcluster.resources import POD
+from tessera.devcluster.resources import POD, ApiError
 from tessera.up import workload as w
 from tessera.up.system import LocalSystem
 from tests.e2e.helpers import assert_exact, connected_bus, pending_message, phase, until
@@ -72,6 +73,79 @@ class Failure:
     reason: str
     message: str
     seen_at: float
+
+
+PodMaker = Callable[[int, int], dict[str, Any]]
+"""(pod number, generation) -> the pod: ``c-<number>``, ``-r<generation>`` once replaced."""
+
+
+class ReplicaSet:
+    """Replaces each pod of the namespace the kubelet failed at once, as its ReplicaSet would,
+    noting the failure (:class:`Failure`, seen within :data:`REPLACE_POLL_S`)."""
+
+    def __init__(
+        self,
+        system: LocalSystem,
+        make: PodMaker,
+        *,
+        clock: Callable[[], float],
+        note: Callable[[str], None],
+    ) -> None:
+        self._system = system
+        self._make = make
+        self._clock = clock
+        self._note = note
+        self.generations: dict[int, int] = {}
+        self.replaced: list[Failure] = []
+
+    def create(self, n: int) -> None:
+        self._system.cluster.create_pod(self._make(n, self.generations.get(n, 0)))
+
+    def delete(self, n: int) -> None:
+        """Delete pod number ``n`` (its current generation), if it is still there."""
+        name = self._make(n, self.generations.get(n, 0))["metadata"]["name"]
+        with contextlib.suppress(ApiError):
+            self._system.cluster.api.delete(POD, NAMESPACE, name)
+
+    def replace_failed(self) -> None:
+        for current in self._system.cluster.pods(NAMESPACE):
+            if phase(current) != "Failed" or current["metadata"].get("deletionTimestamp"):
+                continue
+            name = current["metadata"]["name"]
+            n = int(name.split("-")[1])
+            status = current.get("status") or {}
+            failure = Failure(
+                name=name,
+                node=current["spec"].get("nodeName") or "",
+                reason=str(status.get("reason")),
+                message=str(status.get("message", "")),
+                seen_at=self._clock(),
+            )
+            self._note(
+                f"replacing {name} on {failure.node}: {failure.reason}: {failure.message[:160]}"
+            )
+            self.replaced.append(failure)
+            self._system.cluster.api.delete(POD, NAMESPACE, name)
+            self.generations[n] = self.generations.get(n, 0) + 1
+            self.create(n)
+
+    async def run(self) -> None:
+        """Replace failed pods as they fail, so that each is seen (and timed) at its failure."""
+        while True:
+            self.replace_failed()
+            await asyncio.sleep(REPLACE_POLL_S)
+
+
+def chaos_pod(n: int, generation: int = 0) -> dict[str, Any]:
+    """Pod ``c-<n>``: one GPU container, 8,192 MiB and 10 % of the SMs every third pod, else
+    4,096 MiB and 5 %."""
+    suffix = f"-r{generation}" if generation else ""
+    container = (
+        w.container(gpu=1, memory_mib=4096, cores=5, cpu="100m", memory="128Mi")
+        if n % 3
+        else w.container(gpu=1, memory_mib=8192, cores=10, cpu="100m", memory="128Mi")
+    )
+    return w.pod(f"c-{n}{suffix}", [container], namespace=NAMESPACE)
 
 
 @dataclass
@@ -137,52 +211,17 @@ async def chaos_run(
             result.outages[down] = dataclasses.replace(result.outages[down], up_at=clock())
             note(f"restarted {name}")
 
-    def pod(n: int, generation: int = 0) -> dict[str, Any]:
-        suffix = f"-r{generation}" if generation else ""
-        shape = n % 3
-        container = (
-            w.container(gpu=1, memory_mib=4096, cores=5, cpu="100m", memory="128Mi")
-            if shape
-            else w.container(gpu=1, memory_mib=8192, cores=10, cpu="100m", memory="128Mi")
-        )
-        return w.pod(f"c-{n}{suffix}", [container], namespace=NAMESPACE)
+    replicas = ReplicaSet(system, chaos_pod, clock=clock, note=note)
+    result.replaced = replicas.replaced
 
     async def submit() -> None:
         batches = 8
         for batch in range(batches):
             for n in range(batch * pods // batches, (batch + 1) * pods // batches):
-                system.cluster.create_pod(pod(n))
+                replicas.create(n)
             await asyncio.sleep(window_s / batches)
 
-    generations: dict[int, int] = {}
-
-    def replace_failed() -> None:
-        for current in system.cluster.pods(NAMESPACE):
-            if phase(current) != "Failed" or current["metadata"].get("deletionTimestamp"):
-                continue
-            name = current["metadata"]["name"]
-            n = int(name.split("-")[1])
-            status = current.get("status") or {}
-            failure = Failure(
-                name=name,
-                node=current["spec"].get("nodeName") or "",
-                reason=str(status.get("reason")),
-                message=str(status.get("message", "")),
-                seen_at=clock(),
-            )
-            note(f"replacing {name} on {failure.node}: {failure.reason}: {failure.message[:160]}")
-            result.replaced.append(failure)
-            system.cluster.api.delete(POD, NAMESPACE, name)
-            generations[n] = generations.get(n, 0) + 1
-            system.cluster.create_pod(pod(n, generations[n]))
-
-    async def replicaset() -> None:
-        """Replace failed pods as they fail, so that each is seen (and timed) at its failure."""
-        while True:
-            replace_failed()
-            await asyncio.sleep(REPLACE_POLL_S)
-
-    replacer = asyncio.create_task(replicaset())
+    replacer = asyncio.create_task(replicas.run())
     try:
         await asyncio.gather(submit(), *(strike(at, target) for at, target in plan))
         note("chaos over; waiting for every pod")

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import aiohttp
 
+from shared.config import NatsSecurity
 from shared.runtime.command import EXIT_CONFIG_ERROR
 from shared.runtime.lifecycle import EXIT_NATS_REFUSED
+from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 from tests.inventory.test_cli import ROOT, clean_environment, inventory_command
 
@@ -30,6 +32,12 @@ async def test_credentials_from_env_and_file_log_in_and_no_secret_leaves_the_pro
     password_file = tmp_path / "password"
     password_file.write_text(PASSWORD + "\n")
     with NatsServer(AUTH) as server:
+        # The store's epoch, as a placer or the binder gives a new store (the inventory waits
+        # for it: it may not write it).
+        creator = await NatsBus.connect(
+            server.url, name="creator", security=NatsSecurity(user="inventory", password=PASSWORD)
+        )
+        await creator.drain()
         process = await asyncio.create_subprocess_exec(
             *inventory_command(*FAKE, "--nats-url", server.url),
             env=clean_environment(

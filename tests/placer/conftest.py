@@ -19,8 +19,9 @@ from services.placer.command import PlacerSettings, build_config
 from services.placer.service import PlacerService, run_placer
 from shared import codec, subjects
 from shared.messages.placement import PlacementRejected
+from shared.runtime.bus import Bus
 from shared.runtime.health import Readiness
-from shared.runtime.lifecycle import run_service
+from shared.runtime.lifecycle import ServiceContext, run_service
 from shared.runtime.nats import NatsBus
 from tests.harness.nats import NatsServer
 from tests.harness.store import mark_restored
@@ -58,6 +59,7 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
         wait_ready: bool = True,
         restored: bool = True,
         tuning: dict[str, Any] | None = None,
+        wrap_bus: Callable[[Bus], Bus] | None = None,
         **overrides: Any,
     ) -> AsyncIterator[RunningPlacer]:
         fields: dict[str, Any] = {
@@ -84,9 +86,12 @@ def start_placer(nats_server: NatsServer) -> PlacerFactory:
         stop = asyncio.Event()
         holder: dict[str, PlacerService] = {}
 
-        body = functools.partial(
-            run_placer, config=config, started=lambda service: holder.update(service=service)
-        )
+        async def body(context: ServiceContext) -> None:
+            if wrap_bus is not None:
+                context = dataclasses.replace(context, bus=wrap_bus(context.bus))
+            await run_placer(
+                context, config, started=lambda service: holder.update(service=service)
+            )
 
         task = asyncio.create_task(
             run_service(

@@ -4,12 +4,16 @@ whatever the ledger says, and then places around it."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import shutil
 
-from shared import codec, subjects
+from shared import codec, subjects, validation
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.pods import PodRestore
 from shared.runtime.nats import NatsBus
+from tests.harness.held_watches import HeldWatches
+from tests.harness.nats import NatsServer
 from tests.harness.store import mark_restored
 from tests.harness.wait import eventually
 from tests.placer import wire
@@ -67,6 +71,9 @@ async def test_nothing_is_decided_before_what_is_bound_is_restored_then_it_is_ho
         )
         assert state.claims["old"].state == "placed"
         assert [b.pod_uid for b in state.bookings()] == ["old"]
+        # Valid as every reader checks it: allocated, with its containers answered.
+        key = subjects.assignment_key("n1", "old")
+        assert validation.record_problem(record, key=key) is None
 
         await mark_restored(bus)  # the binder's word: every bound placement is in the store
         await until(lambda: placer.readiness.ready, what="ready once restored")
@@ -89,6 +96,60 @@ async def test_a_restore_meant_for_a_lost_store_is_dropped(
             what="the restore dropped",
         )
     assert (await wire.cluster_state(bus)).live_records() == []
+
+
+async def test_a_store_lost_never_releases_the_record_of_a_running_pod_whatever_the_watches_do(
+    nats_server: NatsServer, bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    """NATS lost its store. The placer took the new epoch at once, but its ledger and claims
+    watches came back late (a watch backs off while JetStream is slow to start on the restarted
+    server), and the binder's restore came first: the replica must not take the lost store's
+    bookings and claims for the new store's. Its restore once skipped the booking and the claim
+    ("already there", read from the lost store), and reconciliation, once the watches were back,
+    released the record of the running pod: its GPUs looked free and the next pods were placed
+    on them."""
+    await wire.put_node(bus, "n1", 1)
+    held = HeldWatches(
+        watches={
+            (subjects.KV_LEDGER, subjects.BOOKING_KEYS),
+            (subjects.KV_CLAIMS, subjects.CLAIM_KEYS),
+        }
+    )
+    tuning = {"reconcile_interval_s": 0.4}
+    async with start_placer(wrap_bus=held.wrap, tuning=tuning) as placer:
+        assert placer.service is not None
+        old = bus.store_epoch
+        await bus.js_publish(subjects.PODS_RESTORE, codec.encode(restore_of("old", old)))
+        await until(lambda: _restored(bus), what="the pod placed in the first store")
+        await until(lambda: "old" in placer.service.view.claims, what="its claim in the view")
+
+        held.hold()
+        nats_server.kill()
+        shutil.rmtree(nats_server.directory / "js")  # an emptyDir NATS pod restarting
+        nats_server.start()
+        await until(lambda: bus.connected and bus.store_epoch != old, what="the new store")
+        new = bus.store_epoch
+        await until(lambda: placer.service.shell.bus.store_epoch == new, what="its new epoch")
+        await until(lambda: held.waiting == 2, what="the ledger and claims watches held")
+        await wire.put_node(bus, "n1", 1)
+        await bus.js_publish(subjects.PODS_RESTORE, codec.encode(restore_of("old", new)))
+        await asyncio.sleep(0.5)  # the restore is taken in meanwhile (or waits: see below)
+        held.release()
+
+        async def recorded() -> bool:
+            return bool((await wire.cluster_state(bus)).live_records())
+
+        await until(recorded, what="the running pod's placement restored")
+        await mark_restored(bus)  # the binder's word, once every record is there
+        await until(lambda: placer.readiness.ready, what="ready on the new store")
+        await asyncio.sleep(4 * tuning["reconcile_interval_s"])  # reconciliation passes
+        state = await wire.cluster_state(bus)
+        (record,) = state.records.values()
+        assert (record.state, record.commit) == ("allocated", "placer-gone.c1"), record
+        assert "old" in state.claims, "the restore left the pod unclaimed"
+        assert state.claims["old"].state == "placed"
+        assert [b.pod_uid for b in state.bookings()] == ["old"]
+        assert placer.metric("tessera_placer_repairs_total", kind="release-record") == 0
 
 
 async def _restored(bus: NatsBus) -> wire.ClusterState | None:

@@ -460,6 +460,7 @@ async def test_a_batched_watch_sees_the_first_change_after_a_quiet_spell_at_once
         ("binder", Settings(), WATCH_HEARTBEAT_S),
     ],
 )
+@pytest.mark.usefixtures("bus")  # gives the store its epoch first, as a placer or binder does
 async def test_a_service_s_watches_get_its_role_s_idle_heartbeat(
     nats_server: NatsServer, role: str, settings: Settings, heartbeat_s: float
 ) -> None:

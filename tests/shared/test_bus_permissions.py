@@ -23,7 +23,7 @@ import pytest
 
 from shared import permissions, subjects
 from shared.config import NatsSecurity
-from shared.runtime.bus import Bus, Delivery
+from shared.runtime.bus import Bus, BusUnavailableError, Delivery
 from shared.runtime.nats import NatsBus
 from tessera.up.identities import Identities
 from tessera.up.system import permission_violations
@@ -241,6 +241,57 @@ async def test_each_forgery_is_refused_by_the_server_and_the_rightful_write_land
         await stop()
 
 
+EPOCH = f"$KV.{subjects.KV_META}.{subjects.META_EPOCH}"
+
+
+async def test_only_the_store_s_creators_may_write_its_epoch(cluster: Cluster) -> None:
+    """A node's own device-plugin identity overwrote ``tessera-meta``'s epoch (it needed to
+    create it, and NATS cannot grant "create only"): at the next reconnect every service
+    believed the store lost. Every other identity reads the epoch, and none may write it; the
+    placer and the binder, which create the store, may."""
+    before = await cluster.admin.kv_get(subjects.KV_META, subjects.META_EPOCH)
+    assert before is not None
+    for role, node in (PLUGIN_A, INVENTORY_A, DASHBOARD, ("deviceplugin", None)):
+        bus = await cluster.connect(role, node)
+        try:
+            assert bus.store_epoch == cluster.admin.store_epoch, "it reads the epoch"
+            with contextlib.suppress(Exception):  # refused: no answer, it times out
+                await bus.kv_put(subjects.KV_META, subjects.META_EPOCH, b'{"epoch": "forged"}')
+            user = permissions.user_name(role, node)
+
+            def refused(user: str = user) -> bool:
+                return EPOCH in cluster.violations(user)
+
+            await eventually(refused, what=f"{user} refused")
+        finally:
+            await bus.drain()
+    after = await cluster.admin.kv_get(subjects.KV_META, subjects.META_EPOCH)
+    assert after == before
+    for role, node in (PLACER, BINDER):
+        bus = await cluster.connect(role, node)
+        try:
+            assert bus.store_epoch == cluster.admin.store_epoch
+        finally:
+            await bus.drain()
+        assert cluster.violations(permissions.user_name(role, node)) == []
+
+
+async def test_a_new_store_gets_its_epoch_from_a_creator_and_the_nodes_wait_for_it(
+    secured: NatsServer, identities: Identities
+) -> None:
+    """A node's service that reaches an empty store first creates the streams it may, but not
+    the epoch: it is not ready until the placer or the binder gave the store one."""
+    with pytest.raises(BusUnavailableError, match="no epoch yet"):
+        await identities.connect(secured.url, "deviceplugin", NODE_A, request_timeout=QUIET_S)
+    binder = await identities.connect(secured.url, "binder")
+    plugin = await identities.connect(secured.url, "deviceplugin", NODE_A)
+    try:
+        assert plugin.store_epoch == binder.store_epoch != ""
+    finally:
+        await plugin.drain()
+        await binder.drain()
+
+
 async def test_a_rollup_on_its_own_key_cannot_wipe_other_nodes_records(cluster: Cluster) -> None:
     """A write may carry ``Nats-Rollup: all``, which purges the whole stream it lands in: a
     device plugin allowed to write only its own node's keys would wipe every node's records.
@@ -371,6 +422,10 @@ async def test_a_per_node_user_jwt_in_operator_mode_takes_the_same_permissions(
             security=NatsSecurity(creds_file=str(creds)),
             inbox_prefix=permissions.inbox_prefix("deviceplugin", node),
             update_topology=False,
+            create_epoch=False,
+            # No placer or binder gives this store its epoch (the one user is the node's): its
+            # buckets are created as it uses them.
+            topology=False,
             request_timeout=QUIET_S,
         )
         try:

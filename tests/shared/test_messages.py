@@ -9,7 +9,7 @@ import pytest
 
 from shared import codec
 from shared.messages.allocations import AllocationEvent
-from shared.messages.assignments import AssignmentRecord, ContainerAllocation, can_advance
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, moves_forward
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.bindings import BindingResult
 from shared.messages.deadletter import DeadLetter
@@ -271,14 +271,25 @@ def test_messages_are_frozen() -> None:
 @pytest.mark.parametrize(
     ("current", "new", "allowed"),
     [
+        ("reserved", "reserved", True),
         ("reserved", "bound", True),
-        ("bound", "allocated", True),
-        ("allocated", "released", True),
+        ("reserved", "allocated", True),
         ("reserved", "released", True),
         ("bound", "reserved", False),
+        ("bound", "bound", True),
+        ("bound", "allocated", True),
+        ("bound", "released", True),
+        ("allocated", "reserved", False),
         ("allocated", "bound", False),
-        ("released", "released", False),
+        ("allocated", "allocated", True),
+        ("allocated", "released", True),
+        ("released", "reserved", False),
+        ("released", "bound", False),
+        ("released", "allocated", False),
+        ("released", "released", True),
     ],
 )
 def test_assignment_states_only_move_forward(current: Any, new: Any, allowed: bool) -> None:
-    assert can_advance(current, new) is allowed
+    """The one rule of a record's states within its commit, every pair of states: the same or a
+    later one, never an earlier one (``reserved -> bound -> allocated -> released``)."""
+    assert moves_forward(current, new) is allowed

@@ -33,6 +33,8 @@ MAX_IN_FLIGHT = 64
 MIX_CHECK_S = 5.0
 TENANCY_CHECK_S = 2.0
 STATS_INTERVAL_S = 10.0
+CURRENT_POLL_S = 0.05
+"""How often a restore waiting for the view to hold the new store looks again."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ class Shell:
     """Pods decided (placed or not) since the start: what a compile of the profile is paid by."""
     restored_epoch: str = field(default="", init=False)
     """The store epoch the binder last said it restored (``watches``)."""
+    loaded_from: dict[str, str | None] = field(default_factory=dict, init=False)
+    """Each bucket the view follows -> the epoch of the store its watch last loaded from (None:
+    not loaded yet); ``watches`` names them all at start."""
     failed_at: tuple[int, ...] = field(default=(-1, -1, -1), init=False)
     failed_keys: dict[PodRequest, Waiting] = field(default_factory=dict, init=False)
     """Pod shapes known not to fit since the view's change counters were ``failed_at`` (the
@@ -132,10 +137,37 @@ class Shell:
     _seen_change: tuple[int, ...] = field(default=(0, 0, 0, 0), init=False)
 
     @property
+    def current(self) -> bool:
+        """Whether the view holds the store the bus is on, and nothing else: every bucket's
+        watch loaded its values since the bus took the store's epoch. After NATS lost its store
+        the bus takes the new epoch before the watches load again (each at its own pace: a watch
+        backs off while JetStream is slow to start), and until they have, the view still holds
+        the lost store's bookings, claims and records. Nothing is written from it meanwhile:
+        a restore taken on it found the pod "already booked and claimed" and wrote neither, and
+        reconciliation then released the record of the running pod."""
+        epoch = self.bus.store_epoch
+        return bool(self.loaded_from) and all(e == epoch for e in self.loaded_from.values())
+
+    @property
     def restored(self) -> bool:
-        """Whether what is bound is in the store (DESIGN section 12): the binder said so for the
-        store's epoch. Nothing new is decided before, so no running pod's GPUs go to another."""
-        return bool(self.bus.store_epoch) and self.restored_epoch == self.bus.store_epoch
+        """Whether what is bound is in the store (DESIGN section 12), and the view holds that
+        store (:attr:`current`): the binder said so for the store's epoch. Nothing new is decided
+        and nothing reconciled before, so no running pod's GPUs go to another."""
+        return (
+            bool(self.bus.store_epoch)
+            and self.restored_epoch == self.bus.store_epoch
+            and self.current
+        )
+
+    async def until_current(self, timeout_s: float) -> bool:
+        """Wait (up to ``timeout_s``) until the view holds the current store (:attr:`current`)."""
+        waited = 0.0
+        while not self.current:
+            if waited >= timeout_s:
+                return False
+            await self.clock.sleep(CURRENT_POLL_S)
+            waited += CURRENT_POLL_S
+        return True
 
     def counters(self) -> tuple[int, int, int, int]:
         """What waiting pods wake on: the view's ``freed`` and ``grown``, and its indexes' node

@@ -17,6 +17,8 @@ from shared.runtime.follow import FETCH_BATCH, deliveries
 
 MAX_HELD = 100_000
 """The pod consumer's ``max_ack_pending``: pods held (deciding or waiting) across replicas."""
+RESTORE_WAIT_S = 5.0
+"""How long a restore waits for the view to hold the new store before it is put back (nak)."""
 
 
 class Intake:
@@ -114,6 +116,16 @@ class Intake:
         if restore.epoch != shell.bus.store_epoch:  # meant for a store that is gone too
             shell.metrics.restores.labels(outcome="other-store").inc()
             await self._held.ack([delivery])
+            return
+        # Booked and claimed on the view: one still holding the lost store's entries would find
+        # the pod booked and claimed already, and write neither (``Shell.current``).
+        if not await shell.until_current(RESTORE_WAIT_S):
+            log.info(
+                "a restore waits for the view to hold the new store",
+                extra={"pod_uid": restore.pod.uid, "epoch": restore.epoch},
+            )
+            with contextlib.suppress(Exception):
+                await delivery.nak(1.0)
             return
         try:
             outcome = await shell.protocol.restore(restore)

@@ -124,6 +124,8 @@ class Releases:
         period = max(0.5, min(5.0, timeout_s / 4))
         while True:
             await shell.clock.sleep(period)
+            if not shell.current:  # records of a lost store are not this store's to release
+                continue
             now = shell.clock.now()
             for record in list(shell.view.records.values()):
                 if (

@@ -62,6 +62,8 @@ class Upkeep:
         shell = self._shell
         while True:
             await shell.clock.sleep(shell.config.reconcile_interval_s)
+            if not shell.restored:  # the view may hold a lost store, or a restore half done
+                continue
             try:
                 await shell.protocol.reconcile(grace_s=shell.config.reconcile_interval_s / 2)
             except Exception as error:

@@ -68,6 +68,7 @@ class Watches:
         self._held = held
         self._waiting = waiting
         self.loaded = {name: asyncio.Event() for name in BUCKETS}
+        shell.loaded_from.update(dict.fromkeys(BUCKETS))
 
     def follows(self) -> tuple[_Follow, ...]:
         view = self._shell.view
@@ -128,24 +129,28 @@ class Watches:
 
         A watch that ends or fails is started again; its initial values then also tell which
         keys were deleted while no watch ran (``held`` keys it no longer lists are forgotten;
-        those of a durable bucket only when the store is a new one).
+        those of a durable bucket only when the store is a new one). A watch reads one store,
+        the one whose epoch the bus names meanwhile (it ends when the bus takes another), so
+        the epoch at its initial values' end is the epoch of what it listed
+        (``Shell.loaded_from``, which says when the whole view holds the current store).
         """
         shell = self._shell
         loaded = self.loaded[follow.name]
-        epoch = ""
 
         async def on_entry(entry: KvEntry) -> None:
             await follow.apply(entry)
             shell.poke()
 
         async def on_loaded(listed: set[str]) -> None:
-            nonlocal epoch
-            lost = epoch != shell.bus.store_epoch
+            epoch = shell.bus.store_epoch
+            lost = shell.loaded_from[follow.name] != epoch
             if loaded.is_set() and (lost or not follow.durable):
                 for key in follow.held() - listed:
                     follow.forget(key)
-            epoch = shell.bus.store_epoch
+            shell.loaded_from[follow.name] = epoch
             loaded.set()
+            if lost and shell.restored:  # the last watch back on a restored store
+                shell.work.set()
 
         await shared_follow(
             shell.bus,

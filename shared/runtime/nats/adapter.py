@@ -42,6 +42,7 @@ class NatsBus(NatsKv, NatsMessaging):
         topology: bool = True,
         inbox_prefix: str = DEFAULT_INBOX_PREFIX,
         update_topology: bool = True,
+        create_epoch: bool = True,
         watch_heartbeat_s: float = WATCH_HEARTBEAT_S,
     ) -> NatsBus:
         """Connect once, then reconnect forever after any later loss; ensure streams and buckets
@@ -52,8 +53,11 @@ class NatsBus(NatsKv, NatsMessaging):
         ``inbox_prefix``: where replies to this client go (``shared.permissions.inbox_prefix``:
         a service's identity may only listen under its own). ``update_topology``: whether this
         client may change an existing stream's or bucket's configuration; one that may not only
-        creates what is missing (see :meth:`ensure_topology`). ``watch_heartbeat_s``: the
-        server's idle heartbeat on each KV watch (``shared.runtime.bus``).
+        creates what is missing (see :meth:`ensure_topology`). ``create_epoch``: whether it may
+        give a new store its epoch (``shared.permissions.creates_store``); one that may not
+        waits, its connection refused as not ready, until a client that may has.
+        ``watch_heartbeat_s``: the server's idle heartbeat on each KV watch
+        (``shared.runtime.bus``).
 
         Raises:
             NatsRefusedError: the server refused the credentials or the TLS handshake failed.
@@ -137,6 +141,7 @@ class NatsBus(NatsKv, NatsMessaging):
         client.options["max_reconnect_attempts"] = -1
         bus = cls(client, request_timeout=request_timeout, replicas=replicas)
         bus._update_topology = update_topology
+        bus._create_epoch = create_epoch
         bus.watch_heartbeat_s = watch_heartbeat_s
         bus._reconnect_wait = reconnect_wait
         log.info("nats connected", extra={"url": redact_url(url)})

@@ -261,9 +261,13 @@ class NatsKv(NatsStore):
         async with contextlib.aclosing(self._watch(bucket, keys, headers_only=headers_only)) as w:
             async for entry in w:
                 if entry is None:
-                    break
+                    return list(latest.values())
                 latest[entry.key] = entry
-        return list(latest.values())
+        # Ended before every key was listed: the connection was lost, or the store replaced.
+        raise BusUnavailableError(
+            f"bucket {bucket} could not be listed whole (the connection or the store changed "
+            "meanwhile); nothing was read"
+        )
 
     def kv_watch(
         self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
@@ -272,7 +276,12 @@ class NatsKv(NatsStore):
         is lost. A watch does not survive a server restart: nats-py's consumer behind it may
         stay silent for many seconds after the reconnect, so callers watch again and take the
         fresh initial values (which also show what was deleted meanwhile). ``batch_s``: see
-        :class:`~shared.runtime.bus.Bus`; a batched watch ends when an ask goes unanswered."""
+        :class:`~shared.runtime.bus.Bus`; a batched watch ends when an ask goes unanswered.
+
+        A watch reads one store: it ends when the bus takes a new store's epoch, so what it
+        gave is of the store :attr:`store_epoch` names while it runs. One that fails because its
+        consumer vanished while the connection stayed up makes the bus look for a replaced
+        store (its epoch) before the caller watches again."""
         return self._watch(bucket, keys, headers_only=False, batch_s=batch_s)
 
     async def _watch(
@@ -300,6 +309,7 @@ class NatsKv(NatsStore):
         subject = f"$KV.{bucket}.{keys}"
         stream = f"KV_{bucket}"
         await self._checked_bucket(bucket)
+        renewed = self._renewed  # resolved when the bus takes another store's epoch
         # Bounded, as nats-py's own watcher: a slow reader holds the messages back in nats-py.
         # A batched watch bounds it itself (it asks for no more while a batch waits unread).
         arrived: asyncio.Queue[NatsMsg | BaseException | None] = asyncio.Queue(
@@ -341,36 +351,43 @@ class NatsKv(NatsStore):
         prefix = len(f"$KV.{bucket}.")
         lost = self._lost
 
-        # The connection's loss wakes a reader waiting on an empty queue; one that has messages
-        # at hand reads them first and sees the loss once the queue is empty. One future per
-        # watch, not one per message: a watch is the hottest loop of every service.
+        # The connection's loss, or a new store's epoch, wakes a reader waiting on an empty
+        # queue; one that has messages at hand reads them first and sees the loss once the queue
+        # is empty. One future per watch, not one per message: a watch is the hottest loop of
+        # every service.
         def wake(_: object) -> None:
             if arrived.empty():
                 arrived.put_nowait(None)
 
         lost.add_done_callback(wake)
+        renewed.add_done_callback(wake)
         consumer = ""
         stop_requested = checkpointer()
         try:
             with unavailable(f"bucket {bucket} cannot be watched now"):
                 consumer = (await subscription.consumer_info()).name
-            if not awaited:
+            if not awaited and not renewed.done():
                 yield None
             while True:
                 stop_requested()  # nats-py's requests above may have swallowed a stop's cancel
+                if renewed.done():  # another store's epoch taken: its values are not ours
+                    return
                 if arrived.empty() and lost.done():
                     await self._reconnected()
                     return
                 msg = await subscription.next()
                 if msg is None:
-                    continue  # woken by the loss: the check above ends the watch
+                    continue  # woken by the loss: the checks above end the watch
                 if isinstance(msg, BaseException):  # an ask unanswered, a message missed
                     if lost.done():  # because the connection was lost: end as above
                         await self._reconnected()
                         return
+                    await self._look_for_lost_store(f"the watch of {bucket} lost its consumer")
                     raise BusUnavailableError(
                         f"bucket {bucket} stopped answering its watch ({msg!r})"
                     ) from None
+                if renewed.done():
+                    return
                 headers = msg.headers or {}
                 yield KvEntry(
                     key=msg.subject[prefix:],
@@ -385,6 +402,7 @@ class NatsKv(NatsStore):
                         yield None
         finally:
             lost.remove_done_callback(wake)
+            renewed.remove_done_callback(wake)
             # Bounded: a stop that cannot reach the server must not hold up a shutdown.
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(2.0):

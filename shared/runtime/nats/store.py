@@ -21,7 +21,12 @@ from nats.js.kv import KeyValue
 
 from shared import codec, subjects
 from shared.messages.store import StoreEpoch
-from shared.runtime.bus import WATCH_HEARTBEAT_S, BusUnavailableError, OutcomeUnknownError
+from shared.runtime.bus import (
+    WATCH_HEARTBEAT_S,
+    BusUnavailableError,
+    OutcomeUnknownError,
+    StoreRefusedError,
+)
 from shared.runtime.nats.connection import NatsConnection, log
 
 T = TypeVar("T")
@@ -52,6 +57,19 @@ def _bucket_stream(bucket: str, history: int, replicas: int) -> js_api.StreamCon
 _MISSING = (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 """What nats-py raises when the stream (or consumer) an operation needs does not exist: a
 JetStream publish nobody stores, a pull request nobody answers."""
+
+
+_REFUSALS = (10077, 10047)
+"""JetStream error codes of a message it refused to store: the stream's store failed (message,
+byte or per-subject limit reached with ``discard: new``), insufficient resources."""
+
+
+def refusal(error: BaseException) -> str:
+    """The server's description when ``error`` is JetStream refusing to store a message (it
+    answers 503, which nats-py raises as a missing stream would be: ``_MISSING``), else ""."""
+    if isinstance(error, nats.js.errors.APIError) and error.err_code in _REFUSALS:
+        return str(error.description or f"error {error.err_code}")
+    return ""
 
 
 _DISCONNECTED = (nats.errors.OutboundBufferLimitError, nats.errors.ConnectionReconnectingError)
@@ -86,6 +104,9 @@ class NatsStore(NatsConnection):
         self._js = client.jetstream(timeout=request_timeout)
         self._replicas = replicas
         self._update_topology = True
+        self._create_epoch = True
+        """Whether this client may give a new store its epoch (``shared.permissions``: only the
+        identities that create the store do); one that may not waits for it."""
         self.watch_heartbeat_s = WATCH_HEARTBEAT_S
         """The server's idle heartbeat on each KV watch (``shared.runtime.bus``)."""
         self._kv: dict[str, KeyValue] = {}
@@ -95,6 +116,9 @@ class NatsStore(NatsConnection):
         """How many times streams or buckets were found missing and created again."""
         self._background: set[asyncio.Task[None]] = set()
         self._epoch = ""
+        self._renewed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Resolved (and replaced) when the bus takes a new store's epoch: it wakes every watch
+        started before, which then ends (``NatsKv._watch``)."""
         self._revision_base = 0
         """Added to the new store's revisions, so that they count above the lost store's."""
         self._last_revision = 0
@@ -135,6 +159,10 @@ class NatsStore(NatsConnection):
         return self._epoch
 
     def _take_epoch(self, epoch: str) -> None:
+        """Take ``epoch`` as the store's. A new one (NATS lost its store) ends every watch
+        started before: what a watch read and what it reads on are then of one store, the one
+        :attr:`store_epoch` names (a watch started on the new store before the epoch was taken,
+        a store replaced behind a live connection, read its values under the lost store's)."""
         if self._epoch and epoch != self._epoch:
             self._revision_base = self._last_revision + 1
             log.warning(
@@ -142,6 +170,10 @@ class NatsStore(NatsConnection):
                 "into it from the Kubernetes API",
                 extra={"epoch": epoch, "previous_epoch": self._epoch},
             )
+            self._epoch = epoch
+            renewed, self._renewed = self._renewed, asyncio.get_running_loop().create_future()
+            renewed.set_result(None)
+            return
         self._epoch = epoch
 
     async def _store_checked(self) -> None:
@@ -189,7 +221,12 @@ class NatsStore(NatsConnection):
             return task.result()
         except _DISCONNECTED:
             raise BusUnavailableError("not connected to NATS; nothing was sent") from None
-        except _MISSING:
+        except _MISSING as error:
+            refused = refusal(error)
+            if refused:
+                raise StoreRefusedError(
+                    f"JetStream refused to store it ({refused}); nothing was stored"
+                ) from None
             await self.restore_topology(reason="a write found no stream")
             raise BusUnavailableError(
                 "no stream took the write (NATS lost its store?): nothing was written; the "
@@ -252,12 +289,22 @@ class NatsStore(NatsConnection):
         return created
 
     async def _read_epoch(self) -> None:
-        """Take the store's epoch (a new store gets one: the first writer's stays)."""
+        """Take the store's epoch. A new store gets one from the first client that may create
+        it (the first writer's stays); a client that may not (a node's device plugin or
+        inventory, the dashboard: one that could write it could make every service believe the
+        store lost at its next reconnect) waits until one that may has: BusUnavailableError."""
         meta = await self._bucket(subjects.KV_META)
-        fresh = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
-        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-            await meta.create(subjects.META_EPOCH, codec.encode(fresh))
-        entry = await meta.get(subjects.META_EPOCH)
+        if self._create_epoch:
+            fresh = StoreEpoch(epoch=secrets.token_hex(8), created_at=time.time())
+            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+                await meta.create(subjects.META_EPOCH, codec.encode(fresh))
+        try:
+            entry = await meta.get(subjects.META_EPOCH)
+        except nats.js.errors.KeyNotFoundError:
+            raise BusUnavailableError(
+                "the NATS store has no epoch yet (a placer or the binder gives a new store its "
+                "epoch); nothing was done"
+            ) from None
         self._take_epoch(codec.decode(entry.value or b"", StoreEpoch).epoch)
 
     async def restore_topology(self, *, reason: str) -> None:
@@ -279,6 +326,17 @@ class NatsStore(NatsConnection):
                 "NATS had lost streams or buckets; created them again",
                 extra={"reason": reason, "created": created},
             )
+
+    async def _look_for_lost_store(self, reason: str) -> None:
+        """A watch lost its consumer while the connection stayed up: the store may have been
+        replaced behind it (its streams deleted and created again by another client, which a
+        reconnect would have shown). Check it as after a reconnect, so the next watch runs
+        under the new store's epoch; NATS unable to answer now (a cluster electing) is left to
+        the next check."""
+        try:
+            await self.restore_topology(reason=reason)
+        except Exception as error:  # NATS unavailable or refusing: the watch fails as it was
+            log.info("cannot look for a lost store now", extra={"error": repr(error)})
 
     async def _bucket(
         self, bucket: str, *, history: int | None = None, created: list[str] | None = None
