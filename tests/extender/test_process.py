@@ -64,11 +64,6 @@ async def _filter_and_bind(
     api: ApiServer, kubeconfig: Path, nats_server: NatsServer, identities: Identities
 ) -> None:
     api.create(NODE, node("gpu-1", gpus=8))
-    inventory = await identities.connect(nats_server.url, "inventory", "gpu-1")
-    try:
-        await kv.put_inventory(inventory, wire.inventory("gpu-1", 2, at=time.time()))
-    finally:
-        await inventory.drain()
     binder = await spawn(
         "binder",
         "--nats-url",
@@ -98,6 +93,13 @@ async def _filter_and_bind(
             timeout=60,
             what="the placer ready",
         )
+        # The node's GPUs, as its inventory writes them: once a placer or the binder has given
+        # the store its epoch (an inventory may not, and waits for it).
+        inventory = await identities.connect(nats_server.url, "inventory", "gpu-1")
+        try:
+            await kv.put_inventory(inventory, wire.inventory("gpu-1", 2, at=time.time()))
+        finally:
+            await inventory.drain()
         port = extender_port(placer)
         # Kept away from web pods of the namespaces labelled team=web (there are none): the
         # selector is resolved from what the binder publishes in tessera-namespaces, under each
