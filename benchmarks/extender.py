@@ -1,7 +1,7 @@
 """The scheduler extender's filter + prioritize latency, as kube-scheduler sees it (issue 14).
 
     .venv/bin/python benchmarks/extender.py [--nodes 1000] [--gpus 8] [--cycles 300]
-        [--shapes 0] [--profile tessera]
+        [--shapes 0] [--profile tessera] [--spread DoNotSchedule|ScheduleAnyway]
 
 A fresh nats-server; every node's inventory and node facts written into KV (as the inventory and
 the binder do), each GPU with its own amount of memory in use so that nearly every node has a
@@ -13,6 +13,11 @@ every node as a candidate, then ``prioritize`` with the nodes that passed. Pods 
 that ask alike (about a hundred different requests in all). The placer keeps what it judged for a
 request on each node shape, so a request seen before on the same shapes costs far less than a
 new one: both are reported apart.
+
+With ``--spread``, every pod also carries a topology spread constraint over the nodes' zones
+(``topology.kubernetes.io/zone``, three of them, ``maxSkew: 1``, its job's pods): the rules that
+count pods then judge every node for every call, where a pod without such constraints is judged
+by node shape (the target is for those).
 
 Both request forms are measured: ``NodeNames`` (``nodeCacheCapable: true``, the chart's default)
 and ``Nodes`` (every candidate as a full Node object of about 2 KiB, echoed back by filter). Each
@@ -51,10 +56,15 @@ from tests.harness.store import mark_restored  # noqa: E402
 
 GPU_MIB = 81_920
 TARGET_P99_MS = 10.0
+ZONE = "topology.kubernetes.io/zone"
 
 
 def node_name(i: int) -> str:
     return f"gpu-{i:05d}.zone-{i % 3}"
+
+
+def zone_of(node: str) -> str:
+    return node.rsplit(".", 1)[-1]
 
 
 def inventory(node: str, gpus: int, now: float, rng: random.Random) -> NodeInventory:
@@ -81,7 +91,7 @@ def facts(node: str, gpus: int, now: float) -> NodeFacts:
         node=node,
         cpu_allocatable_milli=128_000,
         memory_allocatable_mib=1024 * 1024,
-        labels={"nvidia.com/gpu.product": "A100-SXM4-80GB"},
+        labels={"nvidia.com/gpu.product": "A100-SXM4-80GB", ZONE: zone_of(node)},
         observed_at=now,
         extended_allocatable={"tessera.dev/gpu": 4 * gpus},
     )
@@ -108,7 +118,7 @@ def node_object(name: str, gpus: int) -> dict[str, Any]:
                 "kubernetes.io/os": "linux",
                 "nvidia.com/gpu.present": "true",
                 "nvidia.com/gpu.product": "A100-SXM4-80GB",
-                "topology.kubernetes.io/zone": name.rsplit(".", 1)[-1],
+                ZONE: zone_of(name),
             },
             "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
         },
@@ -152,18 +162,34 @@ def job_limits(rng: random.Random) -> dict[str, str]:
     return limits
 
 
-def pods(count: int, seed: int) -> list[dict[str, Any]]:
-    """Jobs of 1 to 8 replicas (kube-scheduler takes a job's pods one after the other)."""
+def pods(count: int, seed: int, spread: str = "") -> list[dict[str, Any]]:
+    """Jobs of 1 to 8 replicas (kube-scheduler takes a job's pods one after the other);
+    ``spread``: each job's pods spread over the zones so (``whenUnsatisfiable``)."""
     rng = random.Random(seed)
     found: list[dict[str, Any]] = []
     while len(found) < count:
         limits = job_limits(rng)
+        job = f"train-{len(found)}"
         for _ in range(rng.choice((1, 1, 2, 4, 8))):
-            found.append(pod_object(len(found), limits))
+            found.append(pod_object(len(found), limits, job, spread))
     return found[:count]
 
 
-def pod_object(n: int, limits: dict[str, str]) -> dict[str, Any]:
+def pod_object(
+    n: int, limits: dict[str, str], job: str = "train", spread: str = ""
+) -> dict[str, Any]:
+    constraints = (
+        [
+            {
+                "maxSkew": 1,
+                "topologyKey": ZONE,
+                "whenUnsatisfiable": spread,
+                "labelSelector": {"matchLabels": {"job": job}},
+            }
+        ]
+        if spread
+        else []
+    )
     return {
         "metadata": {
             "name": f"train-{n}",
@@ -171,7 +197,9 @@ def pod_object(n: int, limits: dict[str, str]) -> dict[str, Any]:
             "uid": f"bench-{n:06d}",
             "resourceVersion": "48213",
             "creationTimestamp": "2025-06-02T09:14:07Z",
-            "labels": {"app": "train"},
+            # The job's label only with a constraint to select it: a pod without one asks as
+            # every earlier run of this benchmark asked.
+            "labels": {"app": "train", **({"job": job} if spread else {})},
         },
         "spec": {
             "containers": [
@@ -186,6 +214,7 @@ def pod_object(n: int, limits: dict[str, str]) -> dict[str, Any]:
             "restartPolicy": "Never",
             "schedulerName": "tessera-extender",
             "priority": 0,
+            **({"topologySpreadConstraints": constraints} if constraints else {}),
         },
         "status": {"phase": "Pending", "qosClass": "Guaranteed"},
     }
@@ -393,8 +422,9 @@ async def main(options: argparse.Namespace) -> int:
     print(
         f"extender benchmark: {options.nodes} nodes x {options.gpus} GPUs, "
         f"{options.shapes or options.nodes} different GPU usages, profile {options.profile}, "
-        f"{options.cycles} cycles per form; python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs"
+        f"{options.cycles} cycles per form"
+        f"{f', pods spread over zones ({options.spread})' if options.spread else ''}; "
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs"
     )
     names = [node_name(i) for i in range(options.nodes)]
     objects = {name: node_object(name, options.gpus) for name in names}
@@ -429,9 +459,8 @@ async def main(options: argparse.Namespace) -> int:
                     ("Nodes (full Node objects)", objects, 12),
                 ):
                     before = await histogram(session, http_port)
-                    timings = await cycles(
-                        session, port, names, sent, pods(options.cycles, seed), seen
-                    )
+                    workload = pods(options.cycles, seed, options.spread)
+                    timings = await cycles(session, port, names, sent, workload, seen)
                     met &= report(form, timings)
                     server_side(before, await histogram(session, http_port))
         finally:
@@ -453,5 +482,11 @@ if __name__ == "__main__":
         type=int,
         default=0,
         help="different GPU usages among the nodes (0: every node its own, the worst case)",
+    )
+    parser.add_argument(
+        "--spread",
+        choices=("DoNotSchedule", "ScheduleAnyway"),
+        default="",
+        help="every pod spread over the nodes' zones with this whenUnsatisfiable",
     )
     sys.exit(asyncio.run(main(parser.parse_args())))

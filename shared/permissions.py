@@ -15,7 +15,8 @@ Roles and what they may write (reads are listed in :func:`permissions`)::
                   tessera.placements.rejected, tessera.pods.pending (a requeued pod);
                   request tessera.extender.pods; answers tessera.placer.explain; may update
                   stream configurations
-    binder        KV tessera-assignments (reserved -> bound), tessera-nodes, tessera-meta.restored;
+    binder        KV tessera-assignments (reserved -> bound), tessera-nodes, tessera-meta.restored,
+                  tessera-namespaces;
                   tessera.nodes.<node>, tessera.pods.pending / .deleted / .restore,
                   tessera.placements.invalid, tessera.bindings.<node>; answers
                   tessera.extender.pods; requests tessera.grants.<node>
@@ -213,6 +214,7 @@ def _placer() -> tuple[list[str], list[str]]:
             subjects.KV_WAITING,
             subjects.KV_POOLS,
             subjects.KV_META,  # whether the binder restored a lost store
+            subjects.KV_NAMESPACES,  # the extender's namespace selectors
         ),
     ]
     # The extender waits for its pods' results; `tessera explain` asks the placers.
@@ -229,6 +231,7 @@ def _binder() -> tuple[list[str], list[str]]:
         # What is bound, restored into a store that lost it, and its word that it is done.
         subjects.PODS_RESTORE,
         *_kv_write(subjects.KV_META, subjects.META_RESTORED),
+        *_kv_write(subjects.KV_NAMESPACES),
         subjects.PLACEMENTS_INVALID,
         subjects.BINDING_RESULTS_ALL,
         # Before a restore: what each node's device plugin granted (request/reply).
@@ -237,7 +240,10 @@ def _binder() -> tuple[list[str], list[str]]:
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_REJECTIONS),
         *_durable(subjects.STREAM_ALLOCATIONS, subjects.DURABLE_BINDER_ALLOCATIONS),
         # The ledger and its claims: the ambiguity gate only waits for records matching a commit.
-        *_kv_read(subjects.KV_ASSIGNMENTS, subjects.KV_NODES, subjects.KV_LEDGER),
+        # The namespaces: what a new leader finds published, to write only what changed.
+        *_kv_read(
+            subjects.KV_ASSIGNMENTS, subjects.KV_NODES, subjects.KV_LEDGER, subjects.KV_NAMESPACES
+        ),
     ]
     return publish, [subjects.EXTENDER_PODS]
 

@@ -28,7 +28,10 @@ that a booking and its claims can be written by one atomic batch);
 (placer: one entry per tenant with a quota, its charges, updated by compare-and-set);
 ``tessera-waiting`` (placer: one entry per pod a replica holds waiting for room, the board every
 replica reads to keep seed 002's order); ``tessera-meta`` (the store's epoch, created with the
-streams, and the binder's word that what is bound was restored into this epoch's store).
+streams, and the binder's word that what is bound was restored into this epoch's store);
+``tessera-namespaces`` (binder: each namespace's labels under its name, and under
+``_listed`` its word that every namespace is there: what resolves the namespace selector of a
+pod the placer reads from kube-scheduler rather than from the binder).
 
 Node names are DNS subdomains and may contain dots, which NATS treats as token separators; every
 node segment therefore goes through :func:`node_token`, which maps ``.`` to ``_`` (a character node
@@ -208,6 +211,11 @@ KV_META: Final = "tessera-meta"
 (``META_RESTORED``)."""
 META_EPOCH: Final = "epoch"
 META_RESTORED: Final = "restored"
+KV_NAMESPACES: Final = "tessera-namespaces"
+"""Every namespace's labels (binder -> the placers' extenders): key the namespace's name."""
+NAMESPACES_LISTED: Final = "_listed"
+"""The key (bucket ``tessera-namespaces``) of the binder's word that every namespace is listed
+(no namespace is named so: names have no ``_``)."""
 
 #: Bucket name -> how many revisions of each key it keeps.
 KV_BUCKETS: Final[dict[str, int]] = {
@@ -220,6 +228,7 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_WAITING: 1,
     KV_POOLS: 1,
     KV_META: 1,
+    KV_NAMESPACES: 1,
 }
 
 

@@ -13,7 +13,7 @@ with the extender's reasons in them.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import msgspec
 
@@ -21,6 +21,7 @@ from shared import annotations as names
 from shared.kubeobjects import Pod
 from shared.messages.extender import PodLookup, PodLookupReply
 from shared.podspec import InvalidPod, parse_pending, requests_tessera
+from shared.scheduling import uses_namespace_selector
 
 
 def is_extender_pod(pod: Pod, extender_scheduler_names: Collection[str]) -> bool:
@@ -39,11 +40,13 @@ def lookup_reply(
     lookup: PodLookup,
     pod: Pod | None,
     *,
+    namespaces: Mapping[str, Mapping[str, str]] | None,
     scheduler_name: str,
     extender_scheduler_names: Collection[str],
 ) -> PodLookupReply:
     """What the extender gets for ``lookup``, given the pod of that namespace and name (None:
-    there is none)."""
+    there is none) and every namespace's labels (None: not listed yet), which resolve its
+    pod-affinity namespace selectors as for every pod the binder publishes."""
     where = f"pod {lookup.namespace}/{lookup.name}"
     if pod is None:
         return PodLookupReply(uid=lookup.uid, error=f"{where} does not exist")
@@ -76,7 +79,13 @@ def lookup_reply(
             f"--extender-scheduler-names ({known}): add it, or the binder never sees the pod "
             "go and its GPUs are never given back",
         )
-    parsed = parse_pending(pod, strict_constraints=False)
+    if namespaces is None and uses_namespace_selector(pod):
+        return PodLookupReply(
+            uid=lookup.uid,
+            error=f"{where} names a namespaceSelector, and the binder has not listed the "
+            "cluster's namespaces yet",
+        )
+    parsed = parse_pending(pod, namespaces, strict_constraints=False)
     if isinstance(parsed, InvalidPod):
         return PodLookupReply(uid=lookup.uid, error=f"invalid request: {parsed.message}")
     return PodLookupReply(uid=lookup.uid, pod=msgspec.structs.replace(parsed, extender=True))

@@ -3,7 +3,8 @@
 
 The pod comes from the informer, else from the API server (the informer may lag behind
 kube-scheduler, which saw the pod first); which answer it gets is
-:func:`~services.binder.extender.lookup_reply`.
+:func:`~services.binder.extender.lookup_reply`, its namespace selectors resolved from the namespace
+informer as for every pod the binder publishes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from services.binder.config import BinderConfig
@@ -39,6 +41,7 @@ class PodLookups:
         config: BinderConfig,
         gateway: ClusterGateway,
         pods: Informer[Pod],
+        namespaces: Callable[[], Mapping[str, Mapping[str, str]] | None],
         bus: Bus,
         edge: Edge,
         clock: Clock,
@@ -46,6 +49,8 @@ class PodLookups:
         self._config = config
         self._gateway = gateway
         self._pods = pods
+        self._namespaces = namespaces
+        """Every namespace's labels, None until the namespace informer listed them."""
         self._bus = bus
         self._edge = edge
         self._clock = clock
@@ -75,6 +80,7 @@ class PodLookups:
             reply = lookup_reply(
                 lookup,
                 await self._find_pod(lookup),
+                namespaces=self._namespaces(),
                 scheduler_name=self._config.scheduler_name,
                 extender_scheduler_names=self._config.extender_scheduler_names,
             )

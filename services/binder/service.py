@@ -16,7 +16,8 @@ reconciles (:mod:`~services.binder.reconcile`),
 republishes every pending pod and node's facts, and starts:
 
 - pod and node workers (:mod:`~services.binder.sync`): ``PodPending``, ``PodDeleted``,
-  ``NodeFacts``, and invalid pods explained;
+  ``NodeFacts``, and invalid pods explained; the namespaces' labels for the placer's extender
+  (:mod:`~services.binder.namespaces`);
 - the durable consumers ``binder-decisions`` (:mod:`~services.binder.binding`),
   ``binder-rejections`` and ``binder-allocations`` (:mod:`~services.binder.reporting`), each
   through :func:`~shared.runtime.consumer.consume`;
@@ -32,7 +33,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from services.binder.binding import DecisionBinder
@@ -158,7 +159,13 @@ class Binder:
             republish=self.sync.resync,
         )
         self.lookups = PodLookups(
-            config=config, gateway=gateway, pods=self.pods, bus=bus, edge=edge, clock=clock
+            config=config,
+            gateway=gateway,
+            pods=self.pods,
+            namespaces=self._namespaces,
+            bus=bus,
+            edge=edge,
+            clock=clock,
         )
         readiness.probe("kubernetes", self._synced)
         readiness.probe("leadership", self._leadership_report)
@@ -188,6 +195,11 @@ class Binder:
         if waiting:
             return False, f"loading {', '.join(waiting)}"
         return True, ""
+
+    def _namespaces(self) -> Mapping[str, Mapping[str, str]] | None:
+        """Every namespace's labels, once the namespace informer has listed them (None
+        before)."""
+        return self.sync.namespace_labels if self.sync.namespaces.synced else None
 
     def _leadership_report(self) -> tuple[bool, str]:
         if self.is_leader():
@@ -291,6 +303,7 @@ class Binder:
             for i in range(self.config.workers):
                 group.create_task(self.sync.work_pods(), name=f"pods-{i}")
                 group.create_task(self.sync.work_nodes(), name=f"nodes-{i}")
+            group.create_task(self.sync.namespace_publisher.run(), name="namespaces")
             group.create_task(
                 consume_(
                     durable=subjects.DURABLE_BINDER_DECISIONS,

@@ -13,7 +13,7 @@ and ``NodeFacts`` on change (subject + KV). Every write is fenced by the Lease (
 A pod with scheduling gates is not published while any is left (its ``PodScheduled`` says so).
 The pods on each node that are not Tessera's go into its facts (``neighbours.py``); the namespace
 informer resolves pod-affinity namespace selectors, and a namespace change has the pods whose
-terms name one read again.
+terms name one read again, and is published for the placer's extender (``namespaces.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from services.binder.extender import is_extender_pod, is_ours
 from services.binder.gateway import ClusterGateway
 from services.binder.informer import Informer
 from services.binder.metrics import BinderMetrics
+from services.binder.namespaces import NamespacePublisher
 from services.binder.neighbours import NodePods, existing_pod
 from services.binder.nodefacts import (
     Requested,
@@ -153,6 +154,10 @@ class ClusterSync:
             metrics=metrics,
         )
         self.namespace_labels: dict[str, dict[str, str]] = {}
+        self.namespace_publisher = NamespacePublisher(
+            bus=bus, clock=clock, labels=self.namespace_labels, fence=fence
+        )
+        """The leader's writer of the namespaces' labels into KV (the extender's)."""
         self._neighbours = NodePods()
         """The pods on each node that are not Tessera's (its facts carry them)."""
         # Tessera's pods: uid -> informer key; those that left, until PodDeleted is out.
@@ -253,6 +258,7 @@ class ClusterSync:
             self.namespace_labels.pop(name, None)
         else:
             self.namespace_labels[name] = labels
+        self.namespace_publisher.changed()
         for key, pod in self.pods.cache.items():
             if not uses_namespace_selector(pod):
                 continue
@@ -273,6 +279,7 @@ class ClusterSync:
         self._published_pending.clear()
         self._reporter.reset()
         self._published_facts.clear()
+        self.namespace_publisher.resync()
         for uid in [*self._ours, *self._gone]:
             self.pod_queue.add(uid)
         for name in [*self.nodes.cache, *self._requested]:

@@ -16,8 +16,9 @@ wait:
 The same view serves the scheduler extender (issue 14): :func:`decide_on` places a pod on the one
 node kube-scheduler chose, and :func:`verdicts` is filter and prioritize over a list of nodes:
 the same cycle's steps before any node is looked at (``cycle.prepare``), then each node's
-judgement from the memo decisions select from. All go through the same profile, tenancy and,
-in the shell, the same commit.
+judgement from the memo decisions select from, and the node-aware rules (``core/nodeaware.py``)
+judged among every node, those that count pods included. All go through the same profile,
+tenancy and, in the shell, the same commit.
 """
 
 from __future__ import annotations
@@ -198,10 +199,9 @@ def _servable(view: ClusterView, pod: PodRequest, index: ClusterIndex) -> tuple[
     return narrower, len(index) - len(narrower)
 
 
-def node_local(pod: PodRequest) -> PodRequest:
-    """``pod`` with only the constraints about a node itself (selector, node affinity,
-    tolerations), for a pod kube-scheduler schedules (extender mode): it counts the pods over
-    topology domains itself, from every pod it sees, and scores them itself too."""
+def _without_pod_counting(pod: PodRequest) -> PodRequest:
+    """``pod`` without the constraints that count pods (pod affinity, anti-affinity, topology
+    spread): for a decision on one node, whose rules were judged among every node already."""
     if not pod.counts_pods or pod.constraints is None:
         return pod
     return msgspec.structs.replace(
@@ -223,9 +223,11 @@ def decide_on(
 ) -> Decision | Waiting:
     """Place ``pod`` on ``node`` only (the node kube-scheduler chose), or say why not.
 
-    kube-scheduler has applied the pod's constraints in choosing the node; those about the node
-    itself are judged again here (:func:`node_local`)."""
-    pod = node_local(pod)
+    Every constraint of the pod is judged again here, as the extender's filter judged it: the
+    node may have changed since (Tessera's own pods placed meanwhile count too). Those about the
+    node itself are judged on the node alone; those that count pods over topology domains
+    (affinity, anti-affinity, spread) among every node (:func:`verdicts`), before the GPUs are
+    chosen on the node alone."""
     everywhere = view.everywhere()
     if node not in everywhere:
         rejection = Rejection(
@@ -242,6 +244,17 @@ def decide_on(
             decided_at=now,
         )
         return Waiting(rejection=rejection, final=False, wake="grown")
+    if pod.counts_pods:
+        (verdict,) = verdicts(view, profile, pod, [node], detail=False)
+        if not verdict.fits:
+            rejection = Rejection(
+                pod_uid=pod.uid,
+                reasons=(RejectionReason(reason=verdict.reason, nodes=1),),
+                unresolvable=verdict.unresolvable,
+                decided_at=now,
+            )
+            return Waiting(rejection=rejection, final=bool(pod_facts(pod).invalid), wake="placed")
+        pod = _without_pod_counting(pod)
     single = ClusterIndex([everywhere.node(node)])
     outcome = cycle.decide(pod, single, profile, view.tenancy, now=now)
     if isinstance(outcome, Decision):

@@ -2,11 +2,14 @@
 HTTP (issue 14, DESIGN section 10).
 
 In extender mode kube-scheduler keeps scheduling (affinity, taints, topology spread, preemption)
-and asks Tessera only about GPUs; Tessera judges the pod's constraints about a node itself
-(``nodeSelector``, node affinity, taints) as kube-scheduler does, and leaves those that count
-pods over topology domains to it (``decider.node_local``). Each placer replica serves the
-extender on its own port (``--extender-port``; the Helm chart's Service spreads kube-scheduler's
-calls over the replicas):
+and asks Tessera about GPUs; Tessera judges the pod's scheduling constraints too, every one of
+them, with the same rules as its own decisions (``core/nodeaware.py``): kube-scheduler cannot see
+the pods Tessera has placed and not bound yet, and a bind may come after other pods were placed.
+The rules that count pods count every pod on a node, Tessera's from their bookings, the others
+from the binder's node facts; a namespace selector is resolved from the namespaces the binder
+publishes (``namespaces.py``), and a pod whose selector cannot be resolved yet is refused with
+that reason, never judged without it. Each placer replica serves the extender on its own port
+(``--extender-port``; the Helm chart's Service spreads kube-scheduler's calls over the replicas):
 
 - **filter** and **prioritize** are answered from this replica's view of the cluster, which every
   replica keeps current from the same KV buckets: the pod is parsed as the binder parses pods
@@ -17,7 +20,8 @@ calls over the replicas):
   request seen before is answered from judgements made ahead of the call.
 - **bind** places the pod's GPUs on the node kube-scheduler chose. kube-scheduler's bind call
   names the pod but does not carry it, so the extender asks the binder for it
-  (``tessera.extender.pods``), then decides and commits through the placer's own path
+  (``tessera.extender.pods``: parsed, its namespace selectors resolved, as the binder reads every
+  pod), then decides (``decider.decide_on``) and commits through the placer's own path
   (:meth:`~.service.PlacerService.place`: ledger compare-and-set, claim, ``reserved`` record,
   ``PlacementDecision``), and answers once the binder's ``BindingResult`` for the pod on that
   node arrives (``bound``: success; ``failed``: the placement is given back first, so
@@ -61,16 +65,19 @@ from services.placer.extender_api import (
     refused,
 )
 from services.placer.metrics import PlacerMetrics
+from services.placer.namespaces import Namespaces, follow_namespaces
 from services.placer.ready import ReadyJudgements
 from services.placer.shell.held import Outcome
 from services.placer.state import ClusterView
 from shared import codec, subjects
+from shared.clock import Clock
 from shared.config import ConfigError
 from shared.messages.bindings import BindingResult
 from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.pods import PodPending
 from shared.podspec import InvalidPod, parse_pending, requests_tessera
 from shared.runtime.bus import Bus, BusUnavailableError, Delivery, NoResponderError, Subscription
+from shared.runtime.edge import Edge
 
 
 class Placements(Protocol):
@@ -138,11 +145,15 @@ class Extender:
         *,
         service: Placements,
         bus: Bus,
+        edge: Edge,
+        clock: Clock,
         metrics: PlacerMetrics,
         bind_timeout_s: float,
     ) -> None:
         self._service = service
         self._bus = bus
+        self._edge = edge
+        self._clock = clock
         self._metrics = metrics
         self._bind_timeout_s = bind_timeout_s
         self._results: dict[str, list[tuple[str, asyncio.Future[BindingResult]]]] = {}
@@ -152,6 +163,9 @@ class Extender:
         self.port: int | None = None
         self.judgements = ReadyJudgements(lambda: (service.view, service.profile), metrics)
         """The requests asked about, kept judged in the background (``ready.py``)."""
+        self.namespaces = Namespaces()
+        """The cluster's namespaces, for the namespace selectors of the pods asked about."""
+        self._following: asyncio.Task[None] | None = None
 
     # --- serving -------------------------------------------------------------------------------
 
@@ -162,9 +176,14 @@ class Extender:
         return app
 
     async def start(self, listener: socket.socket) -> int:
-        """Follow binding results, then serve on ``listener`` (from :func:`listen`)."""
+        """Follow binding results and the namespaces, then serve on ``listener`` (from
+        :func:`listen`)."""
         self._subscription = await self._bus.subscribe(
             subjects.BINDING_RESULTS_ALL, self._on_result
+        )
+        self._following = asyncio.create_task(
+            follow_namespaces(self.namespaces, bus=self._bus, edge=self._edge, clock=self._clock),
+            name="extender-namespaces",
         )
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
@@ -175,6 +194,11 @@ class Extender:
 
     async def stop(self) -> None:
         await self.judgements.stop()
+        following, self._following = self._following, None
+        if following is not None:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -217,16 +241,20 @@ class Extender:
     async def _judge(
         self, args: ExtenderArgs, candidates: list[str], verb: str
     ) -> list[decider.NodeVerdict] | str | None:
-        """The candidates' verdicts; a reason when the request is invalid; None for a pod that
-        asks for no Tessera resource. Judged before (``ready.py``) when the request was asked
-        about before; whatever was judged when, the answer is ``decider.verdicts`` on the view
-        as it is now."""
+        """The candidates' verdicts; a reason when the request is invalid or its namespace
+        selector cannot be resolved yet; None for a pod that asks for no Tessera resource.
+        Judged before (``ready.py``) when the request was asked about before; whatever was
+        judged when, the answer is ``decider.verdicts`` on the view as it is now."""
         if not requests_tessera(args.pod):
             return None
-        parsed = parse_pending(args.pod, strict_constraints=False)
+        parsed = parse_pending(args.pod, self.namespaces.labels, strict_constraints=False)
         if isinstance(parsed, InvalidPod):
             return f"invalid request: {parsed.message}"
-        asked = decider.node_local(translate.pod_request(parsed))
+        if parsed.constraints is not None and parsed.constraints.counts_pods:
+            unresolved = self.namespaces.unresolved(args.pod)
+            if unresolved:
+                return unresolved
+        asked = translate.pod_request(parsed)
         await self.judgements.ready(
             self._service.view.tenancy.resolve(asked), candidates, verb=verb
         )

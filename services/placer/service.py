@@ -503,6 +503,8 @@ async def run_placer(
         Extender(
             service=service,
             bus=context.bus,
+            edge=context.edge,
+            clock=context.clock,
             metrics=service.metrics,
             bind_timeout_s=config.extender_bind_timeout_s,
         )

@@ -1,15 +1,19 @@
 """What the binder hands the placer for Kubernetes' scheduling constraints, over real NATS and
 the real kubernetes-asyncio client against the API test double: node taints and the pods
-Tessera did not place in the node facts, namespace selectors resolved, gated pods held back,
-a pod naming its node never published."""
+Tessera did not place in the node facts, namespace selectors resolved, the namespaces' labels
+published for the extender, gated pods held back, a pod naming its node never published."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
+
+from services.binder.namespaces import namespace_changes
 from shared import codec, subjects
 from shared.messages.constraints import ExistingPod, PodAffinity, Taint
+from shared.messages.namespaces import NamespaceLabels, NamespacesListed
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodPending
 from shared.runtime.nats import NatsBus
@@ -19,6 +23,7 @@ from tests.binder.builders import container, node, pod
 from tests.binder.conftest import BinderFactory, collect, eventually
 
 MERGE = "application/merge-patch+json"
+NAME_LABEL = "kubernetes.io/metadata.name"
 ANTI = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -135,3 +140,80 @@ async def test_a_gated_pod_waits_and_says_so_and_a_pod_naming_its_node_is_never_
         published = pending.decoded(PodPending)[-1]
         assert (published.name, published.labels) == ("gated", {"app": "train"})
     assert "pinned" not in [m.name for m in pending.decoded(PodPending)]
+
+
+async def published_namespaces(bus: NatsBus) -> tuple[dict[str, dict[str, str]], bool]:
+    """What the binder published in ``tessera-namespaces``: labels by namespace, and whether its
+    word that all are listed is there."""
+    labels: dict[str, dict[str, str]] = {}
+    listed = False
+    for entry in await bus.kv_list(subjects.KV_NAMESPACES, ">"):
+        if entry.deleted:
+            continue
+        if entry.key == subjects.NAMESPACES_LISTED:
+            listed = codec.decode(entry.value, NamespacesListed).namespaces >= 0
+            continue
+        found = codec.decode(entry.value, NamespaceLabels)
+        assert found.namespace == entry.key
+        labels[found.namespace] = found.labels
+    return labels, listed
+
+
+async def test_the_leader_publishes_the_namespaces_for_the_extender_s_selectors(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory
+) -> None:
+    api.create(NAMESPACE, namespace("blue", team="a"))
+    api.create(NAMESPACE, namespace("green", team="b"))
+    # Left by an earlier leader: a namespace gone since, and one relabelled since.
+    stale = NamespaceLabels(namespace="red", labels={"team": "c"})
+    await bus.kv_put(subjects.KV_NAMESPACES, "red", codec.encode(stale))
+    old = NamespaceLabels(namespace="green", labels={"team": "a"})
+    await bus.kv_put(subjects.KV_NAMESPACES, "green", codec.encode(old))
+    async with start_binder():
+
+        async def listed() -> dict[str, dict[str, str]] | None:
+            labels, done = await published_namespaces(bus)
+            return labels if done else None
+
+        labels = await eventually(listed, what="the namespaces published and listed")
+        # As the API server labels every namespace (what a selector may name too).
+        assert {name: labels[name] for name in ("blue", "green")} == {
+            "blue": {"team": "a", NAME_LABEL: "blue"},
+            "green": {"team": "b", NAME_LABEL: "green"},
+        }
+        assert "red" not in labels
+        # Relabelled, added, deleted: each followed.
+        api.patch(NAMESPACE, "", "blue", {"metadata": {"labels": {"team": "z"}}}, MERGE)
+        api.create(NAMESPACE, namespace("violet", team="a"))
+        api.delete(NAMESPACE, "", "green")
+
+        async def followed() -> bool:
+            labels, done = await published_namespaces(bus)
+            return (
+                done
+                and labels.get("blue") == {"team": "z", NAME_LABEL: "blue"}
+                and labels.get("violet") == {"team": "a", NAME_LABEL: "violet"}
+                and "green" not in labels
+            )
+
+        await eventually(followed, what="the namespaces' changes published")
+
+
+@pytest.mark.parametrize(
+    ("published", "current", "writes", "deletes"),
+    [
+        pytest.param({}, {"a": {}, "b": {"x": "1"}}, ["a", "b"], [], id="first"),
+        pytest.param({"a": {"x": "1"}}, {"a": {"x": "1"}}, [], [], id="nothing-changed"),
+        pytest.param({"a": {"x": "1"}}, {"a": {"x": "2"}}, ["a"], [], id="relabelled"),
+        pytest.param({"a": {}, "b": {}}, {"b": {}}, [], ["a"], id="gone"),
+        pytest.param({"a": None}, {"a": {}}, ["a"], [], id="unreadable-rewritten"),
+        pytest.param({"a": None}, {}, [], ["a"], id="unreadable-gone"),
+    ],
+)
+def test_namespace_changes_write_what_differs_and_delete_what_is_gone(
+    published: dict[str, dict[str, str] | None],
+    current: dict[str, dict[str, str]],
+    writes: list[str],
+    deletes: list[str],
+) -> None:
+    assert namespace_changes(published, current) == (writes, deletes)

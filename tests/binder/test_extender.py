@@ -79,7 +79,9 @@ def test_lookup_replies_say_why_a_pod_cannot_be_bound(
     body: dict[str, Any] | None, uid: str, expected: str
 ) -> None:
     found = None if body is None else as_pod(body, uid)
-    reply = lookup_reply(LOOKUP, found, scheduler_name="tessera", extender_scheduler_names=EXTENDER)
+    reply = lookup_reply(
+        LOOKUP, found, namespaces={}, scheduler_name="tessera", extender_scheduler_names=EXTENDER
+    )
     assert reply.uid == "u1" and reply.pod is None
     if expected.startswith("node="):
         assert (reply.node, reply.error) == ("gpu-1", "")
@@ -91,6 +93,7 @@ def test_a_placeable_pod_is_looked_up_as_an_extender_pod() -> None:
     reply = lookup_reply(
         LOOKUP,
         as_pod(pod("p", container(gpu=1, memory=4096, cores=30), scheduler="tessera-extender")),
+        namespaces={},
         scheduler_name="tessera",
         extender_scheduler_names=EXTENDER,
     )
@@ -98,6 +101,52 @@ def test_a_placeable_pod_is_looked_up_as_an_extender_pod() -> None:
     assert reply.pod.extender
     (request,) = reply.pod.containers
     assert (request.gpu_shares, request.gpu_memory_mib, request.gpu_cores) == (1, 4096, 30)
+
+
+def _keeping_away_from_team(team: str) -> Pod:
+    """An extender pod with an anti-affinity to ``app=web`` pods of namespaces labelled
+    ``team=<team>``."""
+    body = pod("p", container(gpu=1, memory=4096, cores=30), scheduler="tessera-extender")
+    body["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "web"}},
+                    "namespaceSelector": {"matchLabels": {"team": team}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    return as_pod(body)
+
+
+def test_a_looked_up_pod_has_its_namespace_selector_resolved_as_the_binder_resolves_it() -> None:
+    namespaces = {"blue": {"team": "a"}, "green": {"team": "a"}, "red": {"team": "b"}}
+    reply = lookup_reply(
+        LOOKUP,
+        _keeping_away_from_team("a"),
+        namespaces=namespaces,
+        scheduler_name="tessera",
+        extender_scheduler_names=EXTENDER,
+    )
+    assert reply.error == "" and reply.pod is not None and reply.pod.constraints is not None
+    anti = reply.pod.constraints.pod_anti_affinity
+    assert anti is not None and anti.required[0].namespaces == ("blue", "green")
+    # Before the namespace informer listed the namespaces the selector cannot be resolved: the
+    # bind is refused with the reason, never decided with the term matching nothing.
+    unlisted = lookup_reply(
+        LOOKUP,
+        _keeping_away_from_team("a"),
+        namespaces=None,
+        scheduler_name="tessera",
+        extender_scheduler_names=EXTENDER,
+    )
+    assert unlisted.pod is None
+    assert unlisted.error == (
+        "pod default/p names a namespaceSelector, and the binder has not listed the cluster's "
+        "namespaces yet"
+    )
 
 
 def test_extender_names_must_not_include_tessera_s_own() -> None:

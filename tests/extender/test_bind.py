@@ -1,6 +1,7 @@
 """bind over HTTP as kube-scheduler calls it: the placer commits the GPUs on the chosen node, the
 real binder binds the pod in the Kubernetes API test double, and only then does the extender
-answer; two binds racing for the last slice; a binding that fails is given back."""
+answer; two binds racing for the last slice; a binding that fails is given back; a bind onto a
+node the pod's anti-affinity refuses, counting every pod."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from shared import subjects
 from shared.messages.pods import PodPending
 from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
-from tessera.devcluster.resources import NODE, POD
+from tessera.devcluster.resources import NAMESPACE, NODE, POD
 from tests.binder.builders import container, node, pod
 from tests.binder.conftest import BinderFactory, collect, eventually
+from tests.binder.test_constraints import ANTI, anti_affinity, namespace
 from tests.extender.conftest import free_port, golden, post
 from tests.harness import kv
 from tests.placer import wire
@@ -24,6 +26,8 @@ from tests.placer.conftest import PlacerFactory
 
 SCHEDULER = "tessera-extender"
 GPU_MIB = wire.GPU_MIB
+HOSTNAME = "kubernetes.io/hostname"
+ANTI_REASON = "node(s) didn't match pod anti-affinity rules"
 
 
 async def gpu_node(api: ApiServer, bus: NatsBus, name: str, gpus: int) -> None:
@@ -171,3 +175,72 @@ async def test_two_binds_racing_for_the_last_slice_one_wins_nothing_is_over_comm
         (record,) = state.live_records()
         assert record.pod_uid == booking.pod_uid
         wire.check_invariants(state, {"gpu-1": wire.inventory("gpu-1", 1)})
+
+
+async def test_bind_judges_the_rules_that_count_pods_among_every_pod_on_every_node(
+    api: ApiServer, bus: NatsBus, start_binder: BinderFactory, start_placer: PlacerFactory
+) -> None:
+    """A pod kept away, by required anti-affinity over ``kubernetes.io/hostname``, from the web
+    pods of the namespaces labelled ``team=web`` (a pod kube-scheduler placed: the binder's node
+    facts carry it) and from its own replicas (Tessera's: their bookings). filter and bind both
+    judge it among every pod, the namespace selector resolved from the namespaces the binder
+    publishes; a bind onto a node the rules refuse is refused with kube-scheduler's reason and
+    books nothing, whatever kube-scheduler chose."""
+    await gpu_node(api, bus, "gpu-1", 1)
+    await gpu_node(api, bus, "gpu-2", 1)
+    api.create(NAMESPACE, namespace("shop", team="web"))
+    web = pod(
+        "web",
+        container(cpu="1"),
+        namespace="shop",
+        scheduler="default-scheduler",
+        labels={"app": "web"},
+        node="gpu-1",
+    )
+    api.create(POD, web)
+    async with (
+        start_binder(extender_scheduler_names=(SCHEDULER,)),
+        start_placer(extender_port=free_port(), extender_bind_timeout_s=15.0) as placer,
+    ):
+        assert placer.service is not None and placer.service.extender_port is not None
+        port = placer.service.extender_port
+        replicas = []
+        for name in ("train-0", "train-1"):
+            body = pod(
+                name,
+                container(gpu=1, memory=4096, cores=25),
+                namespace="ml",
+                scheduler=SCHEDULER,
+                labels={"app": "train"},
+            )
+            affinity = anti_affinity("web", "web")
+            affinity["podAntiAffinity"][ANTI].append(
+                {"labelSelector": {"matchLabels": {"app": "train"}}, "topologyKey": HOSTNAME}
+            )
+            body["spec"]["affinity"] = affinity
+            replicas.append(api.create(POD, body))
+
+        async def filtered() -> dict[str, Any] | None:  # once the facts and namespaces are in
+            status, answer = await post(
+                port, "filter", candidates(api, "train-0", "gpu-1", "gpu-2")
+            )
+            return answer if status == 200 and answer["NodeNames"] == ["gpu-2"] else None
+
+        answer = await eventually(filtered, what="train-0 kept off the web pod's node")
+        assert answer["FailedNodes"] == {"gpu-1": ANTI_REASON}
+        status, bound = await post(port, "bind", binding(replicas[0], "gpu-1"))
+        assert (status, bound) == (200, {"Error": f"node gpu-1 cannot take the pod: {ANTI_REASON}"})
+        assert not (await wire.cluster_state(bus)).bookings()
+        assert (await post(port, "bind", binding(replicas[0], "gpu-2")))[1] == {"Error": ""}
+        assert api.get(POD, "ml", "train-0")["spec"]["nodeName"] == "gpu-2"
+
+        # The second replica: its own kind is on gpu-2 now (booked by Tessera), the web pod on
+        # gpu-1.
+        status, answer = await post(port, "filter", candidates(api, "train-1", "gpu-1", "gpu-2"))
+        assert (status, answer["NodeNames"]) == (200, [])
+        assert answer["FailedNodes"] == {"gpu-1": ANTI_REASON, "gpu-2": ANTI_REASON}
+        status, bound = await post(port, "bind", binding(replicas[1], "gpu-2"))
+        assert bound == {"Error": f"node gpu-2 cannot take the pod: {ANTI_REASON}"}
+        assert [b.pod_uid for b in (await wire.cluster_state(bus)).bookings()] == [
+            replicas[0]["metadata"]["uid"]
+        ]

@@ -1,6 +1,6 @@
 """The extender's filter and prioritize judge a pod's constraints about a node itself
-(``nodeSelector``, node affinity, taints) as kube-scheduler does, with its reasons, and leave
-those that count pods to kube-scheduler."""
+(``nodeSelector``, node affinity, taints) as kube-scheduler does, with its reasons (those that
+count pods: ``test_kube_cases.py``)."""
 
 from __future__ import annotations
 
@@ -40,8 +40,7 @@ async def test_filter_and_prioritize_judge_node_constraints_with_kube_scheduler_
         pod = request["Pod"]
         pod["metadata"]["labels"].pop("tessera.dev/tenant", None)
         pod["spec"]["nodeSelector"] = {"zone": "a"}
-        # Counting pods is kube-scheduler's: an anti-affinity to the pod's own app changes
-        # nothing the extender answers.
+        # An anti-affinity to pods no node runs keeps no node out.
         pod["spec"]["affinity"] = {
             "podAntiAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": [

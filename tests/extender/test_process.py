@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 from tessera.devcluster.apiserver import ApiServer
-from tessera.devcluster.resources import NODE, POD
+from tessera.devcluster.resources import NAMESPACE, NODE, POD
 from tessera.up.identities import Identities
 from tests.binder.builders import container, node, pod
 from tests.binder.conftest import eventually
 from tests.binder.test_command import ROOT, Process
+from tests.binder.test_constraints import anti_affinity, namespace
 from tests.extender.conftest import free_port, post
 from tests.harness import kv
 from tests.harness.nats import NatsServer, environment_without_proxies
@@ -63,11 +64,6 @@ async def _filter_and_bind(
     api: ApiServer, kubeconfig: Path, nats_server: NatsServer, identities: Identities
 ) -> None:
     api.create(NODE, node("gpu-1", gpus=8))
-    inventory = await identities.connect(nats_server.url, "inventory", "gpu-1")
-    try:
-        await kv.put_inventory(inventory, wire.inventory("gpu-1", 2, at=time.time()))
-    finally:
-        await inventory.drain()
     binder = await spawn(
         "binder",
         "--nats-url",
@@ -97,14 +93,24 @@ async def _filter_and_bind(
             timeout=60,
             what="the placer ready",
         )
+        # The node's GPUs, as its inventory writes them: once a placer or the binder has given
+        # the store its epoch (an inventory may not, and waits for it).
+        inventory = await identities.connect(nats_server.url, "inventory", "gpu-1")
+        try:
+            await kv.put_inventory(inventory, wire.inventory("gpu-1", 2, at=time.time()))
+        finally:
+            await inventory.drain()
         port = extender_port(placer)
-        created = api.create(
-            POD,
-            pod("train", container(gpu=1, memory=4096, cores=20), scheduler="tessera-extender"),
-        )
+        # Kept away from web pods of the namespaces labelled team=web (there are none): the
+        # selector is resolved from what the binder publishes in tessera-namespaces, under each
+        # process's own NATS permissions, before the pod passes filter.
+        api.create(NAMESPACE, namespace("shop", team="web"))
+        train = pod("train", container(gpu=1, memory=4096, cores=20), scheduler="tessera-extender")
+        train["spec"]["affinity"] = anti_affinity("web", "web")
+        created = api.create(POD, train)
         args = {"Pod": api.get(POD, "default", "train"), "Nodes": None, "NodeNames": ["gpu-1"]}
 
-        async def passes() -> bool:  # once the binder has published the node's facts
+        async def passes() -> bool:  # once the binder has published the facts and namespaces
             status, answer = await post(port, "filter", args)
             return status == 200 and answer["NodeNames"] == ["gpu-1"]
 

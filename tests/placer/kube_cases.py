@@ -111,12 +111,19 @@ def exists(key: str) -> Obj:
     return selector(req(key, "Exists"))
 
 
-def pod_term(labels: Obj | None, key: str, namespaces: list[str] | None = None) -> Obj:
+def pod_term(
+    labels: Obj | None,
+    key: str,
+    namespaces: list[str] | None = None,
+    namespace_selector: Obj | None = None,
+) -> Obj:
     found: Obj = {"topologyKey": key}
     if labels is not None:
         found["labelSelector"] = labels
     if namespaces is not None:
         found["namespaces"] = namespaces
+    if namespace_selector is not None:
+        found["namespaceSelector"] = namespace_selector
     return found
 
 
@@ -1210,6 +1217,61 @@ INTERPOD_FILTER: tuple[Case, ...] = (
         pods=(Existing("nodeA", {"foo": "bar"}),),
         fits={"nodeA": None, "nodeB": None, "nodeC": AFFINITY},
     ),
+)
+
+# --- interpodaffinity/filtering_test.go: TestRequiredAffinitySingleNode, NamespaceSelector ----
+
+_TEAMS = {
+    "subteam1.team1": {"team": "team1"},
+    "subteam2.team1": {"team": "team1"},
+    "subteam1.team2": {"team": "team2"},
+    "subteam2.team2": {"team": "team2"},
+}
+"""The Go test's namespaces (``namespaces``, handed to the plugin's namespace informer)."""
+_TEAM1 = selector(req("team", "In", "team1"))
+_NODE1 = (Node("node1", _REGION_ZONE),)
+
+
+def _teams(
+    name: str,
+    fits: str | None,
+    existing: str,
+    *,
+    anti: bool = False,
+    namespace_selector: Obj = _TEAM1,
+) -> Case:
+    """The Go test's shape: a pod (of ``subteam1.team1`` when ``anti``) with one term choosing
+    its namespaces by ``namespace_selector``, and a ``securityscan`` pod of ``existing`` on
+    node1."""
+    term = pod_term(
+        _in("securityscan", "value2"),
+        "zone" if anti else "region",
+        namespace_selector=namespace_selector,
+    )
+    return Case(
+        name=name,
+        labels=_S1,
+        namespace="subteam1.team1" if anti else "",
+        spec={"affinity": pod_affinity(anti=[term]) if anti else pod_affinity([term])},
+        nodes=_NODE1,
+        pods=(Existing("node1", _SCAN, namespace=existing),),
+        namespaces=_TEAMS,
+        fits={"node1": fits},
+    )
+
+
+NAMESPACE_SELECTOR: tuple[Case, ...] = (
+    _teams("affinity with NamespaceSelector", None, "subteam1.team1"),
+    _teams("affinity with non-matching NamespaceSelector", AFFINITY, "subteam1.team2"),
+    _teams("anti-affinity with matching NamespaceSelector", ANTI, "subteam2.team1", anti=True),
+    _teams(
+        "anti-affinity with matching all NamespaceSelector",
+        ANTI,
+        "subteam2.team1",
+        anti=True,
+        namespace_selector={},
+    ),
+    _teams("anti-affinity with non-matching NamespaceSelector", None, "subteam1.team2", anti=True),
 )
 
 # --- interpodaffinity/scoring_test.go: TestPreferredAffinity ---------------------------------

@@ -102,7 +102,13 @@ def _ids(cases: tuple[k.Case, ...]) -> list[str]:
     return [c.name[:80] for c in cases]
 
 
-FILTER_CASES = (*k.NODE_AFFINITY, *k.TAINT_FILTER, *k.SPREAD_FILTER, *k.INTERPOD_FILTER)
+FILTER_CASES = (
+    *k.NODE_AFFINITY,
+    *k.TAINT_FILTER,
+    *k.SPREAD_FILTER,
+    *k.INTERPOD_FILTER,
+    *k.NAMESPACE_SELECTOR,
+)
 
 
 @pytest.mark.parametrize("case", FILTER_CASES, ids=_ids(FILTER_CASES))

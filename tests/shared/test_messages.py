@@ -15,6 +15,7 @@ from shared.messages.bindings import BindingResult
 from shared.messages.deadletter import DeadLetter
 from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.inventory import GpuLink, GpuProcess, GpuTelemetry, NodeInventory
+from shared.messages.namespaces import NamespaceLabels, NamespacesListed
 from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementDecision, PlacementRejected, RejectionReason
 from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
@@ -111,6 +112,8 @@ EXAMPLES: list[Any] = [
         ),
     ),
     PodLookupReply(uid="uid-2", node="n1"),
+    NamespaceLabels(namespace="shop", labels={"team": "web"}, observed_at=NOW),
+    NamespacesListed(namespaces=12, listed_at=NOW),
     PodLookupReply(uid="uid-3", error="the pod no longer exists"),
     PlacementDecision(
         pod_uid="uid-1",
