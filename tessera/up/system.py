@@ -280,7 +280,7 @@ class LocalSystem:
             self.binder_kubeconfig, token=self.cluster.api.add_user(BINDER_ACCOUNT)
         )
         self.say(f"Kubernetes API (simulated) {self.cluster.url}, {len(self.plans)} nodes")
-        self.bus = await self._connect_bus()
+        await self.open_bus()
         if self.options.nodes_per_process > 1:
             self._start_agents(self.gpu_nodes)
         else:
@@ -403,6 +403,11 @@ class LocalSystem:
                     raise StartError(f"{name} did not listen on {port} within {timeout} s")
                 await asyncio.sleep(0.05)
             self.supervisor.check_alive(name)
+
+    async def open_bus(self) -> None:
+        """Connect the system's own bus (as the administrator: it gives a new store its epoch,
+        which the node services wait for)."""
+        self.bus = await self._connect_bus()
 
     async def _connect_bus(self, timeout: float = 60.0) -> NatsBus:
         """The system's own bus; on a cluster, once JetStream has elected its leaders."""

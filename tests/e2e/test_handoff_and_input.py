@@ -144,13 +144,15 @@ metadata:
   namespace: kubectl
 spec:
   schedulerName: tessera
+  nodeSelector:
+    topology.kubernetes.io/zone: nowhere
   containers:
   - name: main
     image: registry.k8s.io/pause:3.10
     resources:
       limits:
         tessera.dev/gpu: 1
-        tessera.dev/gpu-memory: 900000
+        tessera.dev/gpu-memory: 3072
 """
     out = await asyncio.to_thread(kubectl, system, "create", "-f", "-", stdin=manifest)
     assert "pod/from-kubectl created" in out and "pod/impossible created" in out
@@ -172,6 +174,7 @@ spec:
         kubectl, system, "describe", "pod", "-n", "kubectl", "impossible"
     )
     assert "FailedScheduling" in described
+    assert "didn't match Pod's node affinity/selector" in described
     assert "Status:" in described and "Pending" in described
     node = await asyncio.to_thread(kubectl, system, "describe", "node", "a100-1")
     assert "tessera.dev/gpu:" in node

@@ -153,6 +153,7 @@ async def test_a_service_that_never_turns_ready_is_named_with_its_reasons(tmp_pa
         for name in system.nats_names():
             system.start_nats(name)
         await system.cluster.start()
+        await system.open_bus()  # the store's epoch, which the node services wait for
         system.start_node_services(plan)
         with pytest.raises(StartError) as failed:
             await system.wait_ready(20)
