@@ -82,11 +82,12 @@ def binder_repairs(run_dir: Path) -> dict[str, int]:
     return counts
 
 
-async def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:
+def system_options(args: argparse.Namespace, run_prefix: str) -> SystemOptions:
+    """The system a chaos run starts: two binders, the placers in their pools, no dashboard."""
     pools = args.pools or args.placers
-    options = SystemOptions(
+    return SystemOptions(
         nodes=plan_nodes("4xA100-80GB", args.nodes),
-        run_dir=Path(tempfile.mkdtemp(prefix=f"tessera-chaos-{seed}-")),
+        run_dir=Path(tempfile.mkdtemp(prefix=run_prefix)),
         placers=args.placers,
         binders=2,
         dashboard=False,
@@ -96,6 +97,10 @@ async def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:
         nats_servers=args.nats_servers,
         ready_timeout_s=300.0,
     )
+
+
+async def run_seed(seed: int, args: argparse.Namespace) -> dict[str, object]:
+    options = system_options(args, f"tessera-chaos-{seed}-")
     async with LocalSystem(options) as system:
         report = await chaos_run(
             system,
@@ -253,19 +258,7 @@ async def store_loss_loop(
 
 
 async def run_store_losses(seed: int, args: argparse.Namespace) -> dict[str, object]:
-    pools = args.pools or args.placers
-    options = SystemOptions(
-        nodes=plan_nodes("4xA100-80GB", args.nodes),
-        run_dir=Path(tempfile.mkdtemp(prefix=f"tessera-store-losses-{seed}-")),
-        placers=args.placers,
-        binders=2,
-        dashboard=False,
-        webhook=False,
-        binder_args=FAST_LEASE,
-        placer_args=("--pools", str(pools)) if pools > 1 else (),
-        nats_servers=args.nats_servers,
-        ready_timeout_s=300.0,
-    )
+    options = system_options(args, f"tessera-store-losses-{seed}-")
     async with LocalSystem(options) as system:
         figures = await store_loss_loop(
             system,
