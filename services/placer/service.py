@@ -94,7 +94,6 @@ class PlacerService:
             view=self.view,
             clock=clock,
             metrics=metrics,
-            profile_name=config.profile_name,
         )
         self.shell = shell = Shell(
             config=config,
@@ -247,7 +246,7 @@ class PlacerService:
         if claim is not None and claim.state == "placed" and claim.booking is not None:
             del self.held.items[uid]
             self.tasks.spawn(
-                self.held.republish(claim.booking, item.deliveries), f"republish-{uid}"
+                self.held.finish_placed(claim.booking, item.deliveries), f"placed-{uid}"
             )
             already = Outcome(
                 pod_uid=uid,
@@ -376,7 +375,7 @@ class PlacerService:
                 # else another commit filled the quota first: decided again, the pod waits
                 self._retry(item, why)
                 return
-            outcome, placed = await self.protocol.finish(booking, item.pod, decision)
+            outcome, placed = await self.protocol.finish(booking, item.pod)
             await self.held.ack(item.deliveries)
             if self.held.items.get(uid) is item:
                 del self.held.items[uid]

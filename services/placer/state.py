@@ -54,7 +54,13 @@ from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedSlice, Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
-from shared.subjects import booking_key, booking_of_key, node_from_token, node_token
+from shared.subjects import (
+    assignment_key,
+    booking_key,
+    booking_of_key,
+    node_from_token,
+    node_token,
+)
 
 UNREADABLE = "ledger entry unreadable"
 
@@ -115,7 +121,8 @@ class _Node:
         self.records: set[str] = set()
         """Pod UIDs with a record on this node."""
         self.handing_off: set[str] = set()
-        """Pod UIDs whose record here is ``reserved`` or ``bound``: not allocated yet."""
+        """Pod UIDs booked here whose hand-off is not done: no record of the booking's commit
+        ``allocated`` (or ``released``) yet, so the binder's gate still counts them."""
         self.reason = ""
         self.signature: Signature | None = None
         self.charged: set[str] = set()
@@ -512,6 +519,7 @@ class ClusterView:
             _add_node(self._committed, uid, node)
         for uid in after:
             entry.tentative.pop(uid, None)  # committed now (by us or by another replica)
+        self._hand_off(node, entry, pod_uid)
         if entry.shown != _shown(entry.bookings()):
             self._rebuild(node)
 
@@ -565,7 +573,23 @@ class ClusterView:
             entry.records.discard(pod_uid)
         else:
             entry.records.add(pod_uid)
-        if facts is not None and facts.state in ("reserved", "bound"):
+        self._hand_off(node, entry, pod_uid)
+
+    def _hand_off(self, node: str, entry: _Node, pod_uid: str) -> None:
+        """Count ``pod_uid`` among the node's pods between decision and Allocate while it is
+        booked there and no record of its booking's commit is ``allocated`` (or released)."""
+        booking = next(
+            (b for b in (entry.ledger.bookings if entry.ledger else ()) if b.pod_uid == pod_uid),
+            None,
+        )
+        record = self.records.get(assignment_key(node, pod_uid)) if booking is not None else None
+        done = (
+            record is not None
+            and booking is not None
+            and record.commit == booking.commit
+            and record.state in ("allocated", "released")
+        )
+        if booking is not None and not done:
             entry.handing_off.add(pod_uid)
         else:
             entry.handing_off.discard(pod_uid)

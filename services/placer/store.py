@@ -39,7 +39,7 @@ from typing import Any, Generic, TypeVar
 from services.placer import charges, commit, translate
 from services.placer.metrics import PlacerMetrics
 from services.placer.state import ClusterView
-from shared import codec, subjects
+from shared import codec, commits, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
@@ -683,37 +683,19 @@ class Store:
 
     # --- records -------------------------------------------------------------------------------
 
-    async def ensure_record(self, booking: Booking) -> commit.RecordAction:
-        """Write the ``reserved`` record of ``booking`` (create-only first, the fast path).
-
-        Returns ``done`` (the record of this commit exists), ``released`` (this commit was
-        released already: do not publish) or ``blocked`` (a live record of another commit).
-        """
+    async def restore_record(self, booking: Booking, restore: PodRestore) -> commits.RecordAction:
+        """Write the record of a restored placement in the state the hand-off had reached:
+        ``done`` (written, or there already), ``released`` (this commit was released: a fence)
+        or ``blocked`` (a live record of another commit)."""
         key = subjects.assignment_key(booking.node, booking.pod_uid)
-        action: commit.RecordAction = "write"
+        action: commits.RecordAction = "write"
 
         def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
             nonlocal action
-            action = commit.record_action(record, booking.commit)
+            action = commits.record_action(record, booking.commit)
             if action != "write":
                 return None
-            return commit.placed_over(record, translate.record_of(booking))
-
-        await self.transact(self.records, key, change, start=Entry(None, 0))
-        return "done" if action == "write" else action
-
-    async def restore_record(self, booking: Booking, restore: PodRestore) -> commit.RecordAction:
-        """Write the record of a restored placement in the state the hand-off had reached
-        (``ensure_record``'s answers)."""
-        key = subjects.assignment_key(booking.node, booking.pod_uid)
-        action: commit.RecordAction = "write"
-
-        def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
-            nonlocal action
-            action = commit.record_action(record, booking.commit)
-            if action != "write":
-                return None
-            return commit.placed_over(record, translate.restored_record(booking, restore))
+            return commits.placed_over(record, translate.restored_record(booking, restore))
 
         await self.transact(self.records, key, change)
         return "done" if action == "write" else action

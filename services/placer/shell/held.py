@@ -155,10 +155,10 @@ class Held:
                     await asyncio.gather(*(d.nak(None) for d in held), return_exceptions=True)
             log.info("handed back held pods", extra={"messages": len(held)})
 
-    async def republish(self, booking: Booking, deliveries: list[Delivery]) -> None:
-        """Finish a pod placed already (by ``booking``), then ack its messages."""
+    async def finish_placed(self, booking: Booking, deliveries: list[Delivery]) -> None:
+        """Ack the messages of a pod placed already (by ``booking``), once it is booked."""
         try:
-            await self._shell.protocol.republish(booking)
+            await self._shell.protocol.keep_booked(booking)
         except Exception as error:
             log.warning(
                 "cannot finish an already placed pod yet; its message comes back",
@@ -181,8 +181,7 @@ class Held:
         self.queue.remove(pod_uid)
         tasks = self._shell.tasks
         if claim.state == "placed" and claim.booking is not None:
-            # Finish it like a redelivery: the placing replica may have stopped before publishing.
-            tasks.spawn(self.republish(claim.booking, item.deliveries), f"republish-{pod_uid}")
+            tasks.spawn(self.finish_placed(claim.booking, item.deliveries), f"placed-{pod_uid}")
         else:
             tasks.spawn(self.ack(item.deliveries), f"ack-{pod_uid}")
 

@@ -1,4 +1,4 @@
-"""Placements given back: pods deleted or gone before binding, bindings that failed, records
+"""Placements given back: pods deleted or gone before binding, bindings that failed, placements
 not bound within the reserve timeout; and the purge of what was released long ago. Each is
 acked only once durable and is idempotent (the protocol has why)."""
 
@@ -118,7 +118,8 @@ class Releases:
         return released
 
     async def timeout_loop(self) -> None:
-        """Release ``reserved`` records the binder did not bind within the reserve timeout."""
+        """Release placements the binder did not bind within the reserve timeout: a placed claim
+        whose commit has no record ``bound`` (or further) on its node yet."""
         shell = self._shell
         timeout_s = shell.config.reserve_timeout_s
         period = max(0.5, min(5.0, timeout_s / 4))
@@ -127,16 +128,22 @@ class Releases:
             if not shell.current:  # records of a lost store are not this store's to release
                 continue
             now = shell.clock.now()
-            for record in list(shell.view.records.values()):
-                if (
-                    record.state == "reserved"
-                    and now - record.decided_at >= timeout_s
-                    and record.key not in self._releasing
-                ):
-                    self._releasing.add(record.key)
-                    shell.tasks.spawn(
-                        self._time_out(record.key, record.pod_uid, record.node), "timeout"
-                    )
+            view = shell.view
+            for uid, claim in list(view.claims.items()):
+                booking = claim.booking
+                if claim.state != "placed" or booking is None:
+                    continue
+                key = subjects.assignment_key(booking.node, uid)
+                record = view.records.get(key)
+                bound = (
+                    record is not None
+                    and record.commit == booking.commit
+                    and record.state in ("bound", "allocated")
+                )
+                if bound or now - booking.decided_at < timeout_s or key in self._releasing:
+                    continue
+                self._releasing.add(key)
+                shell.tasks.spawn(self._time_out(key, uid, booking.node), "timeout")
 
     async def _time_out(self, key: str, pod_uid: str, node: str) -> None:
         try:
