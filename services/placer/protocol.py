@@ -416,26 +416,3 @@ class CommitProtocol:
             return released(record, now=now)
 
         await self.store.update_record(key, release)
-
-    # --- purging -------------------------------------------------------------------------------
-
-    async def purge(self, *, retention_s: float) -> int:
-        """Delete released records and deleted pods' claims older than ``retention_s``."""
-        now = self.clock.now()
-        purged = 0
-        for record in list(self.view.records.values()):
-            age = now - (record.released_at or now)
-            expired = record.state == "released" and age >= retention_s
-            if expired and await self.store.delete_if(
-                self.store.records, record.key, record.revision
-            ):
-                self.metrics.purged.labels(entry="record").inc()
-                purged += 1
-        for uid, claim in list(self.view.claims.items()):
-            if claim.state == "deleted" and now - claim.updated_at >= retention_s:
-                revision = self.view.claim_revisions.get(uid, 0)
-                key = subjects.claim_key(uid)
-                if revision and await self.store.delete_if(self.store.claims, key, revision):
-                    self.metrics.purged.labels(entry="claim").inc()
-                    purged += 1
-        return purged

@@ -170,6 +170,27 @@ class Releases:
         while True:
             await shell.clock.sleep(period)
             try:
-                await shell.protocol.purge(retention_s=retention_s)
+                await self.purge(retention_s=retention_s)
             except Exception as error:
                 log.warning("purge failed; tried again", extra={"error": str(error)})
+
+    async def purge(self, *, retention_s: float) -> int:
+        """Delete released records and deleted pods' claims older than ``retention_s``."""
+        shell = self._shell
+        store, view = shell.store, shell.view
+        now = shell.clock.now()
+        purged = 0
+        for record in list(view.records.values()):
+            age = now - (record.released_at or now)
+            expired = record.state == "released" and age >= retention_s
+            if expired and await store.delete_if(store.records, record.key, record.revision):
+                shell.metrics.purged.labels(entry="record").inc()
+                purged += 1
+        for uid, claim in list(view.claims.items()):
+            if claim.state == "deleted" and now - claim.updated_at >= retention_s:
+                revision = view.claim_revisions.get(uid, 0)
+                key = subjects.claim_key(uid)
+                if revision and await store.delete_if(store.claims, key, revision):
+                    shell.metrics.purged.labels(entry="claim").inc()
+                    purged += 1
+        return purged
