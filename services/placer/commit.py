@@ -101,7 +101,7 @@ def book_all(
 
     Also returns why each refused booking (by commit id) does not fit. A booking already in the
     ledger counts as booked (a retry). Several decisions for one node are committed by one
-    compare-and-set this way (a group commit).
+    compare-and-set this way (written together).
 
     ``seen``: for a booking's commit, the bookings (commit ids) on the node when it was decided.
     The write goes at the entry's latest revision, not the decision's, so a decision may have

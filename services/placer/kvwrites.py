@@ -21,7 +21,7 @@ only with every booking written up to it.
 Every value read or written here is applied to the :class:`~.state.ClusterView` at once, so the
 index reflects this replica's own writes without waiting for the watch to echo them. Writes for
 one node (one tenant) are serialised inside a replica by a lock each; those waiting for the same
-lock are written together (:meth:`KvWrites.group_commit`).
+lock are written together (:meth:`KvWrites.write_together`).
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ class KvWrites:
         ledger, revision = self._view.ledger(node)
         return Entry(ledger, revision)
 
-    async def group_commit(
+    async def write_together(
         self,
         lock: str,
         item: _Batched,

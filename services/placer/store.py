@@ -82,7 +82,7 @@ class Store(KvWrites):
             self._seen[booking.commit] = seen
         self._requests[booking.commit] = request
         try:
-            return await self.group_commit(node_lock_key(node), booking, write)
+            return await self.write_together(node_lock_key(node), booking, write)
         finally:
             self._seen.pop(booking.commit, None)
             self._requests.pop(booking.commit, None)
@@ -295,7 +295,7 @@ class Store(KvWrites):
             )
             return refused
 
-        return await self.group_commit(tenant_lock_key(tenant), charge, write)
+        return await self.write_together(tenant_lock_key(tenant), charge, write)
 
     async def uncharge(self, booking: Booking) -> None:
         """Take the charge of ``booking``'s commit off its tenant's entry, if it holds one.

@@ -98,7 +98,7 @@ def test_a_fence_over_another_commit_s_fence_joins_it_and_placements_carry_fence
         assert commit.fence_action(released_again, earlier) == "done"
 
 
-def test_a_group_commit_books_what_fits_one_after_the_other() -> None:
+def test_bookings_written_together_book_what_fits_one_after_the_other() -> None:
     inventory = wire.inventory("n1", 1)
     held = booking("held", (0, 8192, 500))
     ledger = NodeLedger(node="n1", bookings=(held,))
