@@ -759,9 +759,9 @@ if __name__ == "__main__":
         "--hand-off-s",
         type=float,
         default=0.25,
-        help="seconds from a record's creation to its marking allocated, standing in for the "
-        "binder and the device plugin (bind -> Allocate, p50 in benchmarks/e2e.py: "
-        "0.22-0.27 s); below 0: records stay reserved",
+        help="seconds from a pod's claim to its record written allocated, standing in for the "
+        "binder and the device plugin (claim -> bind -> Allocate in benchmarks/e2e.py); below "
+        "0: no record is written (every placement stays reserved)",
     )
     parser.add_argument(
         "--quota-share",
