@@ -102,10 +102,6 @@ COUNTED = {
         'tessera_binder_gate_waits_total{outcome="timed_out"}',
     ),
     "gate waits passed (binder)": ("binder", 'tessera_binder_gate_waits_total{outcome="passed"}'),
-    "decisions ahead of their record (binder)": (
-        "binder",
-        'tessera_binder_record_waits_total{outcome="arrived"}',
-    ),
     "node facts published (binder)": ("binder", "tessera_binder_node_facts_published_total"),
     "node facts held back (binder)": ("binder", "tessera_binder_node_facts_deferred_total"),
 }

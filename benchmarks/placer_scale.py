@@ -11,7 +11,7 @@ device plugin leave them); that many real ``tessera placer`` processes started t
 waited for until ready (every KV watch loaded and reconciled); then ``--burst`` pods published at
 once on ``tessera.pods.pending`` through JetStream, as the binder publishes them (the pod mix of
 ``placer_service.py``: GPU shares of 2-8 GiB and 10-40 % of the SMs, 10 % whole GPUs). The run
-waits until every pod is decided: a ``PlacementDecision`` on ``tessera.assignments.*`` or a
+waits until every pod is decided: its claim in ``tessera-ledger`` (a KV watch) or a
 ``PlacementRejected`` with its reasons on ``tessera.placements.rejected``. A pod neither decided
 nor rejected within ``--timeout``, a rejection without reasons or a placer that exits fails the
 run: non-zero exit status and a message naming what was missing.
@@ -52,7 +52,7 @@ from shared.messages.assignments import AssignmentRecord, ContainerAllocation
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking, NodeLedger, PodClaim
-from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.placement import PlacementRejected
 from shared.messages.pods import ContainerRequest, PodPending
 from shared.runtime.bus import Delivery
 from shared.runtime.nats import NatsBus
@@ -294,10 +294,10 @@ class Outcomes:
     unexplained: list[str] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def on_decision(self, decision: PlacementDecision) -> None:
-        if decision.pod_uid in self.expected:
-            self.placed.setdefault(decision.pod_uid, decision.placer_id)
-            self._decided(decision.pod_uid)
+    def on_claim(self, claim: PodClaim) -> None:
+        if claim.pod_uid in self.expected and claim.booking is not None:
+            self.placed.setdefault(claim.pod_uid, claim.booking.placer_id)
+            self._decided(claim.pod_uid)
 
     def on_rejection(self, rejection: PlacementRejected) -> None:
         if rejection.pod_uid not in self.expected:
@@ -317,15 +317,25 @@ class Outcomes:
         return sorted(self.expected - self.first.keys())
 
 
-async def follow(bus: NatsBus, outcomes: Outcomes) -> None:
-    async def on_decision(delivery: Delivery) -> None:
-        outcomes.on_decision(codec.decode(delivery.data, PlacementDecision))
+async def follow(bus: NatsBus, outcomes: Outcomes) -> asyncio.Task[None]:
+    """Follow the pods' claims and the rejections into ``outcomes`` (the claims until the task
+    returned is cancelled); returns once both are followed."""
+    following = asyncio.Event()
+
+    async def claims() -> None:
+        async for entry in bus.kv_watch(subjects.KV_CLAIMS, subjects.CLAIM_KEYS):
+            if entry is None:
+                following.set()
+            elif not entry.deleted:
+                outcomes.on_claim(codec.decode(entry.value, PodClaim))
 
     async def on_rejection(delivery: Delivery) -> None:
         outcomes.on_rejection(codec.decode(delivery.data, PlacementRejected))
 
-    await bus.subscribe(subjects.ASSIGNMENTS_ALL, on_decision)
     await bus.subscribe(subjects.PLACEMENTS_REJECTED, on_rejection)
+    task = asyncio.create_task(claims())
+    await asyncio.wait_for(following.wait(), 60)
+    return task
 
 
 class RunError(Exception):
@@ -402,6 +412,7 @@ async def run(
             placers, spawned = [], []
             pools = args.pools or replicas
             pool_options = ("--pools", str(pools)) if pools > 1 else ()
+            followers: list[asyncio.Task[None]] = []
             try:
                 for n in range(replicas):
                     spawned.append(time.monotonic())
@@ -435,7 +446,7 @@ async def run(
                 rng = random.Random(replicas)
                 burst = [service.pod(n, rng) for n in range(args.burst)]
                 outcomes = Outcomes(expected={p.uid for p in burst})
-                await follow(bus, outcomes)
+                followers.append(await follow(bus, outcomes))
                 before = [usage(p.process.pid) for p in placers]
                 nats_before = usage(server.pid)
                 driver_before = service.cpu_seconds(os.getpid())
@@ -470,6 +481,8 @@ async def run(
                 nats_after = usage(server.pid)
                 driver_cpu = service.cpu_seconds(os.getpid()) - driver_before
             finally:
+                for follower in followers:
+                    follower.cancel()
                 await service.stop(placers)
         finally:
             await bus.drain()

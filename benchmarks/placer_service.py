@@ -10,8 +10,8 @@ everything loaded); then pods published on ``tessera.pods.pending`` through JetS
 binder publishes them.
 
 - **Latency at a rate**: pods paced at ``--rate`` per second for ``--seconds``; for each pod, the
-  time from the start of its publish to the arrival of its ``PlacementDecision`` (a core
-  subscription on ``tessera.assignments.*``: the decision is committed and published by then).
+  time from the start of its publish to the arrival of its claim (a KV watch of the pods'
+  claims in ``tessera-ledger``: the decision is committed by then, and the binder sees it).
   The first second is warm-up and not counted. The placers' own histogram (message received to
   decision published) is read from ``/metrics`` as well, and so is their event loops' lag during
   the rate (``tessera_event_loop_lag_seconds``, sampled every 0.25 s): a loop held up, by a full
@@ -21,11 +21,11 @@ binder publishes them.
 - **Saturation**: ``--burst`` pods published at once; decisions per second from the first publish
   to the last decision, and the CPU each process took per pod from the first publish to a second
   after the last decision (the replicas' idle upkeep weighs less in it than at the rate).
-- **The hand-off**: ``--hand-off-s`` after each record is created the driver marks it
-  ``allocated``, in one compare-and-set, as the binder and the device plugin would between them
-  (its CPU is the driver's; it follows the records with a batched watch). A placer keeps a pod
-  whose record is not yet allocated off nodes where it would wait at the binder's gate; with
-  every record left ``reserved``, every node would soon look queued.
+- **The hand-off**: ``--hand-off-s`` after each claim is written the driver writes the pod's
+  record ``allocated``, in one create, as the binder and the device plugin would between them
+  (its CPU is the driver's; it follows the claims with a batched watch). A placer keeps a pod
+  whose record is not yet allocated off nodes where it would wait at the binder's gate; with no
+  record ever written, every node would soon look queued.
 - **Memory**: one placer with ``--rss-nodes`` nodes of ``--gpus`` GPUs loaded; its resident set
   size (``VmRSS``) once ready, and again after placing ``--burst`` pods on them.
 
@@ -68,16 +68,17 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from shared import codec, subjects  # noqa: E402
-from shared.messages.assignments import AssignmentRecord, settled  # noqa: E402
+from shared.commits import record_of  # noqa: E402
+from shared.messages.assignments import settled  # noqa: E402
 from shared.messages.constraints import (  # noqa: E402
     Constraints,
     LabelSelector,
     SpreadConstraint,
 )
 from shared.messages.inventory import GpuTelemetry, NodeInventory  # noqa: E402
+from shared.messages.ledger import Booking, PodClaim  # noqa: E402
 from shared.messages.nodes import NodeFacts  # noqa: E402
 from shared.messages.pods import ContainerRequest, PodPending  # noqa: E402
-from shared.runtime.bus import Delivery  # noqa: E402
 from shared.runtime.nats import NatsBus  # noqa: E402
 from tests.harness.nats import (  # noqa: E402
     NatsCluster,
@@ -338,32 +339,43 @@ class Clocked:
     expected: int = 0
 
 
-async def follow_decisions(bus: NatsBus, clocked: Clocked) -> None:
-    pattern = re.compile(rb'"pod_uid":"([^"]+)"')
+async def follow_decisions(
+    bus: NatsBus, clocked: Clocked, pods: list[PodPending]
+) -> asyncio.Task[None]:
+    """Note when the claim of each of ``pods`` arrives (its commit is complete then), until
+    cancelled; returns once the watch is following."""
+    wanted = {p.uid for p in pods}
+    following = asyncio.Event()
 
-    async def on_decision(delivery: Delivery) -> None:
-        found = pattern.search(delivery.data)
-        if found is not None:
-            uid = found.group(1).decode()
+    async def follow() -> None:
+        async for entry in bus.kv_watch(subjects.KV_CLAIMS, subjects.CLAIM_KEYS):
+            if entry is None:
+                following.set()
+                continue
+            uid = subjects.claim_uid(entry.key)
+            if entry.deleted or uid not in wanted:
+                continue
             clocked.decided.setdefault(uid, time.perf_counter())
             if len(clocked.decided) >= clocked.expected:
                 clocked.done.set()
 
-    await bus.subscribe(subjects.ASSIGNMENTS_ALL, on_decision)
+    task = asyncio.create_task(follow())
+    await asyncio.wait_for(following.wait(), 30)
+    return task
 
 
 class HandOff:
-    """What the binder and the device plugin do to a record, in one write: ``after_s`` after
-    the record is created (bind, kubelet, Allocate), ``reserved -> allocated``. The placers then
-    stop counting the pod as queued at the binder's gate, as they do in a whole system; with
-    records left ``reserved`` for ever, every node would look queued and each decision would try
-    node after node (``decider._decide_in``). The records come from a batched watch, so the
-    stand-in costs the driver a delivery per write and one compare-and-set per pod."""
+    """What the binder and the device plugin do to a placement, in one write: ``after_s`` after
+    the pod's claim is written (bind, kubelet, Allocate), its record created ``allocated``. The
+    placers then stop counting the pod as queued at the binder's gate, as they do in a whole
+    system; with no record ever written, every node would look queued and each decision would
+    try node after node (``decider._decide_in``). The claims come from a batched watch, so the
+    stand-in costs the driver a delivery per claim and one create per pod."""
 
     def __init__(self, bus: NatsBus, after_s: float) -> None:
         self._bus = bus
         self._after_s = after_s
-        self._due: list[tuple[float, str, int, AssignmentRecord]] = []
+        self._due: list[tuple[float, str, Booking]] = []
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -385,13 +397,14 @@ class HandOff:
         await self._idle.wait()
 
     async def _follow(self) -> None:
-        async for entry in self._bus.kv_watch(subjects.KV_ASSIGNMENTS, batch_s=0.05):
+        watch = self._bus.kv_watch(subjects.KV_CLAIMS, subjects.CLAIM_KEYS, batch_s=0.05)
+        async for entry in watch:
             if entry is None or entry.deleted:
                 continue
-            record = codec.decode(entry.value, AssignmentRecord)
-            if record.state == "reserved":
+            claim = codec.decode(entry.value, PodClaim)
+            if claim.state == "placed" and claim.booking is not None:
                 when = time.monotonic() + self._after_s
-                heapq.heappush(self._due, (when, entry.key, entry.revision, record))
+                heapq.heappush(self._due, (when, claim.pod_uid, claim.booking))
                 self._idle.clear()
 
     async def _write(self) -> None:
@@ -399,12 +412,11 @@ class HandOff:
             await asyncio.sleep(0.01)
             now = time.monotonic()
             while self._due and self._due[0][0] <= now:
-                _, key, revision, reserved = heapq.heappop(self._due)
-                record = settled(reserved, now=time.time())
-                # A write that lost found the record moved on (released): nothing to hand off.
-                if await self._bus.kv_update(
-                    subjects.KV_ASSIGNMENTS, key, codec.encode(record), revision=revision
-                ):
+                _, uid, booking = heapq.heappop(self._due)
+                record = settled(record_of(booking, bound_at=time.time()), now=time.time())
+                key = subjects.assignment_key(booking.node, uid)
+                # A write that lost found the key taken (a fence): nothing to hand off.
+                if await self._bus.kv_create(subjects.KV_ASSIGNMENTS, key, codec.encode(record)):
                     self.written += 1
             if not self._due:
                 self._idle.set()
@@ -505,6 +517,7 @@ async def run_cluster(
             ]
             hand_off = HandOff(bus, args.hand_off_s)
             hand_off.start()
+            followers: list[asyncio.Task[None]] = []
             try:
                 ready_s = await wait_ready(placers)
                 if pools > 1:
@@ -513,8 +526,8 @@ async def run_cluster(
                 # Latency at a fixed rate.
                 count = int(args.rate * args.seconds)
                 clocked = Clocked(expected=count)
-                await follow_decisions(bus, clocked)
                 pods = [pod(n, rng, args.quota_share, args.spread_share) for n in range(count)]
+                followers.append(await follow_decisions(bus, clocked, pods))
                 tasks = []
                 pids = {
                     "placers": [p.process.pid for p in placers],
@@ -558,7 +571,7 @@ async def run_cluster(
                         for n in range(args.burst)
                     ]
                     clocked = Clocked(expected=args.burst)
-                    await follow_decisions(bus, clocked)
+                    followers.append(await follow_decisions(bus, clocked, burst))
                     used_before = Used.now(pids)
                     start = time.perf_counter()
                     await asyncio.gather(*(publish(bus, message, clocked) for message in burst))
@@ -598,6 +611,8 @@ async def run_cluster(
                     "received": received,
                 }
             finally:
+                for follower in followers:
+                    follower.cancel()
                 await hand_off.stop()
                 await stop(placers)
         finally:
@@ -619,11 +634,12 @@ async def measure_rss(args: argparse.Namespace, directory: Path) -> dict[str, fl
                 loaded = rss_mib(placers[0].process.pid)
                 rng = random.Random(9)
                 clocked = Clocked(expected=args.burst)
-                await follow_decisions(bus, clocked)
                 pods = [pod(n, rng) for n in range(args.burst)]
+                follower = await follow_decisions(bus, clocked, pods)
                 await asyncio.gather(*(publish(bus, message, clocked) for message in pods))
                 if pods:
                     await asyncio.wait_for(clocked.done.wait(), 600)
+                follower.cancel()
                 await hand_off.settled()
                 await asyncio.sleep(2)
                 placed = rss_mib(placers[0].process.pid)
@@ -743,9 +759,9 @@ if __name__ == "__main__":
         "--hand-off-s",
         type=float,
         default=0.25,
-        help="seconds from a record's creation to its marking allocated, standing in for the "
-        "binder and the device plugin (bind -> Allocate, p50 in benchmarks/e2e.py: "
-        "0.22-0.27 s); below 0: records stay reserved",
+        help="seconds from a pod's claim to its record written allocated, standing in for the "
+        "binder and the device plugin (claim -> bind -> Allocate in benchmarks/e2e.py); below "
+        "0: no record is written (every placement stays reserved)",
     )
     parser.add_argument(
         "--quota-share",

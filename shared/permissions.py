@@ -10,18 +10,18 @@ run every service against a real ``nats-server`` holding exactly these permissio
 
 Roles and what they may write (reads are listed in :func:`permissions`)::
 
-    placer        KV tessera-ledger, -claims, -tenants, -waiting, -stats, -assignments (create
-                  the reserved record, fence released ones); tessera.assignments.<node>,
+    placer        KV tessera-ledger (bookings and claims), -tenants, -waiting, -stats,
+                  -assignments (fence released records, restore lost ones);
                   tessera.placements.rejected, tessera.pods.pending (a requeued pod);
                   request tessera.extender.pods; answers tessera.placer.explain; may update
                   stream configurations
-    binder        KV tessera-assignments (reserved -> bound), tessera-nodes, tessera-meta.restored,
-                  tessera-namespaces;
-                  tessera.nodes.<node>, tessera.pods.pending / .deleted / .restore,
-                  tessera.placements.invalid, tessera.bindings.<node>; answers
-                  tessera.extender.pods; requests tessera.grants.<node>
-    deviceplugin  KV tessera-assignments.<its node>.* (bound -> allocated);
-                  tessera.allocations.<its node>; answers tessera.grants.<its node>
+    binder        KV tessera-assignments (write the record bound), tessera-nodes,
+                  tessera-meta.restored, tessera-namespaces; tessera.nodes.<node>,
+                  tessera.pods.pending / .deleted / .restore, tessera.placements.invalid,
+                  tessera.bindings.<node>; answers tessera.extender.pods; requests
+                  tessera.grants.<node>
+    deviceplugin  KV tessera-assignments.<its node>.* (bound -> allocated); answers
+                  tessera.grants.<its node>
     inventory     KV tessera-inventory.<its node>; tessera.inventory.<its node>
     dashboard     nothing (reads only)
     webhook       nothing (reads the inventories only: the cluster's GPUs)
@@ -198,7 +198,6 @@ def _placer() -> tuple[list[str], list[str]]:
         *_kv_write(subjects.KV_POOLS),
         *_kv_write(subjects.KV_STATS),
         *_kv_write(subjects.KV_ASSIGNMENTS),
-        subjects.ASSIGNMENTS_ALL,
         subjects.PLACEMENTS_REJECTED,
         subjects.PODS_PENDING,
         subjects.EXTENDER_PODS,
@@ -236,10 +235,8 @@ def _binder() -> tuple[list[str], list[str]]:
         subjects.BINDING_RESULTS_ALL,
         # Before a restore: what each node's device plugin granted (request/reply).
         subjects.GRANTS_ALL,
-        *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_DECISIONS),
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_REJECTIONS),
-        *_durable(subjects.STREAM_ALLOCATIONS, subjects.DURABLE_BINDER_ALLOCATIONS),
-        # The ledger and its claims: the ambiguity gate only waits for records matching a commit.
+        # The claims (its work) and the bookings (the gate waits only for records matching one).
         # The namespaces: what a new leader finds published, to write only what changed.
         *_kv_read(
             subjects.KV_ASSIGNMENTS, subjects.KV_NODES, subjects.KV_LEDGER, subjects.KV_NAMESPACES
@@ -251,8 +248,7 @@ def _binder() -> tuple[list[str], list[str]]:
 def _deviceplugin(node: str) -> tuple[list[str], list[str]]:
     publish = [
         *_kv_write(subjects.KV_ASSIGNMENTS, f"{node}.*"),
-        f"{subjects.ROOT}.allocations.{node}",
-        # Its records, its inventory, and the commits a record must match (the ledger, claims).
+        # Its records, its inventory, and the bookings a record must match (the ledger).
         *_kv_read(subjects.KV_ASSIGNMENTS, subjects.KV_INVENTORY, subjects.KV_LEDGER),
     ]
     # What it granted, asked by the binder before a restore.

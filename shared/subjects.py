@@ -8,10 +8,8 @@ operator can read the whole map here:
     tessera.pods.pending          binder -> placer                (stream ``TESSERA_PODS``)
     tessera.pods.deleted          binder -> placer                (stream ``TESSERA_PODS``)
     tessera.pods.restore          binder -> placer                (stream ``TESSERA_PODS``)
-    tessera.assignments.<node>    placer -> binder                (stream ``TESSERA_PLACEMENTS``)
     tessera.placements.rejected   placer -> binder                (stream ``TESSERA_PLACEMENTS``)
     tessera.placements.invalid    binder -> dashboard: a pod that cannot be placed as written
-    tessera.allocations.<node>    deviceplugin -> binder          (stream ``TESSERA_ALLOCATIONS``)
     tessera.bindings.<node>       binder -> placer: failed or gone (stream ``TESSERA_BINDINGS``)
     tessera.bindings.<node>.bound binder -> placer's extender: bound (core NATS: no stream
                                   keeps them, only an extender waiting for its bind uses them)
@@ -20,11 +18,15 @@ operator can read the whole map here:
     tessera.placer.explain        tessera explain -> placers, request/reply (no stream)
     KV ``tessera-stats``          placer -> dashboard: each placer's latest ``ClusterStats``
 
+The hand-off from a placement to a container has no stream: a placer's commit (a booking and the
+pod's claim, below) is the binder's work, and the assignment record the device plugin's.
+
 KV buckets (latest state): ``tessera-inventory`` and ``tessera-nodes`` keyed by node token;
-``tessera-ledger`` (placer: one entry per node holding its bookings, updated by compare-and-set,
-and under ``claim.<pod uid>`` each pod's claim naming the one commit that placed it: one bucket, so
-that a booking and its claims can be written by one atomic batch);
-``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record); ``tessera-tenants``
+``tessera-ledger`` (placer: each pod's booking under its node, ``book.<node>.<pod uid>``, and under
+``claim.<pod uid>`` each pod's claim naming the one commit that placed it: one bucket, so that a
+booking and its claim can be written by one atomic batch; the binder binds placed claims);
+``tessera-assignments`` keyed ``<node>.<pod uid>`` (the hand-off record, written ``bound`` by the
+binder, ``allocated`` by the device plugin); ``tessera-tenants``
 (placer: one entry per tenant with a quota, its charges, updated by compare-and-set);
 ``tessera-waiting`` (placer: one entry per pod a replica holds waiting for room, the board every
 replica reads to keep seed 002's order); ``tessera-meta`` (the store's epoch, created with the
@@ -45,24 +47,8 @@ from typing import Final, Literal
 
 ROOT: Final = "tessera"
 
-Family = Literal[
-    "inventory",
-    "nodes",
-    "pods",
-    "assignments",
-    "placements",
-    "allocations",
-    "bindings",
-]
-FAMILIES: Final[tuple[Family, ...]] = (
-    "inventory",
-    "nodes",
-    "pods",
-    "assignments",
-    "placements",
-    "allocations",
-    "bindings",
-)
+Family = Literal["inventory", "nodes", "pods", "placements", "bindings"]
+FAMILIES: Final[tuple[Family, ...]] = ("inventory", "nodes", "pods", "placements", "bindings")
 
 # --- subjects -------------------------------------------------------------------------------
 
@@ -78,8 +64,6 @@ pending); the dashboard counts it Pending. In ``TESSERA_PLACEMENTS`` beside the 
 PLACEMENTS_ALL: Final = f"{ROOT}.placements.>"
 INVENTORY_ALL: Final = f"{ROOT}.inventory.*"
 NODES_ALL: Final = f"{ROOT}.nodes.*"
-ASSIGNMENTS_ALL: Final = f"{ROOT}.assignments.*"
-ALLOCATIONS_ALL: Final = f"{ROOT}.allocations.*"
 BINDINGS_ALL: Final = f"{ROOT}.bindings.*"
 """The binding results ``TESSERA_BINDINGS`` keeps: those the placer acts on (failed, gone)."""
 BINDING_RESULTS_ALL: Final = f"{ROOT}.bindings.>"
@@ -124,16 +108,6 @@ def nodes(node: str) -> str:
     return f"{ROOT}.nodes.{node_token(node)}"
 
 
-def assignments(node: str) -> str:
-    """Subject carrying placement decisions for pods placed on ``node``."""
-    return f"{ROOT}.assignments.{node_token(node)}"
-
-
-def allocations(node: str) -> str:
-    """Subject carrying device-plugin allocation events on ``node``."""
-    return f"{ROOT}.allocations.{node_token(node)}"
-
-
 def bindings(node: str) -> str:
     """Subject carrying the binder's failed and gone results for pods on ``node`` (stored)."""
     return f"{ROOT}.bindings.{node_token(node)}"
@@ -154,15 +128,13 @@ def deadletter(family: str) -> str:
 
 STREAM_PODS: Final = "TESSERA_PODS"
 STREAM_PLACEMENTS: Final = "TESSERA_PLACEMENTS"
-STREAM_ALLOCATIONS: Final = "TESSERA_ALLOCATIONS"
 STREAM_BINDINGS: Final = "TESSERA_BINDINGS"
 STREAM_DEADLETTER: Final = "TESSERA_DEADLETTER"
 
 #: Stream name -> the subjects it captures. Creation is idempotent (``shared.runtime.nats.store``).
 STREAMS: Final[dict[str, tuple[str, ...]]] = {
     STREAM_PODS: (PODS_ALL,),
-    STREAM_PLACEMENTS: (ASSIGNMENTS_ALL, PLACEMENTS_ALL),
-    STREAM_ALLOCATIONS: (ALLOCATIONS_ALL,),
+    STREAM_PLACEMENTS: (PLACEMENTS_ALL,),
     STREAM_BINDINGS: (BINDINGS_ALL,),
     STREAM_DEADLETTER: (DEADLETTER_ALL,),
 }
@@ -175,7 +147,6 @@ WORK_QUEUE_STREAMS: Final = frozenset({STREAM_PODS})
 #: seconds; the limit only keeps a long-running cluster's store from growing without end.
 STREAM_MAX_AGE_S: Final[dict[str, float]] = {
     STREAM_PLACEMENTS: 24 * 3600.0,
-    STREAM_ALLOCATIONS: 24 * 3600.0,
     STREAM_BINDINGS: 24 * 3600.0,
     STREAM_DEADLETTER: 7 * 24 * 3600.0,
 }
@@ -186,9 +157,7 @@ DURABLE_PLACER_PODS: Final = "placer"
 """Every placer replica's shared consumer of ``TESSERA_PODS``."""
 DURABLE_PLACER_BINDINGS: Final = "placer-bindings"
 """The placers' consumer of ``TESSERA_BINDINGS``."""
-DURABLE_BINDER_DECISIONS: Final = "binder-decisions"
 DURABLE_BINDER_REJECTIONS: Final = "binder-rejections"
-DURABLE_BINDER_ALLOCATIONS: Final = "binder-allocations"
 
 # --- KV buckets -----------------------------------------------------------------------------
 

@@ -77,19 +77,10 @@ class BinderSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
         msgspec.Meta(
             gt=0,
             description="how long a pod waits at the ambiguity gate for the earlier pod it waits "
-            "on to move (be allocated, or make way for the next) before its decision fails back "
+            "on to move (be allocated, or make way for the next) before its placement fails back "
             "to the placer; a queue that moves never times out",
         ),
     ] = 30.0
-    record_wait_s: Annotated[
-        float,
-        msgspec.Meta(
-            gt=0,
-            description="how long a decision waits for its assignment record to reach the "
-            "binder (the placer writes the record and publishes the decision at once); then it "
-            "is delivered again later while the pod's claim names its commit, else dropped",
-        ),
-    ] = 5.0
     node_facts_refresh_s: Annotated[
         float,
         msgspec.Meta(
@@ -111,7 +102,7 @@ class BinderSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
     ] = 300
     max_in_flight: Annotated[
         int,
-        msgspec.Meta(ge=1, description="decisions (and other messages) handled at once, each"),
+        msgspec.Meta(ge=1, description="binds (and other messages) handled at once, each"),
     ] = 256
 
 
@@ -144,7 +135,6 @@ def build_config(settings: BinderSettings, *, environ: Mapping[str, str]) -> Bin
         retry_period_s=settings.retry_period_s,
         identity=settings.identity or default_identity(),
         gate_timeout_s=settings.gate_timeout_s,
-        record_wait_s=settings.record_wait_s,
         node_facts_refresh_s=settings.node_facts_refresh_s,
         allocation_warning_s=settings.allocation_warning_s,
         max_in_flight=settings.max_in_flight,

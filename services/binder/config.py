@@ -27,10 +27,6 @@ class BinderConfig:
     retry_period_s: float = 2.0
     identity: str = ""
     gate_timeout_s: float = 30.0
-    record_wait_s: float = 5.0
-    """How long a decision waits for its assignment record to reach the binder (the placer
-    publishes the decision beside the record's write) before the pod's claim is asked whether
-    the record is still to come (delivered again later) or not (dropped)."""
     node_facts_refresh_s: float = 5.0
     """A node's facts that changed only in what Tessera's own pods request are published at
     most this often (the placer's view does not depend on that part); any other change is

@@ -5,10 +5,10 @@ In extender mode kube-scheduler schedules ordinary pods (``spec.schedulerName`` 
 ``extender_scheduler_names``, ``default-scheduler`` unless configured) that ask for
 ``tessera.dev/*`` resources, and calls the placer's extender to filter, prioritize and bind them.
 The binder watches these pods like its own (:func:`is_ours`): it never publishes them as pending
-(kube-scheduler picks their node), but publishes ``PodDeleted`` when they go, binds them when the
-extender's decision arrives, and counts their CPU and memory as Tessera's (the placer booked it).
-kube-scheduler itself writes their ``PodScheduled`` condition and ``FailedScheduling`` Events,
-with the extender's reasons in them.
+(kube-scheduler picks their node), but publishes ``PodDeleted`` when they go, binds them once the
+extender commits their placement (their claim), and counts their CPU and memory as Tessera's (the
+placer booked it). kube-scheduler itself writes their ``PodScheduled`` condition and
+``FailedScheduling`` Events, with the extender's reasons in them.
 """
 
 from __future__ import annotations

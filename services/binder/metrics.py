@@ -18,7 +18,6 @@ class BinderMetrics:
     watch_restarts: Counter
     leader: Gauge
     gate_waits: Counter
-    record_waits: Counter
     gate_ignored: Counter
     records_withdrawn: Counter
     records_settled: Counter
@@ -37,7 +36,7 @@ class BinderMetrics:
         return cls(
             binds=Counter(
                 "tessera_binder_binds_total",
-                "Placement decisions handled, by outcome (bound, failed, gone, dropped).",
+                "Placements handled, by outcome (bound, failed, gone, dropped).",
                 ["outcome"],
                 registry=registry,
             ),
@@ -67,23 +66,14 @@ class BinderMetrics:
             ),
             gate_waits=Counter(
                 "tessera_binder_gate_waits_total",
-                "Decisions held back by the ambiguity gate, by how the wait ended.",
-                ["outcome"],
-                registry=registry,
-            ),
-            record_waits=Counter(
-                "tessera_binder_record_waits_total",
-                "Decisions that reached the binder before their commit's assignment record (the "
-                "placer publishes the decision beside the record's write), by how the wait ended: "
-                "arrived, pending (not within --record-wait-s while the pod's claim names the "
-                "commit: delivered again later) or dropped (the claim names no such commit).",
+                "Binds held back by the ambiguity gate, by how the wait ended.",
                 ["outcome"],
                 registry=registry,
             ),
             gate_ignored=Counter(
                 "tessera_binder_gate_ignored_total",
-                "Bound records the ambiguity gate did not wait for: they match no placer commit "
-                "(their pod's claim or their node's ledger entry does not hold them).",
+                "Bound records the ambiguity gate did not wait for: they match no booking in "
+                "their node's ledger (a device plugin would not grant them either).",
                 registry=registry,
             ),
             records_withdrawn=Counter(

@@ -1,24 +1,24 @@
-"""Pure: what to do with one placement decision, given the pod and the assignment records.
+"""Pure: what to do to bind one placement, given the pod and the assignment records.
 
-``plan_bind(decision, pod, record, node_records, ...)`` returns one of:
+The binder's work is a placed claim's booking (``shared.messages.ledger``): what a placer
+committed, the assignment at its ``reserved`` stage. ``plan_bind(booking, pod, record,
+node_records, ...)`` returns one of:
 
-- :class:`AwaitRecord`: no record of this decision's commit yet. The placer publishes a decision
-  beside its record's write, so the decision may come first. The binder waits a few seconds for
-  the record, then asks the pod's claim: while it names this commit the record is on its way (a
-  late write, a placer's repair) and the decision is delivered again later
-  (:func:`record_on_its_way`); once it names none, the decision is dropped.
-- :class:`Drop`: nothing to do and nothing to tell the placer (a released record, or a record
-  that no longer matches this decision: a stale or duplicate message; or no record after the
-  wait). Publishing ``failed`` here could release a *newer* booking of the same pod, so the
-  binder stays silent.
-- :class:`Report`: tell the placer ``bound`` (already done: a redelivery), ``gone`` (the pod was
-  deleted or replaced) or ``failed`` (bound elsewhere by someone else).
-- :class:`Advance`: the pod is already on the decided node but the record still says
-  ``reserved``: move the record to ``bound``.
+- :class:`Drop`: nothing to do and nothing to tell the placer: the booking was given back (its
+  record is released: a fence), or a live record of another commit holds its key (a placer's
+  reconciliation releases that one, and the binder looks again when it changes). Publishing
+  ``failed`` here could release a *newer* placement of the same pod, so the binder stays silent.
+- :class:`Report`: tell the placer ``gone`` (the pod was deleted or replaced) or ``failed``
+  (bound elsewhere by someone else); or ``bound`` (already done: a placement seen again).
 - :class:`Wait`: the ambiguity gate (DESIGN section 4) holds this pod back (see below).
-- :class:`Bind`: move the record ``reserved -> bound`` by compare-and-set (``claim``; None when
-  the record is already ``bound``: a binder that crashed after its compare-and-set continues),
-  then create the Binding with ``annotations``.
+- :class:`Bind`: write the record ``bound`` (``write``: create-only at revision 0, or a
+  compare-and-set over the revision read; None when the record is ``bound`` already: a binder
+  that stopped after its write continues), then create the Binding with ``annotations`` unless
+  the pod is on the node already (``binding`` False: a ``reserved`` record an earlier placer
+  wrote). A pod bound with no record at all is a restore's (a store that lost its records): the
+  restore writes the record, as far as the hand-off had come, and the binder writes nothing.
+  The record's write is what makes a bind happen once, however often the binder looks at the
+  claim.
 
 The ambiguity gate. The kubelet's Allocate names no pod; the device plugin takes the oldest
 ``bound`` record on its node whose next device-holding container asks for exactly as many
@@ -31,7 +31,7 @@ allocated (or released). Comparing every remaining container, not only the next 
 rule true while multi-container pods are being allocated one container at a time.
 
 A pod that ends before its GPUs are allocated (the kubelet rejected it at admission, or it was
-deleted once bound) leaves a ``bound`` record that no Allocate of its own will ever claim. Until a
+deleted once bound) leaves a ``bound`` record that no Allocate of its own will ever take. Until a
 placer releases it, a device plugin could serve another pod's Allocate of the same size from it,
 and that pod's own record would then stay ``bound`` for good, holding the gate of its node shut.
 So the binder withdraws such a record itself (:func:`stranded`, then
@@ -53,15 +53,15 @@ from typing import Literal
 import msgspec
 
 from shared import annotations as names
+from shared.commits import placed_over, record_action, record_of
 from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord, RecordView, holds_gpus
 from shared.messages.bindings import BindOutcome
-from shared.messages.ledger import PodClaim
-from shared.messages.placement import PlacementDecision
+from shared.messages.ledger import Booking
 
 
 class ObservedPod(msgspec.Struct, frozen=True, kw_only=True):
-    """What the binder knows of the pod a decision is for."""
+    """What the binder knows of the pod it binds."""
 
     uid: str
     namespace: str
@@ -80,12 +80,6 @@ def observe(pod: Pod) -> ObservedPod:
     )
 
 
-class AwaitRecord(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    reason: str
-    after: int
-    """The revision of the key found (0: none): the record to wait for is a newer one."""
-
-
 class Drop(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     reason: str
 
@@ -95,88 +89,31 @@ class Report(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     reason: str = ""
 
 
-class Advance(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    claim: RecordView
-    record: AssignmentRecord
-
-
 class Wait(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     blocker: RecordView
     reason: str
 
 
 class Bind(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    claim: RecordView | None
+    write: int | None
+    """The record's revision to write ``record`` at (0: create it); None: it is written."""
     record: AssignmentRecord
     annotations: dict[str, str]
+    binding: bool = True
+    """Whether the Binding is still to create (False: the pod is on the node already)."""
 
 
-BindPlan = AwaitRecord | Drop | Report | Advance | Wait | Bind
+BindPlan = Drop | Report | Wait | Bind
 
 
-def claim_of(plan: BindPlan) -> tuple[RecordView, AssignmentRecord] | None:
-    """The record compare-and-set a plan needs before its API work: (read at, write)."""
-    if isinstance(plan, (Advance, Bind)) and plan.claim is not None:
-        return plan.claim, plan.record
-    return None
-
-
-def record_on_its_way(decision: PlacementDecision, claim: PodClaim | None) -> bool:
-    """Whether a record of ``decision``'s commit is still to come: the pod's claim
-    (``subjects.claim_key``) names that commit as placed. Its record's write lands, or a placer's
-    repair writes it, unless the commit is released first (the claim then moves on). A decision
-    that names no commit (an older placer's) is never waited for past the first wait."""
-    return (
-        bool(decision.commit)
-        and claim is not None
-        and claim.state == "placed"
-        and claim.booking is not None
-        and claim.booking.commit == decision.commit
-    )
-
-
-def of_commit(record: AssignmentRecord, decision: PlacementDecision) -> bool:
-    """Whether ``record`` is of the commit ``decision`` announced (any commit for a decision
-    that names none)."""
-    return not decision.commit or record.commit == decision.commit
-
-
-def matches(record: AssignmentRecord, decision: PlacementDecision) -> bool:
-    """Whether ``record`` is the booking ``decision`` announced."""
-    return (
-        of_commit(record, decision)
-        and record.pod_uid == decision.pod_uid
-        and record.node == decision.node
-        and record.containers == decision.containers
-    )
-
-
-def decision_of(record: AssignmentRecord) -> PlacementDecision:
-    """The decision a record carries (to finish a bind from the record alone, on restart)."""
-    return PlacementDecision(
-        pod_uid=record.pod_uid,
-        namespace=record.namespace,
-        name=record.name,
-        node=record.node,
-        containers=record.containers,
-        decided_at=record.decided_at,
-        placer_id=record.placer_id,
-        commit=record.commit,
-    )
-
-
-Repair = Literal["deleted", "bind"]
+Repair = Literal["deleted"]
 
 
 def repair(record: AssignmentRecord, pod: Pod | None) -> Repair | None:
     """What a new leader finishes of what a previous one left half done with ``record``: its
-    pod is gone -> ``"deleted"`` (publish ``PodDeleted``); ``reserved`` but the pod already bound
-    there, or ``bound`` but the pod not bound yet -> ``"bind"`` (handle its decision again)."""
-    if pod is None:
-        return "deleted"
-    if (record.state == "reserved" and pod.node) or (record.state == "bound" and not pod.node):
-        return "bind"
-    return None
+    pod is gone -> ``"deleted"`` (publish ``PodDeleted``). Binds left half done are finished
+    from the claims (:func:`plan_bind` looks at the record)."""
+    return "deleted" if pod is None else None
 
 
 def gate_resources(
@@ -353,40 +290,45 @@ def binding_annotations(record: AssignmentRecord, *, now: float) -> dict[str, st
 
 def plan_bind(
     *,
-    decision: PlacementDecision,
+    booking: Booking,
     pod: ObservedPod | None,
     record: RecordView | None,
     node_records: Iterable[RecordView],
     resources: Collection[str],
     now: float,
 ) -> BindPlan:
-    """The next step for ``decision`` (see the module docstring)."""
-    if record is None or not of_commit(record.record, decision):
-        # None yet, or an older commit's (released, and the record of this one replaces it; or
-        # live, and reconciliation sorts the two out before this commit's record is written).
-        return AwaitRecord(
-            reason="no assignment record of this decision's commit",
-            after=record.revision if record is not None else 0,
-        )
-    current = record.record
-    if current.state == "released":
-        return Drop(reason="the assignment record was released before the pod was bound")
-    if not matches(current, decision):
-        return Drop(reason="the assignment record no longer matches this decision")
-    if pod is None or pod.uid != decision.pod_uid:
+    """The next step to bind ``booking`` (see the module docstring); ``record``: the latest
+    version of its key (released ones included; None: none)."""
+    current = record.record if record is not None else None
+    action = record_action(current, booking.commit)
+    if action == "released":
+        return Drop(reason="the placement was given back before the pod was bound")
+    if action == "blocked":
+        return Drop(reason="a live record of another commit holds the pod's key on the node")
+    if pod is None or pod.uid != booking.pod_uid:
         return Report(outcome="gone", reason="the pod no longer exists")
-    if pod.node and pod.node != decision.node:
+    if pod.node and pod.node != booking.node:
         return Report(outcome="failed", reason=f"the pod is already bound to node {pod.node}")
-    if pod.node:
-        if current.state == "reserved":
-            bound = msgspec.structs.replace(current, state="bound", bound_at=now)
-            return Advance(claim=record, record=bound)
-        return Report(outcome="bound", reason="already bound")
-    if pod.terminating:
+    written = current if action == "done" and current is not None else None
+    if written is not None and written.state != "reserved":
+        if pod.node:
+            return Report(outcome="bound", reason="already bound")
+        if pod.terminating:
+            return Report(outcome="gone", reason="the pod is being deleted")
+        return Bind(write=None, record=written, annotations=binding_annotations(written, now=now))
+    if pod.terminating and not pod.node:
         return Report(outcome="gone", reason="the pod is being deleted")
-    if current.state != "reserved":
-        return Bind(claim=None, record=current, annotations=binding_annotations(current, now=now))
-    held = blocker(current, node_records, resources)
+    bound = (
+        msgspec.structs.replace(written, state="bound", bound_at=now)
+        if written is not None  # a ``reserved`` record an earlier placer wrote
+        else placed_over(current, record_of(booking, bound_at=now))
+    )
+    revision = record.revision if record is not None and current is not None else 0
+    if pod.node:
+        if written is None:  # bound before any record: a restore, which writes the record
+            return Drop(reason="the pod is bound already: its restore writes its record")
+        return Bind(write=revision, record=bound, annotations={}, binding=False)
+    held = blocker(bound, node_records, resources)
     if held is not None:
         other = held.record
         return Wait(
@@ -395,5 +337,4 @@ def plan_bind(
             "allocated first: their containers ask for the same number of devices with "
             "different GPU slices",
         )
-    bound = msgspec.structs.replace(current, state="bound", bound_at=now)
-    return Bind(claim=record, record=bound, annotations=binding_annotations(bound, now=now))
+    return Bind(write=revision, record=bound, annotations=binding_annotations(bound, now=now))

@@ -1,11 +1,11 @@
 """Reconciliation on becoming leader: finish what a previous leader left half done.
 
-For each assignment record (:func:`~services.binder.plan.repair` decides): a record whose pod is
-gone -> ``PodDeleted`` (the record withdrawn first when its GPUs were never allocated); a
-``reserved`` record whose pod is already bound there -> ``bound``; a ``bound`` record whose pod
-is not bound yet -> bound now (both by handling the record's decision again). Runs beside the
-consumers; a step that fails (API or NATS away) is tried again until it succeeds, and one whose
-decision message is being handled right now is left to it.
+Every placed claim is looked at again (:meth:`~services.binder.binding.PlacementBinder.reconcile`:
+a previous leader may have stopped anywhere between a record's write and its Binding), every
+allocated record's pod marked (:meth:`~services.binder.reporting.Reporter.reconcile`), and for
+each assignment record whose pod is gone (:func:`~services.binder.plan.repair`) ``PodDeleted`` is
+published, the record withdrawn first when its GPUs were never allocated. Runs beside the leader's
+other work; a step that fails (API or NATS away) is tried again until it succeeds.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
-from services.binder.plan import decision_of, repair
+from services.binder.plan import repair
 from services.binder.sync import PodRef
 from shared.clock import Clock
 from shared.kubeobjects import Pod
-from shared.messages.placement import PlacementDecision
-from shared.runtime.consumer import AlreadyHandlingError, retry_delay
+from shared.runtime.consumer import retry_delay
 from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint
 
@@ -35,19 +34,15 @@ async def reconcile(
     records: RecordMirror,
     pod_of: Callable[[str], Pod | None],
     end_pod: Callable[[str, PodRef], Awaitable[object]],
-    bind: Callable[[PlacementDecision], Awaitable[None]],
     clock: Clock,
 ) -> None:
-    """Repair every record that needs it (see the module docstring), each until done."""
+    """Publish ``PodDeleted`` for every record whose pod is gone, each until done."""
     work: list[Callable[[], Awaitable[object]]] = []
     for view in records.views():
         record = view.record
-        action = repair(record, pod_of(record.pod_uid))
-        if action == "deleted":
+        if repair(record, pod_of(record.pod_uid)) == "deleted":
             ref = PodRef(record.namespace, record.name, record.node)
             work.append(functools.partial(end_pod, record.pod_uid, ref))
-        elif action == "bind":
-            work.append(functools.partial(bind, decision_of(record)))
     if not work:
         return
     log.info("reconciling assignment records", extra={"actions": len(work)})
@@ -59,8 +54,6 @@ async def reconcile(
                 try:
                     await step()
                     return
-                except AlreadyHandlingError:
-                    return  # its decision message is being handled right now
                 except Exception as error:
                     log.warning(
                         "reconcile step failed; will retry",

@@ -5,7 +5,9 @@ allocation is late.
   ``PodInvalid`` on ``tessera.placements.invalid`` (the dashboard counts it Pending);
 - a placer's rejection (consumer ``binder-rejections``): ``PodScheduled=False`` + aggregated
   Warning Event;
-- an allocation event (consumer ``binder-allocations``): ``tessera.dev/assigned: "true"``;
+- a record the device plugin moved to ``allocated`` (seen in the record mirror):
+  ``tessera.dev/assigned: "true"`` on its pod (:meth:`Reporter.allocated`, written by the
+  leader's :meth:`Reporter.mark_allocated`; a new leader looks at every allocated record);
 - a record bound but not allocated past ``allocation_warning_s``: a Warning Event.
 
 What to write is decided by the pure :mod:`~services.binder.explain`; writes go through the
@@ -14,6 +16,7 @@ fenced gateway (only the leader writes).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable
@@ -24,15 +27,18 @@ from services.binder.events import EventRecorder
 from services.binder.fenced import FencedGateway
 from services.binder.gateway import ClusterGateway
 from services.binder.metrics import BinderMetrics
+from services.binder.workqueue import WorkQueue
 from shared import annotations as names
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
-from shared.messages.allocations import AllocationEvent
+from shared.messages.assignments import RecordView
 from shared.messages.placement import PlacementRejected, PodInvalid
 from shared.podspec import InvalidPod
 from shared.runtime.bus import Bus
+from shared.runtime.consumer import RETRY_S
 from shared.runtime.records import RecordMirror
+from shared.runtime.tasks import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,9 @@ class Reporter:
         self._invalid_published: dict[str, str] = {}
         """Pod uid -> the reason last published on ``tessera.placements.invalid``."""
         self._warned: set[str] = set()
+        self._allocated: WorkQueue[str] = WorkQueue()
+        """Keys of records seen ``allocated`` whose pods are still to be marked."""
+        self._retrying: set[asyncio.Task[None]] = set()
 
     def forget(self, uid: str) -> None:
         """The pod is gone or no longer pending: what was said of it no longer holds."""
@@ -180,25 +189,59 @@ class Reporter:
             return  # gone, or placed since
         await self.explain(pod, explain.unschedulable_message(rejected), cause="rejected")
 
-    async def handle_allocation(self, event: AllocationEvent) -> None:
-        """Mark a pod whose GPUs the device plugin has allocated."""
-        if not event.complete:
-            return
-        pod = self._pod_of(event.pod_uid)
+    def allocated(self, view: RecordView) -> None:
+        """A record version the mirror took: mark its pod once it is ``allocated``."""
+        if view.record.state == "allocated":
+            self._allocated.add(view.key)
+
+    def reconcile(self) -> None:
+        """A new leader: mark the pod of every allocated record (not marked yet)."""
+        for view in self._records.views():
+            self.allocated(view)
+
+    async def mark_allocated(self) -> None:
+        """Mark each pod whose record turned ``allocated`` (the leader's; runs until cancelled);
+        one the API could not take is tried again shortly."""
+        while True:
+            key = await self._allocated.get()
+            try:
+                checkpoint()
+                await self._mark(key)
+            except Exception as error:  # the API away: try it again shortly
+                log.warning("cannot mark an allocated pod yet", extra={"error": repr(error)})
+                self._later(key)
+            finally:
+                self._allocated.done(key)
+
+    def _later(self, key: str) -> None:
+        async def again() -> None:
+            await self._clock.sleep(RETRY_S)
+            self._allocated.add(key)
+
+        task = asyncio.create_task(again())
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _mark(self, key: str) -> None:
+        view = self._records.get(key)
+        if view is None or view.record.state != "allocated":
+            return  # released or gone since
+        record = view.record
+        pod = self._pod_of(record.pod_uid)
         if pod is None:
-            pod = await self._gateway.read_pod(event.namespace, event.name)
-            if pod is None or pod.metadata.uid != event.pod_uid:
+            pod = await self._gateway.read_pod(record.namespace, record.name)
+            if pod is None or pod.metadata.uid != record.pod_uid:
                 return
         if (pod.metadata.annotations or {}).get(names.ASSIGNED) == "true":
             return
         answer = await self._writer.patch_pod(
-            event.namespace, event.name, explain.assigned_patch(uid=event.pod_uid)
+            record.namespace, record.name, explain.assigned_patch(uid=record.pod_uid)
         )
         if not answer.ok:  # gone or replaced meanwhile (404, 422): nothing left to mark
             log.info(
                 "allocated pod not marked",
                 extra={
-                    "pod": f"{event.namespace}/{event.name}",
+                    "pod": f"{record.namespace}/{record.name}",
                     "code": answer.code,
                     "message": answer.message,
                 },

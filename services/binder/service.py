@@ -1,9 +1,11 @@
 """The binder's shell: its parts wired together, leadership, and the process body
-(:func:`run_binder`). Kubernetes in, NATS out; decisions in, Bindings out; Pending explained.
+(:func:`run_binder`). Kubernetes in, NATS out; placements in, Bindings out; Pending explained.
 
 Always running (leader or standby), so a standby is warm when it takes over:
 
 - the pod and node informers (:mod:`~services.binder.sync`);
+- a mirror of the pods' claims (KV watch; :class:`~services.binder.claims.ClaimMirror`): the
+  placed ones are the binder's work;
 - a mirror of the assignment records (KV watch; :class:`~shared.runtime.records.RecordMirror`);
 - leader election on a Lease (``--leader-elect``; :mod:`~services.binder.leader`);
 - answers to the placer's extender asking for the pod kube-scheduler binds
@@ -18,10 +20,10 @@ republishes every pending pod and node's facts, and starts:
 - pod and node workers (:mod:`~services.binder.sync`): ``PodPending``, ``PodDeleted``,
   ``NodeFacts``, and invalid pods explained; the namespaces' labels for the placer's extender
   (:mod:`~services.binder.namespaces`);
-- the durable consumers ``binder-decisions`` (:mod:`~services.binder.binding`),
-  ``binder-rejections`` and ``binder-allocations`` (:mod:`~services.binder.reporting`), each
-  through :func:`~shared.runtime.consumer.consume`;
-- the Event writer and the bound-but-not-allocated watch (:mod:`~services.binder.reporting`).
+- the binds of placed pods (:mod:`~services.binder.binding`);
+- the durable consumer ``binder-rejections`` (through
+  :func:`~shared.runtime.consumer.consume`), the marking of allocated pods, the Event writer and
+  the bound-but-not-allocated watch (:mod:`~services.binder.reporting`).
 
 The pure rules (no I/O) are :mod:`~services.binder.plan`, :mod:`~services.binder.explain`,
 :mod:`~services.binder.nodefacts` and :mod:`~services.binder.restore`.
@@ -36,9 +38,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from services.binder.binding import DecisionBinder
+from services.binder.binding import PlacementBinder
+from services.binder.claims import ClaimMirror
 from services.binder.config import BinderConfig, default_identity
 from services.binder.events import EventRecorder
+from services.binder.extender import is_extender_pod
 from services.binder.fenced import FencedGateway
 from services.binder.gateway import ApiUnavailableError, ClusterGateway, NotLeaderError
 from services.binder.informer import Informer
@@ -53,8 +57,8 @@ from services.binder.sync import ClusterSync
 from shared import subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
-from shared.messages.allocations import AllocationEvent
-from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.assignments import RecordView
+from shared.messages.placement import PlacementRejected
 from shared.runtime.bus import Bus
 from shared.runtime.consumer import EXPECTED, consume
 from shared.runtime.edge import Edge
@@ -91,7 +95,10 @@ class Binder:
         self._bus = bus
         self._edge = edge
         self._clock = clock
-        self.records = RecordMirror(bus=bus, edge=edge, clock=clock)
+        self.records = RecordMirror(bus=bus, edge=edge, clock=clock, on_taken=self._record_taken)
+        self.claims = ClaimMirror(
+            bus=bus, edge=edge, clock=clock, on_placed=lambda uid: self.placements.want(uid)
+        )
         self.elector = (
             LeaderElector(
                 gateway=gateway,
@@ -135,19 +142,22 @@ class Binder:
         )
         self.pods: Informer[Pod] = self.sync.pods
         self.nodes: Informer[Node] = self.sync.nodes
-        self.decisions = DecisionBinder(
+        self.placements = PlacementBinder(
             bus=bus,
             reader=gateway,
             writer=self.writer,
             records=self.records,
+            claims=self.claims,
             recorder=self.recorder,
             clock=clock,
             metrics=metrics,
             gate_timeout_s=config.gate_timeout_s,
-            record_wait_s=config.record_wait_s,
+            max_in_flight=config.max_in_flight,
             pod_of=self.pod_of,
             node_of=self.nodes.get,
+            is_extender_pod=lambda pod: is_extender_pod(pod, config.extender_scheduler_names),
             fence=self._fence,
+            is_leader=self.is_leader,
         )
         self.restorer = StoreRestorer(
             bus=bus,
@@ -181,6 +191,12 @@ class Binder:
         if not self.is_leader():
             raise NotLeaderError(what)
 
+    def _record_taken(self, view: RecordView) -> None:
+        """A record version the mirror took: the leader binds and marks what it calls for."""
+        if self.is_leader():
+            self.placements.on_record(view)
+            self.reporter.allocated(view)
+
     def _synced(self) -> tuple[bool, str]:
         waiting = [
             what
@@ -188,6 +204,7 @@ class Binder:
                 ("pods", self.pods.synced),
                 ("nodes", self.nodes.synced),
                 ("namespaces", self.sync.namespaces.synced),
+                ("claims", self.claims.loaded),
                 ("assignment records", self.records.loaded),
             )
             if not done
@@ -230,6 +247,7 @@ class Binder:
                 group.create_task(self.nodes.run(), name="node-informer")
                 group.create_task(self.sync.namespaces.run(), name="namespace-informer")
                 group.create_task(self.records.run(), name="records")
+                group.create_task(self.claims.run(), name="claims")
                 group.create_task(self.lookups.answer(), name="extender-lookups")
                 if self.elector is not None:
                     group.create_task(self.elector.run(), name="leader-election")
@@ -289,13 +307,14 @@ class Binder:
             max_in_flight=self.config.max_in_flight,
             expected=(ApiUnavailableError, *EXPECTED),
         )
+        self.placements.reconcile()
+        self.reporter.reconcile()
         async with asyncio.TaskGroup() as group:
             group.create_task(
                 reconcile(
                     records=self.records,
                     pod_of=self.pod_of,
                     end_pod=self.sync.end_pod,
-                    bind=self.decisions.handle,
                     clock=self._clock,
                 ),
                 name="reconcile",
@@ -304,17 +323,7 @@ class Binder:
                 group.create_task(self.sync.work_pods(), name=f"pods-{i}")
                 group.create_task(self.sync.work_nodes(), name=f"nodes-{i}")
             group.create_task(self.sync.namespace_publisher.run(), name="namespaces")
-            group.create_task(
-                consume_(
-                    durable=subjects.DURABLE_BINDER_DECISIONS,
-                    stream=subjects.STREAM_PLACEMENTS,
-                    subject=subjects.ASSIGNMENTS_ALL,
-                    message_type=PlacementDecision,
-                    family="assignments",
-                    handler=self.decisions.handle,
-                ),
-                name="decisions",
-            )
+            group.create_task(self.placements.run(), name="binds")
             group.create_task(
                 consume_(
                     durable=subjects.DURABLE_BINDER_REJECTIONS,
@@ -326,17 +335,7 @@ class Binder:
                 ),
                 name="rejections",
             )
-            group.create_task(
-                consume_(
-                    durable=subjects.DURABLE_BINDER_ALLOCATIONS,
-                    stream=subjects.STREAM_ALLOCATIONS,
-                    subject=subjects.ALLOCATIONS_ALL,
-                    message_type=AllocationEvent,
-                    family="allocations",
-                    handler=self.reporter.handle_allocation,
-                ),
-                name="allocations",
-            )
+            group.create_task(self.reporter.mark_allocated(), name="allocated")
             group.create_task(self.recorder.run(), name="events")
             group.create_task(self.restorer.run(), name="store-restore")
             group.create_task(self.reporter.watch_allocation_delays(), name="allocation-delays")

@@ -2,13 +2,13 @@
 
 The kubelet's Allocate carries device IDs only, never the pod. The rule: take the oldest ``bound``
 record on this node whose next device-holding container needs exactly as many devices as the
-kubelet picked and that stands for a placer's commit (``shared.commits``: the pod's claim names
-the record's commit, its booking on the node has the same slices; issue 19), answer from that
+kubelet picked and that stands for a placer's commit (``shared.commits.booking_problem``: the pod's
+booking on the node is of the record's commit, with the same slices; issue 19), answer from that
 record whatever IDs were picked (the record, not the IDs, says which GPU and how much of it), and
 move the record on: one more :class:`ContainerAllocation`, and ``allocated`` once every
-device-holding container is answered. The shell commits the new record
-with a compare-and-set on the revision it was read at, so two plugin processes can never claim one
-record twice; on a conflict it re-reads and plans again.
+device-holding container is answered. The shell commits the new record with a compare-and-set on
+the revision it was read at, so two plugin processes can never allocate one record twice; on a
+conflict it re-reads and plans again.
 
 A container "holds devices" when its ``resources`` (the pod spec's Tessera limits) ask for this
 plugin's resource: the kubelet calls Allocate exactly for those containers, in pod order.
@@ -43,20 +43,19 @@ from typing import Final, Literal
 
 import msgspec
 
-from shared.commits import commit_problem
-from shared.messages.allocations import AllocationEvent
+from shared.commits import booking_problem
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.inventory import GpuTelemetry
-from shared.messages.ledger import Booking, PodClaim
+from shared.messages.ledger import Booking
 
 Isolation = Literal["none", "mps", "hami-core"]
 Compat = Literal["volcano", "aliyun"]
 RefusalKind = Literal["invalid", "no_record", "uncommitted", "unavailable", "conflict"]
 """``invalid``: the kubelet's request itself is wrong. ``no_record``: no bound record waits for a
 container of that size (yet). ``uncommitted``: the records that do are not what a placer
-committed (forged, or their claim and booking not read yet). ``unavailable``: the decided GPU is
-not usable now. ``conflict``: the record kept changing under the claim."""
+committed (forged, or their booking not seen yet). ``unavailable``: the decided GPU is
+not usable now. ``conflict``: the record kept changing under the write."""
 
 MPS_PIPE_CONTAINER_PATH: Final = "/tmp/nvidia-mps"
 HAMI_CORE_CONTAINER_PATH: Final = "/usr/local/vgpu/libvgpu.so"
@@ -98,14 +97,13 @@ class ContainerGrant(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Allocation(msgspec.Struct, frozen=True, kw_only=True):
-    """What the shell must do for one container: commit ``record`` over ``claimed`` by
-    compare-and-set, then answer ``grant`` and publish ``event``."""
+    """What the shell must do for one container: write ``record`` over ``taken`` by
+    compare-and-set, then answer ``grant``."""
 
-    claimed: RecordView
+    taken: RecordView
     record: AssignmentRecord
     container: ContainerSlices
     grant: ContainerGrant
-    event: AllocationEvent
 
     @property
     def complete(self) -> bool:
@@ -347,17 +345,15 @@ def plan_allocation(
     gpus: Mapping[str, GpuTelemetry],
     options: ResponseOptions,
     now: float,
-    plugin_id: str,
-    claims: Mapping[str, PodClaim],
     bookings: Mapping[str, Booking],
     retired: AbstractSet[str] = frozenset(),
     refused: AbstractSet[str] = frozenset(),
 ) -> Allocation | Refusal:
-    """Decide one container's Allocate: which record, its next state, the response, the event.
+    """Decide one container's Allocate: which record, its next state, the response.
 
     The oldest matching bound record that can be served now wins; one that cannot (it matches
-    no commit, by ``claims``, the pods' claims, and ``bookings``, their bookings on this node,
-    by UID; or its GPU is unhealthy or not listed) never blocks a younger one. When none can,
+    no booking, by ``bookings``, the pods' bookings on this node by UID; or its GPU is unhealthy
+    or not listed) never blocks a younger one. When none can,
     the oldest one's reason is the answer. Records keyed in ``refused`` (an Allocate that tried
     them was refused, so their pod most likely failed admission) come after every other one.
     """
@@ -379,7 +375,7 @@ def plan_allocation(
     for view in matching:
         container = next_container(view.record, resource)
         assert container is not None  # matching_records only returns records with one
-        forged = uncommitted(view, claims=claims, bookings=bookings)
+        forged = uncommitted(view, bookings=bookings)
         if forged is not None:
             first_refusal = first_refusal or forged
             continue
@@ -388,31 +384,14 @@ def plan_allocation(
             first_refusal = first_refusal or grant
             continue
         record = advance(view.record, container, device_ids, resource=resource, now=now)
-        event = AllocationEvent(
-            pod_uid=record.pod_uid,
-            namespace=record.namespace,
-            name=record.name,
-            node=node,
-            container=container.container,
-            device_ids=tuple(device_ids),
-            gpu_uuids=tuple(s.uuid for s in container.gpus),
-            complete=record.state == "allocated",
-            allocated_at=now,
-            plugin_id=plugin_id,
-        )
-        return Allocation(
-            claimed=view, record=record, container=container, grant=grant, event=event
-        )
+        return Allocation(taken=view, record=record, container=container, grant=grant)
     assert first_refusal is not None
     return first_refusal
 
 
-def uncommitted(
-    view: RecordView, *, claims: Mapping[str, PodClaim], bookings: Mapping[str, Booking]
-) -> Refusal | None:
+def uncommitted(view: RecordView, *, bookings: Mapping[str, Booking]) -> Refusal | None:
     """The refusal of a record that is not what a placer committed, or None when it is."""
-    uid = view.record.pod_uid
-    problem = commit_problem(view.record, claim=claims.get(uid), booking=bookings.get(uid))
+    problem = booking_problem(view.record, bookings.get(view.record.pod_uid))
     if problem is None:
         return None
     return Refusal(
@@ -421,14 +400,9 @@ def uncommitted(
     )
 
 
-def committed(
-    views: Iterable[RecordView],
-    *,
-    claims: Mapping[str, PodClaim],
-    bookings: Mapping[str, Booking],
-) -> list[RecordView]:
+def committed(views: Iterable[RecordView], *, bookings: Mapping[str, Booking]) -> list[RecordView]:
     """The records that stand for a placer's commit."""
-    return [v for v in views if uncommitted(v, claims=claims, bookings=bookings) is None]
+    return [v for v in views if uncommitted(v, bookings=bookings) is None]
 
 
 def _sickness(uuid: str, gpus: Mapping[str, GpuTelemetry]) -> str:
@@ -510,8 +484,3 @@ def granted_problem(record: AssignmentRecord, granted: Granted | None) -> str | 
         f"{record.commit} (before a restart, kept in its state file); the record says "
         f"{', '.join(answered) or 'none'} allocated in state {record.state}: moved backwards"
     )
-
-
-def allocation_message_id(event: AllocationEvent) -> str:
-    """JetStream de-duplication ID of ``event``: a retried publish is stored once."""
-    return f"{event.pod_uid}/{event.container}/{len(event.device_ids)}"

@@ -1,27 +1,24 @@
-"""What placers committed on this node: its bookings in ``tessera-ledger`` and its pods' claims.
+"""What placers committed on this node: its bookings in ``tessera-ledger``.
 
-Only what a placer committed is granted (issue 19; ``shared.commits``): the pod's claim
-(``subjects.claim_key``) must name the record's commit, and the pod's booking on this node
-(``subjects.booking_key``) must be of that commit with the same slices. Neither is read on the
-Allocate path: the node's bookings are mirrored by a KV watch, and a pod's claim is read when its
-record first arrives (placers write the claim before the record, and the record long before the
-kubelet's Allocate; :meth:`want`). An Allocate whose record still matches no commit reads the
-pod's claim and booking again (:meth:`reread`, at most every ``CLAIM_REREAD_S``). Each change
-bumps the records' change counter: an Allocate waiting for its record to become servable waits on
-both.
+Only what a placer committed is granted (issue 19; ``shared.commits.booking_problem``): the pod's
+booking on this node (``subjects.booking_key``) must be of the record's commit with the same
+slices. It is not read on the Allocate path: the node's bookings are mirrored by a KV watch
+(a placer books long before the binder writes the record, and the record comes long before the
+kubelet's Allocate). An Allocate whose record still matches no booking reads the pod's booking
+again (:meth:`CommitMirror.reread`, at most every ``BOOKING_REREAD_S``). Each change bumps the
+records' change counter: an Allocate waiting for its record to become servable waits on both.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Sequence
 
 from shared import subjects
 from shared.clock import Clock
-from shared.messages.assignments import AssignmentRecord, RecordView
-from shared.messages.ledger import Booking, PodClaim
+from shared.messages.assignments import RecordView
+from shared.messages.ledger import Booking
 from shared.runtime.bus import Bus, Delivery, KvEntry
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
@@ -30,22 +27,18 @@ from shared.runtime.tasks import ChangeCounter
 
 log = logging.getLogger(__name__)
 
-CLAIM_REREAD_S = 0.25
-"""An Allocate reads a pod's claim (and its booking) again only when they were last read longer
-ago than this."""
+BOOKING_REREAD_S = 0.25
+"""An Allocate reads a pod's booking again only when it was last read longer ago than this."""
 
-CLAIM_RETRY_S = 1.0
-"""How long before claims NATS could not give are read again."""
+MAX_BOOKING_REREADS = 8
+"""Bookings one Allocate reads again at most (made-up records must not make it slow)."""
 
-MAX_CLAIMS_AT_ONCE = 32
-"""Claims read together when records arrive in a burst."""
-
-MAX_CLAIM_REREADS = 8
-"""Claims one Allocate reads again at most (made-up records must not make it slow)."""
+MAX_READ_TIMES = 1024
+"""When each pod's booking was last read again is remembered for this many pods at most."""
 
 
 class CommitMirror:
-    """This node's bookings and the claims of the pods with a record here."""
+    """This node's bookings."""
 
     def __init__(
         self,
@@ -65,33 +58,13 @@ class CommitMirror:
         self._changed = changed
         self.bookings: dict[str, Booking] = {}
         """This node's bookings in ``tessera-ledger``, by pod UID."""
-        self.claims: dict[str, PodClaim] = {}
-        """The claims (``subjects.claim_key``) of pods with a record here, by pod UID."""
-        self._claim_read_at: dict[str, float] = {}
-        """When (monotonic) each pod's claim was last read."""
-        self._claims_wanted: asyncio.Queue[str] = asyncio.Queue()
+        self._read_at: dict[str, float] = {}
+        """When (monotonic) each pod's booking was last read again."""
         readiness.set("ledger", False, "loading this node's bookings")
 
-    def want(self, record: AssignmentRecord) -> None:
-        """Have the pod's claim read unless the one held already names the record's commit."""
-        if record.state not in ("reserved", "bound"):
-            return
-        claim = self.claims.get(record.pod_uid)
-        if claim is None or claim.booking is None or claim.booking.commit != record.commit:
-            self._claims_wanted.put_nowait(record.pod_uid)
-
-    def drop(self, pod_uid: str) -> None:
-        """The pod's record is gone: forget its claim."""
-        self.claims.pop(pod_uid, None)
-        self._claim_read_at.pop(pod_uid, None)
-
     async def follow(self) -> None:
-        """Mirror this node's bookings and read the claims of the pods recorded here."""
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._follow_ledger(), name="ledger")
-            group.create_task(self._read_wanted_claims(), name="claims")
+        """Mirror this node's bookings forever."""
 
-    async def _follow_ledger(self) -> None:
         async def on_entry(entry: KvEntry) -> None:
             await self._take_booking(entry)
 
@@ -125,54 +98,24 @@ class CommitMirror:
             self.bookings[uid] = booking
         await self._changed.bump()
 
-    async def _read_wanted_claims(self) -> None:
-        """Read the wanted claims, those wanted at once together (a burst of records is read in
-        a few round trips, not one after the other)."""
-        while True:
-            wanted = [await self._claims_wanted.get()]
-            while not self._claims_wanted.empty() and len(wanted) < MAX_CLAIMS_AT_ONCE:
-                wanted.append(self._claims_wanted.get_nowait())
-            wanted = list(dict.fromkeys(wanted))
-            while wanted:
-                results = await asyncio.gather(
-                    *(self._read_claim(uid) for uid in wanted), return_exceptions=True
-                )
-                errors = [r for r in results if isinstance(r, BaseException)]
-                if errors:  # NATS away: the Allocate path reads them again too
-                    log.warning(
-                        "cannot read pods' claims yet",
-                        extra={"pods": len(errors), "error": f"{type(errors[0]).__name__}"},
-                    )
-                    await self._clock.sleep(CLAIM_RETRY_S)
-                wanted = [u for u, r in zip(wanted, results, strict=True) if r is not None]
-
-    async def _read_claim(self, uid: str) -> None:
-        self._claim_read_at[uid] = self._clock.monotonic()
-        entry = await self._bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(uid))
-        claim = None
-        if entry is not None:
-            delivery = Delivery(subject=f"$KV.{subjects.KV_CLAIMS}.{entry.key}", data=entry.value)
-            claim = await self._edge.accept(delivery, PodClaim, family="claims")
-        if claim is None or claim.pod_uid != uid:
-            self.claims.pop(uid, None)
-        else:
-            self.claims[uid] = claim
-        await self._changed.bump()
-
     async def reread(self, views: Sequence[RecordView]) -> bool:
-        """Read again the claims and bookings of ``views`` not read in the last
-        :data:`CLAIM_REREAD_S` (at most :data:`MAX_CLAIM_REREADS` pods); whether it read any."""
+        """Read again the bookings of ``views`` not read in the last :data:`BOOKING_REREAD_S` (at
+        most :data:`MAX_BOOKING_REREADS` pods); whether it read any."""
         now = self._clock.monotonic()
+        if len(self._read_at) > MAX_READ_TIMES:
+            self._read_at = {
+                u: at for u, at in self._read_at.items() if now - at < BOOKING_REREAD_S
+            }
         uids = [
             v.record.pod_uid
             for v in views
-            if now - self._claim_read_at.get(v.record.pod_uid, -math.inf) >= CLAIM_REREAD_S
-        ][:MAX_CLAIM_REREADS]
+            if now - self._read_at.get(v.record.pod_uid, -math.inf) >= BOOKING_REREAD_S
+        ][:MAX_BOOKING_REREADS]
         if not uids:
             return False
         try:
             for uid in uids:
-                await self._read_claim(uid)
+                self._read_at[uid] = now
                 key = subjects.booking_key(self._node, uid)
                 entry = await self._bus.kv_get(subjects.KV_LEDGER, key)
                 await self._take_booking(entry or KvEntry(key, b"", 0, deleted=True))

@@ -26,7 +26,7 @@ from services.deviceplugin.prepare import ClaimRef, Prepared, plan_prepare
 from shared.dra.devices import DRIVER
 from shared.messages.assignments import RecordView
 from shared.messages.inventory import GpuTelemetry
-from shared.messages.ledger import Booking, PodClaim
+from shared.messages.ledger import Booking
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,6 @@ class NodeState(Protocol):
     """What the plugin follows of its node (the device plugin's mirrors have it all)."""
 
     def record_views(self) -> Iterable[RecordView]: ...
-
-    @property
-    def claims(self) -> Mapping[str, PodClaim]: ...
 
     @property
     def bookings(self) -> Mapping[str, Booking]: ...
@@ -75,7 +72,6 @@ class DraNodePlugin:
                 node=self._node,
                 gpus=self._state.gpus,
                 options=self._options,
-                claims=self._state.claims,
                 bookings=self._state.bookings,
             )
             if isinstance(outcome, Prepared):

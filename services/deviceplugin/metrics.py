@@ -23,7 +23,6 @@ class PluginMetrics:
     devices: Gauge
     registrations: Counter
     registered: Gauge
-    events_unpublished: Gauge
     records: Gauge
     inventory_age_seconds: Gauge
     grant_file_failures: Counter
@@ -39,13 +38,13 @@ class PluginMetrics:
             ),
             allocate_seconds=Histogram(
                 "tessera_deviceplugin_allocate_seconds",
-                "Time to answer one Allocate call, record claim and event included.",
+                "Time to answer one Allocate call, the record's write included.",
                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0),
                 registry=registry,
             ),
             cas_conflicts=Counter(
-                "tessera_deviceplugin_claim_conflicts_total",
-                "Record claims lost to a concurrent writer (re-read and planned again).",
+                "tessera_deviceplugin_record_conflicts_total",
+                "Record writes lost to a concurrent writer (re-read and planned again).",
                 registry=registry,
             ),
             records_reread=Counter(
@@ -68,11 +67,6 @@ class PluginMetrics:
             registered=Gauge(
                 "tessera_deviceplugin_registered",
                 "1 while the plugin is registered with its node's kubelet and serving, else 0.",
-                registry=registry,
-            ),
-            events_unpublished=Gauge(
-                "tessera_deviceplugin_allocation_events_pending",
-                "Allocation events committed to a record but not yet acknowledged by JetStream.",
                 registry=registry,
             ),
             records=Gauge(

@@ -35,7 +35,7 @@ from shared.dra.devices import DRIVER, device_name
 from shared.messages.assignments import RecordView
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry
-from shared.messages.ledger import Booking, PodClaim
+from shared.messages.ledger import Booking
 
 CDI_KIND: Final = f"{DRIVER}/gpu"
 CDI_VERSION: Final = "0.6.0"
@@ -101,7 +101,6 @@ def plan_prepare(
     node: str,
     gpus: Mapping[str, GpuTelemetry],
     options: ResponseOptions,
-    claims: Mapping[str, PodClaim],
     bookings: Mapping[str, Booking],
 ) -> Prepared | Refusal:
     """The CDI spec and devices of ``claim``, or why it is not prepared (see the module
@@ -117,7 +116,7 @@ def plan_prepare(
     committed = []
     first_refusal: Refusal | None = None
     for view, asks in candidates:
-        refusal = uncommitted(view, claims=claims, bookings=bookings)
+        refusal = uncommitted(view, bookings=bookings)
         if refusal is None:
             committed.append((view, asks))
         else:

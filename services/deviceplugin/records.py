@@ -6,9 +6,9 @@ The shared :class:`~shared.runtime.records.RecordMirror` over the keys ``<node>.
 from the last version accepted) and against what this plugin granted before a restart
 (:mod:`~services.deviceplugin.grants`); one that fails is dead-lettered with the reason and
 forgotten: never served, never blocking a valid one. Checks against the inventory run again
-whenever the inventory changes (:meth:`NodeRecords.revalidate`). A record taken has its pod's
-claim read (:mod:`~services.deviceplugin.commits`); one released frees its grants, one gone
-without a release (NATS lost its store) leaves them unrecorded, to answer a restore.
+whenever the inventory changes (:meth:`NodeRecords.revalidate`). A record released frees its
+grants, one gone without a release (NATS lost its store) leaves them unrecorded, to answer a
+restore.
 
 A watch on a NATS cluster can go silent for seconds, so an Allocate that finds no record reads
 this node's records afresh (:meth:`NodeRecords.reread`).
@@ -94,12 +94,8 @@ class NodeRecords:
     def _taken(self, view: RecordView) -> None:
         if view.record.state == "released":
             self._grants.forget({view.key})
-        else:
-            self._commits.want(view.record)
 
-    def _deleted(self, key: str, known: RecordView | None) -> None:
-        if known is not None:
-            self._commits.drop(known.record.pod_uid)
+    def _deleted(self, key: str, _known: RecordView | None) -> None:
         self._grants.unrecord({key})
 
     def _loaded(self, listed: set[str]) -> None:

@@ -5,10 +5,10 @@ Each job has its own module, all fed from NATS and kept in memory:
 - :mod:`~services.deviceplugin.records`: this node's assignment records (the shared
   :class:`~shared.runtime.records.RecordMirror` with the plugin's checks);
 - :mod:`~services.deviceplugin.inventory`: this node's inventory and the devices advertised;
-- :mod:`~services.deviceplugin.commits`: this node's ledger entry and its pods' claims (only what
-  a placer committed is granted);
-- :mod:`~services.deviceplugin.claim`: Allocate, claiming records ``bound -> allocated`` by
-  compare-and-set; :mod:`~services.deviceplugin.events` publishes what it granted;
+- :mod:`~services.deviceplugin.commits`: this node's bookings (only what a placer committed is
+  granted);
+- :mod:`~services.deviceplugin.allocating`: Allocate, moving records ``bound -> allocated`` by
+  compare-and-set (the binder sees ``allocated`` in the record);
 - :mod:`~services.deviceplugin.grants`: what it granted, kept across its restarts;
 - :mod:`~services.deviceplugin.server` and :mod:`~services.deviceplugin.kubelet`: the gRPC
   server and the kubelet link (registration, health), wired in :func:`run_plugin`.
@@ -32,11 +32,10 @@ from collections.abc import AsyncIterator, Sequence
 
 from services.deviceplugin import allocate, preferred
 from services.deviceplugin.allocate import ContainerGrant, Refusal
-from services.deviceplugin.claim import Claimer
+from services.deviceplugin.allocating import Allocator
 from services.deviceplugin.commits import CommitMirror
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.devices import Device
-from services.deviceplugin.events import AllocationEvents
 from services.deviceplugin.grants import GrantBook, GrantFile, state_file
 from services.deviceplugin.inventory import InventoryFollower
 from services.deviceplugin.kubelet import KubeletLink
@@ -59,9 +58,6 @@ from shared.runtime.lifecycle import ServiceContext
 from shared.runtime.tasks import ChangeCounter, finish
 
 log = logging.getLogger(__name__)
-
-EVENT_FLUSH_S = 5.0
-"""How long a stopping plugin waits for allocation events still being published."""
 
 
 class DevicePluginService:
@@ -111,8 +107,7 @@ class DevicePluginService:
             commits=self._commits,
             inventory=self._inventory,
         )
-        self._events = AllocationEvents(node=node, bus=bus, clock=clock, metrics=metrics)
-        self._claimer = Claimer(
+        self._allocator = Allocator(
             config=config,
             bus=bus,
             clock=clock,
@@ -121,7 +116,6 @@ class DevicePluginService:
             commits=self._commits,
             inventory=self._inventory,
             grants=self._grants,
-            events=self._events,
         )
         metrics.inventory_age_seconds.set_function(self._inventory.age)
         metrics.count_records_with(lambda: [v.record.state for v in self._records.mirror.views()])
@@ -151,13 +145,9 @@ class DevicePluginService:
 
     @property
     def servable_records(self) -> list[RecordView]:
-        """The held records whose commit is confirmed (claim and booking read): those an
-        Allocate may serve now."""
-        return allocate.committed(
-            self._records.mirror.views(),
-            claims=self._commits.claims,
-            bookings=self._commits.bookings,
-        )
+        """The held records whose commit is confirmed (their booking seen): those an Allocate
+        may serve now."""
+        return allocate.committed(self._records.mirror.views(), bookings=self._commits.bookings)
 
     def device_lists(self) -> AsyncIterator[tuple[Device, ...]]:
         return self._inventory.device_lists()
@@ -185,7 +175,7 @@ class DevicePluginService:
         return answers
 
     async def allocate(self, requests: Sequence[tuple[str, ...]]) -> list[ContainerGrant] | Refusal:
-        return await self._claimer.allocate(requests)
+        return await self._allocator.allocate(requests)
 
     async def pre_start(self, device_ids: tuple[str, ...]) -> Refusal | None:
         return allocate.pre_start_check(
@@ -203,7 +193,7 @@ class DevicePluginService:
         await self._inventory.follow()
 
     async def follow_commits(self) -> None:
-        """Mirror this node's ledger entry and read the claims of the pods recorded here."""
+        """Mirror this node's bookings."""
         await self._commits.follow()
 
     async def answer_grants(self) -> None:
@@ -239,10 +229,6 @@ class DevicePluginService:
     async def write_grants(self) -> None:
         """At stop: write what is not written yet."""
         await self._grants.write()
-
-    async def flush(self, timeout: float) -> int:
-        """Wait up to ``timeout`` for events still being published; how many remain."""
-        return await self._events.flush(timeout)
 
 
 async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
@@ -299,5 +285,3 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
             group.create_task(link.run(), name="kubelet")
     finally:
         await finish(service.write_grants())
-        # Before run_service drains the bus: events of committed claims must still go out.
-        await finish(service.flush(timeout=EVENT_FLUSH_S))

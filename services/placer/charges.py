@@ -74,7 +74,7 @@ def charge_all(
 
     Also returns why each refused charge (by commit id) does not fit. A charge of a commit the
     entry already lists counts as done (a retry). Several commits of one tenant are charged by one
-    compare-and-set this way (a group commit, like :func:`book_all`).
+    compare-and-set this way (written together, like :func:`book_all`).
     """
     refused: dict[str, str] = {}
     accepted: list[TenantCharge] = []

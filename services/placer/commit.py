@@ -1,60 +1,46 @@
 """The commit protocol as pure functions: what to write to KV, and what to repair (no I/O).
 
-A decision for pod P on node N is committed in three writes, each a compare-and-set or a
-create-only write (the first two in one batch on a replicated store), the decision published
-beside the last one, then the pod message is acked;
-when P's tenant has a quota, a fourth write comes first:
+A decision for pod P on node N is committed by two writes to ``tessera-ledger`` (one atomic
+batch on a replicated store), then the pod message is acked; when P's tenant has a quota, its
+charge comes first:
 
 0. **Charge** (``tessera-tenants``, the tenant's entry, compare-and-set): the charge of P's commit
    (GPU shares and memory) is added only if every charge of the entry *as read*, plus this one,
    fits in the quota (:func:`~.charges.charge_all`); a lost compare-and-set reads the entry again
-   and checks again (the node choice does not depend on it, so P is not decided again unless the
-   quota is full: then P waits like any pod over its quota). This is what makes a quota exact
-   across replicas, the way the ledger makes GPUs exact: every replica's view may lag, the entry
-   cannot. A tenant without a quota writes nothing here (no cost, no contention); the commits of a
-   tenant with one serialise on its entry (those of one replica go in one write, like bookings),
-   which lists one charge per placed pod that takes from the quota (at most
-   :data:`~.charges.MAX_TENANT_CHARGES`). Why charge *before* booking: a pod over its quota costs
-   no ledger write and never holds node capacity, not even for a moment; and every booking of a
-   charged commit is covered, so a release gives the booking back first and the charge after
-   (:func:`~.charges.without_charge`): usage never counts less than is held.
-1. **Book** (``tessera-ledger``, P's booking under N, ``book.<N>.<P>``, written only if the
-   latest revision among N's bookings is still the one the decision saw: a compare-and-set on the
-   node's bookings as a whole, one booking per write, so an entry never grows with the node;
-   the bookings of several decisions for N are checked together, :func:`book_all`, and written
-   in one batch on a replicated store, one after the other on one server): the booking takes the
-   capacity. Before the write, :func:`check_booking` books it on N's state as
-   the ledger holds it (never on this replica's guesses), so a write that would over-commit a
-   GPU's memory, cores, logical slots or exclusivity is never attempted. A lost compare-and-set
-   means another replica booked on N first: refresh N and decide P again.
-2. **Claim** (``tessera-ledger`` too, P's claim, ``claim.<P>``, create-only; or compare-and-set
-   from ``requeued``): the claim names the one booking that places P. On a replicated store
-   (``Store.book``) steps 1 and 2 are one atomic batch (:func:`book_and_claim`), one round trip:
-   two replicas that decided P at the same moment on two nodes cannot both land theirs; the loser
-   lands nothing, reads P's claim and finds the winner's commit there. On a single server the
-   claim is the next write: both book, but only one claim is created, :func:`claim_verdict` tells
-   the other that it lost, and it gives its booking back. Either way, this is what makes "one
-   pod, one record" hold.
-3. **Record** (``tessera-assignments``, ``<N>.<P>``, create-only): the ``reserved`` record the
-   binder and the device plugin read, carrying the same commit id. A released record of an older
-   commit at that key may be overwritten (P placed on N again after a requeue) unless it fences
-   this commit too; the new record carries its fences on (:func:`placed_over`). The decision is
-   published at the same time, not after the record's write came back (one serial round trip
-   fewer): the binder binds a record, never a decision alone. It waits for a record that has
-   not reached it yet for as long as P's claim names this commit (the record comes: its write
-   lands late, or the repair of a placer stopped between the two writes it), and drops the
-   decision once the claim names none (the commit was released: no record will come).
+   and checks again. This makes a quota exact across replicas, as the ledger makes GPUs exact. A
+   tenant without a quota writes nothing here; the commits of one with one serialise on its entry
+   (those of one replica in one write, like bookings). Charging *before* booking means a pod over
+   its quota never holds node capacity, and every booking is covered: a release gives the booking
+   back first and the charge after (:func:`~.charges.without_charge`).
+1. **Book** (``book.<N>.<P>``, written only if the latest revision among N's bookings is still
+   the one this replica holds: a compare-and-set on the node's bookings as a whole, one booking
+   per write; the bookings of several decisions for N are checked together, :func:`book_all`).
+   The booking takes the capacity. :func:`book_all` books it on N as the ledger holds it (never on
+   this replica's guesses), and refuses it when another placer booked its GPUs after the
+   decision (:func:`stale_by`); a lost compare-and-set means another writer changed N first:
+   N is read again and P decided again.
+2. **Claim** (``claim.<P>``, create-only, or compare-and-set from ``requeued``): the claim names
+   the one booking that places P. On a replicated store steps 1 and 2 are one atomic batch
+   (:func:`book_and_claim`): two replicas that decided P at once on two nodes cannot both land
+   theirs. On a single server the claim is the next write: both may book, but only one claim is
+   created; :func:`claim_verdict` tells the other it lost, and it gives its booking back.
+
+That is the whole commit: the booking of the commit P's claim names is the assignment at its
+first stage, ``reserved``. The binder takes its work from the claims (a KV watch, and its
+reconciliation when it becomes leader): it binds a placed claim's booking by writing its record
+(``tessera-assignments``, ``<N>.<P>``) ``bound``, create-only (``shared.commits.record_action``),
+so a bind happens once however often the binder sees the claim.
 
 A release moves the other way and leaves a **fence**: the record of the released commit ends in
-state ``released`` (written ``released`` when it did not exist yet), so a commit still on its way
-cannot create its record afterwards (:func:`record_action`). Where the key holds a released
-record of another commit, the commit joins that record's fences (``AssignmentRecord.fenced``)
-instead of replacing it, which would lift the other commit's fence. Order of the writes:
+state ``released`` (written ``released`` when it did not exist yet), so a bind still on its way
+cannot write its record afterwards. Where the key holds a released record of another commit, the
+commit joins that record's fences (``AssignmentRecord.fenced``) instead of replacing it, which
+would lift the other commit's fence. Order of the writes:
 
 - pod deleted, or the binder says ``gone``: claim -> ``deleted``, fence the record, unbook;
-- binder ``failed``, or a ``reserved`` record never bound within the reserve timeout: record ->
-  ``released`` (for the timeout, only from ``reserved``: the binder's ``reserved -> bound``
-  compare-and-set fences the timeout), claim -> ``requeued``, unbook, put the pod back on
+- binder ``failed``, or a placed claim not bound within the reserve timeout: fence the record
+  (for the timeout, only where the binder has not written it: the binder's write of the record
+  and the fence are both first-writer-wins), claim -> ``requeued``, unbook, put the pod back on
   ``tessera.pods.pending`` (not a pod placed through the scheduler extender: kube-scheduler
   schedules it again, and its next bind takes the ``requeued`` claim).
 
@@ -62,8 +48,7 @@ Every release also gives the charge back, after the booking. The quota invariant
 model checks after every step): a tenant's charges never add up to more than its quota, and every
 live record of a tenant with a quota is charged. A charge is only ever taken off after its commit's
 record was fenced or given back (or the claim names another commit, so that commit never gets a
-record), which is why a commit slower than reconciliation cannot end with a live record whose
-charge another pod's commit has taken since.
+record).
 
 Every step is idempotent and every later step can be redone from what the earlier ones wrote, so a
 placer killed between two writes leaves a state :func:`~.repairs.plan_repairs` (and, for charges,
@@ -81,11 +66,11 @@ import msgspec
 
 from services.placer.core.ledger import book
 from services.placer.core.model import NodeState
-from services.placer.translate import record_of, reservation_of
+from services.placer.translate import reservation_of
+from shared.commits import record_of
 from shared.messages.assignments import AssignmentRecord, released
 from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from shared.messages.pods import PodPending
-from shared.validation import may_replace
 
 # --- ledger ----------------------------------------------------------------------------------
 
@@ -116,7 +101,7 @@ def book_all(
 
     Also returns why each refused booking (by commit id) does not fit. A booking already in the
     ledger counts as booked (a retry). Several decisions for one node are committed by one
-    compare-and-set this way (a group commit).
+    compare-and-set this way (written together).
 
     ``seen``: for a booking's commit, the bookings (commit ids) on the node when it was decided.
     The write goes at the entry's latest revision, not the decision's, so a decision may have
@@ -287,29 +272,6 @@ def deleted_claim(pod_uid: str, claim: PodClaim | None, *, reason: str, now: flo
 
 # --- records ---------------------------------------------------------------------------------
 
-RecordAction = Literal["write", "done", "released", "blocked"]
-"""For creating the ``reserved`` record of a booking: ``write`` it (create-only when the key is
-empty, else compare-and-set over a released record of an older commit); ``done``: it exists;
-``released``: this commit was already released (a fence): do not publish; ``blocked``: a live
-record of another commit holds the key (a repair must sort it out first)."""
-
-
-def record_action(current: AssignmentRecord | None, commit: str) -> RecordAction:
-    if current is not None and current.commit == commit:
-        return "released" if current.state == "released" else "done"
-    if current is not None and commit in current.fenced:
-        return "released"
-    return "write" if may_replace(current, commit) else "blocked"
-
-
-def placed_over(current: AssignmentRecord | None, record: AssignmentRecord) -> AssignmentRecord:
-    """``record``, a new placement written over ``current`` (nothing, or a released record of
-    another commit: ``record_action`` said ``write``), carrying on the fences ``current`` holds."""
-    if current is None or not current.commit:
-        return record
-    return msgspec.structs.replace(record, fenced=(*current.fenced, current.commit))
-
-
 FenceAction = Literal["write", "done", "blocked"]
 
 
@@ -343,16 +305,10 @@ def released_record(
     ):
         return msgspec.structs.replace(current, fenced=(*current.fenced, booking.commit))
     base = current if current is not None and current.commit == booking.commit else None
-    return released(base or record_of(booking), now=now)
+    return released(base or record_of(booking, state="reserved"), now=now)
 
 
 # --- message ids -----------------------------------------------------------------------------
-
-
-def decision_msg_id(booking: Booking) -> str:
-    """JetStream de-duplication id of a decision: every replica that publishes the same commit
-    (a retry, a repair) publishes the same id."""
-    return f"decision.{booking.pod_uid}.{booking.commit}"
 
 
 def requeue_msg_id(booking: Booking) -> str:

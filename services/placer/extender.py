@@ -22,13 +22,13 @@ that reason, never judged without it. Each placer replica serves the extender on
   names the pod but does not carry it, so the extender asks the binder for it
   (``tessera.extender.pods``: parsed, its namespace selectors resolved, as the binder reads every
   pod), then decides (``decider.decide_on``) and commits through the placer's own path
-  (:meth:`~.service.PlacerService.place`: ledger compare-and-set, claim, ``reserved`` record,
-  ``PlacementDecision``), and answers once the binder's ``BindingResult`` for the pod on that
-  node arrives (``bound``: success; ``failed``: the placement is given back first, so
-  kube-scheduler's next try finds the room free). The answer comes within
-  ``--extender-bind-timeout-s``, which must stay below kube-scheduler's ``httpTimeout`` for the
-  extender; a placement still ``reserved`` then is given back (the binder's ``reserved -> bound``
-  compare-and-set fences it) and kube-scheduler tries the pod again.
+  (:meth:`~.service.PlacerService.place`: the booking and the pod's claim, which the binder
+  binds), and answers once the binder's ``BindingResult`` for the pod on that node arrives
+  (``bound``: success; ``failed``: the placement is given back first, so kube-scheduler's next
+  try finds the room free). The answer comes within ``--extender-bind-timeout-s``, which must
+  stay below kube-scheduler's ``httpTimeout`` for the extender; a placement not bound then is
+  given back (the binder's write of the record ``bound`` and the release's fence are both
+  first-writer-wins) and kube-scheduler tries the pod again.
 
 Requests kube-scheduler would never send (malformed JSON, missing fields) get HTTP 400 with the
 reason in ``Error``; until the replica has loaded the cluster every verb gets 503 (so does a
@@ -371,9 +371,10 @@ class Extender:
         return outcome, why
 
     async def _time_out(self, args: ExtenderBindingArgs, where: str) -> tuple[str, str]:
-        """No outcome in time: give a placement the binder has not taken yet back (its
-        ``reserved -> bound`` compare-and-set fences this), so kube-scheduler's next try starts
-        clean; one the binder took is bound shortly, and kube-scheduler sees the pod bound."""
+        """No outcome in time: give a placement the binder has not bound yet back (its record's
+        write and this release's fence are both first-writer-wins), so kube-scheduler's next try
+        starts clean; one the binder took is bound shortly, and kube-scheduler sees the pod
+        bound."""
         released = False
         with contextlib.suppress(Exception):
             released = await self._service.release_requeue(

@@ -1,9 +1,9 @@
 """The commit protocol's steps over KV (``commit.py`` has the rules and why they are safe).
 
 :class:`CommitProtocol` carries out, with :class:`~.store.Store`'s certain-outcome writes, every
-multi-write step of the protocol: finishing a booked decision (claim, record, publish), giving a
-placement back (deleted or requeued: the booking, then the tenant's charge), the repairs
-reconciliation plans (the tenants' charges included), and purging what is past its retention. It
+multi-write step of the protocol: finishing a booked decision (its claim), giving a placement
+back (deleted or requeued: the booking, then the tenant's charge), the repairs reconciliation
+plans (the tenants' charges included), and purging what is past its retention. It
 knows nothing of pod messages: the service acks or naks them by what these steps return, so the same
 steps serve a decision, a redelivery, a repair and the extender, and a test can drive several
 replicas' steps in any interleaving (``tests/placer/test_protocol_model.py``).
@@ -11,14 +11,12 @@ replicas' steps in any interleaving (``tests/placer/test_protocol_model.py``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Literal
 
 import msgspec
 
 from services.placer import charges, commit, repairs, translate
-from services.placer.core.model import Decision
 from services.placer.metrics import PlacerMetrics
 from services.placer.state import ClusterView
 from services.placer.store import ConflictError, GaveUpError, Store
@@ -51,14 +49,12 @@ class CommitProtocol:
         view: ClusterView,
         clock: Clock,
         metrics: PlacerMetrics,
-        profile_name: str = "",
     ) -> None:
         self.store = store
         self.bus = bus
         self.view = view
         self.clock = clock
         self.metrics = metrics
-        self.profile_name = profile_name
 
     # --- committing ----------------------------------------------------------------------------
 
@@ -94,45 +90,37 @@ class CommitProtocol:
         return "node", refused
 
     async def finish(
-        self, booking: Booking, request: PodPending | None, decision: Decision | None
+        self, booking: Booking, request: PodPending | None
     ) -> tuple[FinishOutcome, Booking]:
-        """Claim, record and publish a booking already in the ledger.
+        """Claim the pod for a booking already in the ledger (``commit.py`` step 2; done already
+        where the booking's batch claimed it): the commit is then complete, and the binder binds
+        it.
 
         Returns the outcome and the booking that places the pod: another replica's when this
-        one lost the claim (this booking is then given back, and the winner's finished).
+        one lost the claim (this booking is then given back, and the winner's kept booked).
         """
         verdict, claim = await self.store.claim(booking, request)
         if verdict in ("lost", "deleted"):
-            # Fence first, as every release does: another task may have recorded this commit
-            # already (a reconciliation rolling it forward), and a live record must never
-            # outlive its booking (the protocol model found one that did, briefly).
+            # Fence first, as every release does: another task may have claimed this commit
+            # (a reconciliation rolling it forward from ``requeued``), and a binder must never
+            # write the record of a booking that is given back.
             await self.store.fence(booking)
             await self.give_back(booking)
         if verdict == "lost":
             assert claim is not None and claim.booking is not None
-            await self.republish(claim.booking)
+            await self.keep_booked(claim.booking)
             return "duplicate", claim.booking
         if verdict == "deleted":
             return "deleted", booking
-        # The record and the decision go out together (one round trip, not two, issue 23): the
-        # binder binds only a record, and waits for it while the claim names this commit.
-        action, _ = await asyncio.gather(
-            self.store.ensure_record(booking), self.publish_decision(booking, decision)
-        )
-        if action == "released":  # released while we committed: the binder drops the decision
-            return "deleted", booking
-        if action == "blocked":
-            raise GaveUpError(
-                f"a live record of another commit holds {booking.node}/{booking.pod_uid}; "
-                "reconciliation sorts it out"
-            )
         return "placed", booking
 
     async def restore(self, restore: PodRestore) -> Literal["restored", "claimed elsewhere"]:
-        """Book, charge, claim and record a placement the binder restored from the Kubernetes
+        """Charge, book, record and claim a placement the binder restored from the Kubernetes
         API into a store that lost it (DESIGN section 12), whatever the node's ledger and the
-        tenant's quota hold now: its pod runs there. Every step is idempotent (a redelivery, or
-        two replicas at once, change nothing more)."""
+        tenant's quota hold now: its pod runs there. The record comes before the claim, in the
+        state the hand-off had reached: the binder, which binds placed claims, then finds the
+        pod's record and writes nothing. Every step is idempotent (a redelivery, or two replicas
+        at once, change nothing more)."""
         tenant = self.view.tenancy.tenant_of(translate.pod_request(restore.pod)).tenant
         booking = translate.restored_booking(restore, tenant=tenant)
 
@@ -145,6 +133,8 @@ class CommitProtocol:
         same_store()
         await self.store.restore_booking(booking)
         same_store()
+        await self.store.restore_record(booking, restore)
+        same_store()
         verdict, claim = await self.store.claim(booking, restore.pod)
         if verdict != "mine":  # another commit's claim (a restore of another store's epoch)
             log.error(
@@ -152,41 +142,19 @@ class CommitProtocol:
                 extra={"pod_uid": booking.pod_uid, "claim": repr(claim)},
             )
             return "claimed elsewhere"
-        same_store()
-        await self.store.restore_record(booking, restore)
         return "restored"
 
-    async def republish(self, booking: Booking) -> None:
+    async def keep_booked(self, booking: Booking) -> None:
         """The pod is placed by ``booking`` already (a redelivery, another replica won): make
-        sure it is booked and recorded and its decision is out."""
-        if booking.commit not in {b.commit for b in self.view.bookings_of(booking.pod_uid)}:
-            refused = await self.store.rebook(booking)
-            if refused:
-                log.error(
-                    "a placed pod's booking is missing and cannot be booked again",
-                    extra={"pod_uid": booking.pod_uid, "node": booking.node, "reason": refused},
-                )
-        if await self.store.ensure_record(booking) == "done":
-            await self.publish_decision(booking, None)
-
-    async def publish_decision(self, booking: Booking, decision: Decision | None) -> None:
-        """Publish the decision (JetStream de-duplicates a commit published twice)."""
-        explanation = (
-            translate.explanation_of(decision, self.profile_name)
-            if decision is not None
-            else "published again for a placement committed earlier"
-        )
-        message = translate.decision_message(
-            booking,
-            score=decision.score if decision else 0.0,
-            scores=decision.scores if decision else None,
-            explanation=explanation,
-        )
-        await self.bus.js_publish(
-            subjects.assignments(booking.node),
-            codec.encode(message),
-            msg_id=commit.decision_msg_id(booking),
-        )
+        sure it is booked (a release of another commit of the pod may have raced it)."""
+        if booking.commit in {b.commit for b in self.view.bookings_of(booking.pod_uid)}:
+            return
+        refused = await self.store.rebook(booking)
+        if refused:
+            log.error(
+                "a placed pod's booking is missing and cannot be booked again",
+                extra={"pod_uid": booking.pod_uid, "node": booking.node, "reason": refused},
+            )
 
     # --- releasing -----------------------------------------------------------------------------
 
@@ -253,17 +221,18 @@ class CommitProtocol:
         def release(record: AssignmentRecord | None) -> AssignmentRecord | None:
             nonlocal kept
             kept = False
-            if record is None:
-                return commit.released_record(None, booking, now=now)
-            if record.commit not in ("", booking.commit):
+            if record is not None and record.commit == booking.commit:
+                if record.state == "released":
+                    return None
+                if only_reserved and record.state != "reserved":
+                    kept = True  # the binder bound it first
+                    return None
+                return released(record, now=now)
+            action = commit.fence_action(record, booking.commit)
+            if action == "blocked":  # a live record of another commit: not this one's to release
                 kept = True
                 return None
-            if record.state == "released":
-                return None
-            if only_reserved and record.state != "reserved":
-                kept = True  # the binder bound it first
-                return None
-            return released(record, now=now)
+            return commit.released_record(record, booking, now=now) if action == "write" else None
 
         await self.store.update_record(subjects.assignment_key(node, pod_uid), release)
         if kept:
@@ -382,10 +351,7 @@ class CommitProtocol:
             return
         assert booking is not None, repair
         if repair.kind == "roll-forward":
-            await self.finish(booking, None, None)
-        elif repair.kind == "create-record":
-            if await self.store.ensure_record(booking) == "done":
-                await self.publish_decision(booking, None)
+            await self.finish(booking, None)
         elif repair.kind == "unbook-stale":
             await self.store.fence(booking)
             await self.give_back(booking)
@@ -450,26 +416,3 @@ class CommitProtocol:
             return released(record, now=now)
 
         await self.store.update_record(key, release)
-
-    # --- purging -------------------------------------------------------------------------------
-
-    async def purge(self, *, retention_s: float) -> int:
-        """Delete released records and deleted pods' claims older than ``retention_s``."""
-        now = self.clock.now()
-        purged = 0
-        for record in list(self.view.records.values()):
-            age = now - (record.released_at or now)
-            expired = record.state == "released" and age >= retention_s
-            if expired and await self.store.delete_if(
-                self.store.records, record.key, record.revision
-            ):
-                self.metrics.purged.labels(entry="record").inc()
-                purged += 1
-        for uid, claim in list(self.view.claims.items()):
-            if claim.state == "deleted" and now - claim.updated_at >= retention_s:
-                revision = self.view.claim_revisions.get(uid, 0)
-                key = subjects.claim_key(uid)
-                if revision and await self.store.delete_if(self.store.claims, key, revision):
-                    self.metrics.purged.labels(entry="claim").inc()
-                    purged += 1
-        return purged

@@ -64,7 +64,6 @@ def record_facts(
 
 RepairKind = Literal[
     "roll-forward",
-    "create-record",
     "unbook-stale",
     "rebook",
     "finish-requeue",
@@ -80,8 +79,8 @@ class Repair(msgspec.Struct, frozen=True, kw_only=True):
     """One repair :func:`plan_repairs` asks the shell to carry out with the usual primitives.
 
     - ``roll-forward``: a booking no claim names yet (a placer stopped after booking): create the
-      claim for it (create-only: if another claim won, the booking is given back), then its record;
-    - ``create-record``: the claim names the booking but its record is missing: create it;
+      claim for it (create-only: if another claim won, the booking is given back); the binder
+      then binds it;
     - ``unbook-stale``: a booking the claim does not name (lost claim, requeued, deleted): fence
       its record and give it back;
     - ``rebook``: a live record whose booking is missing from the ledger: book it again;
@@ -141,11 +140,14 @@ def plan_repairs(
                 continue
             named = claim.booking
             if claim.state == "placed" and named is not None and named.commit == b.commit:
+                # Without a record of its commit it waits for the binder (or the reserve timeout).
                 record = by_key.get(assignment_key(node, b.pod_uid))
-                if record is None or record.commit != b.commit:
-                    if settled(b.decided_at, claim.updated_at):
-                        repairs.append(Repair(kind="create-record", pod_uid=b.pod_uid, booking=b))
-                elif not record.live and settled(claim.updated_at, record.released_at or 0.0):
+                if (
+                    record is not None
+                    and record.commit == b.commit
+                    and not record.live
+                    and settled(claim.updated_at, record.released_at or 0.0)
+                ):
                     repairs.append(Repair(kind="finish-requeue", pod_uid=b.pod_uid, booking=b))
                 continue
             if settled(b.decided_at, claim.updated_at):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import random
 import secrets
 import socket
 from collections.abc import Callable
@@ -53,8 +52,6 @@ log = logging.getLogger(__name__)
 
 CONTENDED_S = 0.5
 """How long this replica keeps new decisions off a node after losing a commit on it."""
-RETRY_LATER_S = 0.5
-"""Delay before a pod whose commit kept losing comes back (doubled at most, at random)."""
 
 
 class PlacerService:
@@ -94,7 +91,6 @@ class PlacerService:
             view=self.view,
             clock=clock,
             metrics=metrics,
-            profile_name=config.profile_name,
         )
         self.shell = shell = Shell(
             config=config,
@@ -247,7 +243,7 @@ class PlacerService:
         if claim is not None and claim.state == "placed" and claim.booking is not None:
             del self.held.items[uid]
             self.tasks.spawn(
-                self.held.republish(claim.booking, item.deliveries), f"republish-{uid}"
+                self.held.finish_placed(claim.booking, item.deliveries), f"placed-{uid}"
             )
             already = Outcome(
                 pod_uid=uid,
@@ -374,14 +370,14 @@ class PlacerService:
                     item.avoid.add(booking.node)
                     self._contended[booking.node] = self.clock.monotonic() + CONTENDED_S
                 # else another commit filled the quota first: decided again, the pod waits
-                self._retry(item, why)
+                self.held.retry(item, why)
                 return
-            outcome, placed = await self.protocol.finish(booking, item.pod, decision)
+            outcome, placed = await self.protocol.finish(booking, item.pod)
             await self.held.ack(item.deliveries)
             if self.held.items.get(uid) is item:
                 del self.held.items[uid]
             self.waiting.unpost(uid)
-            self._answered(item, outcome, placed, decision if placed is booking else None)
+            self.held.placed(item, outcome, placed, decision if placed is booking else None)
         except Exception as error:  # NATS failed mid-commit: what landed is found again later
             self.view.drop_tentative(booking.node, uid)
             self.metrics.commit_failures.labels(cause="nats").inc()
@@ -397,66 +393,6 @@ class PlacerService:
         finally:
             self._in_flight -= 1
             self.shell.work.set()
-
-    def _retry(self, item: HeldPod, why: str) -> None:
-        if item.adopted and not item.deliveries:  # its holder keeps it
-            if self.held.items.get(item.pod.uid) is item:
-                del self.held.items[item.pod.uid]
-            return
-        item.attempts += 1
-        self.metrics.retries.inc()
-        if item.attempts > self.config.max_commit_retries:
-            self.metrics.commit_failures.labels(cause="retries").inc()
-            log.warning(
-                "commit retries exhausted; the pod message comes back later",
-                extra={"pod_uid": item.pod.uid, "attempts": item.attempts, "reason": why},
-            )
-            delay = RETRY_LATER_S * (1 + random.random())  # jittered: replicas fall out of step
-            self.tasks.spawn(self.held.give_back(item, delay=delay), f"giveback-{item.pod.uid}")
-            return
-        if self.held.items.get(item.pod.uid) is item:
-            self.held.enqueue(item)
-
-    def _answered(
-        self, item: HeldPod, outcome: str, booking: Booking, decision: Decision | None
-    ) -> None:
-        elapsed = self.clock.monotonic() - item.received
-        if not item.answered:
-            item.answered = True
-            self.metrics.latency.observe(elapsed)
-        self.metrics.decisions.labels(outcome=outcome).inc()
-        gpus = [
-            f"{s.uuid}:{s.memory_mib}MiB:{s.core_milli // 10}%"
-            for c in booking.containers
-            for s in c.gpus
-        ]
-        log.info(
-            "pod placed" if outcome == "placed" else f"pod {outcome}",
-            extra={
-                "pod": f"{item.pod.namespace}/{item.pod.name}",
-                "pod_uid": item.pod.uid,
-                "node": booking.node,
-                "gpus": gpus,
-                "score": round(decision.score, 3) if decision else None,
-                "feasible_nodes": decision.feasible_nodes if decision else None,
-                "attempts": item.attempts + 1,
-                "latency_ms": round(elapsed * 1000, 2),
-                "commit": booking.commit,
-            },
-        )
-        self.held.remember(
-            Outcome(
-                pod_uid=item.pod.uid,
-                outcome=outcome,
-                node=booking.node,
-                booking=booking,
-                score=decision.score if decision else 0.0,
-                scores=dict(decision.scores) if decision else {},
-                at=self.clock.now(),
-                request=item.request,
-            )
-        )
-        self.held.resolve(item, self.held.outcomes[item.pod.uid])
 
     async def place(self, pod: PodPending, *, node: str | None = None) -> Outcome:
         """Decide ``pod`` now (on ``node`` only, when given) and commit it like any other pod.

@@ -14,7 +14,9 @@ ledger alone holds it, which is what a compare-and-set is checked against.
 Also kept here, because they follow the same inputs:
 
 - tenant usage for quotas (every booking, committed or tentative, counted once per pod, and the
-  charges of the shared usage entries in ``tessera-tenants`` for pods not seen booked yet);
+  charges of the shared usage entries in ``tessera-tenants`` for pods not seen booked yet;
+  ``nodes.BookedUsage``);
+- each node's pods between decision and Allocate, for the binder's gate (``handoffs.py``);
 - the task mix (:class:`~.mix.TaskMix`) from the claims;
 - why each unschedulable node is (``unplaceable``), for rejection messages;
 - two change counters the backoff queue waits on: ``freed`` moves when something that could let
@@ -36,152 +38,34 @@ not pay, decision after decision, for the state of nodes another replica places 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-from services.placer import translate
-from services.placer.capacity import Capacities, Signature, gives_room, signature_of
+from services.placer import handoffs, translate
+from services.placer.capacity import Capacities, gives_room, signature_of
 from services.placer.charges import TenantEntries
 from services.placer.core.facts import PodFacts, ShareAsk
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
-from services.placer.core.model import GpuSlice, NodeState, PodRequest, Reservation
+from services.placer.core.model import NodeState, PodRequest, Reservation
 from services.placer.core.tenancy import Tenancy
 from services.placer.mix import TaskMix, task_spec
+from services.placer.nodes import BookedUsage, NodeEntry, add_node, drop_node, shown
 from services.placer.pools import pool_of
 from services.placer.repairs import RecordFacts, record_facts
 from shared import validation
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory
-from shared.messages.ledger import BookedSlice, Booking, NodeLedger, PodClaim, TenantLedger
+from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
-from shared.subjects import booking_key, booking_of_key, node_from_token, node_token
+from shared.subjects import (
+    assignment_key,
+    booking_key,
+    booking_of_key,
+    node_from_token,
+    node_token,
+)
 
 UNREADABLE = "ledger entry unreadable"
-
-
-def _slices(gpus: Iterable[GpuSlice | BookedSlice]) -> tuple[tuple[str, int, int], ...]:
-    """What a device plugin's Allocate tells a container's shares by: GPU, memory, SMs."""
-    return tuple((g.uuid, g.memory_mib, g.core_milli) for g in gpus)
-
-
-def _queued(entry: _Node, pod_uid: str) -> list[Booking]:
-    """The bookings of pods between decision and Allocate on ``entry``'s node, but
-    ``pod_uid``'s: the binder's gate holds a pod back beside them."""
-    queued = [b for b in entry.tentative.values() if b.pod_uid != pod_uid]
-    if entry.handing_off and entry.ledger is not None:
-        queued += [
-            b
-            for b in entry.ledger.bookings
-            if b.pod_uid in entry.handing_off
-            and b.pod_uid not in entry.tentative
-            and b.pod_uid != pod_uid
-        ]
-    return queued
-
-
-class _Node:
-    """Everything known about one node."""
-
-    __slots__ = (
-        "booking_revisions",
-        "charged",
-        "deleted",
-        "facts",
-        "handing_off",
-        "inventory",
-        "ledger",
-        "ledger_revision",
-        "reason",
-        "records",
-        "shown",
-        "signature",
-        "tentative",
-        "unreadable",
-    )
-
-    def __init__(self) -> None:
-        self.inventory: NodeInventory | None = None
-        self.facts: NodeFacts | None = None
-        self.ledger: NodeLedger | None = None
-        """Every booking on the node (``tessera-ledger``'s booking keys of the node, in the
-        order they were written); None: none."""
-        self.ledger_revision = 0
-        """The latest revision among the node's booking keys, delete markers included: what a
-        booking's write is guarded at (``subjects.node_bookings``)."""
-        self.booking_revisions: dict[str, int] = {}
-        """Pod UID -> the revision of its booking key as last seen here (its delete marker's
-        once deleted)."""
-        self.tentative: dict[str, Booking] = {}
-        self.records: set[str] = set()
-        """Pod UIDs with a record on this node."""
-        self.handing_off: set[str] = set()
-        """Pod UIDs whose record here is ``reserved`` or ``bound``: not allocated yet."""
-        self.reason = ""
-        self.signature: Signature | None = None
-        self.charged: set[str] = set()
-        """Pod UIDs whose booking here is counted in tenant usage."""
-        self.deleted = False
-        """The binder said the node left the cluster (its inventory may linger in KV)."""
-        self.shown: frozenset[tuple[str, str]] | None = None
-        """(pod UID, commit) of the bookings the index's state of this node was derived from:
-        a tentative booking that becomes committed changes nothing, so it is not derived again."""
-        self.unreadable: set[str] = set()
-        """Pod UIDs whose booking key here does not decode (or the key of an earlier version's
-        entry that does not: :meth:`hold_unreadable`): the node's bookings are unknown, so
-        nothing more is placed on it until each is written readable again or deleted."""
-
-    @property
-    def known(self) -> bool:
-        return not self.deleted and (self.inventory is not None or self.facts is not None)
-
-    def bookings(self) -> list[Booking]:
-        committed = list(self.ledger.bookings) if self.ledger else []
-        held = {b.pod_uid for b in committed}
-        return committed + [b for uid, b in self.tentative.items() if uid not in held]
-
-
-def _shown(bookings: list[Booking]) -> frozenset[tuple[str, str]]:
-    return frozenset((b.pod_uid, b.commit) for b in bookings)
-
-
-def _add_node(nodes_of: dict[str, tuple[str, ...]], uid: str, node: str) -> None:
-    nodes = nodes_of.get(uid, ())
-    if node not in nodes:
-        nodes_of[uid] = (*nodes, node)
-
-
-def _drop_node(nodes_of: dict[str, tuple[str, ...]], uid: str, node: str) -> bool:
-    """Take ``node`` off ``uid``'s nodes; whether any are left (none: ``uid`` is forgotten)."""
-    nodes = tuple(n for n in nodes_of.get(uid, ()) if n != node)
-    if nodes:
-        nodes_of[uid] = nodes
-    else:
-        nodes_of.pop(uid, None)
-    return bool(nodes)
-
-
-class _BookedUsage:
-    """Keeps tenant usage equal to the bookings: each pod counted once, wherever it is booked
-    (committed or tentative)."""
-
-    def __init__(self, tenancy: Tenancy) -> None:
-        self._tenancy = tenancy
-        self._pod_nodes: dict[str, tuple[str, ...]] = {}
-        """Pod UID -> nodes holding a booking of it (tuples: one per pod, and a tuple of
-        strings is not scanned by the garbage collector, a set is)."""
-
-    def count(self, node: str, charged: set[str], bookings: list[Booking]) -> set[str]:
-        """Count ``node``'s ``bookings`` (``charged``: its pods counted so far); the pods counted
-        now."""
-        here = {b.pod_uid: b for b in bookings}
-        for uid in charged - here.keys():
-            if uid in self._pod_nodes and not _drop_node(self._pod_nodes, uid, node):
-                self._tenancy.usage.refund(uid)
-        for uid in here.keys() - charged:
-            if uid not in self._pod_nodes:
-                self._tenancy.adopt(here[uid].tenant, translate.reservation_of(here[uid]))
-            _add_node(self._pod_nodes, uid, node)
-        return set(here)
 
 
 class ClusterView:
@@ -216,18 +100,13 @@ class ClusterView:
         self.records: dict[str, RecordFacts] = {}
         self.tenants = TenantEntries(self.tenancy)
         """Each tenant's usage entry (``tessera-tenants``) and the entry's revision."""
-        self._nodes: dict[str, _Node] = {}
-        self._usage = _BookedUsage(self.tenancy)
+        self._nodes: dict[str, NodeEntry] = {}
+        self._usage = BookedUsage(self.tenancy)
         self._committed: dict[str, tuple[str, ...]] = {}
         """Pod UID -> nodes whose committed ledger books it."""
         self._signatures = Capacities()
         self._now = 0.0
-        self._handoffs: dict[str, int] = {}
-        self._queued: dict[int, frozenset[str]] = {}
-        """``queued_nodes`` by threshold, until a queue changes: every decision asks, and under a
-        burst thousands of nodes may have a queue."""
-        """Node -> its pods between decision and Allocate (only nodes with any): records not
-        allocated yet and this replica's tentative bookings (:meth:`queued_nodes`)."""
+        self._handoffs = handoffs.HandOffs()
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -263,7 +142,7 @@ class ClusterView:
                 state = self.index.node(name)
             else:
                 bookings = entry.bookings()
-                entry.shown = _shown(bookings)
+                entry.shown = shown(bookings)
                 state = self._state(name, entry, bookings)
             self._put(self._everywhere, name, entry, state)
         return self._everywhere
@@ -346,96 +225,27 @@ class ClusterView:
         gate lets one such pod per device count through to a node at a time, so pods decided
         onto a node whose queue is long wait there in line (``decider.decide`` spreads a burst
         over other nodes rather than lengthen it)."""
-        queued = self._queued.get(at_least)
-        if queued is None:
-            queued = frozenset(n for n, count in self._handoffs.items() if count >= at_least)
-            self._queued[at_least] = queued
-        return queued
+        return self._handoffs.queued_nodes(at_least)
 
     def waits_at_gate(self, reservation: Reservation, pod: PodRequest) -> bool:
-        """Whether the binder's gate would hold ``reservation`` of ``pod`` back on its node: a
-        pod there between decision and Allocate has a GPU container of as many devices on other
-        slices (the binder's ``plan.ambiguous``). Pods of identical slices pass the gate
-        together: a device plugin serves either from the other's record alike.
-
-        A container's devices are what its kubelet asks the device plugin for: its shares on a
-        logical node, its ``tessera.dev/gpu-memory`` on a memory-units node (a pod of 4 GiB and
-        one of 8 GiB, one share each, never wait for each other there)."""
-        entry = self._nodes.get(reservation.node)
-        if entry is None or not (entry.handing_off or entry.tentative):
-            return False
-        units = reservation.node in self.memory_unit_nodes
-        memory = {c.name: c.share_memory_mib or 0 for c in pod.containers}
-        mine = [
-            (memory.get(c.container, 0) if units else len(c.gpus), _slices(c.gpus))
-            for c in reservation.containers
-            if c.gpus
-        ]
-        if not mine:
-            return False
-        for booking in _queued(entry, reservation.pod_uid):
-            for container in booking.containers:
-                if not container.gpus:
-                    continue
-                devices = (
-                    container.resources.get(translate.GPU_MEMORY_RESOURCE, 0)
-                    if units
-                    else len(container.gpus)
-                )
-                theirs = _slices(container.gpus)
-                if any(count == devices and ours != theirs for count, ours in mine):
-                    return True
-        return False
+        """Whether the binder's gate would hold ``reservation`` of ``pod`` back on its node
+        (``handoffs.waits_at_gate``)."""
+        node = reservation.node
+        units = node in self.memory_unit_nodes
+        return handoffs.waits_at_gate(self._nodes.get(node), reservation, pod, units=units)
 
     def certainly_waits_at_gate(self, node: str, pod_uid: str, asks: Sequence[ShareAsk]) -> bool:
-        """Whether :meth:`waits_at_gate` holds for every choice of GPUs for ``asks`` on
-        ``node``: a pod queued there has a GPU container of as many shares as one of ``asks``
-        whose slices differ from that ask's in size (a slice takes its ask's cores, and its MiB
-        when the ask names them), so on other slices whichever GPUs are chosen. False where it
-        takes the GPUs chosen to tell, and on memory-units nodes (their devices are MiB)."""
-        entry = self._nodes.get(node)
-        if (
-            entry is None
-            or not (entry.handing_off or entry.tentative)
-            or node in self.memory_unit_nodes
-        ):
-            return False
-        for booking in _queued(entry, pod_uid):
-            for container in booking.containers:
-                gpus = container.gpus
-                for ask in asks:
-                    if ask.shares != len(gpus):
-                        continue
-                    if any(g.core_milli != ask.core_milli for g in gpus):
-                        return True
-                    sized = ask.memory_mib is not None and not ask.whole
-                    if sized and any(g.memory_mib != ask.memory_mib for g in gpus):
-                        return True
-        return False
-
-    def _count_handoffs(self, node: str, entry: _Node) -> None:
-        count = len(entry.handing_off.union(entry.tentative))
-        before = self._handoffs.get(node, 0)
-        if before == count:
-            return
-        # Only a node crossing a level changes that level's set: the set (and what a reader
-        # derived from it, ``ClusterIndex.ranks_of``) is kept while queues only grow or shrink.
-        # A crossing changes the set by that one node (a copy in C, not a pass over every
-        # node's queue: under a burst a node crosses a level at about every other decision).
-        for at_least, queued in self._queued.items():
-            if (before >= at_least) != (count >= at_least):
-                self._queued[at_least] = queued | {node} if count >= at_least else queued - {node}
-        if count:
-            self._handoffs[node] = count
-        else:
-            self._handoffs.pop(node, None)
+        """Whether the gate would hold back every choice of GPUs for ``asks`` on ``node``
+        (``handoffs.certainly_waits_at_gate``)."""
+        units = node in self.memory_unit_nodes
+        return handoffs.certainly_waits_at_gate(self._nodes.get(node), pod_uid, asks, units=units)
 
     # --- node inputs ---------------------------------------------------------------------------
 
-    def _entry(self, node: str) -> _Node:
+    def _entry(self, node: str) -> NodeEntry:
         entry = self._nodes.get(node)
         if entry is None:
-            entry = self._nodes[node] = _Node()
+            entry = self._nodes[node] = NodeEntry()
         return entry
 
     def set_inventory(self, inventory: NodeInventory, *, now: float) -> str:
@@ -491,7 +301,7 @@ class ClusterView:
         return True
 
     def _take_ledger(
-        self, node: str, entry: _Node, pod_uid: str, booking: Booking | None, revision: int
+        self, node: str, entry: NodeEntry, pod_uid: str, booking: Booking | None, revision: int
     ) -> None:
         """Hold ``booking`` as ``pod_uid``'s on ``node`` (None: it has none), the node's bookings
         at ``revision``."""
@@ -507,12 +317,13 @@ class ClusterView:
         entry.ledger_revision = revision
         after = set(bookings)
         for uid in before - after:
-            _drop_node(self._committed, uid, node)
+            drop_node(self._committed, uid, node)
         for uid in after - before:
-            _add_node(self._committed, uid, node)
+            add_node(self._committed, uid, node)
         for uid in after:
             entry.tentative.pop(uid, None)  # committed now (by us or by another replica)
-        if entry.shown != _shown(entry.bookings()):
+        self._hand_off(node, entry, pod_uid)
+        if entry.shown != shown(entry.bookings()):
             self._rebuild(node)
 
     def set_booking_unreadable(self, node: str, pod_uid: str, revision: int) -> None:
@@ -528,13 +339,13 @@ class ClusterView:
     def add_tentative(self, booking: Booking) -> None:
         entry = self._entry(booking.node)
         entry.tentative[booking.pod_uid] = booking
-        self._count_handoffs(booking.node, entry)
+        self._handoffs.count(booking.node, entry)
         self._rebuild(booking.node)
 
     def drop_tentative(self, node: str, pod_uid: str) -> None:
         entry = self._nodes.get(node)
         if entry is not None and entry.tentative.pop(pod_uid, None) is not None:
-            self._count_handoffs(node, entry)
+            self._handoffs.count(node, entry)
             self._rebuild(node)
 
     # --- records and claims --------------------------------------------------------------------
@@ -565,11 +376,17 @@ class ClusterView:
             entry.records.discard(pod_uid)
         else:
             entry.records.add(pod_uid)
-        if facts is not None and facts.state in ("reserved", "bound"):
+        self._hand_off(node, entry, pod_uid)
+
+    def _hand_off(self, node: str, entry: NodeEntry, pod_uid: str) -> None:
+        """Count ``pod_uid`` among the node's pods between decision and Allocate while it is
+        booked there and no record of its booking's commit is ``allocated`` (or released)."""
+        record = self.records.get(assignment_key(node, pod_uid))
+        if handoffs.handing_off(entry.booking(pod_uid), record):
             entry.handing_off.add(pod_uid)
         else:
             entry.handing_off.discard(pod_uid)
-        self._count_handoffs(node, entry)
+        self._handoffs.count(node, entry)
 
     def set_claim(self, pod_uid: str, claim: PodClaim | None, revision: int) -> bool:
         if revision <= self.claim_revisions.get(pod_uid, 0):
@@ -687,7 +504,7 @@ class ClusterView:
 
     # --- deriving node states ------------------------------------------------------------------
 
-    def _reason(self, entry: _Node) -> str:
+    def _reason(self, entry: NodeEntry) -> str:
         if entry.unreadable:
             return UNREADABLE
         return translate.placement_reason(
@@ -695,7 +512,7 @@ class ClusterView:
         )
 
     def _state(
-        self, name: str, entry: _Node, bookings: tuple[Booking, ...] | list[Booking]
+        self, name: str, entry: NodeEntry, bookings: tuple[Booking, ...] | list[Booking]
     ) -> NodeState:
         state = translate.node_state(
             name,
@@ -733,7 +550,7 @@ class ClusterView:
             entry.reason = self._reason(entry)
             return
         entry.reason = self._reason(entry)
-        entry.shown = _shown(bookings)
+        entry.shown = shown(bookings)
         state = self._state(name, entry, bookings)
         if pooled:  # capacity signatures are kept in ``everywhere``, when it is derived
             old = self.index.node(name) if name in self.index else None
@@ -746,7 +563,7 @@ class ClusterView:
             return
         self._put(self.index, name, entry, state)
 
-    def _put(self, index: ClusterIndex, name: str, entry: _Node, state: NodeState) -> None:
+    def _put(self, index: ClusterIndex, name: str, entry: NodeEntry, state: NodeState) -> None:
         """Store ``state`` in ``index`` (the one holding every node), keeping the capacity
         signatures and the change counters."""
         old = index.node(name) if name in index else None
@@ -765,7 +582,7 @@ class ClusterView:
         if gives_room(old, state):
             self.freed += 1
 
-    def _forget_signature(self, entry: _Node) -> None:
+    def _forget_signature(self, entry: NodeEntry) -> None:
         if entry.signature is not None:
             self._signatures.remove(entry.signature)
             entry.signature = None

@@ -1,259 +1,45 @@
-"""The placer's KV writes: each a compare-and-set (or create-only) with its outcome made certain.
+"""The protocol's writes (``commit.py`` has the rules): bookings (with the pods' claims in one
+batch on a replicated store), tenants' charges, claims and records, each over
+:class:`~.kvwrites.KvWrites`' certain-outcome writes.
 
-Every write goes through :meth:`Store.transact`: read the entry (or take the cached value), let a
-pure ``change`` function say what the entry should become (``None``: nothing to write, it already
-is what it should be), write it at the revision read, and
-
-- on a **conflict** (another writer got there first) read the entry again and ask ``change``
-  again;
-- on an **unknown outcome** (the write timed out, or the connection dropped while it was in
-  flight: it may or may not have landed) read the entry back and ask ``change`` again, which
-  finds its own write when it landed (and then has nothing to write) and writes again when it
-  did not. Nothing is ever assumed from a write whose answer was lost.
-
-A node's bookings are one key each (``subjects.booking_key``), and every write of one is
-guarded at the latest revision among the node's keys (``KvWrite.guard``), so they change as one
-entry would: :meth:`Store.book` writes new bookings (with the pods' claims, in one batch, on a
-replicated store) and reads back the same way, but gives up at once when the node's bookings
-changed under the decision (the pod is decided again); :meth:`Store.unbook` and the repairs go
-through :meth:`Store._change_node`, the same loop as ``transact`` over the node's keys. Because
-each write is guarded at the view's revision of the node, the view holds a node at a revision
-only with every booking written up to it.
-
-Every value read or written here is applied to the :class:`~.state.ClusterView` at once, so the
-index reflects this replica's own writes without waiting for the watch to echo them.
-
-Ledger writes for one node are serialised inside a replica (a lock per node), and so are the
-charges of one tenant (a lock per tenant): the replica's concurrent commits do not conflict with
-each other, only with other replicas; those waiting for the same lock are written together.
+:meth:`Store.book` writes new bookings guarded at the node's revision the view holds, and gives
+up at once when the node's bookings changed under the decision (the pod is decided again);
+:meth:`Store.unbook` and the repairs go through ``KvWrites.change_node``. Bookings for one node
+waiting for each other are written together, and so are the charges of one tenant.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
 
 from services.placer import charges, commit, translate
-from services.placer.metrics import PlacerMetrics
-from services.placer.state import ClusterView
-from shared import codec, subjects
-from shared.clock import Clock
+from services.placer.kvwrites import (
+    MAX_ATTEMPTS,
+    ConflictError,
+    Entry,
+    GaveUpError,
+    KvWrites,
+    Write,
+    node_lock_key,
+    tenant_lock_key,
+)
+from shared import codec, commits, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
 from shared.messages.pods import PodPending, PodRestore
-from shared.runtime.bus import Bus, Delivery, KvWrite
-from shared.runtime.edge import Edge
+from shared.runtime.bus import Delivery, KvWrite
+
+__all__ = ["ConflictError", "Entry", "GaveUpError", "Store"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-_Batched = TypeVar("_Batched", Booking, TenantCharge)
 
-
-def _node_lock_key(node: str) -> str:
-    return f"node/{node}"
-
-
-def _tenant_lock_key(tenant: str) -> str:
-    return f"tenant/{tenant}"
-
-
-MAX_ATTEMPTS = 16
-"""Writes of one entry in a row that lose to another writer before the step gives up (each loss
-means another writer made progress, so this is only reached under a storm)."""
-
-
-class GaveUpError(Exception):
-    """An entry kept changing under ``MAX_ATTEMPTS`` writes (or stayed unreadable)."""
-
-
-class ConflictError(Exception):
-    """A booking found its node's bookings changed under its decision (the caller decides
-    anew)."""
-
-
-@dataclass(frozen=True)
-class Entry(Generic[T]):
-    """An entry's value (None: absent or deleted) at a revision (0: never written)."""
-
-    value: T | None
-    revision: int
-
-
-@dataclass(frozen=True)
-class _Kind(Generic[T]):
-    bucket: str
-    family: str
-    message: type[T]
-    apply: Callable[[str, T | None, int], bool]
-
-
-@dataclass
-class _Write:
-    """One write of :meth:`Store.transact` on its way: its bytes, and the revision its watch
-    delivery showed it landed at (0 until then)."""
-
-    data: bytes
-    landed: int = 0
-
-
-class Store:
-    """KV reads and writes of ledger entries, pod claims, assignment records and tenants'
-    charges."""
-
-    def __init__(
-        self,
-        *,
-        bus: Bus,
-        edge: Edge,
-        view: ClusterView,
-        clock: Clock,
-        metrics: PlacerMetrics,
-        claims_with_bookings: bool = False,
-    ) -> None:
-        self._bus = bus
-        self._claims_with_bookings = claims_with_bookings
-        """Whether :meth:`book` also claims, in the booking's batch (see there)."""
-        self._edge = edge
-        self._view = view
-        self._clock = clock
-        self._metrics = metrics
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._queued: dict[str, list[tuple[Any, asyncio.Future[str]]]] = {}
-        """Bookings per node (charges per tenant) waiting for its lock (written together)."""
-        self._seen: dict[str, frozenset[str]] = {}
-        """Commit id -> the bookings on its node when it was decided (while it is booked)."""
-        self._requests: dict[str, PodPending | None] = {}
-        """Commit id -> its pod as pending, for its claim (while it is booked)."""
-        self._writing: dict[tuple[str, str], _Write] = {}
-        """(bucket, key) -> what this replica is writing there, until the answer comes."""
-        self.bookings = _Kind(subjects.KV_LEDGER, "ledger", Booking, self._apply_booking)
-        self.claims = _Kind(subjects.KV_CLAIMS, "claims", PodClaim, self._apply_claim)
-        self.records = _Kind(
-            subjects.KV_ASSIGNMENTS, "assignments", AssignmentRecord, view.set_record
-        )
-        self.tenants = _Kind(subjects.KV_TENANTS, "tenants", TenantLedger, self._apply_tenant)
-
-    # --- reading -------------------------------------------------------------------------------
-
-    def _apply_booking(self, key: str, booking: Booking | None, revision: int) -> bool:
-        node, pod_uid = subjects.booking_of_key(key)
-        return self._view.set_booking(node, pod_uid, booking, revision)
-
-    def _apply_claim(self, key: str, claim: PodClaim | None, revision: int) -> bool:
-        return self._view.set_claim(subjects.claim_uid(key), claim, revision)
-
-    def _apply_tenant(self, key: str, ledger: TenantLedger | None, revision: int) -> bool:
-        return ledger is not None and self._view.set_tenant_ledger(ledger, revision)
-
-    async def decode(self, kind: _Kind[T], key: str, data: bytes) -> T | None:
-        """Decode a KV value at the edge (a value that does not decode is dead-lettered)."""
-        delivery = Delivery(subject=f"$KV.{kind.bucket}.{key}", data=data)
-        return await self._edge.accept(delivery, kind.message, family=kind.family)
-
-    async def read(self, kind: _Kind[T], key: str) -> Entry[T]:
-        """The entry as the server has it now (and applied to the view)."""
-        entry = await self._bus.kv_get(kind.bucket, key)
-        if entry is None:
-            return Entry(None, 0)
-        value = await self.decode(kind, key, entry.value)
-        if value is None:
-            raise GaveUpError(f"{kind.bucket} entry {key} does not decode; see the dead letter")
-        kind.apply(key, value, entry.revision)
-        return Entry(value, entry.revision)
-
-    async def read_node(self, node: str) -> Entry[NodeLedger]:
-        """``node``'s bookings as the server has them now (and applied to the view), at the
-        latest revision among its booking keys."""
-        for entry in await self._bus.kv_list(subjects.KV_LEDGER, subjects.node_bookings(node)):
-            booking = None
-            if not entry.deleted:
-                booking = await self.decode(self.bookings, entry.key, entry.value)
-                if booking is None:
-                    raise GaveUpError(f"booking {entry.key} does not decode; see the dead letter")
-            self.bookings.apply(entry.key, booking, entry.revision)
-        return self._cached_ledger(node)
-
-    # --- writing -------------------------------------------------------------------------------
-
-    def echoed(self, bucket: str, key: str, value: bytes, revision: int) -> bool:
-        """Whether a watch delivery of ``key`` is this replica's write still waiting for its
-        answer: most come back before the answer does, and decoding them only repeats what
-        :meth:`transact` applies when the answer comes (or, whatever ends the write, at
-        ``revision`` then)."""
-        write = self._writing.get((bucket, key))
-        if write is None or write.data != value:
-            return False
-        write.landed = revision
-        return True
-
-    async def transact(
-        self,
-        kind: _Kind[T],
-        key: str,
-        change: Callable[[T | None], T | None],
-        *,
-        start: Entry[T] | None = None,
-    ) -> Entry[T]:
-        """Bring entry ``key`` to what ``change`` says (see the module docstring).
-
-        ``start``: the cached entry to try first (saves a read on the fast path). Raises
-        :class:`GaveUpError` when it kept changing.
-        """
-        current = start if start is not None else await self.read(kind, key)
-        for _ in range(MAX_ATTEMPTS):
-            wanted = change(current.value)
-            if wanted is None:
-                return current
-            data = codec.encode(wanted)
-            slot = (kind.bucket, key)
-            write = self._writing[slot] = _Write(data)
-            try:
-                if current.revision == 0 or current.value is None:
-                    revision = await self._bus.kv_create(kind.bucket, key, data)
-                else:
-                    revision = await self._bus.kv_update(
-                        kind.bucket, key, data, revision=current.revision
-                    )
-            except Exception as error:
-                # The write may have landed or not: only a read can tell.
-                self._metrics.unknown_outcomes.labels(entry=kind.family).inc()
-                log.warning(
-                    "KV write outcome unknown; reading it back",
-                    extra={"bucket": kind.bucket, "key": key, "error": type(error).__name__},
-                )
-                current = await self.read(kind, key)
-                continue
-            finally:
-                if self._writing.get(slot) is write:
-                    del self._writing[slot]
-                if write.landed:  # its watch delivery came first and was left to us
-                    kind.apply(key, wanted, write.landed)
-            if revision is None:
-                self._metrics.conflicts.labels(entry=kind.family).inc()
-                current = await self.read(kind, key)
-                continue
-            kind.apply(key, wanted, revision)
-            return Entry(wanted, revision)
-        raise GaveUpError(f"{kind.bucket} entry {key} kept changing under {MAX_ATTEMPTS} writes")
-
-    def _lock(self, key: str) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
-
-    def node_lock(self, node: str) -> asyncio.Lock:
-        return self._lock(_node_lock_key(node))
+class Store(KvWrites):
+    """The protocol's writes of bookings, charges, claims and records (see the module
+    docstring)."""
 
     # --- the ledger ----------------------------------------------------------------------------
-
-    def _cached_ledger(self, node: str) -> Entry[NodeLedger]:
-        ledger, revision = self._view.ledger(node)
-        return Entry(ledger, revision)
 
     async def book(
         self,
@@ -296,7 +82,7 @@ class Store:
             self._seen[booking.commit] = seen
         self._requests[booking.commit] = request
         try:
-            return await self._group_commit(_node_lock_key(node), booking, write)
+            return await self.write_together(node_lock_key(node), booking, write)
         finally:
             self._seen.pop(booking.commit, None)
             self._requests.pop(booking.commit, None)
@@ -353,7 +139,7 @@ class Store:
             if added:
                 attempted = ledger.revision
             echoes = {
-                (subjects.KV_LEDGER, w.key): (_Write(w.value), b)
+                (subjects.KV_LEDGER, w.key): (Write(w.value), b)
                 for w, b in zip(writes, added, strict=False)
             }
             self._writing.update({slot: echo for slot, (echo, _) in echoes.items()})
@@ -394,35 +180,6 @@ class Store:
             ledger = self._cached_ledger(node)
             attempted = ledger.revision
 
-    async def _group_commit(
-        self,
-        lock: str,
-        item: _Batched,
-        write: Callable[[list[_Batched]], Awaitable[dict[str, str]]],
-    ) -> str:
-        """Write ``item`` with every other one waiting for the same ``lock``, by one ``write``
-        that returns why items (by commit id) were refused; "" for ``item`` when it was not."""
-        waiter: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queued.setdefault(lock, []).append((item, waiter))
-        try:
-            async with self._lock(lock):
-                if not waiter.done():
-                    batch = [(b, w) for b, w in self._queued.pop(lock, []) if not w.done()]
-                    try:
-                        refused = await write([b for b, _ in batch])
-                    except Exception as error:
-                        for _, pending in batch:
-                            if not pending.done():
-                                pending.set_exception(error)
-                    else:
-                        for done, pending in batch:
-                            if not pending.done():
-                                pending.set_result(refused.get(done.commit, ""))
-        except BaseException:
-            waiter.cancel()  # stopped while waiting: not written (or already decided)
-            raise
-        return waiter.result()
-
     async def rebook(self, booking: Booking) -> str:
         """Book ``booking`` again (its record is live); retried through conflicts."""
         refused = ""
@@ -438,7 +195,7 @@ class Store:
             return commit.with_booking(ledger, booking, now=self._clock.now())
 
         async with self.node_lock(booking.node):
-            await self._change_node(booking.node, change)
+            await self.change_node(booking.node, change)
         return refused
 
     async def restore_booking(self, booking: Booking) -> None:
@@ -451,7 +208,7 @@ class Store:
             return commit.with_booking(ledger, booking, now=self._clock.now())
 
         async with self.node_lock(booking.node):
-            await self._change_node(booking.node, change)
+            await self.change_node(booking.node, change)
 
     async def unbook(self, booking: Booking) -> None:
         """Take ``booking`` (this commit's, not a newer one) off its node's ledger."""
@@ -462,74 +219,8 @@ class Store:
             )
 
         async with self.node_lock(booking.node):
-            await self._change_node(booking.node, change, start=self._cached_ledger(booking.node))
+            await self.change_node(booking.node, change, start=self._cached_ledger(booking.node))
         self._view.drop_tentative(booking.node, booking.pod_uid)
-
-    async def _change_node(
-        self,
-        node: str,
-        change: Callable[[NodeLedger | None], NodeLedger | None],
-        *,
-        start: Entry[NodeLedger] | None = None,
-    ) -> None:
-        """Bring ``node``'s bookings to what ``change`` says, as :meth:`transact` brings an
-        entry: each booking added, changed or deleted is written guarded at the node's revision
-        (the view then holds the node whole at the revision it landed at); a write that lost, or
-        whose answer was lost, reads the node again and asks ``change`` again."""
-        current = start if start is not None else await self.read_node(node)
-        for _ in range(MAX_ATTEMPTS):
-            wanted = change(current.value)
-            if wanted is None:
-                return
-            if not await self._write_difference(node, current, wanted):
-                current = await self.read_node(node)
-                continue
-            current = self._cached_ledger(node)
-        raise GaveUpError(f"node {node}'s bookings kept changing under {MAX_ATTEMPTS} writes")
-
-    async def _write_difference(
-        self, node: str, current: Entry[NodeLedger], wanted: NodeLedger
-    ) -> bool:
-        """Write the first difference between ``current`` and ``wanted``; whether it landed
-        (False: it lost, or its answer was lost)."""
-        held = {b.pod_uid: b for b in (current.value.bookings if current.value else ())}
-        kept = {b.pod_uid for b in wanted.bookings}
-        changed = next((b for b in wanted.bookings if held.get(b.pod_uid) != b), None)
-        gone = next((uid for uid in held if uid not in kept), None)
-        uid = changed.pod_uid if changed is not None else gone
-        if uid is None:
-            return True
-        key = subjects.booking_key(node, uid)
-        try:
-            if changed is not None:
-                data = codec.encode(changed)
-                guarded = KvWrite(key, data, current.revision, guard=subjects.node_bookings(node))
-                revisions = await self._bus.kv_write_all(subjects.KV_LEDGER, [guarded])
-                if revisions is not None:
-                    self.bookings.apply(key, changed, revisions[0])
-                    return True
-            else:
-                # Guarded like a booking, not by the key alone: the view applies the marker's
-                # revision as the node's, so nothing else may have landed on the node between.
-                marker = await self._bus.kv_delete_if(
-                    subjects.KV_LEDGER,
-                    key,
-                    revision=current.revision,
-                    guard=subjects.node_bookings(node),
-                )
-                if marker is not None:
-                    self.bookings.apply(key, None, marker)
-                    return True
-        except Exception as error:
-            # The write may have landed or not: only a read can tell.
-            self._metrics.unknown_outcomes.labels(entry="ledger").inc()
-            log.warning(
-                "KV booking outcome unknown; reading it back",
-                extra={"key": key, "error": type(error).__name__},
-            )
-            return False
-        self._metrics.conflicts.labels(entry="ledger").inc()
-        return False
 
     async def convert_legacy_ledgers(self) -> int:
         """Turn each whole-node ledger entry an earlier version wrote (``subjects.
@@ -604,7 +295,7 @@ class Store:
             )
             return refused
 
-        return await self._group_commit(_tenant_lock_key(tenant), charge, write)
+        return await self.write_together(tenant_lock_key(tenant), charge, write)
 
     async def uncharge(self, booking: Booking) -> None:
         """Take the charge of ``booking``'s commit off its tenant's entry, if it holds one.
@@ -622,7 +313,7 @@ class Store:
         def change(ledger: TenantLedger | None) -> TenantLedger | None:
             return charges.without_charge(ledger, booking.commit, now=self._clock.now())
 
-        async with self._lock(_tenant_lock_key(tenant)):
+        async with self._lock(tenant_lock_key(tenant)):
             await self.transact(
                 self.tenants,
                 subjects.tenant_key(tenant),
@@ -638,7 +329,7 @@ class Store:
         def change(ledger: TenantLedger | None) -> TenantLedger | None:
             return charges.with_charge(ledger, tenant, charge, now=self._clock.now())
 
-        async with self._lock(_tenant_lock_key(tenant)):
+        async with self._lock(tenant_lock_key(tenant)):
             await self.transact(self.tenants, subjects.tenant_key(tenant), change)
 
     # --- claims --------------------------------------------------------------------------------
@@ -683,37 +374,19 @@ class Store:
 
     # --- records -------------------------------------------------------------------------------
 
-    async def ensure_record(self, booking: Booking) -> commit.RecordAction:
-        """Write the ``reserved`` record of ``booking`` (create-only first, the fast path).
-
-        Returns ``done`` (the record of this commit exists), ``released`` (this commit was
-        released already: do not publish) or ``blocked`` (a live record of another commit).
-        """
+    async def restore_record(self, booking: Booking, restore: PodRestore) -> commits.RecordAction:
+        """Write the record of a restored placement in the state the hand-off had reached:
+        ``done`` (written, or there already), ``released`` (this commit was released: a fence)
+        or ``blocked`` (a live record of another commit)."""
         key = subjects.assignment_key(booking.node, booking.pod_uid)
-        action: commit.RecordAction = "write"
+        action: commits.RecordAction = "write"
 
         def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
             nonlocal action
-            action = commit.record_action(record, booking.commit)
+            action = commits.record_action(record, booking.commit)
             if action != "write":
                 return None
-            return commit.placed_over(record, translate.record_of(booking))
-
-        await self.transact(self.records, key, change, start=Entry(None, 0))
-        return "done" if action == "write" else action
-
-    async def restore_record(self, booking: Booking, restore: PodRestore) -> commit.RecordAction:
-        """Write the record of a restored placement in the state the hand-off had reached
-        (``ensure_record``'s answers)."""
-        key = subjects.assignment_key(booking.node, booking.pod_uid)
-        action: commit.RecordAction = "write"
-
-        def change(record: AssignmentRecord | None) -> AssignmentRecord | None:
-            nonlocal action
-            action = commit.record_action(record, booking.commit)
-            if action != "write":
-                return None
-            return commit.placed_over(record, translate.restored_record(booking, restore))
+            return commits.placed_over(record, translate.restored_record(booking, restore))
 
         await self.transact(self.records, key, change)
         return "done" if action == "write" else action
@@ -734,7 +407,3 @@ class Store:
         self, key: str, change: Callable[[AssignmentRecord | None], AssignmentRecord | None]
     ) -> Entry[AssignmentRecord]:
         return await self.transact(self.records, key, change)
-
-    async def delete_if(self, kind: _Kind[T], key: str, revision: int) -> bool:
-        """Delete ``key`` only if still at ``revision`` (purging after retention)."""
-        return await self._bus.kv_delete_if(kind.bucket, key, revision=revision) is not None

@@ -2,8 +2,7 @@
 
 In: ``PodPending`` -> :class:`PodRequest`; a node's ``NodeInventory`` + ``NodeFacts`` + ledger
 bookings -> :class:`NodeState`. Out: a core :class:`Decision` -> :class:`Booking` (what the ledger
-holds) -> ``AssignmentRecord`` and ``PlacementDecision``; a core :class:`Rejection` ->
-``PlacementRejected``.
+holds); a core :class:`Rejection` -> ``PlacementRejected``.
 
 Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
 
@@ -57,7 +56,6 @@ from services.placer.core.model import (
     GPU_MILLI,
     ContainerPlacement,
     ContainerRequest,
-    Decision,
     GpuSlice,
     GpuState,
     NodeState,
@@ -68,13 +66,13 @@ from services.placer.core.model import (
     Reservation,
 )
 from shared import annotations as names
-from shared.commits import record_containers
+from shared.commits import record_of
 from shared.dra.claims import ClaimPlan
 from shared.messages.assignments import AssignmentRecord, settled
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.nodes import NodeFacts
-from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.placement import PlacementRejected
 from shared.messages.placement import RejectionReason as WireReason
 from shared.messages.pods import PodPending, PodRestore
 
@@ -415,58 +413,10 @@ def restored_record(booking: Booking, restore: PodRestore) -> AssignmentRecord:
     """The assignment record of a restored placement, as far as the hand-off had come; an
     allocated one with every GPU container answered (the device IDs the kubelet was handed are
     not known here), as the binder settles a record: without, it read as invalid."""
-    record = msgspec.structs.replace(
-        record_of(booking), state=restore.state, bound_at=restore.bound_at
-    )
+    record = record_of(booking, state=restore.state, bound_at=restore.bound_at)
     if restore.state != "allocated":
         return record
     return settled(record, now=restore.bound_at or restore.decided_at)
-
-
-def record_of(booking: Booking) -> AssignmentRecord:
-    """The ``reserved`` assignment record a committed booking hands to the binder."""
-    return AssignmentRecord(
-        pod_uid=booking.pod_uid,
-        namespace=booking.namespace,
-        name=booking.name,
-        node=booking.node,
-        containers=record_containers(booking),
-        state="reserved",
-        decided_at=booking.decided_at,
-        placer_id=booking.placer_id,
-        commit=booking.commit,
-    )
-
-
-def decision_message(
-    booking: Booking,
-    *,
-    score: float = 0.0,
-    scores: Mapping[str, float] | None = None,
-    explanation: str = "",
-) -> PlacementDecision:
-    """What the binder reads on ``tessera.assignments.<node>``."""
-    return PlacementDecision(
-        pod_uid=booking.pod_uid,
-        namespace=booking.namespace,
-        name=booking.name,
-        node=booking.node,
-        containers=record_containers(booking),
-        score=score,
-        scores=dict(scores or {}),
-        explanation=explanation,
-        decided_at=booking.decided_at,
-        placer_id=booking.placer_id,
-        commit=booking.commit,
-    )
-
-
-def explanation_of(decision: Decision, profile: str) -> str:
-    """One line saying how the node was chosen."""
-    return (
-        f"profile {profile}: score {decision.score:.2f}, best of "
-        f"{decision.feasible_nodes} feasible node{'s' if decision.feasible_nodes != 1 else ''}"
-    )
 
 
 # --- rejections ------------------------------------------------------------------------------

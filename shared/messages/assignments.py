@@ -1,7 +1,8 @@
 """Assignment records, KV bucket ``tessera-assignments`` keyed ``<node>.<pod uid>``.
 
 The single source of truth for the hand-off between placer, binder and device plugin (DESIGN
-section 4). A record only moves forward, each step a compare-and-set on its KV revision:
+section 4). A record only moves forward, each step a compare-and-set on its KV revision (or a
+create-only write):
 
     reserved -> bound -> allocated -> released
 
@@ -9,9 +10,12 @@ section 4). A record only moves forward, each step a compare-and-set on its KV r
 holds (``shared.validation.transition_problem``, through every record mirror: the binder's
 ambiguity gate as the device plugin): a version moved back is refused, whoever wrote it.
 
-``reserved``: the placer decided and booked it. ``bound``: the binder annotated the pod and bound it
-to the node. ``allocated``: the device plugin answered Allocate for every GPU container.
-``released``: the pod is gone; the GPUs are free again.
+``reserved``: the placer decided and booked it; that stage is the pod's booking and claim in
+``tessera-ledger`` (``shared.messages.ledger``), and the record is first written ``bound``
+(placers before this protocol wrote ``reserved`` records, which the binder still binds).
+``bound``: the binder annotated the pod and bound it to the node. ``allocated``: the device
+plugin answered Allocate for every GPU container. ``released``: the placement was given back
+(the pod is gone, or placed again); its GPUs are free again, and the record fences its commit.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ them, one entry per node, which a placer turns into booking keys before it is re
 KV_CLAIMS``: the same bucket, so that a booking and its claim can be written by one atomic batch):
 a :class:`PodClaim` naming the one booking (by its ``commit`` id) that places the pod. It is
 created create-only, so two replicas that booked the same pod on two different nodes cannot both
-go on to write an assignment record: the loser's batch lands neither its booking nor its claim
-(or, where the claim is written after the booking, the loser gives its booking back). States:
+place it: the loser's batch lands neither its booking nor its claim (or, where the claim is
+written after the booking, the loser gives its booking back). A placed claim is the binder's
+work: it binds the booking the claim names by writing its assignment record. States:
 ``placed`` (the booking is the pod's placement), ``requeued`` (the placement was given back after
 a failed binding or a reserve timeout; the pod may be placed again by a compare-and-set from this
 state), ``deleted`` (the pod is gone; terminal, purged after the retention period).

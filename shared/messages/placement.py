@@ -1,29 +1,11 @@
-"""``tessera.assignments.<node>`` and ``tessera.placements.rejected``: the placer's answers;
-``tessera.placements.invalid``: the binder's, for a pod that cannot be placed as written."""
+"""``tessera.placements.rejected``: the placer's answer for a pod that fits nowhere now;
+``tessera.placements.invalid``: the binder's, for a pod that cannot be placed as written. (A pod
+that fits is answered by its booking and claim in ``tessera-ledger``, ``shared.messages.ledger``.)
+"""
 
 from __future__ import annotations
 
-from shared.messages.base import ContainerSlices, Message
-
-
-class PlacementDecision(Message, frozen=True, kw_only=True):
-    """Where a pod goes: the node and every container's GPU slices, with why."""
-
-    pod_uid: str
-    namespace: str
-    name: str
-    node: str
-    containers: tuple[ContainerSlices, ...]
-    score: float = 0.0
-    scores: dict[str, float] = {}
-    """Per-plugin weighted score of the chosen node."""
-    explanation: str = ""
-    decided_at: float
-    placer_id: str
-    commit: str = ""
-    """The commit the decision announces: the binder binds only that commit's record (the
-    record may reach it after the decision). Empty from a placer older than the field: then
-    any record of the pod on the node that matches the slices."""
+from shared.messages.base import Message
 
 
 class RejectionReason(Message, frozen=True, kw_only=True):

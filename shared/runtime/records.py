@@ -12,7 +12,8 @@ of each key (released ones included) stays the reference a rewrite is checked ag
 revision an older version arriving late (our own write racing the watch) cannot undercut; deleted
 keys leave a tombstone of their revision for the same reason.
 
-Served (``views``, ``get``, ``on_node``): accepted, neither released nor refused since.
+Served (``views``, ``get``, ``on_node``): accepted, neither released nor refused since;
+``latest`` is the last version accepted, released ones included.
 ``changed`` bumps on every change, so a waiter (the binder's ambiguity gate, an Allocate waiting
 for its record) notes the version, looks, and waits past it.
 """
@@ -105,6 +106,13 @@ class RecordMirror:
 
     def get(self, key: str) -> RecordView | None:
         return self._views.get(key)
+
+    def latest(self, key: str) -> RecordView | None:
+        """The last version of ``key`` accepted, released ones included (None: none, or the
+        key is deleted or refused)."""
+        if key in self._rejected:
+            return None
+        return self._accepted.get(key)
 
     def on_node(self, node: str) -> list[RecordView]:
         return list(self._by_node.get(node, {}).values())

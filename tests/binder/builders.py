@@ -1,5 +1,5 @@
 """Builders for binder tests: Kubernetes objects as the API takes them, and the placer's side
-(assignment records, decisions, rejections) as the placer would write them."""
+(the placement as a record, rejections) as the placer would write it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.base import ContainerSlices
-from shared.messages.placement import PlacementDecision, PlacementRejected, RejectionReason
+from shared.messages.ledger import Booking
+from shared.messages.placement import PlacementRejected, RejectionReason
 from tests.harness import wire
+from tests.harness.commits import booking_of
 
 NODE = "gpu-1"
 DECIDED_AT = wire.NOW
@@ -141,17 +143,9 @@ def record(
     )
 
 
-def decision(of: AssignmentRecord) -> PlacementDecision:
-    return PlacementDecision(
-        pod_uid=of.pod_uid,
-        namespace=of.namespace,
-        name=of.name,
-        node=of.node,
-        containers=of.containers,
-        decided_at=of.decided_at,
-        placer_id=of.placer_id,
-        commit=of.commit,
-    )
+def booking(of: AssignmentRecord) -> Booking:
+    """The booking a placer committed for the record ``of`` (what the binder binds)."""
+    return booking_of(of)
 
 
 def rejection(

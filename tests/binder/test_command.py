@@ -17,16 +17,14 @@ import pytest
 
 from services.binder.command import BinderSettings, build_config
 from services.binder.config import pod_namespace
-from shared import subjects
 from shared.config import ConfigError
-from shared.messages.bindings import BindingResult
 from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import LEASE, NODE, POD
 from tests.binder.builders import node, pod, record, slices
-from tests.binder.conftest import collect, eventually
-from tests.binder.test_service import publish_decision, uid_of
-from tests.harness.kv import create_committed
+from tests.binder.conftest import eventually
+from tests.binder.test_service import bound_to, uid_of
+from tests.harness.kv import place
 from tests.harness.nats import NatsServer, environment_without_proxies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,7 +214,6 @@ async def test_two_binders_elect_one_leader_and_the_standby_takes_over_after_sig
     api: ApiServer, nats_server: NatsServer, bus: NatsBus, kubeconfig: Path
 ) -> None:
     api.create(NODE, node())
-    results = await collect(bus, subjects.BINDING_RESULTS_ALL)
     binders = [await start(name, nats_server, kubeconfig) for name in ("binder-a", "binder-b")]
     try:
         await eventually(
@@ -235,9 +232,8 @@ async def test_two_binders_elect_one_leader_and_the_standby_takes_over_after_sig
             assert leading == (binder is leader), (binder.identity, metrics[-400:])
 
         first = record(uid_of(api.create(POD, pod("first"))), "first")
-        await create_committed(bus, first)
-        await publish_decision(bus, first)
-        await eventually(lambda: results.deliveries, what="the leader binds")
+        await place(bus, first)
+        await eventually(lambda: bound_to(api, "first"), what="the leader binds")
 
         loop = asyncio.get_running_loop()
         leader.process.kill()
@@ -259,11 +255,10 @@ async def test_two_binders_elect_one_leader_and_the_standby_takes_over_after_sig
             "second",
             slices("main", (1, 4096, 25), devices=2),
         )
-        await create_committed(bus, second)
-        await publish_decision(bus, second)
-        await eventually(lambda: len(results.deliveries) == 2, what="the new leader binds")
-        assert [r.outcome for r in results.decoded(BindingResult)] == ["bound", "bound"]
+        await place(bus, second)
+        await eventually(lambda: bound_to(api, "second"), what="the new leader binds")
         assert api.get(POD, "default", "second")["spec"]["nodeName"] == "gpu-1"
+        assert [w.code for w in api.writes_to("pods/binding")] == [201, 201]
     finally:
         codes = [await b.stop() for b in binders]
     assert codes[binders.index(standby)] == 0

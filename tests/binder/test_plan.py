@@ -1,4 +1,4 @@
-"""The bind plan: what a decision leads to, and the ambiguity gate as a property."""
+"""The bind plan: what binding a placement leads to, and the ambiguity gate as a property."""
 
 from __future__ import annotations
 
@@ -11,18 +11,14 @@ from hypothesis import strategies as st
 
 from services.binder.plan import (
     Admission,
-    Advance,
-    AwaitRecord,
     Bind,
     Drop,
     ObservedPod,
     Report,
     Wait,
     admission_of,
-    claim_of,
     gate_resources,
     plan_bind,
-    record_on_its_way,
     served_elsewhere,
     stranded,
     withdrawable,
@@ -38,11 +34,8 @@ from shared.messages.assignments import (
     settled,
 )
 from shared.messages.base import ContainerSlices, GpuSlice
-from shared.messages.ledger import PodClaim
-from shared.messages.placement import PlacementDecision
 from shared.validation import record_problem
-from tests.binder.builders import NODE, decision, record, slices
-from tests.harness.commits import claim_of as placed_claim
+from tests.binder.builders import NODE, booking, record, slices
 
 NOW = 1_700_000_100.0
 GPU = frozenset({"tessera.dev/gpu"})
@@ -57,16 +50,16 @@ def seen(uid: str = "u1", node: str = "", terminating: bool = False) -> Observed
 
 
 def plan(
-    mine: AssignmentRecord | None,
+    found: AssignmentRecord | None,
     pod: ObservedPod | None,
     *others: AssignmentRecord,
-    decided: AssignmentRecord | None = None,
+    placed: AssignmentRecord | None = None,
 ) -> object:
-    wanted = decided or mine or record("u1", "p")
+    """The plan for ``placed`` (by default :data:`MINE`) with ``found`` at its key."""
     return plan_bind(
-        decision=decision(wanted),
+        booking=booking(placed or MINE),
         pod=pod,
-        record=view(mine) if mine else None,
+        record=view(found) if found else None,
         node_records=[view(o) for o in others],
         resources=GPU,
         now=NOW,
@@ -74,46 +67,55 @@ def plan(
 
 
 MINE = record("u1", "p", slices("main", (0, 4096, 25)))
+BOUND = msgspec.structs.replace(MINE, state="bound", bound_at=NOW)
+"""The record the binder writes for :data:`MINE`'s booking."""
+OLDER = msgspec.structs.replace(MINE, commit="commit-older")
 
 
 @pytest.mark.parametrize(
-    ("mine", "pod", "expected"),
+    ("found", "pod", "expected"),
     [
         pytest.param(
+            released(MINE, now=NOW),
+            seen(),
+            Drop(reason="the placement was given back before the pod was bound"),
+            id="fenced",
+        ),
+        pytest.param(
+            msgspec.structs.replace(released(OLDER, now=NOW), fenced=(MINE.commit,)),
+            seen(),
+            Drop(reason="the placement was given back before the pod was bound"),
+            id="fenced-beside-an-older-commit",
+        ),
+        pytest.param(
+            OLDER,
+            seen(),
+            Drop(reason="a live record of another commit holds the pod's key on the node"),
+            id="another-commit-live",
+        ),
+        pytest.param(
+            None, None, Report(outcome="gone", reason="the pod no longer exists"), id="pod-gone"
+        ),
+        pytest.param(
             None,
-            seen(),
-            AwaitRecord(reason="no assignment record of this decision's commit", after=0),
-            id="no-record-yet",
-        ),
-        pytest.param(
-            msgspec.structs.replace(MINE, state="released"),
-            seen(),
-            Drop(reason="the assignment record was released before the pod was bound"),
-            id="released",
-        ),
-        pytest.param(
-            MINE, None, Report(outcome="gone", reason="the pod no longer exists"), id="pod-gone"
-        ),
-        pytest.param(
-            MINE,
             seen(uid="other"),
             Report(outcome="gone", reason="the pod no longer exists"),
             id="pod-replaced",
         ),
         pytest.param(
-            MINE,
+            None,
             seen(node="gpu-9"),
             Report(outcome="failed", reason="the pod is already bound to node gpu-9"),
             id="bound-elsewhere",
         ),
         pytest.param(
-            msgspec.structs.replace(MINE, state="bound"),
+            BOUND,
             seen(node=NODE),
             Report(outcome="bound", reason="already bound"),
-            id="redelivered",
+            id="seen-again",
         ),
         pytest.param(
-            MINE,
+            None,
             seen(terminating=True),
             Report(outcome="gone", reason="the pod is being deleted"),
             id="terminating",
@@ -121,97 +123,16 @@ MINE = record("u1", "p", slices("main", (0, 4096, 25)))
     ],
 )
 def test_plans_without_binding(
-    mine: AssignmentRecord | None, pod: ObservedPod | None, expected: object
+    found: AssignmentRecord | None, pod: ObservedPod | None, expected: object
 ) -> None:
-    assert plan(mine, pod) == expected
+    assert plan(found, pod) == expected
 
 
-def test_a_stale_decision_is_dropped_silently() -> None:
-    newer = record("u1", "p", slices("main", (3, 4096, 25)))
-    assert plan(newer, seen(), decided=MINE) == Drop(
-        reason="the assignment record no longer matches this decision"
-    )
-
-
-OLDER = msgspec.structs.replace(MINE, commit="commit-older")
-LEGACY = msgspec.structs.replace(decision(MINE), commit="")
-
-
-@pytest.mark.parametrize(
-    ("found", "decided", "expected"),
-    [
-        pytest.param(
-            released(OLDER, now=NOW),
-            decision(MINE),
-            AwaitRecord(reason="no assignment record of this decision's commit", after=1),
-            id="older-commit-released",
-        ),
-        pytest.param(
-            OLDER,
-            decision(MINE),
-            AwaitRecord(reason="no assignment record of this decision's commit", after=1),
-            id="older-commit-live",
-        ),
-        pytest.param(
-            released(OLDER, now=NOW),
-            LEGACY,
-            Drop(reason="the assignment record was released before the pod was bound"),
-            id="no-commit-named-released",
-        ),
-    ],
-)
-def test_a_decision_binds_only_the_record_of_its_commit(
-    found: AssignmentRecord, decided: PlacementDecision, expected: object
-) -> None:
-    """The placer publishes a decision beside its record's write: the key may still hold the
-    record of an earlier commit of the pod on the node (placed there again after a requeue),
-    and that one is never taken for this decision's. A decision from a placer that names no
-    commit is judged as before the field existed."""
-    result = plan_bind(
-        decision=decided, pod=seen(), record=view(found), node_records=[], resources=GPU, now=NOW
-    )
-    assert result == expected
-
-
-@pytest.mark.parametrize(
-    ("claim", "decided", "expected"),
-    [
-        pytest.param(placed_claim(MINE), decision(MINE), True, id="placed-by-this-commit"),
-        pytest.param(None, decision(MINE), False, id="no-claim"),
-        pytest.param(placed_claim(OLDER), decision(MINE), False, id="placed-by-another-commit"),
-        pytest.param(
-            msgspec.structs.replace(placed_claim(MINE), state="requeued"),
-            decision(MINE),
-            False,
-            id="requeued",
-        ),
-        pytest.param(
-            msgspec.structs.replace(placed_claim(MINE), state="deleted"),
-            decision(MINE),
-            False,
-            id="deleted",
-        ),
-        pytest.param(placed_claim(MINE), LEGACY, False, id="decision-names-no-commit"),
-    ],
-)
-def test_a_record_is_on_its_way_while_the_claim_names_its_commit(
-    claim: PodClaim | None, decided: PlacementDecision, expected: bool
-) -> None:
-    assert record_on_its_way(decided, claim) is expected
-
-
-def test_a_reserved_record_of_a_pod_already_on_its_node_advances() -> None:
-    result = plan(MINE, seen(node=NODE))
-    assert isinstance(result, Advance)
-    assert (result.record.state, result.record.bound_at) == ("bound", NOW)
-    assert claim_of(result) == (view(MINE), result.record)
-
-
-def test_bind_claims_the_record_and_carries_the_annotations() -> None:
-    result = plan(MINE, seen())
+def test_bind_creates_the_record_bound_and_carries_the_annotations() -> None:
+    result = plan(None, seen())
     assert isinstance(result, Bind)
-    assert result.claim == view(MINE)
-    assert result.record == msgspec.structs.replace(MINE, state="bound", bound_at=NOW)
+    assert (result.write, result.binding) == (0, True)
+    assert result.record == BOUND
     annotation = codec.decode(result.annotations[names.ASSIGNMENT], names.AssignmentAnnotation)
     assert annotation.node == NODE and annotation.placer_id == "placer-test"
     assert annotation.containers[0].gpus == (
@@ -220,10 +141,33 @@ def test_bind_claims_the_record_and_carries_the_annotations() -> None:
     assert result.annotations[names.BIND_TIME] == "2023-11-14T22:15:00.000000Z"
 
 
-def test_a_bound_record_continues_without_a_new_claim() -> None:
+def test_a_placement_over_an_older_commit_s_released_record_carries_its_fence() -> None:
+    result = plan(released(OLDER, now=NOW), seen())
+    assert isinstance(result, Bind) and result.write == 1
+    assert result.record == msgspec.structs.replace(BOUND, fenced=(OLDER.commit,))
+
+
+def test_a_reserved_record_an_earlier_placer_wrote_is_moved_on_by_compare_and_set() -> None:
+    result = plan(MINE, seen())
+    assert isinstance(result, Bind) and (result.write, result.record) == (1, BOUND)
+
+
+def test_a_pod_on_its_node_with_a_reserved_record_gets_it_bound_and_no_binding() -> None:
+    result = plan(MINE, seen(node=NODE))
+    assert isinstance(result, Bind)
+    assert (result.write, result.record, result.binding) == (1, BOUND, False)
+
+
+def test_a_pod_bound_before_any_record_is_left_to_its_restore() -> None:
+    assert plan(None, seen(node=NODE)) == Drop(
+        reason="the pod is bound already: its restore writes its record"
+    )
+
+
+def test_a_bound_record_continues_without_a_new_write() -> None:
     bound = msgspec.structs.replace(MINE, state="bound", bound_at=NOW - 5)
     result = plan(bound, seen())
-    assert isinstance(result, Bind) and result.claim is None and claim_of(result) is None
+    assert isinstance(result, Bind) and result.write is None and result.binding
 
 
 def other(
@@ -276,7 +220,7 @@ def other(
     ],
 )
 def test_the_ambiguity_gate(others: list[AssignmentRecord], waits: bool) -> None:
-    result = plan(MINE, seen(), *others)
+    result = plan(None, seen(), *others)
     if waits:
         assert isinstance(result, Wait)
         assert result.blocker.record.pod_uid == "b"
@@ -309,9 +253,9 @@ def test_gate_resources_follow_what_the_node_advertises() -> None:
     assert unknown == {"tessera.dev/gpu", "tessera.dev/gpu-memory"}
     for resources, waits in ((memory_units, False), (unknown, True)):
         result = plan_bind(
-            decision=decision(mine),
+            booking=booking(mine),
             pod=seen(),
-            record=view(mine),
+            record=None,
             node_records=[view(theirs)],
             resources=resources,
             now=NOW,
@@ -367,10 +311,10 @@ def test_no_two_bound_records_on_a_node_are_ever_ambiguous(pods: list[list[list[
         uid = waiting.pop(0)
         mine = records[uid]
         result = plan_bind(
-            decision=decision(mine),
+            booking=booking(mine),
             pod=seen(uid=uid),
-            record=view(mine),
-            node_records=[view(r) for r in records.values()],
+            record=None,
+            node_records=[view(r) for r in records.values() if r.pod_uid != uid],
             resources=GPU,
             now=NOW,
         )

@@ -1,4 +1,4 @@
-"""Pure: which record an Allocate claims, the record's next state, the response, the refusals."""
+"""Pure: which record an Allocate takes, the record's next state, the response, the refusals."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from shared.messages.assignments import (
     RecordView,
 )
 from shared.messages.inventory import GpuTelemetry
-from shared.messages.ledger import Booking, PodClaim
+from shared.messages.ledger import Booking
 from tests.deviceplugin.builders import (
     GPU_RESOURCE,
     MEMORY_RESOURCE,
@@ -33,7 +33,7 @@ from tests.deviceplugin.builders import (
     share,
     uuid,
 )
-from tests.harness.commits import booking_of, bookings_of, claim_of
+from tests.harness.commits import bookings_of
 
 GPUS = {g.uuid: g for g in (gpu(0, memory_mib=16_384), gpu(1, memory_mib=24_576), gpu(2))}
 NOW = 1_700_000_500.0
@@ -60,12 +60,11 @@ def plan(
     gpus: dict[str, GpuTelemetry] = GPUS,
     resource: str = GPU_RESOURCE,
     advertised: frozenset[str] = ADVERTISED,
-    claims: dict[str, PodClaim] | None = None,
     bookings: dict[str, Booking] | None = None,
     refused: frozenset[str] = frozenset(),
 ) -> Allocation | Refusal:
-    """Plan over ``records``, each committed (its claim and booking held) unless ``claims`` and
-    ``bookings`` say otherwise."""
+    """Plan over ``records``, each committed (its booking held) unless ``bookings`` says
+    otherwise."""
     return allocate.plan_allocation(
         device_ids,
         views(*records),
@@ -75,8 +74,6 @@ def plan(
         gpus=gpus,
         options=options,
         now=NOW,
-        plugin_id="dp-test",
-        claims={r.pod_uid: claim_of(r) for r in records} if claims is None else claims,
         bookings=bookings_of(*records) if bookings is None else bookings,
         refused=refused,
     )
@@ -152,18 +149,16 @@ def test_pick_record(records: list[AssignmentRecord], count: int, expected_uid: 
 # --- the next state ---------------------------------------------------------------------------
 
 
-def test_single_container_pod_becomes_allocated_with_event() -> None:
+def test_single_container_pod_becomes_allocated() -> None:
     result = granted(plan(ids(2, 5), record("a", ONE_GPU)))
-    assert result.record.state == "allocated"
+    assert result.record.state == "allocated" and result.complete
     assert result.record.allocated_at == NOW
     assert result.record.allocated == (
         ContainerAllocation(container="main", device_ids=ids(2, 5), allocated_at=NOW),
     )
-    assert result.claimed.revision == 1
-    assert result.event.complete and result.event.container == "main"
-    assert result.event.gpu_uuids == (uuid(0),)
-    assert result.event.device_ids == ids(2, 5)
-    assert result.event.plugin_id == "dp-test" and result.event.node == NODE
+    assert result.taken.revision == 1
+    assert result.container.container == "main"
+    assert [s.uuid for s in result.container.gpus] == [uuid(0)]
 
 
 def test_multi_container_pod_stays_bound_until_last_container() -> None:
@@ -175,11 +170,11 @@ def test_multi_container_pod_stays_bound_until_last_container() -> None:
     )
     first = granted(plan(ids(0, 0), pod))
     assert (first.container.container, first.record.state) == ("first", "bound")
-    assert not first.event.complete
+    assert not first.complete
     second = granted(plan(ids(1, 0, 1), first.record))
     assert (second.container.container, second.record.state) == ("second", "allocated")
     assert [a.container for a in second.record.allocated] == ["first", "second"]
-    assert second.event.complete
+    assert second.complete
 
 
 # --- the response -----------------------------------------------------------------------------
@@ -368,54 +363,33 @@ FORGED = record("ghost", container("main", share(0, memory_mib=1024, cores=10)),
 """A well-formed bound record of a pod that does not exist, on the GPU ``REAL`` holds whole."""
 
 
-def with_claim(target: AssignmentRecord, **changes: object) -> dict[str, PodClaim]:
-    return {target.pod_uid: msgspec.structs.replace(claim_of(target), **changes)}
-
-
 MOVED = msgspec.structs.replace(REAL, node="gpu-node-2.example.com")
-UNCOMMITTED: list[tuple[AssignmentRecord, dict[str, PodClaim], dict[str, Booking], str]] = [
-    (FORGED, {}, bookings_of(REAL), "no placer claimed pod ml/pod-ghost"),
+UNCOMMITTED: list[tuple[AssignmentRecord, dict[str, Booking], str]] = [
+    (FORGED, bookings_of(REAL), "ledger holds nothing for pod ml/pod-ghost"),
     (
-        FORGED,
-        with_claim(FORGED, booking=booking_of(REAL)),
+        msgspec.structs.replace(FORGED, pod_uid="real", name="pod-real"),
         bookings_of(REAL),
-        "names commit commit-real, the record c-x",
+        "ledger holds commit commit-real for pod ml/pod-real, not commit c-x",
     ),
-    (FORGED, with_claim(FORGED, state="requeued"), bookings_of(FORGED), "is requeued, not placed"),
-    (FORGED, with_claim(FORGED), bookings_of(REAL), "ledger holds nothing for pod ml/pod-ghost"),
     (
         msgspec.structs.replace(REAL, containers=FORGED.containers),
-        with_claim(REAL),
         bookings_of(REAL),
         "slices of pod ml/pod-real are not the ones commit commit-real booked",
     ),
-    (
-        msgspec.structs.replace(FORGED, commit=""),
-        with_claim(FORGED),
-        bookings_of(FORGED),
-        "no commit",
-    ),
-    (MOVED, with_claim(REAL), bookings_of(REAL), "booked ml/pod-real on gpu-node-1.example.com"),
+    (msgspec.structs.replace(FORGED, commit=""), bookings_of(FORGED), "no commit"),
+    (MOVED, bookings_of(REAL), "booked ml/pod-real on gpu-node-1.example.com"),
 ]
 
 
 @pytest.mark.parametrize(
-    ("forged", "claims", "bookings", "says"),
+    ("forged", "bookings", "says"),
     UNCOMMITTED,
-    ids=[
-        "no-claim",
-        "claim-of-another-commit",
-        "requeued",
-        "not-booked",
-        "other-slices",
-        "no-commit",
-        "moved-to-another-node",
-    ],
+    ids=["not-booked", "booking-of-another-commit", "other-slices", "no-commit", "moved"],
 )
-def test_a_record_that_matches_no_commit_is_refused_with_the_reason(
-    forged: AssignmentRecord, claims: dict[str, PodClaim], bookings: dict[str, Booking], says: str
+def test_a_record_that_matches_no_booking_is_refused_with_the_reason(
+    forged: AssignmentRecord, bookings: dict[str, Booking], says: str
 ) -> None:
-    result = plan(ids(0, 0), forged, claims=claims, bookings=bookings)
+    result = plan(ids(0, 0), forged, bookings=bookings)
     assert isinstance(result, Refusal) and result.kind == "uncommitted", result
     assert says in result.message
 
@@ -423,10 +397,8 @@ def test_a_record_that_matches_no_commit_is_refused_with_the_reason(
 def test_a_forged_older_record_never_blocks_the_committed_one() -> None:
     assert REAL.bound_at is not None
     forged = msgspec.structs.replace(FORGED, bound_at=REAL.bound_at - 50.0)  # older: first pick
-    result = granted(
-        plan(ids(0, 3), forged, REAL, claims=with_claim(REAL), bookings=bookings_of(REAL))
-    )
-    assert result.claimed.record.pod_uid == "real"
+    result = granted(plan(ids(0, 3), forged, REAL, bookings=bookings_of(REAL)))
+    assert result.taken.record.pod_uid == "real"
     assert result.grant.envs["TESSERA_GPU_MEMORY_LIMIT_MIB"] == "16384"
 
 
@@ -445,7 +417,7 @@ def test_a_refused_record_is_served_after_every_other_one(
     older = record("older", container("main", share(0)), bound_at=100.0)
     younger = record("younger", container("main", share(0)), bound_at=200.0)
     result = granted(plan(ids(0, 0), younger, older, refused=refused))
-    assert result.claimed.record.pod_uid == served
+    assert result.taken.record.pod_uid == served
 
 
 # --- properties -------------------------------------------------------------------------------
@@ -485,16 +457,16 @@ def test_any_claim_follows_the_oldest_matching_record(
     if not matching:
         assert isinstance(result, Refusal) and result.kind == "no_record"
         return
-    claimed = granted(result)
+    taken = granted(result)
     oldest = min(matching, key=lambda r: (r.bound_at, r.decided_at, r.pod_uid))
-    assert claimed.claimed.record == oldest
+    assert taken.taken.record == oldest
     # The response follows the record, whatever IDs the kubelet picked.
-    assert claimed.grant.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(
-        s.uuid for s in claimed.container.gpus
+    assert taken.grant.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(
+        s.uuid for s in taken.container.gpus
     )
     # One more container answered; the state only moves forward.
-    assert len(claimed.record.allocated) == len(oldest.allocated) + 1
+    assert len(taken.record.allocated) == len(oldest.allocated) + 1
     waiting = allocate.device_containers(oldest, GPU_RESOURCE)
-    complete = len(claimed.record.allocated) == len(waiting)
-    assert claimed.record.state == ("allocated" if complete else "bound")
-    assert claimed.event.complete == complete
+    complete = len(taken.record.allocated) == len(waiting)
+    assert taken.record.state == ("allocated" if complete else "bound")
+    assert taken.complete == complete

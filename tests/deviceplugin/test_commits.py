@@ -1,9 +1,9 @@
 """Issue 19 against the device plugin over a real nats-server: it grants only what a placer
-committed (the pod's claim names the record's commit, the node's ledger books its slices).
+committed (the node's ledger books the record's commit, with its slices).
 
 Whoever may write ``tessera-assignments`` (a device plugin for its node, the binder, a bug) can
-write a well-formed record; only placers write claims and the ledger. The forgeries here are the
-ones the issue found granted.
+write a well-formed record; only placers write the ledger. The forgeries here are the ones the
+issue found granted.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tests.deviceplugin.fake_kubelet import FakeKubelet
 from tests.deviceplugin.test_hardening import dead_letters, next_letter, regress_to_bound
 from tests.deviceplugin.test_plugin import allocate_request
 from tests.deviceplugin.test_service import service_on
-from tests.harness.commits import claim_of, commit
+from tests.harness.commits import booking_of, commit
 from tests.harness.kv import announce_inventory, put_committed
 
 WHOLE = record("whole", container("main", share(0, memory_mib=16_384, cores=100)))
@@ -75,15 +75,15 @@ async def test_a_forged_record_on_a_gpu_held_whole_is_refused_over_grpc(
     details = refused.value.details() or ""
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "assignment record" in details and "is not granted" in details, details
-    assert "no placer claimed pod ml/pod-ghost (uid ghost): it has no claim" in details
-    assert (await get_record(bus, "ghost")).state == "bound", "nothing was claimed"
+    assert "ledger holds nothing for pod ml/pod-ghost" in details
+    assert (await get_record(bus, "ghost")).state == "bound", "nothing was allocated"
 
 
 async def test_a_real_commit_copied_onto_other_slices_or_another_pod_is_refused_and_counted(
     bus: NatsBus,
 ) -> None:
     await announce_inventory(bus, inventory(gpu(0)))
-    await commit(bus, WHOLE)  # the real commit (claim and booking); its record is not written yet
+    await commit(bus, WHOLE)  # the real commit (booking and claim); its record is not written yet
     copies = [
         # The real pod's commit, on a slice that was never booked.
         msgspec.structs.replace(WHOLE, containers=GHOST.containers),
@@ -107,19 +107,18 @@ async def test_a_real_commit_copied_onto_other_slices_or_another_pod_is_refused_
         assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
 
 
-async def test_a_record_whose_claim_arrives_late_is_granted_once_it_does(bus: NatsBus) -> None:
-    """A claim read before it existed (a NATS store rebuilt, a placer slower than its record)
-    is read again at Allocate, which waits for it like for a late record."""
+async def test_a_record_whose_booking_arrives_late_is_granted_once_it_does(bus: NatsBus) -> None:
+    """A booking not there yet (a NATS store being rebuilt: the restored record before its
+    booking) is read again at Allocate, which waits for it like for a late record."""
     await announce_inventory(bus, inventory(gpu(0)))
     await put_committed(bus, WHOLE)
-    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(WHOLE.pod_uid))
+    booking_key = subjects.booking_key(WHOLE.node, WHOLE.pod_uid)
+    await bus.kv_delete(subjects.KV_LEDGER, booking_key)
     async with service_on(bus, record_wait_s=5.0) as (service, _):
         call = asyncio.create_task(service.allocate([tuple(device(0))]))
         await asyncio.sleep(0.3)
         assert not call.done()
-        await bus.kv_put(
-            subjects.KV_CLAIMS, subjects.claim_key(WHOLE.pod_uid), codec.encode(claim_of(WHOLE))
-        )
+        await bus.kv_put(subjects.KV_LEDGER, booking_key, codec.encode(booking_of(WHOLE)))
         granted = await asyncio.wait_for(call, 5)
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
 

@@ -1,7 +1,8 @@
 """The node plugin's DRA side with a simulated kubelet's DRA manager, over real gRPC on unix
 sockets: registration through the plugin registry, NodePrepareResources only for what a placer
-committed (records, claims and bookings the test writes, as a placer would), the container's env
-from the claim's CDI spec, NodeUnprepareResources removing it, and a restarted plugin.
+committed (records and bookings the test writes, as a placer and the binder would), the
+container's env from the claim's CDI spec, NodeUnprepareResources removing it, and a restarted
+plugin.
 
 The test plays the placer and the scheduler (phase 2 of issue 49 gives that to the binder): it
 writes the committed record and allocates the claim in the API double.
@@ -27,7 +28,7 @@ from shared.dra.claims import ask_container
 from shared.dra.devices import DEVICE_CLASS, DRIVER
 from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.inventory import GpuTelemetry
-from shared.messages.ledger import Booking, PodClaim
+from shared.messages.ledger import Booking
 from tessera.devcluster.cluster import SimulatedCluster
 from tessera.devcluster.dra import FINALIZER
 from tessera.devcluster.kubelet import GpuCapacity, NodeSpec, SimulatedKubelet
@@ -42,7 +43,7 @@ from tessera.devcluster.resources import (
 )
 from tests.devcluster import dra_builders as b
 from tests.harness import wire
-from tests.harness.commits import booking_of, claim_of
+from tests.harness.commits import booking_of
 from tests.harness.wait import eventually
 
 NODE = "node-a"
@@ -51,10 +52,9 @@ GPUS = (wire.gpu(0, memory_mib=81920), wire.gpu(1, memory_mib=81920))
 
 @dataclass
 class Committed:
-    """This node's records, the pods' claims and bookings: what the plugin's mirrors hold."""
+    """This node's records and bookings: what the plugin's mirrors hold."""
 
     records: dict[str, AssignmentRecord] = field(default_factory=dict)
-    claims: dict[str, PodClaim] = field(default_factory=dict)
     bookings: dict[str, Booking] = field(default_factory=dict)
     gpus: dict[str, GpuTelemetry] = field(default_factory=lambda: {g.uuid: g for g in GPUS})
 
@@ -66,7 +66,6 @@ class Committed:
     def place(self, record: AssignmentRecord, *, commit: bool = True) -> None:
         self.records[record.pod_uid] = record
         if commit:
-            self.claims[record.pod_uid] = claim_of(record)
             self.bookings[record.pod_uid] = booking_of(record)
 
 
@@ -255,7 +254,7 @@ async def test_a_claim_no_placer_committed_is_not_prepared(scene: Scene) -> None
     scene.state.place(scene.record(pod, claim), commit=False)  # a record anyone could write
     scene.allocate_and_bind(pod, claim)
     notes = await eventually(lambda: scene.events(pod), what="the kubelet's event")
-    assert "is not granted: no placer claimed pod" in notes[0], notes
+    assert "is not granted: node node-a's ledger holds nothing for pod" in notes[0], notes
     assert scene.phase(pod) == "Pending"
     assert not spec_path(scene.kubelet.cdi_dir, claim["metadata"]["uid"]).exists()
 
@@ -276,7 +275,6 @@ def test_what_is_refused_and_why() -> None:
             node=NODE,
             gpus=gpus,
             options=ResponseOptions(),
-            claims={r.pod_uid: claim_of(r) for r in records},
             bookings={r.pod_uid: booking_of(r) for r in records},
         )
         return getattr(outcome, "message", "prepared")

@@ -241,7 +241,7 @@ async def test_a_record_rewritten_to_another_node_is_forgotten_not_retried(bus: 
         assert "does not match the record" in (await next_letter(letters)).reason
         result = await service.allocate([device(0)])
         assert isinstance(result, Refusal) and result.kind == "no_record", result
-        assert registry.get_sample_value("tessera_deviceplugin_claim_conflicts_total") == 0
+        assert registry.get_sample_value("tessera_deviceplugin_record_conflicts_total") == 0
 
 
 # --- 6. inventory is bounded ---------------------------------------------------------------------
@@ -389,7 +389,7 @@ async def test_an_unhealthy_gpu_is_not_granted_and_does_not_block_a_healthy_one(
         )
         granted = await service.allocate([device(1)])
         assert isinstance(granted, list) and granted[0].annotations["tessera.dev/pod-uid"] == "well"
-    assert (await get_record(bus, "sick")).state == "bound", "the sick one waits, unclaimed"
+    assert (await get_record(bus, "sick")).state == "bound", "the sick one waits, not allocated"
 
 
 async def test_device_ids_of_a_gpu_no_longer_listed_are_refused(bus: NatsBus) -> None:

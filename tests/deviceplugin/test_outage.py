@@ -1,4 +1,4 @@
-"""Issue 9, item 2: an Allocate answered with an error leaves no claim behind, and a claim whose
+"""Issue 9, item 2: an Allocate answered with an error leaves no write behind, and a write whose
 outcome the plugin could not observe is resolved by reading the record back; one it cannot read
 back is refused, and its record is served after every other one for a while (the kubelet never
 retries a refused Allocate: its pod fails admission). Over a real nats-server that really goes
@@ -16,11 +16,11 @@ import pytest
 from services.deviceplugin.allocate import ContainerGrant, Refusal
 from services.deviceplugin.service import DevicePluginService
 from shared import codec, subjects
-from shared.messages.allocations import AllocationEvent
 from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import get_record, until
 from tests.deviceplugin.test_service import service_on
+from tests.harness.commits import booking_of
 from tests.harness.kv import announce_inventory, put_committed
 from tests.harness.lossy import LostAnswerBus
 from tests.harness.nats import NatsServer
@@ -29,37 +29,31 @@ from tests.harness.store import mark_restored
 DEVICES = (f"{uuid(0)}::0",)
 
 
-async def test_a_claim_refused_during_an_outage_never_lands_and_the_retry_is_granted(
+async def test_a_write_refused_during_an_outage_never_lands_and_the_retry_is_granted(
     nats_server: NatsServer, bus: NatsBus
 ) -> None:
     await announce_inventory(bus, inventory(gpu(0)))
     await put_committed(bus, record("outage", container("main", share(0))))
-    events = await bus.pull_consumer(
-        stream=subjects.STREAM_ALLOCATIONS, durable="outage", subject=subjects.allocations(NODE)
-    )
     async with service_on(bus) as (service, _):
-        # The claim is read once the record arrives; killing NATS before that makes the
-        # record unconfirmed (refused as such, never claimed), not the claim this test sends.
-        await until(lambda: service.servable_records, what="the record's commit read")
+        # Killing NATS before the booking is seen makes the record unconfirmed (refused as
+        # such, never written), not the write this test sends.
+        await until(lambda: service.servable_records, what="the record's booking seen")
         nats_server.kill()
         await until(lambda: not bus.connected, what="the outage")
         refused = await service.allocate([DEVICES])
         assert isinstance(refused, Refusal) and refused.kind == "unavailable"
         assert refused.message == (
-            f"cannot claim the assignment record {subjects.assignment_key(NODE, 'outage')}: not "
-            "connected to NATS for 0 s; nothing was claimed"
+            f"cannot write the assignment record {subjects.assignment_key(NODE, 'outage')}: not "
+            "connected to NATS for 0 s; nothing was allocated"
         )
         nats_server.start()
         await until(lambda: bus.connected, timeout=30, what="the reconnect")
         stored = await get_record(bus, "outage")
-        assert (stored.state, stored.allocated) == ("bound", ()), "the refused claim never landed"
+        assert (stored.state, stored.allocated) == ("bound", ()), "the refused write never landed"
         granted = await service.allocate([DEVICES])
         assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
     stored = await get_record(bus, "outage")
     assert stored.state == "allocated" and len(stored.allocated) == 1
-    [delivery] = await events.fetch(5, timeout=5)
-    assert codec.decode(delivery.data, AllocationEvent).pod_uid == "outage"
-    await events.close()
 
 
 async def test_an_allocate_during_a_nats_restart_waits_and_is_granted_once(
@@ -80,72 +74,73 @@ async def test_an_allocate_during_a_nats_restart_waits_and_is_granted_once(
         assert granted[0].envs["NVIDIA_VISIBLE_DEVICES"] == uuid(0)
     stored = await get_record(bus, "restart")
     assert stored.state == "allocated"
-    assert [a.device_ids for a in stored.allocated] == [DEVICES], "claimed exactly once"
+    assert [a.device_ids for a in stored.allocated] == [DEVICES], "allocated exactly once"
 
 
 @contextlib.asynccontextmanager
-async def outage_with_a_claim_unread(
+async def outage_with_a_booking_unseen(
     nats_server: NatsServer, bus: NatsBus, uid: str, *, nats_wait_s: float
 ) -> AsyncIterator[DevicePluginService]:
-    """A committed record whose claim the plugin read while it was missing; the claim then
-    lands, and NATS goes away before the plugin reads it again."""
+    """A record whose booking the plugin has not seen (a store being rebuilt: the record restored
+    before its booking), and NATS away."""
     await announce_inventory(bus, inventory(gpu(0)))
     late = record(uid, container("main", share(0)))
     await put_committed(bus, late)
-    claim = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key(uid))
-    assert claim is not None
-    await bus.kv_delete(subjects.KV_CLAIMS, subjects.claim_key(uid))
+    await bus.kv_delete(subjects.KV_LEDGER, subjects.booking_key(NODE, uid))
     async with service_on(bus, nats_wait_s=nats_wait_s) as (service, _):
         await until(lambda: bool(service.held_records), what="the record held")
-        await asyncio.sleep(0.3)  # its claim was read, and found missing
-        await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key(uid), claim.value)
+        assert not service.servable_records
         nats_server.kill()
         await until(lambda: not bus.connected, what="the outage")
         yield service
 
 
-async def test_a_claim_not_read_yet_when_nats_restarts_is_read_once_it_is_back(
+async def test_a_booking_not_seen_when_nats_restarts_is_read_once_it_is_back(
     nats_server: NatsServer, bus: NatsBus
 ) -> None:
-    """The plugin reads a pod's claim when its record arrives; when that read found nothing yet
-    (or had not happened) and NATS then restarts, Allocate waits for NATS and reads it again
-    rather than refusing the pod as uncommitted."""
-    async with outage_with_a_claim_unread(nats_server, bus, "late", nats_wait_s=60) as service:
+    """When the booking is not seen (yet) and NATS then restarts, Allocate waits for NATS and
+    reads it again rather than refusing the pod as uncommitted."""
+    async with outage_with_a_booking_unseen(nats_server, bus, "late", nats_wait_s=60) as service:
         waiting = asyncio.ensure_future(service.allocate([DEVICES]))
         await asyncio.sleep(0.5)
         assert not waiting.done(), "it waits for NATS instead of refusing"
         nats_server.start()
+        await until(lambda: bus.connected, timeout=30, what="the reconnect")
+        booking = booking_of(record("late", container("main", share(0))))
+        await bus.kv_put(
+            subjects.KV_LEDGER, subjects.booking_key(NODE, "late"), codec.encode(booking)
+        )
         granted = await asyncio.wait_for(waiting, timeout=40)
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
 
 
-async def test_a_claim_not_read_while_nats_stays_away_is_refused_as_unavailable(
+async def test_a_booking_not_seen_while_nats_stays_away_is_refused_as_unavailable(
     nats_server: NatsServer, bus: NatsBus
 ) -> None:
     """Past ``nats_wait_s`` the record is refused for what stopped it, the outage (it was once
-    refused as "uncommitted", as if no placer had committed it), and nothing is claimed."""
-    async with outage_with_a_claim_unread(nats_server, bus, "never", nats_wait_s=0.5) as service:
+    refused as "uncommitted", as if no placer had committed it), and nothing is allocated."""
+    async with outage_with_a_booking_unseen(nats_server, bus, "never", nats_wait_s=0.5) as service:
         refused = await service.allocate([DEVICES])
         assert isinstance(refused, Refusal) and refused.kind == "unavailable", refused
         assert refused.message == (
             f"cannot confirm the assignment record {subjects.assignment_key(NODE, 'never')}: "
-            "not connected to NATS for 0.5 s, and its pod's claim or this node's ledger entry "
-            "is not read yet; nothing was claimed"
+            "not connected to NATS for 0.5 s, and its booking in this node's ledger is not "
+            "read yet; nothing was allocated"
         )
         nats_server.start()
         await until(lambda: bus.connected, timeout=30, what="the reconnect")
     stored = await get_record(bus, "never")
-    assert (stored.state, stored.allocated) == ("bound", ()), "nothing was claimed"
+    assert (stored.state, stored.allocated) == ("bound", ()), "nothing was allocated"
 
 
-@pytest.mark.parametrize("lands", [True, False], ids=["claim-landed", "claim-lost"])
-async def test_a_record_whose_claim_was_refused_is_served_after_the_others(
+@pytest.mark.parametrize("lands", [True, False], ids=["write-landed", "write-lost"])
+async def test_a_record_whose_write_was_refused_is_served_after_the_others(
     bus: NatsBus, lands: bool
 ) -> None:
-    """A three-server chaos run: the claim of the older of two identical records failed, the
+    """A three-server chaos run: the write of the older of two identical records failed, the
     kubelet rejected that pod, and the next pod's Allocate (the same device IDs) was served
     from the older record: the next pod got its slices, but its own record stayed ``bound``
-    for good. A refused record now comes after the others; a claim that landed unseen stays
+    for good. A refused record now comes after the others; a write that landed unseen stays
     with the rejected pod (released with it) and answers no later Allocate."""
     await announce_inventory(bus, inventory(gpu(0)))
     await put_committed(bus, record("rejected", container("main", share(0)), bound_at=100.0))
@@ -176,10 +171,10 @@ async def test_a_refused_record_is_still_served_when_no_other_one_matches(bus: N
     assert isinstance(granted, list) and isinstance(granted[0], ContainerGrant), granted
     stored = await get_record(bus, "only")
     assert stored.state == "allocated"
-    assert [a.device_ids for a in stored.allocated] == [DEVICES], "claimed exactly once"
+    assert [a.device_ids for a in stored.allocated] == [DEVICES], "allocated exactly once"
 
 
-async def test_a_claim_whose_answer_was_lost_is_read_back_at_once_when_it_can_be(
+async def test_a_write_whose_answer_was_lost_is_read_back_at_once_when_it_can_be(
     bus: NatsBus,
 ) -> None:
     await announce_inventory(bus, inventory(gpu(0)))

@@ -1,4 +1,4 @@
-"""The service shell over the real bus, without gRPC: claims that lose a compare-and-set, and
+"""The service shell over the real bus, without gRPC: record writes that lose a compare-and-set, and
 device lists that are resent only when they change."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from services.deviceplugin.metrics import PluginMetrics
 from services.deviceplugin.service import DevicePluginService
 from shared import codec, subjects
 from shared.clock import Clock, SystemClock
-from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord
 from shared.runtime.bus import KvEntry
 from shared.runtime.edge import Edge
@@ -31,7 +30,6 @@ from shared.runtime.metrics import EdgeMetrics
 from shared.runtime.nats import NatsBus
 from tests.deviceplugin.builders import NODE, container, gpu, inventory, record, share, uuid
 from tests.deviceplugin.conftest import get_record, until
-from tests.harness.clock import FakeClock
 from tests.harness.kv import announce_inventory, put_committed
 
 Competitor = Callable[[NatsBus, str, int], Awaitable[None]]
@@ -61,15 +59,15 @@ async def rewrite_unchanged(bus: NatsBus, key: str, revision: int) -> None:
     assert await bus.kv_update(subjects.KV_ASSIGNMENTS, key, entry.value, revision=revision)
 
 
-async def claim_first(bus: NatsBus, key: str, revision: int) -> None:
-    """A second plugin process claiming the record first."""
+async def allocate_first(bus: NatsBus, key: str, revision: int) -> None:
+    """A second plugin process allocating the record first."""
     entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
     assert entry is not None
-    claimed = msgspec.structs.replace(
+    allocated = msgspec.structs.replace(
         codec.decode(entry.value, AssignmentRecord), state="allocated"
     )
     assert await bus.kv_update(
-        subjects.KV_ASSIGNMENTS, key, codec.encode(claimed), revision=revision
+        subjects.KV_ASSIGNMENTS, key, codec.encode(allocated), revision=revision
     )
 
 
@@ -201,8 +199,8 @@ async def test_a_record_a_silent_watch_never_delivered_is_read_afresh_at_allocat
 @pytest.mark.parametrize(
     ("competitor", "granted", "state_after"),
     [
-        pytest.param(rewrite_unchanged, True, "allocated", id="record-touched-then-claimed"),
-        pytest.param(claim_first, False, "allocated", id="other-plugin-won"),
+        pytest.param(rewrite_unchanged, True, "allocated", id="record-touched-then-allocated"),
+        pytest.param(allocate_first, False, "allocated", id="other-plugin-won"),
     ],
 )
 async def test_a_lost_compare_and_set_is_reread_and_planned_again(
@@ -212,7 +210,7 @@ async def test_a_lost_compare_and_set_is_reread_and_planned_again(
     await put_committed(bus, record("raced", container("main", share(0))))
     async with service_on(RacingBus(bus, competitor)) as (service, registry):
         result = await service.allocate([(f"{uuid(0)}::0",)])
-    assert registry.get_sample_value("tessera_deviceplugin_claim_conflicts_total") == 1
+    assert registry.get_sample_value("tessera_deviceplugin_record_conflicts_total") == 1
     stored = await get_record(bus, "raced")
     assert stored.state == state_after
     if granted:
@@ -248,48 +246,6 @@ async def test_device_list_is_resent_only_when_it_changes(bus: NatsBus) -> None:
         await lists.aclose()  # type: ignore[attr-defined]
 
 
-class FlakyPublishBus:
-    """The real bus, except that the first ``failures`` JetStream publishes fail."""
-
-    def __init__(self, bus: NatsBus, failures: int) -> None:
-        self._bus = bus
-        self.failures = failures
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bus, name)
-
-    async def js_publish(self, subject: str, data: bytes, **options: Any) -> int:
-        if self.failures > 0:
-            self.failures -= 1
-            raise ConnectionError("JetStream unavailable (test)")
-        return await self._bus.js_publish(subject, data, **options)
-
-
-async def test_an_event_whose_publish_fails_is_retried_until_it_is_stored(
-    bus: NatsBus, clock: FakeClock
-) -> None:
-    await announce_inventory(bus, inventory(gpu(0)))
-    await put_committed(bus, record("flaky", container("main", share(0))))
-    consumer = await bus.pull_consumer(
-        stream=subjects.STREAM_ALLOCATIONS, durable="flaky", subject=subjects.allocations(NODE)
-    )
-    flaky = FlakyPublishBus(bus, failures=2)
-    pending = "tessera_deviceplugin_allocation_events_pending"
-    async with service_on(flaky, clock) as (service, registry):
-        result = await service.allocate([(f"{uuid(0)}::0",)])
-        assert isinstance(result, list), "the answer does not wait for the event"
-        await until(lambda: flaky.failures == 1, what="the first attempt")
-        assert registry.get_sample_value(pending) == 1
-        await clock.advance(0.5)  # the first retry fails too
-        await until(lambda: flaky.failures == 0, what="the first retry")
-        assert await consumer.fetch(1, timeout=0.2) == []
-        await clock.advance(1.0)  # the second retry (after a doubled delay) is stored
-        [delivery] = await consumer.fetch(1, timeout=5)
-        assert codec.decode(delivery.data, AllocationEvent).pod_uid == "flaky"
-        await until(lambda: registry.get_sample_value(pending) == 0, what="nothing pending")
-    await consumer.close()
-
-
 class UnreachableKvBus:
     """The real bus, except that compare-and-set fails as when NATS is unreachable."""
 
@@ -303,14 +259,14 @@ class UnreachableKvBus:
         raise TimeoutError("nats: timeout")
 
 
-async def test_a_bus_failure_during_the_claim_is_a_refusal_not_a_crash(bus: NatsBus) -> None:
+async def test_a_bus_failure_during_the_write_is_a_refusal_not_a_crash(bus: NatsBus) -> None:
     await announce_inventory(bus, inventory(gpu(0)))
     await put_committed(bus, record("down", container("main", share(0))))
     async with service_on(UnreachableKvBus(bus)) as (service, _):
         result = await service.allocate([(f"{uuid(0)}::0",)])
     assert isinstance(result, Refusal) and result.kind == "unavailable"
     assert result.message == (
-        f"cannot claim the assignment record {subjects.assignment_key(NODE, 'down')}: NATS "
+        f"cannot write the assignment record {subjects.assignment_key(NODE, 'down')}: NATS "
         "failed (TimeoutError: nats: timeout)"
     )
     assert (await get_record(bus, "down")).state == "bound"

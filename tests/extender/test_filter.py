@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
@@ -14,14 +15,14 @@ import msgspec
 from services.placer.decider import UNKNOWN_NODE
 from shared import codec, subjects
 from shared.kubeobjects import Pod
-from shared.messages.placement import PlacementDecision
+from shared.messages.ledger import PodClaim
 from shared.messages.pods import PodPending
 from shared.podspec import parse_pending
 from shared.runtime.nats import NatsBus
 from tests.extender.conftest import free_port, golden, post
 from tests.harness import kv
 from tests.placer import wire
-from tests.placer.conftest import PlacerFactory, stream_messages, until
+from tests.placer.conftest import PlacerFactory, until
 
 FITTING = ["gpu-roomy", "gpu-busy"]
 FAILED = {"gpu-full": "insufficient GPU memory or cores"}
@@ -105,20 +106,15 @@ async def test_filter_and_prioritize_answer_from_the_placer_s_view(
         assert isinstance(twin, PodPending)
         await wire.publish_pod(bus, msgspec.structs.replace(twin, uid="twin"))
 
-        async def decided() -> list[PlacementDecision]:
-            raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.ASSIGNMENTS_ALL)
-            return [codec.decode(data, PlacementDecision) for data in raw]
-
-        found: list[PlacementDecision] = []
-
-        async def poll() -> bool:
-            found[:] = await decided()
-            return bool(found)
+        async def claimed() -> PodClaim | None:
+            entry = await bus.kv_get(subjects.KV_CLAIMS, subjects.claim_key("twin"))
+            return None if entry is None else codec.decode(entry.value, PodClaim)
 
         deadline = time.monotonic() + 20
-        while not await poll():
-            assert time.monotonic() < deadline, "no decision for the twin"
-        assert [d.node for d in found] == [preferred]
+        while (claim := await claimed()) is None:
+            assert time.monotonic() < deadline, "no placement of the twin"
+            await asyncio.sleep(0.05)
+        assert claim.booking is not None and claim.booking.node == preferred
 
         # A pod that is invalid as written fails everywhere, for the reason the binder gives.
         def bad_hint(pod: dict[str, Any]) -> None:

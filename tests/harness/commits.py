@@ -1,7 +1,8 @@
-"""What a placer writes before an assignment record, for tests that play the placer: the pod's
-claim (``subjects.claim_key``) naming the record's commit and its booking on the node
-(``subjects.booking_key``, in ``tessera-ledger``). The device plugin grants, and the binder's
-ambiguity gate waits for, only records that match such a commit (``shared.commits``)."""
+"""What a placer writes to commit a placement, for tests that play the placer: the pod's booking
+on the node (``subjects.booking_key``, in ``tessera-ledger``) and its claim (``subjects.claim_key``)
+naming the booking's commit. The binder binds a placed claim's booking by writing its record;
+the device plugin grants, and the binder's ambiguity gate waits for, only records that match
+their booking (``shared.commits.booking_problem``)."""
 
 from __future__ import annotations
 
@@ -54,12 +55,13 @@ def bookings_of(*records: AssignmentRecord) -> dict[str, Booking]:
 
 
 async def commit(bus: Bus, record: AssignmentRecord) -> None:
-    """Write ``record``'s claim and its booking."""
-    await bus.kv_put(
-        subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), codec.encode(claim_of(record))
-    )
+    """Commit ``record``'s placement as a placer does: its booking, then its claim (the binder
+    then binds it)."""
     await bus.kv_put(
         subjects.KV_LEDGER,
         subjects.booking_key(record.node, record.pod_uid),
         codec.encode(booking_of(record)),
+    )
+    await bus.kv_put(
+        subjects.KV_CLAIMS, subjects.claim_key(record.pod_uid), codec.encode(claim_of(record))
     )

@@ -1,6 +1,6 @@
 """The one set of KV writers for tests that play a service: each puts a wire message where, and
 as, the service that owns it writes it (inventory and node facts as the inventory service and the
-binder; assignment records as the binder, or as the placer creates them after its commit)."""
+binder; a placement as the placer commits it; assignment records as the binder writes them)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,15 @@ async def put_committed(bus: Bus, value: AssignmentRecord) -> int:
     return await put_record(bus, value)
 
 
+async def place(bus: Bus, value: AssignmentRecord) -> None:
+    """Commit ``value``'s placement as a placer does (its booking and its claim): the binder binds
+    it, writing ``value`` as its record, ``bound``."""
+    await commit(bus, value)
+
+
 async def create_committed(bus: Bus, value: AssignmentRecord) -> int:
-    """Create the record as the placer does (its claim and booking first, then the record
-    create-only); returns its revision."""
+    """Commit the record's placement, then create the record as it is (create-only): a record
+    an earlier placer wrote ``reserved``, or one a binder wrote; returns its revision."""
     await commit(bus, value)
     revision = await bus.kv_create(
         subjects.KV_ASSIGNMENTS,

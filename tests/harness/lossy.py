@@ -11,9 +11,10 @@ from shared.runtime.nats import NatsBus
 
 
 class LostAnswerBus:
-    """The real bus, except that the answer to the first compare-and-set of an assignment record
-    is lost (the write lands first when ``lands``), and the next ``unreadable`` reads of
-    assignment records fail as when NATS is still unreachable (set it to 0 when NATS is back)."""
+    """The real bus, except that the answer to the first write (create or compare-and-set) of an
+    assignment record is lost (the write lands first when ``lands``), and the next ``unreadable``
+    reads of assignment records fail as when NATS is still unreachable (set it to 0 when NATS is
+    back)."""
 
     def __init__(self, bus: NatsBus, *, lands: bool, unreadable: int) -> None:
         self._bus = bus
@@ -31,6 +32,14 @@ class LostAnswerBus:
                 await self._bus.kv_update(bucket, key, value, revision=revision)
             raise OutcomeUnknownError("the answer was lost (test)")
         return await self._bus.kv_update(bucket, key, value, revision=revision)
+
+    async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
+        if self._lose_next and bucket == subjects.KV_ASSIGNMENTS:
+            self._lose_next = False
+            if self._lands:
+                await self._bus.kv_create(bucket, key, value)
+            raise OutcomeUnknownError("the answer was lost (test)")
+        return await self._bus.kv_create(bucket, key, value)
 
     async def kv_get(self, bucket: str, key: str) -> Any:
         if self.unreadable > 0 and bucket == subjects.KV_ASSIGNMENTS:

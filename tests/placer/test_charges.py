@@ -42,7 +42,7 @@ def test_a_charge_counts_the_shares_and_memory_its_booking_holds() -> None:
     ("held", "asked", "written", "refused"),
     [
         pytest.param((), ["a"], ["a"], {}, id="room"),
-        pytest.param((), ["a", "b"], ["a", "b"], {}, id="group-commit-both-fit"),
+        pytest.param((), ["a", "b"], ["a", "b"], {}, id="together-both-fit"),
         pytest.param(("a",), ["b", "c"], ["a", "b"], {"c-c": "GPU quota"}, id="second-over"),
         pytest.param(("a", "b"), ["c"], None, {"c-c": "GPU quota"}, id="full"),
         pytest.param(("a",), ["a"], None, {}, id="retry-of-a-listed-commit"),

@@ -96,7 +96,7 @@ async def test_a_server_killed_under_load_loses_no_pod_and_no_state(
                 except Exception:
                     return False
                 placed.clear()
-                placed.update(r.pod_uid for r in state.live_records())
+                placed.update(r.pod_uid for r in state.placements())
                 return placed == set(uids)
 
             try:
@@ -109,7 +109,7 @@ async def test_a_server_killed_under_load_loses_no_pod_and_no_state(
             except AssertionError as stuck:  # say where the pods are: stream, consumer
                 raise AssertionError(f"{stuck}\n{await _pod_queue(bus)}") from None
             state = await wire.settled_state(bus, inventories)
-        assert len(state.live_records()) == PODS, "each pod placed once"
+        assert len(state.placements()) == PODS, "each pod placed once"
         assert await _keys(bus, subjects.KV_INVENTORY) == set(NODES), "nothing lost"
         assert await _keys(bus, subjects.KV_NODES) == set(NODES)
     finally:

@@ -7,7 +7,8 @@ import pytest
 
 from services.placer import commit, repairs, translate
 from services.placer.repairs import RecordFacts, Repair
-from shared import validation
+from shared import commits, validation
+from shared.commits import record_of
 from shared.messages.assignments import AssignmentRecord, AssignmentState, released
 from shared.messages.ledger import Booking, NodeLedger, PodClaim
 from tests.placer import wire
@@ -47,7 +48,7 @@ def record(
     state: AssignmentState, commit_id: str = A.commit, fenced: tuple[str, ...] = ()
 ) -> AssignmentRecord:
     return msgspec.structs.replace(
-        translate.record_of(A), state=state, commit=commit_id, fenced=fenced
+        record_of(A, state="reserved"), state=state, commit=commit_id, fenced=fenced
     )
 
 
@@ -70,7 +71,7 @@ def record(
 def test_record_creation_and_fencing(
     current: AssignmentRecord | None, create: str, fence: str
 ) -> None:
-    assert commit.record_action(current, A.commit) == create
+    assert commits.record_action(current, A.commit) == create
     assert commit.fence_action(current, A.commit) == fence
 
 
@@ -85,19 +86,19 @@ def test_a_fence_over_another_commit_s_fence_joins_it_and_placements_carry_fence
     older = record("released", "old")
     fence = commit.released_record(older, A, now=NOW)
     assert fence == msgspec.structs.replace(older, fenced=(A.commit,)), "old stays fenced too"
-    assert commit.record_action(fence, "old") == "released"
-    assert commit.record_action(fence, A.commit) == "released"
+    assert commits.record_action(fence, "old") == "released"
+    assert commits.record_action(fence, A.commit) == "released"
     assert validation.may_replace(fence, "new") and not validation.may_replace(fence, A.commit)
-    placed = commit.placed_over(fence, msgspec.structs.replace(record("reserved"), commit="new"))
+    placed = commits.placed_over(fence, msgspec.structs.replace(record("bound"), commit="new"))
     assert placed.fenced == (A.commit, "old")
-    assert commit.placed_over(None, placed) == placed
+    assert commits.placed_over(None, placed) == placed
     released_again = released(placed, now=NOW)
     for earlier in ("old", A.commit):
-        assert commit.record_action(released_again, earlier) == "released"
+        assert commits.record_action(released_again, earlier) == "released"
         assert commit.fence_action(released_again, earlier) == "done"
 
 
-def test_a_group_commit_books_what_fits_one_after_the_other() -> None:
+def test_bookings_written_together_book_what_fits_one_after_the_other() -> None:
     inventory = wire.inventory("n1", 1)
     held = booking("held", (0, 8192, 500))
     ledger = NodeLedger(node="n1", bookings=(held,))
@@ -220,7 +221,7 @@ def facts_of(state: AssignmentState, commit_id: str = A.commit, node: str = "n1"
     [
         pytest.param({"n1": (A,)}, {}, [], [("roll-forward", A)], id="booked-not-claimed"),
         pytest.param(
-            {"n1": (A,)}, {"a": claim("placed")}, [], [("create-record", A)], id="not-recorded"
+            {"n1": (A,)}, {"a": claim("placed")}, [], [], id="placed-waits-for-its-binder"
         ),
         pytest.param(
             {"n1": (A,)},
@@ -330,6 +331,5 @@ def test_a_live_record_no_placer_committed_is_swept_once_known_for_the_grace(
     assert released == [Repair(kind="release-record", pod_uid="a", record_key=record.key)]
 
 
-def test_message_ids_name_the_commit() -> None:
-    assert commit.decision_msg_id(A) == f"decision.a.{A.commit}"
+def test_the_requeue_message_id_names_the_commit() -> None:
     assert commit.requeue_msg_id(A) == f"requeue.a.{A.commit}"

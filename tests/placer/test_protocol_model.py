@@ -7,9 +7,13 @@ timeout: the writer must read back), or it is lost on the way. Each replica's vi
 follows by watch events the machine delivers late and in bulk, so decisions are taken on stale
 views as in a real cluster. Replicas decide pods (two may decide the same pod at once), delete
 them, see bindings fail, time reservations out, run reconciliation, and are killed mid-step and
-restarted from KV. The binder binds reserved records by compare-and-set at any moment, and reads
-the published decisions as its consumer does: a decision may come before its record (the placer
-publishes it beside the record's write), and waits for it while the pod's claim names its commit.
+restarted from KV.
+
+The binder takes its work from the pods' claims as it mirrors them (late, like the replicas'
+views): it binds a placed claim's booking by writing its record ``bound`` with the rules the real
+binder uses (``shared.commits.record_action``, create-only or compare-and-set at the revision its
+mirror holds), at any moment; it also withdraws bound records of pods that ended, and a device
+plugin (or the binder settling) moves bound records to ``allocated``.
 
 Two pods belong to tenant ``team``, whose quota is one GPU share: every replica checks it on its
 own (stale) view when deciding, and charges the tenant's usage entry by compare-and-set before
@@ -20,10 +24,9 @@ logical slots, exclusivity), no pod has two live records, every live record is b
 tenant is over its quota: its charges add up to no more than the quota, every live record of its
 pods is charged, so its live records hold no more than the quota. When the machine ends,
 everything in flight is let through, pod messages never acked are delivered again, every replica
-reconciles, and then every booking is recorded and claimed, every placed claim booked and
-recorded, every charge is a live record's, every ``reserved`` record's decision was taken by the
-binder and no decision waits for a record that will never come: nothing lost, nothing left half
-done.
+reconciles, the binder's mirror catches up and it binds what is left, and then every booking is
+claimed and recorded, every placed claim booked and recorded, and every charge is a live
+record's: nothing lost, nothing left half done.
 
 A commit books and claims in one atomic batch, as on a replicated store;
 :class:`SerialProtocolMachine` is the same machine with the claim written after the booking, as
@@ -35,9 +38,12 @@ when none fits, and the machine moves the pools among the replicas at any moment
 states no lease allows for long (two replicas holding one pool: a lease taken over from a holder
 that was only slow; none holding it), with the same invariants.
 
-:class:`BrokenQuotaMachine` is the same machine with the charge left out (each replica enforcing
-the quota on its own view only, as the placer did before ``tessera-tenants``): driven through the
-race the search found, its invariants must catch it.
+Each guard the protocol relies on has a broken machine without it, driven through the race that
+needs it, whose invariants must catch it: :class:`BrokenQuotaMachine` (the tenant's charge left
+out), :class:`UnguardedMachine` (bookings written without the node's guard),
+:class:`StaleBindMachine` (the binder writing its record over whatever is there, trusting the
+revision its mirror last saw) and :class:`ClaimlessBindMachine` (the binder binding bookings no
+placed claim names).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,7 +68,7 @@ from hypothesis.stateful import (
 )
 from prometheus_client import CollectorRegistry
 
-from services.binder.plan import record_on_its_way, stranded
+from services.binder.plan import stranded
 from services.placer import decider, translate
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.model import Decision
@@ -71,10 +77,9 @@ from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.state import ClusterView
 from services.placer.store import ConflictError, Store
-from shared import codec, subjects
+from shared import codec, commits, subjects
 from shared.messages.assignments import AssignmentRecord, released, settled
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
-from shared.messages.placement import PlacementDecision
 from shared.messages.pods import PodPending
 from shared.runtime.bus import Handler, KvEntry, KvWrite, PullConsumer, Subscription
 from shared.runtime.edge import Edge
@@ -121,7 +126,9 @@ class _Op:
 class Kv:
     """One in-memory JetStream: KV buckets with revisions and a de-duplicating publish."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, guards: bool = True) -> None:
+        self.guards = guards
+        """Whether a guarded write checks its guard (:class:`UnguardedMachine`: it does not)."""
         self.values: dict[str, dict[str, tuple[bytes | None, int]]] = {}
         self.revision = 0
         self.published: list[tuple[str, bytes]] = []
@@ -148,6 +155,8 @@ class Kv:
 
     def write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
         for write in writes:
+            if write.guard and not self.guards:
+                continue  # written whatever the node's bookings hold now
             if write.guard:  # the latest of every key it matches, deleted ones included
                 current = max((rev for _, rev in self._matching(bucket, write.guard)), default=0)
                 if current != write.revision:
@@ -176,6 +185,8 @@ class Kv:
         ]
 
     def delete_if(self, bucket: str, key: str, revision: int, guard: str = "") -> int | None:
+        if guard and not self.guards:
+            return self._write(bucket, key, None)
         if guard:
             current = max((rev for _, rev in self._matching(bucket, guard)), default=0)
         else:
@@ -190,6 +201,9 @@ class Kv:
         if msg_id is not None:
             self._msg_ids.add(msg_id)
         return len(self.published)
+
+    def put(self, bucket: str, key: str, value: bytes) -> int:
+        return self._write(bucket, key, value)
 
     def entries(self, bucket: str) -> dict[str, tuple[bytes, int]]:
         return {
@@ -367,9 +381,20 @@ PROFILE = build_profile("binpack")
 # --- the machine -----------------------------------------------------------------------------
 
 
+Entries = dict[str, tuple[bytes, int]]
+
+
 class ProtocolMachine(RuleBasedStateMachine):
     charges = True
     """Whether a commit charges its tenant's quota (:class:`BrokenQuotaMachine` does not)."""
+    guards = True
+    """Whether a booking's guard is checked (:class:`UnguardedMachine`: it is not)."""
+    binder_writes_at_revision = True
+    """The binder writes a record create-only or at the revision its mirror holds
+    (:class:`StaleBindMachine`: over whatever is there)."""
+    binder_binds_claims = True
+    """The binder binds the booking a placed claim names (:class:`ClaimlessBindMachine`: every
+    booking it sees)."""
     pools = 1
     """Node pools (:class:`PooledProtocolMachine` has 3: node ``a`` in pool 0, ``b`` in 2)."""
     claims_with_bookings = True
@@ -379,7 +404,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.kv = Kv()
+        self.kv = Kv(guards=self.guards)
         self.gates = Gates()
         self.clock = FakeClock()
         self.commits = 0
@@ -387,15 +412,12 @@ class ProtocolMachine(RuleBasedStateMachine):
         random state earlier tests left (which made the broken-quota check order-dependent)."""
         self.replicas = [self._replica(n) for n in range(REPLICAS)]
         self.kv.listeners.append(self._fan_out)
-        self.decisions_read = 0
-        """How many of the published messages the binder has read."""
-        self.awaiting: list[PlacementDecision] = []
-        """Decisions the binder holds for a record still to come."""
-        self.taken: set[str] = set()
-        """Commits whose decision the binder took with the commit's live record: it binds them."""
         self.unacked: Counter[str] = Counter()
         """Pod messages taken for a commit and not acked (the commit failed, or its replica was
         killed): JetStream delivers them again (at the end, :meth:`teardown` does)."""
+        self.mirror: dict[str, Entries] = {}
+        """The binder's mirror: each bucket as its watch last delivered it
+        (:meth:`binder_watch`)."""
 
     def _next_commit(self) -> int:
         self.commits += 1
@@ -467,13 +489,13 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(replica=st.integers(0, REPLICAS - 1), pod=st.sampled_from(sorted(PODS)))
     def decide(self, replica: int, pod: str) -> None:
-        """A replica takes a pod message: decide on its view, book, finish."""
+        """A replica takes a pod message: decide on its view, book, claim."""
         r = self.replicas[replica]
         request = translate.pod_request(PODS[pod])
         claim = r.view.claim(pod)
         if claim is not None and claim.state in ("placed", "deleted"):
             if claim.state == "placed" and claim.booking is not None:
-                self._spawn(r, r.protocol.republish(claim.booking))
+                self._spawn(r, r.protocol.keep_booked(claim.booking))
             return
         outcome = decider.decide(r.view, PROFILE, request, now=self.clock.now())
         if not isinstance(outcome, Decision):
@@ -499,7 +521,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                     except ConflictError:
                         refused = "node"
                 if not refused:
-                    await r.protocol.finish(booking, PODS[pod], outcome)
+                    await r.protocol.finish(booking, PODS[pod])
                     self.unacked[pod] -= 1  # acked (a refused one is handed back)
             finally:
                 r.view.drop_tentative(booking.node, booking.pod_uid)
@@ -534,41 +556,54 @@ class ProtocolMachine(RuleBasedStateMachine):
             ),
         )
 
-    @rule(pod=st.sampled_from(sorted(PODS)))
-    def binder_binds(self, pod: str) -> None:
-        """The binder's reserved -> bound compare-and-set (it fences the reserve timeout)."""
-        for key, (data, revision) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
-            record = codec.decode(data, AssignmentRecord)
-            if record.pod_uid == pod and record.state == "reserved":
-                bound = msgspec.structs.replace(record, state="bound", bound_at=self.clock.now())
-                self.kv.update(subjects.KV_ASSIGNMENTS, key, codec.encode(bound), revision)
+    # --- the binder ----------------------------------------------------------------------------
 
     @rule()
-    def binder_reads_decisions(self) -> None:
-        """The binder's decision consumer: a decision whose commit's record is there is taken
-        (bound, or dropped when the record is released); one whose record is not waits while the
-        pod's claim names its commit (the record is on its way), else is dropped. The placer
-        publishes a decision beside its record's write, so it may come first."""
-        self.awaiting += [
-            codec.decode(data, PlacementDecision)
-            for subject, data in self.kv.published[self.decisions_read :]
-            if subject.startswith("tessera.assignments.")
-        ]
-        self.decisions_read = len(self.kv.published)
-        claims = self.kv.entries(subjects.KV_CLAIMS)
-        records = self.kv.entries(subjects.KV_ASSIGNMENTS)
-        still: list[PlacementDecision] = []
-        for decision in self.awaiting:
-            found = records.get(subjects.assignment_key(decision.node, decision.pod_uid))
-            record = codec.decode(found[0], AssignmentRecord) if found else None
-            if record is not None and record.commit == decision.commit:
-                if record.state != "released":
-                    self.taken.add(decision.commit)
+    def binder_watch(self) -> None:
+        """The binder's watches deliver what changed: its mirror of claims, bookings and
+        records is the KV as it is now (until the next changes)."""
+        for bucket in (subjects.KV_LEDGER, subjects.KV_ASSIGNMENTS):
+            self.mirror[bucket] = dict(self.kv.entries(bucket))
+
+    def _mirrored(self, bucket: str, key: str) -> tuple[bytes, int] | None:
+        return self.mirror.get(bucket, {}).get(key)
+
+    def _to_bind(self, pod: str) -> list[Booking]:
+        """What the binder binds of ``pod``, from its mirror: the booking its placed claim names
+        (the broken binder: every booking of the pod)."""
+        if not self.binder_binds_claims:
+            return [
+                codec.decode(data, Booking)
+                for key, (data, _) in self.mirror.get(subjects.KV_LEDGER, {}).items()
+                if key.startswith("book.") and subjects.booking_of_key(key)[1] == pod
+            ]
+        found = self._mirrored(subjects.KV_CLAIMS, subjects.claim_key(pod))
+        claim = codec.decode(found[0], PodClaim) if found else None
+        if claim is None or claim.state != "placed" or claim.booking is None:
+            return []
+        return [claim.booking]
+
+    @rule(pod=st.sampled_from(sorted(PODS)))
+    def binder_binds(self, pod: str) -> None:
+        """The binder binds ``pod``: writes the record of the booking its claim names, as its
+        mirror shows them, ``bound`` (``shared.commits.record_action``): create-only on an
+        empty key, compare-and-set over a released record of an older commit."""
+        for booking in self._to_bind(pod):
+            key = subjects.assignment_key(booking.node, booking.pod_uid)
+            found = self._mirrored(subjects.KV_ASSIGNMENTS, key)
+            current = codec.decode(found[0], AssignmentRecord) if found else None
+            if commits.record_action(current, booking.commit) != "write":
                 continue
-            entry = claims.get(subjects.claim_key(decision.pod_uid))
-            if record_on_its_way(decision, codec.decode(entry[0], PodClaim) if entry else None):
-                still.append(decision)
-        self.awaiting = still
+            record = commits.placed_over(
+                current, commits.record_of(booking, bound_at=self.clock.now())
+            )
+            data = codec.encode(record)
+            if not self.binder_writes_at_revision:
+                self.kv.put(subjects.KV_ASSIGNMENTS, key, data)
+            elif found is None:
+                self.kv.create(subjects.KV_ASSIGNMENTS, key, data)
+            else:
+                self.kv.update(subjects.KV_ASSIGNMENTS, key, data, found[1])
 
     @rule(pod=st.sampled_from(sorted(PODS)))
     def binder_withdraws(self, pod: str) -> None:
@@ -675,7 +710,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert len(pods) == len(set(pods)), f"two live records for one pod: {sorted(pods)}"
         booked = {(b.node, b.pod_uid, b.commit) for b in state.bookings()}
         for record in live:
-            assert (record.node, record.pod_uid, record.commit) in booked, record
+            key = (record.node, record.pod_uid, record.commit)
+            assert key in booked, f"a live record without its booking: {key}"
         wire.check_quotas(state, QUOTAS)
         if self.charges:  # the broken machine has no charges to check
             wire.check_charges(state, QUOTAS)
@@ -709,18 +745,16 @@ class ProtocolMachine(RuleBasedStateMachine):
                     await self.replicas[number].protocol.reconcile(grace_s=0.0)
 
             self._run(finish())
-            self.binder_reads_decisions()
+            self.binder_watch()  # the binder's reconciliation: every placed claim bound
+            for pod in sorted(PODS):
+                self.binder_binds(pod)
             state = self._state()
             if currently_in_test_context():  # not when a test drives the machine by hand
                 event(f"live records at the end: {len(state.live_records())}")
                 event(f"claims: {sorted(c.state for c in state.claims.values())}")
-            wire.check_invariants(state, INVENTORIES, slots={name: SLOTS for name in NODES})
-            # Nothing stuck at the binder: every reserved record's decision was taken, and no
-            # decision waits for a record that will never come.
-            for record in state.live_records():
-                if record.state == "reserved":
-                    assert record.commit in self.taken, f"no decision taken for {record}"
-            assert not self.awaiting, self.awaiting
+            wire.check_invariants(
+                state, INVENTORIES, slots={name: SLOTS for name in NODES}, bound=True
+            )
             wire.check_quotas(state, QUOTAS)
             if self.charges:  # and nothing charged that is not placed
                 wire.check_charges(state, QUOTAS)
@@ -769,6 +803,27 @@ class BrokenQuotaMachine(ProtocolMachine):
     charges = False
 
 
+class UnguardedMachine(ProtocolMachine):
+    """A booking is written whatever the node's bookings hold now (its guard is not checked):
+    each replica books on its own view of the node."""
+
+    guards = False
+
+
+class StaleBindMachine(ProtocolMachine):
+    """The binder writes its record over whatever the key holds, trusting the revision its
+    mirror last saw (a put, not a create or a compare-and-set)."""
+
+    binder_writes_at_revision = False
+
+
+class ClaimlessBindMachine(SerialProtocolMachine):
+    """The binder binds every booking it sees, not only the one a placed claim names (on a
+    single server, where a booking lands before its claim)."""
+
+    binder_binds_claims = False
+
+
 def _two_replicas_place_both_team_pods_at_once(machine: ProtocolMachine) -> None:
     """The interleaving the search shrinks to: replica 1 decides ``q1`` for the first GPU of node
     ``a``; replica 0, not having seen it, decides ``p0`` there and ``q0`` beside it on the
@@ -793,6 +848,26 @@ def test_a_quota_checked_only_on_each_replicas_view_is_caught() -> None:
     _two_replicas_place_both_team_pods_at_once(ProtocolMachine())
 
 
+@contextlib.contextmanager
+def _driving(machine: ProtocolMachine) -> Iterator[ProtocolMachine]:
+    """Drive ``machine`` by hand and tear it down at the end; when a step fails first, stop what
+    its replicas have in flight and close its loop before the failure goes on."""
+    try:
+        yield machine
+    except BaseException:
+        for replica in machine.replicas:
+            for task in list(replica.tasks):
+                task.cancel()
+        machine.gates.open = True
+        for op in machine.gates.pending:
+            if not op.done.done():
+                op.done.set_result("lost")
+        machine._run(machine._settle())
+        machine.loop.close()
+        raise
+    machine.teardown()
+
+
 def _let_next(machine: ProtocolMachine, replica: int, what: str = "") -> None:
     """Let the first waiting operation of ``replica`` (whose name starts with ``what``) land,
     then check the invariants. Named, not by position: a change of how many operations a step
@@ -806,12 +881,85 @@ def _let_next(machine: ProtocolMachine, replica: int, what: str = "") -> None:
     machine.nothing_over_committed_and_one_record_per_pod()
 
 
-def _booked_without_claim(machine: ProtocolMachine, pod: str) -> None:
-    """Write ``pod``'s booking to its node's ledger with no claim: what a placer stopped between
-    the booking and the claim of a restore leaves (a commit books and claims in one batch)."""
+def _two_replicas_book_one_gpu_on_stale_views(machine: ProtocolMachine) -> None:
+    """Replica 0 books ``p2`` (a whole GPU) on node ``a``; replica 1, which has not seen it,
+    decides ``p0`` onto the same GPU and books it. With its guard, replica 1's booking finds
+    the node's bookings moved on, reads them again and decides anew; without, it lands."""
+    with _driving(machine):
+        machine.decide(replica=0, pod="p2")
+        _let_next(machine, 0, "batch tessera-ledger")
+        machine.decide(replica=1, pod="p0")
+        while machine.gates.pending:
+            _let_next(machine, machine.gates.pending[0].replica)
+
+
+def test_a_booking_that_skips_the_node_s_guard_is_caught() -> None:
+    """Two replicas book one GPU, each on its own view: caught without the guard (a GPU held
+    whole and shared), safe with it."""
+    with pytest.raises(AssertionError, match="GPU 0"):
+        _two_replicas_book_one_gpu_on_stale_views(UnguardedMachine())
+    _two_replicas_book_one_gpu_on_stale_views(ProtocolMachine())
+
+
+def _bind_after_a_reserve_timeout(machine: ProtocolMachine) -> None:
+    """``p0`` is placed and the binder's mirror shows its claim; replica 1 then times the
+    placement out (fence, claim ``requeued``, booking given back) before the binder binds from
+    that mirror. The binder's create-only write finds the fence and writes nothing; a binder
+    that writes over whatever is there brings the fenced commit back to life."""
+    with _driving(machine):
+        machine.decide(replica=0, pod="p0")
+        _let_next(machine, 0, "batch tessera-ledger")
+        machine.binder_watch()
+        machine.watch_catches_up(replica=1)
+        machine.binding_fails_or_times_out(replica=1, pod="p0", timeout=True)
+        while machine.gates.pending:
+            _let_next(machine, machine.gates.pending[0].replica)
+        machine.binder_binds(pod="p0")
+        machine.nothing_over_committed_and_one_record_per_pod()
+
+
+def test_a_bind_that_trusts_a_stale_revision_is_caught() -> None:
+    """The binder's record write must be create-only or at the revision it read: caught when it
+    writes over the fence (a live record whose booking was given back), safe otherwise."""
+    with pytest.raises(AssertionError, match="a live record without its booking"):
+        _bind_after_a_reserve_timeout(StaleBindMachine())
+    _bind_after_a_reserve_timeout(ProtocolMachine())
+
+
+def _a_loser_s_booking_beside_the_winner_s(machine: ProtocolMachine) -> None:
+    """Replica 0 places ``p0`` on node ``a`` (booking, then claim); a booking of ``p0`` on node
+    ``b`` that no claim names is still in the ledger (the loser of two replicas that decided it at
+    once, on one server, before it gives its booking back). The binder then binds ``p0``."""
+    with _driving(machine):
+        machine.decide(replica=0, pod="p0")
+        while machine.gates.pending:
+            _let_next(machine, 0)
+        _booked_without_claim(machine, "p0", node="b")
+        machine.binder_watch()
+        machine.binder_binds(pod="p0")
+        machine.nothing_over_committed_and_one_record_per_pod()
+
+
+def test_a_bind_of_a_booking_no_claim_names_is_caught() -> None:
+    """Only the booking a placed claim names is the pod's: a binder binding the other replica's
+    booking too gives the pod two live records; one that binds from the claim, one."""
+    with pytest.raises(AssertionError, match="two live records"):
+        _a_loser_s_booking_beside_the_winner_s(ClaimlessBindMachine())
+    _a_loser_s_booking_beside_the_winner_s(SerialProtocolMachine())
+
+
+def _booked_without_claim(machine: ProtocolMachine, pod: str, *, node: str = "") -> None:
+    """Write ``pod``'s booking (on ``node``, when given) to the ledger with no claim: what a
+    placer stopped between the booking and the claim of a restore leaves (a commit books and
+    claims in one batch)."""
     view = machine.replicas[0].view
     request = translate.pod_request(PODS[pod])
-    outcome = decider.decide(view, PROFILE, request, now=machine.clock.now())
+    now = machine.clock.now()
+    outcome = (
+        decider.decide_on(view, PROFILE, request, node, now=now)
+        if node
+        else decider.decide(view, PROFILE, request, now=now)
+    )
     assert isinstance(outcome, Decision)
     booking = translate.booking_of(
         outcome.reservation,
@@ -830,18 +978,19 @@ def _booked_without_claim(machine: ProtocolMachine, pod: str) -> None:
 
 def test_a_roll_forward_that_finds_its_pod_deleted_fences_the_record_first() -> None:
     """The search's example, driven by hand: replica 1 rolls a booked commit of ``p1`` forward
-    to its end (claim, ``reserved`` record) while replica 0's reconciliation, on a view that had
+    (its claim) and the binder binds it, while replica 0's reconciliation, on a view that had
     seen only the booking, rolls the same commit forward; replica 2 deletes ``p1`` meanwhile.
     The roll-forward then found the claim deleted and took the booking off the ledger, while the
-    record it had not fenced stayed ``reserved``: a live record without its booking until the
-    deletion's own fence landed. Every release fences first."""
+    record it had not fenced stayed live: a live record without its booking until the deletion's
+    own fence landed. Every release fences first."""
     machine = ProtocolMachine()
     _booked_without_claim(machine, "p1")
     for replica in (0, 1):
         machine.watch_catches_up(replica=replica)
         machine.reconcile(replica=replica)  # both roll p1's commit forward: its claim waits
     _let_next(machine, 1, "create tessera-ledger/claim.p1")
-    _let_next(machine, 1, "create tessera-assignments")
+    machine.binder_watch()
+    machine.binder_binds(pod="p1")
     machine.delete(pod="p1", really=0, replica=2)
     _let_next(machine, 2, "get tessera-ledger/claim.p1")
     _let_next(machine, 2, "update tessera-ledger/claim.p1")  # the tombstone; its fence waits
@@ -872,22 +1021,23 @@ def test_a_booking_and_its_claim_land_together_or_not_at_all() -> None:
         machine.teardown()
 
 
-def test_a_decision_ahead_of_its_record_waits_for_it_at_the_binder() -> None:
-    """The placer publishes the decision beside the record's write: here the decision lands and
-    is read by the binder first. The pod's claim names the commit, so the binder holds the
-    decision rather than dropping it, and takes it once the record lands. A binder that dropped
-    it would leave the record ``reserved`` with no decision to bind it (the teardown's check)."""
+def test_a_claim_seen_twice_is_bound_once() -> None:
+    """The binder binds from its mirror whenever it looks: a claim it binds twice (a watch that
+    delivered it again, a binder restarted) writes one record, and the second bind writes
+    nothing."""
     machine = ProtocolMachine()
     machine.decide(pod="p0", replica=0)
-    _let_next(machine, 0, "batch tessera-ledger")  # the booking and the claim
-    _let_next(machine, 0, "publish tessera.assignments")
-    machine.binder_reads_decisions()
-    assert [d.pod_uid for d in machine.awaiting] == ["p0"]
-    _let_next(machine, 0, "create tessera-assignments")
-    machine.binder_reads_decisions()
-    assert not machine.awaiting
+    _let_next(machine, 0, "batch tessera-ledger")
+    machine.binder_watch()
+    machine.binder_binds(pod="p0")
+    first = machine.kv.revision
+    machine.binder_watch()
+    machine.binder_binds(pod="p0")
+    machine.binder_binds(pod="p0")
+    assert machine.kv.revision == first
+    (record,) = machine._state().records.values()
+    assert (record.state, record.commit) == ("bound", "r0.00000001")
     machine.teardown()
-    assert machine.taken == {"r0.00000001"}
 
 
 @pytest.mark.parametrize("machine_class", [ProtocolMachine, SerialProtocolMachine])
@@ -895,23 +1045,26 @@ def test_a_fence_written_over_another_commit_s_fence_keeps_both(
     machine_class: type[ProtocolMachine],
 ) -> None:
     """The explore run's example (``scripts/fuzz``), driven by hand: a pod message taken twice
-    makes two commits of ``p0``; the first is placed and recorded, the binder withdraws its
+    makes two commits of ``p0``; the first is placed and bound, the binder withdraws its
     record (the pod ended before its GPUs were allocated), and the second, which lost the claim,
     fences its own commit at the same key. That fence replaced the first commit's released
-    record, so a roll-forward of the first commit (its claim still ``placed``) wrote its
-    ``reserved`` record again after all: a record the binder had dropped the decision of, and
-    with its booking about to be given back, room counted twice. The second fence now joins
-    the first (``AssignmentRecord.fenced``)."""
+    record, so a bind of the first commit (its claim still ``placed``) wrote its record again
+    after all, with its booking about to be given back: room counted twice. The second fence
+    now joins the first (``AssignmentRecord.fenced``)."""
     machine = machine_class()
     machine.decide(pod="p0", replica=0)
     machine.decide(pod="p0", replica=0)
-    for _ in range(4):
+    for _ in range(2):
         machine.let_some_through(steps=[(0, "land")])
+    machine.binder_watch()
     machine.binder_binds(pod="p0")
     machine.binder_withdraws(pod="p0")
-    machine.binder_reads_decisions()
-    (record,) = machine._state().records.values()
-    assert (record.state, record.commit) == ("released", "r0.00000001")
+    while machine.gates.pending:
+        machine.let_some_through(steps=[(0, "land")])
+    machine.binder_watch()
+    machine.binder_binds(pod="p0")
+    records = list(machine._state().records.values())
+    assert [(r.state, r.commit) for r in records] == [("released", "r0.00000001")]
     machine.teardown()
     (record,) = machine._state().records.values()
     assert record.state == "released" or record.commit not in ("r0.00000001", "r0.00000002")

@@ -82,12 +82,12 @@ async def left_over(bus: NatsBus, ports: list[int], uids: set[str]) -> str | Non
     """None when tenant ``CAPPED``'s charges are exactly what its live records hold and every pod
     not placed fits on no node now (as the replicas serving ``ports`` see it); else what is not."""
     state = await wire.cluster_state(bus)
-    held, _ = wire.record_shares([r for r in state.live_records() if r.namespace == CAPPED])
+    held, _ = wire.record_shares([r for r in state.placements() if r.namespace == CAPPED])
     ledger = state.tenants.get(CAPPED)
     charged = sum(c.gpus for c in ledger.charges) if ledger else 0
     if charged != held:
         return f"{CAPPED}: {charged} GPU shares charged, live records hold {held}"
-    for uid in sorted(uids - {r.pod_uid for r in state.live_records()}):
+    for uid in sorted(uids - {r.pod_uid for r in state.placements()}):
         for port in ports:  # the replica that holds or decided the pod can judge it
             _, answer = await http_get(port, f"/v1/pods/{uid}")
             if "nodes_total" in answer:
@@ -171,7 +171,7 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         undecided: set[str] = set()
 
         async def all_decided() -> bool:
-            recorded = {r.pod_uid for r in (await wire.cluster_state(bus)).live_records()}
+            recorded = {r.pod_uid for r in (await wire.cluster_state(bus)).placements()}
             undecided.clear()
             undecided.update(uids - recorded - {r.pod_uid for r in await rejections(bus)})
             return not undecided
@@ -186,8 +186,8 @@ async def test_three_placers_one_killed_place_every_pod_once_and_over_commit_not
         rejected = {r.pod_uid for r in refusals}
         # A redelivered duplicate may still be committing (and giving its booking back).
         state = await wire.settled_state(bus, inventories, slots=dict.fromkeys(NODES, SLOTS))
-        recorded = {r.pod_uid for r in state.live_records()}
-        assert len(recorded) == len(state.live_records())
+        recorded = {r.pod_uid for r in state.placements()}
+        assert len(recorded) == len(state.placements())
         assert recorded | rejected >= uids
         assert 500 < len(recorded) < PODS, f"{len(recorded)} placed: the cluster must fill up"
         wire.check_quotas(state, {CAPPED: (CAPPED_GPUS, None)})
@@ -257,13 +257,13 @@ async def test_a_standby_takes_over_a_killed_replicas_pool_and_places_its_pods(
 
         async def placed(uids: set[str]) -> bool:
             state = await wire.cluster_state(bus)
-            return uids <= {r.pod_uid for r in state.live_records()}
+            return uids <= {r.pod_uid for r in state.placements()}
 
         await eventually(
             functools.partial(placed, {p.uid for p in first}), timeout=30, what="first pods"
         )
         state = await wire.cluster_state(bus)
-        assert standby not in {r.placer_id for r in state.live_records()}, "a standby decided"
+        assert standby not in {r.placer_id for r in state.placements()}, "a standby decided"
         # The cluster's statistics come from the holder of pool 0 alone, never from a standby.
         assert await bus.kv_get(subjects.KV_STATS, subjects.stats_key(standby)) is None
         assert await bus.kv_get(subjects.KV_STATS, subjects.stats_key(holders[0][0])) is not None
@@ -288,9 +288,9 @@ async def test_a_standby_takes_over_a_killed_replicas_pool_and_places_its_pods(
             functools.partial(placed, {p.uid for p in then}), timeout=30, what="pods after"
         )
         state = await wire.settled_state(bus, inventories, slots=dict.fromkeys(nodes, SLOTS))
-        by_standby = [r for r in state.live_records() if r.placer_id == standby]
+        by_standby = [r for r in state.placements() if r.placer_id == standby]
         assert by_standby, "the standby placed nothing after taking over"
-        assert {r.pod_uid for r in state.live_records()} >= {p.uid for p in first + then}
+        assert {r.pod_uid for r in state.placements()} >= {p.uid for p in first + then}
     finally:
         await stop_all([process for process, _ in placers])
 
@@ -365,7 +365,7 @@ async def test_forged_pool_leases_are_rejected_counted_and_taken_over(
 
         async def placed() -> bool:
             state = await wire.cluster_state(bus)
-            return pod.uid in {r.pod_uid for r in state.live_records()}
+            return pod.uid in {r.pod_uid for r in state.placements()}
 
         await eventually(placed, timeout=15, what="the pod placed")
         async with (

@@ -63,7 +63,7 @@ async def test_nothing_is_decided_before_what_is_bound_is_restored_then_it_is_ho
         state = await until(
             lambda: _restored(bus), what="the restored placement booked, claimed and recorded"
         )
-        (record,) = state.live_records()
+        (record,) = state.placements()
         assert (record.pod_uid, record.state, record.commit) == (
             "old",
             "allocated",
@@ -95,7 +95,7 @@ async def test_a_restore_meant_for_a_lost_store_is_dropped(
             lambda: placer.metric("tessera_placer_restores_total", outcome="other-store") == 1,
             what="the restore dropped",
         )
-    assert (await wire.cluster_state(bus)).live_records() == []
+    assert (await wire.cluster_state(bus)).placements() == []
 
 
 async def test_a_store_lost_never_releases_the_record_of_a_running_pod_whatever_the_watches_do(
@@ -154,7 +154,7 @@ async def test_a_store_lost_never_releases_the_record_of_a_running_pod_whatever_
 
 async def _restored(bus: NatsBus) -> wire.ClusterState | None:
     state = await wire.cluster_state(bus)
-    return state if state.live_records() and state.claims and state.bookings() else None
+    return state if state.placements() and state.claims and state.bookings() else None
 
 
 async def _rejected(bus: NatsBus, uid: str) -> bool:

@@ -13,8 +13,9 @@ from typing import Any
 
 import msgspec
 
-from services.placer import charges, translate
+from services.placer import charges
 from shared import codec, subjects
+from shared.commits import record_of
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.bindings import BindingResult
 from shared.messages.deadletter import DeadLetter
@@ -26,7 +27,7 @@ from shared.messages.ledger import (
     PodClaim,
     TenantLedger,
 )
-from shared.messages.placement import PlacementDecision, PlacementRejected
+from shared.messages.placement import PlacementRejected
 from shared.messages.pods import PlacementHints
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery
@@ -40,7 +41,6 @@ from tests.placer.conftest import (
     RunningPlacer,
     http_get,
     rejections,
-    stream_messages,
     until,
 )
 from tests.placer.processes import start as start_process
@@ -65,27 +65,33 @@ async def settled(
 
 
 def live_of(state: wire.ClusterState, uid: str) -> list[AssignmentRecord]:
-    return [r for r in state.live_records() if r.pod_uid == uid]
+    """The pod's live placement (``ClusterState.placements``: no binder runs here)."""
+    return state.placements_of(uid)
 
 
 def placed(*uids: str) -> Callable[[wire.ClusterState], bool]:
     return lambda state: all(len(live_of(state, uid)) == 1 for uid in uids)
 
 
-async def decisions(bus: NatsBus) -> list[PlacementDecision]:
-    raw = await stream_messages(bus, subjects.STREAM_PLACEMENTS, subjects.ASSIGNMENTS_ALL)
-    return [codec.decode(data, PlacementDecision) for data in raw]
+async def bind(bus: NatsBus, uid: str) -> AssignmentRecord:
+    """Bind the pod's placement as the binder does: its record written ``bound``, create-only."""
+    claim = (await wire.cluster_state(bus)).claims[uid]
+    assert claim.booking is not None
+    bound = record_of(claim.booking, bound_at=time.time())
+    key = subjects.assignment_key(bound.node, uid)
+    assert await bus.kv_create(subjects.KV_ASSIGNMENTS, key, codec.encode(bound))
+    return bound
 
 
-async def test_a_pending_pod_is_booked_recorded_and_its_decision_published(
+async def test_a_pending_pod_is_booked_and_claimed(
     bus: NatsBus, start_placer: PlacerFactory
 ) -> None:
     await wire.put_node(bus, "gpu-1.example.com", 2)
     async with start_placer() as placer:
         await wire.publish_pod(bus, wire.pending("u1", memory_mib=4096, cores=25))
-        state = await settled(bus, placed("u1"), what="a record for u1")
+        state = await settled(bus, placed("u1"), what="a placement of u1")
         (record,) = live_of(state, "u1")
-        assert record.state == "reserved"
+        assert record.state == "reserved" and not state.records, "the binder writes the record"
         assert record.node == "gpu-1.example.com"
         assert record.placer_id == "placer-test"
         (container,) = record.containers
@@ -97,12 +103,6 @@ async def test_a_pending_pod_is_booked_recorded_and_its_decision_published(
         assert state.claims["u1"].state == "placed"
         assert state.claims["u1"].request == wire.pending("u1", memory_mib=4096, cores=25)
         wire.check_invariants(state, {"gpu-1.example.com": wire.inventory("gpu-1.example.com", 2)})
-
-        (decision,) = await decisions(bus)
-        assert decision.pod_uid == "u1"
-        assert decision.node == "gpu-1.example.com"
-        assert decision.containers == record.containers
-        assert decision.explanation.startswith("profile tessera: score")
 
         port = placer.readiness.http_port
         assert port is not None
@@ -127,7 +127,9 @@ async def test_a_deleted_pod_gives_its_gpus_back_once(
         await settled(bus, placed("u1"), what="u1 placed")
         await wire.delete_pod(bus, "u1")
         state = await settled(
-            bus, lambda s: not s.live_records() and not s.bookings(), what="u1 released"
+            bus,
+            lambda s: not s.placements() and not s.bookings() and bool(s.records),
+            what="u1 released",
         )
         (record,) = state.records.values()
         assert record.state == "released"
@@ -140,7 +142,7 @@ async def test_a_deleted_pod_gives_its_gpus_back_once(
             lambda: placer.metric("tessera_placer_decisions_total", outcome="duplicate") >= 1,
             what="the late pending message seen as a duplicate",
         )
-        assert (await wire.cluster_state(bus)).live_records() == []
+        assert (await wire.cluster_state(bus)).placements() == []
         assert placer.metric("tessera_placer_releases_total", cause="deleted") >= 1
         # The GPU is free again: a whole-GPU pod fits.
         await wire.publish_pod(bus, wire.pending("u2", shares=1, memory_mib=None, cores=None))
@@ -169,8 +171,6 @@ async def test_a_redelivered_pod_changes_nothing(bus: NatsBus, start_placer: Pla
         assert after.records == before.records
         assert after.claims == before.claims
         assert await bus.kv_get(subjects.KV_LEDGER, "n1") == ledger_before
-        (decision,) = await decisions(bus)  # published again under the same id: de-duplicated
-        assert decision.pod_uid == "u1"
 
 
 async def _place_in_order(bus: NatsBus, pods: list[str]) -> None:
@@ -305,16 +305,8 @@ async def test_binding_failures_gone_pods_and_reserve_timeouts_release(
             await wire.publish_pod(bus, wire.pending(uid))
         state = await settled(bus, placed("failed", "gone", "bound"), what="three placed")
         first_commit = live_of(state, "failed")[0].commit
-        # The binder binds one (reserved -> bound by compare-and-set): the timeout leaves it.
-        key = subjects.assignment_key("n1", "bound")
-        entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, key)
-        assert entry is not None
-        bound = msgspec.structs.replace(
-            codec.decode(entry.value, AssignmentRecord), state="bound", bound_at=time.time()
-        )
-        assert await bus.kv_update(
-            subjects.KV_ASSIGNMENTS, key, codec.encode(bound), revision=entry.revision
-        )
+        # The binder binds one (its record written bound): the timeout leaves it.
+        await bind(bus, "bound")
         for uid, outcome in (("failed", "failed"), ("gone", "gone")):
             result = BindingResult(
                 pod_uid=uid,
@@ -497,20 +489,19 @@ async def test_half_done_commits_are_repaired_before_ready(
 ) -> None:
     await wire.put_node(bus, "n1", 2)
     unclaimed = _booking("unclaimed", "n1", "c1")  # stopped after booking
-    unrecorded = _booking("unrecorded", "n1", "c2")  # stopped after claiming
-    await wire.put_bookings(bus, unclaimed, unrecorded)
+    claimed = _booking("claimed", "n1", "c2")  # committed: the binder's to bind
+    await wire.put_bookings(bus, unclaimed, claimed)
     claim = PodClaim(
-        pod_uid="unrecorded", state="placed", booking=unrecorded, updated_at=time.time() - 60
+        pod_uid="claimed", state="placed", booking=claimed, updated_at=time.time() - 60
     )
-    await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key("unrecorded"), codec.encode(claim))
+    await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key("claimed"), codec.encode(claim))
     async with start_placer() as placer:
         state = await wire.cluster_state(bus)  # ready means repaired
         wire.check_invariants(state, {"n1": wire.inventory("n1", 2)})
-        assert {r.pod_uid for r in state.live_records()} == {"unclaimed", "unrecorded"}
+        assert {r.pod_uid for r in state.placements()} == {"unclaimed", "claimed"}
         assert state.claims["unclaimed"].booking == unclaimed
-        assert {d.pod_uid for d in await decisions(bus)} == {"unclaimed", "unrecorded"}
+        assert not state.records, "the binder writes the records"
         assert placer.metric("tessera_placer_repairs_total", kind="roll-forward") == 1
-        assert placer.metric("tessera_placer_repairs_total", kind="create-record") == 1
 
 
 async def test_an_earlier_version_s_whole_node_entries_become_bookings_before_ready(
@@ -525,7 +516,7 @@ async def test_an_earlier_version_s_whole_node_entries_become_bookings_before_re
         claim = PodClaim(pod_uid=booking.pod_uid, state="placed", booking=booking, updated_at=1.0)
         key = subjects.claim_key(booking.pod_uid)
         await bus.kv_put(subjects.KV_CLAIMS, key, codec.encode(claim))
-        record = msgspec.structs.replace(translate.record_of(booking), state="allocated")
+        record = msgspec.structs.replace(record_of(booking, state="reserved"), state="allocated")
         key = subjects.assignment_key(booking.node, booking.pod_uid)
         await bus.kv_put(subjects.KV_ASSIGNMENTS, key, codec.encode(record))
     legacy = subjects.node_token("n1.example.com")  # the earlier versions' key
@@ -559,7 +550,7 @@ async def test_a_record_no_placer_committed_is_released_by_reconciliation(
         namespace="default",
         name="ghost",
         node="n1",
-        containers=translate.record_of(_booking("ghost", "n1", "c-ghost")).containers,
+        containers=record_of(_booking("ghost", "n1", "c-ghost")).containers,
         state="bound",
         decided_at=time.time() + 10 * 365 * 86400.0,  # dates itself years ahead
         placer_id="nobody",
@@ -595,7 +586,7 @@ async def test_quota_charges_are_derived_again_from_placements_before_ready(
     await wire.put_bookings(bus, old)
     claim = PodClaim(pod_uid="old", state="placed", booking=old, updated_at=time.time() - 60)
     await bus.kv_put(subjects.KV_CLAIMS, subjects.claim_key("old"), codec.encode(claim))
-    record = msgspec.structs.replace(translate.record_of(old), state="bound")
+    record = msgspec.structs.replace(record_of(old, state="reserved"), state="bound")
     await bus.kv_put(subjects.KV_ASSIGNMENTS, "n1.old", codec.encode(record))
     stray = charges.charge_of(_booking("lost", "n1", "c-lost"), now=time.time() - 60)
     tenant = TenantLedger(tenant="ml", charges=(stray,), updated_at=time.time() - 60)
@@ -673,13 +664,11 @@ async def test_spread_pods_decided_by_two_replicas_at_once_get_a_gpu_each(
             ]
             await asyncio.gather(*(wire.publish_pod(bus, pod) for pod in pods))
             state = await settled(bus, placed(*uids), what=f"round {round_} placed")
-            used = sorted(
-                g.index for r in state.live_records() for c in r.containers for g in c.gpus
-            )
+            used = sorted(g.index for r in state.placements() for c in r.containers for g in c.gpus)
             assert used == list(range(gpus)), f"round {round_}: GPUs {used}"
             for uid in uids:
                 await wire.delete_pod(bus, uid)
-            await settled(bus, lambda s: not s.live_records(), what=f"round {round_} gone")
+            await settled(bus, lambda s: not s.placements(), what=f"round {round_} gone")
 
 
 async def test_a_pod_deleted_before_its_pending_message_is_never_placed(
@@ -696,7 +685,7 @@ async def test_a_pod_deleted_before_its_pending_message_is_never_placed(
             lambda: placer.metric("tessera_placer_decisions_total", outcome="duplicate") == 1,
             what="the pending message answered",
         )
-        assert (await wire.cluster_state(bus)).live_records() == []
+        assert (await wire.cluster_state(bus)).placements() == []
 
 
 async def test_a_malformed_pod_message_is_dead_lettered_and_the_placer_keeps_placing(

@@ -7,6 +7,7 @@ import pytest
 
 from services.placer import translate
 from services.placer.core.model import RejectionReason
+from shared.commits import record_of
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
@@ -238,16 +239,13 @@ def test_a_booking_round_trips_through_the_reservation_and_into_the_record() -> 
     )
     assert again.containers[0].gpus == original.containers[0].gpus
     assert again.tenant == original.tenant
-    record = translate.record_of(original)
+    record = record_of(original, state="reserved")
     assert record.state == "reserved"
     assert record.commit == original.commit
     assert [(g.index, g.memory_mib, g.cores) for g in record.containers[0].gpus] == [
         (0, 4096, 25),
         (1, 4096, 25),
     ]
-    decision = translate.decision_message(original, score=3.5, scores={"fgd": 3.5})
-    assert decision.containers == record.containers
-    assert (decision.node, decision.score) == ("n1", 3.5)
 
 
 @pytest.mark.parametrize(
@@ -255,7 +253,7 @@ def test_a_booking_round_trips_through_the_reservation_and_into_the_record() -> 
     [(300, 30), (1000, 100), (5, 1), (301, 31)],
 )
 def test_cores_on_the_wire_are_percent_rounded_up(core_milli: int, cores: int) -> None:
-    record = translate.record_of(booking("a", (0, 1, core_milli)))
+    record = record_of(booking("a", (0, 1, core_milli)), state="reserved")
     assert record.containers[0].gpus[0].cores == cores
 
 

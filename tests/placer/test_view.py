@@ -23,6 +23,7 @@ from services.placer.core.model import Decision, GpuState, NodeState, Reservatio
 from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS, build_profile
 from services.placer.core.shape import gpu_shape
 from services.placer.state import ClusterView
+from shared.commits import record_of
 from shared.config import ConfigError, add_settings_arguments, load_settings
 from shared.messages.ledger import Booking, NodeLedger
 from shared.messages.pods import PodPending
@@ -120,7 +121,7 @@ def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
     for revision, held in enumerate(queued, start=5):
         assert view.set_booking("a", held.pod_uid, held, revision)
     for key, held in enumerate(queued, start=1):
-        view.set_record(f"a.{held.pod_uid}", translate.record_of(held), key)
+        view.set_record(f"a.{held.pod_uid}", record_of(held, state="reserved"), key)
     assert view.queued_nodes(2) == {"a"}
     for other in ("b", "c"):  # every node queued alike: the profile alone chooses
         for uid in ("r1", "r2"):
@@ -128,7 +129,7 @@ def test_a_burst_spreads_over_nodes_while_a_queue_waits_for_allocate() -> None:
     packed = decider.decide(view, PROFILE, pod, now=NOW)
     assert isinstance(packed, Decision) and packed.node == "a"
     for key, held in enumerate(queued, start=1):  # allocated: a's queue is gone
-        allocated = msgspec.structs.replace(translate.record_of(held), state="allocated")
+        allocated = msgspec.structs.replace(record_of(held, state="reserved"), state="allocated")
         view.set_record(f"a.{held.pod_uid}", allocated, key + 10)
     assert view.queued_nodes(1) == {"b", "c"}
     again = decider.decide(view, PROFILE, pod, now=NOW)

@@ -43,7 +43,7 @@ async def holder_of(bus: NatsBus, uid: str) -> str | None:
 
 
 async def live_pods(bus: NatsBus) -> set[str]:
-    return {r.pod_uid for r in (await wire.cluster_state(bus)).live_records()}
+    return {r.pod_uid for r in (await wire.cluster_state(bus)).placements()}
 
 
 async def test_a_replica_places_a_higher_pod_another_replica_holds_before_its_own(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared import codec, subjects
+from shared.commits import record_of
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import GpuHealthState, NodeInventory
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
@@ -167,6 +168,26 @@ class ClusterState:
     def live_records(self) -> list[AssignmentRecord]:
         return [r for r in self.records.values() if r.state != "released"]
 
+    def placements(self) -> list[AssignmentRecord]:
+        """Every live placement: the live records, and each placed claim's booking that no
+        binder recorded yet (as the record the binder writes for it, ``reserved`` until then),
+        unless its record fences it."""
+        found = self.live_records()
+        recorded = {(r.pod_uid, r.commit) for r in self.records.values()}
+        booked = {(b.pod_uid, b.commit) for b in self.bookings()}
+        for uid, claim in self.claims.items():
+            named = claim.booking
+            if claim.state != "placed" or named is None or (uid, named.commit) not in booked:
+                continue
+            held = self.records.get(subjects.assignment_key(named.node, uid))
+            fenced = held is not None and named.commit in held.fenced
+            if (uid, named.commit) not in recorded and not fenced:
+                found.append(record_of(named, state="reserved"))
+        return found
+
+    def placements_of(self, uid: str) -> list[AssignmentRecord]:
+        return [r for r in self.placements() if r.pod_uid == uid]
+
     def bookings(self) -> list[Booking]:
         return [b for ledger in self.ledgers.values() for b in ledger.bookings]
 
@@ -270,16 +291,21 @@ def check_safety(
 
 
 def check_invariants(
-    state: ClusterState, inventories: dict[str, NodeInventory], slots: dict[str, int] | None = None
+    state: ClusterState,
+    inventories: dict[str, NodeInventory],
+    slots: dict[str, int] | None = None,
+    *,
+    bound: bool = False,
 ) -> None:
     """Nothing over-committed, one live record per pod, every live record booked and every
-    booking recorded, every placed claim booked (raises AssertionError naming the fault)."""
+    booking placed (``bound``: recorded, as once a binder bound everything), every placed claim
+    booked (raises AssertionError naming the fault)."""
     check_safety(state, inventories, slots)
-    live = state.live_records()
+    live = state.live_records() if bound else state.placements()
     booked = {(b.node, b.pod_uid, b.commit) for b in state.bookings()}
     recorded = {(r.node, r.pod_uid, r.commit) for r in live}
     assert recorded <= booked, f"live records without a booking: {sorted(recorded - booked)[:5]}"
-    assert booked <= recorded, f"bookings without a live record: {sorted(booked - recorded)[:5]}"
+    assert booked <= recorded, f"bookings not placed: {sorted(booked - recorded)[:5]}"
     for uid, claim in state.claims.items():
         if claim.state == "placed":
             assert claim.booking is not None
@@ -320,12 +346,12 @@ def record_shares(records: Sequence[AssignmentRecord]) -> tuple[int, int]:
 
 
 def check_quotas(state: ClusterState, quotas: dict[str, tuple[int | None, int | None]]) -> None:
-    """For each tenant with a quota (GPU shares, GPU MiB; None = no limit), the live records of
-    its pods hold no more than the quota. A record's tenant is its booking's (else its
-    namespace)."""
+    """For each tenant with a quota (GPU shares, GPU MiB; None = no limit), the live placements
+    of its pods (:meth:`ClusterState.placements`) hold no more than the quota. A record's tenant
+    is its booking's (else its namespace)."""
     tenant_of = {b.commit: b.tenant for b in state.bookings()}
     for tenant, (gpus, memory) in quotas.items():
-        live = [r for r in state.live_records() if tenant_of.get(r.commit, r.namespace) == tenant]
+        live = [r for r in state.placements() if tenant_of.get(r.commit, r.namespace) == tenant]
         held_gpus, held_mib = record_shares(live)
         assert gpus is None or held_gpus <= gpus, (
             f"tenant {tenant} over its quota: live records hold {held_gpus} of {gpus} GPUs"
@@ -337,7 +363,8 @@ def check_quotas(state: ClusterState, quotas: dict[str, tuple[int | None, int | 
 
 def check_charges(state: ClusterState, quotas: dict[str, tuple[int | None, int | None]]) -> None:
     """What keeps quotas exact: each tenant's charges (``tessera-tenants``) add up to no more
-    than its quota, and every live record of its pods that holds GPUs is charged (by commit)."""
+    than its quota, and every live placement of its pods that holds GPUs is charged (by
+    commit)."""
     tenant_of = {b.commit: b.tenant for b in state.bookings()}
     for tenant, (gpus, memory) in quotas.items():
         ledger = state.tenants.get(tenant)
@@ -349,7 +376,7 @@ def check_charges(state: ClusterState, quotas: dict[str, tuple[int | None, int |
         listed = {c.commit for c in charges}
         uncharged = sorted(
             r.pod_uid
-            for r in state.live_records()
+            for r in state.placements()
             if tenant_of.get(r.commit, r.namespace) == tenant
             and r.commit not in listed
             and record_shares([r]) != (0, 0)

@@ -133,13 +133,6 @@ FORGERIES = [
         PLUGIN_B,
     ),
     Forgery(
-        "a device plugin publishes another node's allocation",
-        subjects.allocations(NODE_B),
-        js_publish(subjects.allocations(NODE_B)),
-        (PLUGIN_A, BINDER, PLACER),
-        PLUGIN_B,
-    ),
-    Forgery(
         "an inventory publishes another node's inventory",
         subjects.inventory(NODE_B),
         publish(subjects.inventory(NODE_B)),
@@ -170,9 +163,9 @@ FORGERIES = [
         )
     ),
     Forgery(
-        "a non-placer publishes a placement decision",
-        subjects.assignments(NODE_B),
-        js_publish(subjects.assignments(NODE_B)),
+        "a non-placer publishes a placement rejection",
+        subjects.PLACEMENTS_REJECTED,
+        js_publish(subjects.PLACEMENTS_REJECTED),
         NOT_PLACERS,
         PLACER,
     ),

@@ -1,19 +1,16 @@
-"""Which records stand for a placer's commit (``shared.commits``), and which ones the binder's
-ambiguity gate must still wait for although they no longer do."""
+"""The commit rules every service shares (``shared.commits``): which records stand for a placer's
+commit, and what the first record of a commit may be written over."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import msgspec
 import pytest
 
-from services.placer.commit import deleted_claim, requeued_claim
-from shared.commits import commit_problem, withdrawing
-from shared.messages.assignments import AssignmentRecord
-from shared.messages.ledger import Booking, PodClaim
+from shared.commits import RecordAction, booking_problem, placed_over, record_action, record_of
+from shared.messages.assignments import AssignmentRecord, released
+from shared.messages.ledger import Booking
 from tests.binder.builders import record, slices
-from tests.harness.commits import booking_of, claim_of
+from tests.harness.commits import booking_of
 
 REAL = record("uid-1", "real", slices("main", (0, 4096, 5)), state="bound", bound_at=1.0)
 
@@ -26,97 +23,64 @@ def moved_booking(**changes: object) -> Booking:
     return msgspec.structs.replace(booking_of(REAL), **changes)
 
 
-DELETED = deleted_claim(REAL.pod_uid, claim_of(REAL), reason="gone", now=2.0)
-"""REAL's claim once its pod was deleted (its booking still named)."""
-
-Case = tuple[AssignmentRecord, PodClaim | None, Booking | None]
-CASES: dict[str, tuple[Callable[[], Case], str | None, bool]] = {
-    # name: (record, claim, booking), the problem found (a fragment), withdrawing
-    "committed": (lambda: (REAL, claim_of(REAL), booking_of(REAL)), None, False),
-    "no commit named": (
-        lambda: (moved(commit=""), claim_of(REAL), booking_of(REAL)),
-        "names no commit",
-        False,
-    ),
-    "no claim": (lambda: (REAL, None, booking_of(REAL)), "it has no claim", False),
-    "claim of another commit": (
-        lambda: (moved(commit="forged"), claim_of(REAL), booking_of(REAL)),
-        "names commit commit-uid-1, the record forged",
-        False,
-    ),
-    "not booked": (
-        lambda: (REAL, claim_of(REAL), None),
-        "holds nothing",
-        False,
-    ),
-    "booked by another commit": (
-        lambda: (REAL, claim_of(REAL), moved_booking(commit="older")),
-        "holds commit older",
-        False,
-    ),
-    "booked for another node": (
-        lambda: (REAL, claim_of(REAL), moved_booking(node="gpu-9")),
-        "booked default/real on gpu-9",
-        False,
-    ),
-    "other slices than booked": (
-        lambda: (
+@pytest.mark.parametrize(
+    ("rec", "booking", "problem"),
+    [
+        pytest.param(REAL, booking_of(REAL), None, id="committed"),
+        pytest.param(moved(commit=""), booking_of(REAL), "names no commit", id="no-commit"),
+        pytest.param(REAL, None, "holds nothing", id="not-booked"),
+        pytest.param(
+            REAL, moved_booking(commit="older"), "holds commit older", id="booked-by-another"
+        ),
+        pytest.param(
+            REAL, moved_booking(node="gpu-9"), "booked default/real on gpu-9", id="other-node"
+        ),
+        pytest.param(
             moved(containers=(slices("main", (1, 4096, 5)),)),
-            claim_of(REAL),
             booking_of(REAL),
+            "are not the ones",
+            id="other-slices",
         ),
-        "are not the ones",
-        False,
-    ),
-    # The pod was deleted: the claim turned deleted, the record is not fenced yet.
-    "pod deleted, record not yet fenced": (
-        lambda: (
-            REAL,
-            DELETED,
-            booking_of(REAL),
-        ),
-        "is deleted, not placed",
-        True,
-    ),
-    "requeued": (
-        lambda: (REAL, requeued_claim(claim_of(REAL), reason="failed", now=2.0), None),
-        "is requeued, not placed",
-        True,
-    ),
-    # The same commit's claim, deleted, does not vouch for a copy of the record on another node.
-    "deleted claim, record copied to another node": (
-        lambda: (
-            moved(node="gpu-9"),
-            DELETED,
-            None,
-        ),
-        "is deleted, not placed",
-        False,
-    ),
-    "deleted claim of another commit": (
-        lambda: (
-            moved(commit="forged"),
-            DELETED,
-            None,
-        ),
-        "is deleted, not placed",
-        False,
-    ),
-    "deleted before any booking": (
-        lambda: (REAL, deleted_claim(REAL.pod_uid, None, reason="gone", now=2.0), None),
-        "is deleted, not placed",
-        False,
-    ),
-}
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_commit_problem_and_withdrawing(name: str) -> None:
-    build, problem, withdrawn = CASES[name]
-    rec, claim, booking = build()
-    found = commit_problem(rec, claim=claim, booking=booking)
+    ],
+)
+def test_booking_problem(
+    rec: AssignmentRecord, booking: Booking | None, problem: str | None
+) -> None:
+    found = booking_problem(rec, booking)
     if problem is None:
         assert found is None
     else:
         assert found is not None and problem in found, found
-    assert withdrawing(rec, claim=claim) is withdrawn
+
+
+def test_the_record_of_a_booking_is_the_record_the_booking_describes() -> None:
+    assert record_of(booking_of(REAL), bound_at=1.0) == REAL
+    assert record_of(booking_of(REAL), state="reserved").state == "reserved"
+
+
+OLDER = moved(commit="older")
+
+
+@pytest.mark.parametrize(
+    ("current", "action"),
+    [
+        pytest.param(None, "write", id="empty-key"),
+        pytest.param(REAL, "done", id="written"),
+        pytest.param(released(REAL, now=2.0), "released", id="fenced"),
+        pytest.param(released(OLDER, now=2.0), "write", id="over-an-older-commit-released"),
+        pytest.param(
+            msgspec.structs.replace(released(OLDER, now=2.0), fenced=(REAL.commit,)),
+            "released",
+            id="fenced-beside-an-older-commit",
+        ),
+        pytest.param(OLDER, "blocked", id="another-commit-live"),
+    ],
+)
+def test_record_action(current: AssignmentRecord | None, action: RecordAction) -> None:
+    assert record_action(current, REAL.commit) == action
+
+
+def test_a_record_written_over_a_released_one_carries_its_fences() -> None:
+    fence = msgspec.structs.replace(released(OLDER, now=2.0), fenced=("oldest",))
+    assert placed_over(fence, REAL).fenced == ("oldest", "older")
+    assert placed_over(None, REAL) == REAL

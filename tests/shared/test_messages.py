@@ -8,7 +8,6 @@ import msgspec
 import pytest
 
 from shared import codec
-from shared.messages.allocations import AllocationEvent
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation, moves_forward
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.bindings import BindingResult
@@ -17,7 +16,7 @@ from shared.messages.extender import PodLookup, PodLookupReply
 from shared.messages.inventory import GpuLink, GpuProcess, GpuTelemetry, NodeInventory
 from shared.messages.namespaces import NamespaceLabels, NamespacesListed
 from shared.messages.nodes import NodeFacts
-from shared.messages.placement import PlacementDecision, PlacementRejected, RejectionReason
+from shared.messages.placement import PlacementRejected, RejectionReason
 from shared.messages.pods import ContainerRequest, PlacementHints, PodDeleted, PodPending
 from shared.messages.stats import ClusterStats
 
@@ -115,19 +114,6 @@ EXAMPLES: list[Any] = [
     NamespaceLabels(namespace="shop", labels={"team": "web"}, observed_at=NOW),
     NamespacesListed(namespaces=12, listed_at=NOW),
     PodLookupReply(uid="uid-3", error="the pod no longer exists"),
-    PlacementDecision(
-        pod_uid="uid-1",
-        namespace="ml",
-        name="train-0",
-        node="n1",
-        containers=SLICES,
-        score=87.5,
-        scores={"fgd": 60.0, "binpack": 27.5},
-        explanation="fgd: least fragmentation",
-        decided_at=NOW,
-        placer_id="placer-0",
-        commit="placer-0.00000001",
-    ),
     PlacementRejected(
         pod_uid="uid-2",
         namespace="ml",
@@ -156,18 +142,6 @@ EXAMPLES: list[Any] = [
             ),
         ),
         allocated_at=NOW + 2,
-    ),
-    AllocationEvent(
-        pod_uid="uid-1",
-        namespace="ml",
-        name="train-0",
-        node="n1",
-        container="trainer",
-        device_ids=("GPU-aaaa::0",),
-        gpu_uuids=("GPU-aaaa",),
-        complete=True,
-        allocated_at=NOW,
-        plugin_id="dp-n1",
     ),
     BindingResult(
         pod_uid="uid-1", namespace="ml", name="train-0", node="n1", outcome="bound", at=NOW

@@ -2,7 +2,7 @@
 
 Everything here is a frozen msgspec Struct, so a snapshot can be shared, hashed and compared. The
 service shell translates ``shared.messages`` (``PodPending``, ``NodeInventory``) into these types
-and ``Decision`` / ``Rejection`` back into ``PlacementDecision`` / ``PlacementRejected``.
+and ``Decision`` / ``Rejection`` back into a ``Booking`` / ``PlacementRejected``.
 
 Units. CPU in milli-cores, memory in MiB. A GPU's compute is counted in *core milli*: 1000 = all
 of its SMs (``tessera.dev/gpu-cores: 30`` is 300 core milli). "GPU milli" is the FGD paper's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -12,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from services.placer import decider
-from services.placer.core.model import PodRequest, Rejection
+from services.placer.core.model import Decision, PodRequest, Rejection
 from services.placer.core.queue import PlacementQueue
 from services.placer.shell.context import Shell, log
 from shared.messages.ledger import Booking, PodClaim
@@ -21,6 +22,8 @@ from shared.runtime.bus import Delivery
 
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
+RETRY_LATER_S = 0.5
+"""Delay before a pod whose commit kept losing comes back (doubled at most, at random)."""
 EXPLAINED_PODS = 10_000
 """Last outcomes kept for ``GET /v1/pods/{uid}``."""
 
@@ -155,10 +158,10 @@ class Held:
                     await asyncio.gather(*(d.nak(None) for d in held), return_exceptions=True)
             log.info("handed back held pods", extra={"messages": len(held)})
 
-    async def republish(self, booking: Booking, deliveries: list[Delivery]) -> None:
-        """Finish a pod placed already (by ``booking``), then ack its messages."""
+    async def finish_placed(self, booking: Booking, deliveries: list[Delivery]) -> None:
+        """Ack the messages of a pod placed already (by ``booking``), once it is booked."""
         try:
-            await self._shell.protocol.republish(booking)
+            await self._shell.protocol.keep_booked(booking)
         except Exception as error:
             log.warning(
                 "cannot finish an already placed pod yet; its message comes back",
@@ -171,6 +174,72 @@ class Held:
         self._shell.metrics.decisions.labels(outcome="duplicate").inc()
         await self.ack(deliveries)
 
+    def retry(self, item: HeldPod, why: str) -> None:
+        """Decide ``item`` again after its commit was refused (``why``), or, once it was
+        refused too often, hand its message back for later."""
+        shell = self._shell
+        if item.adopted and not item.deliveries:  # its holder keeps it
+            if self.items.get(item.pod.uid) is item:
+                del self.items[item.pod.uid]
+            return
+        item.attempts += 1
+        shell.metrics.retries.inc()
+        if item.attempts > shell.config.max_commit_retries:
+            shell.metrics.commit_failures.labels(cause="retries").inc()
+            log.warning(
+                "commit retries exhausted; the pod message comes back later",
+                extra={"pod_uid": item.pod.uid, "attempts": item.attempts, "reason": why},
+            )
+            delay = RETRY_LATER_S * (1 + random.random())  # jittered: replicas fall out of step
+            shell.tasks.spawn(self.give_back(item, delay=delay), f"giveback-{item.pod.uid}")
+            return
+        if self.items.get(item.pod.uid) is item:
+            self.enqueue(item)
+
+    def placed(
+        self, item: HeldPod, outcome: str, booking: Booking, decision: Decision | None
+    ) -> None:
+        """Count, log, remember and answer ``item`` placed by ``booking`` (``outcome``: placed,
+        or found placed already)."""
+        shell = self._shell
+        elapsed = shell.clock.monotonic() - item.received
+        if not item.answered:
+            item.answered = True
+            shell.metrics.latency.observe(elapsed)
+        shell.metrics.decisions.labels(outcome=outcome).inc()
+        gpus = [
+            f"{s.uuid}:{s.memory_mib}MiB:{s.core_milli // 10}%"
+            for c in booking.containers
+            for s in c.gpus
+        ]
+        log.info(
+            "pod placed" if outcome == "placed" else f"pod {outcome}",
+            extra={
+                "pod": f"{item.pod.namespace}/{item.pod.name}",
+                "pod_uid": item.pod.uid,
+                "node": booking.node,
+                "gpus": gpus,
+                "score": round(decision.score, 3) if decision else None,
+                "feasible_nodes": decision.feasible_nodes if decision else None,
+                "attempts": item.attempts + 1,
+                "latency_ms": round(elapsed * 1000, 2),
+                "commit": booking.commit,
+            },
+        )
+        self.remember(
+            Outcome(
+                pod_uid=item.pod.uid,
+                outcome=outcome,
+                node=booking.node,
+                booking=booking,
+                score=decision.score if decision else 0.0,
+                scores=dict(decision.scores) if decision else {},
+                at=shell.clock.now(),
+                request=item.request,
+            )
+        )
+        self.resolve(item, self.outcomes[item.pod.uid])
+
     def claimed_elsewhere(self, pod_uid: str, claim: PodClaim) -> None:
         """A claim appeared for a pod held waiting here: it was placed or deleted elsewhere."""
         item = self.items.get(pod_uid)
@@ -181,8 +250,7 @@ class Held:
         self.queue.remove(pod_uid)
         tasks = self._shell.tasks
         if claim.state == "placed" and claim.booking is not None:
-            # Finish it like a redelivery: the placing replica may have stopped before publishing.
-            tasks.spawn(self.republish(claim.booking, item.deliveries), f"republish-{pod_uid}")
+            tasks.spawn(self.finish_placed(claim.booking, item.deliveries), f"placed-{pod_uid}")
         else:
             tasks.spawn(self.ack(item.deliveries), f"ack-{pod_uid}")
 

@@ -1,4 +1,4 @@
-"""Placements given back: pods deleted or gone before binding, bindings that failed, records
+"""Placements given back: pods deleted or gone before binding, bindings that failed, placements
 not bound within the reserve timeout; and the purge of what was released long ago. Each is
 acked only once durable and is idempotent (the protocol has why)."""
 
@@ -118,7 +118,8 @@ class Releases:
         return released
 
     async def timeout_loop(self) -> None:
-        """Release ``reserved`` records the binder did not bind within the reserve timeout."""
+        """Release placements the binder did not bind within the reserve timeout: a placed claim
+        whose commit has no record ``bound`` (or further) on its node yet."""
         shell = self._shell
         timeout_s = shell.config.reserve_timeout_s
         period = max(0.5, min(5.0, timeout_s / 4))
@@ -127,16 +128,22 @@ class Releases:
             if not shell.current:  # records of a lost store are not this store's to release
                 continue
             now = shell.clock.now()
-            for record in list(shell.view.records.values()):
-                if (
-                    record.state == "reserved"
-                    and now - record.decided_at >= timeout_s
-                    and record.key not in self._releasing
-                ):
-                    self._releasing.add(record.key)
-                    shell.tasks.spawn(
-                        self._time_out(record.key, record.pod_uid, record.node), "timeout"
-                    )
+            view = shell.view
+            for uid, claim in list(view.claims.items()):
+                booking = claim.booking
+                if claim.state != "placed" or booking is None:
+                    continue
+                key = subjects.assignment_key(booking.node, uid)
+                record = view.records.get(key)
+                bound = (
+                    record is not None
+                    and record.commit == booking.commit
+                    and record.state in ("bound", "allocated")
+                )
+                if bound or now - booking.decided_at < timeout_s or key in self._releasing:
+                    continue
+                self._releasing.add(key)
+                shell.tasks.spawn(self._time_out(key, uid, booking.node), "timeout")
 
     async def _time_out(self, key: str, pod_uid: str, node: str) -> None:
         try:
@@ -163,6 +170,27 @@ class Releases:
         while True:
             await shell.clock.sleep(period)
             try:
-                await shell.protocol.purge(retention_s=retention_s)
+                await self.purge(retention_s=retention_s)
             except Exception as error:
                 log.warning("purge failed; tried again", extra={"error": str(error)})
+
+    async def purge(self, *, retention_s: float) -> int:
+        """Delete released records and deleted pods' claims older than ``retention_s``."""
+        shell = self._shell
+        store, view = shell.store, shell.view
+        now = shell.clock.now()
+        purged = 0
+        for record in list(view.records.values()):
+            age = now - (record.released_at or now)
+            expired = record.state == "released" and age >= retention_s
+            if expired and await store.delete_if(store.records, record.key, record.revision):
+                shell.metrics.purged.labels(entry="record").inc()
+                purged += 1
+        for uid, claim in list(view.claims.items()):
+            if claim.state == "deleted" and now - claim.updated_at >= retention_s:
+                revision = view.claim_revisions.get(uid, 0)
+                key = subjects.claim_key(uid)
+                if revision and await store.delete_if(store.claims, key, revision):
+                    shell.metrics.purged.labels(entry="claim").inc()
+                    purged += 1
+        return purged

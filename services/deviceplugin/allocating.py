@@ -1,33 +1,33 @@
-"""The Allocate claim loop: read records, grant, claim ``bound -> allocated``, answer.
+"""The Allocate loop: read records, grant, write the record ``bound -> allocated``, answer.
 
 Allocate (one container at a time, serialized in this process): plan with
 :func:`allocate.plan_allocation`, commit the next record state by compare-and-set on the revision
-it was read at, answer the kubelet and publish the :class:`AllocationEvent` beside the answer
-(:mod:`~services.deviceplugin.events`). A lost compare-and-set means another writer (a second
+it was read at, and answer the kubelet (the binder sees ``allocated`` in the record). A lost
+compare-and-set means another writer (a second
 plugin process, the binder) moved the record: re-read it and plan again, so no record is ever
-claimed twice. When no record matches yet, Allocate waits up to ``record_wait_s`` for the
+allocated twice. When no record matches yet, Allocate waits up to ``record_wait_s`` for the
 binder's write to arrive before refusing, reading this node's records afresh at its start and end
 (:meth:`~services.deviceplugin.records.NodeRecords.reread`); after NATS lost its store, until the
 binder restored what is bound into the new one (up to ``nats_wait_s``). A record whose GPU is
 unhealthy is not granted (the next servable record is), and device IDs of GPUs no longer listed
 are refused.
-While a record still matches no commit (:mod:`~services.deviceplugin.commits`), its claim and the
+While a record still matches no booking (:mod:`~services.deviceplugin.commits`), its booking and the
 ledger entry are read again as it waits like a missing record; then it is refused as
 ``uncommitted`` with the reason, counted in
 ``tessera_deviceplugin_allocations_total{outcome="uncommitted"}``. It never blocks a record that
 does match.
 
-Claims across NATS outages (issue 9): a claim is never sent while disconnected and nothing of
+Writes across NATS outages (issue 9): a write is never sent while disconnected and nothing of
 it lands later (the bus never buffers writes). An Allocate that finds NATS away waits up to
 ``nats_wait_s`` for it to come back (a restart takes seconds; a refusal would fail the pod at
-admission), then plans again; past that it is refused with nothing claimed. A claim sent whose
+admission), then plans again; past that it is refused with nothing allocated. A write sent whose
 answer never came is read back before answering (after waiting for the connection the same way);
 when even that is impossible, Allocate is refused.
 
 A refused Allocate is final: the kubelet rejects the pod at admission and never asks again for
-it; the next Allocate with the same device IDs is another pod's. So a claim that landed unseen
+it; the next Allocate with the same device IDs is another pod's. So a write that landed unseen
 stays with its record, whose pod the kubelet rejected (it is released with that pod), and never
-answers a later Allocate, which could be a pod with other slices. A record whose claim failed
+answers a later Allocate, which could be a pod with other slices. A record whose write failed
 here is *refused*: its pod most likely failed admission, so for a while every other matching
 record is served before it (``allocate.plan_allocation``'s ``refused``). Served first, it gave the
 next pod of that size its slices and left that pod's own record ``bound`` for good (a
@@ -45,9 +45,8 @@ from typing import Literal
 
 from services.deviceplugin import allocate
 from services.deviceplugin.allocate import Allocation, ContainerGrant, Refusal
-from services.deviceplugin.commits import CLAIM_REREAD_S, CommitMirror
+from services.deviceplugin.commits import BOOKING_REREAD_S, CommitMirror
 from services.deviceplugin.config import PluginConfig
-from services.deviceplugin.events import AllocationEvents
 from services.deviceplugin.grants import GrantBook
 from services.deviceplugin.inventory import InventoryFollower
 from services.deviceplugin.metrics import PluginMetrics
@@ -63,7 +62,7 @@ log = logging.getLogger(__name__)
 NATS_POLL_S = 0.05
 """How often an Allocate waiting for NATS to come back looks at the connection."""
 
-MAX_CLAIM_ATTEMPTS = 16
+MAX_WRITE_ATTEMPTS = 16
 """Lost compare-and-sets in a row before Allocate gives up (each loss means progress elsewhere)."""
 
 MAX_REFUSED = 64
@@ -74,11 +73,11 @@ REFUSED_TTL_S = 60.0
 within seconds, a placer releases it when the pod is deleted."""
 
 ReadBack = int | None | Literal["unknown"]
-"""What reading a claim back found: its revision (it landed), None (it did not), or "unknown"."""
+"""What reading a write back found: its revision (it landed), None (it did not), or "unknown"."""
 
 
-class Claimer:
-    """Answers Allocate: one container after the other, each claimed by compare-and-set."""
+class Allocator:
+    """Answers Allocate: one container after the other, each record written by compare-and-set."""
 
     def __init__(
         self,
@@ -91,7 +90,6 @@ class Claimer:
         commits: CommitMirror,
         inventory: InventoryFollower,
         grants: GrantBook,
-        events: AllocationEvents,
     ) -> None:
         self._config = config
         self._bus = bus
@@ -102,9 +100,8 @@ class Claimer:
         self._commits = commits
         self._inventory = inventory
         self._grants = grants
-        self._events = events
         self._refused: dict[str, float] = {}
-        """Records whose claim failed here for a refused Allocate, with when (monotonic)."""
+        """Records whose write failed here for a refused Allocate, with when (monotonic)."""
         self._allocate_lock = asyncio.Lock()
         self._first_epoch = bus.store_epoch
         """The store's epoch when this plugin started (``_store_restoring``)."""
@@ -152,19 +149,17 @@ class Claimer:
                 gpus=self._inventory.gpus,
                 options=self._config.response,
                 now=self._clock.now(),
-                plugin_id=self._config.plugin_id,
-                claims=self._commits.claims,
                 bookings=self._commits.bookings,
                 refused=self._refused_keys(),
             )
             if isinstance(plan, Refusal):
                 unconfirmed = self._uncommitted(len(device_ids))
                 if unconfirmed and await self._commits.reread(unconfirmed):
-                    continue  # a claim or the ledger entry may have lagged: plan again
+                    continue  # the node's bookings may have lagged: plan again
                 if plan.kind == "no_record" and await self._reread():
                     continue  # the bucket held what the watch had not delivered: plan again
                 if (plan.kind == "no_record" or unconfirmed) and not self._bus.connected:
-                    # The record (or its claim) may be waiting in KV while NATS restarts: wait
+                    # The record (or its booking) may be waiting in KV while NATS restarts: wait
                     # for the connection, then give the watches their usual time to catch up.
                     if not await self._connected_by(nats_deadline):
                         return self._not_confirmed(unconfirmed) if unconfirmed else plan
@@ -179,8 +174,8 @@ class Claimer:
                 # binder's write may trail the kubelet's call); anything else is final.
                 if (plan.kind != "no_record" and not unconfirmed) or remaining <= 0:
                     return plan
-                # Claims are not watched: while some wait, read them again now and then.
-                pause = min(remaining, CLAIM_REREAD_S) if unconfirmed else remaining
+                # While some wait for their booking, read it again now and then.
+                pause = min(remaining, BOOKING_REREAD_S) if unconfirmed else remaining
                 changed = await self._records.changed.wait_past(seen, timeout=pause)
                 if not changed and not unconfirmed:
                     if plan.kind == "no_record" and await self._reread(now=True):
@@ -190,13 +185,13 @@ class Claimer:
                         continue
                     return plan
                 continue
-            key = plan.claimed.key
+            key = plan.taken.key
             try:
                 revision = await self._bus.kv_update(
                     subjects.KV_ASSIGNMENTS,
                     key,
                     codec.encode(plan.record),
-                    revision=plan.claimed.revision,
+                    revision=plan.taken.revision,
                 )
             except BusUnavailableError:
                 # Nothing was sent: wait (bounded) for NATS to come back and plan again, so a
@@ -206,8 +201,8 @@ class Claimer:
                 self._refuse(key)
                 return Refusal(
                     kind="unavailable",
-                    message=f"cannot claim the assignment record {key}: not connected to NATS "
-                    f"for {self._config.nats_wait_s:g} s; nothing was claimed",
+                    message=f"cannot write the assignment record {key}: not connected to NATS "
+                    f"for {self._config.nats_wait_s:g} s; nothing was allocated",
                 )
             except OutcomeUnknownError:
                 found = await self._read_back(plan)
@@ -221,27 +216,27 @@ class Claimer:
                     self._refuse(key)
                     return Refusal(
                         kind="unavailable",
-                        message=f"the claim of the assignment record {key} was sent but NATS "
+                        message=f"the write of the assignment record {key} was sent but NATS "
                         "did not confirm it and it cannot be read back yet; if it landed, the "
                         "record is released with the pod this refusal fails",
                     )
                 revision = found
                 if revision is None:  # it did not land, and never will: plan again
                     conflicts += 1
-                    if conflicts >= MAX_CLAIM_ATTEMPTS:
+                    if conflicts >= MAX_WRITE_ATTEMPTS:
                         return self._gave_up(key, conflicts)
                     continue
             except Exception as error:  # the bus failed otherwise: refuse, never crash
                 self._refuse(key)
                 return Refusal(
                     kind="unavailable",
-                    message=f"cannot claim the assignment record {key}: NATS "
+                    message=f"cannot write the assignment record {key}: NATS "
                     f"failed ({type(error).__name__}: {error})",
                 )
             if revision is None:
                 conflicts += 1
                 self._metrics.cas_conflicts.inc()
-                if conflicts >= MAX_CLAIM_ATTEMPTS:
+                if conflicts >= MAX_WRITE_ATTEMPTS:
                     return self._gave_up(key, conflicts)
                 try:
                     await self._records.read(key)
@@ -284,37 +279,36 @@ class Claimer:
     def _gave_up(key: str, conflicts: int) -> Refusal:
         return Refusal(
             kind="conflict",
-            message=f"the assignment record {key} kept changing under {conflicts} claims in a "
-            "row; nothing was claimed",
+            message=f"the assignment record {key} kept changing under {conflicts} writes in a "
+            "row; nothing was allocated",
         )
 
     async def _granted(self, plan: Allocation, revision: int) -> ContainerGrant:
-        """The claim of ``plan`` is committed at ``revision``: keep it (in the state file too),
-        publish, answer."""
+        """The write of ``plan`` landed at ``revision``: keep it (in the state file too),
+        answer."""
         await self._records.remember(
-            RecordView(key=plan.claimed.key, revision=revision, record=plan.record)
+            RecordView(key=plan.taken.key, revision=revision, record=plan.record)
         )
-        self._grants.grant(plan.claimed.key, allocate.granted_of(plan.record))
-        self._events.publish(plan.event)
+        self._grants.grant(plan.taken.key, allocate.granted_of(plan.record))
         log.info(
             "allocated",
             extra={
                 "pod": f"{plan.record.namespace}/{plan.record.name}",
                 "container": plan.container.container,
-                "gpus": list(plan.event.gpu_uuids),
+                "gpus": [g.uuid for g in plan.container.gpus],
                 "complete": plan.complete,
             },
         )
         return plan.grant
 
     async def _read_back(self, plan: Allocation) -> ReadBack:
-        """Whether the claim of ``plan`` landed: its revision, None, or "unknown" (NATS down)."""
-        key = plan.claimed.key
+        """Whether the write of ``plan`` landed: its revision, None, or "unknown" (NATS down)."""
+        key = plan.taken.key
         try:
             entry = await self._bus.kv_get(subjects.KV_ASSIGNMENTS, key)
         except Exception as error:
             log.warning(
-                "cannot read a claim back yet",
+                "cannot read a write back yet",
                 extra={"key": key, "error": f"{type(error).__name__}: {error}"},
             )
             return "unknown"
@@ -351,8 +345,8 @@ class Claimer:
         return Refusal(
             kind="unavailable",
             message=f"cannot confirm the assignment record {keys}: not connected to NATS for "
-            f"{self._config.nats_wait_s:g} s, and its pod's claim or this node's ledger entry "
-            "is not read yet; nothing was claimed",
+            f"{self._config.nats_wait_s:g} s, and its booking in this node's ledger is not "
+            "read yet; nothing was allocated",
         )
 
     def _uncommitted(self, count: int) -> list[RecordView]:
@@ -360,5 +354,5 @@ class Claimer:
         views = allocate.matching_records(
             self._records.views(), count=count, resource=self._config.resource
         )
-        claims, bookings = self._commits.claims, self._commits.bookings
-        return [v for v in views if allocate.uncommitted(v, claims=claims, bookings=bookings)]
+        bookings = self._commits.bookings
+        return [v for v in views if allocate.uncommitted(v, bookings=bookings)]
