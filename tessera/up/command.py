@@ -57,12 +57,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     cluster.add_argument(
         "--gpus",
-        default=specs.DEFAULT_GPUS,
+        default=None,
         help="node entries dealt to the nodes in turn, comma-separated: COUNTxMODEL[-MEMORY] "
         "('8xA100-80GB', '4xT4'), several models joined with '+', 'cpu' for a node without "
         "GPUs, options after ':' (mode=memory-units, isolation=mps|hami-core, cpu=32, "
         "memory=256Gi); NAME=ENTRY names each node instead "
-        f"(default {specs.DEFAULT_GPUS})",
+        f"(default {specs.DEFAULT_GPUS}; with --trace and neither --nodes nor --gpus: nodes "
+        "sampled from the trace's node list until they hold the sample's GPU demand)",
     )
     cluster.add_argument("--placers", type=int, default=2, help="placer replicas (2)")
     cluster.add_argument(
@@ -137,12 +138,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args: argparse.Namespace) -> list[dict[str, Any]]:
-    if args.workload is not None:
-        return workload.from_file(args.workload)
+def nodes_and_pods(args: argparse.Namespace) -> tuple[list[specs.NodePlan], list[dict[str, Any]]]:
+    """The nodes to simulate and the pods to submit, from the command line."""
     if args.trace is not None:
-        return workload.from_trace(Path(args.trace), args.pods, seed=args.seed)
-    return workload.builtin(args.pods)
+        path = Path(args.trace)
+        sample = workload.trace_sample(path, args.pods, seed=args.seed)
+        if args.nodes is None and args.gpus is None:
+            nodes = workload.trace_nodes(path, sample, seed=args.seed)
+        else:
+            nodes = specs.plan_nodes(args.gpus or specs.DEFAULT_GPUS, args.nodes)
+        return nodes, workload.trace_pods(sample)
+    nodes = specs.plan_nodes(args.gpus or specs.DEFAULT_GPUS, args.nodes)
+    if args.workload is not None:
+        return nodes, workload.from_file(args.workload)
+    return nodes, workload.builtin(args.pods)
 
 
 class Progress:
@@ -292,8 +301,7 @@ def render_endpoints(endpoints: dict[str, Any], out: TextIO) -> None:
 
 async def run_up(args: argparse.Namespace) -> int:
     try:
-        plans = specs.plan_nodes(args.gpus, args.nodes)
-        pods = _load(args)
+        plans, pods = nodes_and_pods(args)
     except (specs.SpecError, workload.WorkloadError) as error:
         print(f"tessera up: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -10,7 +10,11 @@
 - ``--trace FILE``: ``count`` tasks sampled (seeded) from an Alibaba ``openb_pod_list_*.csv``:
   CPU and memory as given, whole GPUs as ``tessera.dev/gpu``, a GPU share as one
   ``tessera.dev/gpu`` with that percentage of the GPU's memory and SMs. The trace's GPU model
-  names are those of Alibaba's cluster, so they are dropped.
+  constraints are dropped (the default trace has none). Unless ``--nodes`` or ``--gpus`` say
+  otherwise, the nodes are sampled too (:func:`trace_nodes`): from the trace's own node list
+  (``openb_node_list_gpu_node.csv`` beside it), as many as it takes for their GPUs to hold the
+  sample's GPU demand, so that the sample arrives at 100 % of the cluster's GPU capacity, the
+  point at which the FGD methodology compares policies.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import random
 from pathlib import Path
 from typing import Any, Final
 
-from services.placer.sim.trace import TraceError, load_tasks
+from services.placer.sim.trace import TraceError, TraceTask, load_nodes, load_tasks
 from shared import annotations as names
+from tessera.up.spec import GpuGroup, NodePlan
 
 Obj = dict[str, Any]
 SCHEDULER: Final = "tessera"
@@ -201,13 +206,63 @@ def from_file(path: Path) -> list[Obj]:
     return pods
 
 
-def from_trace(path: Path, count: int, seed: int = 42) -> list[Obj]:
-    """``count`` tasks of an Alibaba pod CSV, sampled with ``seed``, as pods."""
+TRACE_NODES: Final = "openb_node_list_gpu_node.csv"
+TRACE_GPU_MEMORY_GB: Final[dict[str, int]] = {
+    "T4": 16,
+    "P100": 16,
+    "V100M16": 16,
+    "V100M32": 32,
+    "A10": 24,
+}
+"""GPU memory of the trace's models; the trace gives none, and G2 / G3 are undisclosed (32 GB
+assumed: a trace pod asks for a percentage of its GPU, so the figure does not change the fit)."""
+
+
+def trace_sample(path: Path, count: int, seed: int = 42) -> list[TraceTask]:
+    """``count`` tasks of an Alibaba pod CSV, sampled with ``seed``."""
     try:
         tasks = load_tasks(path)
     except TraceError as error:
         raise WorkloadError(str(error)) from None
-    sample = random.Random(seed).sample(tasks, min(count, len(tasks)))
+    return random.Random(seed).sample(tasks, min(count, len(tasks)))
+
+
+def trace_nodes(path: Path, sample: list[TraceTask], seed: int = 42) -> list[NodePlan]:
+    """Nodes drawn (with ``seed``) from the node list beside the pod CSV ``path`` until their GPUs
+    hold the GPU demand of ``sample``: the sample then arrives at 100 % of GPU capacity."""
+    listing = path.parent / TRACE_NODES
+    try:
+        nodes = load_nodes(listing)
+    except TraceError as error:
+        raise WorkloadError(f"{error} (or give the nodes with --nodes / --gpus)") from None
+    demand = sum(t.total_gpu_milli for t in sample)
+    drawn = random.Random(seed * 7_919 + 1).sample(nodes, len(nodes))
+    plans: list[NodePlan] = []
+    capacity = 0
+    for node in drawn:
+        if plans and capacity >= demand:
+            break
+        capacity += 1000 * node.gpus
+        memory_gb = TRACE_GPU_MEMORY_GB.get(node.model, 32)
+        plans.append(
+            NodePlan(
+                name=node.name.lower(),
+                gpus=(
+                    GpuGroup(
+                        count=node.gpus,
+                        model=f"{node.model or 'GPU'}-{memory_gb}GB",
+                        memory_mib=memory_gb * 1024,
+                    ),
+                ),
+                cpu=f"{node.cpu_milli}m",
+                memory=f"{node.memory_mib}Mi",
+            )
+        )
+    return sorted(plans, key=lambda p: p.name)
+
+
+def trace_pods(sample: list[TraceTask]) -> list[Obj]:
+    """Trace tasks as pods (module docstring)."""
     pods = []
     for task in sample:
         cpu = f"{max(task.cpu_milli, 1)}m"

@@ -88,6 +88,30 @@ def test_memory_margin_and_unfed_weight(
     assert model.node(A100, 200_000, 144_000, EIGHT_IDLE) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("first_copy_exact", "memory_free", "expected"),
+    [
+        # 50,000 MiB free: the 48,000 MiB ask fits once, its margined 57,600 does not.
+        pytest.param(True, 50_000, 3_500, id="first-copy-at-the-ask"),
+        pytest.param(False, 50_000, 8_000, id="margin-on-the-first-copy-too"),
+        # Below the ask itself the task cannot run either way.
+        pytest.param(True, 47_999, 8_000, id="below-the-ask"),
+        # Past the first, copies count at the margin: 105,599 // 57,600 = 1, 115,200 holds two.
+        pytest.param(True, 105_599, 3_500, id="second-copy-at-the-margin"),
+        pytest.param(True, 115_200, 3_000, id="two-copies"),
+    ],
+)
+def test_the_first_copy_needs_the_typical_ask_without_margin(
+    first_copy_exact: bool, memory_free: int, expected: float
+) -> None:
+    """A G3 node's 768 GiB hold the 720 GiB 8-GPU task of the trace, which the margined ask (864
+    GiB) said could never run there: the node's GPUs were not kept for it."""
+    model = FedFragmentation(
+        WHOLE_MEM, unfed_weight=0.5, memory_margin=1.2, first_copy_exact=first_copy_exact
+    )
+    assert model.node(A100, 200_000, memory_free, EIGHT_IDLE) == pytest.approx(expected)
+
+
 def test_bad_model_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match=r"memory_margin must be >= 0"):
         FedFragmentation(WHOLE_MEM, memory_margin=-1)
@@ -138,15 +162,18 @@ def by_definition(
         if (
             task.gpu_count == 0
             or cpu_free < task.cpu_milli
-            or memory_free < memory
+            or memory_free < task.memory_mib  # the first copy needs the typical ask itself
             or len(fitting) < task.gpu_count
         ):
             total += task.weight / total_weight * idle
             continue
-        copies = min(
-            len(free),
-            cpu_free // task.cpu_milli if task.cpu_milli else len(free),
-            memory_free // memory if memory else len(free),
+        copies = max(  # one copy fits; the margin counts from the second on
+            1,
+            min(
+                len(free),
+                cpu_free // task.cpu_milli if task.cpu_milli else len(free),
+                memory_free // memory if memory else len(free),
+            ),
         )
         unfed = sum(fitting[copies * task.gpu_count :])
         total += task.weight / total_weight * (idle - sum(fitting) + unfed_weight * unfed)

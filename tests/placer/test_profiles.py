@@ -65,6 +65,18 @@ def test_builtin_profiles_compile(name: str) -> None:
             id="fgd-demand-weight",
         ),
         pytest.param(
+            ProfileSpec(
+                name="p", scores=(ScoreSpec(plugin="fgd-fed", args={"first_copy_exact": 1}),)
+            ),
+            "argument 'first_copy_exact' must be true or false",
+            id="fed-first-copy",
+        ),
+        pytest.param(
+            ProfileSpec(name="p", scores=(ScoreSpec(plugin="fgd-fed", args={"margin": 1}),)),
+            "(known: first_copy_exact, memory_margin, unfed_weight)",
+            id="fed-unknown-argument",
+        ),
+        pytest.param(
             ProfileSpec(name="p", gpu_choice="tightest"),
             "unknown GPU choice 'tightest'",
             id="unknown-gpu-choice",

@@ -18,6 +18,7 @@ from services.placer.core.groups import (
     TenantQuota,
 )
 from services.placer.pools import pool_of
+from services.placer.sim import report
 from services.placer.sim.replay import (
     MODEL_LABEL,
     SIM_GPU_MEMORY_MIB,
@@ -27,12 +28,15 @@ from services.placer.sim.replay import (
     replay,
 )
 from services.placer.sim.synthetic import synthetic_nodes, synthetic_tasks
+from services.placer.sim.synthetic_table import NODE_KINDS, TASK_KINDS
 from services.placer.sim.trace import TraceError, TraceNode, TraceTask, load_nodes, load_tasks
 from services.placer.sim.workload import (
     cluster_gpu_milli,
+    named_trace,
     node_order,
     tuned_tasks,
     typical_tasks,
+    with_multi_gpu_share,
 )
 from tessera.cli import main
 
@@ -142,7 +146,7 @@ def test_bursts_are_placed_in_the_queue_order(burst: int, failed: int, allocated
 
 @pytest.mark.parametrize("policy", ["bestfit", "fgd"])
 def test_an_online_mix_is_learned_from_the_pods_placed(policy: str) -> None:
-    nodes, original = synthetic_nodes(), synthetic_tasks(600)
+    nodes, original = synthetic_nodes(scale=20), synthetic_tasks(300)
     typical = typical_tasks(original)
     tasks = tuned_tasks(original, cluster_gpu_milli(nodes), seed=5)
 
@@ -208,6 +212,96 @@ def test_typical_tasks_cover_95_percent() -> None:
         (500, round(90 / 96, 4)),
         (300, round(6 / 96, 4)),
     ]
+
+
+def gpus(name: str, count: int) -> TraceTask:
+    return TraceTask(name=name, cpu_milli=1_000, memory_mib=1_000, gpu_count=count, gpu_milli=1000)
+
+
+def multi_share(tasks: list[TraceTask]) -> float:
+    total = sum(t.total_gpu_milli for t in tasks)
+    return sum(t.total_gpu_milli for t in tasks if t.gpu_count > 1) / total
+
+
+@pytest.mark.parametrize("carried", [0.3, 0.5])
+def test_multi_gpu_variants_append_copies_of_multi_gpu_tasks(carried: float) -> None:
+    original = [share(f"openb-pod-{i:04d}", 500) for i in range(80)]  # 20 % on 2 and 8 GPUs
+    original += [gpus("openb-pod-0080", 2), gpus("openb-pod-0081", 8)]
+    tasks = with_multi_gpu_share(original, carried, seed=3)
+    assert tasks[: len(original)] == original
+    added = tasks[len(original) :]
+    assert added and all(t.gpu_count in (2, 8) for t in added)
+    assert [t.name for t in added] == [f"openb-pod-{82 + i:04d}" for i in range(len(added))]
+    assert multi_share(tasks) >= carried > multi_share(tasks[:-1])
+    assert with_multi_gpu_share(original, carried, seed=3) == tasks
+    assert with_multi_gpu_share(original, 0.1) == original  # already carries more
+
+
+def test_a_multi_gpu_variant_not_stored_is_built_from_the_default_trace(tmp_path: Path) -> None:
+    rows = "".join(f"openb-pod-{i:04d},1000,10,1,500\n" for i in range(20))
+    write(
+        tmp_path / "openb_pod_list_default.csv",
+        f"name,cpu_milli,memory_mib,num_gpu,gpu_milli\n{rows}openb-pod-0020,8000,10,4,1000\n",
+    )
+    built = named_trace(tmp_path, "multigpu40")
+    assert len(built) > 21 and multi_share(built) >= 0.4
+    write(
+        tmp_path / "openb_pod_list_multigpu40.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,1,0,0\n",
+    )
+    assert [t.name for t in named_trace(tmp_path, "multigpu40")] == ["x"]  # a stored one wins
+    with pytest.raises(TraceError, match="no such file"):
+        named_trace(tmp_path, "gpushare40")
+
+
+def test_the_builtin_workload_follows_the_trace_distributions() -> None:
+    nodes = synthetic_nodes()
+    trace_nodes = sum(kind[0] for kind in NODE_KINDS)
+    assert len(nodes) == round(trace_nodes / 10)
+    kinds = {(n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes}
+    for count, *kind in NODE_KINDS:
+        got = sum(1 for n in nodes if (n.cpu_milli, n.memory_mib, n.gpus, n.model) == tuple(kind))
+        assert abs(got - count / 10) < 1  # every kind in proportion (largest remainders)
+    assert len(kinds) >= 10
+    tasks = synthetic_tasks()
+    gpus = sum(n.gpus for n in nodes)
+    assert len(tasks) == round(8_152 / 6_212 * gpus)
+    specs = {(cpu, memory, g, milli) for _, cpu, memory, g, milli in TASK_KINDS}
+    assert all((t.cpu_milli, t.memory_mib, t.gpu_count, t.gpu_milli) in specs for t in tasks)
+    assert {t.gpu_count for t in tasks} >= {0, 1, 2, 8}
+
+
+def test_the_policies_separate_on_the_builtin_workload() -> None:
+    """As on the trace: BestFit behind FGD, FGD behind the tessera profile (seed 42)."""
+    nodes, original = synthetic_nodes(), synthetic_tasks()
+    tasks = tuned_tasks(original, cluster_gpu_milli(nodes), seed=42)
+    unallocated = {}
+    for policy in ("bestfit", "fgd", "tessera"):
+        result = replay(
+            nodes,
+            tasks,
+            policy,
+            order=node_order(nodes, seed=42),
+            typical=typical_tasks(original),
+            seed=42,
+        )
+        value = result.curves.alloc_at(100)
+        assert value is not None
+        unallocated[policy] = 100 - value
+    assert unallocated["bestfit"] - unallocated["fgd"] >= 0.5
+    assert unallocated["fgd"] - unallocated["tessera"] >= 0.5
+
+
+def test_the_builtin_table_is_what_the_trace_gives() -> None:
+    root = Path(__file__).resolve().parents[2]
+    data = root.parent / "shared" / "data" / "alibaba-gpu-v2023" / "csv"
+    if not (data / "openb_pod_list_default.csv").exists():
+        pytest.skip("the Alibaba trace is not beside the repository")
+    script = root / "scripts" / "synthetic_table.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check", "--data", str(data)], timeout=60, check=False
+    )
+    assert result.returncode == 0, "run scripts/synthetic_table.py"
 
 
 def write(path: Path, text: str) -> Path:
@@ -327,6 +421,36 @@ def test_cli_replays_under_a_tenancy_file_and_reports_each_tenant(
     assert tenants["be"]["gpus"] == 5  # its quota, of about 40 shares asked
     assert tenants["be"]["waiting"] > 30
     assert 0 < tenants["ls"]["gpus"] <= 2 * 16  # the A100 nodes hold 16 such tasks each (CPU)
+
+
+def test_cli_bound_is_below_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("scipy")
+    argv = ["simulate", "--policy", "bestfit", "--seeds", "1", "--bound", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bound"]["seeds"] == [1]
+    (bound,) = out["bound"]["per_seed_unallocated_pct_at_100"]
+    assert bound > 0  # the trace's share sizes leave holes nothing fills
+    for policy in out["policies"].values():
+        assert bound <= policy["unallocated_pct_at_100"]["mean"]
+    assert "bound (LP)" in report.table(out)
+
+
+def test_cli_bound_without_scipy_is_a_clear_error() -> None:
+    code = (
+        "import sys; sys.modules['scipy'] = None; from tessera.cli import main; "
+        "sys.exit(main(['simulate', '--bound']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 2
+    assert "--bound needs scipy" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_cli_rejects_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tessera.up import report
+from tessera.up.command import configure, nodes_and_pods
 from tessera.up.spec import POOL_MIN_NODES, SpecError, default_pools, plan_nodes
 from tessera.up.system import permission_violations
+from tessera.up.workload import WorkloadError, trace_sample
 
 
 @pytest.mark.parametrize(
@@ -240,3 +244,58 @@ def test_node_pools_by_default_only_where_each_gets_enough_nodes(
     placers: int, nodes: int, pools: int
 ) -> None:
     assert default_pools(placers, nodes) == pools
+
+
+def _trace(tmp_path: Path) -> Path:
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\n"
+        + "".join(f"openb-node-{i:04d},96000,393216,8,G2\n" for i in range(10))
+        + "".join(f"openb-node-{i:04d},104000,524288,2,T4\n" for i in range(10, 30)),
+        encoding="utf-8",
+    )
+    pods = tmp_path / "openb_pod_list_default.csv"
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+        + "".join(f"openb-pod-{i:04d},4000,8192,1,{(i % 4 + 1) * 250}\n" for i in range(60))
+        + "openb-pod-0060,16000,65536,0,0\n",
+        encoding="utf-8",
+    )
+    return pods
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_a_trace_sample_runs_on_nodes_sampled_from_the_trace_at_its_scale(tmp_path: Path) -> None:
+    pods_csv = _trace(tmp_path)
+    nodes, pods = nodes_and_pods(_args("--trace", str(pods_csv), "--pods", "40"))
+    assert len(pods) == 40
+    demand = sum(t.total_gpu_milli for t in trace_sample(pods_csv, 40, seed=42))
+    capacity = 1000 * sum(n.gpu_count for n in nodes)
+    largest = 8_000
+    assert demand <= capacity < demand + largest  # just enough GPUs: 100 % arrived
+    assert {n.describe() for n in nodes} <= {"8xG2-32GB", "2xT4-16GB"}
+    assert all(n.name.startswith("openb-node-") for n in nodes)
+    assert {(n.cpu, n.memory) for n in nodes} <= {("96000m", "393216Mi"), ("104000m", "524288Mi")}
+    again, _ = nodes_and_pods(_args("--trace", str(pods_csv), "--pods", "40"))
+    assert again == nodes  # seeded
+    other, _ = nodes_and_pods(_args("--trace", str(pods_csv), "--pods", "40", "--seed", "7"))
+    assert other != nodes
+
+
+def test_nodes_given_on_the_command_line_win_over_the_trace_sample(tmp_path: Path) -> None:
+    pods_csv = _trace(tmp_path)
+    nodes, pods = nodes_and_pods(_args("--trace", str(pods_csv), "--pods", "10", "--nodes", "2"))
+    assert [n.name for n in nodes] == ["node-1", "node-2"] and len(pods) == 10
+    nodes, _ = nodes_and_pods(_args("--trace", str(pods_csv), "--gpus", "4xT4"))
+    assert [n.describe() for n in nodes] == ["4xT4-16GB"] * 5
+
+
+def test_a_trace_without_its_node_list_needs_nodes(tmp_path: Path) -> None:
+    pods_csv = _trace(tmp_path)
+    (tmp_path / "openb_node_list_gpu_node.csv").unlink()
+    with pytest.raises(WorkloadError, match=r"no such file.*--nodes / --gpus"):
+        nodes_and_pods(_args("--trace", str(pods_csv)))

@@ -251,6 +251,7 @@ class TaskArrays:
         self.gpu_count = np.array([t.gpu_count for t in tasks], dtype=np.int64)[:, None]
         self.cpu_milli = np.array([t.cpu_milli for t in tasks], dtype=np.int64)[:, None]
         self.memory = np.array(model.memory, dtype=np.int64)[:, None]
+        self.first_memory = np.array(model.first_memory, dtype=np.int64)[:, None]
         self.weight = np.array([t.weight for t in tasks], dtype=np.float64)[:, None]
         self.models = tuple(t.models for t in tasks)
 
@@ -295,12 +296,15 @@ def fed_values(
     blocked = (
         (tasks.gpu_count == 0)
         | (cpu_free < tasks.cpu_milli)
-        | (memory_free < tasks.memory)
+        | (memory_free < tasks.first_memory)
         | unmatched
     )
-    copies = np.minimum(
-        np.where(tasks.cpu_milli > 0, cpu_free // np.maximum(tasks.cpu_milli, 1), gpus),
-        np.where(tasks.memory > 0, memory_free // np.maximum(tasks.memory, 1), gpus),
+    copies = np.maximum(  # one copy wherever one fits (``fed_fgd._copies``)
+        np.minimum(
+            np.where(tasks.cpu_milli > 0, cpu_free // np.maximum(tasks.cpu_milli, 1), gpus),
+            np.where(tasks.memory > 0, memory_free // np.maximum(tasks.memory, 1), gpus),
+        ),
+        1,
     )
     wanted = (np.minimum(np.maximum(copies, 0), gpus) * tasks.gpu_count).astype(np.int32)
     if each > 1:

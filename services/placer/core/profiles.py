@@ -164,10 +164,11 @@ def _fgd_cpu(args: Mapping[str, Any], context: BuildContext) -> Score:
 
 
 def _fgd_fed(args: Mapping[str, Any], context: BuildContext) -> Score:
-    unknown = set(args) - {"unfed_weight", "memory_margin"}
+    unknown = set(args) - {"unfed_weight", "memory_margin", "first_copy_exact"}
     if unknown:
         raise ProfileError(
-            f"unknown argument(s) {', '.join(sorted(unknown))} (known: memory_margin, unfed_weight)"
+            f"unknown argument(s) {', '.join(sorted(unknown))} "
+            "(known: first_copy_exact, memory_margin, unfed_weight)"
         )
     if not args:
         return _fed_score(context.fed, context)
@@ -177,7 +178,15 @@ def _fgd_fed(args: Mapping[str, Any], context: BuildContext) -> Score:
     margin = args.get("memory_margin", context.fed.memory_margin)
     if not isinstance(margin, int | float) or isinstance(margin, bool) or margin < 0:
         raise ProfileError("argument 'memory_margin' must be a number >= 0")
-    model = FedFragmentation(context.fragmentation.tasks, unfed_weight=weight, memory_margin=margin)
+    first = args.get("first_copy_exact", context.fed.first_copy_exact)
+    if not isinstance(first, bool):
+        raise ProfileError("argument 'first_copy_exact' must be true or false")
+    model = FedFragmentation(
+        context.fragmentation.tasks,
+        unfed_weight=weight,
+        memory_margin=margin,
+        first_copy_exact=first,
+    )
     return _fed_score(model, context)
 
 

@@ -17,6 +17,10 @@ fragmented GPU share at 100 % and 130 % arrived workload, mean and median over t
 - ``--pools N``: each task is decided as N placer replicas with ``--pools N`` decide it: on the
   nodes of one pool (the pool of the replica that took it, a draw), and on every node when none
   of them fits; what node pools cost in packing.
+- ``--bound``: adds, per seed, a lower bound on the unallocated GPU share at 100 % arrived that
+  no placement of the seed's tasks, online or offline, can beat (an LP solved by HiGHS,
+  ``sim/bound.py``; needs scipy). It counts CPU, memory, GPUs and models, not the tenancy's
+  groups and quotas, so with ``--tenancy-file`` it is a looser bound still.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.fragmentation import TypicalTask
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.profiles import BUILTIN, ProfileError, build_profile
+from services.placer.sim import bound as placement_bound
 from services.placer.sim import report
 from services.placer.sim.replay import Mix, ReplayResult, replay
 from services.placer.sim.synthetic import synthetic_nodes, synthetic_tasks
@@ -124,6 +129,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="decide each task as one of N placer replicas with --pools N would: on its pool's "
         "nodes first, on every node when none fits (1: every node)",
+    )
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="also print a lower bound on the unallocated GPU share at 100 %% arrived that no "
+        "placement can beat (an LP over the seed's tasks, solved by HiGHS; needs scipy)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="replays run in parallel processes (1)")
     parser.add_argument(
@@ -232,6 +243,13 @@ def run(args: argparse.Namespace) -> int:
         except ConfigFileError as error:
             print(f"tessera simulate: {error}", file=err)
             return EXIT_USAGE
+    if args.bound and not _can_import("scipy"):
+        print(
+            "tessera simulate: --bound needs scipy (HiGHS), which is not installed "
+            "(pip install 'tessera[bound]'); nothing was run",
+            file=err,
+        )
+        return EXIT_USAGE
     if args.plot is not None and not _can_plot():
         print(
             "tessera simulate: --plot needs matplotlib, which is not installed "
@@ -273,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
     summary["burst"] = args.burst
     summary["pools"] = args.pools
     summary["tenancy_file"] = str(args.tenancy_file) if args.tenancy_file else ""
+    if args.bound:
+        summary["bound"] = bounds(nodes, original, args.seeds, args.target, args.burst)
     if args.json:
         print(json.dumps(summary, indent=None, sort_keys=False))
     else:
@@ -329,9 +349,38 @@ def _advance(bar: Progress, label: str) -> Callable[[int], None]:
     return advance
 
 
+def bounds(
+    nodes: Sequence[TraceNode],
+    original: Sequence[TraceTask],
+    seeds: Sequence[int],
+    target: float,
+    burst: int,
+) -> dict[str, Any]:
+    """The placement bound at 100 % arrived for each seed's task list (``sim/bound.py``)."""
+    values: list[float] = []
+    seconds = 0.0
+    for seed in seeds:
+        tasks = tuned_tasks(original, cluster_gpu_milli(nodes), seed=seed, target=target)
+        found = placement_bound.unallocated_bound(nodes, tasks, burst=burst)
+        if found is None:
+            raise ValueError(f"seed {seed}: the workload never reaches 100 % arrived")
+        values.append(found.unallocated_pct)
+        seconds += found.seconds
+    return {
+        "unallocated_pct_at_100": report.stat(values),
+        "per_seed_unallocated_pct_at_100": [round(v, 4) for v in values],
+        "seeds": list(seeds),
+        "solve_s": round(seconds, 3),
+    }
+
+
 def _can_plot() -> bool:
+    return _can_import("matplotlib")
+
+
+def _can_import(module: str) -> bool:
     try:
-        importlib.import_module("matplotlib")
+        importlib.import_module(module)
     except ImportError:
         return False
     return True

@@ -10,7 +10,7 @@ from typing import Any
 from services.placer.sim.replay import ReplayResult, TenantResult
 
 
-def _stat(values: Sequence[float]) -> dict[str, float]:
+def stat(values: Sequence[float]) -> dict[str, float]:
     return {
         "mean": round(statistics.fmean(values), 4),
         "median": round(statistics.median(values), 4),
@@ -37,11 +37,11 @@ def summarize(results: Sequence[ReplayResult]) -> dict[str, Any]:
         frag100 = [_point(r, 100, "frag") for r in runs]
         frag130 = [_point(r, 130, "frag") for r in runs]
         policies[name] = {
-            "allocated_pct_at_100": _stat(alloc100),
-            "unallocated_pct_at_100": _stat([100 - a for a in alloc100]),
-            "unallocated_pct_at_130": _stat([100 - a for a in alloc130]),
-            "frag_amount_pct_at_100": _stat(frag100),
-            "frag_amount_pct_at_130": _stat(frag130),
+            "allocated_pct_at_100": stat(alloc100),
+            "unallocated_pct_at_100": stat([100 - a for a in alloc100]),
+            "unallocated_pct_at_130": stat([100 - a for a in alloc130]),
+            "frag_amount_pct_at_100": stat(frag100),
+            "frag_amount_pct_at_130": stat(frag130),
             "seeds": [r.seed for r in runs],
             "per_seed_unallocated_pct_at_100": [round(100 - a, 4) for a in alloc100],
             "tasks": round(statistics.fmean(r.tasks for r in runs)),
@@ -98,7 +98,19 @@ def table(summary: dict[str, Any]) -> str:
             f"{p['frag_amount_pct_at_130']['mean']:>9.2f} {p['tasks']:>6} {p['failed_tasks']:>6} "
             f"{len(p['seeds']):>5} {p['wall_s']:>7.1f}"
         )
+    found = summary.get("bound")
+    if found:
+        lines.append(
+            f"{'bound (LP)':<12} {'':>10} {found['unallocated_pct_at_100']['mean']:>12.2f} "
+            f"{found['unallocated_pct_at_100']['median']:>9.2f} {'':>12} {'':>9} {'':>9} "
+            f"{'':>6} {'':>6} {len(found['seeds']):>5} {found['solve_s']:>7.1f}"
+        )
     lines.append("(percent of cluster GPU capacity; mean over seeds unless marked median)")
+    if found:
+        lines.append(
+            "(bound: no placement of the seed's tasks, online or offline, leaves less unallocated "
+            "at 100 % arrived)"
+        )
     if summary.get("tenancy_file"):
         gpus = summary["gpus"]
         for name, p in summary["policies"].items():
