@@ -242,7 +242,7 @@ async def main(args: argparse.Namespace) -> None:
                 k: round((switches[k] - switches_before.get(k, 0)) / max(running, 1), 1)
                 for k in switches
             },
-            # DESIGN section 7: placer + binder + nats-server, per pod that ran.
+            # docs/design.md §7: placer + binder + nats-server, per pod that ran.
             "control_plane_cpu_ms_per_pod": round(
                 1000
                 * sum(after.get(k, 0) - before.get(k, 0) for k in CONTROL_PLANE)

@@ -22,7 +22,7 @@ by node shape (the target is for those).
 Both request forms are measured: ``NodeNames`` (``nodeCacheCapable: true``, the chart's default)
 and ``Nodes`` (every candidate as a full Node object of about 2 KiB, echoed back by filter). Each
 call is timed from the start of the POST to the end of the answer's body; the first 10 % of the
-cycles are warm-up and not counted. Target (DESIGN section 7): filter + prioritize over 1,000
+cycles are warm-up and not counted. Target (docs/design.md §7): filter + prioritize over 1,000
 nodes, p99 < 10 ms.
 """
 

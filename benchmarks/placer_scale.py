@@ -1,4 +1,5 @@
-"""The placer at DESIGN's largest cluster: 10,000 nodes x 8 GPUs, a burst of pods through NATS.
+"""The placer at the largest cluster of docs/design.md §7: 10,000 nodes x 8 GPUs, a burst of
+pods through NATS.
 
     .venv/bin/python benchmarks/placer_scale.py [--nodes 10000] [--gpus 8] [--replicas 1,3]
         [--burst 5000] [--busy-share 0.2] [--foreign-share 0.05] [--timeout 600] [--pools 1]
@@ -20,7 +21,7 @@ Reported per placer replica (from ``/proc/<pid>``): seconds from its start to re
 to get ready, during the burst and in all; CPU per decision (its burst CPU over the decisions it
 published); resident memory once ready, at its peak (``VmHWM``) and at the end (``VmRSS``); and
 for the run: the burst's wall time (first publish to last decision) and decisions per second;
-nats-server's CPU and memory the same way. Targets (DESIGN section 7 and issue 23): every pod
+nats-server's CPU and memory the same way. Targets (docs/design.md §7 and issue 23): every pod
 decided; each placer's peak RSS < 300 MB (286 MiB); 3 replicas cost <= 1.3x the CPU per decision
 of one. nats-server, the placers and this driver share the machine's cores: on a machine with
 fewer cores than replicas + 1, decisions per second measure the machine, CPU per decision the

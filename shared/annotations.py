@@ -1,10 +1,10 @@
-"""The pod-facing names of DESIGN section 3: resources, user hints, and what Tessera writes.
+"""The pod-facing names of docs/design.md §3: resources, user hints, and what Tessera writes.
 
 The binder owns this module: it reads the user-settable annotations and labels into
 ``PodPending`` (the placer never reads raw annotations) and writes the three annotations below.
 While NATS holds its state, nothing reads the written annotations as truth: the assignment
-records are (DESIGN section 4). When NATS lost its store, ``tessera.dev/assignment`` of the pods
-bound is what their placements are restored from (DESIGN section 12; ``PodRestore``).
+records are (docs/design.md §4). When NATS lost its store, ``tessera.dev/assignment`` of the pods
+bound is what their placements are restored from (docs/design.md §12; ``PodRestore``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What GPUs a cluster has, and why a GPU request can never fit them (pure; DESIGN section 13).
+"""What GPUs a cluster has, and why a GPU request can never fit them (pure; docs/design.md §13).
 
 The admission webhook and the placer judge the same question with the same words: given each
 node's GPUs (model and memory of each, as the inventories publish them), can some node hold every

@@ -1,6 +1,6 @@
 """Least privilege on the bus: what each Tessera identity may publish and subscribe to (pure).
 
-DESIGN section 11: one NATS identity per service, and per node for the per-node services, with
+docs/design.md §11: one NATS identity per service, and per node for the per-node services, with
 subject permissions. This module is the one place the permission table is written; it is built
 from the names in :mod:`shared.subjects`, so a renamed subject or a new bucket changes the
 permissions with it. Everything that configures a NATS server derives from it: ``tessera up``

@@ -1,4 +1,4 @@
-"""Pure: a pod's spec, annotations and labels (DESIGN section 3) into a ``PodPending``, or the
+"""Pure: a pod's spec, annotations and labels (docs/design.md §3) into a ``PodPending``, or the
 field-precise reasons it cannot be one.
 
 Every problem names the field as ``kubectl explain`` would (``spec.containers[0].resources.limits

@@ -1,4 +1,4 @@
-"""Pure: the ResourceSlices the binder publishes for a node in DRA mode (DESIGN section 14).
+"""Pure: the ResourceSlices the binder publishes for a node in DRA mode (docs/design.md §14).
 
 One pool per node (named after it), one device per physical GPU in the node's inventory
 (``shared.dra.devices``: ``gpu-<index>``, ``allowMultipleAllocations``, capacities ``memory`` and

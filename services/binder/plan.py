@@ -10,7 +10,7 @@ node_records, ...)`` returns one of:
   ``failed`` here could release a *newer* placement of the same pod, so the binder stays silent.
 - :class:`Report`: tell the placer ``gone`` (the pod was deleted or replaced) or ``failed``
   (bound elsewhere by someone else); or ``bound`` (already done: a placement seen again).
-- :class:`Wait`: the ambiguity gate (DESIGN section 4) holds this pod back (see below).
+- :class:`Wait`: the ambiguity gate (docs/design.md §4) holds this pod back (see below).
 - :class:`Bind`: write the record ``bound`` (``write``: create-only at revision 0, or a
   compare-and-set over the revision read; None when the record is ``bound`` already: a binder
   that stopped after its write continues), then create the Binding with ``annotations`` unless

@@ -1,4 +1,4 @@
-"""What to restore of a bound pod when NATS lost its store (pure; DESIGN section 12).
+"""What to restore of a bound pod when NATS lost its store (pure; docs/design.md §12).
 
 The Kubernetes API is the durable truth for what is bound: a pod the binder bound carries its
 placement in ``tessera.dev/assignment`` (node, per-container GPU slices, decision time, placer,

@@ -1,4 +1,4 @@
-"""Pure: the placements restored on one node, checked before any is booked (DESIGN section 12).
+"""Pure: the placements restored on one node, checked before any is booked (docs/design.md §12).
 
 A placement restored from a pod's ``tessera.dev/assignment`` annotation is what the annotation
 says, and an annotation can be wrong (edited before the webhook guarded it, written by a binder

@@ -1,4 +1,4 @@
-"""The leader restores what is bound into a NATS store that lost it (DESIGN section 12).
+"""The leader restores what is bound into a NATS store that lost it (docs/design.md §12).
 
 NATS holds working state; the Kubernetes API holds what is bound. Whenever the store's epoch
 (``shared.messages.store``) has no :class:`StoreRestored` yet (a new, empty store after NATS lost

@@ -1,4 +1,4 @@
-"""Pure: the Allocate hand-off (DESIGN section 4) as plain functions over assignment records.
+"""Pure: the Allocate hand-off (docs/design.md §4) as plain functions over assignment records.
 
 The kubelet's Allocate carries device IDs only, never the pod. The rule: take the oldest ``bound``
 record on this node whose next device-holding container needs exactly as many devices as the
@@ -16,7 +16,7 @@ plugin's resource: the kubelet calls Allocate exactly for those containers, in p
 Refusals are data (:class:`Refusal`) whose message says exactly what is missing; the kubelet shows
 it in the pod's admission error.
 
-Environment of a granted container (DESIGN section 3), values listed per GPU in
+Environment of a granted container (docs/design.md §3), values listed per GPU in
 ``NVIDIA_VISIBLE_DEVICES`` order and comma-separated when a container has several GPUs:
 
     NVIDIA_VISIBLE_DEVICES          GPU UUIDs
@@ -224,7 +224,7 @@ def slice_environment(
     options: ResponseOptions,
     pod_memory_mib: int,
 ) -> tuple[dict[str, str], tuple[Mount, ...]]:
-    """The environment and mounts of a container holding ``slices`` (DESIGN section 3), on GPUs
+    """The environment and mounts of a container holding ``slices`` (docs/design.md §3), on GPUs
     of ``totals`` MiB each; ``pod_memory_mib`` is every slice of its pod (Aliyun's variable).
     Shared by Allocate and the DRA side's CDI specs, so both hand a container the same."""
     envs = {

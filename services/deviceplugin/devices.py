@@ -1,6 +1,6 @@
 """Pure: a node's GPU inventory -> the devices this plugin advertises to the kubelet.
 
-Two resource modes (DESIGN section 3), chosen per node:
+Two resource modes (docs/design.md §3), chosen per node:
 
 - ``logical`` (seed 000): resource ``tessera.dev/gpu``. Each physical GPU becomes a split count of
   logical devices: set for that GPU, else set for every GPU, else derived from its memory (one per

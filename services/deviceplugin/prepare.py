@@ -1,5 +1,5 @@
-"""Pure: the DRA side's NodePrepareResources as plain functions over assignment records (DESIGN
-section 14).
+"""Pure: the DRA side's NodePrepareResources as plain functions over assignment records
+(docs/design.md §14).
 
 The kubelet names the claim (namespace, name, uid), never its devices; the node plugin does not
 read the ResourceClaim (only the binder talks to the Kubernetes API). What the claim holds on

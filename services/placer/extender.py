@@ -1,5 +1,5 @@
 """The placer's scheduler extender: kube-scheduler's ``filter``, ``prioritize`` and ``bind`` over
-HTTP (issue 14, DESIGN section 10).
+HTTP (issue 14, docs/design.md §10).
 
 In extender mode kube-scheduler keeps scheduling (affinity, taints, topology spread, preemption)
 and asks Tessera about GPUs; Tessera judges the pod's scheduling constraints too, every one of

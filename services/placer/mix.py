@@ -1,7 +1,7 @@
 """The typical task mix FGD and the tessera profile score with, learned online (pure).
 
 FGD scores a node by how much a placement changes its expected fragmentation *for the cluster's
-typical tasks* (DESIGN section 6). The simulator reads that mix from a trace; the service learns it
+typical tasks* (docs/design.md §6). The simulator reads that mix from a trace; the service learns it
 from what it places:
 
 - **What is seen.** Every pod any replica placed, as its claim holds it (so

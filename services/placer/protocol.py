@@ -116,7 +116,7 @@ class CommitProtocol:
 
     async def restore(self, restore: PodRestore) -> Literal["restored", "claimed elsewhere"]:
         """Charge, book, record and claim a placement the binder restored from the Kubernetes
-        API into a store that lost it (DESIGN section 12), whatever the node's ledger and the
+        API into a store that lost it (docs/design.md §12), whatever the node's ledger and the
         tenant's quota hold now: its pod runs there. The record comes before the claim, in the
         state the hand-off had reached: the binder, which binds placed claims, then finds the
         pod's record and writes nothing. Every step is idempotent (a redelivery, or two replicas

@@ -4,7 +4,7 @@ In: ``PodPending`` -> :class:`PodRequest`; a node's ``NodeInventory`` + ``NodeFa
 bookings -> :class:`NodeState`. Out: a core :class:`Decision` -> :class:`Booking` (what the ledger
 holds); a core :class:`Rejection` -> ``PlacementRejected``.
 
-Rules the node translation applies (DESIGN sections 3 and 5, issue 10 item 7):
+Rules the node translation applies (docs/design.md §3 and §5, issue 10 item 7):
 
 - **Placeable or not.** A node is placed on only when it has node facts (else "no node facts yet"),
   is ready and not cordoned, and its GPU inventory is fresh: an inventory older than
@@ -134,8 +134,8 @@ def pod_request(pod: PodPending) -> PodRequest:
 
 def claim_containers(plan: ClaimPlan) -> tuple[ContainerRequest, ...]:
     """The asks of a pod's ``gpu.tessera.dev`` claims as the core's containers: ``count``
-    shares, each on a distinct GPU, of the rounded memory and compute, or whole GPUs (DESIGN
-    section 14). A memory left out is all of the GPU's, as DRA's default for it is."""
+    shares, each on a distinct GPU, of the rounded memory and compute, or whole GPUs
+    (docs/design.md §14). A memory left out is all of the GPU's, as DRA's default for it is."""
     return tuple(
         ContainerRequest(
             name=ask.container,
@@ -365,7 +365,7 @@ def booking_of(
 
 
 def restored_booking(restore: PodRestore, *, tenant: str) -> Booking:
-    """The booking of a placement restored from the Kubernetes API (DESIGN section 12): the
+    """The booking of a placement restored from the Kubernetes API (docs/design.md §12): the
     pod's request as its spec says (CPU, memory, whole or shared GPUs), on the GPU slices its
     ``tessera.dev/assignment`` names, charged to ``tenant`` (as the tenancy resolves it)."""
     facts = pod_facts(pod_request(restore.pod))

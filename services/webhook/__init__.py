@@ -1,1 +1,1 @@
-"""``tessera webhook``: the admission webhook (DESIGN section 13)."""
+"""``tessera webhook``: the admission webhook (docs/design.md §13)."""

@@ -1,4 +1,4 @@
-"""Pure: Tessera's admission webhook (DESIGN section 13) over AdmissionReview v1.
+"""Pure: Tessera's admission webhook (docs/design.md §13) over AdmissionReview v1.
 
 Two reviews of a pod being created, as the API server asks them (mutating first, then validating
 the mutated pod):

@@ -1,4 +1,4 @@
-"""Pure: what GPUs the cluster has, as the admission webhook knows it (DESIGN section 13).
+"""Pure: what GPUs the cluster has, as the admission webhook knows it (docs/design.md §13).
 
 Each node's inventory (KV ``tessera-inventory``, keyed by node token) says its GPUs; the webhook
 keeps each node's GPUs as (model, memory MiB) only, which is all :func:`shared.capacity.never_fits`

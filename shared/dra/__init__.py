@@ -1,4 +1,4 @@
-"""Tessera as a Kubernetes DRA driver, ``gpu.tessera.dev`` (DESIGN section 14), as pure rules.
+"""Tessera as a Kubernetes DRA driver, ``gpu.tessera.dev`` (docs/design.md §14), as pure rules.
 
 ``devices``: what a GPU is as a DRA device (name, attributes, capacities and their request
 policy); ``cel``: the selectors users write on those devices, evaluated as Kubernetes does;

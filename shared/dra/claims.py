@@ -1,5 +1,5 @@
 """Pure: a pod's ``gpu.tessera.dev`` ResourceClaims -> what the placement core judges, or every
-reason Tessera cannot honour them (DESIGN section 14).
+reason Tessera cannot honour them (docs/design.md §14).
 
 Each request of a claim becomes a :class:`ClaimAsk`: ``count`` GPUs, each a distinct physical GPU,
 with ``capacity.requests`` per GPU rounded as the devices' request policy rounds it

@@ -1,4 +1,4 @@
-"""Pure: a physical GPU as a ``gpu.tessera.dev`` DRA device (DESIGN section 14).
+"""Pure: a physical GPU as a ``gpu.tessera.dev`` DRA device (docs/design.md §14).
 
 One device per physical GPU, named ``gpu-<index>``, in one pool per node, allocatable many times
 (``allowMultipleAllocations``), with two consumable capacities:

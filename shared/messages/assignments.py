@@ -1,8 +1,8 @@
 """Assignment records, KV bucket ``tessera-assignments`` keyed ``<node>.<pod uid>``.
 
-The single source of truth for the hand-off between placer, binder and device plugin (DESIGN
-section 4). A record only moves forward, each step a compare-and-set on its KV revision (or a
-create-only write):
+The single source of truth for the hand-off between placer, binder and device plugin
+(docs/design.md §4). A record only moves forward, each step a compare-and-set on its KV revision
+(or a create-only write):
 
     reserved -> bound -> allocated -> released
 

@@ -2,7 +2,7 @@
 
 The device plugin keeps every grant in its state file (``services/deviceplugin/grants.py``),
 across its own restarts and across NATS losing its store, until the pod's record is released.
-Before the binder restores placements into a store that lost them (DESIGN section 12), it asks
+Before the binder restores placements into a store that lost them (docs/design.md §12), it asks
 each node's plugin (:class:`GrantsRequest`); the answer (:class:`NodeGrants`) is what each
 container of each pod was actually handed there, and the node's GPUs, against which the
 placements read from the pods' annotations are checked (``services/binder/restorecheck.py``).

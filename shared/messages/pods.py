@@ -1,7 +1,7 @@
 """``tessera.pods.pending`` / ``.deleted`` / ``.restore``: pods to place, pods gone, placements to
 restore (binder -> placer).
 
-The binder parses the pod spec and the DESIGN section 3 annotations into these typed fields at the
+The binder parses the pod spec and the docs/design.md §3 annotations into these typed fields at the
 edge, so the placer never reads raw annotations.
 """
 
@@ -33,7 +33,7 @@ class ContainerRequest(Message, frozen=True, kw_only=True):
 
 
 class PlacementHints(Message, frozen=True, kw_only=True):
-    """The user-settable annotations and labels of DESIGN section 3, parsed and validated."""
+    """The user-settable annotations and labels of docs/design.md §3, parsed and validated."""
 
     gpu_policy: GpuPolicy | None = None
     node_policy: NodePolicy | None = None
@@ -72,7 +72,7 @@ class PodPending(Message, frozen=True, kw_only=True):
     """``nodeSelector``, affinity, tolerations and topology spread (``shared.scheduling``);
     None when the pod states none."""
     claims: tuple[PodResourceClaim, ...] = ()
-    """The pod's DRA ResourceClaims (DESIGN section 14), as the binder read them; the placer
+    """The pod's DRA ResourceClaims (docs/design.md §14), as the binder read them; the placer
     places those of class ``gpu.tessera.dev`` (``shared.dra.claims``)."""
 
 

@@ -1,7 +1,7 @@
 """The store's own state, KV bucket ``tessera-meta``: which store this is, and whether what is
 bound has been restored into it.
 
-NATS holds working state; the Kubernetes API holds what is bound (DESIGN section 12). When NATS
+NATS holds working state; the Kubernetes API holds what is bound (docs/design.md §12). When NATS
 loses its store (a pod with an ``emptyDir`` restarted, a volume lost), the streams and buckets are
 created again empty, and with them a new :class:`StoreEpoch`. The binder then restores every
 bound pod's placement from its ``tessera.dev/assignment`` annotation (``PodRestore`` on

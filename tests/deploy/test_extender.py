@@ -37,7 +37,7 @@ from tests.deploy.variants import VARIANTS
 SCHEMA = json.loads(
     (Path(__file__).parent / "schemas" / "kubescheduler-config-v1.json").read_text()
 )
-# The pod-facing resources of DESIGN section 3; kube-scheduler must leave their fit to Tessera.
+# The pod-facing resources of docs/design.md §3; kube-scheduler must leave their fit to Tessera.
 TESSERA_RESOURCES = (
     "tessera.dev/gpu",
     "tessera.dev/gpu-memory",

@@ -256,7 +256,7 @@ def test_services_keep_as_many_copies_of_each_stream_as_nats_has_servers(
     variant: str, replicas: str
 ) -> None:
     """A 3-server NATS keeps three copies of every stream and bucket: losing one server (or
-    its volume) loses nothing (DESIGN section 12)."""
+    its volume) loses nothing (docs/design.md §12)."""
     services = [
         c
         for c in containers(render(VARIANTS[variant]))

@@ -1,6 +1,6 @@
 """Least privilege: only the binder holds Kubernetes API rights, and only the verbs it uses.
 
-The chart's only RBAC rules are the binder's, exactly the list of the issue (DESIGN section 11);
+The chart's only RBAC rules are the binder's, exactly the list of the issue (docs/design.md §11);
 every other Tessera component has a ServiceAccount with no binding and no mounted token. In
 extender mode the second kube-scheduler gets the built-in roles every kube-scheduler has, and no
 rule the chart writes.

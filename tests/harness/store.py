@@ -11,7 +11,7 @@ from shared.runtime.bus import Bus
 
 async def mark_restored(bus: Bus) -> None:
     """Say, as the leading binder does, that the store holds every bound placement (there are
-    none here): placers decide nothing before (DESIGN section 12)."""
+    none here): placers decide nothing before (docs/design.md §12)."""
     entry = await bus.kv_get(subjects.KV_META, subjects.META_EPOCH)
     assert entry is not None, "the bus creates the store's epoch with its streams"
     restored = StoreRestored(

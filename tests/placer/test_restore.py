@@ -1,4 +1,4 @@
-"""A placer over a NATS store that lost what was bound (DESIGN section 12): it decides nothing
+"""A placer over a NATS store that lost what was bound (docs/design.md §12): it decides nothing
 before the binder says the store holds every bound placement, books what the binder restores
 whatever the ledger says, and then places around it."""
 

@@ -1,6 +1,6 @@
 """The placement framework: extension points and a compiled profile (``ranking.py`` selects).
 
-The steps of placing one pod (kube-scheduler's shape, DESIGN section 5; ``cycle.py`` runs them in
+The steps of placing one pod (kube-scheduler's shape, docs/design.md §5; ``cycle.py`` runs them in
 this order, with validation and the tenancy's group choice before):
 
 1. **PreFilter** once per pod (:meth:`Profile.pre_filter`: the tenant's quota): a non-success

@@ -150,7 +150,7 @@ class Shell:
 
     @property
     def restored(self) -> bool:
-        """Whether what is bound is in the store (DESIGN section 12), and the view holds that
+        """Whether what is bound is in the store (docs/design.md §12), and the view holds that
         store (:attr:`current`): the binder said so for the store's epoch. Nothing new is decided
         and nothing reconciled before, so no running pod's GPUs go to another."""
         return (

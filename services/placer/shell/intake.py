@@ -111,7 +111,7 @@ class Intake:
         held.enqueue(item)
 
     async def _restore(self, restore: PodRestore, delivery: Delivery) -> None:
-        """Book, claim and record a bound pod's placement the store lost (DESIGN section 12)."""
+        """Book, claim and record a bound pod's placement the store lost (docs/design.md §12)."""
         shell = self._shell
         if restore.epoch != shell.bus.store_epoch:  # meant for a store that is gone too
             shell.metrics.restores.labels(outcome="other-store").inc()

@@ -25,7 +25,7 @@ write sit in that buffer:
   one whose answer times out): it may or may not have reached the server, and it will not reach
   it later, so reading the key back after the reconnect tells what happened.
 
-Durability (DESIGN section 12). Every stream and KV bucket is created with the replica count the
+Durability (docs/design.md §12). Every stream and KV bucket is created with the replica count the
 service was given (``--nats-replicas``: 3 on a 3-server JetStream cluster, so that losing a server
 loses nothing). A stream or bucket that has gone (NATS restarted with an empty store, someone
 deleted it) is created again, never a reason to fail: after every reconnect, and whenever an
@@ -40,7 +40,7 @@ compare-and-set at a revision of the lost store loses (as if the entry had moved
 that keeps the newest revision of each key takes the new store's values, and no write decided on
 what the lost store held can land in the new one by compare-and-set.
 
-Security (DESIGN section 11): :meth:`NatsBus.connect` takes a :class:`~shared.config.NatsSecurity`
+Security (docs/design.md §11): :meth:`NatsBus.connect` takes a :class:`~shared.config.NatsSecurity`
 (user/password, token, NKey seed, ``.creds`` file, TLS). A first connection the server refuses for
 its credentials or TLS raises :class:`NatsRefusedError` (retrying cannot help); any other first
 failure is an ordinary exception the caller retries. After the first success the adapter
