@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -117,10 +116,6 @@ class DevicePluginSettings(NodeSettings, frozen=True, kw_only=True, forbid_unkno
         float,
         msgspec.Meta(gt=0, description="how often to check whether the kubelet restarted"),
     ] = 1.0
-    plugin_id: Annotated[
-        str,
-        msgspec.Meta(description="identity written on allocation events; empty = host-pid"),
-    ] = ""
 
 
 def parse_split_counts(entries: tuple[str, ...]) -> dict[str, int]:
@@ -175,7 +170,6 @@ def build_config(settings: DevicePluginSettings) -> PluginConfig:
         record_wait_s=settings.record_wait_s,
         nats_wait_s=settings.nats_wait_s,
         kubelet_poll_s=settings.kubelet_poll_s,
-        plugin_id=settings.plugin_id or f"{os.uname().nodename}-{os.getpid()}",
     )
 
 
@@ -199,8 +193,9 @@ SERVICE = ServiceCommand(
     name="deviceplugin",
     summary="serve the kubelet's device plugin API for one node",
     description="The device plugin advertises Tessera devices to the kubelet (logical devices "
-    "per GPU, or one device per memory unit) and answers Allocate exactly from the assignment "
-    "record the placer and binder wrote for the pod, then publishes the allocation for the binder.",
+    "per GPU, or one device per memory unit) and answers Allocate exactly from the pod's "
+    "assignment record (what a placer committed, written bound by the binder), then moves it "
+    "to allocated.",
     settings=DevicePluginSettings,
     main=main,
 )

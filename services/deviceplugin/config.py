@@ -24,7 +24,6 @@ class PluginConfig:
     nats_wait_s: float = 15.0
     """How long one Allocate waits for a lost NATS connection to come back before refusing."""
     kubelet_poll_s: float = 1.0
-    plugin_id: str = ""
 
     @property
     def resource(self) -> str:

@@ -488,8 +488,6 @@ class LocalSystem:
                 plan.mode,
                 "--isolation",
                 plan.isolation,
-                "--plugin-id",
-                f"deviceplugin-{plan.name}",
                 *self._common(),
                 *self._login_as("deviceplugin", plan.name),
                 *self.options.plugin_args,

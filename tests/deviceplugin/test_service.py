@@ -126,7 +126,6 @@ async def _service_on(
             endpoint="unused.sock",
             record_wait_s=record_wait_s,
             nats_wait_s=nats_wait_s,
-            plugin_id="svc-test",
         ),
         bus=bus,
         edge=Edge(bus=bus, metrics=EdgeMetrics.create(registry), clock=clock, service="dp"),
