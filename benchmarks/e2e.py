@@ -96,6 +96,49 @@ def nats_traffic(system: LocalSystem) -> dict[str, float]:
     return total
 
 
+def _read_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as page:
+        return json.loads(page.read())
+
+
+def nats_by_subscription(system: LocalSystem) -> dict[str, float]:
+    """Where the messages out of NATS went: per kind of client and subscription (a JetStream
+    consumer's stream and filter named for its deliver subject; replies to requests, a pull
+    consumer's batches among them, as ``_INBOX``), and how many messages each stream stored."""
+    counts: dict[str, float] = {}
+    for name in system.nats_names():
+        url = system.nats_monitoring_url(name)
+        if url is None:
+            continue
+        jsz = _read_json(f"{url}/jsz?accounts=true&streams=true&consumers=true&config=true")
+        consumers: dict[str, str] = {}
+        for account in jsz.get("account_details") or []:
+            for stream in account.get("stream_detail") or []:
+                label = f"stored {stream['name']}"
+                counts[label] = counts.get(label, 0.0) + float(stream["state"]["last_seq"])
+                for consumer in stream.get("consumer_detail") or []:
+                    config = consumer.get("config") or {}
+                    filters = config.get("filter_subjects") or [config.get("filter_subject", ">")]
+                    where = f"{stream['name']} {','.join(filters)}"
+                    if config.get("deliver_subject"):
+                        consumers[config["deliver_subject"]] = where
+                    else:  # pulled: its batches are replies to the puller's requests
+                        label = f"pulled {where}"
+                        delivered = float(consumer["delivered"]["consumer_seq"])
+                        counts[label] = counts.get(label, 0.0) + delivered
+        for connection in _read_json(f"{url}/connz?limit=4096&subs=detail")["connections"]:
+            kind = (connection.get("name") or "unnamed").removeprefix("tessera-")
+            kind = kind.split("-")[0].split(".")[0].split("/")[0]
+            for sub in connection.get("subscriptions_list_detail") or []:
+                subject = sub["subject"]
+                where = consumers.get(subject) or (
+                    "_INBOX" if subject.startswith("_INBOX") else subject
+                )
+                label = f"to {kind}: {where}"
+                counts[label] = counts.get(label, 0.0) + float(sub.get("msgs", 0))
+    return counts
+
+
 COUNTED = {
     "gate waits timed out (binder)": (
         "binder",
@@ -179,6 +222,7 @@ async def main(args: argparse.Namespace) -> None:
         counted_before = {k: metric_sum(system, *where) for k, where in COUNTED.items()}
         requests_before = dict(system.cluster.api.requests)
         traffic_before = nats_traffic(system)
+        subs_before = nats_by_subscription(system)
         t0 = time.monotonic()
         for i in range(args.pods):
             if args.rate > 0:  # paced: pod i is created i / rate seconds in
@@ -210,6 +254,12 @@ async def main(args: argparse.Namespace) -> None:
             )
             for k in traffic
         }
+        subs = nats_by_subscription(system)
+        by_subscription = {
+            k: round((n - subs_before.get(k, 0.0)) / max(running, 1), 2)
+            for k, n in sorted(subs.items())
+            if n - subs_before.get(k, 0.0) >= 0.05 * max(running, 1)
+        }
         summary = system.summary()
         result = {
             "nodes": args.nodes,
@@ -227,6 +277,9 @@ async def main(args: argparse.Namespace) -> None:
             "mismatched_containers": summary.mismatched_containers,
             "overcommitted_gpus": summary.overcommitted_gpus,
             "counted_during_run": counted | per_pod,
+            # Consumers made during the run (a watch started again) count from 0, and
+            # a pull consumer's batches are also among the puller's ``_INBOX`` replies.
+            "nats_per_pod_by_subscription": by_subscription,
             # What the API server would serve, per pod: the binder's, the kubelets' and the
             # benchmark's own requests (it reads pods from the store, not over HTTP).
             "api_requests_per_pod": {

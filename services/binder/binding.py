@@ -12,7 +12,8 @@ between the write and the Binding finds the record ``bound`` and creates the Bin
 For each pod: plan with :func:`plan.plan_bind` under the node's lock, so two pods on one node
 never pass the ambiguity gate together; write the record ``bound`` (a lost race is read again and
 planned again; a write that times out has an unknown outcome and is read back, and counts as
-bound at the gate until it is); create the Binding (the assignment annotations ride on it and
+bound at the gate until it is: :class:`~services.binder.gate.GateRecords` reads and writes the
+records); create the Binding (the assignment annotations ride on it and
 land with ``spec.nodeName`` in one write; 409 with the pod already on this node counts as done).
 A pod held at the gate waits for the record it waits on to move, at most ``gate_timeout_s`` for
 each record it waits on (a queue that moves never times out), then fails back to the placer. The
@@ -36,6 +37,7 @@ from typing import Final, TypeVar
 from services.binder import explain
 from services.binder.claims import ClaimMirror
 from services.binder.events import EventRecorder
+from services.binder.gate import GateRecords
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
 from services.binder.metrics import BinderMetrics
 from services.binder.nodefacts import extended_allocatable
@@ -53,7 +55,7 @@ from services.binder.plan import (
 )
 from shared import codec, subjects
 from shared.clock import Clock
-from shared.commits import booking_problem, record_of
+from shared.commits import record_of
 from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.bindings import BindingResult, BindOutcome
@@ -68,12 +70,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_WRITE_ATTEMPTS: Final = 16
-
-COMMIT_RECHECK_S: Final = 5.0
-"""A record found to match no booking is checked again after this long."""
-
-MAX_COMMIT_CHECKS: Final = 10_000
-"""Records whose booking check is remembered; beyond it, those of records gone are forgotten."""
 
 BOUND_HERE: Final = 10_000
 """Pods this binder bound lately (pod UID -> commit), so a look at one before the pod informer
@@ -126,13 +122,9 @@ class PlacementBinder:
         self._tasks: set[asyncio.Task[None]] = set()
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._bound_here: OrderedDict[str, str] = OrderedDict()
-        self._committed: dict[str, int] = {}
-        """Record key -> the revision found to match its booking."""
-        self._uncommitted: dict[str, tuple[int, float]] = {}
-        """Record key -> (revision, when checked) found to match no booking."""
-        self._in_doubt: dict[str, RecordView] = {}
-        """Record key -> the ``bound`` version this binder wrote with an unknown outcome that it
-        could not read back: the gate counts it as bound until the key is read or seen anew."""
+        self._gate = GateRecords(
+            bus=bus, records=records, clock=clock, metrics=metrics, fence=fence
+        )
 
     # --- what to look at -----------------------------------------------------------------------
 
@@ -234,128 +226,26 @@ class PlacementBinder:
             pod, extender = await self._observe(booking)
             async with self._node_lock(booking.node):
                 version = self._records.changed.version
-                record = await self._record_at(key, fresh=fresh)
+                record = await self._gate.latest(key, fresh=fresh)
                 while True:
                     plan = plan_bind(
                         booking=booking,
                         pod=pod,
                         record=record,
-                        node_records=self._gate_records(booking.node),
+                        node_records=self._gate.waitable(booking.node),
                         resources=resources,
                         now=self._clock.now(),
                     )
-                    if not isinstance(plan, Wait) or await self._grantable(plan.blocker):
+                    if not isinstance(plan, Wait) or await self._gate.grantable(plan.blocker):
                         break
                 to_write = plan if isinstance(plan, Bind) and plan.write is not None else None
-                if to_write is not None and not await self._write(key, to_write):
+                if to_write is not None and not await self._gate.write(key, to_write):
                     fresh = True  # someone wrote the record meanwhile: read it, plan again
                     continue
                 return plan, version, extender
         raise ApiUnavailableError(
             "update assignment record", f"{key} kept changing under {MAX_WRITE_ATTEMPTS} writes"
         )
-
-    async def _record_at(self, key: str, *, fresh: bool) -> RecordView | None:
-        """The latest version of ``key``: the mirror's (the write that follows fails if it is
-        not current, and the bucket is read then), or the bucket's (``fresh``: as for a record
-        whose last write had an unknown outcome)."""
-        if key in self._in_doubt:
-            view = await self._records.read(key)
-            self._in_doubt.pop(key, None)  # the mirror now holds what the bucket holds
-            return view
-        if not fresh:
-            return self._records.latest(key)
-        return await self._records.read(key)
-
-    def _gate_records(self, node: str) -> list[RecordView]:
-        """The node's records the gate may wait for: all but those found to match no booking,
-        with a record this binder may have bound (:attr:`_in_doubt`) counted as bound."""
-        now = self._clock.monotonic()
-        views = {view.key: view for view in self._records.on_node(node)}
-        for key, doubt in list(self._in_doubt.items()):
-            if self._records.revision(key) > doubt.revision:
-                del self._in_doubt[key]  # the mirror has seen what became of it
-            elif doubt.record.node == node:
-                views[key] = doubt
-        return [
-            view
-            for view in views.values()
-            if not (
-                (found := self._uncommitted.get(view.key)) is not None
-                and found[0] == view.revision
-                and now - found[1] < COMMIT_RECHECK_S
-            )
-        ]
-
-    async def _grantable(self, view: RecordView) -> bool:
-        """Whether a device plugin would grant ``view``: it matches its booking (read once per
-        revision); one that does not is remembered, counted and logged."""
-        if self._committed.get(view.key) == view.revision:
-            return True
-        record = view.record
-        entry = await self._bus.kv_get(
-            subjects.KV_LEDGER, subjects.booking_key(record.node, record.pod_uid)
-        )
-        booking = None
-        if entry is not None:
-            try:
-                booking = codec.decode(entry.value, Booking)
-            except codec.DecodeError:
-                booking = None  # only placers write the ledger: unreadable is no booking
-        problem = booking_problem(record, booking)
-        if len(self._committed) + len(self._uncommitted) > MAX_COMMIT_CHECKS:
-            held = self._records.get
-            self._committed = {k: r for k, r in self._committed.items() if held(k)}
-            self._uncommitted = {k: c for k, c in self._uncommitted.items() if held(k)}
-        if problem is None:
-            self._committed[view.key] = view.revision
-            return True
-        self._uncommitted[view.key] = (view.revision, self._clock.monotonic())
-        self._metrics.gate_ignored.inc()
-        log.warning(
-            "the ambiguity gate ignores a record that matches no booking",
-            extra={"record": view.key, "reason": problem},
-        )
-        return False
-
-    async def _write(self, key: str, plan: Bind) -> bool:
-        """Write ``plan``'s record at its revision (0: create it); False when someone else
-        wrote first."""
-        record, revision = plan.record, plan.write or 0
-        self._fence("update assignment record")
-        data = codec.encode(record)
-        try:
-            if revision:
-                landed = await self._bus.kv_update(
-                    subjects.KV_ASSIGNMENTS, key, data, revision=revision
-                )
-            else:
-                landed = await self._bus.kv_create(subjects.KV_ASSIGNMENTS, key, data)
-        except Exception as error:
-            log.warning(
-                "record write outcome unknown; reading it back",
-                extra={"key": key, "error": repr(error)},
-            )
-            # Until it is read back, the record may be bound: a chaos run bound a pod with
-            # other slices beside it, and the device plugin served each from the other's record.
-            self._in_doubt[key] = RecordView(key=key, revision=revision, record=record)
-            current = await self._records.read(key)
-            self._in_doubt.pop(key, None)
-            return current is not None and current.record == record
-        if landed is None:
-            return False
-        await self._records.remember(RecordView(key=key, revision=landed, record=record))
-        return True
-
-    async def _record_moved(self, key: str, after: int, version: int, deadline: float) -> None:
-        """Wait until the mirror has taken a version of ``key`` newer than revision ``after``,
-        or ``deadline`` passed."""
-        while self._records.revision(key) <= after:
-            left = deadline - self._clock.monotonic()
-            if left <= 0:
-                return
-            await self._records.changed.wait_past(version, left)
-            version = self._records.changed.version
 
     # --- binding -------------------------------------------------------------------------------
 

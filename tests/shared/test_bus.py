@@ -28,7 +28,7 @@ from shared.runtime.bus import (
 )
 from shared.runtime.lifecycle import bus_identity, connect_nats
 from shared.runtime.nats import NatsBus
-from shared.runtime.nats.kv import WATCH_SILENT_HEARTBEATS, _Pushed, sequences
+from shared.runtime.nats.watchers import WATCH_SILENT_HEARTBEATS, PushedWatch, sequences
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 
@@ -867,7 +867,7 @@ async def test_a_pushed_watch_hands_on_messages_in_order_or_fails(
     arriving: list[int | dict[str, str]], fails: str
 ) -> None:
     queue: asyncio.Queue[Any] = asyncio.Queue()
-    pushed = _Pushed(None, queue, heartbeat_s=1.0)
+    pushed = PushedWatch(None, queue, heartbeat_s=1.0)
     for item in arriving:
         if isinstance(item, int):
             await pushed._take(_pushed_message(consumer_sequence=item))
