@@ -45,6 +45,15 @@ GPUs are stranded. Found by looking at where the unallocated GPUs of the Alibaba
    common. Whole-GPU and CPU-only pods keep the seed order: every deterministic tie-break tried
    for them (most / least CPU per idle GPU, fewest / most idle GPUs) lost 0.04..0.13 points.
 
+3. **Scarce hosts (opt-in, argument ``scarcity``, off by default).** Given the cluster's node
+   kinds (``hosts``, ``fragmentation.HostKind``), each typical task's weight is multiplied by
+   ``(all GPUs / GPUs on nodes an empty one of which fits it) ** scarcity`` (:func:`rarity`), so
+   a task only a few nodes can hold (the trace's 8-GPU 720 GiB task: only the 39 G3 nodes)
+   weighs more in their fragment. Measured on the multigpu30/40/50 mixes (seeds 42..46, mix
+   learned online): exponent 1 lowered multigpu50 by 0.09 points but raised multigpu30 and 40
+   by 0.02 and 0.06, exponent 2 raised all three, so the tessera profile leaves it off
+   (benchmarks/RESULTS.md).
+
 Plugin and GPU choice ``fgd-fed`` are FGD's own score and GPU choice (``plugins/fgd.py``,
 ``gpu_choice.Fgd``) over this model, with the fill-waste tie-break of ``fragmentation.py``:
 ``int(100 * sigmoid((F_n - F_n') / 1000)) + FILL_TIE x (W(before) - W(after))`` with
@@ -57,11 +66,13 @@ than FGD on every variant trace too (benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from services.placer.core.fragmentation import (
     BoundedMemo,
     FragmentationModel,
+    HostKind,
     TypicalTask,
     models_key,
 )
@@ -80,12 +91,25 @@ class FedFragmentation(FragmentationModel):
         unfed_weight: float = 0.5,
         memory_margin: float = 1.2,
         first_copy_exact: bool = True,
+        hosts: Sequence[HostKind] = (),
+        scarcity: float = 0.0,
     ) -> None:
         if not 0 <= unfed_weight <= 1:
             raise ValueError("unfed_weight must be in 0..1")
         if memory_margin < 0:
             raise ValueError("memory_margin must be >= 0")
         super().__init__(tasks)
+        if scarcity < 0:
+            raise ValueError("scarcity must be >= 0")
+        self.scarcity = scarcity
+        self.hosts = tuple(hosts)
+        if hosts and scarcity:
+            self._tasks = tuple(
+                dataclasses.replace(w, weight=w.weight * factor)
+                for w, factor in zip(
+                    self._tasks, rarity(self.tasks, self.hosts, scarcity), strict=True
+                )
+            )
         self.unfed_weight = unfed_weight
         self.memory_margin = memory_margin
         self.first_copy_exact = first_copy_exact
@@ -207,3 +231,24 @@ def _copies(cpu_free: int, memory_free: int, gpus: int, cpu: int, first: int, me
             gpus,
         ),
     )
+
+
+def rarity(
+    tasks: Sequence[TypicalTask], hosts: Sequence[HostKind], exponent: float
+) -> tuple[float, ...]:
+    """Per typical task, ``(all GPUs / GPUs of the nodes an empty one of which fits it) **
+    exponent``: 1 for a task any GPU node can run, large for one only a few nodes can."""
+    total = sum(h.gpus * h.count for h in hosts)
+    factors = []
+    for t in tasks:
+        fitting = sum(
+            h.gpus * h.count
+            for h in hosts
+            if t.gpu_count
+            and h.gpus >= t.gpu_count
+            and h.cpu_milli >= t.cpu_milli
+            and h.memory_mib >= t.memory_mib
+            and (not t.models or set(t.models) & set(h.models))
+        )
+        factors.append((total / fitting) ** exponent if fitting and total else 1.0)
+    return tuple(factors)
