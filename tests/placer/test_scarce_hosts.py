@@ -15,6 +15,7 @@ G3 = HostKind(cpu_milli=128_000, memory_mib=786_432, gpus=8, models=("G3",), cou
 ANY_ONE = TypicalTask(cpu_milli=8_000, gpu_count=1, gpu_milli=1_000, weight=1)
 G3_ONLY = TypicalTask(cpu_milli=120_000, gpu_count=8, gpu_milli=1_000, memory_mib=737_280, weight=1)
 G3_MODEL = TypicalTask(cpu_milli=1_000, gpu_count=1, gpu_milli=500, models=("G3",), weight=1)
+ONE_G2 = TypicalTask(cpu_milli=90_000, gpu_count=8, gpu_milli=1_000, weight=1)
 NOWHERE = TypicalTask(cpu_milli=200_000, gpu_count=8, gpu_milli=1_000, weight=1)
 CPU_ONLY = TypicalTask(cpu_milli=4_000, gpu_count=0, gpu_milli=0, weight=1)
 
@@ -23,6 +24,7 @@ CPU_ONLY = TypicalTask(cpu_milli=4_000, gpu_count=0, gpu_milli=0, weight=1)
     ("task", "exponent", "expected"),
     [
         (ANY_ONE, 1.0, 1.0),  # every GPU node fits it
+        (ONE_G2, 1.0, 1.0),  # 64 of 80 GPUs fit it: 1.25 x, not scarce enough to count
         (G3_ONLY, 1.0, 5.0),  # 80 GPUs in all, 16 on the only nodes that fit it
         (G3_ONLY, 2.0, 25.0),
         (G3_ONLY, 0.0, 1.0),
@@ -61,7 +63,7 @@ def test_host_kinds_groups_gpu_nodes_by_capacity() -> None:
 
 def test_scarcity_weighs_a_scarce_task_more_only_where_it_fits() -> None:
     mix = (ANY_ONE, G3_ONLY)
-    plain = FedFragmentation(mix)
+    plain = FedFragmentation(mix, scarcity=0)
     scarce = FedFragmentation(mix, hosts=(G2, G3), scarcity=1.0)
     g3_models = frozenset({"G3"})
     # An empty G3 node: nothing is fragmented either way.
@@ -78,12 +80,12 @@ def test_scarcity_weighs_a_scarce_task_more_only_where_it_fits() -> None:
     assert after == pytest.approx(5 * 7_000 / 2)
 
 
-def test_off_by_default_and_without_hosts() -> None:
+def test_no_change_without_hosts_or_at_exponent_zero() -> None:
     mix = (ANY_ONE, G3_ONLY)
     state = (frozenset({"G3"}), 120_000, 700_000, (0,) + (1_000,) * 7)
     values = {
-        FedFragmentation(mix).node(*state),
-        FedFragmentation(mix, hosts=(G2, G3)).node(*state),
+        FedFragmentation(mix, scarcity=0).node(*state),
+        FedFragmentation(mix, hosts=(G2, G3), scarcity=0).node(*state),
         FedFragmentation(mix, scarcity=2.0).node(*state),
     }
     assert len(values) == 1

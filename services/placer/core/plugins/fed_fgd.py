@@ -45,14 +45,15 @@ GPUs are stranded. Found by looking at where the unallocated GPUs of the Alibaba
    common. Whole-GPU and CPU-only pods keep the seed order: every deterministic tie-break tried
    for them (most / least CPU per idle GPU, fewest / most idle GPUs) lost 0.04..0.13 points.
 
-3. **Scarce hosts (opt-in, argument ``scarcity``, off by default).** Given the cluster's node
-   kinds (``hosts``, ``fragmentation.HostKind``), each typical task's weight is multiplied by
-   ``(all GPUs / GPUs on nodes an empty one of which fits it) ** scarcity`` (:func:`rarity`), so
-   a task only a few nodes can hold (the trace's 8-GPU 720 GiB task: only the 39 G3 nodes)
-   weighs more in their fragment. Measured on the multigpu30/40/50 mixes (seeds 42..46, mix
-   learned online): exponent 1 lowered multigpu50 by 0.09 points but raised multigpu30 and 40
-   by 0.02 and 0.06, exponent 2 raised all three, so the tessera profile leaves it off
-   (benchmarks/RESULTS.md).
+3. **Scarce hosts** (argument ``scarcity``, 1 by default, 0 = off). Given the cluster's node
+   kinds (``hosts``, ``fragmentation.HostKind``; without them nothing changes), a typical task
+   whose hosts (the nodes an empty one of which fits it) hold less than half the cluster's GPUs
+   (:data:`SCARCE_FROM`) weighs ``(all GPUs / its hosts' GPUs) ** scarcity`` times more
+   (:func:`rarity`): the trace's 8-GPU 720 GiB task fits only the 39 G3 nodes (20 x), so a pod
+   that fits elsewhere no longer takes a whole G3 node from it. Multi-GPU mixes, seeds 42..46,
+   mix learned online: multigpu30 / 40 / 50 3.48 / 3.10 / 2.82 -> 3.46 / 3.03 / 2.72; every
+   task weighed so (no threshold): 3.50 / 3.15 / 2.74; exponent 2: 3.51 / 3.22 / 2.84. The five
+   stored traces did not move (benchmarks/RESULTS.md).
 
 Plugin and GPU choice ``fgd-fed`` are FGD's own score and GPU choice (``plugins/fgd.py``,
 ``gpu_choice.Fgd``) over this model, with the fill-waste tie-break of ``fragmentation.py``:
@@ -79,6 +80,10 @@ from services.placer.core.fragmentation import (
 
 COPIES_MEMO_LIMIT = 100_000
 """Free CPU and memory states whose copies are memoised before that memo starts over."""
+SCARCE_FROM = 2.0
+"""A typical task's hosts are scarce when they hold less than 1 / this of the cluster's GPUs:
+only then does ``scarcity`` weigh it more (the trace's 8-GPU tasks that G2 nodes hold too,
+on 78 % of the GPUs, weighed 1.27 x made the multi-GPU mixes worse)."""
 
 
 class FedFragmentation(FragmentationModel):
@@ -92,7 +97,7 @@ class FedFragmentation(FragmentationModel):
         memory_margin: float = 1.2,
         first_copy_exact: bool = True,
         hosts: Sequence[HostKind] = (),
-        scarcity: float = 0.0,
+        scarcity: float = 1.0,
     ) -> None:
         if not 0 <= unfed_weight <= 1:
             raise ValueError("unfed_weight must be in 0..1")
@@ -234,7 +239,10 @@ def _copies(cpu_free: int, memory_free: int, gpus: int, cpu: int, first: int, me
 
 
 def rarity(
-    tasks: Sequence[TypicalTask], hosts: Sequence[HostKind], exponent: float
+    tasks: Sequence[TypicalTask],
+    hosts: Sequence[HostKind],
+    exponent: float,
+    scarce_from: float = SCARCE_FROM,
 ) -> tuple[float, ...]:
     """Per typical task, ``(all GPUs / GPUs of the nodes an empty one of which fits it) **
     exponent``: 1 for a task any GPU node can run, large for one only a few nodes can."""
@@ -250,5 +258,6 @@ def rarity(
             and h.memory_mib >= t.memory_mib
             and (not t.models or set(t.models) & set(h.models))
         )
-        factors.append((total / fitting) ** exponent if fitting and total else 1.0)
+        ratio = total / fitting if fitting else 1.0
+        factors.append(ratio**exponent if ratio >= scarce_from else 1.0)
     return tuple(factors)
