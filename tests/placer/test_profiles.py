@@ -73,7 +73,7 @@ def test_builtin_profiles_compile(name: str) -> None:
         ),
         pytest.param(
             ProfileSpec(name="p", scores=(ScoreSpec(plugin="fgd-fed", args={"margin": 1}),)),
-            "(known: first_copy_exact, memory_margin, unfed_weight)",
+            "(known: first_copy_exact, memory_margin, scarcity, unfed_weight)",
             id="fed-unknown-argument",
         ),
         pytest.param(

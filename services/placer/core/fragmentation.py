@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import msgspec
 
-from services.placer.core.model import GPU_MILLI
+from services.placer.core.model import GPU_MILLI, NodeState
 
 
 class TypicalTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +41,35 @@ class TypicalTask(msgspec.Struct, frozen=True, kw_only=True):
     weight: float
     memory_mib: int = 0
     """Typical memory ask, 0 = unknown (read by ``plugins/fed_fgd.py``; FGD ignores it)."""
+
+
+class HostKind(msgspec.Struct, frozen=True, kw_only=True):
+    """Nodes of one capacity in the cluster: what an empty one offers, and how many there are."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    models: tuple[str, ...] = ()
+    count: int = 1
+
+
+def host_kinds(nodes: Iterable[NodeState]) -> tuple[HostKind, ...]:
+    """The cluster's GPU nodes grouped by capacity (allocatable CPU, memory, GPUs, models)."""
+    counts: dict[HostKind, int] = {}
+    for node in nodes:
+        if not node.gpus:
+            continue
+        kind = HostKind(
+            cpu_milli=node.cpu_milli_total,
+            memory_mib=node.memory_mib_total,
+            gpus=len(node.gpus),
+            models=tuple(sorted({g.model for g in node.gpus})),
+        )
+        counts[kind] = counts.get(kind, 0) + 1
+    return tuple(
+        msgspec.structs.replace(kind, count=n)
+        for kind, n in sorted(counts.items(), key=lambda kv: msgspec.structs.astuple(kv[0]))
+    )
 
 
 Key = TypeVar("Key")

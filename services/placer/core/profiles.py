@@ -43,7 +43,12 @@ from typing import Any
 import msgspec
 
 from services.placer.core.batch import batch_judge
-from services.placer.core.fragmentation import FragmentationModel, TypicalTask, fill_waste
+from services.placer.core.fragmentation import (
+    FragmentationModel,
+    HostKind,
+    TypicalTask,
+    fill_waste,
+)
 from services.placer.core.framework import (
     Filter,
     GpuChooser,
@@ -108,6 +113,8 @@ class BuildContext:
     """The same task mix, counting only GPUs the node's free CPU can feed (``fed_fgd.py``)."""
     fed: FedFragmentation
     """The same, fed by free CPU and memory (``fed_fgd.py``)."""
+    hosts: tuple[HostKind, ...]
+    """The cluster's GPU nodes by capacity, for measures that weigh scarce hosts (may be empty)."""
     fill_waste: tuple[int, ...]
     """The mix's fill waste per free milli, for the ``fgd-fed`` tie-break (``fragmentation.py``)."""
     gpu_filters: tuple[GpuFilter, ...]
@@ -164,11 +171,11 @@ def _fgd_cpu(args: Mapping[str, Any], context: BuildContext) -> Score:
 
 
 def _fgd_fed(args: Mapping[str, Any], context: BuildContext) -> Score:
-    unknown = set(args) - {"unfed_weight", "memory_margin", "first_copy_exact"}
+    unknown = set(args) - {"unfed_weight", "memory_margin", "first_copy_exact", "scarcity"}
     if unknown:
         raise ProfileError(
             f"unknown argument(s) {', '.join(sorted(unknown))} "
-            "(known: first_copy_exact, memory_margin, unfed_weight)"
+            "(known: first_copy_exact, memory_margin, scarcity, unfed_weight)"
         )
     if not args:
         return _fed_score(context.fed, context)
@@ -181,11 +188,16 @@ def _fgd_fed(args: Mapping[str, Any], context: BuildContext) -> Score:
     first = args.get("first_copy_exact", context.fed.first_copy_exact)
     if not isinstance(first, bool):
         raise ProfileError("argument 'first_copy_exact' must be true or false")
+    scarcity = args.get("scarcity", context.fed.scarcity)
+    if not isinstance(scarcity, int | float) or isinstance(scarcity, bool) or scarcity < 0:
+        raise ProfileError("argument 'scarcity' must be a number >= 0")
     model = FedFragmentation(
         context.fragmentation.tasks,
         unfed_weight=weight,
         memory_margin=margin,
         first_copy_exact=first,
+        hosts=context.hosts,
+        scarcity=scarcity,
     )
     return _fed_score(model, context)
 
@@ -300,11 +312,13 @@ def _compile(
     gpu_filters: tuple[GpuFilter, ...],
     filters: tuple[Filter, ...],
     pre_filters: tuple[PreFilter, ...],
+    hosts: tuple[HostKind, ...],
 ) -> Profile:
     cpu_fed = FedFragmentation(fragmentation.tasks, memory_margin=0)
-    fed = FedFragmentation(fragmentation.tasks)
+    fed = FedFragmentation(fragmentation.tasks, hosts=hosts)
     context = BuildContext(
         fragmentation=fragmentation,
+        hosts=hosts,
         cpu_fed=cpu_fed,
         fed=fed,
         fill_waste=fill_waste(fragmentation.tasks),
@@ -360,6 +374,7 @@ def build_profile(
     filters: Sequence[Filter] = (),
     gpu_filters: Sequence[GpuFilter] = (),
     pre_filters: Sequence[PreFilter] = (),
+    hosts: Sequence[HostKind] = (),
 ) -> Profile:
     """Compile ``spec`` (or a built-in profile by name) into a :class:`Profile`.
 
@@ -375,9 +390,10 @@ def build_profile(
     all_gpu_filters: tuple[GpuFilter, ...] = (GpuModel(), *gpu_filters)
     extra = tuple(filters)
     pres = tuple(pre_filters)
-    profile = _compile(spec, fragmentation, all_gpu_filters, extra, pres)
+    kinds = tuple(hosts)
+    profile = _compile(spec, fragmentation, all_gpu_filters, extra, pres, kinds)
     profile.node_policies = {
-        policy: _compile(BUILTIN[policy], fragmentation, all_gpu_filters, extra, pres)
+        policy: _compile(BUILTIN[policy], fragmentation, all_gpu_filters, extra, pres, kinds)
         for policy in NODE_POLICIES
     }
     return profile

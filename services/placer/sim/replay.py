@@ -37,7 +37,7 @@ from typing import Literal
 
 from services.placer import mix as task_mix
 from services.placer.core import cycle
-from services.placer.core.fragmentation import FragmentationModel, TypicalTask
+from services.placer.core.fragmentation import FragmentationModel, TypicalTask, host_kinds
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import (
@@ -192,9 +192,10 @@ def replay(
         cluster,
         node_labels={n.name: {MODEL_LABEL: n.model} for n in nodes},
     )
+    hosts = host_kinds(states)
     learned = task_mix.TaskMix(window=task_mix.WINDOW)
     mixed = tuple(typical) if mix == "trace" else learned.typical()
-    profile = build_profile(policy, typical_tasks=mixed, **tenants.plugins())
+    profile = build_profile(policy, typical_tasks=mixed, hosts=hosts, **tenants.plugins())
     builds = 1
     queue = PlacementQueue(reference=reference_node(ClusterSnapshot(nodes=tuple(states))))
     capacity = 1000 * sum(n.gpus for n in nodes)
@@ -276,7 +277,9 @@ def replay(
                     for stale in profile.node_policies.values():
                         cluster.memos.pop(stale, None)
                     mixed = now_mixed
-                    profile = build_profile(policy, typical_tasks=mixed, **tenants.plugins())
+                    profile = build_profile(
+                        policy, typical_tasks=mixed, hosts=hosts, **tenants.plugins()
+                    )
                     builds += 1
             if progress is not None:
                 progress(done)

@@ -45,6 +45,16 @@ GPUs are stranded. Found by looking at where the unallocated GPUs of the Alibaba
    common. Whole-GPU and CPU-only pods keep the seed order: every deterministic tie-break tried
    for them (most / least CPU per idle GPU, fewest / most idle GPUs) lost 0.04..0.13 points.
 
+3. **Scarce hosts** (argument ``scarcity``, 1 by default, 0 = off). Given the cluster's node
+   kinds (``hosts``, ``fragmentation.HostKind``; without them nothing changes), a typical task
+   whose hosts (the nodes an empty one of which fits it) hold less than half the cluster's GPUs
+   (:data:`SCARCE_FROM`) weighs ``(all GPUs / its hosts' GPUs) ** scarcity`` times more
+   (:func:`rarity`): the trace's 8-GPU 720 GiB task fits only the 39 G3 nodes (20 x), so a pod
+   that fits elsewhere no longer takes a whole G3 node from it. Multi-GPU mixes, seeds 42..46,
+   mix learned online: multigpu30 / 40 / 50 3.48 / 3.10 / 2.82 -> 3.46 / 3.03 / 2.72; every
+   task weighed so (no threshold): 3.50 / 3.15 / 2.74; exponent 2: 3.51 / 3.22 / 2.84. The five
+   stored traces did not move (benchmarks/RESULTS.md).
+
 Plugin and GPU choice ``fgd-fed`` are FGD's own score and GPU choice (``plugins/fgd.py``,
 ``gpu_choice.Fgd``) over this model, with the fill-waste tie-break of ``fragmentation.py``:
 ``int(100 * sigmoid((F_n - F_n') / 1000)) + FILL_TIE x (W(before) - W(after))`` with
@@ -57,17 +67,23 @@ than FGD on every variant trace too (benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 from services.placer.core.fragmentation import (
     BoundedMemo,
     FragmentationModel,
+    HostKind,
     TypicalTask,
     models_key,
 )
 
 COPIES_MEMO_LIMIT = 100_000
 """Free CPU and memory states whose copies are memoised before that memo starts over."""
+SCARCE_FROM = 2.0
+"""A typical task's hosts are scarce when they hold less than 1 / this of the cluster's GPUs:
+only then does ``scarcity`` weigh it more (the trace's 8-GPU tasks that G2 nodes hold too,
+on 78 % of the GPUs, weighed 1.27 x made the multi-GPU mixes worse)."""
 
 
 class FedFragmentation(FragmentationModel):
@@ -80,12 +96,25 @@ class FedFragmentation(FragmentationModel):
         unfed_weight: float = 0.5,
         memory_margin: float = 1.2,
         first_copy_exact: bool = True,
+        hosts: Sequence[HostKind] = (),
+        scarcity: float = 1.0,
     ) -> None:
         if not 0 <= unfed_weight <= 1:
             raise ValueError("unfed_weight must be in 0..1")
         if memory_margin < 0:
             raise ValueError("memory_margin must be >= 0")
         super().__init__(tasks)
+        if scarcity < 0:
+            raise ValueError("scarcity must be >= 0")
+        self.scarcity = scarcity
+        self.hosts = tuple(hosts)
+        if hosts and scarcity:
+            self._tasks = tuple(
+                dataclasses.replace(w, weight=w.weight * factor)
+                for w, factor in zip(
+                    self._tasks, rarity(self.tasks, self.hosts, scarcity), strict=True
+                )
+            )
         self.unfed_weight = unfed_weight
         self.memory_margin = memory_margin
         self.first_copy_exact = first_copy_exact
@@ -207,3 +236,28 @@ def _copies(cpu_free: int, memory_free: int, gpus: int, cpu: int, first: int, me
             gpus,
         ),
     )
+
+
+def rarity(
+    tasks: Sequence[TypicalTask],
+    hosts: Sequence[HostKind],
+    exponent: float,
+    scarce_from: float = SCARCE_FROM,
+) -> tuple[float, ...]:
+    """Per typical task, ``(all GPUs / GPUs of the nodes an empty one of which fits it) **
+    exponent``: 1 for a task any GPU node can run, large for one only a few nodes can."""
+    total = sum(h.gpus * h.count for h in hosts)
+    factors = []
+    for t in tasks:
+        fitting = sum(
+            h.gpus * h.count
+            for h in hosts
+            if t.gpu_count
+            and h.gpus >= t.gpu_count
+            and h.cpu_milli >= t.cpu_milli
+            and h.memory_mib >= t.memory_mib
+            and (not t.models or set(t.models) & set(h.models))
+        )
+        ratio = total / fitting if fitting else 1.0
+        factors.append(ratio**exponent if ratio >= scarce_from else 1.0)
+    return tuple(factors)

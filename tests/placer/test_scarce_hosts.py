@@ -1,0 +1,112 @@
+"""The fed measure's opt-in scarce-host weighting (``fed_fgd.rarity``, argument ``scarcity``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.placer.core.fragmentation import HostKind, TypicalTask, host_kinds
+from services.placer.core.model import GpuState, NodeState
+from services.placer.core.plugins.fed_fgd import FedFragmentation, rarity
+from services.placer.core.profiles import ProfileError, ProfileSpec, ScoreSpec, build_profile
+
+# The trace's two 8-GPU kinds: 64 G2 GPUs (96 cores, 384 GiB) and 16 G3 GPUs (128 cores, 768 GiB).
+G2 = HostKind(cpu_milli=96_000, memory_mib=393_216, gpus=8, models=("G2",), count=8)
+G3 = HostKind(cpu_milli=128_000, memory_mib=786_432, gpus=8, models=("G3",), count=2)
+ANY_ONE = TypicalTask(cpu_milli=8_000, gpu_count=1, gpu_milli=1_000, weight=1)
+G3_ONLY = TypicalTask(cpu_milli=120_000, gpu_count=8, gpu_milli=1_000, memory_mib=737_280, weight=1)
+G3_MODEL = TypicalTask(cpu_milli=1_000, gpu_count=1, gpu_milli=500, models=("G3",), weight=1)
+ONE_G2 = TypicalTask(cpu_milli=90_000, gpu_count=8, gpu_milli=1_000, weight=1)
+NOWHERE = TypicalTask(cpu_milli=200_000, gpu_count=8, gpu_milli=1_000, weight=1)
+CPU_ONLY = TypicalTask(cpu_milli=4_000, gpu_count=0, gpu_milli=0, weight=1)
+
+
+@pytest.mark.parametrize(
+    ("task", "exponent", "expected"),
+    [
+        (ANY_ONE, 1.0, 1.0),  # every GPU node fits it
+        (ONE_G2, 1.0, 1.0),  # 64 of 80 GPUs fit it: 1.25 x, not scarce enough to count
+        (G3_ONLY, 1.0, 5.0),  # 80 GPUs in all, 16 on the only nodes that fit it
+        (G3_ONLY, 2.0, 25.0),
+        (G3_ONLY, 0.0, 1.0),
+        (G3_MODEL, 1.0, 5.0),  # the model, not the size, picks the hosts
+        (NOWHERE, 1.0, 1.0),  # fits nowhere: left as it is
+        (CPU_ONLY, 1.0, 1.0),  # no GPU: no host to be scarce
+    ],
+)
+def test_rarity(task: TypicalTask, exponent: float, expected: float) -> None:
+    assert rarity((task,), (G2, G3), exponent) == pytest.approx((expected,))
+
+
+def test_host_kinds_groups_gpu_nodes_by_capacity() -> None:
+    def gpu_node(name: str, cpu: int, model: str, gpus: int) -> NodeState:
+        return NodeState(
+            name=name,
+            cpu_milli_total=cpu,
+            memory_mib_total=1_000,
+            gpus=tuple(
+                GpuState(index=i, uuid=f"{name}-{i}", model=model, memory_total_mib=16_000)
+                for i in range(gpus)
+            ),
+        )
+
+    nodes = [
+        gpu_node("a", 8_000, "T4", 2),
+        gpu_node("b", 8_000, "T4", 2),
+        gpu_node("c", 16_000, "T4", 2),
+        NodeState(name="cpu", cpu_milli_total=64_000, memory_mib_total=1_000),
+    ]
+    assert host_kinds(nodes) == (
+        HostKind(cpu_milli=8_000, memory_mib=1_000, gpus=2, models=("T4",), count=2),
+        HostKind(cpu_milli=16_000, memory_mib=1_000, gpus=2, models=("T4",), count=1),
+    )
+
+
+def test_scarcity_weighs_a_scarce_task_more_only_where_it_fits() -> None:
+    mix = (ANY_ONE, G3_ONLY)
+    plain = FedFragmentation(mix, scarcity=0)
+    scarce = FedFragmentation(mix, hosts=(G2, G3), scarcity=1.0)
+    g3_models = frozenset({"G3"})
+    # An empty G3 node: nothing is fragmented either way.
+    idle = (1_000,) * 8
+    assert scarce.node(g3_models, 128_000, 786_432, idle) == plain.node(
+        g3_models, 128_000, 786_432, idle
+    )
+    # One GPU taken: the G3-only task cannot run any more; its fragment (7,000 milli) weighs
+    # 5 x more, the whole-GPU task's (0) not at all.
+    taken = (0,) + (1_000,) * 7
+    before = plain.node(g3_models, 120_000, 700_000, taken)
+    after = scarce.node(g3_models, 120_000, 700_000, taken)
+    assert before == pytest.approx(7_000 / 2)
+    assert after == pytest.approx(5 * 7_000 / 2)
+
+
+def test_no_change_without_hosts_or_at_exponent_zero() -> None:
+    mix = (ANY_ONE, G3_ONLY)
+    state = (frozenset({"G3"}), 120_000, 700_000, (0,) + (1_000,) * 7)
+    values = {
+        FedFragmentation(mix, scarcity=0).node(*state),
+        FedFragmentation(mix, hosts=(G2, G3), scarcity=0).node(*state),
+        FedFragmentation(mix, scarcity=2.0).node(*state),
+    }
+    assert len(values) == 1
+
+
+@pytest.mark.parametrize("bad", [-1, "1", True])
+def test_bad_scarcity_is_a_profile_error(bad: object) -> None:
+    spec = ProfileSpec(
+        name="t",
+        scores=(ScoreSpec(plugin="fgd-fed", args={"scarcity": bad}),),
+        gpu_choice="fgd-fed",
+    )
+    with pytest.raises(ProfileError, match="scarcity"):
+        build_profile(spec, hosts=(G2, G3))
+
+
+def test_profile_takes_scarcity_with_hosts() -> None:
+    spec = ProfileSpec(
+        name="t", scores=(ScoreSpec(plugin="fgd-fed", args={"scarcity": 1}),), gpu_choice="fgd-fed"
+    )
+    profile = build_profile(spec, typical_tasks=(ANY_ONE, G3_ONLY), hosts=(G2, G3))
+    ((score, _),) = profile.scores
+    assert score.model.scarcity == 1  # type: ignore[attr-defined]
+    assert score.model.hosts == (G2, G3)  # type: ignore[attr-defined]
