@@ -4,17 +4,26 @@ and status, the allocation results a booking stands for, and the request the pla
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import msgspec
+from prometheus_client import CollectorRegistry
 
 from services.binder import draalloc
+from services.binder.draclaims import DraClaims
 from services.binder.draobjects import ResourceClaim, allocated_node, pod_claims
+from services.binder.kube import KubeGateway, load_configuration, new_configuration
+from services.binder.kubedra import KubeDra
+from services.binder.metrics import BinderMetrics
 from services.placer import translate
+from shared.clock import SystemClock
 from shared.dra.devices import DEFAULT_POLICY, DRA_API, NODE_API_LABEL
 from shared.kubeobjects import Pod
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.pods import PodPending
 from shared.podspec import InvalidPod
+from tessera.devcluster.apiserver import ApiServer
+from tessera.devcluster.resources import RESOURCE_CLAIM
 
 MODEL_A100 = 'device.attributes["gpu.tessera.dev"].model == "A100"'
 CLAIM = {
@@ -44,6 +53,27 @@ POD = {
     },
     "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x1"}]},
 }
+
+
+def booked() -> Booking:
+    return Booking(
+        pod_uid="pod-1",
+        namespace="team",
+        name="p",
+        node="node-a",
+        commit="k1",
+        decided_at=1.0,
+        placer_id="placer-0",
+        containers=(
+            BookedContainer(
+                container="resourceclaims/p-gpu-x1/gpu",
+                gpus=tuple(
+                    BookedSlice(index=i, uuid=f"GPU-{i}", memory_mib=8192, core_milli=250)
+                    for i in (3, 5)
+                ),
+            ),
+        ),
+    )
 
 
 def decoded() -> tuple[Pod, ResourceClaim]:
@@ -86,24 +116,7 @@ def test_a_claim_not_created_yet_is_explained_and_a_read_one_is_carried() -> Non
 def test_the_allocation_holds_one_result_per_booked_gpu_with_its_full_capacity() -> None:
     pod, claim = decoded()
     (read,) = pod_claims(pod, {"team/p-gpu-x1": claim}.get)
-    booking = Booking(
-        pod_uid="pod-1",
-        namespace="team",
-        name="p",
-        node="node-a",
-        commit="k1",
-        decided_at=1.0,
-        placer_id="placer-0",
-        containers=(
-            BookedContainer(
-                container="resourceclaims/p-gpu-x1/gpu",
-                gpus=tuple(
-                    BookedSlice(index=i, uuid=f"GPU-{i}", memory_mib=8192, core_milli=250)
-                    for i in (3, 5)
-                ),
-            ),
-        ),
-    )
+    booking = booked()
     found = draalloc.results(booking, read)
     assert isinstance(found, list)
     assert [(r["device"], r["pool"], r["consumedCapacity"]) for r in found] == [
@@ -119,3 +132,62 @@ def test_the_allocation_holds_one_result_per_booked_gpu_with_its_full_capacity()
     assert allocated_node(allocation.status.allocation) == "node-a"
     short = msgspec.structs.replace(booking, containers=booking.containers[:0])
     assert "holds 0 GPUs" in str(draalloc.results(short, read))
+
+
+async def test_allocation_and_reservation_are_written_through_the_api(
+    api: ApiServer, kubeconfig: Path
+) -> None:
+    """Through the real client against the API double (every write validated against the
+    strict 1.37 schemas by the ``api`` fixture): the finalizer, then the allocation with the pod
+    reserved; a second pod sharing the claim on the same node is only reserved; one on another
+    node is refused."""
+    pod, _ = decoded()
+    created = api.create(
+        RESOURCE_CLAIM,
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **CLAIM},
+        "team",
+    )
+    configuration = new_configuration()
+    await load_configuration(configuration, kubeconfig=str(kubeconfig), environ={})
+    gateway = KubeGateway.create(
+        configuration, BinderMetrics.create(CollectorRegistry()), clock=SystemClock(), timeout_s=5.0
+    )
+    try:
+        claim = await KubeDra(gateway).read_claim("team", "p-gpu-x1")
+        assert claim is not None and claim.metadata.uid == created["metadata"]["uid"]
+        others: dict[str, Pod] = {"pod-1": pod}
+        wanted: list[str] = []
+        claims = DraClaims(
+            gateway=gateway,
+            api=KubeDra(gateway),
+            clock=SystemClock(),
+            metrics=BinderMetrics.create(CollectorRegistry()),
+            pod_of=others.get,
+            want_pod=wanted.append,
+            fence=lambda _: None,
+        )
+        claims.informer.cache["team/p-gpu-x1"] = claim
+        booking = booked()
+        assert await claims.allocate(booking) == ""
+        stored = api.get(RESOURCE_CLAIM, "team", "p-gpu-x1")
+        assert stored["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
+        results = stored["status"]["allocation"]["devices"]["results"]
+        assert [r["device"] for r in results] == ["gpu-3", "gpu-5"]
+        assert [c["uid"] for c in stored["status"]["reservedFor"]] == ["pod-1"]
+        assert await claims.allocate(booking) == ""  # seen again: nothing more written
+        twin = msgspec.structs.replace(
+            pod, metadata=msgspec.structs.replace(pod.metadata, uid="pod-2", name="q")
+        )
+        others["pod-2"] = twin
+        second = msgspec.structs.replace(booking, pod_uid="pod-2", name="q")
+        assert await claims.allocate(second) == ""
+        stored = api.get(RESOURCE_CLAIM, "team", "p-gpu-x1")
+        assert [c["uid"] for c in stored["status"]["reservedFor"]] == ["pod-1", "pod-2"]
+        assert stored["status"]["allocation"]["devices"]["results"] == results
+        others["pod-3"] = msgspec.structs.replace(
+            pod, metadata=msgspec.structs.replace(pod.metadata, uid="pod-3", name="r")
+        )
+        elsewhere = msgspec.structs.replace(booking, pod_uid="pod-3", name="r", node="node-b")
+        assert "allocated on node node-a, not node-b" in await claims.allocate(elsewhere)
+    finally:
+        await gateway.close()
