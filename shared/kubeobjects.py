@@ -33,9 +33,33 @@ class ObjectMeta(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="ca
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
+class ClaimReference(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """A container's ``resources.claims[]`` entry: a pod claim (and one request of it)."""
+
+    name: str
+    request: str = ""
+
+
 class ResourceRequirements(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     limits: dict[str, Quantity] | None = None
     requests: dict[str, Quantity] | None = None
+    claims: tuple[ClaimReference, ...] | None = None
+
+
+class PodResourceClaim(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
+    """A ``spec.resourceClaims[]`` entry: a ResourceClaim by name, or one made from a
+    ResourceClaimTemplate for the pod."""
+
+    name: str
+    resource_claim_name: str | None = None
+    resource_claim_template_name: str | None = None
+
+
+class PodResourceClaimStatus(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
+    """A ``status.resourceClaimStatuses[]`` entry: the claim made from a template."""
+
+    name: str
+    resource_claim_name: str | None = None
 
 
 class Container(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -57,6 +81,7 @@ class PodSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel
     tolerations: tuple[dict[str, Any], ...] | None = None
     topology_spread_constraints: tuple[dict[str, Any], ...] | None = None
     scheduling_gates: tuple[dict[str, Any], ...] | None = None
+    resource_claims: tuple[PodResourceClaim, ...] | None = None
 
 
 class Condition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -66,9 +91,10 @@ class Condition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     message: str | None = None
 
 
-class PodStatus(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+class PodStatus(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
     phase: str | None = None
     conditions: tuple[Condition, ...] | None = None
+    resource_claim_statuses: tuple[PodResourceClaimStatus, ...] | None = None
 
 
 class Pod(msgspec.Struct, frozen=True, gc=False, kw_only=True):

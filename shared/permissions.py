@@ -237,9 +237,14 @@ def _binder() -> tuple[list[str], list[str]]:
         subjects.GRANTS_ALL,
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_REJECTIONS),
         # The claims (its work) and the bookings (the gate waits only for records matching one).
-        # The namespaces: what a new leader finds published, to write only what changed.
+        # The namespaces: what a new leader finds published, to write only what changed. The
+        # inventory: the ResourceSlices of nodes in DRA mode (docs/design.md §14).
         *_kv_read(
-            subjects.KV_ASSIGNMENTS, subjects.KV_NODES, subjects.KV_LEDGER, subjects.KV_NAMESPACES
+            subjects.KV_ASSIGNMENTS,
+            subjects.KV_NODES,
+            subjects.KV_LEDGER,
+            subjects.KV_NAMESPACES,
+            subjects.KV_INVENTORY,
         ),
     ]
     return publish, [subjects.EXTENDER_PODS]

@@ -36,6 +36,7 @@ from typing import Final, TypeVar
 
 from services.binder import explain
 from services.binder.claims import ClaimMirror
+from services.binder.draalloc import ClaimAllocation
 from services.binder.events import EventRecorder
 from services.binder.gate import GateRecords
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
@@ -97,7 +98,9 @@ class PlacementBinder:
         is_extender_pod: Callable[[Pod], bool],
         fence: Callable[[str], None],
         is_leader: Callable[[], bool],
+        dra: ClaimAllocation | None = None,
     ) -> None:
+        self._dra = dra
         self._bus = bus
         self._gateway = reader
         self._writer = writer
@@ -295,7 +298,8 @@ class PlacementBinder:
         elif self._bound_here.get(booking.pod_uid) == booking.commit:
             return  # bound here a moment ago; the pod informer has not shown it yet
         else:
-            outcome, reason = await self._create_binding(booking, plan)
+            refused = await self._dra.allocate(booking) if self._dra is not None else ""
+            outcome, reason = await self._create_binding(booking, plan, refused=refused)
             done_now = outcome == "bound" and not reason
             if outcome == "bound":
                 self._bound_here[booking.pod_uid] = booking.commit
@@ -309,9 +313,13 @@ class PlacementBinder:
                 record=plan.record if done_now else None,
             )
 
-    async def _create_binding(self, booking: Booking, plan: Bind) -> tuple[BindOutcome, str]:
+    async def _create_binding(
+        self, booking: Booking, plan: Bind, *, refused: str = ""
+    ) -> tuple[BindOutcome, str]:
         """Create the Binding: ("bound", "") when this call bound the pod, else the outcome
-        and why."""
+        and why (``refused``: its DRA claims could not be allocated, so it is not bound)."""
+        if refused:
+            return "failed", refused
         answer = await self._writer.bind_pod(
             booking.namespace,
             booking.name,

@@ -104,6 +104,14 @@ class BinderSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=
         int,
         msgspec.Meta(ge=1, description="binds (and other messages) handled at once, each"),
     ] = 256
+    dra: Annotated[
+        bool,
+        msgspec.Meta(
+            description="DRA mode (resource.k8s.io/v1, Kubernetes 1.34+): follow ResourceClaims, "
+            "allocate gpu.tessera.dev claims of the pods it binds, and publish ResourceSlices "
+            "for nodes labelled tessera.dev/gpu-api=dra"
+        ),
+    ] = False
 
 
 def build_config(settings: BinderSettings, *, environ: Mapping[str, str]) -> BinderConfig:
@@ -138,6 +146,7 @@ def build_config(settings: BinderSettings, *, environ: Mapping[str, str]) -> Bin
         node_facts_refresh_s=settings.node_facts_refresh_s,
         allocation_warning_s=settings.allocation_warning_s,
         max_in_flight=settings.max_in_flight,
+        dra=settings.dra,
     )
 
 

@@ -33,6 +33,8 @@ class BinderConfig:
     published at once."""
     allocation_warning_s: float = 60.0
     max_in_flight: int = 256
+    dra: bool = False
+    """Follow ResourceClaims, allocate Tessera's and publish ResourceSlices (docs/design.md §14)."""
     workers: int = 64
     """Tasks publishing pod and node changes (each kind). Each waits for JetStream's answer to
     its ``PodPending``, which takes 0.1-0.4 s on a machine the burst saturates; four of them fed

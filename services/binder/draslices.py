@@ -25,8 +25,10 @@ import msgspec
 from shared.dra.devices import (
     COMPUTE,
     COMPUTE_TOTAL,
+    DRA_API,
     DRIVER,
     MEMORY,
+    NODE_API_LABEL,
     DeviceDescription,
     MemoryPolicy,
     Version,
@@ -212,7 +214,3 @@ def dra_node(labels: Mapping[str, str]) -> bool:
     """Whether the node's GPUs are offered through DRA (the node's ``tessera.dev/gpu-api``
     label says ``dra``; without it a node keeps the device plugin, the default)."""
     return labels.get(NODE_API_LABEL) == DRA_API
-
-
-NODE_API_LABEL: Final = "tessera.dev/gpu-api"
-DRA_API: Final = "dra"

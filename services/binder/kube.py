@@ -34,6 +34,7 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config
 
+from services.binder.draobjects import ClaimList, ResourceClaim
 from services.binder.gateway import (
     Answer,
     ApiUnavailableError,
@@ -270,6 +271,16 @@ class KubeGateway:
     def _options(self) -> dict[str, Any]:
         return {"_preload_content": False, "_request_timeout": self._timeout_s}
 
+    async def send(
+        self, verb: str, call: Callable[[Any, dict[str, Any]], Awaitable[Any]]
+    ) -> Answer:
+        """``call(resource_api, options)`` on ``resource.k8s.io/v1`` as every call here is sent
+        (``kubedra.py``'s calls), its answer with the body as ``message`` when it succeeded."""
+        code, body = await self._send(verb, lambda: call(self._resource, self._options()))
+        if 200 <= code < 300:
+            return Answer(code=code, message=body.decode())
+        return _answer(code, body)
+
     # --- list and watch ----------------------------------------------------------------------
 
     def _lister(self, kind: type[Kind]) -> tuple[str, Callable[..., Awaitable[Any]], type[Any]]:
@@ -279,6 +290,12 @@ class KubeGateway:
             return "nodes", self._core.list_node, NodeList
         if kind is Namespace:
             return "namespaces", self._core.list_namespace, NamespaceList
+        if kind is ResourceClaim:
+            return (
+                "resourceclaims",
+                self._resource.list_resource_claim_for_all_namespaces,
+                ClaimList,
+            )
         raise TypeError(f"cannot list {kind.__name__}")
 
     async def list_objects(
@@ -526,50 +543,5 @@ class KubeGateway:
                 lambda: self._coordination.replace_namespaced_lease(
                     name, namespace, lease, field_manager=FIELD_MANAGER, **self._options()
                 ),
-            )
-        )
-
-    # --- DRA: resource slices (resource.k8s.io/v1) -----------------------------------------------
-
-    async def list_slices(self, *, node: str, driver: str) -> list[Body]:
-        """The ResourceSlices of ``driver`` on ``node`` (as JSON objects)."""
-        selector = f"spec.nodeName={node},spec.driver={driver}"
-        code, body = await self._send(
-            "list resourceslices",
-            lambda: self._resource.list_resource_slice(field_selector=selector, **self._options()),
-        )
-        if code != 200:
-            answer = _answer(code, body)
-            raise ApiUnavailableError(
-                "list resourceslices", f"HTTP {code} {answer.reason}: {answer.message}"
-            )
-        items: list[Body] = msgspec.json.decode(body).get("items") or []
-        return items
-
-    async def create_slice(self, body: Body) -> Answer:
-        return _answer(
-            *await self._send(
-                "create resourceslices",
-                lambda: self._resource.create_resource_slice(
-                    body, field_manager=FIELD_MANAGER, **self._options()
-                ),
-            )
-        )
-
-    async def replace_slice(self, name: str, body: Body) -> Answer:
-        return _answer(
-            *await self._send(
-                "update resourceslices",
-                lambda: self._resource.replace_resource_slice(
-                    name, body, field_manager=FIELD_MANAGER, **self._options()
-                ),
-            )
-        )
-
-    async def delete_slice(self, name: str) -> Answer:
-        return _answer(
-            *await self._send(
-                "delete resourceslices",
-                lambda: self._resource.delete_resource_slice(name, **self._options()),
             )
         )

@@ -36,16 +36,20 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 from services.binder.binding import PlacementBinder
 from services.binder.claims import ClaimMirror
 from services.binder.config import BinderConfig, default_identity
+from services.binder.draclaims import ClaimApi, DraClaims
+from services.binder.draslicing import SliceFollower
 from services.binder.events import EventRecorder
 from services.binder.extender import is_extender_pod
 from services.binder.fenced import FencedGateway
 from services.binder.gateway import ApiUnavailableError, ClusterGateway, NotLeaderError
 from services.binder.informer import Informer
+from services.binder.kube import KubeGateway
+from services.binder.kubedra import KubeDra
 from services.binder.leader import LeaderElector
 from services.binder.lookups import PodLookups
 from services.binder.metrics import BinderMetrics
@@ -53,9 +57,11 @@ from services.binder.objects import Node
 from services.binder.reconcile import reconcile
 from services.binder.reporting import Reporter
 from services.binder.restoring import StoreRestorer
+from services.binder.slicing import SliceApi, SlicePublisher
 from services.binder.sync import ClusterSync
 from shared import subjects
 from shared.clock import Clock
+from shared.dra.devices import MemoryPolicy
 from shared.kubeobjects import Pod
 from shared.messages.assignments import RecordView
 from shared.messages.placement import PlacementRejected
@@ -70,6 +76,10 @@ from shared.runtime.tasks import finish
 log = logging.getLogger(__name__)
 
 STOP_STEP_S: Final = 3.0
+
+
+class DraApi(SliceApi, ClaimApi, Protocol):
+    """The ``resource.k8s.io/v1`` calls of DRA mode (``kubedra.KubeDra``)."""
 
 
 class _LostLeadershipError(Exception):
@@ -89,6 +99,7 @@ class Binder:
         clock: Clock,
         metrics: BinderMetrics,
         readiness: Readiness,
+        dra: DraApi | None = None,
     ) -> None:
         self.config = config
         self.identity = config.identity or default_identity()
@@ -130,6 +141,19 @@ class Binder:
             pod_of=self.pod_of,
             fence=self._fence,
         )
+        self.dra = (
+            DraClaims(
+                gateway=gateway,
+                api=dra,
+                clock=clock,
+                metrics=metrics,
+                pod_of=self.pod_of,
+                want_pod=lambda uid: self.sync.pod_queue.add(uid),
+                fence=self._fence,
+            )
+            if dra is not None
+            else None
+        )
         self.sync = ClusterSync(
             config=config,
             gateway=gateway,
@@ -139,6 +163,7 @@ class Binder:
             reporter=self.reporter,
             records=self.records,
             fence=self._fence,
+            **({"with_claims": self.dra.pending} if self.dra is not None else {}),
         )
         self.pods: Informer[Pod] = self.sync.pods
         self.nodes: Informer[Node] = self.sync.nodes
@@ -158,6 +183,17 @@ class Binder:
             is_extender_pod=lambda pod: is_extender_pod(pod, config.extender_scheduler_names),
             fence=self._fence,
             is_leader=self.is_leader,
+            dra=self.dra,
+        )
+        self.slices = (
+            SliceFollower(
+                bus=bus,
+                clock=clock,
+                publisher=SlicePublisher(api=dra, policy=MemoryPolicy()),
+                node_of=self.nodes.get,
+            )
+            if dra is not None
+            else None
         )
         self.restorer = StoreRestorer(
             bus=bus,
@@ -205,6 +241,7 @@ class Binder:
                 ("nodes", self.nodes.synced),
                 ("namespaces", self.sync.namespaces.synced),
                 ("claims", self.claims.loaded),
+                ("resource claims", self.dra is None or self.dra.informer.synced),
                 ("assignment records", self.records.loaded),
             )
             if not done
@@ -248,6 +285,8 @@ class Binder:
                 group.create_task(self.sync.namespaces.run(), name="namespace-informer")
                 group.create_task(self.records.run(), name="records")
                 group.create_task(self.claims.run(), name="claims")
+                if self.dra is not None:
+                    group.create_task(self.dra.informer.run(), name="resourceclaim-informer")
                 group.create_task(self.lookups.answer(), name="extender-lookups")
                 if self.elector is not None:
                     group.create_task(self.elector.run(), name="leader-election")
@@ -324,6 +363,8 @@ class Binder:
                 group.create_task(self.sync.work_nodes(), name=f"nodes-{i}")
             group.create_task(self.sync.namespace_publisher.run(), name="namespaces")
             group.create_task(self.placements.run(), name="binds")
+            if self.slices is not None:
+                group.create_task(self.slices.run(), name="resourceslices")
             group.create_task(
                 consume_(
                     durable=subjects.DURABLE_BINDER_REJECTIONS,
@@ -350,7 +391,9 @@ async def run_binder(
     """The service body: build the binder around the context's bus and run it."""
     metrics = BinderMetrics.create(context.registry)
     gateway = connect(metrics)
+    dra = KubeDra(gateway) if config.dra and isinstance(gateway, KubeGateway) else None
     binder = Binder(
+        dra=dra,
         config=config,
         gateway=gateway,
         bus=context.bus,

@@ -120,7 +120,12 @@ class ClusterSync:
         reporter: Reporter,
         records: RecordMirror,
         fence: Callable[[str], None],
+        with_claims: Callable[[Pod, PodPending | InvalidPod], PodPending | InvalidPod] = (
+            lambda _, parsed: parsed
+        ),
     ) -> None:
+        self._with_claims = with_claims
+        """Adds a pod's DRA claims to what is published of it (``draclaims.DraClaims``)."""
         self._config = config
         self._bus = bus
         self._records = records
@@ -347,7 +352,7 @@ class ClusterSync:
         if gates:  # the API lets gates only be removed: it was never published as pending
             await self._reporter.gated(pod, gated_message(gates))
             return
-        parsed = parse_pending(pod, self.namespace_labels)
+        parsed = self._with_claims(pod, parse_pending(pod, self.namespace_labels))
         if isinstance(parsed, InvalidPod):
             if self._published_pending.pop(uid, None) is not None:
                 await self.publish_deleted(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
@@ -116,6 +116,26 @@ class DevicePluginSettings(NodeSettings, frozen=True, kw_only=True, forbid_unkno
         float,
         msgspec.Meta(gt=0, description="how often to check whether the kubelet restarted"),
     ] = 1.0
+    api: Annotated[
+        Literal["device-plugin", "dra"],
+        msgspec.Meta(
+            description="'dra': serve the kubelet's DRA plugin API (gpu.tessera.dev, "
+            "registered through --registry-dir; for a node labelled tessera.dev/gpu-api=dra) "
+            "instead of the device plugin API"
+        ),
+    ] = "device-plugin"
+    registry_dir: Annotated[
+        str, msgspec.Meta(description="dra: the kubelet's plugin registration directory")
+    ] = "/var/lib/kubelet/plugins_registry"
+    dra_plugin_dir: Annotated[
+        str,
+        msgspec.Meta(
+            description="dra: the kubelet's plugin directory (dra.sock goes in <it>/<driver>)"
+        ),
+    ] = "/var/lib/kubelet/plugins"
+    cdi_dir: Annotated[
+        str, msgspec.Meta(description="dra: where the CDI spec of each prepared claim is written")
+    ] = "/var/run/cdi"
 
 
 def parse_split_counts(entries: tuple[str, ...]) -> dict[str, int]:
@@ -170,6 +190,10 @@ def build_config(settings: DevicePluginSettings) -> PluginConfig:
         record_wait_s=settings.record_wait_s,
         nats_wait_s=settings.nats_wait_s,
         kubelet_poll_s=settings.kubelet_poll_s,
+        api=settings.api,
+        registry_dir=Path(settings.registry_dir),
+        dra_plugin_dir=Path(settings.dra_plugin_dir),
+        cdi_dir=Path(settings.cdi_dir),
     )
 
 

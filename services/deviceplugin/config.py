@@ -24,6 +24,11 @@ class PluginConfig:
     nats_wait_s: float = 15.0
     """How long one Allocate waits for a lost NATS connection to come back before refusing."""
     kubelet_poll_s: float = 1.0
+    api: str = "device-plugin"
+    """``dra``: serve the kubelet's DRA plugin API instead (docs/design.md §14)."""
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    dra_plugin_dir: Path = Path("/var/lib/kubelet/plugins")
+    cdi_dir: Path = Path("/var/run/cdi")
 
     @property
     def resource(self) -> str:

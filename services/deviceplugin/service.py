@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from services.deviceplugin import allocate, preferred
 from services.deviceplugin.allocate import ContainerGrant, Refusal
@@ -36,6 +36,8 @@ from services.deviceplugin.allocating import Allocator
 from services.deviceplugin.commits import CommitMirror
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.devices import Device
+from services.deviceplugin.draplugin import DraNodePlugin
+from services.deviceplugin.draserver import GrpcDraServer
 from services.deviceplugin.grants import GrantBook, GrantFile, state_file
 from services.deviceplugin.inventory import InventoryFollower
 from services.deviceplugin.kubelet import KubeletLink
@@ -49,8 +51,10 @@ from services.deviceplugin.server import (
 )
 from shared import codec, subjects
 from shared.clock import Clock
+from shared.dra.devices import DRIVER
 from shared.messages.assignments import RecordView
-from shared.messages.inventory import NodeInventory
+from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.ledger import Booking
 from shared.runtime.bus import Bus, Delivery
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
@@ -122,6 +126,19 @@ class DevicePluginService:
 
     async def _inventory_taken(self, inventory: NodeInventory) -> None:
         await self._records.revalidate(inventory)
+
+    # --- what the DRA side reads (``draplugin.NodeState``) ----------------------------------------
+
+    def record_views(self) -> list[RecordView]:
+        return self._records.mirror.views()
+
+    @property
+    def bookings(self) -> Mapping[str, Booking]:
+        return self._commits.bookings
+
+    @property
+    def gpus(self) -> Mapping[str, GpuTelemetry]:
+        return self._inventory.gpus
 
     # --- what the gRPC server asks -------------------------------------------------------------
 
@@ -254,6 +271,9 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
     # link first reports, and /readyz would say ready before the plugin socket is served.
     report(False, "not registered with the kubelet yet")
 
+    if config.api == "dra":
+        await _serve_dra(service, config, report)
+        return
     link = KubeletLink(
         plugin_dir=config.plugin_dir,
         endpoint=config.endpoint,
@@ -285,3 +305,28 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
             group.create_task(link.run(), name="kubelet")
     finally:
         await finish(service.write_grants())
+
+
+async def _serve_dra(
+    service: DevicePluginService, config: PluginConfig, report: Callable[[bool, str], None]
+) -> None:
+    """The DRA side (docs/design.md §14): ``DRAPlugin`` v1 on ``<plugin dir>/<driver>/dra.sock``,
+    registered through the kubelet's plugin registry; claims prepared from the records."""
+    server = GrpcDraServer(
+        DraNodePlugin(
+            node=config.node, state=service, cdi_dir=config.cdi_dir, options=config.response
+        ),
+        driver=DRIVER,
+        endpoint=config.dra_plugin_dir / DRIVER / "dra.sock",
+        registration_socket=config.registry_dir / f"{DRIVER}-reg.sock",
+        on_registration=report,
+    )
+    log.info("DRA node plugin starting", extra={"node": config.node, "cdi": str(config.cdi_dir)})
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(service.follow_records(), name="records")
+            group.create_task(service.follow_inventory(), name="inventory")
+            group.create_task(service.follow_commits(), name="commits")
+            await server.start()
+    finally:
+        await finish(server.stop())

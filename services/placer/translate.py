@@ -67,8 +67,10 @@ from services.placer.core.model import (
 )
 from shared import annotations as names
 from shared.commits import record_of
-from shared.dra.claims import ClaimPlan
+from shared.dra.claims import ClaimPlan, plan_claims
+from shared.dra.devices import DEFAULT_POLICY, DRA_API, NODE_API_LABEL
 from shared.messages.assignments import AssignmentRecord, settled
+from shared.messages.constraints import Constraints
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.nodes import NodeFacts
@@ -80,6 +82,7 @@ FOREIGN_STEP_MIB = 256
 UTILIZATION_STEP_PCT = 10
 GPU_RESOURCE = names.GPU
 GPU_MEMORY_RESOURCE = names.GPU_MEMORY
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 MEMORY_UNITS_ONLY = "memory-units mode (ask tessera.dev/gpu-memory to run there)"
 """Why a memory-units node cannot take a GPU container that asks no ``tessera.dev/gpu-memory``."""
@@ -102,6 +105,7 @@ def pod_request(pod: PodPending) -> PodRequest:
     tenancy applies the operator's file to both at every decision (``Tenancy.resolve``).
     """
     hints = pod.hints
+    claimed, constraints, selectors = _claims(pod)
     return PodRequest(
         uid=pod.uid,
         namespace=pod.namespace,
@@ -117,7 +121,8 @@ def pod_request(pod: PodPending) -> PodRequest:
                 memory_mib=c.memory_mib,
             )
             for c in pod.containers
-        ),
+        )
+        + claimed,
         gpu_models=hints.gpu_models,
         gpu_models_excluded=hints.gpu_models_excluded,
         gpu_type=hints.gpu_type,
@@ -128,7 +133,34 @@ def pod_request(pod: PodPending) -> PodRequest:
         tenant_label=hints.tenant,
         priority=pod.priority,
         labels=tuple(sorted(pod.labels.items())),
-        constraints=pod.constraints,
+        constraints=constraints,
+        gpu_selectors=selectors,
+    )
+
+
+def _claims(
+    pod: PodPending,
+) -> tuple[tuple[ContainerRequest, ...], Constraints | None, tuple[str, ...]]:
+    """The containers of the pod's ``gpu.tessera.dev`` claims' asks, and its constraints with
+    the nodes they may go to: DRA nodes (``tessera.dev/gpu-api=dra``), and the node of a claim
+    allocated already (one it shares). The binder refused the pod if its claims cannot be
+    honoured; the placer takes them as they come then, asking nothing it cannot read. The
+    selectors: every ask's (each GPU of the pod satisfies them all)."""
+    if not pod.claims:
+        return (), pod.constraints, ()
+    plan = plan_claims(pod.claims, policy=DEFAULT_POLICY)
+    if isinstance(plan, tuple) or not plan.claims:
+        return (), pod.constraints, ()
+    wanted = [(NODE_API_LABEL, DRA_API)]
+    if plan.node:
+        wanted.append((HOSTNAME_LABEL, plan.node))
+    constraints = pod.constraints or Constraints()
+    selector = tuple(sorted({*constraints.node_selector, *wanted}))
+    selectors = tuple(sorted({s for ask in plan.asks for s in ask.selectors}))
+    return (
+        claim_containers(plan),
+        msgspec.structs.replace(constraints, node_selector=selector),
+        selectors,
     )
 
 

@@ -36,6 +36,9 @@ DRIVER: Final = "gpu.tessera.dev"
 """The driver's name, and the DeviceClass Tessera's chart creates."""
 DEVICE_CLASS: Final = DRIVER
 DEVICE_PREFIX: Final = "gpu-"
+NODE_API_LABEL: Final = "tessera.dev/gpu-api"
+"""A node's label saying how its GPUs are offered: ``dra``, or (absent) the device plugin."""
+DRA_API: Final = "dra"
 
 STANDARD_DOMAIN: Final = "resource.kubernetes.io"
 UUID: Final = "uuid"
@@ -65,6 +68,10 @@ class MemoryPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
     step_mib: int = 1
     minimum_mib: int = 1
+
+
+DEFAULT_POLICY: Final = MemoryPolicy()
+"""1 MiB steps from 1 MiB: what a node without a memory unit of its own rounds to."""
 
 
 class Version(msgspec.Struct, frozen=True, kw_only=True):

@@ -83,6 +83,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     cluster.add_argument("--no-dashboard", action="store_true", help="do not start the dashboard")
     cluster.add_argument(
+        "--dra",
+        action="store_true",
+        help="every GPU node in DRA mode (as api=dra in --gpus): ResourceSlices, claims, the "
+        "DRA node plugin",
+    )
+    cluster.add_argument(
         "--no-webhook",
         action="store_true",
         help="do not start the admission webhook (pods created with kubectl are then not "
@@ -149,6 +155,8 @@ def nodes_and_pods(args: argparse.Namespace) -> tuple[list[specs.NodePlan], list
             nodes = specs.plan_nodes(args.gpus or specs.DEFAULT_GPUS, args.nodes)
         return nodes, workload.trace_pods(sample)
     nodes = specs.plan_nodes(args.gpus or specs.DEFAULT_GPUS, args.nodes)
+    if getattr(args, "dra", False):
+        nodes = [specs.in_dra_mode(n) for n in nodes]
     if args.workload is not None:
         return nodes, workload.from_file(args.workload)
     return nodes, workload.builtin(args.pods)

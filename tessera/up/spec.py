@@ -20,10 +20,11 @@ Errors are :class:`SpecError` with a message that names the entry and what is al
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from shared import annotations as names
+from shared.dra.devices import DRA_API, NODE_API_LABEL
 
 DEFAULT_NODES: Final = 5
 DEFAULT_GPUS: Final = "4xA100-80GB,4xH100-80GB,8xT4,4xL4,cpu"
@@ -67,6 +68,9 @@ class GpuGroup:
         return f"{self.count}x{self.model}-{self.memory_mib}MiB"
 
 
+APIS: Final = ("device-plugin", DRA_API)
+
+
 @dataclass(frozen=True)
 class NodePlan:
     """One simulated node: its GPUs and how its device plugin runs."""
@@ -78,6 +82,11 @@ class NodePlan:
     cpu: str = "64"
     memory: str = "512Gi"
     labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dra(self) -> bool:
+        """Its GPUs offered through DRA (``api=dra``): labelled so, its plugin serving DRA."""
+        return self.labels.get(NODE_API_LABEL) == DRA_API
 
     @property
     def gpu_count(self) -> int:
@@ -135,9 +144,10 @@ def _entry(text: str, name: str) -> NodePlan:
     values: dict[str, str] = {}
     for option in options:
         key, separator, value = option.partition("=")
-        if not separator or key not in ("mode", "isolation", "cpu", "memory"):
+        if not separator or key not in ("mode", "isolation", "cpu", "memory", "api"):
             raise SpecError(
-                f"--gpus entry {text!r}: option {option!r}; use mode=, isolation=, cpu=, memory="
+                f"--gpus entry {text!r}: option {option!r}; use mode=, isolation=, cpu=, "
+                "memory=, api="
             )
         values[key] = value
     mode = values.get("mode", "logical")
@@ -151,6 +161,9 @@ def _entry(text: str, name: str) -> NodePlan:
             raise SpecError(f"--gpus entry {text!r}: {key}={values[key]!r} is not a quantity")
     if not gpus and ("mode" in values or "isolation" in values):
         raise SpecError(f"--gpus entry {text!r}: mode and isolation need GPUs")
+    api = values.get("api", "device-plugin")
+    if api not in APIS:
+        raise SpecError(f"--gpus entry {text!r}: api {api!r}; use {' or '.join(APIS)}")
     return NodePlan(
         name=name,
         gpus=gpus,
@@ -158,6 +171,7 @@ def _entry(text: str, name: str) -> NodePlan:
         isolation=isolation,
         cpu=values.get("cpu", "64"),
         memory=values.get("memory", "512Gi"),
+        labels={NODE_API_LABEL: DRA_API} if api == DRA_API else {},
     )
 
 
@@ -210,3 +224,10 @@ def plan_nodes(gpus: str = DEFAULT_GPUS, nodes: int | None = None) -> list[NodeP
         )
         for i in range(count)
     ]
+
+
+def in_dra_mode(plan: NodePlan) -> NodePlan:
+    """``plan`` with its GPUs offered through DRA (``tessera up --dra``)."""
+    if not plan.gpus:
+        return plan
+    return replace(plan, labels={**plan.labels, NODE_API_LABEL: DRA_API})

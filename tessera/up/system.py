@@ -40,6 +40,7 @@ import aiohttp
 
 from services.inventory.fake import FakeReader, parse_fake_gpus
 from shared import codec, subjects
+from shared.dra.devices import DRIVER
 from shared.messages.nodes import NodeFacts
 from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import service_account
@@ -47,7 +48,13 @@ from tessera.devcluster.certs import ServingCertificate, make_serving_certificat
 from tessera.devcluster.cluster import SimulatedCluster
 from tessera.devcluster.kubelet import GpuCapacity, NodeSpec
 from tessera.devcluster.objects import ApiObjects
-from tessera.devcluster.resources import LEASE, MUTATING_WEBHOOKS, NODE, VALIDATING_WEBHOOKS
+from tessera.devcluster.resources import (
+    DEVICE_CLASS,
+    LEASE,
+    MUTATING_WEBHOOKS,
+    NODE,
+    VALIDATING_WEBHOOKS,
+)
 from tessera.up import report
 from tessera.up.identities import Identities, Identity
 from tessera.up.processes import Child, StartError, Supervisor, python_command
@@ -95,6 +102,15 @@ def permission_violations(log: str) -> list[str]:
     return [
         line for line in log.splitlines() if " Violation - " in line and not _ROUTE.search(line)
     ]
+
+
+DRA_DEVICE_CLASS: Final = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRIVER},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+}
+"""The DeviceClass as the chart creates it (``deploy/helm/tessera/templates/dra.yaml``)."""
 
 
 def register_webhook(api: ApiObjects, url: str, *, ca_pem: bytes) -> None:
@@ -286,6 +302,8 @@ class LocalSystem:
         else:
             for plan in self.gpu_nodes:
                 self.start_node_services(plan)
+        if any(plan.dra for plan in self.plans.values()):
+            self.cluster.api.create(DEVICE_CLASS, DRA_DEVICE_CLASS)
         for name in self.binder_names():
             self._start_binder(name)
         for name in self.placer_names():
@@ -488,11 +506,25 @@ class LocalSystem:
                 plan.mode,
                 "--isolation",
                 plan.isolation,
+                *(self._dra_plugin_args(plan.name) if plan.dra else ()),
                 *self._common(),
                 *self._login_as("deviceplugin", plan.name),
                 *self.options.plugin_args,
             ],
         }
+
+    def _dra_plugin_args(self, node: str) -> list[str]:
+        kubelet = self.cluster.kubelets[node]
+        return [
+            "--api",
+            "dra",
+            "--registry-dir",
+            str(kubelet.registry_dir),
+            "--dra-plugin-dir",
+            str(kubelet.plugin_dir / "plugins"),
+            "--cdi-dir",
+            str(kubelet.cdi_dir),
+        ]
 
     def start_node_services(self, plan: NodePlan) -> None:
         """The inventory and device plugin of one GPU node, each its own process."""
@@ -568,6 +600,7 @@ class LocalSystem:
                 "--leader-elect",
                 "--identity",
                 name,
+                *(["--dra"] if any(p.dra for p in self.plans.values()) else []),
                 *self._common(),
                 *self.options.binder_args,
             ),
@@ -609,9 +642,14 @@ class LocalSystem:
                     )
                 await asyncio.sleep(0.2)
         await self.cluster.wait_registered(
-            {plan.name: plan.resource for plan in self.gpu_nodes},
+            {plan.name: plan.resource for plan in self.gpu_nodes if not plan.dra},
             timeout=max(1.0, deadline - time.monotonic()),
         )
+        for plan in self.gpu_nodes:
+            if plan.dra:
+                await self.cluster.kubelets[plan.name].dra.wait_registered(
+                    DRIVER, timeout=max(1.0, deadline - time.monotonic())
+                )
         await self.wait_node_facts(max(1.0, deadline - time.monotonic()))
 
     async def _not_ready(self, http: aiohttp.ClientSession, name: str) -> str | None:

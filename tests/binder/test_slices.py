@@ -22,6 +22,7 @@ from services.binder.draslices import (
     slice_name,
 )
 from services.binder.kube import KubeGateway, RetryPolicy, load_configuration, new_configuration
+from services.binder.kubedra import KubeDra
 from services.binder.metrics import BinderMetrics
 from services.binder.slicing import SlicePublisher
 from shared.clock import SystemClock
@@ -50,7 +51,7 @@ def inventory(
 
 
 @contextlib.asynccontextmanager
-async def publisher(kubeconfig: Path) -> AsyncIterator[tuple[SlicePublisher, KubeGateway]]:
+async def publisher(kubeconfig: Path) -> AsyncIterator[tuple[SlicePublisher, KubeDra]]:
     configuration = new_configuration()
     await load_configuration(configuration, kubeconfig=str(kubeconfig), environ={})
     gateway = KubeGateway.create(
@@ -61,12 +62,13 @@ async def publisher(kubeconfig: Path) -> AsyncIterator[tuple[SlicePublisher, Kub
         retry=RetryPolicy(attempts=2, initial_s=0.02, max_s=0.1),
     )
     try:
-        yield SlicePublisher(api=gateway, policy=POLICY), gateway
+        dra = KubeDra(gateway)
+        yield SlicePublisher(api=dra, policy=POLICY), dra
     finally:
         await gateway.close()
 
 
-async def stored(gateway: KubeGateway) -> list[dict[str, Any]]:
+async def stored(gateway: KubeDra) -> list[dict[str, Any]]:
     slices = await gateway.list_slices(node=NODE, driver=DRIVER)
     return sorted(slices, key=lambda s: str(s["metadata"]["name"]))
 

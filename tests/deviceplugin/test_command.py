@@ -118,6 +118,11 @@ def test_configuration_errors_are_one_line_and_exit_2(args: list[str], message: 
             {"compat": frozenset({"aliyun"}), "isolation": "mps"},
             id="response",
         ),
+        pytest.param(
+            {"api": "dra", "registry_dir": "/r", "dra_plugin_dir": "/p", "cdi_dir": "/c"},
+            {"api": "dra", "dirs": ("/r", "/p", "/c")},
+            id="dra",
+        ),
     ],
 )
 def test_build_config(fields: dict[str, Any], expected: dict[str, Any]) -> None:
@@ -128,6 +133,8 @@ def test_build_config(fields: dict[str, Any], expected: dict[str, Any]) -> None:
         "split_counts": dict(config.devices.split_counts),
         "compat": config.response.compat,
         "isolation": config.response.isolation,
+        "api": config.api,
+        "dirs": tuple(str(d) for d in (config.registry_dir, config.dra_plugin_dir, config.cdi_dir)),
     }
     assert {key: derived[key] for key in expected} == expected
 

@@ -10,7 +10,13 @@ import pytest
 
 from tessera.up import report
 from tessera.up.command import configure, nodes_and_pods
-from tessera.up.spec import POOL_MIN_NODES, SpecError, default_pools, plan_nodes
+from tessera.up.spec import (
+    POOL_MIN_NODES,
+    SpecError,
+    default_pools,
+    in_dra_mode,
+    plan_nodes,
+)
 from tessera.up.system import permission_violations
 from tessera.up.workload import WorkloadError, trace_sample
 
@@ -52,6 +58,13 @@ def test_node_options() -> None:
     assert plan.resource == "tessera.dev/gpu-memory"
 
 
+def test_a_node_in_dra_mode_is_labelled_so() -> None:
+    dra, plugin, cpu = plan_nodes("a=8xA100-80GB:api=dra,b=4xT4,c=cpu")
+    assert dra.dra and dra.labels == {"tessera.dev/gpu-api": "dra"}
+    assert not plugin.dra
+    assert [p.dra for p in map(in_dra_mode, (plugin, cpu))] == [True, False]
+
+
 @pytest.mark.parametrize(
     ("gpus", "nodes", "message"),
     [
@@ -63,6 +76,7 @@ def test_node_options() -> None:
         pytest.param("4xT4:mode=fast", None, "mode 'fast'", id="bad-mode"),
         pytest.param("cpu:isolation=mps", None, "need GPUs", id="cpu-isolation"),
         pytest.param("A=4xT4", None, "DNS label", id="bad-name"),
+        pytest.param("4xT4:api=csi", None, "api 'csi'", id="bad-api"),
     ],
 )
 def test_bad_node_entries_say_what_is_wrong(gpus: str, nodes: int | None, message: str) -> None:

@@ -12,12 +12,15 @@ thousandths of the whole GPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Literal, Protocol
 
 import msgspec
 
 from shared.capacity import model_matches
+from shared.dra import cel
+from shared.dra.devices import MODEL, DeviceDescription, device_name, qualified
 from shared.messages.constraints import Constraints, Labels, PodAffinity, Taint
 
 GPU_MILLI = 1000
@@ -157,6 +160,15 @@ class ContainerRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     memory_mib: int = 0
 
 
+@functools.lru_cache(maxsize=4096)
+def selects_model(selectors: tuple[str, ...], model: str) -> bool:
+    """Whether a GPU of ``model`` satisfies every CEL selector (only its model is known here)."""
+    device = DeviceDescription(
+        name=device_name(0), attributes={qualified(MODEL): model}, capacity={}
+    )
+    return cel.select(selectors, device) is True
+
+
 class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """What the core needs to know about a pod to place it."""
 
@@ -182,11 +194,17 @@ class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     own-pod match read."""
     constraints: Constraints | None = None
     """``nodeSelector``, affinity, tolerations, topology spread; None: none stated."""
+    gpu_selectors: tuple[str, ...] = ()
+    """CEL selectors of the pod's DRA claims (docs/design.md §14): each GPU must satisfy them
+    all, judged on its ``model`` attribute (the one a GPU filter reads; a selector on another
+    attribute admits no GPU)."""
 
     def allows_model(self, model: str) -> bool:
         """Whether a GPU of ``model`` may hold this pod (``tessera.dev/gpu-model`` and
-        ``-exclude``; see :func:`model_matches`)."""
+        ``-exclude``; see :func:`model_matches`; and the claims' selectors)."""
         if self.gpu_models and not any(model_matches(model, w) for w in self.gpu_models):
+            return False
+        if self.gpu_selectors and not selects_model(self.gpu_selectors, model):
             return False
         return not any(model_matches(model, w) for w in self.gpu_models_excluded)
 
