@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry
 
+from services.placer.indexes import UNREADABLE
 from services.placer.metrics import PlacerMetrics
-from services.placer.state import UNREADABLE, ClusterView
+from services.placer.state import ClusterView
 from services.placer.store import Store
 from shared import codec, subjects
 from shared.commits import record_of
