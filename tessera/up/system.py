@@ -53,6 +53,7 @@ from tessera.devcluster.resources import (
     LEASE,
     MUTATING_WEBHOOKS,
     NODE,
+    RESOURCE_CLAIM,
     VALIDATING_WEBHOOKS,
 )
 from tessera.up import report
@@ -746,7 +747,9 @@ class LocalSystem:
                     uid=record.uid,
                     node=kubelet.name,
                     containers=tuple(
-                        report.ContainerSeen(container=c.container, envs=c.envs)
+                        report.ContainerSeen(
+                            container=c.container, envs=c.envs, resource=c.resource
+                        )
                         for c in record.containers
                     ),
                     allocated_at=record.allocated_at,
@@ -758,7 +761,7 @@ class LocalSystem:
 
     def gpus(self) -> list[report.GpuSeen]:
         return [
-            report.GpuSeen(uuid=gpu.uuid, node=node, memory_mib=gpu.memory_mib)
+            report.GpuSeen(uuid=gpu.uuid, node=node, memory_mib=gpu.memory_mib, index=gpu.index)
             for node, gpus in self.capacities.items()
             for gpu in gpus
         ]
@@ -774,6 +777,7 @@ class LocalSystem:
                 report.Observed(node=o.node, gpu=o.gpu, memory_mib=o.memory_mib, cores=o.cores)
                 for o in self.cluster.overcommits()
             ],
+            claims=self.cluster.api.objects(RESOURCE_CLAIM),
         )
         summary.wall_s = time.time() - self.started_at
         return summary
