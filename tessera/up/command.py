@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from shared.dra.claims import NOT_CREATED
 from shared.runtime.command import Command
 from shared.runtime.tasks import cancel_and_wait, finish
 from tessera.devcluster.resources import RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE, ApiError
-from tessera.up import dramix, workload
+from tessera.up import dramix, drareport, workload
 from tessera.up import spec as specs
 from tessera.up.processes import StartError
 from tessera.up.report import STAGES, Summary
@@ -212,7 +213,8 @@ class Progress:
 
 
 def pod_state(pod: dict[str, Any]) -> tuple[str, bool]:
-    """(pending | bound | running | failed, settled)."""
+    """(pending | bound | running | failed, settled): a Pending pod is settled once it is
+    explained, and not by a claim yet to be made."""
     status = pod.get("status") or {}
     phase = status.get("phase")
     if phase == "Running":
@@ -221,11 +223,14 @@ def pod_state(pod: dict[str, Any]) -> tuple[str, bool]:
         return "failed", True
     if (pod.get("spec") or {}).get("nodeName"):
         return "bound", False
-    explained = any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message")
+    messages = [
+        str(c["message"])
         for c in status.get("conditions") or []
-    )
-    return "pending", explained
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message")
+    ]
+    # Waiting for the claim controller, or for the binder to read the claims it made.
+    waiting = not drareport.claims_created(pod) or any(NOT_CREATED in m for m in messages)
+    return "pending", bool(messages) and not waiting
 
 
 async def wait_settled(

@@ -74,6 +74,16 @@ def pod_claim_name(pod: Obj, name: str) -> str:
     return ""
 
 
+def claims_created(pod: Obj) -> bool:
+    """Whether every claim the pod asks of a template has been made (its name is in the pod's
+    status): until then a pod is waiting for the claim controller, not for Tessera."""
+    made = {e.get("name") for e in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    return all(
+        entry.get("resourceClaimName") or entry.get("name") in made
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or []
+    )
+
+
 def uses_claims(container: Obj) -> bool:
     return bool((container.get("resources") or {}).get("claims"))
 

@@ -190,6 +190,9 @@ class SystemOptions:
     binder_args: Sequence[str] = ()
     plugin_args: Sequence[str] = ()
     inventory_args: Sequence[str] = ()
+    fake_specs: dict[str, Path] = field(default_factory=dict)
+    """Node -> a ``--fake-spec`` file its inventory reads instead of ``--fake-gpus`` (scripted
+    health events); it must describe the node's GPUs as its plan does."""
     log_level: str = "info"
     ready_timeout_s: float = 120.0
     env: dict[str, str] = field(default_factory=dict)
@@ -491,8 +494,11 @@ class LocalSystem:
                 plan.name,
                 "--backend",
                 "fake",
-                "--fake-gpus",
-                plan.fake_gpus,
+                *(
+                    ("--fake-spec", str(self.options.fake_specs[plan.name]))
+                    if plan.name in self.options.fake_specs
+                    else ("--fake-gpus", plan.fake_gpus)
+                ),
                 *self._common(),
                 *self._login_as("inventory", plan.name),
                 *self.options.inventory_args,
