@@ -144,11 +144,24 @@ def builtin_dra(count: int = 40) -> list[Obj]:
     return [TEMPLATES[name] for name in TEMPLATES if name in used] + pods
 
 
-def slice_burst(count: int, *, memory: str = "8Gi", compute: str = "25") -> list[Obj]:
-    """``count`` identical slice pods, each with its own claim from one template (the burst
-    benchmark's DRA side)."""
-    shape = template("burst-slice", memory=memory, compute=compute)
+def slice_burst(
+    count: int,
+    *,
+    gpu_memory: str = "8Gi",
+    compute: str = "25",
+    cpu: str = "500m",
+    memory: str = "1Gi",
+    prefix: str = "burst",
+) -> list[Obj]:
+    """A template of one slice, then ``count`` identical pods, each with its own claim from it
+    (the burst benchmark's DRA side)."""
+    shape = template(f"{prefix}-slice", memory=gpu_memory, compute=compute)
     pods = [
-        claim_pod(f"burst-{i:04d}", [claimed("main")], {"gpu": "burst-slice"}) for i in range(count)
+        claim_pod(
+            f"{prefix}-{i}",
+            [claimed("main", cpu=cpu, memory=memory)],
+            {"gpu": f"{prefix}-slice"},
+        )
+        for i in range(count)
     ]
     return [shape, *pods]

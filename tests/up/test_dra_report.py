@@ -168,7 +168,7 @@ def test_an_env_that_is_not_the_claim_s_allocation_is_mismatched() -> None:
 
 
 def test_a_burst_is_one_template_and_a_claim_per_pod() -> None:
-    objects = dramix.slice_burst(3)
+    objects = dramix.slice_burst(3, gpu_memory="8Gi", compute="25")
     assert [o["kind"] for o in objects] == ["ResourceClaimTemplate"] + ["Pod"] * 3
     requests = objects[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
     assert requests == {"requests": {"memory": "8Gi", "compute": "25"}}
