@@ -22,10 +22,9 @@ from shared.dra.devices import DRIVER
 from tessera.devcluster.resources import (
     POD,
     RESOURCE_CLAIM,
-    RESOURCE_CLAIM_TEMPLATE,
     RESOURCE_SLICE,
 )
-from tessera.up import dramix, drareport
+from tessera.up import command, dramix, drareport
 from tessera.up import workload as w
 from tessera.up.spec import plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
@@ -94,15 +93,10 @@ async def dra(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSy
 
 
 def submit(system: LocalSystem, namespace: str, objects: Sequence[Obj]) -> None:
-    """Templates and claims, then pods, into ``namespace`` (as ``tessera up`` submits them)."""
-    for obj in sorted(objects, key=lambda o: o["kind"] == "Pod"):
-        obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
-        if obj["kind"] == "Pod":
-            system.cluster.create_pod(obj)
-        elif obj["kind"] == "ResourceClaim":
-            system.cluster.api.create(RESOURCE_CLAIM, obj)
-        else:
-            system.cluster.api.create(RESOURCE_CLAIM_TEMPLATE, obj)
+    """Into ``namespace``, as ``tessera up`` submits a workload (templates, claims, pods)."""
+    said: list[str] = []
+    placed = [{**obj, "metadata": {**obj["metadata"], "namespace": namespace}} for obj in objects]
+    assert command.submit(system, placed, say=said.append) == 0, said
 
 
 def claim_of(system: LocalSystem, pod: Obj, name: str = "gpu") -> Obj:
@@ -231,6 +225,11 @@ async def test_a_cel_model_selector_and_a_claim_over_quota(dra: LocalSystem) -> 
     waiting = next(p for p in quota if phase(p) == "Pending")
     assert "quota" in pending_message(waiting).lower(), pending_message(waiting)
     assert "allocation" not in claim_of(dra, waiting).get("status", {})
+    claims = [
+        c for ns in ("dra-models", "dra-quota") for c in dra.cluster.api.objects(RESOURCE_CLAIM, ns)
+    ]
+    counted = drareport.claim_counts(claims)
+    assert counted == {"total": 4, "allocated": 2, "reserved": 2, "pending": 2}
     check(dra, [models["on-h100"], *quota])
     for ns in ("dra-models", "dra-quota"):
         await clear(dra, ns)
