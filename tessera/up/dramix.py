@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from shared.dra.devices import DEVICE_CLASS, DRIVER
-from tessera.up.workload import MIX, NAMESPACE, container, pod
+from tessera.up.workload import NAMESPACE, container, dealt, pod
 
 Obj = dict[str, Any]
 A100: Final = f'device.attributes["{DRIVER}"].model.startsWith("A100")'
@@ -129,13 +129,7 @@ def _entry(kind: str, n: int) -> Obj:
 
 def builtin_dra(count: int = 40) -> list[Obj]:
     """The templates, then ``count`` pods of the mix (the last one no GPU can hold)."""
-    pods = []
-    seen: dict[str, int] = {}
-    for i in range(max(0, count - 1)):
-        kind = MIX[i % len(MIX)]
-        seen[kind] = seen.get(kind, 0) + 1
-        pods.append(_entry(kind, seen[kind]))
-    pods.append(_entry("too-big", 1))
+    pods = dealt(count, _entry)
     used = {
         entry["resourceClaimTemplateName"]
         for made in pods

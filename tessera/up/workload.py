@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -159,16 +160,22 @@ MIX: Final = (
 )
 
 
-def builtin(count: int = 40) -> list[Obj]:
-    """``count`` pods of the built-in mix, plus one pod no GPU can hold."""
+def dealt(count: int, entry: Callable[[str, int], Obj]) -> list[Obj]:
+    """``count`` pods of the mix, each made by ``entry(kind, n)`` (the ``n``-th of its kind),
+    the last one no GPU can hold."""
     pods = []
     seen: dict[str, int] = {}
     for i in range(max(0, count - 1)):
         kind = MIX[i % len(MIX)]
         seen[kind] = seen.get(kind, 0) + 1
-        pods.append(_mix_entry(kind, seen[kind]))
-    pods.append(_mix_entry("too-big", 1))
+        pods.append(entry(kind, seen[kind]))
+    pods.append(entry("too-big", 1))
     return pods
+
+
+def builtin(count: int = 40) -> list[Obj]:
+    """``count`` pods of the built-in mix, plus one pod no GPU can hold."""
+    return dealt(count, _mix_entry)
 
 
 KINDS: Final = ("ResourceClaimTemplate", "ResourceClaim", "Pod")
