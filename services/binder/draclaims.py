@@ -11,10 +11,10 @@ the informer holds it: the ``resource.kubernetes.io/delete-protection`` finalize
 ``status.allocation`` (``draalloc.results``) with the pod in ``reservedFor``, in one write of the
 status, each write conditional on the resourceVersion it starts from (the finalizer's answer is
 the next one's; a claim written meanwhile, or an informer behind, is a 409, and the claim is read
-fresh from the API). A claim already
-allocated (shared) gets the pod added to ``reservedFor`` when it is on the booking's node, and
-fails the bind when it is not. Deallocation is kube-controller-manager's: once no pod is left in
-``reservedFor`` it clears the allocation and removes the finalizer.
+fresh from the API). A claim already allocated (shared) gets the pod added to ``reservedFor``
+when it is on the booking's node, and fails the bind when it is not. Deallocation is
+kube-controller-manager's: once no pod is left in ``reservedFor`` it clears the allocation and
+removes the finalizer.
 """
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ Everything here is counted independently of the placer's books:
   shares of that container in the pod's ``tessera.dev/assignment`` (``NVIDIA_VISIBLE_DEVICES``,
   ``TESSERA_GPU_MEMORY_LIMIT_MIB``, ``TESSERA_GPU_CORES``, and the isolation variables when
   present); a container with no decided slice must have no GPU at all; a pod asking for Tessera
-  devices without an assignment counts each such container.
+  devices without an assignment counts each such container. A container that lists DRA claims
+  is held to its claims' ``status.allocation`` instead (``drareport``).
 - **over-committed GPUs**: GPUs on which the running containers' recorded slices ever held more
   memory than the GPU has, or more than 100 % of its SMs (from the kubelets' observations at
-  every allocation, plus the final state), against the real capacities of the fake GPUs.
+  every allocation, plus the final state), against the real capacities of the fake GPUs; a DRA
+  claim several containers or pods share is held once.
 
 Latency per stage, per pod: created (when ``tessera up`` created it, else ``creationTimestamp``)
 -> decided (``decided_at`` of the assignment) -> bound (``tessera.dev/bind-time``) -> allocated
