@@ -8,7 +8,7 @@
 - ``--workload FILE``: manifests, YAML (several documents) or JSON (an object, a list, or a
   ``v1/List``): pods (``schedulerName`` defaults to ``tessera``), and the ResourceClaims and
   ResourceClaimTemplates they name (created first, :func:`in_create_order`).
-- DRA (``tessera up --dra``, :func:`builtin_dra`): the built-in mix asking through claims, one
+- DRA (``tessera up --dra``, ``dramix.builtin_dra``): the built-in mix asking through claims, one
   ResourceClaimTemplate of class ``gpu.tessera.dev`` per shape.
 - ``--trace FILE``: ``count`` tasks sampled (seeded) from an Alibaba ``openb_pod_list_*.csv``:
   CPU and memory as given, whole GPUs as ``tessera.dev/gpu``, a GPU share as one
