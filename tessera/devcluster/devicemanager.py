@@ -247,7 +247,8 @@ class DeviceManager:
     async def _follow(self, plugin: _Plugin) -> None:
         """Follow ``ListAndWatch`` until the stream ends; then the devices are unhealthy."""
         try:
-            await asyncio.wait_for(plugin.channel.channel_ready(), timeout=DIAL_TIMEOUT_S)
+            async with asyncio.timeout(DIAL_TIMEOUT_S):
+                await plugin.channel.channel_ready()
         except TimeoutError:
             log.warning(
                 "cannot connect to the device plugin",
