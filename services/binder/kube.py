@@ -34,7 +34,12 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config
 
-from services.binder.draobjects import ClaimList, ResourceClaim
+from services.binder.draobjects import (
+    ClaimList,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    TemplateList,
+)
 from services.binder.gateway import (
     Answer,
     ApiUnavailableError,
@@ -295,6 +300,12 @@ class KubeGateway:
                 "resourceclaims",
                 self._resource.list_resource_claim_for_all_namespaces,
                 ClaimList,
+            )
+        if kind is ResourceClaimTemplate:
+            return (
+                "resourceclaimtemplates",
+                self._resource.list_resource_claim_template_for_all_namespaces,
+                TemplateList,
             )
         raise TypeError(f"cannot list {kind.__name__}")
 

@@ -42,6 +42,7 @@ from services.binder.binding import PlacementBinder
 from services.binder.claims import ClaimMirror
 from services.binder.config import BinderConfig, default_identity
 from services.binder.draclaims import ClaimApi, DraClaims
+from services.binder.draindex import ClaimClassIndex
 from services.binder.draslicing import SliceFollower
 from services.binder.events import EventRecorder
 from services.binder.extender import is_extender_pod
@@ -141,6 +142,18 @@ class Binder:
             pod_of=self.pod_of,
             fence=self._fence,
         )
+        self.claim_classes = (
+            ClaimClassIndex(
+                bus=bus,
+                gateway=gateway,
+                clock=clock,
+                metrics=metrics,
+                fence=self._fence,
+                claims_synced=lambda: self.dra is not None and self.dra.informer.synced,
+            )
+            if dra is not None
+            else None
+        )
         self.dra = (
             DraClaims(
                 gateway=gateway,
@@ -150,6 +163,7 @@ class Binder:
                 pod_of=self.pod_of,
                 want_pod=lambda uid: self.sync.pod_queue.add(uid),
                 fence=self._fence,
+                listeners=(self.claim_classes.claim_changed,) if self.claim_classes else (),
             )
             if dra is not None
             else None
@@ -242,6 +256,10 @@ class Binder:
                 ("namespaces", self.sync.namespaces.synced),
                 ("claims", self.claims.loaded),
                 ("resource claims", self.dra is None or self.dra.informer.synced),
+                (
+                    "resource claim templates",
+                    self.claim_classes is None or self.claim_classes.templates.synced,
+                ),
                 ("assignment records", self.records.loaded),
             )
             if not done
@@ -287,6 +305,10 @@ class Binder:
                 group.create_task(self.claims.run(), name="claims")
                 if self.dra is not None:
                     group.create_task(self.dra.informer.run(), name="resourceclaim-informer")
+                if self.claim_classes is not None:
+                    group.create_task(
+                        self.claim_classes.templates.run(), name="resourceclaimtemplate-informer"
+                    )
                 group.create_task(self.lookups.answer(), name="extender-lookups")
                 if self.elector is not None:
                     group.create_task(self.elector.run(), name="leader-election")
@@ -365,6 +387,9 @@ class Binder:
             group.create_task(self.placements.run(), name="binds")
             if self.slices is not None:
                 group.create_task(self.slices.run(), name="resourceslices")
+            if self.claim_classes is not None:
+                self.claim_classes.resync()
+                group.create_task(self.claim_classes.run(), name="claim-classes")
             group.create_task(
                 consume_(
                     durable=subjects.DURABLE_BINDER_REJECTIONS,
