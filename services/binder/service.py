@@ -42,6 +42,7 @@ from services.binder.binding import PlacementBinder
 from services.binder.claims import ClaimMirror
 from services.binder.config import BinderConfig, default_identity
 from services.binder.draclaims import ClaimApi, DraClaims
+from services.binder.draforeign import ForeignClaims
 from services.binder.draindex import ClaimClassIndex
 from services.binder.draslicing import SliceFollower
 from services.binder.events import EventRecorder
@@ -65,7 +66,10 @@ from shared.clock import Clock
 from shared.dra.devices import MemoryPolicy
 from shared.kubeobjects import Pod
 from shared.messages.assignments import RecordView
+from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementRejected
+from shared.messages.pods import PodPending
+from shared.podspec import InvalidPod
 from shared.runtime.bus import Bus
 from shared.runtime.consumer import EXPECTED, consume
 from shared.runtime.edge import Edge
@@ -81,6 +85,14 @@ STOP_STEP_S: Final = 3.0
 
 class DraApi(SliceApi, ClaimApi, Protocol):
     """The ``resource.k8s.io/v1`` calls of DRA mode (``kubedra.KubeDra``)."""
+
+
+def _as_parsed(_: Pod, parsed: PodPending | InvalidPod) -> PodPending | InvalidPod:
+    return parsed  # no DRA: a pod's claims are not read
+
+
+def _as_made(facts: NodeFacts) -> NodeFacts:
+    return facts  # no DRA: no claim holds a GPU
 
 
 class _LostLeadershipError(Exception):
@@ -154,6 +166,14 @@ class Binder:
             if dra is not None
             else None
         )
+        self.foreign = (
+            ForeignClaims(
+                is_tessera_pod=self._is_tessera_pod,
+                want_node=lambda node: self.sync.node_queue.add(node),
+            )
+            if dra is not None
+            else None
+        )
         self.dra = (
             DraClaims(
                 gateway=gateway,
@@ -163,7 +183,9 @@ class Binder:
                 pod_of=self.pod_of,
                 want_pod=lambda uid: self.sync.pod_queue.add(uid),
                 fence=self._fence,
-                listeners=(self.claim_classes.claim_changed,) if self.claim_classes else (),
+                listeners=(self.claim_classes.claim_changed, self.foreign.claim_changed)
+                if self.claim_classes and self.foreign
+                else (),
             )
             if dra is not None
             else None
@@ -177,7 +199,8 @@ class Binder:
             reporter=self.reporter,
             records=self.records,
             fence=self._fence,
-            **({"with_claims": self.dra.pending} if self.dra is not None else {}),
+            with_claims=self.dra.pending if self.dra is not None else _as_parsed,
+            with_node_claims=self.foreign.facts_with if self.foreign is not None else _as_made,
         )
         self.pods: Informer[Pod] = self.sync.pods
         self.nodes: Informer[Node] = self.sync.nodes
@@ -281,6 +304,10 @@ class Binder:
 
     def pod_of(self, uid: str) -> Pod | None:
         return self.sync.pod_of(uid)
+
+    def _is_tessera_pod(self, uid: str) -> bool:
+        pod = self.sync.pod_of(uid)
+        return pod is not None and self.sync.is_ours(pod)
 
     # --- run ---------------------------------------------------------------------------------
 

@@ -123,8 +123,11 @@ class ClusterSync:
         with_claims: Callable[[Pod, PodPending | InvalidPod], PodPending | InvalidPod] = (
             lambda _, parsed: parsed
         ),
+        with_node_claims: Callable[[NodeFacts], NodeFacts] = lambda facts: facts,
     ) -> None:
         self._with_claims = with_claims
+        self._with_node_claims = with_node_claims
+        """Adds what other allocators' claims hold on a node (``draforeign.ForeignClaims``)."""
         """Adds a pod's DRA claims to what is published of it (``draclaims.DraClaims``)."""
         self._config = config
         self._bus = bus
@@ -550,8 +553,10 @@ class ClusterSync:
                         return
             await self._publish_facts(gone_facts(name, now=self._clock.now()))
             return
-        facts = node_facts(
-            node, self.requested_on(name), pods=self._neighbours.on(name), now=self._clock.now()
+        facts = self._with_node_claims(
+            node_facts(
+                node, self.requested_on(name), pods=self._neighbours.on(name), now=self._clock.now()
+            )
         )
         published = self._published_facts.get(name)
         if same_facts(published, facts):

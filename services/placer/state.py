@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
-from services.placer import handoffs, translate
+from services.placer import handoffs, keptout, translate
 from services.placer.capacity import Capacities, gives_room, signature_of
 from services.placer.charges import TenantEntries
 from services.placer.core.facts import PodFacts, ShareAsk
@@ -92,6 +92,8 @@ class ClusterView:
         self.index = ClusterIndex(())
         self.memory_unit_nodes: set[str] = set()
         """Nodes whose device plugin runs in memory-units mode (``translate.memory_units_only``)."""
+        self.dra_nodes: set[str] = set()
+        """Nodes offering their GPUs through DRA (``keptout.offers_dra``)."""
         self.loaded = False
         self.freed = 0
         self.grown = 0
@@ -282,10 +284,11 @@ class ClusterView:
             self._rebuild(node)
 
     def _note_mode(self, node: str, facts: NodeFacts | None) -> None:
-        if translate.memory_units_only(facts):
-            self.memory_unit_nodes.add(node)
-        else:
-            self.memory_unit_nodes.discard(node)
+        for nodes, kept in (
+            (self.memory_unit_nodes, translate.memory_units_only(facts)),
+            (self.dra_nodes, keptout.offers_dra(facts)),
+        ):
+            (nodes.add if kept else nodes.discard)(node)
 
     def set_booking(self, node: str, pod_uid: str, booking: Booking | None, revision: int) -> bool:
         """Take pod ``pod_uid``'s booking key on ``node`` at ``revision`` (None: deleted);

@@ -1,0 +1,125 @@
+"""Claims allocated by another allocator: the binder reads the Tessera GPUs they hold and hands
+them to the placer in the node's facts (``NodeFacts.claimed``). Pure rules first, then the binder
+against the API double and a real nats-server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from services.binder.draforeign import ForeignClaims, claimed_gpu
+from services.binder.draobjects import ResourceClaim, Result
+from shared import codec, subjects
+from shared.messages.nodes import ClaimedGpu, NodeFacts
+from shared.runtime.nats import NatsBus
+from tessera.devcluster.apiserver import ApiServer
+from tessera.devcluster.resources import NODE, RESOURCE_CLAIM
+from tests.binder.builders import node
+from tests.binder.conftest import BinderFactory
+from tests.harness.wait import eventually
+
+MERGE = "application/merge-patch+json"
+
+
+def allocation(node_name: str, *results: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "devices": {"results": list(results)},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+            ]
+        },
+    }
+
+
+def result(device: str, **consumed: str) -> dict[str, Any]:
+    found = {"request": "gpu", "driver": "gpu.tessera.dev", "pool": "dra-1", "device": device}
+    return found | ({"consumedCapacity": consumed} if consumed else {})
+
+
+def claim(name: str, *, status: dict[str, Any] | None = None) -> ResourceClaim:
+    return msgspec.convert(
+        {"metadata": {"name": name, "namespace": "ml"}, "status": status or {}}, ResourceClaim
+    )
+
+
+def test_a_result_is_the_share_it_consumes_or_the_whole_gpu() -> None:
+    share = msgspec.convert(result("gpu-3", memory="8Gi", compute="25"), Result)
+    assert claimed_gpu("ml/c", share) == ClaimedGpu(
+        claim="ml/c", index=3, memory_mib=8192, core_milli=250
+    )
+    whole = msgspec.convert(result("gpu-1"), Result)
+    assert claimed_gpu("ml/c", whole) == ClaimedGpu(claim="ml/c", index=1, exclusive=True)
+    other = msgspec.convert({**result("gpu-1"), "driver": "nic.example.com"}, Result)
+    assert claimed_gpu("ml/c", other) is None
+
+
+def test_only_claims_reserved_for_no_tessera_pod_are_counted_and_their_node_is_told() -> None:
+    tessera_pods = {"tessera-pod"}
+    wanted: list[str] = []
+    foreign = ForeignClaims(is_tessera_pod=tessera_pods.__contains__, want_node=wanted.append)
+    allocated = {"allocation": allocation("dra-1", result("gpu-0", memory="4Gi", compute="10"))}
+    kube = claim("kube", status={**allocated, "reservedFor": [{"resource": "pods", "uid": "x"}]})
+    ours = claim("ours", status={**allocated, "reservedFor": [{"uid": "tessera-pod"}]})
+    foreign.claim_changed(None, claim("kube"))
+    assert wanted == [] and foreign.on("dra-1") == ()
+    foreign.claim_changed(claim("kube"), kube)
+    foreign.claim_changed(None, ours)
+    assert wanted == ["dra-1", "dra-1"]
+    assert foreign.on("dra-1") == (
+        ClaimedGpu(claim="ml/kube", index=0, memory_mib=4096, core_milli=100),
+    )
+    facts = NodeFacts(node="dra-1", cpu_allocatable_milli=1, memory_allocatable_mib=1)
+    assert foreign.facts_with(facts).claimed == foreign.on("dra-1")
+    tessera_pods.clear()  # the Tessera pod deleted: its claim holds the GPU until deallocated
+    assert len(foreign.on("dra-1")) == 2
+    foreign.claim_changed(kube, kube)
+    assert len(wanted) == 2, "nothing it holds changed"
+    foreign.claim_changed(kube, None)
+    foreign.claim_changed(ours, claim("ours"))
+    assert foreign.on("dra-1") == () and len(wanted) == 4
+
+
+async def test_the_binder_publishes_what_another_allocator_holds_in_the_node_facts(
+    api: ApiServer, start_binder: BinderFactory, bus: NatsBus
+) -> None:
+    api.create(NODE, node("dra-1", gpus=None, labels={"tessera.dev/gpu-api": "dra"}))
+    api.create(
+        RESOURCE_CLAIM,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "kube-made"},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]
+                }
+            },
+        },
+        "ml",
+    )
+    status = {
+        "allocation": allocation("dra-1", result("gpu-0", memory="8Gi", compute="25")),
+        "reservedFor": [{"resource": "pods", "name": "other", "uid": "u-other"}],
+    }
+    api.patch(RESOURCE_CLAIM, "ml", "kube-made", {"status": status}, MERGE, subresource="status")
+
+    async def claimed() -> tuple[ClaimedGpu, ...] | None:
+        entry = await bus.kv_get(subjects.KV_NODES, subjects.node_token("dra-1"))
+        return None if entry is None else codec.decode(entry.value, NodeFacts).claimed
+
+    async with start_binder(dra=True):
+        held = ClaimedGpu(claim="ml/kube-made", index=0, memory_mib=8192, core_milli=250)
+
+        async def counted() -> bool:
+            return await claimed() == (held,)
+
+        await eventually(counted, what="the claim's share in the node's facts")
+        gone = {"status": {"allocation": None, "reservedFor": None}}
+        api.patch(RESOURCE_CLAIM, "ml", "kube-made", gone, MERGE, subresource="status")
+
+        async def freed() -> bool:
+            return await claimed() == ()
+
+        await eventually(freed, what="the deallocated claim's share given back")
