@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import celpy
 import kubernetes_validate
+from celpy.adapter import json_to_cel
 
 from tests.deploy.chart import component, containers, named, of_kind, option_values, render
 from tests.deploy.test_rbac import BINDER_RIGHTS, DRA_RIGHTS, rights_by_service_account
@@ -115,3 +117,25 @@ def test_the_api_label_joins_every_term_of_the_operators_node_affinity() -> None
     ]
     plugin = api_terms(named(objects, "DaemonSet", component("deviceplugin")))
     assert plugin == [[zone, {**dra, "operator": "NotIn"}], [pool, {**dra, "operator": "NotIn"}]]
+
+
+def _reaches_the_webhook(values: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """The mutating webhook's matchCondition, evaluated by a CEL implementation on ``pod``."""
+    (configuration,) = of_kind(render(values), "MutatingWebhookConfiguration")
+    (condition,) = configuration["webhooks"][0]["matchConditions"]
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(condition["expression"]))
+    return bool(program.evaluate({"object": json_to_cel(pod)}))
+
+
+def test_in_dra_mode_a_pod_with_claims_reaches_the_webhook_which_tells_their_class() -> None:
+    plain = {"spec": {"containers": [{"name": "main", "image": "x"}]}}
+    claims = {
+        "spec": {
+            **plain["spec"],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "a100-8gi-quarter"}],
+        }
+    }
+    assert _reaches_the_webhook(DRA, claims)
+    assert not _reaches_the_webhook(DRA, plain)
+    assert not _reaches_the_webhook({}, claims), "device-plugin mode: no claim is Tessera's"
