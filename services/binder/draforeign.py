@@ -1,15 +1,17 @@
-"""Pure state: the GPU capacity that ``gpu.tessera.dev`` ResourceClaims hold through allocations
-Tessera did not make for one of its pods, per node, carried in ``NodeFacts.claimed`` so that the
-placer counts it as used (docs/design.md §14: claims allocated by anyone count in the ledger).
+"""Pure state: the GPU capacity that ``gpu.tessera.dev`` ResourceClaims hold and no placement of
+Tessera's holds, per node, carried in ``NodeFacts.claimed`` so that the placer counts it as used
+(docs/design.md §14: claims allocated by anyone count in the ledger).
 
 Another allocator (kube-scheduler for a pod of another scheduler, a controller, a user writing
-the status) may allocate Tessera's devices despite the webhook. The claim informer's changes
+the status) may allocate Tessera's devices despite the webhook; and a claim several pods share
+keeps its GPUs after the pod whose placement holds them is gone. The claim informer's changes
 (``draclaims.DraClaims``) keep each allocated claim's results of driver ``gpu.tessera.dev`` and
-the pods it is reserved for. Whether it is Tessera's is asked when the node's facts are made
-(``ClusterSync`` calls :meth:`ForeignClaims.facts_with`), not when the claim changes: a claim
-reserved for a Tessera pod is held by that pod's booking already; any other, also one reserved for
-a pod not known (yet, or any more: a deleted pod's claim until it is deallocated), is counted. A
-node's facts are made again whenever one of its claims changes.
+the pods it is reserved for. Whether a placement holds it is asked when the node's facts are made
+(``ClusterSync`` calls :meth:`ForeignClaims.facts_with`), not when the claim changes: a claim one
+of whose pods has a live assignment record naming it (its ``resourceclaims/<claim>/...``
+containers) is held by that pod's booking already; any other is counted, until it is deallocated.
+A node's facts are made again whenever one of its claims changes, and when a record on it is
+released.
 """
 
 from __future__ import annotations
@@ -77,10 +79,10 @@ class ForeignClaims:
     """Every allocated claim's Tessera GPUs, by node (see the module docstring)."""
 
     def __init__(
-        self, *, is_tessera_pod: Callable[[str], bool], want_node: Callable[[str], None]
+        self, *, placed: Callable[[str, str, str], bool], want_node: Callable[[str], None]
     ) -> None:
-        self._is_tessera_pod = is_tessera_pod
-        """Whether the pod of this uid is known and Tessera's."""
+        self._placed = placed
+        """(node, pod uid, claim key) -> whether a live placement of the pod there holds it."""
         self._want_node = want_node
         self._held: dict[str, _Held] = {}
         """Claim key -> what it holds."""
@@ -102,12 +104,17 @@ class ForeignClaims:
             for node in {h.node for h in (before, after) if h is not None}:
                 self._want_node(node)
 
+    def record_released(self, node: str) -> None:
+        """A placement on ``node`` was released: its claims may be held by none now."""
+        if self._by_node.get(node):
+            self._want_node(node)
+
     def on(self, node: str) -> tuple[ClaimedGpu, ...]:
-        """The GPU shares of ``node`` held by claims reserved for no Tessera pod."""
+        """The GPU shares of ``node`` held by claims no placement of Tessera's holds."""
         found: list[ClaimedGpu] = []
         for key in sorted(self._by_node.get(node, ())):
             held = self._held[key]
-            if not any(self._is_tessera_pod(uid) for uid in held.reserved_for):
+            if not any(self._placed(node, uid, key) for uid in held.reserved_for):
                 found.extend(held.gpus)
         return tuple(found)
 

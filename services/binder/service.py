@@ -63,6 +63,7 @@ from services.binder.slicing import SliceApi, SlicePublisher
 from services.binder.sync import ClusterSync
 from shared import subjects
 from shared.clock import Clock
+from shared.dra.claims import claim_of_container
 from shared.dra.devices import MemoryPolicy
 from shared.kubeobjects import Pod
 from shared.messages.assignments import RecordView
@@ -168,7 +169,7 @@ class Binder:
         )
         self.foreign = (
             ForeignClaims(
-                is_tessera_pod=self._is_tessera_pod,
+                placed=self._placed_claim,
                 want_node=lambda node: self.sync.node_queue.add(node),
             )
             if dra is not None
@@ -269,6 +270,8 @@ class Binder:
         if self.is_leader():
             self.placements.on_record(view)
             self.reporter.allocated(view)
+        if self.foreign is not None and view.record.state == "released":
+            self.foreign.record_released(view.record.node)
 
     def _synced(self) -> tuple[bool, str]:
         waiting = [
@@ -305,9 +308,18 @@ class Binder:
     def pod_of(self, uid: str) -> Pod | None:
         return self.sync.pod_of(uid)
 
-    def _is_tessera_pod(self, uid: str) -> bool:
-        pod = self.sync.pod_of(uid)
-        return pod is not None and self.sync.is_ours(pod)
+    def _placed_claim(self, node: str, uid: str, claim: str) -> bool:
+        """Whether pod ``uid``'s live assignment record on ``node`` holds claim ``claim``
+        (``namespace/name``): its booking counts the claim's GPUs already."""
+        view = self.records.get(subjects.assignment_key(node, uid))
+        if view is None or view.record.state == "released":
+            return False
+        record = view.record
+        return any(
+            (held := claim_of_container(c.container)) is not None
+            and f"{record.namespace}/{held[0]}" == claim
+            for c in record.containers
+        )
 
     # --- run ---------------------------------------------------------------------------------
 

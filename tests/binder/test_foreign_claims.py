@@ -55,30 +55,36 @@ def test_a_result_is_the_share_it_consumes_or_the_whole_gpu() -> None:
     assert claimed_gpu("ml/c", other) is None
 
 
-def test_only_claims_reserved_for_no_tessera_pod_are_counted_and_their_node_is_told() -> None:
-    tessera_pods = {"tessera-pod"}
+def test_only_claims_no_placement_holds_are_counted_and_their_node_is_told() -> None:
+    placements = {("dra-1", "tessera-pod", "ml/shared")}
     wanted: list[str] = []
-    foreign = ForeignClaims(is_tessera_pod=tessera_pods.__contains__, want_node=wanted.append)
+    foreign = ForeignClaims(placed=lambda *key: key in placements, want_node=wanted.append)
     allocated = {"allocation": allocation("dra-1", result("gpu-0", memory="4Gi", compute="10"))}
     kube = claim("kube", status={**allocated, "reservedFor": [{"resource": "pods", "uid": "x"}]})
-    ours = claim("ours", status={**allocated, "reservedFor": [{"uid": "tessera-pod"}]})
+    # Shared by two Tessera pods: the first one's placement holds its GPUs, the second asks none.
+    reserved = [{"uid": "second-pod"}, {"uid": "tessera-pod"}]
+    shared = claim("shared", status={**allocated, "reservedFor": reserved})
     foreign.claim_changed(None, claim("kube"))
     assert wanted == [] and foreign.on("dra-1") == ()
     foreign.claim_changed(claim("kube"), kube)
-    foreign.claim_changed(None, ours)
+    foreign.claim_changed(None, shared)
     assert wanted == ["dra-1", "dra-1"]
     assert foreign.on("dra-1") == (
         ClaimedGpu(claim="ml/kube", index=0, memory_mib=4096, core_milli=100),
     )
     facts = NodeFacts(node="dra-1", cpu_allocatable_milli=1, memory_allocatable_mib=1)
     assert foreign.facts_with(facts).claimed == foreign.on("dra-1")
-    tessera_pods.clear()  # the Tessera pod deleted: its claim holds the GPU until deallocated
-    assert len(foreign.on("dra-1")) == 2
+    # The first pod gone, its placement released: the claim still holds the GPU for the second.
+    placements.clear()
+    foreign.record_released("dra-1")
+    assert len(wanted) == 3
+    assert [gpu.claim for gpu in foreign.on("dra-1")] == ["ml/kube", "ml/shared"]
+    foreign.record_released("cpu-node")
     foreign.claim_changed(kube, kube)
-    assert len(wanted) == 2, "nothing it holds changed"
+    assert len(wanted) == 3, "nothing it holds changed, and no claim on the other node"
     foreign.claim_changed(kube, None)
-    foreign.claim_changed(ours, claim("ours"))
-    assert foreign.on("dra-1") == () and len(wanted) == 4
+    foreign.claim_changed(shared, claim("shared"))
+    assert foreign.on("dra-1") == () and len(wanted) == 5
 
 
 async def test_the_binder_publishes_what_another_allocator_holds_in_the_node_facts(
