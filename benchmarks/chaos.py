@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.binder.sync import SETTLED, WITHDREW
 from shared import codec, subjects
-from shared.messages.store import StoreEpoch, StoreRestored
+from shared.messages.epoch import StoreEpoch, StoreRestored
 from shared.runtime.bus import BusUnavailableError
 from tessera.up import workload as w
 from tessera.up.spec import plan_nodes

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from services.deviceplugin import allocate  # noqa: E402
 from services.deviceplugin._proto import api_pb2  # noqa: E402
 from services.deviceplugin.command import DevicePluginSettings, build_config  # noqa: E402
+from services.deviceplugin.rules import allocate  # noqa: E402
 from services.deviceplugin.service import run_plugin  # noqa: E402
 from shared import codec, subjects  # noqa: E402
 from shared.messages.assignments import AssignmentRecord, RecordView  # noqa: E402

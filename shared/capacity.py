@@ -5,7 +5,7 @@ node's GPUs (model and memory of each, as the inventories publish them), can som
 GPU ask of a pod, with nothing on it? When not, :func:`never_fits` names the dimension: no GPU of
 an allowed model, more MiB per GPU than the largest GPU has, or more GPUs than a node has. The
 webhook refuses such a pod at ``kubectl apply`` with that line; the placer's Pending reason says
-the same (``services/placer/capacity.py``, which also judges CPU and memory).
+the same (``services/placer/rules/capacity.py``, which also judges CPU and memory).
 
 A GPU model a pod names (``tessera.dev/gpu-model``, ``-exclude``) matches as
 :func:`model_matches` says.

@@ -172,7 +172,7 @@ def _all_streams() -> list[str]:
 
 
 def _topology(role: Role) -> list[str]:
-    # Also the store's epoch: every role reads it after each reconnect (shared.messages.store;
+    # Also the store's epoch: every role reads it after each reconnect (shared.messages.epoch;
     # a get, no watch), and only the store's creators may write it (the first after a loss).
     # Any stream's info (read-only metadata) in one grant rather than one per stream: the grants
     # travel in a per-node user JWT, which nats-server takes only under its 4 KiB control line.

@@ -20,9 +20,9 @@ from types import ModuleType
 
 import pytest
 
-from services.binder import draslices
-from services.deviceplugin import allocate
-from services.deviceplugin.allocate import ResponseOptions, slice_environment
+from services.binder.rules import draslices
+from services.deviceplugin.rules import allocate
+from services.deviceplugin.rules.allocate import ResponseOptions, slice_environment
 from shared import annotations as names
 from shared import subjects
 from shared.config import CONFIG_FILE_ENV, ProcessSettings, env_var

@@ -14,8 +14,8 @@ import msgspec
 import yaml
 
 from services.binder import draalloc
-from services.binder.draobjects import ResourceClaim, pod_claims
-from services.placer import translate
+from services.binder.rules.draobjects import ResourceClaim, pod_claims
+from services.placer.rules import translate
 from services.webhook.admission import (
     AdmissionPolicy,
     AdmissionRequest,

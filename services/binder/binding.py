@@ -34,16 +34,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from services.binder import explain
 from services.binder.claims import ClaimMirror
 from services.binder.draalloc import ClaimAllocation
 from services.binder.events import EventRecorder
 from services.binder.gate import GateRecords
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
 from services.binder.metrics import BinderMetrics
-from services.binder.nodefacts import extended_allocatable
-from services.binder.objects import Node
-from services.binder.plan import (
+from services.binder.rules import describe
+from services.binder.rules.nodefacts import extended_allocatable
+from services.binder.rules.objects import Node
+from services.binder.rules.plan import (
     Bind,
     BindPlan,
     Drop,
@@ -393,11 +393,11 @@ class PlacementBinder:
         self._metrics.bind_seconds.observe(max(0.0, self._clock.now() - booking.decided_at))
         log.info("bound", extra={"pod": pod, "node": booking.node})
         self._recorder.emit(
-            regarding=explain.regarding_pod(
+            regarding=describe.regarding_pod(
                 namespace=booking.namespace, name=booking.name, uid=booking.pod_uid
             ),
             event_type="Normal",
             reason="Scheduled",
             action="Binding",
-            note=explain.scheduled_note(record),
+            note=describe.scheduled_note(record),
         )

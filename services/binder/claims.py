@@ -1,7 +1,8 @@
 """The binder's mirror of the pods' claims (``tessera-ledger``, ``subjects.claim_key``): the
 placed ones name the bookings it binds.
 
-A placer commits a pod by its booking and a claim naming it (``services/placer/commit.py``); the
+A placer commits a pod by its booking and a claim naming it (``services/placer/rules/commit.py``);
+the
 booking of a placed claim is the assignment at its ``reserved`` stage, and binding it is the
 binder's work (:mod:`~services.binder.binding`). Fed by one KV watch (initial values, then every
 change; watched again when the server ends it), each value accepted at the edge first; a value

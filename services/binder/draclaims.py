@@ -22,16 +22,16 @@ from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from services.binder import draalloc
-from services.binder.draobjects import (
+from services.binder.gateway import Answer, Body, ClusterGateway
+from services.binder.informer import Informer
+from services.binder.metrics import BinderMetrics
+from services.binder.rules.draobjects import (
     DELETE_PROTECTION,
     ResourceClaim,
     allocated_node,
     claim_name_of,
     pod_claims,
 )
-from services.binder.gateway import Answer, Body, ClusterGateway
-from services.binder.informer import Informer
-from services.binder.metrics import BinderMetrics
 from shared.clock import Clock
 from shared.dra.devices import DEFAULT_POLICY, MemoryPolicy
 from shared.kubeobjects import Pod

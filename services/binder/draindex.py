@@ -19,15 +19,15 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from services.binder.draobjects import (
+from services.binder.gateway import ClusterGateway
+from services.binder.informer import Informer
+from services.binder.metrics import BinderMetrics
+from services.binder.rules.draobjects import (
     ClaimMeta,
     ResourceClaim,
     ResourceClaimTemplate,
     device_classes,
 )
-from services.binder.gateway import ClusterGateway
-from services.binder.informer import Informer
-from services.binder.metrics import BinderMetrics
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.claimclasses import ClaimClasses, ClaimClassesListed, ClaimKind

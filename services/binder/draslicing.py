@@ -16,9 +16,9 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from services.binder.draslices import Body, dra_node, planned_devices
 from services.binder.gateway import ApiUnavailableError
-from services.binder.objects import Node
+from services.binder.rules.draslices import Body, dra_node, planned_devices
+from services.binder.rules.objects import Node
 from services.binder.slicing import SlicePublisher
 from shared import codec, subjects
 from shared.clock import Clock

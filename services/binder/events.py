@@ -19,9 +19,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from services.binder import explain
 from services.binder.gateway import ApiUnavailableError, ClusterGateway
 from services.binder.metrics import BinderMetrics
+from services.binder.rules import describe
 from shared import annotations as names
 from shared.clock import Clock
 from shared.runtime.tasks import checkpoint
@@ -80,7 +80,7 @@ class EventRecorder:
         self, *, regarding: dict[str, str], event_type: str, reason: str, action: str, note: str
     ) -> None:
         """Record an event about ``regarding`` (a Pod reference); returns at once."""
-        key = (regarding["uid"], event_type, reason, action, explain.truncate_note(note))
+        key = (regarding["uid"], event_type, reason, action, describe.truncate_note(note))
         try:
             self._queue.put_nowait(_Pending(key=key, regarding=regarding, at=self.clock.now()))
         except asyncio.QueueFull:
@@ -149,7 +149,7 @@ class EventRecorder:
         while len(self._series) > self.tracked:
             evicted, _ = self._series.popitem(last=False)
             self._dirty.discard(evicted)
-        body = explain.event_body(
+        body = describe.event_body(
             name=name,
             regarding=pending.regarding,
             event_type=event_type,
@@ -190,7 +190,7 @@ class EventRecorder:
             ):
                 continue
             count = series.count
-            patch = explain.series_patch(count=count, last=names.time_value(series.last))
+            patch = describe.series_patch(count=count, last=names.time_value(series.last))
             try:
                 answer = await self.gateway.patch_event(series.namespace, series.name, patch)
             except ApiUnavailableError:

@@ -18,7 +18,7 @@ from services.binder.gateway import (
     NotLeaderError,
     WatchEvent,
 )
-from services.binder.objects import Lease
+from services.binder.rules.objects import Lease
 from shared.kubeobjects import Pod
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Final
 
 from services.binder.metrics import BinderMetrics
-from services.binder.plan import Bind
+from services.binder.rules.plan import Bind
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.commits import booking_problem

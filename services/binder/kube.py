@@ -34,12 +34,6 @@ import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config
 
-from services.binder.draobjects import (
-    ClaimList,
-    ResourceClaim,
-    ResourceClaimTemplate,
-    TemplateList,
-)
 from services.binder.gateway import (
     Answer,
     ApiUnavailableError,
@@ -50,7 +44,13 @@ from services.binder.gateway import (
     WatchExpiredError,
 )
 from services.binder.metrics import BinderMetrics
-from services.binder.objects import (
+from services.binder.rules.draobjects import (
+    ClaimList,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    TemplateList,
+)
+from services.binder.rules.objects import (
     Bookmark,
     Lease,
     Namespace,

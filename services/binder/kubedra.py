@@ -12,9 +12,9 @@ from typing import Final
 
 import msgspec
 
-from services.binder.draobjects import ResourceClaim
 from services.binder.gateway import Answer, ApiUnavailableError, Body
 from services.binder.kube import FIELD_MANAGER, MERGE_PATCH, KubeGateway
+from services.binder.rules.draobjects import ResourceClaim
 
 CLAIMS: Final = "resourceclaims"
 

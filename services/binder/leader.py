@@ -27,7 +27,7 @@ import random
 from collections.abc import Callable
 
 from services.binder.gateway import ApiUnavailableError, Body, ClusterGateway
-from services.binder.objects import Lease, LeaseSpec
+from services.binder.rules.objects import Lease, LeaseSpec
 from shared import annotations as names
 from shared.clock import Clock
 from shared.runtime.tasks import checkpoint

@@ -3,7 +3,8 @@
 Every placed claim is looked at again (:meth:`~services.binder.binding.PlacementBinder.reconcile`:
 a previous leader may have stopped anywhere between a record's write and its Binding), every
 allocated record's pod marked (:meth:`~services.binder.reporting.Reporter.reconcile`), and for
-each assignment record whose pod is gone (:func:`~services.binder.plan.repair`) ``PodDeleted`` is
+each assignment record whose pod is gone (:func:`~services.binder.rules.plan.repair`)
+``PodDeleted`` is
 published, the record withdrawn first when its GPUs were never allocated. Runs beside the leader's
 other work; a step that fails (API or NATS away) is tried again until it succeeds.
 """
@@ -16,7 +17,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
-from services.binder.plan import repair
+from services.binder.rules.plan import repair
 from services.binder.sync import PodRef
 from shared.clock import Clock
 from shared.kubeobjects import Pod

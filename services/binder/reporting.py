@@ -10,7 +10,7 @@ allocation is late.
   leader's :meth:`Reporter.mark_allocated`; a new leader looks at every allocated record);
 - a record bound but not allocated past ``allocation_warning_s``: a Warning Event.
 
-What to write is decided by the pure :mod:`~services.binder.explain`; writes go through the
+What to write is decided by the pure :mod:`~services.binder.rules.describe`; writes go through the
 fenced gateway (only the leader writes).
 """
 
@@ -21,12 +21,12 @@ import hashlib
 import logging
 from collections.abc import Callable
 
-from services.binder import explain
 from services.binder.config import BinderConfig
 from services.binder.events import EventRecorder
 from services.binder.fenced import FencedGateway
 from services.binder.gateway import ClusterGateway
 from services.binder.metrics import BinderMetrics
+from services.binder.rules import describe
 from services.binder.workqueue import WorkQueue
 from shared import annotations as names
 from shared import codec, subjects
@@ -110,7 +110,7 @@ class Reporter:
         self._invalid_published[invalid.uid] = invalid.reason
 
     async def explain(
-        self, pod: Pod, message: str, *, cause: str, reason: str = explain.UNSCHEDULABLE
+        self, pod: Pod, message: str, *, cause: str, reason: str = describe.UNSCHEDULABLE
     ) -> None:
         """``PodScheduled=False`` with ``reason`` and ``message`` (unless the pod says so
         already) and a Warning Event. A placer rejection is an occurrence each time (repeats
@@ -120,7 +120,7 @@ class Reporter:
         said = self._explained.get(meta.uid) == message
         if said and cause in ("invalid", "not-queued"):
             return
-        if not said and explain.reports_unschedulable(pod, message, reason=reason):
+        if not said and describe.reports_unschedulable(pod, message, reason=reason):
             self._explained[meta.uid] = message  # written before (a previous leader)
         elif not said:
             if cause == "invalid":
@@ -130,10 +130,10 @@ class Reporter:
                 answer = await self._writer.patch_pod_status(
                     meta.namespace,
                     meta.name,
-                    explain.unschedulable_patch(
+                    describe.unschedulable_patch(
                         uid=meta.uid,
                         message=message,
-                        now=explain.status_time(self._clock.now()),
+                        now=describe.status_time(self._clock.now()),
                         reason=reason,
                     ),
                 )
@@ -149,7 +149,9 @@ class Reporter:
                 return
             self._metrics.explained.labels(cause=cause).inc()
         self._recorder.emit(
-            regarding=explain.regarding_pod(namespace=meta.namespace, name=meta.name, uid=meta.uid),
+            regarding=describe.regarding_pod(
+                namespace=meta.namespace, name=meta.name, uid=meta.uid
+            ),
             event_type="Warning",
             reason="FailedScheduling",
             action="Scheduling",
@@ -161,8 +163,8 @@ class Reporter:
         ``message``, once per message; no Event, as kube-scheduler writes none for a gated
         pod."""
         meta = pod.metadata
-        if self._explained.get(meta.uid) == message or explain.reports_unschedulable(
-            pod, message, reason=explain.GATED
+        if self._explained.get(meta.uid) == message or describe.reports_unschedulable(
+            pod, message, reason=describe.GATED
         ):
             self._explained[meta.uid] = message
             return
@@ -170,11 +172,11 @@ class Reporter:
         answer = await self._writer.patch_pod_status(
             meta.namespace,
             meta.name,
-            explain.unschedulable_patch(
+            describe.unschedulable_patch(
                 uid=meta.uid,
                 message=message,
-                now=explain.status_time(self._clock.now()),
-                reason=explain.GATED,
+                now=describe.status_time(self._clock.now()),
+                reason=describe.GATED,
             ),
         )
         if not answer.ok:
@@ -187,7 +189,7 @@ class Reporter:
         pod = self._pod_of(rejected.pod_uid)
         if pod is None or pod.node:
             return  # gone, or placed since
-        await self.explain(pod, explain.unschedulable_message(rejected), cause="rejected")
+        await self.explain(pod, describe.unschedulable_message(rejected), cause="rejected")
 
     def allocated(self, view: RecordView) -> None:
         """A record version the mirror took: mark its pod once it is ``allocated``."""
@@ -235,7 +237,7 @@ class Reporter:
         if (pod.metadata.annotations or {}).get(names.ASSIGNED) == "true":
             return
         answer = await self._writer.patch_pod(
-            record.namespace, record.name, explain.assigned_patch(uid=record.pod_uid)
+            record.namespace, record.name, describe.assigned_patch(uid=record.pod_uid)
         )
         if not answer.ok:  # gone or replaced meanwhile (404, 422): nothing left to mark
             log.info(
@@ -261,7 +263,7 @@ class Reporter:
                 live.add(view.key)
                 if view.key in self._warned:
                     continue
-                waited = explain.allocation_delay(record, now=now, warning_s=warning_s)
+                waited = describe.allocation_delay(record, now=now, warning_s=warning_s)
                 if waited is None:
                     continue
                 self._warned.add(view.key)
@@ -276,12 +278,12 @@ class Reporter:
                     },
                 )
                 self._recorder.emit(
-                    regarding=explain.regarding_pod(
+                    regarding=describe.regarding_pod(
                         namespace=record.namespace, name=record.name, uid=record.pod_uid
                     ),
                     event_type="Warning",
                     reason="AllocationDelayed",
                     action="Allocating",
-                    note=explain.allocation_delayed_note(record, waited),
+                    note=describe.allocation_delayed_note(record, waited),
                 )
             self._warned &= live

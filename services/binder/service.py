@@ -25,8 +25,9 @@ republishes every pending pod and node's facts, and starts:
   :func:`~shared.runtime.consumer.consume`), the marking of allocated pods, the Event writer and
   the bound-but-not-allocated watch (:mod:`~services.binder.reporting`).
 
-The pure rules (no I/O) are :mod:`~services.binder.plan`, :mod:`~services.binder.explain`,
-:mod:`~services.binder.nodefacts` and :mod:`~services.binder.restore`.
+The pure rules (no I/O) are :mod:`~services.binder.rules.plan`,
+:mod:`~services.binder.rules.describe`,
+:mod:`~services.binder.rules.nodefacts` and :mod:`~services.binder.rules.restoreplan`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from services.binder.binding import PlacementBinder
 from services.binder.claims import ClaimMirror
 from services.binder.config import BinderConfig, default_identity
 from services.binder.draclaims import ClaimApi, DraClaims
-from services.binder.draforeign import ForeignClaims
 from services.binder.draindex import ClaimClassIndex
 from services.binder.draslicing import SliceFollower
 from services.binder.events import EventRecorder
@@ -55,10 +55,11 @@ from services.binder.kubedra import KubeDra
 from services.binder.leader import LeaderElector
 from services.binder.lookups import PodLookups
 from services.binder.metrics import BinderMetrics
-from services.binder.objects import Node
 from services.binder.reconcile import reconcile
 from services.binder.reporting import Reporter
-from services.binder.restoring import StoreRestorer
+from services.binder.restorer import StoreRestorer
+from services.binder.rules.draforeign import ForeignClaims
+from services.binder.rules.objects import Node
 from services.binder.slicing import SliceApi, SlicePublisher
 from services.binder.sync import ClusterSync
 from shared import subjects

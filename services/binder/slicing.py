@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Final, Protocol
 
-from services.binder.draslices import Body, SliceChanges, plan_slices
 from services.binder.gateway import Answer
+from services.binder.rules.draslices import Body, SliceChanges, plan_slices
 from shared.dra.devices import DRIVER, MemoryPolicy
 from shared.messages.inventory import NodeInventory
 

@@ -29,14 +29,15 @@ from typing import Final, Literal, Protocol
 import msgspec
 
 from services.binder.config import BinderConfig
-from services.binder.explain import SCHEDULER_ERROR, not_queued_message
 from services.binder.extender import is_extender_pod, is_ours
 from services.binder.gateway import ClusterGateway
 from services.binder.informer import Informer
 from services.binder.metrics import BinderMetrics
 from services.binder.namespaces import NamespacePublisher
-from services.binder.neighbours import NodePods, existing_pod
-from services.binder.nodefacts import (
+from services.binder.reporting import Reporter
+from services.binder.rules.describe import SCHEDULER_ERROR, not_queued_message
+from services.binder.rules.neighbours import NodePods, existing_pod
+from services.binder.rules.nodefacts import (
     Requested,
     gone_facts,
     node_facts,
@@ -44,8 +45,8 @@ from services.binder.nodefacts import (
     pod_requested,
     same_facts,
 )
-from services.binder.objects import Namespace, Node
-from services.binder.plan import (
+from services.binder.rules.objects import Namespace, Node
+from services.binder.rules.plan import (
     Admission,
     admission_of,
     same_shape,
@@ -53,7 +54,6 @@ from services.binder.plan import (
     stranded,
     withdrawable,
 )
-from services.binder.reporting import Reporter
 from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
 from shared.clock import Clock

@@ -43,18 +43,18 @@ import logging
 from collections.abc import Sequence
 from typing import Literal
 
-from services.deviceplugin import allocate
-from services.deviceplugin.allocate import Allocation, ContainerGrant, Refusal
 from services.deviceplugin.commits import BOOKING_REREAD_S, CommitMirror
 from services.deviceplugin.config import PluginConfig
 from services.deviceplugin.grants import GrantBook
 from services.deviceplugin.inventory import InventoryFollower
 from services.deviceplugin.metrics import PluginMetrics
 from services.deviceplugin.records import NodeRecords
+from services.deviceplugin.rules import allocate
+from services.deviceplugin.rules.allocate import Allocation, ContainerGrant, Refusal
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import RecordView
-from shared.messages.store import StoreRestored
+from shared.messages.epoch import StoreRestored
 from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
 
 log = logging.getLogger(__name__)

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
-from services.deviceplugin.allocate import Compat, Isolation, ResponseOptions
 from services.deviceplugin.config import PluginConfig
-from services.deviceplugin.devices import DeviceConfig, Mode
 from services.deviceplugin.kubelet import DEFAULT_PLUGIN_DIR, KUBELET_SOCKET, MAX_SOCKET_PATH
+from services.deviceplugin.rules.allocate import Compat, Isolation, ResponseOptions
+from services.deviceplugin.rules.devices import DeviceConfig, Mode
 from shared.config import ConfigError, NodeSettings, require_node
 from shared.runtime.command import ServiceCommand
 

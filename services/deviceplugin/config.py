@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.deviceplugin.allocate import ResponseOptions
-from services.deviceplugin.devices import DeviceConfig
+from services.deviceplugin.rules.allocate import ResponseOptions
+from services.deviceplugin.rules.devices import DeviceConfig
 
 
 @dataclass(frozen=True)

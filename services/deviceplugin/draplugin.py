@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from services.deviceplugin.allocate import Refusal, ResponseOptions
-from services.deviceplugin.prepare import ClaimRef, Prepared, plan_prepare
+from services.deviceplugin.rules.allocate import Refusal, ResponseOptions
+from services.deviceplugin.rules.prepare import ClaimRef, Prepared, plan_prepare
 from shared.dra.devices import DRIVER
 from shared.messages.assignments import RecordView
 from shared.messages.inventory import GpuTelemetry

@@ -25,8 +25,8 @@ from services.deviceplugin._proto.dra.v1 import api_pb2 as dra_pb2
 from services.deviceplugin._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from services.deviceplugin._proto.pluginregistration.v1 import api_pb2 as registration_pb2
 from services.deviceplugin._proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
-from services.deviceplugin.allocate import Refusal
-from services.deviceplugin.prepare import ClaimRef, Prepared
+from services.deviceplugin.rules.allocate import Refusal
+from services.deviceplugin.rules.prepare import ClaimRef, Prepared
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from typing import Final
 
 import msgspec
 
-from services.deviceplugin.allocate import Granted
+from services.deviceplugin.rules.allocate import Granted
 from shared.clock import Clock
 from shared.messages.grants import GrantedPod, NodeGpu, NodeGrants
 from shared.messages.inventory import NodeInventory

@@ -7,7 +7,7 @@ absurd values -> dead letter, never a crash; the same producer's next sequence o
 fresher snapshot wins, so no forged snapshot outlives the inventory's next heartbeat). A
 device list too large for the kubelet is refused before it is built. Each inventory taken is
 handed to ``on_inventory`` first (the records it makes impossible are refused), then the device
-list is built again (:mod:`~services.deviceplugin.devices`) and, when it changed,
+list is built again (:mod:`~services.deviceplugin.rules.devices`) and, when it changed,
 ``devices_changed`` bumps for ListAndWatch.
 """
 
@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 
-from services.deviceplugin import devices
-from services.deviceplugin.devices import Device, DeviceConfig
 from services.deviceplugin.metrics import PluginMetrics
+from services.deviceplugin.rules import devices
+from services.deviceplugin.rules.devices import Device, DeviceConfig
 from shared import subjects, validation
 from shared.clock import Clock
 from shared.messages.inventory import GpuTelemetry, NodeInventory

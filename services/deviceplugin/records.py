@@ -21,11 +21,11 @@ import contextlib
 import logging
 import math
 
-from services.deviceplugin import allocate
 from services.deviceplugin.commits import CommitMirror
 from services.deviceplugin.grants import GrantBook
 from services.deviceplugin.inventory import InventoryFollower
 from services.deviceplugin.metrics import PluginMetrics
+from services.deviceplugin.rules import allocate
 from shared import subjects, validation
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord, RecordView

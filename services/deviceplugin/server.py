@@ -2,7 +2,7 @@
 
 It translates and nothing more. :class:`GrpcPluginServer` serves the DevicePlugin service on a unix
 socket and turns each RPC into a call on a :class:`PluginCore` (the service), protobuf into plain
-values and back; a :class:`~services.deviceplugin.allocate.Refusal` becomes a gRPC error whose
+values and back; a :class:`~services.deviceplugin.rules.allocate.Refusal` becomes a gRPC error whose
 message the kubelet shows in the pod's admission error. :func:`register` calls the kubelet's
 Registration service.
 """
@@ -20,9 +20,9 @@ from typing import Any, Final, Protocol
 import grpc
 
 from services.deviceplugin._proto import api_pb2, api_pb2_grpc
-from services.deviceplugin.allocate import ContainerGrant, Refusal, RefusalKind
-from services.deviceplugin.devices import Device
 from services.deviceplugin.kubelet import RegistrationError
+from services.deviceplugin.rules.allocate import ContainerGrant, Refusal, RefusalKind
+from services.deviceplugin.rules.devices import Device
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ Each job has its own module, all fed from NATS and kept in memory:
 - :mod:`~services.deviceplugin.server` and :mod:`~services.deviceplugin.kubelet`: the gRPC
   server and the kubelet link (registration, health), wired in :func:`run_plugin`.
 
-The pure rules (no I/O) are :mod:`~services.deviceplugin.allocate`,
-:mod:`~services.deviceplugin.devices` and :mod:`~services.deviceplugin.preferred`.
+The pure rules (no I/O) are :mod:`~services.deviceplugin.rules.allocate`,
+:mod:`~services.deviceplugin.rules.devices` and :mod:`~services.deviceplugin.rules.preferred`.
 
 All state lives here, not in the gRPC server, so a kubelet restart (new socket, new registration)
 loses nothing; the grants file, loaded before any record is taken, means that after a restart of
@@ -30,12 +30,9 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
-from services.deviceplugin import allocate, preferred
-from services.deviceplugin.allocate import ContainerGrant, Refusal
 from services.deviceplugin.allocating import Allocator
 from services.deviceplugin.commits import CommitMirror
 from services.deviceplugin.config import PluginConfig
-from services.deviceplugin.devices import Device
 from services.deviceplugin.draplugin import DraNodePlugin
 from services.deviceplugin.draserver import GrpcDraServer
 from services.deviceplugin.grants import GrantBook, GrantFile, state_file
@@ -43,6 +40,9 @@ from services.deviceplugin.inventory import InventoryFollower
 from services.deviceplugin.kubelet import KubeletLink
 from services.deviceplugin.metrics import PluginMetrics
 from services.deviceplugin.records import NodeRecords
+from services.deviceplugin.rules import allocate, preferred
+from services.deviceplugin.rules.allocate import ContainerGrant, Refusal
+from services.deviceplugin.rules.devices import Device
 from services.deviceplugin.server import (
     GrpcPluginServer,
     PluginOptions,

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
-from services.placer import mix
 from services.placer.config import (
     ConfigFileError,
     is_builtin_profile,
@@ -17,6 +16,7 @@ from services.placer.config import (
     parse_profile,
     parse_tenancy,
 )
+from services.placer.rules import mix
 from shared.config import ConfigError, Settings
 from shared.runtime.command import ServiceCommand
 

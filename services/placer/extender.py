@@ -49,9 +49,12 @@ from typing import Final, Protocol
 import msgspec
 from aiohttp import web
 
-from services.placer import decider, translate
 from services.placer.core.framework import Profile
-from services.placer.extender_api import (
+from services.placer.metrics import PlacerMetrics
+from services.placer.namespaces import Namespaces, follow_namespaces
+from services.placer.ready import ReadyJudgements
+from services.placer.rules import decider, translate
+from services.placer.rules.extender_api import (
     BadRequestError,
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -64,11 +67,8 @@ from services.placer.extender_api import (
     priorities,
     refused,
 )
-from services.placer.metrics import PlacerMetrics
-from services.placer.namespaces import Namespaces, follow_namespaces
-from services.placer.ready import ReadyJudgements
+from services.placer.rules.state import ClusterView
 from services.placer.shell.held import Outcome
-from services.placer.state import ClusterView
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.config import ConfigError

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from services.placer.metrics import PlacerMetrics
-from services.placer.state import ClusterView
+from services.placer.rules.state import ClusterView
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord

@@ -16,10 +16,10 @@ from typing import Literal
 
 import msgspec
 
-from services.placer import charges, commit, repairs, translate
 from services.placer.metrics import PlacerMetrics
-from services.placer.state import ClusterView
-from services.placer.store import ConflictError, GaveUpError, Store
+from services.placer.rules import charges, commit, repairs, translate
+from services.placer.rules.state import ClusterView
+from services.placer.writes import ConflictError, GaveUpError, Store
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord, released

@@ -37,11 +37,11 @@ from typing import Final
 
 import msgspec
 
-from services.placer import decider
 from services.placer.core.framework import Profile
 from services.placer.core.model import PodRequest
 from services.placer.metrics import PlacerMetrics
-from services.placer.state import ClusterView
+from services.placer.rules import decider
+from services.placer.rules.state import ClusterView
 
 log = logging.getLogger(__name__)
 

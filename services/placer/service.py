@@ -17,25 +17,25 @@ import secrets
 import socket
 from collections.abc import Callable
 
-from services.placer import decider, translate
 from services.placer.core.framework import Profile
 from services.placer.core.model import ClusterSnapshot, Decision
 from services.placer.core.queue import PlacementQueue, reference_node
-from services.placer.decider import Waiting
 from services.placer.extender import Extender, listen
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
+from services.placer.rules import decider, translate
+from services.placer.rules.decider import Waiting
+from services.placer.rules.state import ClusterView
 from services.placer.shell.context import MAX_IN_FLIGHT, PlacerConfig, Shell
-from services.placer.shell.explain import Explainer
+from services.placer.shell.explainer import Explainer
 from services.placer.shell.held import BACKOFF_MAX_S, Held, HeldPod, Outcome
 from services.placer.shell.intake import Intake
-from services.placer.shell.pools import PoolKeeper
+from services.placer.shell.poolleases import PoolKeeper
 from services.placer.shell.releases import Releases
 from services.placer.shell.upkeep import Upkeep
 from services.placer.shell.waiting import WaitingPods
 from services.placer.shell.watches import Watches
-from services.placer.state import ClusterView
-from services.placer.store import Store
+from services.placer.writes import Store
 from shared import subjects
 from shared.clock import Clock
 from shared.messages.ledger import Booking

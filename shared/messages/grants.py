@@ -5,7 +5,7 @@ across its own restarts and across NATS losing its store, until the pod's record
 Before the binder restores placements into a store that lost them (docs/design.md §12), it asks
 each node's plugin (:class:`GrantsRequest`); the answer (:class:`NodeGrants`) is what each
 container of each pod was actually handed there, and the node's GPUs, against which the
-placements read from the pods' annotations are checked (``services/binder/restorecheck.py``).
+placements read from the pods' annotations are checked (``services/binder/rules/restorecheck.py``).
 """
 
 from __future__ import annotations

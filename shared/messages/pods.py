@@ -87,7 +87,7 @@ class PodDeleted(Message, frozen=True, kw_only=True):
 
 
 class PodRestore(Message, frozen=True, kw_only=True):
-    """A bound pod whose placement the store lost (``shared.messages.store``): what the binder
+    """A bound pod whose placement the store lost (``shared.messages.epoch``): what the binder
     reads of it in the Kubernetes API, for a placer to book, claim and record again as it was."""
 
     pod: PodPending

@@ -2,7 +2,8 @@
 ``subjects.pool_member_key``).
 
 With ``--pools N`` above 1 the nodes are split into N pools by a hash of their names
-(``services/placer/pools.py``), and each pool is held by one replica at a time through a lease
+(``services/placer/rules/poolplan.py``), and each pool is held by one replica at a time through a
+lease
 here: the holder decides pods on its pool's nodes first, and on other pools' nodes only when a
 pod fits on none of its own. A lease is renewed by compare-and-set; one not renewed within the
 lease time (as each reader sees it: the entry unchanged that long on the reader's own clock) may

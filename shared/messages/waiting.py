@@ -3,7 +3,7 @@
 A placer replica that holds a pod waiting for room (its JetStream message kept in progress)
 writes the pod here, so that every replica knows which pods wait and in which order (seed 002):
 before a replica commits a pod, it places any pod ordered before it that fits now first, whoever
-holds it (``services/placer/board.py`` has the design). Entries are hints for the order, never
+holds it (``services/placer/rules/board.py`` has the design). Entries are hints for the order, never
 the truth about a pod: the pod's claim (in ``tessera-ledger``) says whether it is placed, and its
 message in the ``TESSERA_PODS`` stream is what keeps it from being lost.
 """

@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 
 from services.binder import draalloc
 from services.binder.draclaims import DraClaims
-from services.binder.draobjects import ResourceClaim, allocated_node, pod_claims
 from services.binder.kube import KubeGateway, load_configuration, new_configuration
 from services.binder.kubedra import KubeDra
 from services.binder.metrics import BinderMetrics
-from services.placer import translate
+from services.binder.rules.draobjects import ResourceClaim, allocated_node, pod_claims
+from services.placer.rules import translate
 from shared.clock import SystemClock
 from shared.dra.devices import DEFAULT_POLICY, DRA_API, NODE_API_LABEL
 from shared.kubeobjects import Pod

@@ -8,8 +8,8 @@ import kubernetes_validate
 import msgspec
 import pytest
 
-from services.binder import explain
-from services.binder.nodefacts import (
+from services.binder.rules import describe
+from services.binder.rules.nodefacts import (
     Requested,
     gone_facts,
     node_facts,
@@ -17,7 +17,7 @@ from services.binder.nodefacts import (
     pod_requested,
     same_facts,
 )
-from services.binder.objects import Node
+from services.binder.rules.objects import Node
 from shared.kubeobjects import Pod
 from shared.messages.nodes import NodeFacts
 from shared.podspec import FieldError, InvalidPod
@@ -186,31 +186,31 @@ def test_unschedulable_message(
     reasons: list[tuple[int, str]], unresolvable: bool, message: str
 ) -> None:
     rejected = msgspec.structs.replace(rejection("u", "p", *reasons), unresolvable=unresolvable)
-    assert explain.unschedulable_message(rejected) == message
+    assert describe.unschedulable_message(rejected) == message
 
 
 def test_condition_patch_and_the_check_that_skips_repeating_it() -> None:
     message = "0/1 nodes are available: 1 insufficient GPU memory."
-    patch = explain.unschedulable_patch(uid="u", message=message, now="2024-01-01T00:00:00Z")
+    patch = describe.unschedulable_patch(uid="u", message=message, now="2024-01-01T00:00:00Z")
     condition = patch["status"]["conditions"][0]
     body = pod("p")
     body["metadata"]["uid"] = "u"
     body["status"] = {"conditions": [condition]}
-    assert explain.reports_unschedulable(as_pod(body), message)
-    assert not explain.reports_unschedulable(as_pod(body), "something else")
-    assert not explain.reports_unschedulable(as_pod(pod("q")), message)
+    assert describe.reports_unschedulable(as_pod(body), message)
+    assert not describe.reports_unschedulable(as_pod(body), "something else")
+    assert not describe.reports_unschedulable(as_pod(pod("q")), message)
 
 
 def test_notes_read_well() -> None:
     rec = record("u", "train", slices("main", (2, 8192, 30)))
-    assert explain.scheduled_note(rec) == (
+    assert describe.scheduled_note(rec) == (
         "Successfully assigned default/train to gpu-1 with GPU 2 GPU-0002 (8192 MiB, 30% SMs)"
     )
     two = record("u", "t", slices("a", (0, 1, 10)), slices("b", (1, 2, 20)))
-    assert explain.describe_slices(two) == (
+    assert describe.describe_slices(two) == (
         "a: GPU 0 GPU-0000 (1 MiB, 10% SMs); b: GPU 1 GPU-0001 (2 MiB, 20% SMs)"
     )
-    assert "has not allocated its GPUs yet" in explain.allocation_delayed_note(rec, 61.2)
+    assert "has not allocated its GPUs yet" in describe.allocation_delayed_note(rec, 61.2)
     invalid = InvalidPod(
         uid="u", namespace="d", name="p", errors=(FieldError(field="f", problem="bad"),)
     )
@@ -218,9 +218,9 @@ def test_notes_read_well() -> None:
 
 
 def test_event_bodies_are_valid_kubernetes_objects() -> None:
-    event = explain.event_body(
+    event = describe.event_body(
         name="p.17a2b3c4d5e6f708",
-        regarding=explain.regarding_pod(namespace="default", name="p", uid="u"),
+        regarding=describe.regarding_pod(namespace="default", name="p", uid="u"),
         event_type="Warning",
         reason="FailedScheduling",
         action="Scheduling",
@@ -233,6 +233,6 @@ def test_event_bodies_are_valid_kubernetes_objects() -> None:
     validate_strict(
         {
             **event,
-            "series": explain.series_patch(count=3, last="2024-01-01T00:00:05.000000Z")["series"],
+            "series": describe.series_patch(count=3, last="2024-01-01T00:00:05.000000Z")["series"],
         }
     )

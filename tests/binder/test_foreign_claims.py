@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from services.binder.draforeign import ForeignClaims, claimed_gpu
-from services.binder.draobjects import ResourceClaim, Result
+from services.binder.rules.draforeign import ForeignClaims, claimed_gpu
+from services.binder.rules.draobjects import ResourceClaim, Result
 from shared import codec, subjects
 from shared.messages.nodes import ClaimedGpu, NodeFacts
 from shared.runtime.nats import NatsBus

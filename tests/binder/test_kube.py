@@ -21,7 +21,7 @@ from services.binder.kube import (
     new_configuration,
 )
 from services.binder.metrics import BinderMetrics
-from services.binder.objects import Node
+from services.binder.rules.objects import Node
 from shared.clock import SystemClock
 from shared.config import ConfigError
 from shared.kubeobjects import Pod

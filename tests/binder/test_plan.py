@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.binder.plan import (
+from services.binder.rules.plan import (
     Admission,
     Bind,
     Drop,

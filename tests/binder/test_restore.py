@@ -1,5 +1,5 @@
 """Restoring a bound pod's placement from its annotations into a NATS store that lost it
-(``services/binder/restore.py``, pure), table-driven."""
+(``services/binder/rules/restoreplan.py``, pure), table-driven."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.binder.restore import restore_of
+from services.binder.rules.restoreplan import restore_of
 from shared import annotations as names
 from shared.kubeobjects import Pod
 from shared.messages.base import ContainerSlices, GpuSlice

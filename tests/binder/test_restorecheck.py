@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.binder.restorecheck import Outcome, check_node
+from services.binder.rules.restorecheck import Outcome, check_node
 from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.grants import GrantedPod, NodeGpu, NodeGrants
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending, PodRestore

@@ -12,7 +12,7 @@ import nats
 import pytest
 from nats.js import api as js_api
 
-from services.placer.commit import deleted_claim
+from services.placer.rules.commit import deleted_claim
 from shared import annotations as names
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord, ContainerAllocation

@@ -24,7 +24,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from services.binder.plan import Admission, served_elsewhere, withdrawable
+from services.binder.rules.plan import Admission, served_elsewhere, withdrawable
 from shared.messages.assignments import AssignmentRecord, settled
 from tests.binder.builders import record, slices
 

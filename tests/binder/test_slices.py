@@ -14,16 +14,16 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.binder.draslices import (
+from services.binder.kube import KubeGateway, RetryPolicy, load_configuration, new_configuration
+from services.binder.kubedra import KubeDra
+from services.binder.metrics import BinderMetrics
+from services.binder.rules.draslices import (
     MAX_DEVICES_WITH_TAINTS,
     UNHEALTHY_TAINT,
     dra_node,
     plan_slices,
     slice_name,
 )
-from services.binder.kube import KubeGateway, RetryPolicy, load_configuration, new_configuration
-from services.binder.kubedra import KubeDra
-from services.binder.metrics import BinderMetrics
 from services.binder.slicing import SlicePublisher
 from shared.clock import SystemClock
 from shared.dra.devices import DRIVER, MemoryPolicy

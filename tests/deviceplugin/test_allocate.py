@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.deviceplugin import allocate
-from services.deviceplugin.allocate import (
+from services.deviceplugin.rules import allocate
+from services.deviceplugin.rules.allocate import (
     Allocation,
     ContainerGrant,
     Mount,

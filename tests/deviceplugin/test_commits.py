@@ -15,8 +15,8 @@ import grpc
 import msgspec
 import pytest
 
-from services.deviceplugin.allocate import ContainerGrant, Granted, Refusal
 from services.deviceplugin.grants import GrantFile, state_file
+from services.deviceplugin.rules.allocate import ContainerGrant, Granted, Refusal
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.grants import GrantsRequest, NodeGrants

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.deviceplugin import devices
-from services.deviceplugin.devices import DeviceConfig
+from services.deviceplugin.rules import devices
+from services.deviceplugin.rules.devices import DeviceConfig
 from shared.messages.inventory import GpuTelemetry
 from tests.deviceplugin.builders import gpu, inventory, uuid
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from services.deviceplugin.allocate import ResponseOptions
 from services.deviceplugin.draplugin import DraNodePlugin, spec_path
 from services.deviceplugin.draserver import GrpcDraServer
-from services.deviceplugin.prepare import ClaimRef, plan_prepare
+from services.deviceplugin.rules.allocate import ResponseOptions
+from services.deviceplugin.rules.prepare import ClaimRef, plan_prepare
 from shared.dra.claims import ask_container
 from shared.dra.devices import DEVICE_CLASS, DRIVER
 from shared.messages.assignments import AssignmentRecord, RecordView

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.deviceplugin.allocate import Granted
 from services.deviceplugin.grants import UNRECORDED_KEEP_S, GrantBook, GrantFile
+from services.deviceplugin.rules.allocate import Granted
 from tests.deviceplugin.builders import container, share
 from tests.harness.clock import FakeClock
 

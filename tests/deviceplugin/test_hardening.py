@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from services.deviceplugin._proto import api_pb2
-from services.deviceplugin.allocate import ContainerGrant, Refusal
-from services.deviceplugin.devices import DeviceConfig
+from services.deviceplugin.rules.allocate import ContainerGrant, Refusal
+from services.deviceplugin.rules.devices import DeviceConfig
 from shared import codec, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.deadletter import DeadLetter

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.deviceplugin.allocate import ContainerGrant, Refusal
+from services.deviceplugin.rules.allocate import ContainerGrant, Refusal
 from services.deviceplugin.service import DevicePluginService
 from shared import codec, subjects
 from shared.runtime.nats import NatsBus

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.deviceplugin.preferred import prefer
+from services.deviceplugin.rules.preferred import prefer
 
 GPU_OF = {f"g{g}::{n}": f"g{g}" for g in range(3) for n in range(4)}
 ALL = tuple(GPU_OF)

@@ -14,11 +14,11 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.deviceplugin.allocate import ContainerGrant, Refusal, ResponseOptions
 from services.deviceplugin.config import PluginConfig
-from services.deviceplugin.devices import DeviceConfig
 from services.deviceplugin.grants import GrantFile, state_file
 from services.deviceplugin.metrics import PluginMetrics
+from services.deviceplugin.rules.allocate import ContainerGrant, Refusal, ResponseOptions
+from services.deviceplugin.rules.devices import DeviceConfig
 from services.deviceplugin.service import DevicePluginService
 from shared import codec, subjects
 from shared.clock import Clock, SystemClock

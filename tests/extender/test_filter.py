@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from services.placer.decider import UNKNOWN_NODE
+from services.placer.rules.decider import UNKNOWN_NODE
 from shared import codec, subjects
 from shared.kubeobjects import Pod
 from shared.messages.ledger import PodClaim

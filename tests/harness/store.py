@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from shared import codec, subjects
-from shared.messages.store import StoreEpoch, StoreRestored
+from shared.messages.epoch import StoreEpoch, StoreRestored
 from shared.runtime.bus import Bus
 
 

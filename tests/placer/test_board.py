@@ -1,4 +1,5 @@
-"""The waiting board's pure parts (``services/placer/board.py``): the shared order, revisions, and
+"""The waiting board's pure parts (``services/placer/rules/board.py``): the shared order,
+revisions, and
 which waiting pod goes before a pod about to commit."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from services.placer import translate
-from services.placer.board import WaitingBoard, first_fitting
 from services.placer.core.model import PodRequest
 from services.placer.core.queue import ReferenceNode, SharedKey
+from services.placer.rules import translate
+from services.placer.rules.board import WaitingBoard, first_fitting
 from shared.messages.pods import PodPending
 from shared.messages.waiting import WaitingPod
 from tests.placer import wire

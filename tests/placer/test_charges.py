@@ -6,11 +6,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.placer import charges, commit, repairs
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.quota import Usage
-from services.placer.repairs import RecordFacts
-from services.placer.state import ClusterView
+from services.placer.rules import charges, commit, repairs
+from services.placer.rules.repairs import RecordFacts
+from services.placer.rules.state import ClusterView
 from shared import subjects
 from shared.messages.ledger import Booking, PodClaim, TenantCharge, TenantLedger
 from tests.placer.test_translate import NOW, booking

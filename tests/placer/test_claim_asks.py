@@ -3,11 +3,11 @@ the rounded size on a GPU, whole GPUs held exclusively, a count on distinct GPUs
 
 from __future__ import annotations
 
-from services.placer import translate
 from services.placer.core.cycle import decide
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest
 from services.placer.core.profiles import build_profile
+from services.placer.rules import translate
 from shared.dra.claims import ClaimPlan, plan_claims
 from shared.dra.devices import DEVICE_CLASS, MemoryPolicy
 from shared.messages.resourceclaims import DeviceRequest, PodResourceClaim

@@ -1,12 +1,12 @@
-"""The commit protocol's pure rules (``services/placer/commit.py``), table-driven."""
+"""The commit protocol's pure rules (``services/placer/rules/commit.py``), table-driven."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from services.placer import commit, repairs, translate
-from services.placer.repairs import RecordFacts, Repair
+from services.placer.rules import commit, repairs, translate
+from services.placer.rules.repairs import RecordFacts, Repair
 from shared import commits, validation
 from shared.commits import record_of
 from shared.messages.assignments import AssignmentRecord, AssignmentState, released

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.placer import decider
 from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile
-from services.placer.decider import UNKNOWN_NODE, NodeVerdict
-from services.placer.extender_api import (
+from services.placer.rules import decider
+from services.placer.rules.decider import UNKNOWN_NODE, NodeVerdict
+from services.placer.rules.extender_api import (
     MAX_PRIORITY,
     BadRequestError,
     HostPriority,
@@ -27,9 +27,9 @@ from services.placer.extender_api import (
     priorities,
     refused,
 )
+from services.placer.rules.state import ClusterView
+from services.placer.rules.translate import pod_request
 from services.placer.shell.upkeep import service_profile
-from services.placer.state import ClusterView
-from services.placer.translate import pod_request
 from tests.placer import wire
 
 POD = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": {"containers": []}}

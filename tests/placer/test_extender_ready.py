@@ -12,16 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from services.placer import decider
 from services.placer.core.framework import Profile
 from services.placer.core.model import PodRequest
 from services.placer.core.profiles import build_profile
-from services.placer.extender_api import priorities
 from services.placer.metrics import PlacerMetrics
 from services.placer.ready import ReadyJudgements
+from services.placer.rules import decider
+from services.placer.rules.extender_api import priorities
+from services.placer.rules.state import ClusterView
+from services.placer.rules.translate import pod_request
 from services.placer.shell.upkeep import service_profile
-from services.placer.state import ClusterView
-from services.placer.translate import pod_request
 from tests.placer import wire
 
 NODES = [f"n{i}" for i in range(8)]

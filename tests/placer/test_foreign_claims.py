@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.placer import decider, translate
 from services.placer.core.model import Decision
+from services.placer.rules import decider, translate
 from shared.messages.ledger import BookedContainer, BookedSlice
 from shared.messages.nodes import ClaimedGpu
 from tests.placer import wire

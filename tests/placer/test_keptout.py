@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from services.placer import decider, keptout, translate
 from services.placer.core.model import ContainerRequest, Decision, PodRequest
+from services.placer.rules import decider, keptout, translate
 from shared.dra.devices import DEVICE_CLASS
 from shared.messages.pods import PodPending
 from shared.messages.resourceclaims import ClaimUse, DeviceRequest, PodResourceClaim

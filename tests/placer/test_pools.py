@@ -9,12 +9,12 @@ from collections import Counter
 import msgspec
 import pytest
 
-from services.placer import decider, translate
 from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile
-from services.placer.decider import Waiting
-from services.placer.pools import LeasePlan, fair_share, plan_leases, pool_of
-from services.placer.shell.pools import PoolEntries
+from services.placer.rules import decider, translate
+from services.placer.rules.decider import Waiting
+from services.placer.rules.poolplan import LeasePlan, fair_share, plan_leases, pool_of
+from services.placer.shell.poolleases import PoolEntries
 from shared.messages.pools import PoolLease, PoolMember
 from shared.runtime.bus import KvEntry
 from tests.placer import wire

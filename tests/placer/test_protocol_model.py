@@ -68,15 +68,15 @@ from hypothesis.stateful import (
 )
 from prometheus_client import CollectorRegistry
 
-from services.binder.plan import stranded
-from services.placer import decider, translate
+from services.binder.rules.plan import stranded
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
-from services.placer.state import ClusterView
-from services.placer.store import ConflictError, Store
+from services.placer.rules import decider, translate
+from services.placer.rules.state import ClusterView
+from services.placer.writes import ConflictError, Store
 from shared import codec, commits, subjects
 from shared.messages.assignments import AssignmentRecord, released, settled
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
@@ -608,7 +608,8 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(pod=st.sampled_from(sorted(PODS)))
     def binder_withdraws(self, pod: str) -> None:
         """The binder's bound -> released compare-and-set when the pod ended before its GPUs
-        were allocated (``services.binder.plan.stranded``); the placers learn of it only later."""
+        were allocated (``services.binder.rules.plan.stranded``); the placers learn of it only
+        later."""
         for key, (data, revision) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
             record = codec.decode(data, AssignmentRecord)
             if record.pod_uid == pod and stranded(record):
@@ -618,7 +619,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(pod=st.sampled_from(sorted(PODS)))
     def plugin_or_binder_allocates(self, pod: str) -> None:
         """A device plugin's bound -> allocated compare-and-set, or the binder's settling of an
-        admitted pod's record (``services.binder.plan.served_elsewhere``): the same write."""
+        admitted pod's record (``services.binder.rules.plan.served_elsewhere``): the same write."""
         for key, (data, revision) in self.kv.entries(subjects.KV_ASSIGNMENTS).items():
             record = codec.decode(data, AssignmentRecord)
             if record.pod_uid == pod and stranded(record):

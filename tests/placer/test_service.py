@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from services.placer import charges
+from services.placer.rules import charges
 from shared import codec, subjects
 from shared.commits import record_of
 from shared.messages.assignments import AssignmentRecord

@@ -17,7 +17,7 @@ from services.placer.core.groups import (
     TenantPermission,
     TenantQuota,
 )
-from services.placer.pools import pool_of
+from services.placer.rules.poolplan import pool_of
 from services.placer.sim import report
 from services.placer.sim.replay import (
     MODEL_LABEL,

@@ -1,14 +1,15 @@
-"""The cluster statistics a placer publishes for the dashboard (``services/placer/stats.py``)."""
+"""The cluster statistics a placer publishes for the dashboard
+(``services/placer/rules/stats.py``)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from services.placer import stats
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.groups import TenantQuota
 from services.placer.core.model import NodeState
+from services.placer.rules import stats
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.stats import ClusterStats, TenantUsage
 from tests.placer.builders import node

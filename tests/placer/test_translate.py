@@ -1,12 +1,12 @@
-"""Wire messages to core values and back (``services/placer/translate.py``), table-driven."""
+"""Wire messages to core values and back (``services/placer/rules/translate.py``), table-driven."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from services.placer import translate
 from services.placer.core.model import RejectionReason
+from services.placer.rules import translate
 from shared.commits import record_of
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from services.placer import decider, mix, translate
 from services.placer.command import PlacerSettings, build_config
 from services.placer.config import ConfigFileError, parse_profile, parse_tenancy
 from services.placer.core.facts import pod_facts
@@ -22,7 +21,8 @@ from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, GpuState, NodeState, Reservation
 from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS, build_profile
 from services.placer.core.shape import gpu_shape
-from services.placer.state import ClusterView
+from services.placer.rules import decider, mix, translate
+from services.placer.rules.state import ClusterView
 from shared.commits import record_of
 from shared.config import ConfigError, add_settings_arguments, load_settings
 from shared.messages.ledger import Booking, NodeLedger

@@ -18,11 +18,11 @@ import msgspec
 import pytest
 
 import shared.messages
-from services.binder import objects
-from services.placer import mix
+from services.binder.rules import objects
 from services.placer.core import facts, model, quota, shape
 from services.placer.core.plugins.fed_fgd import FedFragmentation
 from services.placer.core.profiles import DEFAULT_TYPICAL_TASKS
+from services.placer.rules import mix
 from shared import kubeobjects
 from shared.messages.assignments import RecordView
 from shared.messages.base import Message

@@ -9,17 +9,17 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.placer import mix
-from services.placer.board import WaitingBoard
 from services.placer.core.framework import Profile
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.model import PodRequest
 from services.placer.core.profiles import ProfileSpec
-from services.placer.decider import Waiting
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
-from services.placer.state import ClusterView
-from services.placer.store import Store
+from services.placer.rules import mix
+from services.placer.rules.board import WaitingBoard
+from services.placer.rules.decider import Waiting
+from services.placer.rules.state import ClusterView
+from services.placer.writes import Store
 from shared.clock import Clock
 from shared.runtime.bus import Bus
 from shared.runtime.edge import Edge
@@ -65,7 +65,7 @@ class PlacerConfig:
     extender_bind_timeout_s: float = 4.0
     """The extender answers ``bind`` within this (below kube-scheduler's ``httpTimeout``)."""
     pools: int = 1
-    """Node pools shared out among the replicas (``services/placer/pools.py``); 1: none."""
+    """Node pools shared out among the replicas (``services/placer/rules/poolplan.py``); 1: none."""
     pool_lease_s: float = 3.0
     burst_spread: bool = True
     """Decide a pod that would wait at the binder's gate onto another node while a burst is

@@ -12,9 +12,9 @@ from typing import Literal
 
 import msgspec
 
-from services.placer import decider
 from services.placer.core.model import Decision, PodRequest, Rejection
 from services.placer.core.queue import PlacementQueue
+from services.placer.rules import decider
 from services.placer.shell.context import Shell, log
 from shared.messages.ledger import Booking, PodClaim
 from shared.messages.pods import PodPending

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from services.placer import translate
+from services.placer.rules import translate
 from services.placer.shell.context import MAX_IN_FLIGHT, Shell, log
 from services.placer.shell.held import Held, HeldPod
 from services.placer.shell.releases import Releases

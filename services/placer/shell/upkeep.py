@@ -9,10 +9,10 @@ from typing import Any
 
 import msgspec
 
-from services.placer import mix, stats
 from services.placer.config import ConfigFileError, parse_tenancy
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.profiles import BUILTIN, DEFAULT_TYPICAL_TASKS, ProfileSpec, build_profile
+from services.placer.rules import mix, stats
 from services.placer.shell.context import Shell, log
 from services.placer.shell.held import Held
 from services.placer.shell.waiting import REFRESH_S, WaitingPods

@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from services.placer import board, decider, translate
-from services.placer.board import Posted
 from services.placer.core.model import Decision, PodRequest
-from services.placer.decider import Waiting
+from services.placer.rules import board, decider, translate
+from services.placer.rules.board import Posted
+from services.placer.rules.decider import Waiting
 from services.placer.shell.context import Shell, log
 from services.placer.shell.held import (
     BACKOFF_MAX_S,

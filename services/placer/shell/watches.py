@@ -1,5 +1,6 @@
 """The KV watches of one placer replica: every bucket it follows applied to the
-:class:`~services.placer.state.ClusterView` (and the waiting board), each value accepted at the
+:class:`~services.placer.rules.state.ClusterView` (and the waiting board), each value accepted at
+the
 edge first."""
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from services.placer.shell.held import Held
 from services.placer.shell.waiting import WaitingPods
 from shared import subjects
 from shared.messages.assignments import AssignmentRecord
+from shared.messages.epoch import StoreRestored
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, PodClaim, TenantLedger
 from shared.messages.nodes import NodeFacts
-from shared.messages.store import StoreRestored
 from shared.messages.waiting import WaitingPod
 from shared.runtime.bus import Delivery, KvEntry
 from shared.runtime.follow import follow as shared_follow

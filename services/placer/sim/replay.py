@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.placer import mix as task_mix
 from services.placer.core import cycle
 from services.placer.core.fragmentation import FragmentationModel, TypicalTask, host_kinds
 from services.placer.core.groups import TenancyConfig
@@ -52,7 +51,8 @@ from services.placer.core.model import (
 from services.placer.core.profiles import ProfileSpec, build_profile
 from services.placer.core.queue import PlacementQueue, reference_node
 from services.placer.core.tenancy import Tenancy
-from services.placer.pools import pool_of
+from services.placer.rules import mix as task_mix
+from services.placer.rules.poolplan import pool_of
 from services.placer.sim.trace import TraceNode, TraceTask
 
 SIM_GPU_MEMORY_MIB = 16_000
@@ -177,7 +177,8 @@ def replay(
     """Replay ``tasks`` on a fresh cluster of ``nodes`` with ``policy`` (module docstring).
 
     ``pools`` above 1: each task is decided as a placer replica holding one node pool
-    (``services/placer/pools.py``) decides it: on the nodes of the pool of the replica that took
+    (``services/placer/rules/poolplan.py``) decides it: on the nodes of the pool of the replica
+    that took
     it (a draw), and on every node when none of those fits."""
     states = [node_state(n) for n in nodes]
     names = frozenset(n.name for n in nodes)

@@ -20,7 +20,7 @@ from nats.js import api as js_api
 from nats.js.kv import KeyValue
 
 from shared import codec, subjects
-from shared.messages.store import StoreEpoch
+from shared.messages.epoch import StoreEpoch
 from shared.runtime.bus import (
     WATCH_HEARTBEAT_S,
     BusUnavailableError,

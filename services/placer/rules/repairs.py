@@ -10,8 +10,8 @@ from typing import Literal
 
 import msgspec
 
-from services.placer.charges import charge_of, counts_against
 from services.placer.core.groups import TenantQuota
+from services.placer.rules.charges import charge_of, counts_against
 from shared.messages.assignments import AssignmentRecord, AssignmentState
 from shared.messages.ledger import Booking, PodClaim, TenantCharge, TenantLedger
 from shared.subjects import assignment_key

@@ -153,7 +153,7 @@ def ambiguous(
     :func:`_device_containers`), beside the bound ``other`` could let Allocate confuse them.
 
     The placer mirrors this rule when it spreads a burst (``ClusterView.waits_at_gate`` in
-    ``services/placer/state.py``); a change here belongs there too."""
+    ``services/placer/rules/state.py``); a change here belongs there too."""
     if other.state != "bound" or other.pod_uid == pod_uid:
         return False
     for resource, ours in mine:

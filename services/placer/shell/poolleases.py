@@ -1,5 +1,5 @@
 """Node pools for one replica: keeps its share of the pools' leases in ``tessera-placer-pools``
-(``services/placer/pools.py`` plans each round; this carries the plan out) and tells the view
+(``services/placer/poolplan.py`` plans each round; this carries the plan out) and tells the view
 which pools it holds. Only runs with ``--pools`` above 1.
 
 The bucket is followed by a KV watch (:class:`PoolEntries`), not listed every round: a listing
@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from typing import TypeVar
 
-from services.placer import pools
+from services.placer.rules import poolplan
 from services.placer.shell.context import Shell, log
 from services.placer.shell.watches import kv_delivery
 from shared import codec, subjects
@@ -133,7 +133,7 @@ class PoolKeeper:
         key, value = subjects.pool_member_key(config.placer_id), codec.encode(member)
         self.entries.written(key, value, await bus.kv_put(subjects.KV_POOLS, key, value))
         leases, members, ages = await self._read()
-        plan = pools.plan_leases(
+        plan = poolplan.plan_leases(
             me=config.placer_id, pools=config.pools, leases=leases, members=members, ages=ages
         )
         for pool in self.held - {pool for pool, _ in plan.renew}:

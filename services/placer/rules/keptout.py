@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Final
 
-from services.placer import translate
 from services.placer.core.model import ContainerRequest, PodRequest
+from services.placer.rules import translate
 from shared.dra.claims import CLAIM_CONTAINER_PREFIX
 from shared.dra.devices import DRA_API, NODE_API_LABEL
 from shared.messages.nodes import NodeFacts

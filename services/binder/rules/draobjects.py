@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from services.binder.objects import ListMeta
+from services.binder.rules.objects import ListMeta
 from shared.kubeobjects import Pod
 from shared.messages.resourceclaims import (
     AllocatedDevice,

@@ -29,14 +29,14 @@ from typing import Final, Literal, cast
 
 import msgspec
 
-from services.placer import keptout, translate
 from services.placer.core import cycle, nodeaware, ranking
 from services.placer.core.facts import PodFacts, pod_facts
 from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
 from services.placer.core.plugins.fit import CAPACITY_REASONS
-from services.placer.state import ClusterView
+from services.placer.rules import keptout, translate
+from services.placer.rules.state import ClusterView
 
 Wake = Literal["freed", "grown", "placed"]
 

@@ -40,18 +40,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
-from services.placer import handoffs, keptout, translate
-from services.placer.capacity import Capacities, gives_room, signature_of
-from services.placer.charges import TenantEntries
 from services.placer.core.facts import PodFacts, ShareAsk
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import NodeState, PodRequest, Reservation
 from services.placer.core.tenancy import Tenancy
-from services.placer.mix import TaskMix, task_spec
-from services.placer.nodes import BookedUsage, NodeEntry, add_node, drop_node, shown
-from services.placer.pools import pool_of
-from services.placer.repairs import RecordFacts, record_facts
+from services.placer.rules import handoffs, keptout, translate
+from services.placer.rules.capacity import Capacities, gives_room, signature_of
+from services.placer.rules.charges import TenantEntries
+from services.placer.rules.mix import TaskMix, task_spec
+from services.placer.rules.nodes import BookedUsage, NodeEntry, add_node, drop_node, shown
+from services.placer.rules.poolplan import pool_of
+from services.placer.rules.repairs import RecordFacts, record_facts
 from shared import validation
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.inventory import NodeInventory

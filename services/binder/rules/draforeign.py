@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from services.binder.draobjects import ResourceClaim, Result, allocated_node
+from services.binder.rules.draobjects import ResourceClaim, Result, allocated_node
 from shared.dra.devices import COMPUTE, DRIVER, MEMORY, device_index
 from shared.messages.nodes import ClaimedGpu, NodeFacts
 from shared.quantity import MIB, QuantityError, parse_quantity

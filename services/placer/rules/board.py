@@ -53,9 +53,9 @@ import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from services.placer import translate
 from services.placer.core.model import PodRequest, Rejection
 from services.placer.core.queue import ReferenceNode, SharedKey, admit, shared_key
+from services.placer.rules import translate
 from shared.messages.waiting import WaitingPod
 
 

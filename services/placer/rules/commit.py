@@ -66,7 +66,7 @@ import msgspec
 
 from services.placer.core.ledger import book
 from services.placer.core.model import NodeState
-from services.placer.translate import reservation_of
+from services.placer.rules.translate import reservation_of
 from shared.commits import record_of
 from shared.messages.assignments import AssignmentRecord, released
 from shared.messages.ledger import Booking, NodeLedger, PodClaim

@@ -1,7 +1,7 @@
 """The leader restores what is bound into a NATS store that lost it (docs/design.md §12).
 
 NATS holds working state; the Kubernetes API holds what is bound. Whenever the store's epoch
-(``shared.messages.store``) has no :class:`StoreRestored` yet (a new, empty store after NATS lost
+(``shared.messages.epoch``) has no :class:`StoreRestored` yet (a new, empty store after NATS lost
 its own; or a first start), the leading binder publishes a ``PodRestore`` (``restore.py``) for
 every bound Tessera pod whose assignment record the store lacks, waits until a placer has
 recorded each of them (publishing again what is not), then writes ``StoreRestored`` for the
@@ -24,17 +24,17 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from services.binder import explain
 from services.binder.events import EventRecorder
 from services.binder.metrics import BinderMetrics
-from services.binder.restore import restore_of
-from services.binder.restorecheck import Checked, check_node
+from services.binder.rules import describe
+from services.binder.rules.restorecheck import Checked, check_node
+from services.binder.rules.restoreplan import restore_of
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
+from shared.messages.epoch import StoreRestored
 from shared.messages.grants import GrantsRequest, NodeGrants
 from shared.messages.pods import PodRestore
-from shared.messages.store import StoreRestored
 from shared.runtime.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,9 @@ class StoreRestorer:
         )
         meta = pod.metadata
         self._recorder.emit(
-            regarding=explain.regarding_pod(namespace=meta.namespace, name=meta.name, uid=meta.uid),
+            regarding=describe.regarding_pod(
+                namespace=meta.namespace, name=meta.name, uid=meta.uid
+            ),
             event_type="Warning",
             reason=reason,
             action="Restoring",

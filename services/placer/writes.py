@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from services.placer import charges, commit, translate
 from services.placer.kvwrites import (
     MAX_ATTEMPTS,
     ConflictError,
@@ -24,6 +23,7 @@ from services.placer.kvwrites import (
     node_lock_key,
     tenant_lock_key,
 )
+from services.placer.rules import charges, commit, translate
 from shared import codec, commits, subjects
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger

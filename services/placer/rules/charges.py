@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from services.placer.core.groups import TenantQuota
 from services.placer.core.quota import Usage, quota_reason, reservation_usage
 from services.placer.core.tenancy import Tenancy
-from services.placer.translate import reservation_of
+from services.placer.rules.translate import reservation_of
 from shared.messages.ledger import Booking, TenantCharge, TenantLedger
 from shared.subjects import tenant_key
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from services.placer import decider, translate
+from services.placer.rules import decider, translate
 from services.placer.shell.context import Shell
 from services.placer.shell.held import Held
 from shared import codec, subjects

@@ -3,7 +3,8 @@ pod back behind them (pure).
 
 A pod is *handing off* on a node while it is booked there (or booked tentatively by this
 replica) and no record of its booking's commit is ``allocated`` or ``released``. The binder's
-gate lets one pod per device count through to a node at a time (``services/binder/plan.py``), so
+gate lets one pod per device count through to a node at a time (``services/binder/rules/plan.py``),
+so
 the decider spreads a burst away from nodes whose queue is long (:meth:`HandOffs.queued_nodes`)
 and avoids choices the gate would hold back (:func:`waits_at_gate`).
 """
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from services.placer import translate
 from services.placer.core.facts import ShareAsk
 from services.placer.core.model import GpuSlice, PodRequest, Reservation
-from services.placer.nodes import NodeEntry
-from services.placer.repairs import RecordFacts
+from services.placer.rules import translate
+from services.placer.rules.nodes import NodeEntry
+from services.placer.rules.repairs import RecordFacts
 from shared.messages.ledger import BookedSlice, Booking
 
 

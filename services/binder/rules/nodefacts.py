@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from services.binder.objects import Node
+from services.binder.rules.objects import Node
 from shared import annotations as names
 from shared.kubeobjects import Pod, Quantity
 from shared.messages.constraints import ExistingPod, Taint

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import msgspec
 
-from services.deviceplugin.allocate import (
+from services.deviceplugin.rules.allocate import (
     Refusal,
     ResponseOptions,
     slice_environment,

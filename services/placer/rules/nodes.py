@@ -8,9 +8,9 @@ whose hand-off is not done, and what the node's state in the index was derived f
 
 from __future__ import annotations
 
-from services.placer import translate
-from services.placer.capacity import Signature
 from services.placer.core.tenancy import Tenancy
+from services.placer.rules import translate
+from services.placer.rules.capacity import Signature
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import Booking, NodeLedger
 from shared.messages.nodes import NodeFacts

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import msgspec
 
-from services.placer.decider import NodeVerdict
+from services.placer.rules.decider import NodeVerdict
 from shared.kubeobjects import Pod
 
 MAX_PRIORITY: Final = 10
