@@ -126,9 +126,9 @@ class ClusterSync:
         with_node_claims: Callable[[NodeFacts], NodeFacts] = lambda facts: facts,
     ) -> None:
         self._with_claims = with_claims
-        self._with_node_claims = with_node_claims
-        """Adds what other allocators' claims hold on a node (``draforeign.ForeignClaims``)."""
         """Adds a pod's DRA claims to what is published of it (``draclaims.DraClaims``)."""
+        self._with_node_claims = with_node_claims
+        """Adds what claims no placement holds take on a node (``draforeign.ForeignClaims``)."""
         self._config = config
         self._bus = bus
         self._records = records

@@ -23,6 +23,7 @@ tenancy and, in the shell, the same commit.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, cast
@@ -194,19 +195,15 @@ def _kept_out(view: ClusterView, pod: PodRequest) -> Mapping[str, str]:
 
 def _servable(
     view: ClusterView, pod: PodRequest, index: ClusterIndex
-) -> tuple[ClusterIndex, dict[str, int]]:
+) -> tuple[ClusterIndex, Mapping[str, int]]:
     """The nodes of ``index`` that can serve ``pod``'s containers, and how many were kept out
     for each reason (``keptout.py``). Only such pods, and only on a cluster that has such nodes,
     pay for a narrower index."""
     kept = _kept_out(view, pod)
     if not kept:
-        return index, {}
+        return index, Counter()
     narrower = ClusterIndex(node for node in index if node.name not in kept)
-    counts: dict[str, int] = {}
-    for node in index:
-        if node.name in kept:
-            counts[kept[node.name]] = counts.get(kept[node.name], 0) + 1
-    return narrower, counts
+    return narrower, Counter(kept[node.name] for node in index if node.name in kept)
 
 
 def _without_pod_counting(pod: PodRequest) -> PodRequest:
