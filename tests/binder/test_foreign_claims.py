@@ -11,11 +11,13 @@ import msgspec
 from services.binder.rules.draforeign import ForeignClaims, claimed_gpu
 from services.binder.rules.draobjects import ResourceClaim, Result
 from shared import codec, subjects
+from shared.messages.assignments import AssignmentRecord, AssignmentState
+from shared.messages.base import ContainerSlices, GpuSlice
 from shared.messages.nodes import ClaimedGpu, NodeFacts
 from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
-from tessera.devcluster.resources import NODE, RESOURCE_CLAIM
-from tests.binder.builders import node
+from tessera.devcluster.resources import NODE, POD, RESOURCE_CLAIM
+from tests.binder.builders import node, pod
 from tests.binder.conftest import BinderFactory
 from tests.harness.wait import eventually
 
@@ -87,16 +89,13 @@ def test_only_claims_no_placement_holds_are_counted_and_their_node_is_told() -> 
     assert foreign.on("dra-1") == () and len(wanted) == 5
 
 
-async def test_the_binder_publishes_what_another_allocator_holds_in_the_node_facts(
-    api: ApiServer, start_binder: BinderFactory, bus: NatsBus
-) -> None:
-    api.create(NODE, node("dra-1", gpus=None, labels={"tessera.dev/gpu-api": "dra"}))
+def allocated_claim(api: ApiServer, name: str, device: str, consumer: dict[str, str]) -> None:
     api.create(
         RESOURCE_CLAIM,
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
-            "metadata": {"name": "kube-made"},
+            "metadata": {"name": name},
             "spec": {
                 "devices": {
                     "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]
@@ -106,10 +105,44 @@ async def test_the_binder_publishes_what_another_allocator_holds_in_the_node_fac
         "ml",
     )
     status = {
-        "allocation": allocation("dra-1", result("gpu-0", memory="8Gi", compute="25")),
-        "reservedFor": [{"resource": "pods", "name": "other", "uid": "u-other"}],
+        "allocation": allocation("dra-1", result(device, memory="8Gi", compute="25")),
+        "reservedFor": [{"resource": "pods", **consumer}],
     }
-    api.patch(RESOURCE_CLAIM, "ml", "kube-made", {"status": status}, MERGE, subresource="status")
+    api.patch(RESOURCE_CLAIM, "ml", name, {"status": status}, MERGE, subresource="status")
+
+
+def placement(pod_uid: str, claim_name: str, state: AssignmentState) -> bytes:
+    """A placer's assignment record holding ``claim_name``'s GPU on dra-1."""
+    slices = (GpuSlice(uuid="GPU-1", index=1, memory_mib=8192, cores=25),)
+    return codec.encode(
+        AssignmentRecord(
+            pod_uid=pod_uid,
+            namespace="ml",
+            name="t-pod",
+            node="dra-1",
+            containers=(
+                ContainerSlices(container=f"resourceclaims/{claim_name}/gpu", gpus=slices),
+            ),
+            state=state,
+            decided_at=1.0,
+            placer_id="placer-0",
+            commit="k1",
+        )
+    )
+
+
+async def test_the_binder_publishes_what_another_allocator_holds_in_the_node_facts(
+    api: ApiServer, start_binder: BinderFactory, bus: NatsBus
+) -> None:
+    """kube-made: allocated by another allocator, counted; tessera-made: held by a Tessera pod's
+    placement, not counted until that placement is released."""
+    api.create(NODE, node("dra-1", gpus=None, labels={"tessera.dev/gpu-api": "dra"}))
+    tessera_pod = api.create(POD, pod("t-pod", namespace="ml", node="dra-1"))
+    uid = tessera_pod["metadata"]["uid"]
+    allocated_claim(api, "kube-made", "gpu-0", {"name": "other", "uid": "u-other"})
+    allocated_claim(api, "tessera-made", "gpu-1", {"name": "t-pod", "uid": uid})
+    key = subjects.assignment_key("dra-1", uid)
+    await bus.kv_put(subjects.KV_ASSIGNMENTS, key, placement(uid, "tessera-made", "allocated"))
 
     async def claimed() -> tuple[ClaimedGpu, ...] | None:
         entry = await bus.kv_get(subjects.KV_NODES, subjects.node_token("dra-1"))
@@ -122,10 +155,18 @@ async def test_the_binder_publishes_what_another_allocator_holds_in_the_node_fac
             return await claimed() == (held,)
 
         await eventually(counted, what="the claim's share in the node's facts")
+        await bus.kv_put(subjects.KV_ASSIGNMENTS, key, placement(uid, "tessera-made", "released"))
+        ours = ClaimedGpu(claim="ml/tessera-made", index=1, memory_mib=8192, core_milli=250)
+
+        async def both() -> bool:
+            return await claimed() == (held, ours)
+
+        await eventually(both, what="a claim no live placement holds counted")
         gone = {"status": {"allocation": None, "reservedFor": None}}
-        api.patch(RESOURCE_CLAIM, "ml", "kube-made", gone, MERGE, subresource="status")
+        for name in ("kube-made", "tessera-made"):
+            api.patch(RESOURCE_CLAIM, "ml", name, gone, MERGE, subresource="status")
 
         async def freed() -> bool:
             return await claimed() == ()
 
-        await eventually(freed, what="the deallocated claim's share given back")
+        await eventually(freed, what="the deallocated claims' shares given back")
