@@ -6,9 +6,10 @@ Everything a review decides is in the pod and in what the webhook knows of the c
 and claims, which it follows from the inventories and the binder's claim-class index on NATS,
 read-only (``inventory.py``; none with an empty ``--nats-url``). Admission never waits for NATS,
 and ``/readyz`` does not depend on it: without it, the webhook judges nothing against the
-cluster, and knows no claim. Only a pod naming a claim or template the index does not know waits,
-up to ``--claim-wait-s``, for the index to learn it (created with the pod, an instant before);
-after that it is let through as written, with a warning to the client, logged and counted. A
+cluster, and knows no claim. Only a pod naming a claim or template the index (once listed) does
+not know waits, up to ``--claim-wait-s``, for the index to learn it (created with the pod, an
+instant before); after that, or at once without an index, it is let through as written, with a
+warning to the client, logged and counted. A
 body that is not an AdmissionReview v1 is answered 400 with the reason; the API server then
 applies the webhook's ``failurePolicy``.
 Exit codes: 0 after SIGTERM or SIGINT; 2 when a port cannot be bound, the certificate cannot be
@@ -156,7 +157,10 @@ class AdmissionApp:
         if webhook != "mutate":
             return validate(request, self._policy, self._cluster.nodes(), lookup)
         review = mutate(request, self._policy, lookup)
-        if isinstance(review, BadReview) or not review.unknown or not self._claim_wait_s:
+        if isinstance(review, BadReview) or not review.unknown:
+            return review
+        if not self._claim_wait_s or not self._claims.known:
+            self._unknown(request, review)  # no index to wait for (NATS away): nothing will come
             return review
 
         # A claim or template the binder has not published yet (``kubectl apply`` of a template
@@ -168,12 +172,15 @@ class AdmissionApp:
         await self._claims.learned(decided, self._claim_wait_s)
         review = mutate(request, self._policy, lookup)
         if not isinstance(review, BadReview) and review.unknown:
-            self._metrics.unknown_claims.inc()
-            log.warning(
-                "pod admitted with claims the index does not know",
-                extra={"uid": request.uid, "claims": list(review.unknown)},
-            )
+            self._unknown(request, review)
         return review
+
+    def _unknown(self, request: AdmissionRequest, review: Review) -> None:
+        self._metrics.unknown_claims.inc()
+        log.warning(
+            "pod admitted with claims the index does not know",
+            extra={"uid": request.uid, "claims": list(review.unknown)},
+        )
 
     def _handler(self, webhook: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
