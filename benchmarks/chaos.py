@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.binder.sync import SETTLED, WITHDREW
+from services.binder.settling import SETTLED, WITHDREW
 from shared import codec, subjects
 from shared.messages.epoch import StoreEpoch, StoreRestored
 from shared.runtime.bus import BusUnavailableError

@@ -11,8 +11,14 @@ pod (in and out of the server, and per kind of client: nats-server's monitoring 
 the binder's node-facts counts. With ``--idle-s``, first what the ready system costs while it
 does nothing: CPU milliseconds per second per kind of process, and NATS messages per second.
 
+``--api dra`` runs every node in DRA mode: each pod asks for the same slice through its own
+ResourceClaim (from one ResourceClaimTemplate of class ``gpu.tessera.dev``), and the checks
+compare each container's environment with its claim's allocation. ``--api both --pairs N`` runs
+N pairs of systems, device-plugin mode and DRA mode alternated (the order swapped every pair), on
+the same burst, and prints each run and the DRA / device-plugin ratios of each pair.
+
     .venv/bin/python benchmarks/e2e.py --nodes 100 --pods 1000 [--placers 2] [--pools 0]
-        [--idle-s 20] [--no-burst-spread] [--rate 50]
+        [--idle-s 20] [--no-burst-spread] [--rate 50] [--api device-plugin|dra|both --pairs 2]
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tessera.devcluster.resources import RESOURCE_CLAIM_TEMPLATE
+from tessera.up import dramix
 from tessera.up import workload as w
 from tessera.up.report import decided_slices
-from tessera.up.spec import default_pools, plan_nodes
+from tessera.up.spec import default_pools, in_dra_mode, plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
 from tests.harness.procstat import context_switches, cpu_seconds
 
@@ -194,9 +202,22 @@ async def idle_cost(system: LocalSystem, seconds: float) -> dict[str, dict[str, 
     }
 
 
-async def main(args: argparse.Namespace) -> None:
+def burst(count: int, *, dra: bool) -> list[dict[str, Any]]:
+    """The pods of the burst (one GPU share each: 4 GiB, 5 % of the SMs); with ``dra`` the
+    template their claims are made from comes first."""
+    if dra:
+        return dramix.slice_burst(
+            count, gpu_memory="4Gi", compute="5", cpu="100m", memory="128Mi", prefix="bench"
+        )
+    shape = w.container(gpu=1, memory_mib=4096, cores=5, cpu="100m", memory="128Mi")
+    return [w.pod(f"bench-{i}", [shape]) for i in range(count)]
+
+
+async def measure(args: argparse.Namespace, *, dra: bool) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="tessera-e2e-bench-"))
     plans = plan_nodes(args.gpus, args.nodes)
+    if dra:
+        plans = [in_dra_mode(plan) for plan in plans]
     pools = args.pools or default_pools(args.placers, len(plans))
     options = SystemOptions(
         nodes=plans,
@@ -223,16 +244,14 @@ async def main(args: argparse.Namespace) -> None:
         requests_before = dict(system.cluster.api.requests)
         traffic_before = nats_traffic(system)
         subs_before = nats_by_subscription(system)
+        pods = burst(args.pods, dra=dra)
+        for template in pods[:1] if dra else ():  # before the clock starts
+            system.cluster.api.create(RESOURCE_CLAIM_TEMPLATE, template, "default")
         t0 = time.monotonic()
-        for i in range(args.pods):
+        for i, pod in enumerate(pods[1:] if dra else pods):
             if args.rate > 0:  # paced: pod i is created i / rate seconds in
                 await asyncio.sleep(max(0.0, t0 + i / args.rate - time.monotonic()))
-            system.cluster.create_pod(
-                w.pod(
-                    f"bench-{i}",
-                    [w.container(gpu=1, memory_mib=4096, cores=5, cpu="100m", memory="128Mi")],
-                )
-            )
+            system.cluster.create_pod(pod)
         created_s = time.monotonic() - t0
         while True:
             pods = system.cluster.pods()
@@ -262,6 +281,7 @@ async def main(args: argparse.Namespace) -> None:
         }
         summary = system.summary()
         result = {
+            "api": "dra" if dra else "device-plugin",
             "nodes": args.nodes,
             "gpus_per_node": args.gpus,
             "pods": args.pods,
@@ -276,6 +296,7 @@ async def main(args: argparse.Namespace) -> None:
             "packing": packing(pods, max(g.memory_mib for plan in plans for g in plan.gpus)),
             "mismatched_containers": summary.mismatched_containers,
             "overcommitted_gpus": summary.overcommitted_gpus,
+            "claims": summary.claims,
             "counted_during_run": counted | per_pod,
             # Consumers made during the run (a watch started again) count from 0, and
             # a pull consumer's batches are also among the puller's ``_INBOX`` replies.
@@ -303,7 +324,51 @@ async def main(args: argparse.Namespace) -> None:
                 2,
             ),
         }
-        print(json.dumps(result, indent=2))
+        return result
+
+
+def ratios(dra: dict[str, Any], plugin: dict[str, Any]) -> dict[str, float]:
+    """DRA mode against device-plugin mode, one pair: latency (lower is better) and pods/s."""
+    found = {"pods_running_per_s": dra["pods_running_per_s"] / plugin["pods_running_per_s"]}
+    for stage in ("created_to_running", "created_to_decided", "decided_to_bound"):
+        for q in ("p50", "p99"):
+            mine = dra["latency_ms"].get(stage, {}).get(q)
+            theirs = plugin["latency_ms"].get(stage, {}).get(q)
+            if mine is not None and theirs:
+                found[f"{stage} {q}"] = mine / theirs
+    return {k: round(v, 2) for k, v in found.items()}
+
+
+def brief(result: dict[str, Any]) -> dict[str, Any]:
+    """What a side-by-side run prints of each system."""
+    running = result["latency_ms"].get("created_to_running", {})
+    return {
+        "api": result["api"],
+        "pods_by_phase": result["pods_by_phase"],
+        "created_to_running_p50_ms": running.get("p50"),
+        "created_to_running_p99_ms": running.get("p99"),
+        "pods_running_per_s": result["pods_running_per_s"],
+        "mismatched_containers": result["mismatched_containers"],
+        "overcommitted_gpus": result["overcommitted_gpus"],
+        "claims": result["claims"],
+        "control_plane_cpu_ms_per_pod": result["control_plane_cpu_ms_per_pod"],
+        "latency_ms": result["latency_ms"],
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    if args.api != "both":
+        print(json.dumps(await measure(args, dra=args.api == "dra"), indent=2))
+        return
+    runs: list[dict[str, Any]] = []
+    pairs: list[dict[str, float]] = []
+    for pair in range(args.pairs):
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        done = {dra: await measure(args, dra=dra) for dra in order}
+        runs.extend(brief(done[dra]) for dra in order)
+        pairs.append(ratios(done[True], done[False]))
+        print(json.dumps({"pair": pair + 1, "dra_over_device_plugin": pairs[-1]}), flush=True)
+    print(json.dumps({"runs": runs, "dra_over_device_plugin": pairs}, indent=2))
 
 
 if __name__ == "__main__":
@@ -339,6 +404,13 @@ if __name__ == "__main__":
         help="create the pods at this many a second (0: all at once, a burst); pods/s is "
         "then at most this, and the CPU per pod is what a steady arrival costs",
     )
+    parser.add_argument(
+        "--api",
+        choices=("device-plugin", "dra", "both"),
+        default="device-plugin",
+        help="how the nodes offer their GPUs; both: --pairs runs of each, alternated",
+    )
+    parser.add_argument("--pairs", type=int, default=2, help="pairs of runs with --api both (2)")
     parser.add_argument(
         "--nodes-per-process",
         type=int,

@@ -19,7 +19,13 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from shared.dra.claims import ClaimPlan, ask_container, is_tessera_claim, plan_claims
+from shared.dra.claims import (
+    NOT_CREATED,
+    ClaimPlan,
+    ask_container,
+    is_tessera_claim,
+    plan_claims,
+)
 from shared.dra.devices import COMPUTE, DRIVER, MEMORY, MemoryPolicy, device_name
 from shared.messages.ledger import BookedSlice, Booking
 from shared.messages.pods import PodPending
@@ -53,7 +59,7 @@ def with_claims(
     unseen = tuple(
         FieldError(
             field=f"spec.resourceClaims[{i}] (claim {c.name!r})",
-            problem="ResourceClaim not created yet",
+            problem=NOT_CREATED,
         )
         for i, c in enumerate(claims)
         if not c.claim

@@ -6,13 +6,15 @@ that name it read again (a template's claim is made after its pod; a shared clai
 allocated pins the next one to its node). Pods a claim is reserved for are not read again for it:
 they are being bound, or run.
 
-Before the Binding of a pod with Tessera claims (:meth:`DraClaims.allocate`), for each claim, read
-fresh from the API: the ``resource.kubernetes.io/delete-protection`` finalizer, then
+Before the Binding of a pod with Tessera claims (:meth:`DraClaims.allocate`), for each claim as
+the informer holds it: the ``resource.kubernetes.io/delete-protection`` finalizer, then
 ``status.allocation`` (``draalloc.results``) with the pod in ``reservedFor``, in one write of the
-status under the resourceVersion read (a claim written meanwhile is read again). A claim already
-allocated (shared) gets the pod added to ``reservedFor`` when it is on the booking's node, and
-fails the bind when it is not. Deallocation is kube-controller-manager's: once no pod is left in
-``reservedFor`` it clears the allocation and removes the finalizer.
+status, each write conditional on the resourceVersion it starts from (the finalizer's answer is
+the next one's; a claim written meanwhile, or an informer behind, is a 409, and the claim is read
+fresh from the API). A claim already allocated (shared) gets the pod added to ``reservedFor``
+when it is on the booking's node, and fails the bind when it is not. Deallocation is
+kube-controller-manager's: once no pod is left in ``reservedFor`` it clears the allocation and
+removes the finalizer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
+
+import msgspec
 
 from services.binder import draalloc
 from services.binder.gateway import Answer, Body, ClusterGateway
@@ -137,8 +141,13 @@ class DraClaims:
     async def _allocate_claim(self, booking: Booking, wanted: PodResourceClaim) -> str:
         namespace, name = booking.namespace, wanted.claim
         what = f"ResourceClaim {namespace}/{name}"
+        # The informer's copy first, then what each write answered: a stale one is a 409 (the
+        # writes are conditional on its resourceVersion), and only then is the claim read.
+        claim = self.informer.get(f"{namespace}/{name}")
+        fresh = False
         for _ in range(WRITE_TRIES):
-            claim = await self._api.read_claim(namespace, name)
+            if claim is None or (claim.metadata.uid != wanted.uid and not fresh):
+                claim, fresh = await self._api.read_claim(namespace, name), True
             if claim is None or claim.metadata.uid != wanted.uid:
                 return f"{what} no longer exists"
             if claim.metadata.deletion_timestamp is not None:
@@ -165,6 +174,7 @@ class DraClaims:
                 answer = await self._api.patch_claim(namespace, name, patch)
                 if not answer.ok and answer.code != 409:
                     return f"{what}: cannot add its finalizer: HTTP {answer.code} {answer.message}"
+                claim, fresh = _written(answer), True
                 continue
             else:
                 found = draalloc.results(booking, wanted)
@@ -182,4 +192,15 @@ class DraClaims:
                 return (
                     f"{what}: the API refused its allocation: HTTP {answer.code} {answer.message}"
                 )
+            claim = None
         return f"{what} kept changing under {WRITE_TRIES} writes"
+
+
+def _written(answer: Answer) -> ResourceClaim | None:
+    """The claim a successful write answered with (None: read it again)."""
+    if not answer.ok:
+        return None
+    try:
+        return msgspec.json.decode(answer.message, type=ResourceClaim)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None

@@ -6,9 +6,10 @@ the selector kube-scheduler uses): Tessera's pods (``spec.schedulerName``, or ex
 changes mark a pod uid or node name dirty (:class:`~services.binder.workqueue.WorkQueue`); the
 leader's workers then publish ``PodPending`` (when what the placer reads changed; never for
 extender-mode pods, whose node kube-scheduler picks), ``PodDeleted`` (pod gone or finished, after
-withdrawing its record when it ended before its GPUs were allocated: ``plan.stranded``), or
+withdrawing its record when it ended before its GPUs were allocated: ``settling.py``), or
 have an invalid pod explained (:mod:`~services.binder.reporting`; nothing pending published),
-and ``NodeFacts`` on change (subject + KV). Every write is fenced by the Lease (``fence``).
+and ``NodeFacts`` on change (subject + KV: ``factspublisher.py``). Every write is fenced by the
+Lease (``fence``).
 
 A pod with scheduling gates is not published while any is left (its ``PodScheduled`` says so).
 The pods on each node that are not Tessera's go into its facts (``neighbours.py``); the namespace
@@ -19,17 +20,16 @@ terms name one read again, and is published for the placer's extender (``namespa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import Final
 
 import msgspec
 
 from services.binder.config import BinderConfig
 from services.binder.extender import is_extender_pod, is_ours
+from services.binder.factspublisher import NodeFactsPublisher
 from services.binder.gateway import ClusterGateway
 from services.binder.informer import Informer
 from services.binder.metrics import BinderMetrics
@@ -39,26 +39,14 @@ from services.binder.rules.describe import SCHEDULER_ERROR, not_queued_message
 from services.binder.rules.neighbours import NodePods, existing_pod
 from services.binder.rules.nodefacts import (
     Requested,
-    gone_facts,
-    node_facts,
-    only_tessera_moved,
     pod_requested,
-    same_facts,
 )
 from services.binder.rules.objects import Namespace, Node
-from services.binder.rules.plan import (
-    Admission,
-    admission_of,
-    same_shape,
-    served_elsewhere,
-    stranded,
-    withdrawable,
-)
+from services.binder.settling import BoundRecords
 from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
-from shared.messages.assignments import AssignmentRecord, RecordView, released, settled
 from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
@@ -71,29 +59,6 @@ from shared.scheduling import gated_message, scheduling_gates, uses_namespace_se
 log = logging.getLogger(__name__)
 
 NON_TERMINATED: Final = "status.phase!=Succeeded,status.phase!=Failed"
-
-RECOUNT_S: Final = 2.0
-"""How soon a ``bound`` record kept for a waiting pod is counted again, whatever happens on its
-node meanwhile (an admission or an ending counts it again at once)."""
-
-
-WITHDREW: Final = "withdrew the record of a pod that ended before its GPUs were allocated"
-SETTLED: Final = (
-    "settled the record of a pod admitted while it waited for an Allocate: the device plugin "
-    "served it from another record of the same slices, whose pod ended first"
-)
-"""The log messages of a record withdrawn and settled (``benchmarks/chaos.py`` counts them in
-the logs of binders it kills, whose counters die with them)."""
-
-
-Judge = Callable[[AssignmentRecord, list[AssignmentRecord], dict[str, Admission]], bool]
-"""``plan.served_elsewhere`` or ``plan.withdrawable``."""
-
-
-class Transition(Protocol):
-    """A record transition of ``shared.messages.assignments`` (``released``, ``settled``)."""
-
-    def __call__(self, record: AssignmentRecord, *, now: float) -> AssignmentRecord: ...
 
 
 @dataclass(frozen=True)
@@ -127,11 +92,8 @@ class ClusterSync:
     ) -> None:
         self._with_claims = with_claims
         """Adds a pod's DRA claims to what is published of it (``draclaims.DraClaims``)."""
-        self._with_node_claims = with_node_claims
-        """Adds what claims no placement holds take on a node (``draforeign.ForeignClaims``)."""
         self._config = config
         self._bus = bus
-        self._records = records
         self._clock = clock
         self._metrics = metrics
         self._reporter = reporter
@@ -175,18 +137,34 @@ class ClusterSync:
         # CPU and memory requested per node, and each bound pod's share of it.
         self._requested: dict[str, Requested] = {}
         self._contribution: dict[str, tuple[str, Requested]] = {}
-        self._published_facts: dict[str, NodeFacts] = {}
-        self._facts_published_at: dict[str, float] = {}
-        """When (monotonic) each node's facts were last published."""
-        self._facts_held: set[str] = set()
-        """Nodes with a change held back until their next refresh."""
         self.pod_queue: WorkQueue[str] = WorkQueue()
         self.node_queue: WorkQueue[str] = WorkQueue()
         self._background: set[asyncio.Task[None]] = set()
-        self._settling = asyncio.Lock()
-        self._unsettled: dict[str, set[str]] = {}
-        """Node -> pods whose records are ``bound`` and no surplus yet (``_leave_bound``); a
-        node without any is not listed."""
+        self._facts = NodeFactsPublisher(
+            bus=bus,
+            clock=clock,
+            metrics=metrics,
+            fence=fence,
+            refresh_s=config.node_facts_refresh_s,
+            nodes=self.nodes,
+            requested_on=self.requested_on,
+            neighbours=self._neighbours,
+            requeue=self.node_queue.add,
+            later=self._later,
+            with_claims=with_node_claims,
+        )
+        """The node worker's side: each node's facts, published on change."""
+        self._bound = BoundRecords(
+            bus=bus,
+            clock=clock,
+            metrics=metrics,
+            records=records,
+            fence=fence,
+            pod_of=self.pod_of,
+            requeue=self.pod_queue.add,
+            later=self._later,
+        )
+        """Withdraws and settles the ``bound`` records of pods that ended or were admitted."""
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -286,7 +264,7 @@ class ClusterSync:
         """Publish everything again (the previous leader's last messages may be missing)."""
         self._published_pending.clear()
         self._reporter.reset()
-        self._published_facts.clear()
+        self._facts.resync()
         self.namespace_publisher.resync()
         for uid in [*self._ours, *self._gone]:
             self.pod_queue.add(uid)
@@ -294,18 +272,13 @@ class ClusterSync:
             self.node_queue.add(name)
 
     async def relist_published_nodes(self) -> None:
-        """Mark dirty the nodes whose facts are published, those gone meanwhile included."""
-        try:
-            for key in await self._bus.kv_keys(subjects.KV_NODES):
-                self.node_queue.add(subjects.node_from_token(key))  # facts of nodes gone meanwhile
-        except Exception as error:  # NATS away: the node watch will publish as nodes change
-            log.warning("cannot list published node facts", extra={"error": repr(error)})
+        await self._facts.relist_published_nodes()
 
     async def work_pods(self) -> None:
         await self._work(self.pod_queue, self._sync_pod)
 
     async def work_nodes(self) -> None:
-        await self._work(self.node_queue, self._sync_node)
+        await self._work(self.node_queue, self._facts.sync)
 
     def stop(self) -> None:
         for task in self._background:
@@ -349,7 +322,7 @@ class ClusterSync:
             self._published_pending.pop(uid, None)
             self._reporter.forget(uid)
             if pod.node:
-                await self._settle_served_elsewhere(pod)
+                await self._bound.settle_served_elsewhere(pod)
             return
         gates, _ = scheduling_gates(pod)
         if gates:  # the API lets gates only be removed: it was never published as pending
@@ -392,134 +365,11 @@ class ClusterSync:
         while the placer has not handled ``PodDeleted`` yet. A ``bound`` record a waiting pod
         needs is kept, and the pod's end waits (False) until that pod's Allocate took it or
         the record is no longer needed."""
-        if ref.node is not None:
-            outcome = await self._leave_bound(ref.node, uid, withdrawable, released, ended=True)
-            if outcome == "rewritten":
-                self._metrics.records_withdrawn.inc()
-                log.info(
-                    WITHDREW,
-                    extra={"record": subjects.assignment_key(ref.node, uid)},
-                )
-            if outcome == "kept":
-                self._gone[uid] = ref
-                return False
-            self._count_unsettled_again(ref.node)
+        if ref.node is not None and not await self._bound.withdraw(ref.node, uid):
+            self._gone[uid] = ref
+            return False
         await self.publish_deleted(uid, ref)
         return True
-
-    async def _settle_served_elsewhere(self, pod: Pod) -> None:
-        """The kubelet admitted ``pod`` but its record may still wait for an Allocate: settle it
-        when it is a surplus record of its shape on the node (``plan.served_elsewhere``)."""
-        if admission_of(pod) != "admitted":
-            return
-        uid = pod.metadata.uid
-        outcome = await self._leave_bound(pod.node, uid, served_elsewhere, settled, ended=False)
-        if outcome == "moved":  # the common case: allocated by its own Allocate, nothing read
-            self._count_unsettled_again(pod.node)
-        elif outcome == "rewritten":
-            self._metrics.records_settled.inc()
-            log.warning(
-                SETTLED,
-                extra={"record": subjects.assignment_key(pod.node, uid)},
-            )
-
-    async def _leave_bound(
-        self, node: str, uid: str, may: Judge, rewrite: Transition, *, ended: bool
-    ) -> Literal["rewritten", "kept", "moved"]:
-        """Move pod ``uid``'s ``bound`` record on ``node`` on by ``rewrite`` when ``may`` allows
-        it over the node's records of its shape: ``rewritten`` (done here), ``kept`` (still
-        ``bound``: counted again when a pod of the node is admitted or ends, the two things that
-        can change the count, ``_unsettled``) or ``moved`` (not ``bound`` any more; nothing
-        read when the mirror says so)."""
-        key = subjects.assignment_key(node, uid)
-        view = self._records.get(key)
-        if view is None or not stranded(view.record):
-            self._mark_kept(node, uid, kept=False)
-            return "moved"
-        async with self._settling:  # one count at a time, each over the writes before it
-            others = [
-                v
-                for v in self._records.on_node(node)
-                if v.key != key and same_shape(v.record, view.record)
-            ]
-            # Where the pods are first, their records after: a pod admitted in between counts
-            # as waiting, whichever record its Allocate took, so no surplus is seen that is not
-            # one. (The other order found one: 16 identical pods admitted during the reads.)
-            admission = {
-                v.record.pod_uid: admission_of(self.pod_of(v.record.pod_uid)) for v in others
-            }
-            admission[uid] = "ended" if ended else "admitted"
-            own = await self._records.read(key)
-            done = False
-            if own is not None and stranded(own.record):
-                alike = await self._read_backlog(others)
-                done = await self._rewrite_record(
-                    key,
-                    applies=lambda record: may(record, alike, admission),
-                    rewrite=rewrite,
-                    action="move an assignment record on",
-                )
-        current = self._records.get(key)
-        kept = current is not None and stranded(current.record)
-        self._mark_kept(node, uid, kept=kept)
-        if kept:  # the pod whose admission frees it may have been seen while this count ran
-            self._later(RECOUNT_S, self.pod_queue.add, uid)
-        return "rewritten" if done else "kept" if kept else "moved"
-
-    async def _read_backlog(self, views: list[RecordView]) -> list[AssignmentRecord]:
-        """``views`` as they are now: those the mirror shows ``bound`` (the node's backlog)
-        read afresh, as they may have been allocated since. One shown allocated is (records
-        never move back)."""
-        records: list[AssignmentRecord] = []
-        for view in views:
-            if view.record.state == "bound":
-                fresh = await self._records.read(view.key)
-                if fresh is None:
-                    continue
-                view = fresh
-            records.append(view.record)
-        return records
-
-    def _mark_kept(self, node: str, uid: str, *, kept: bool) -> None:
-        """Note whether pod ``uid``'s ``bound`` record on ``node`` is kept for a waiting pod
-        (``_unsettled``, and the gauge an operator reads it from)."""
-        unsettled = self._unsettled.get(node, set())
-        if kept and uid not in unsettled:
-            self._unsettled.setdefault(node, unsettled).add(uid)
-            self._metrics.records_kept.inc()
-        elif not kept and uid in unsettled:
-            unsettled.discard(uid)
-            if not unsettled:
-                del self._unsettled[node]
-            self._metrics.records_kept.dec()
-
-    def _count_unsettled_again(self, node: str) -> None:
-        for uid in self._unsettled.get(node, ()):
-            self.pod_queue.add(uid)
-
-    async def _rewrite_record(
-        self,
-        key: str,
-        *,
-        applies: Callable[[AssignmentRecord], bool],
-        rewrite: Transition,
-        action: str,
-    ) -> bool:
-        """Rewrite the record at ``key`` with ``rewrite(record, now=...)`` by compare-and-set
-        while ``applies`` to it; whether this binder wrote it."""
-        view = self._records.get(key)
-        while view is not None and applies(view.record):
-            self._fence(action)
-            record = rewrite(view.record, now=self._clock.now())
-            revision = await self._bus.kv_update(
-                subjects.KV_ASSIGNMENTS, key, codec.encode(record), revision=view.revision
-            )
-            if revision is None:  # moved meanwhile (allocated, or released by a placer)
-                view = await self._records.read(key)
-                continue
-            await self._records.remember(RecordView(key=key, revision=revision, record=record))
-            return True
-        return False
 
     async def publish_deleted(self, uid: str, ref: PodRef) -> None:
         self._fence("publish PodDeleted")
@@ -538,52 +388,3 @@ class ClusterSync:
             self._metrics.publish_failures.labels(kind="deleted").inc()
             raise
         self._metrics.pods_published.labels(kind="deleted").inc()
-
-    async def _sync_node(self, name: str) -> None:
-        node = self.nodes.get(name)
-        if node is None:
-            entry = await self._bus.kv_get(subjects.KV_NODES, subjects.node_token(name))
-            known = self._published_facts.pop(name, None)
-            self._facts_published_at.pop(name, None)
-            if entry is None and known is None:
-                return
-            if entry is not None and known is None:
-                with contextlib.suppress(codec.DecodeError):
-                    if codec.decode(entry.value, NodeFacts).deleted:
-                        return
-            await self._publish_facts(gone_facts(name, now=self._clock.now()))
-            return
-        facts = self._with_node_claims(
-            node_facts(
-                node, self.requested_on(name), pods=self._neighbours.on(name), now=self._clock.now()
-            )
-        )
-        published = self._published_facts.get(name)
-        if same_facts(published, facts):
-            return
-        if published is not None and only_tessera_moved(published, facts):
-            wait = (
-                self._facts_published_at.get(name, -math.inf)
-                + self._config.node_facts_refresh_s
-                - self._clock.monotonic()
-            )
-            if wait > 0:
-                if name not in self._facts_held:
-                    self._facts_held.add(name)
-                    self._metrics.node_facts_deferred.inc()
-                    self._later(wait, self._refresh_facts, name)
-                return
-        await self._publish_facts(facts)
-        self._published_facts[name] = facts
-        self._facts_published_at[name] = self._clock.monotonic()
-
-    def _refresh_facts(self, name: str) -> None:
-        self._facts_held.discard(name)
-        self.node_queue.add(name)
-
-    async def _publish_facts(self, facts: NodeFacts) -> None:
-        self._fence("publish NodeFacts")
-        data = codec.encode(facts)
-        await self._bus.kv_put(subjects.KV_NODES, subjects.node_token(facts.node), data)
-        await self._bus.publish(subjects.nodes(facts.node), data)
-        self._metrics.node_facts.inc()

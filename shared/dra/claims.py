@@ -58,6 +58,8 @@ from shared.podspec import FieldError
 from shared.quantity import MIB, QuantityError, parse_quantity
 
 CLAIM_CONTAINER_PREFIX: Final = "resourceclaims/"
+NOT_CREATED: Final = "ResourceClaim not created yet"
+"""Why a pod whose template's claim the controller has yet to make waits (not a refusal)."""
 DISTINCT_PER_GPU: Final = frozenset({qualified(UUID), qualified(INDEX)})
 """Attributes that differ between any two GPUs of a node."""
 
@@ -330,9 +332,7 @@ def plan_claims(
     nodes: set[str] = set()
     for index, claim in ours:
         if not claim.claim:
-            errors.append(
-                FieldError(field=_where(index, claim), problem="ResourceClaim not created yet")
-            )
+            errors.append(FieldError(field=_where(index, claim), problem=NOT_CREATED))
             continue
         if claim.allocated:
             nodes.add(claim.allocated_node)

@@ -80,17 +80,45 @@ def _parse(path: Path) -> Any:
     return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
 
 
-def load(directories: Iterable[Path]) -> tuple[dict[str, _Device], list[str]]:
+class SpecCache:
+    """Spec files as parsed, each kept while the file stays the same one (inode, modification
+    time, size): a runtime's CDI registry parses a spec again only when its file changes, and a
+    node with many prepared claims would otherwise parse every spec for every container."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+
+    def parse(self, path: Path) -> Any:
+        info = path.stat()
+        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        kept = self._parsed.get(path)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        spec = _parse(path)
+        self._parsed[path] = (key, spec)
+        return spec
+
+    def keep_only(self, paths: set[Path]) -> None:
+        """Forget the files that are gone."""
+        for path in set(self._parsed) - paths:
+            del self._parsed[path]
+
+
+def load(
+    directories: Iterable[Path], cache: SpecCache | None = None
+) -> tuple[dict[str, _Device], list[str]]:
     """Every device the spec directories define (later directories win), and why files were
     skipped."""
     devices: dict[str, _Device] = {}
     skipped: list[str] = []
+    seen: set[Path] = set()
     for directory in directories:
         if not directory.is_dir():
             continue
         for path in sorted(p for p in directory.iterdir() if p.suffix in SUFFIXES):
+            seen.add(path)
             try:
-                spec = _parse(path)
+                spec = cache.parse(path) if cache is not None else _parse(path)
             except (OSError, ValueError, yaml.YAMLError) as error:
                 skipped.append(f"{path.name}: {error}")
                 continue
@@ -104,6 +132,8 @@ def load(directories: Iterable[Path]) -> tuple[dict[str, _Device], list[str]]:
                 )
     for reason in skipped:
         log.warning("CDI spec skipped", extra={"reason": reason})
+    if cache is not None:
+        cache.keep_only(seen)
     return devices, skipped
 
 
@@ -123,12 +153,14 @@ def _problem(spec: Any) -> str:
     return ""
 
 
-def resolve(names: Sequence[str], directories: Iterable[Path]) -> Edits:
+def resolve(
+    names: Sequence[str], directories: Iterable[Path], cache: SpecCache | None = None
+) -> Edits:
     """The edits of ``names`` in order; UnresolvableDevicesError when some have no spec."""
     edits = Edits()
     if not names:
         return edits
-    devices, _ = load(directories)
+    devices, _ = load(directories, cache)
     missing = [name for name in names if name not in devices]
     if missing:
         raise UnresolvableDevicesError(missing)

@@ -138,6 +138,7 @@ class DraManager:
         self.node = node
         self.registry_dir = registry_dir
         self.cdi_dirs = tuple(cdi_dirs)
+        self.cdi_cache = cdi.SpecCache()
         self.poll_s = poll_s
         self.call_timeout_s = call_timeout_s
         self.plugins: dict[str, list[Plugin]] = {}
@@ -453,7 +454,7 @@ class DraManager:
             spec.get("containers") or []
         ):
             for claim, names in self.cdi_devices(pod, container).items():
-                edits = cdi.resolve(names, self.cdi_dirs)
+                edits = cdi.resolve(names, self.cdi_dirs, self.cdi_cache)
                 records.append(
                     ContainerRecord(
                         pod_uid=meta["uid"],

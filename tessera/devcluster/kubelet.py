@@ -602,8 +602,15 @@ class SimulatedKubelet(DeviceManager):
         """GPU uuid -> (MiB, percent of SMs, pods) held by running containers, as their recorded
         environments say."""
         used: dict[str, tuple[int, int, list[str]]] = {}
+        claims: set[tuple[str, str]] = set()
         for record in self.running_records():
             for container in record.containers:
+                # A DRA claim shared by several containers or pods is one allocation.
+                if container.resource.startswith("resourceclaims/"):
+                    claim = (container.namespace, container.resource)
+                    if claim in claims:
+                        continue
+                    claims.add(claim)
                 uuids = _split(container.envs.get(ENV_VISIBLE, ""))
                 memory = _split(container.envs.get(ENV_MEMORY, ""))
                 cores = _split(container.envs.get(ENV_CORES, ""))

@@ -28,14 +28,15 @@ import time
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from shared.dra.claims import NOT_CREATED
 from shared.runtime.command import Command
 from shared.runtime.tasks import cancel_and_wait, finish
-from tessera.devcluster.resources import ApiError
+from tessera.devcluster.resources import RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE, ApiError
+from tessera.up import dramix, drareport, workload
 from tessera.up import spec as specs
-from tessera.up import workload
 from tessera.up.processes import StartError
 from tessera.up.report import STAGES, Summary
-from tessera.up.system import LocalSystem, SystemOptions
+from tessera.up.system import LocalSystem, Say, SystemOptions
 
 EXIT_OK: Final = 0
 EXIT_PROBLEM: Final = 1
@@ -103,7 +104,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     load = parser.add_argument_group("workload (default: the built-in mix)")
     source = load.add_mutually_exclusive_group()
-    source.add_argument("--workload", type=Path, help="pod manifests, YAML or JSON")
+    source.add_argument(
+        "--workload",
+        type=Path,
+        help="manifests, YAML or JSON: pods, and the ResourceClaims and ResourceClaimTemplates "
+        "they name (created first)",
+    )
     source.add_argument(
         "--trace",
         nargs="?",
@@ -111,7 +117,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"sample --pods tasks of an Alibaba openb pod CSV (default file {DEFAULT_TRACE})",
     )
     load.add_argument(
-        "--pods", type=int, default=40, help="pods of the built-in mix or the trace sample (40)"
+        "--pods",
+        type=int,
+        default=40,
+        help="pods of the built-in mix (with --dra: asking through claims, a template per shape) "
+        "or the trace sample (40)",
     )
     load.add_argument("--seed", type=int, default=42, help="trace sample seed (42)")
     run = parser.add_argument_group("run")
@@ -145,8 +155,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def nodes_and_pods(args: argparse.Namespace) -> tuple[list[specs.NodePlan], list[dict[str, Any]]]:
-    """The nodes to simulate and the pods to submit, from the command line."""
+    """The nodes to simulate and what to submit (pods, and with DRA their claims and
+    templates), from the command line."""
     if args.trace is not None:
+        if getattr(args, "dra", False):
+            raise workload.WorkloadError(
+                "--trace asks for GPUs as device-plugin resources; with --dra use the built-in "
+                "mix or --workload"
+            )
         path = Path(args.trace)
         sample = workload.trace_sample(path, args.pods, seed=args.seed)
         if args.nodes is None and args.gpus is None:
@@ -155,11 +171,12 @@ def nodes_and_pods(args: argparse.Namespace) -> tuple[list[specs.NodePlan], list
             nodes = specs.plan_nodes(args.gpus or specs.DEFAULT_GPUS, args.nodes)
         return nodes, workload.trace_pods(sample)
     nodes = specs.plan_nodes(args.gpus or specs.DEFAULT_GPUS, args.nodes)
-    if getattr(args, "dra", False):
+    dra = getattr(args, "dra", False)
+    if dra:
         nodes = [specs.in_dra_mode(n) for n in nodes]
     if args.workload is not None:
         return nodes, workload.from_file(args.workload)
-    return nodes, workload.builtin(args.pods)
+    return nodes, dramix.builtin_dra(args.pods) if dra else workload.builtin(args.pods)
 
 
 class Progress:
@@ -196,7 +213,8 @@ class Progress:
 
 
 def pod_state(pod: dict[str, Any]) -> tuple[str, bool]:
-    """(pending | bound | running | failed, settled)."""
+    """(pending | bound | running | failed, settled): a Pending pod is settled once it is
+    explained, and not by a claim yet to be made."""
     status = pod.get("status") or {}
     phase = status.get("phase")
     if phase == "Running":
@@ -205,11 +223,14 @@ def pod_state(pod: dict[str, Any]) -> tuple[str, bool]:
         return "failed", True
     if (pod.get("spec") or {}).get("nodeName"):
         return "bound", False
-    explained = any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message")
+    messages = [
+        str(c["message"])
         for c in status.get("conditions") or []
-    )
-    return "pending", explained
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message")
+    ]
+    # Waiting for the claim controller, or for the binder to read the claims it made.
+    waiting = not drareport.claims_created(pod) or any(NOT_CREATED in m for m in messages)
+    return "pending", bool(messages) and not waiting
 
 
 async def wait_settled(
@@ -249,6 +270,24 @@ async def wait_settled(
     return False
 
 
+def submit(system: LocalSystem, objects: list[dict[str, Any]], *, say: Say) -> int:
+    """Create ``objects`` through the API, a pod's claims and templates before it; how many
+    objects the API refused (each said)."""
+    refused = 0
+    for obj in workload.in_create_order(objects):
+        kind = obj.get("kind", "Pod")
+        try:
+            if kind == "Pod":
+                system.cluster.create_pod(obj)
+            else:
+                resource = RESOURCE_CLAIM if kind == "ResourceClaim" else RESOURCE_CLAIM_TEMPLATE
+                system.cluster.api.create(resource, obj)
+        except ApiError as error:
+            refused += 1
+            say(f"the API refused a {kind}: {error.message}")
+    return refused
+
+
 def render(summary: Summary, out: TextIO) -> None:
     """The summary for people."""
     phases = ", ".join(f"{phase} {count}" for phase, count in summary.pods_by_phase.items())
@@ -275,6 +314,13 @@ def render(summary: Summary, out: TextIO) -> None:
     print(f"  mismatched containers: {summary.mismatched_containers}", file=out)
     for line in summary.mismatches[:10]:
         print(f"    {line}", file=out)
+    if summary.claims:
+        claims = summary.claims
+        print(
+            f"  ResourceClaims:        {claims['total']}: {claims['allocated']} allocated "
+            f"({claims['reserved']} reserved), {claims['pending']} pending",
+            file=out,
+        )
     print(f"  over-committed GPUs:   {summary.overcommitted_gpus}", file=out)
     for line in summary.overcommits[:10]:
         print(f"    {line}", file=out)
@@ -367,14 +413,9 @@ async def run_up(args: argparse.Namespace) -> int:
         if endpoints["dashboard_url"]:
             progress.say(f"dashboard {endpoints['dashboard_url']}")
         progress.say(f"kubectl: KUBECONFIG={system.kubeconfig} kubectl get pods -o wide")
-        rejected = 0
-        for manifest in pods:
-            try:
-                system.cluster.create_pod(manifest)
-            except ApiError as error:
-                rejected += 1
-                progress.say(f"the API refused a pod: {error.message}")
-        progress.say(f"submitted {len(pods) - rejected} pods")
+        rejected = submit(system, pods, say=progress.say)
+        submitted = sum(1 for obj in pods if obj.get("kind", "Pod") == "Pod")
+        progress.say(f"submitted {submitted - rejected} pods")
         settled = await wait_settled(system, timeout=args.timeout, progress=progress, stop=stop)
         progress.clear()
         summary = system.summary()

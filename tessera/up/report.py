@@ -7,10 +7,12 @@ Everything here is counted independently of the placer's books:
   shares of that container in the pod's ``tessera.dev/assignment`` (``NVIDIA_VISIBLE_DEVICES``,
   ``TESSERA_GPU_MEMORY_LIMIT_MIB``, ``TESSERA_GPU_CORES``, and the isolation variables when
   present); a container with no decided slice must have no GPU at all; a pod asking for Tessera
-  devices without an assignment counts each such container.
+  devices without an assignment counts each such container. A container that lists DRA claims
+  is held to its claims' ``status.allocation`` instead (``drareport``).
 - **over-committed GPUs**: GPUs on which the running containers' recorded slices ever held more
   memory than the GPU has, or more than 100 % of its SMs (from the kubelets' observations at
-  every allocation, plus the final state), against the real capacities of the fake GPUs.
+  every allocation, plus the final state), against the real capacities of the fake GPUs; a DRA
+  claim several containers or pods share is held once.
 
 Latency per stage, per pod: created (when ``tessera up`` created it, else ``creationTimestamp``)
 -> decided (``decided_at`` of the assignment) -> bound (``tessera.dev/bind-time``) -> allocated
@@ -28,6 +30,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from shared import annotations as names
+from tessera.up import drareport
 
 ASSIGNMENT: Final = names.ASSIGNMENT
 BIND_TIME: Final = names.BIND_TIME
@@ -53,6 +56,8 @@ class ContainerSeen:
 
     container: str
     envs: Mapping[str, str]
+    resource: str = ""
+    """What gave it: a device plugin's resource, or ``resourceclaims/<claim>`` (DRA)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class GpuSeen:
     uuid: str
     node: str
     memory_mib: int
+    index: int = -1
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,8 @@ class Summary:
     mismatches: list[str] = field(default_factory=list)
     overcommitted_gpus: int = 0
     overcommits: list[str] = field(default_factory=list)
+    claims: dict[str, int] = field(default_factory=dict)
+    """Tessera's ResourceClaims (``drareport.claim_counts``); empty without any."""
     settled: bool = False
     wall_s: float = 0.0
 
@@ -116,6 +124,7 @@ class Summary:
             "failed": self.failed,
             "mismatches": self.mismatches[:50],
             "overcommits": self.overcommits[:50],
+            "claims": self.claims,
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -185,8 +194,15 @@ def _tessera_devices(container: Mapping[str, Any]) -> bool:
     return any(k in (names.GPU, names.GPU_MEMORY) for k in limits)
 
 
-def mismatches(pod: Mapping[str, Any], seen: PodSeen | None) -> list[str]:
-    """Every container of a Running pod whose environment is not its decided slices."""
+def mismatches(
+    pod: Mapping[str, Any],
+    seen: PodSeen | None,
+    *,
+    claims: Mapping[str, Mapping[str, Any]] | None = None,
+    uuids: Mapping[tuple[str, int], str] | None = None,
+) -> list[str]:
+    """Every container of a Running pod whose environment is not its decided slices: for a
+    container that lists claims, the slices of their allocations (``drareport``)."""
     meta = pod.get("metadata") or {}
     name = f"{meta.get('namespace')}/{meta.get('name')}"
     containers = (pod.get("spec") or {}).get("containers") or []
@@ -197,6 +213,16 @@ def mismatches(pod: Mapping[str, Any], seen: PodSeen | None) -> list[str]:
     problems = []
     for container in containers:
         cname = container.get("name", "")
+        if drareport.uses_claims(container):
+            expected = drareport.container_slices(pod, container, claims or {}, uuids or {})
+            problem = (
+                expected
+                if isinstance(expected, str)
+                else container_problem(envs.get(cname, {}), [Slice(*s) for s in expected])
+            )
+            if problem:
+                problems.append(f"{name} container {cname}: {problem}")
+            continue
         if decided is None:
             if _tessera_devices(container) or envs.get(cname):
                 problems.append(f"{name} container {cname}: Running without an assignment")
@@ -242,9 +268,18 @@ def summarize(
     created_at: Mapping[str, float],
     gpus: Sequence[GpuSeen],
     observed: Sequence[Observed],
+    claims: Sequence[Mapping[str, Any]] = (),
 ) -> Summary:
-    """The summary of a run (see the module docstring)."""
+    """The summary of a run (see the module docstring); ``claims``: the API's ResourceClaims."""
     summary = Summary(pods=len(pods))
+    by_name = {
+        f"{(c.get('metadata') or {}).get('namespace')}/{(c.get('metadata') or {}).get('name')}": c
+        for c in claims
+    }
+    uuids = {(g.node, g.index): g.uuid for g in gpus}
+    counted_claims: set[str] = set()
+    if any(drareport.is_tessera(c) for c in claims):
+        summary.claims = drareport.claim_counts(claims)
     phases: Counter[str] = Counter()
     samples: dict[str, list[float]] = {stage: [] for stage in STAGES}
     capacity = {g.uuid: g for g in gpus}
@@ -275,19 +310,25 @@ def summarize(
             )
         if phase != "Running":
             continue
-        summary.mismatches.extend(mismatches(pod, record))
+        summary.mismatches.extend(mismatches(pod, record, claims=by_name, uuids=uuids))
         decided = decided_slices(pod)
         if decided is not None and any(decided[0].values()):
             summary.running_with_gpu += 1
         for container in record.containers if record else ():
-            uuids = [u for u in container.envs.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
+            # A claim shared by several containers or pods is one allocation: held once.
+            shared = drareport.claim_key(meta.get("namespace", ""), container.resource)
+            if shared is not None:
+                if shared in counted_claims:
+                    continue
+                counted_claims.add(shared)
+            visible = [u for u in container.envs.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u]
             memory = container.envs.get("TESSERA_GPU_MEMORY_LIMIT_MIB", "").split(",")
             cores = container.envs.get("TESSERA_GPU_CORES", "").split(",")
-            for position, uuid in enumerate(uuids):
+            for position, uuid in enumerate(visible):
                 entry = held.setdefault(uuid, [0, 0])
-                with_default = (memory + ["0"] * len(uuids))[position] or "0"
+                with_default = (memory + ["0"] * len(visible))[position] or "0"
                 entry[0] += int(with_default)
-                entry[1] += int((cores + ["0"] * len(uuids))[position] or "0")
+                entry[1] += int((cores + ["0"] * len(visible))[position] or "0")
         created = created_at.get(uid) or parse_time(meta.get("creationTimestamp", "")) or None
         decided_at = decided[1] if decided else None
         bound_at = parse_time((meta.get("annotations") or {}).get(BIND_TIME, ""))

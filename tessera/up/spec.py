@@ -213,17 +213,7 @@ def plan_nodes(gpus: str = DEFAULT_GPUS, nodes: int | None = None) -> list[NodeP
         raise SpecError(f"--nodes {count}: use 1..1000")
     width = len(str(count))
     parsed = [_entry(entry, "") for entry in entries]
-    return [
-        NodePlan(
-            name=f"node-{i + 1:0{width}d}",
-            gpus=parsed[i % len(parsed)].gpus,
-            mode=parsed[i % len(parsed)].mode,
-            isolation=parsed[i % len(parsed)].isolation,
-            cpu=parsed[i % len(parsed)].cpu,
-            memory=parsed[i % len(parsed)].memory,
-        )
-        for i in range(count)
-    ]
+    return [replace(parsed[i % len(parsed)], name=f"node-{i + 1:0{width}d}") for i in range(count)]
 
 
 def in_dra_mode(plan: NodePlan) -> NodePlan:

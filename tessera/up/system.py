@@ -53,6 +53,7 @@ from tessera.devcluster.resources import (
     LEASE,
     MUTATING_WEBHOOKS,
     NODE,
+    RESOURCE_CLAIM,
     VALIDATING_WEBHOOKS,
 )
 from tessera.up import report
@@ -189,6 +190,9 @@ class SystemOptions:
     binder_args: Sequence[str] = ()
     plugin_args: Sequence[str] = ()
     inventory_args: Sequence[str] = ()
+    fake_specs: dict[str, Path] = field(default_factory=dict)
+    """Node -> a ``--fake-spec`` file its inventory reads instead of ``--fake-gpus`` (scripted
+    health events); it must describe the node's GPUs as its plan does."""
     log_level: str = "info"
     ready_timeout_s: float = 120.0
     env: dict[str, str] = field(default_factory=dict)
@@ -490,8 +494,11 @@ class LocalSystem:
                 plan.name,
                 "--backend",
                 "fake",
-                "--fake-gpus",
-                plan.fake_gpus,
+                *(
+                    ("--fake-spec", str(self.options.fake_specs[plan.name]))
+                    if plan.name in self.options.fake_specs
+                    else ("--fake-gpus", plan.fake_gpus)
+                ),
                 *self._common(),
                 *self._login_as("inventory", plan.name),
                 *self.options.inventory_args,
@@ -746,7 +753,9 @@ class LocalSystem:
                     uid=record.uid,
                     node=kubelet.name,
                     containers=tuple(
-                        report.ContainerSeen(container=c.container, envs=c.envs)
+                        report.ContainerSeen(
+                            container=c.container, envs=c.envs, resource=c.resource
+                        )
                         for c in record.containers
                     ),
                     allocated_at=record.allocated_at,
@@ -758,7 +767,7 @@ class LocalSystem:
 
     def gpus(self) -> list[report.GpuSeen]:
         return [
-            report.GpuSeen(uuid=gpu.uuid, node=node, memory_mib=gpu.memory_mib)
+            report.GpuSeen(uuid=gpu.uuid, node=node, memory_mib=gpu.memory_mib, index=gpu.index)
             for node, gpus in self.capacities.items()
             for gpu in gpus
         ]
@@ -774,6 +783,7 @@ class LocalSystem:
                 report.Observed(node=o.node, gpu=o.gpu, memory_mib=o.memory_mib, cores=o.cores)
                 for o in self.cluster.overcommits()
             ],
+            claims=self.cluster.api.objects(RESOURCE_CLAIM),
         )
         summary.wall_s = time.time() - self.started_at
         return summary

@@ -5,8 +5,11 @@
   exclude, CPU-only pods (kept off idle GPU nodes) and one pod no GPU can hold (it stays Pending
   with its reasons: the explained-Pending path), dealt in a fixed order and repeated to
   ``count`` pods.
-- ``--workload FILE``: pod manifests, YAML (several documents) or JSON (an object, a list, or a
-  ``v1/List``); ``schedulerName`` defaults to ``tessera``.
+- ``--workload FILE``: manifests, YAML (several documents) or JSON (an object, a list, or a
+  ``v1/List``): pods (``schedulerName`` defaults to ``tessera``), and the ResourceClaims and
+  ResourceClaimTemplates they name (created first, :func:`in_create_order`).
+- DRA (``tessera up --dra``, ``dramix.builtin_dra``): the built-in mix asking through claims, one
+  ResourceClaimTemplate of class ``gpu.tessera.dev`` per shape.
 - ``--trace FILE``: ``count`` tasks sampled (seeded) from an Alibaba ``openb_pod_list_*.csv``:
   CPU and memory as given, whole GPUs as ``tessera.dev/gpu``, a GPU share as one
   ``tessera.dev/gpu`` with that percentage of the GPU's memory and SMs. The trace's GPU model
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -156,20 +160,35 @@ MIX: Final = (
 )
 
 
-def builtin(count: int = 40) -> list[Obj]:
-    """``count`` pods of the built-in mix, plus one pod no GPU can hold."""
+def dealt(count: int, entry: Callable[[str, int], Obj]) -> list[Obj]:
+    """``count`` pods of the mix, each made by ``entry(kind, n)`` (the ``n``-th of its kind),
+    the last one no GPU can hold."""
     pods = []
     seen: dict[str, int] = {}
     for i in range(max(0, count - 1)):
         kind = MIX[i % len(MIX)]
         seen[kind] = seen.get(kind, 0) + 1
-        pods.append(_mix_entry(kind, seen[kind]))
-    pods.append(_mix_entry("too-big", 1))
+        pods.append(entry(kind, seen[kind]))
+    pods.append(entry("too-big", 1))
     return pods
 
 
+def builtin(count: int = 40) -> list[Obj]:
+    """``count`` pods of the built-in mix, plus one pod no GPU can hold."""
+    return dealt(count, _mix_entry)
+
+
+KINDS: Final = ("ResourceClaimTemplate", "ResourceClaim", "Pod")
+"""What ``--workload`` takes, in the order they are created: a pod's claims before the pod."""
+
+
+def in_create_order(objects: list[Obj]) -> list[Obj]:
+    """``objects`` with templates first, then claims, then pods (each kind in file order)."""
+    return sorted(objects, key=lambda obj: KINDS.index(obj.get("kind", "Pod")))
+
+
 def from_file(path: Path) -> list[Obj]:
-    """Pod manifests from a YAML or JSON file."""
+    """Pods, ResourceClaims and ResourceClaimTemplates from a YAML or JSON file, in file order."""
     try:
         text = path.read_text()
     except OSError as error:
@@ -187,7 +206,7 @@ def from_file(path: Path) -> list[Obj]:
             documents = list(yaml.safe_load_all(text))
         except yaml.YAMLError as error:
             raise WorkloadError(f"{path}: not YAML: {error}") from None
-    pods: list[Obj] = []
+    objects: list[Obj] = []
     for document in documents:
         if document is None:
             continue
@@ -196,14 +215,17 @@ def from_file(path: Path) -> list[Obj]:
             if isinstance(item, dict) and item.get("kind") == "List":
                 items.extend(item.get("items") or [])
                 continue
-            if not isinstance(item, dict) or item.get("kind", "Pod") != "Pod":
+            if not isinstance(item, dict) or item.get("kind", "Pod") not in KINDS:
                 kind = item.get("kind") if isinstance(item, dict) else type(item).__name__
-                raise WorkloadError(f"{path}: only Pods can be submitted, found {kind}")
-            item.setdefault("spec", {}).setdefault("schedulerName", SCHEDULER)
-            pods.append(item)
-    if not pods:
+                raise WorkloadError(
+                    f"{path}: only {', '.join(KINDS)} can be submitted, found {kind}"
+                )
+            if item.get("kind", "Pod") == "Pod":
+                item.setdefault("spec", {}).setdefault("schedulerName", SCHEDULER)
+            objects.append(item)
+    if not any(obj.get("kind", "Pod") == "Pod" for obj in objects):
         raise WorkloadError(f"{path}: no pod manifests")
-    return pods
+    return objects
 
 
 TRACE_NODES: Final = "openb_node_list_gpu_node.csv"

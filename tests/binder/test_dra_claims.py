@@ -139,8 +139,9 @@ async def test_allocation_and_reservation_are_written_through_the_api(
 ) -> None:
     """Through the real client against the API double (every write validated against the
     strict 1.37 schemas by the ``api`` fixture): the finalizer, then the allocation with the pod
-    reserved; a second pod sharing the claim on the same node is only reserved; one on another
-    node is refused."""
+    reserved; a second pod sharing the claim on the same node is only reserved (the informer's
+    copy is stale by then: the write's 409 has it read again); one on another node is
+    refused."""
     pod, _ = decoded()
     created = api.create(
         RESOURCE_CLAIM,
@@ -168,7 +169,10 @@ async def test_allocation_and_reservation_are_written_through_the_api(
         )
         claims.informer.cache["team/p-gpu-x1"] = claim
         booking = booked()
+        reads = api.requests[("get", "resourceclaims")]
         assert await claims.allocate(booking) == ""
+        # The informer's copy, then each write's answer: no read when nobody wrote meanwhile.
+        assert api.requests[("get", "resourceclaims")] == reads
         stored = api.get(RESOURCE_CLAIM, "team", "p-gpu-x1")
         assert stored["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
         results = stored["status"]["allocation"]["devices"]["results"]

@@ -79,7 +79,12 @@ async def test_an_allocate_during_a_nats_restart_waits_and_is_granted_once(
 
 @contextlib.asynccontextmanager
 async def outage_with_a_booking_unseen(
-    nats_server: NatsServer, bus: NatsBus, uid: str, *, nats_wait_s: float
+    nats_server: NatsServer,
+    bus: NatsBus,
+    uid: str,
+    *,
+    nats_wait_s: float,
+    record_wait_s: float = 0.2,
 ) -> AsyncIterator[DevicePluginService]:
     """A record whose booking the plugin has not seen (a store being rebuilt: the record restored
     before its booking), and NATS away."""
@@ -87,7 +92,10 @@ async def outage_with_a_booking_unseen(
     late = record(uid, container("main", share(0)))
     await put_committed(bus, late)
     await bus.kv_delete(subjects.KV_LEDGER, subjects.booking_key(NODE, uid))
-    async with service_on(bus, nats_wait_s=nats_wait_s) as (service, _):
+    async with service_on(bus, nats_wait_s=nats_wait_s, record_wait_s=record_wait_s) as (
+        service,
+        _,
+    ):
         await until(lambda: bool(service.held_records), what="the record held")
         assert not service.servable_records
         nats_server.kill()
@@ -100,7 +108,12 @@ async def test_a_booking_not_seen_when_nats_restarts_is_read_once_it_is_back(
 ) -> None:
     """When the booking is not seen (yet) and NATS then restarts, Allocate waits for NATS and
     reads it again rather than refusing the pod as uncommitted."""
-    async with outage_with_a_booking_unseen(nats_server, bus, "late", nats_wait_s=60) as service:
+    # The booking is written after the reconnect, inside the time Allocate gives the watches
+    # once NATS is back (``record_wait_s``): the product's default, since on a loaded machine
+    # the test's own write can trail the reconnect by more than the 0.2 s of the other tests.
+    async with outage_with_a_booking_unseen(
+        nats_server, bus, "late", nats_wait_s=60, record_wait_s=2.0
+    ) as service:
         waiting = asyncio.ensure_future(service.allocate([DEVICES]))
         await asyncio.sleep(0.5)
         assert not waiting.done(), "it waits for NATS instead of refusing"

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from services.placer.metrics import PlacerMetrics
-from services.placer.rules.state import UNREADABLE, ClusterView
+from services.placer.rules.indexes import UNREADABLE
+from services.placer.rules.state import ClusterView
 from services.placer.writes import Store
 from shared import codec, subjects
 from shared.commits import record_of

@@ -63,6 +63,12 @@ def test_a_node_in_dra_mode_is_labelled_so() -> None:
     assert dra.dra and dra.labels == {"tessera.dev/gpu-api": "dra"}
     assert not plugin.dra
     assert [p.dra for p in map(in_dra_mode, (plugin, cpu))] == [True, False]
+    dealt = plan_nodes("4xA100-80GB:api=dra,4xT4", 3)  # unnamed entries keep their api too
+    assert [(p.name, p.dra) for p in dealt] == [
+        ("node-1", True),
+        ("node-2", False),
+        ("node-3", True),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ TaintToleration   3      taints and tolerations (``plugins/tainttoleration.py``)
 NodeAffinity      2      ``nodeSelector``, node affinity (``plugins/nodeaffinity.py``)
 PodTopologySpread 2      ``topologySpreadConstraints`` (``plugins/topologyspread.py``)
 InterPodAffinity  2      pod affinity and anti-affinity (``plugins/interpodaffinity.py``)
+GpuApi            0      device-plugin GPUs kept off DRA nodes (``plugins/gpuapi.py``)
 ================= ====== ============================================================
 """
 
@@ -69,6 +70,7 @@ from services.placer.core.plugins.dotprod import DotProdScore
 from services.placer.core.plugins.fed_fgd import FedFragmentation
 from services.placer.core.plugins.fgd import FgdScore
 from services.placer.core.plugins.fit import GpuModel, NodeFit
+from services.placer.core.plugins.gpuapi import GpuApiRule
 from services.placer.core.plugins.interpodaffinity import InterPodAffinityRule
 from services.placer.core.plugins.nodeaffinity import NodeAffinityRule
 from services.placer.core.plugins.packing import PackingScore
@@ -241,6 +243,7 @@ NODE_RULES: dict[str, Callable[[], NodeRule]] = {
     "NodeAffinity": NodeAffinityRule,
     "PodTopologySpread": TopologySpreadRule,
     "InterPodAffinity": InterPodAffinityRule,
+    "GpuApi": GpuApiRule,
 }
 """Kubernetes' scheduling constraints every profile keeps, in kube-scheduler's filter order
 (which a node's reason follows when several rules refuse it)."""

@@ -23,8 +23,7 @@ tenancy and, in the shell, the same commit.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal, cast
 
@@ -36,7 +35,7 @@ from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
 from services.placer.core.plugins.fit import CAPACITY_REASONS
-from services.placer.rules import keptout, translate
+from services.placer.rules import translate
 from services.placer.rules.state import ClusterView
 
 Wake = Literal["freed", "grown", "placed"]
@@ -188,22 +187,16 @@ def _decide_in(
     return outcome
 
 
-def _kept_out(view: ClusterView, pod: PodRequest) -> Mapping[str, str]:
-    """The nodes ``pod`` can never run on for how they offer GPUs (``keptout.py``)."""
-    return keptout.kept_out(pod, memory_units=view.memory_unit_nodes, dra=view.dra_nodes)
-
-
-def _servable(
-    view: ClusterView, pod: PodRequest, index: ClusterIndex
-) -> tuple[ClusterIndex, Mapping[str, int]]:
-    """The nodes of ``index`` that can serve ``pod``'s containers, and how many were kept out
-    for each reason (``keptout.py``). Only such pods, and only on a cluster that has such nodes,
-    pay for a narrower index."""
-    kept = _kept_out(view, pod)
-    if not kept:
-        return index, Counter()
+def _servable(view: ClusterView, pod: PodRequest, index: ClusterIndex) -> tuple[ClusterIndex, int]:
+    """The nodes of ``index`` that can serve ``pod``'s containers, and how many were kept out:
+    memory-units nodes for a pod with a GPU container asking no ``tessera.dev/gpu-memory``
+    (``translate.needs_gpu_devices``). Only such pods, and only on a cluster that has such
+    nodes, pay for a narrower index."""
+    kept = view.memory_unit_nodes
+    if not kept or not translate.needs_gpu_devices(pod):
+        return index, 0
     narrower = ClusterIndex(node for node in index if node.name not in kept)
-    return narrower, Counter(kept[node.name] for node in index if node.name in kept)
+    return narrower, len(index) - len(narrower)
 
 
 def _without_pod_counting(pod: PodRequest) -> PodRequest:
@@ -219,8 +212,10 @@ def _without_pod_counting(pod: PodRequest) -> PodRequest:
     )
 
 
-def _kept_out_reason(kept_out: Mapping[str, int]) -> tuple[RejectionReason, ...]:
-    return tuple(RejectionReason(reason=why, nodes=n) for why, n in sorted(kept_out.items()))
+def _kept_out_reason(kept_out: int) -> tuple[RejectionReason, ...]:
+    if not kept_out:
+        return ()
+    return (RejectionReason(reason=translate.MEMORY_UNITS_ONLY, nodes=kept_out),)
 
 
 def decide_on(
@@ -241,11 +236,10 @@ def decide_on(
             decided_at=now,
         )
         return Waiting(rejection=rejection, final=False, wake="freed")
-    why = _kept_out(view, pod).get(node)
-    if why:
+    if node in view.memory_unit_nodes and translate.needs_gpu_devices(pod):
         rejection = Rejection(
             pod_uid=pod.uid,
-            reasons=_kept_out_reason({why: 1}),
+            reasons=_kept_out_reason(1),
             unresolvable=True,
             decided_at=now,
         )
@@ -331,10 +325,14 @@ def verdicts(
         totals = {sid: cast(float, total) for sid, total in fitting.items()}
     weighted: dict[int, dict[str, float]] = {}  # with detail: each fitting shape's, per plugin
     found: list[NodeVerdict] = []
-    kept = _kept_out(view, pod)
+    kept = view.memory_unit_nodes if translate.needs_gpu_devices(pod) else set()
     for name, shape_id in zip(names, shape_ids, strict=True):
         if name in kept:
-            found.append(NodeVerdict(node=name, fits=False, reason=kept[name], unresolvable=True))
+            found.append(
+                NodeVerdict(
+                    node=name, fits=False, reason=translate.MEMORY_UNITS_ONLY, unresolvable=True
+                )
+            )
             continue
         if shape_id is None:
             found.append(NodeVerdict(node=name, fits=False, reason=UNKNOWN_NODE, unresolvable=True))
@@ -372,9 +370,10 @@ def _node_verdict(
     detail: bool,
 ) -> NodeVerdict:
     """One node's verdict from the node-aware judgement of every node (``verdicts``)."""
-    why = _kept_out(view, pod.request).get(name)
-    if why:
-        return NodeVerdict(node=name, fits=False, reason=why, unresolvable=True)
+    if name in view.memory_unit_nodes and translate.needs_gpu_devices(pod.request):
+        return NodeVerdict(
+            node=name, fits=False, reason=translate.MEMORY_UNITS_ONLY, unresolvable=True
+        )
     found = by_node.get(name)
     if found is None:
         return NodeVerdict(node=name, fits=False, reason=UNKNOWN_NODE, unresolvable=True)

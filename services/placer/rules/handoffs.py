@@ -6,19 +6,22 @@ replica) and no record of its booking's commit is ``allocated`` or ``released``.
 gate lets one pod per device count through to a node at a time (``services/binder/rules/plan.py``),
 so
 the decider spreads a burst away from nodes whose queue is long (:meth:`HandOffs.queued_nodes`)
-and avoids choices the gate would hold back (:func:`waits_at_gate`).
+and avoids choices the gate would hold back (:func:`waits_at_gate`). The assignment records the
+view takes in are kept by :class:`HandOffs`, as a record's state is what ends a pod's hand-off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from services.placer.core.facts import ShareAsk
 from services.placer.core.model import GpuSlice, PodRequest, Reservation
 from services.placer.rules import translate
 from services.placer.rules.nodes import NodeEntry
-from services.placer.rules.repairs import RecordFacts
+from services.placer.rules.repairs import RecordFacts, record_facts
+from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import BookedSlice, Booking
+from shared.subjects import assignment_key
 
 
 def _slices(gpus: Iterable[GpuSlice | BookedSlice]) -> tuple[tuple[str, int, int], ...]:
@@ -116,10 +119,15 @@ def certainly_waits_at_gate(
 
 
 class HandOffs:
-    """How many pods each node has between decision and Allocate, and the nodes with at least
-    so many (:meth:`queued_nodes`)."""
+    """The assignment records the view holds, which pods they leave between decision and
+    Allocate on each node (:meth:`hand_off`), how many each node has, and the nodes with at
+    least so many (:meth:`queued_nodes`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, entry: Callable[[str], NodeEntry]) -> None:
+        self._entry = entry
+        """The view's entry of a node (made when the node has none yet)."""
+        self.records: dict[str, RecordFacts] = {}
+        """Assignment record key -> what is kept of the record (its latest version seen)."""
         self._counts: dict[str, int] = {}
         """Node -> its pods between decision and Allocate (only nodes with any): records not
         allocated yet and this replica's tentative bookings."""
@@ -152,3 +160,46 @@ class HandOffs:
             self._counts[node] = count
         else:
             self._counts.pop(node, None)
+
+    def set_record(
+        self, key: str, record: AssignmentRecord | None, revision: int, *, seen_at: float = 0.0
+    ) -> bool:
+        """Take in a record version; ``seen_at``: now, by this placer's clock (a key keeps the
+        time it was first seen live, however often it is rewritten)."""
+        known = self.records.get(key)
+        if known is not None and revision <= known.revision:
+            return False
+        if record is None:
+            if known is not None:
+                del self.records[key]
+                self._recount(known.node, known.pod_uid, None)
+            return True
+        if known is not None and known.live:
+            seen_at = known.seen_at
+        facts = record_facts(key, record, revision, seen_at=seen_at)
+        self.records[key] = facts
+        self._recount(record.node, record.pod_uid, facts)
+        return True
+
+    def _recount(self, node: str, pod_uid: str, facts: RecordFacts | None) -> None:
+        entry = self._entry(node)
+        if facts is None:
+            entry.records.discard(pod_uid)
+        else:
+            entry.records.add(pod_uid)
+        self.hand_off(node, entry, pod_uid)
+
+    def hand_off(self, node: str, entry: NodeEntry, pod_uid: str) -> None:
+        """Count ``pod_uid`` among the node's pods between decision and Allocate while it is
+        booked there and no record of its booking's commit is ``allocated`` (or released)."""
+        record = self.records.get(assignment_key(node, pod_uid))
+        if handing_off(entry.booking(pod_uid), record):
+            entry.handing_off.add(pod_uid)
+        else:
+            entry.handing_off.discard(pod_uid)
+        self.count(node, entry)
+
+    def forget_record(self, key: str) -> None:
+        known = self.records.pop(key, None)
+        if known is not None:
+            self._recount(known.node, known.pod_uid, None)
