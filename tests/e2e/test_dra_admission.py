@@ -98,8 +98,22 @@ async def test_readme_pods_run_on_tessera_and_another_scheduler_is_refused(
         "allocates (two allocators would book one GPU twice); set spec.schedulerName to "
         '"tessera" or leave it unset'
     ) in refused.stderr, refused.stderr
-    deleted = await kubectl(system.kubeconfig, "-n", "ml", "delete", "pod", "train", "--wait=false")
-    assert deleted.returncode == 0, deleted.stderr
+    # A template nobody made: let through as written after the wait, with a warning kubectl prints.
+    unknown = readme("orphan").replace(
+        "resourceClaimTemplateName: a100-8gi-quarter", "resourceClaimTemplateName: never-made"
+    )
+    applied = await kubectl(system.kubeconfig, "apply", "-f", "-", stdin=unknown)
+    assert applied.returncode == 0, applied.stderr
+    assert (
+        'Warning: spec.resourceClaims[0] (ResourceClaimTemplate "never-made") is not known to '
+        'Tessera yet: if it asks for gpu.tessera.dev devices, set spec.schedulerName to "tessera"'
+    ) in applied.stderr, applied.stderr
+    assert current(system, "orphan")["spec"]["schedulerName"] == "default-scheduler"
+    for name in ("train", "orphan"):
+        deleted = await kubectl(
+            system.kubeconfig, "-n", "ml", "delete", "pod", name, "--wait=false"
+        )
+        assert deleted.returncode == 0, deleted.stderr
 
 
 async def test_a_claim_another_allocator_took_holds_its_gpu_until_deallocated(
