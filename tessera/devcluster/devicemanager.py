@@ -32,6 +32,11 @@ KUBELET_SOCKET: Final = "kubelet.sock"
 KUBELET_CHECKPOINT: Final = "kubelet_internal_checkpoint"
 """The device manager's own file in the plugin directory, the one it keeps when it starts."""
 REGISTRATION_TIMEOUT_S: Final = 10.0
+DIAL_TIMEOUT_S: Final = 10.0
+"""How long the kubelet waits to connect to a plugin that registered: it dials with
+``grpc.WithBlock()`` and this timeout (``devicemanager/plugin/v1beta1/client.go``), so a
+connection that fails at first (a channel to the same socket still backing off from the plugin's
+previous process) is retried, not taken for a plugin gone."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,14 @@ class DeviceManager:
 
     async def _follow(self, plugin: _Plugin) -> None:
         """Follow ``ListAndWatch`` until the stream ends; then the devices are unhealthy."""
+        try:
+            await asyncio.wait_for(plugin.channel.channel_ready(), timeout=DIAL_TIMEOUT_S)
+        except TimeoutError:
+            log.warning(
+                "cannot connect to the device plugin",
+                extra={"node": self.name, "resource": plugin.resource, "timeout_s": DIAL_TIMEOUT_S},
+            )
+            return
         try:
             async for response in plugin.stub.ListAndWatch(api_pb2.Empty()):
                 plugin.devices = {d.ID: d.health == "Healthy" for d in response.devices}
