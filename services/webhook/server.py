@@ -9,9 +9,8 @@ and ``/readyz`` does not depend on it: without it, the webhook judges nothing ag
 cluster, and knows no claim. Only a pod naming a claim or template the index (once listed) does
 not know waits, up to ``--claim-wait-s``, for the index to learn it (created with the pod, an
 instant before); after that, or at once without an index, it is let through as written, with a
-warning to the client, logged and counted. A
-body that is not an AdmissionReview v1 is answered 400 with the reason; the API server then
-applies the webhook's ``failurePolicy``.
+warning to the client, logged and counted. A body that is not an AdmissionReview v1 is answered
+400 with the reason; the API server then applies the webhook's ``failurePolicy``.
 Exit codes: 0 after SIGTERM or SIGINT; 2 when a port cannot be bound, the certificate cannot be
 loaded or a NATS credential file cannot be read (one line names the setting).
 """
@@ -87,7 +86,8 @@ class WebhookMetrics:
             unknown_claims=Counter(
                 "tessera_webhook_unknown_claims_total",
                 "Pods let through as written (with a warning) because a claim or template they "
-                "name was not in the binder's index of claim classes within --claim-wait-s.",
+                "name was not in the binder's index of claim classes (within --claim-wait-s, or "
+                "at once when there is no index yet).",
                 registry=registry,
             ),
         )
