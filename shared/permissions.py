@@ -16,7 +16,8 @@ Roles and what they may write (reads are listed in :func:`permissions`)::
                   request tessera.extender.pods; answers tessera.placer.explain; may update
                   stream configurations
     binder        KV tessera-assignments (write the record bound), tessera-nodes,
-                  tessera-meta.restored, tessera-namespaces; tessera.nodes.<node>,
+                  tessera-meta.restored, tessera-namespaces, tessera-claim-classes;
+                  tessera.nodes.<node>,
                   tessera.pods.pending / .deleted / .restore, tessera.placements.invalid,
                   tessera.bindings.<node>; answers tessera.extender.pods; requests
                   tessera.grants.<node>
@@ -24,7 +25,8 @@ Roles and what they may write (reads are listed in :func:`permissions`)::
                   tessera.grants.<its node>
     inventory     KV tessera-inventory.<its node>; tessera.inventory.<its node>
     dashboard     nothing (reads only)
-    webhook       nothing (reads the inventories only: the cluster's GPUs)
+    webhook       nothing (reads the inventories, the cluster's GPUs, and the claims'
+                  device classes)
 
 Every role may publish dead letters, read the streams' and buckets' information and the store's
 epoch (``tessera-meta.epoch``), create a missing stream or bucket (never change or delete one: only
@@ -231,13 +233,15 @@ def _binder() -> tuple[list[str], list[str]]:
         subjects.PODS_RESTORE,
         *_kv_write(subjects.KV_META, subjects.META_RESTORED),
         *_kv_write(subjects.KV_NAMESPACES),
+        *_kv_write(subjects.KV_CLAIM_CLASSES),
         subjects.PLACEMENTS_INVALID,
         subjects.BINDING_RESULTS_ALL,
         # Before a restore: what each node's device plugin granted (request/reply).
         subjects.GRANTS_ALL,
         *_durable(subjects.STREAM_PLACEMENTS, subjects.DURABLE_BINDER_REJECTIONS),
         # The claims (its work) and the bookings (the gate waits only for records matching one).
-        # The namespaces: what a new leader finds published, to write only what changed. The
+        # The namespaces and claim classes: what a new leader finds published, to write only
+        # what changed. The
         # inventory: the ResourceSlices of nodes in DRA mode (docs/design.md §14).
         *_kv_read(
             subjects.KV_ASSIGNMENTS,
@@ -245,6 +249,7 @@ def _binder() -> tuple[list[str], list[str]]:
             subjects.KV_LEDGER,
             subjects.KV_NAMESPACES,
             subjects.KV_INVENTORY,
+            subjects.KV_CLAIM_CLASSES,
         ),
     ]
     return publish, [subjects.EXTENDER_PODS]
@@ -282,7 +287,7 @@ def _dashboard() -> tuple[list[str], list[str]]:
 
 
 def _webhook() -> tuple[list[str], list[str]]:
-    return _kv_read(subjects.KV_INVENTORY), []
+    return _kv_read(subjects.KV_INVENTORY, subjects.KV_CLAIM_CLASSES), []
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:

@@ -185,6 +185,12 @@ KV_NAMESPACES: Final = "tessera-namespaces"
 NAMESPACES_LISTED: Final = "_listed"
 """The key (bucket ``tessera-namespaces``) of the binder's word that every namespace is listed
 (no namespace is named so: names have no ``_``)."""
+KV_CLAIM_CLASSES: Final = "tessera-claim-classes"
+"""The device classes each ResourceClaim and ResourceClaimTemplate asks for (binder -> the
+webhook, which defaults and checks the scheduler of pods naming them): key
+:func:`claim_class_key`, and under ``_listed`` (:data:`CLAIM_CLASSES_LISTED`) the binder's word
+that every one is there."""
+CLAIM_CLASSES_LISTED: Final = "_listed"
 
 #: Bucket name -> how many revisions of each key it keeps.
 KV_BUCKETS: Final[dict[str, int]] = {
@@ -198,6 +204,7 @@ KV_BUCKETS: Final[dict[str, int]] = {
     KV_POOLS: 1,
     KV_META: 1,
     KV_NAMESPACES: 1,
+    KV_CLAIM_CLASSES: 1,
 }
 
 
@@ -209,6 +216,13 @@ def assignment_key(node: str, pod_uid: str) -> str:
 def assignment_keys_of(node: str) -> str:
     """KV key filter matching every assignment record on ``node``."""
     return f"{node_token(node)}.*"
+
+
+def claim_class_key(kind: str, namespace: str, name: str) -> str:
+    """KV key (bucket ``tessera-claim-classes``) of a ResourceClaim (``kind`` ``claim``) or a
+    ResourceClaimTemplate (``template``): ``<kind>.<namespace>.<name>`` (a Kubernetes name's
+    dots stay: the namespace, a DNS label, has none, so the key reads back unambiguously)."""
+    return f"{kind}.{namespace}.{name}"
 
 
 def stats_key(placer_id: str) -> str:

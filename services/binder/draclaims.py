@@ -20,7 +20,7 @@ removes the finalizer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 import msgspec
@@ -73,8 +73,11 @@ class DraClaims:
         want_pod: Callable[[str], None],
         fence: Callable[[str], None],
         policy: MemoryPolicy = DEFAULT_POLICY,
+        listeners: Sequence[Callable[[ResourceClaim | None, ResourceClaim | None], None]] = (),
     ) -> None:
         self._api = api
+        self._listeners = tuple(listeners)
+        """Told of every claim change first (``draindex``, ``draforeign``)."""
         self._pod_of = pod_of
         self._want_pod = want_pod
         self._fence = fence
@@ -108,6 +111,8 @@ class DraClaims:
         return draalloc.with_claims(parsed, self.claims_of(pod), policy=self._policy)
 
     def _changed(self, old: ResourceClaim | None, new: ResourceClaim | None) -> None:
+        for listener in self._listeners:
+            listener(old, new)
         if new is None or (old is not None and old.status.allocation == new.status.allocation):
             return
         reserved = set(new.reserved_uids)

@@ -51,8 +51,11 @@ class NodeFactsPublisher:
         neighbours: NodePods,
         requeue: Callable[[str], None],
         later: Callable[[float, Callable[[str], None], str], None],
+        with_claims: Callable[[NodeFacts], NodeFacts] = lambda facts: facts,
     ) -> None:
         self._bus = bus
+        self._with_claims = with_claims
+        """Adds what claims no placement holds take on a node (``draforeign.ForeignClaims``)."""
         self._clock = clock
         self._metrics = metrics
         self._fence = fence
@@ -95,8 +98,13 @@ class NodeFactsPublisher:
                         return
             await self._publish_facts(gone_facts(name, now=self._clock.now()))
             return
-        facts = node_facts(
-            node, self._requested_on(name), pods=self._neighbours.on(name), now=self._clock.now()
+        facts = self._with_claims(
+            node_facts(
+                node,
+                self._requested_on(name),
+                pods=self._neighbours.on(name),
+                now=self._clock.now(),
+            )
         )
         published = self._published_facts.get(name)
         if same_facts(published, facts):

@@ -15,11 +15,11 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from services.binder.rules.draobjects import ResourceClaim
+from services.binder.rules.draobjects import ResourceClaim, ResourceClaimTemplate
 from services.binder.rules.objects import Lease, Namespace, Node
 from shared.kubeobjects import Pod
 
-Kind = TypeVar("Kind", Pod, Node, Namespace, ResourceClaim)
+Kind = TypeVar("Kind", Pod, Node, Namespace, ResourceClaim, ResourceClaimTemplate)
 
 
 class ApiUnavailableError(Exception):

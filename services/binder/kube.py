@@ -44,7 +44,12 @@ from services.binder.gateway import (
     WatchExpiredError,
 )
 from services.binder.metrics import BinderMetrics
-from services.binder.rules.draobjects import ClaimList, ResourceClaim
+from services.binder.rules.draobjects import (
+    ClaimList,
+    ResourceClaim,
+    ResourceClaimTemplate,
+    TemplateList,
+)
 from services.binder.rules.objects import (
     Bookmark,
     Lease,
@@ -295,6 +300,12 @@ class KubeGateway:
                 "resourceclaims",
                 self._resource.list_resource_claim_for_all_namespaces,
                 ClaimList,
+            )
+        if kind is ResourceClaimTemplate:
+            return (
+                "resourceclaimtemplates",
+                self._resource.list_resource_claim_template_for_all_namespaces,
+                TemplateList,
             )
         raise TypeError(f"cannot list {kind.__name__}")
 

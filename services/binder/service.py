@@ -43,6 +43,7 @@ from services.binder.binding import PlacementBinder
 from services.binder.claims import ClaimMirror
 from services.binder.config import BinderConfig, default_identity
 from services.binder.draclaims import ClaimApi, DraClaims
+from services.binder.draindex import ClaimClassIndex
 from services.binder.draslicing import SliceFollower
 from services.binder.events import EventRecorder
 from services.binder.extender import is_extender_pod
@@ -57,15 +58,20 @@ from services.binder.metrics import BinderMetrics
 from services.binder.reconcile import reconcile
 from services.binder.reporting import Reporter
 from services.binder.restorer import StoreRestorer
+from services.binder.rules.draforeign import ForeignClaims
 from services.binder.rules.objects import Node
 from services.binder.slicing import SliceApi, SlicePublisher
 from services.binder.sync import ClusterSync
 from shared import subjects
 from shared.clock import Clock
+from shared.dra.claims import claim_of_container
 from shared.dra.devices import MemoryPolicy
 from shared.kubeobjects import Pod
 from shared.messages.assignments import RecordView
+from shared.messages.nodes import NodeFacts
 from shared.messages.placement import PlacementRejected
+from shared.messages.pods import PodPending
+from shared.podspec import InvalidPod
 from shared.runtime.bus import Bus
 from shared.runtime.consumer import EXPECTED, consume
 from shared.runtime.edge import Edge
@@ -81,6 +87,14 @@ STOP_STEP_S: Final = 3.0
 
 class DraApi(SliceApi, ClaimApi, Protocol):
     """The ``resource.k8s.io/v1`` calls of DRA mode (``kubedra.KubeDra``)."""
+
+
+def _as_parsed(_: Pod, parsed: PodPending | InvalidPod) -> PodPending | InvalidPod:
+    return parsed  # no DRA: a pod's claims are not read
+
+
+def _as_made(facts: NodeFacts) -> NodeFacts:
+    return facts  # no DRA: no claim holds a GPU
 
 
 class _LostLeadershipError(Exception):
@@ -142,6 +156,26 @@ class Binder:
             pod_of=self.pod_of,
             fence=self._fence,
         )
+        self.claim_classes = (
+            ClaimClassIndex(
+                bus=bus,
+                gateway=gateway,
+                clock=clock,
+                metrics=metrics,
+                fence=self._fence,
+                claims_synced=lambda: self.dra is not None and self.dra.informer.synced,
+            )
+            if dra is not None
+            else None
+        )
+        self.foreign = (
+            ForeignClaims(
+                placed=self._placed_claim,
+                want_node=lambda node: self.sync.node_queue.add(node),
+            )
+            if dra is not None
+            else None
+        )
         self.dra = (
             DraClaims(
                 gateway=gateway,
@@ -151,6 +185,9 @@ class Binder:
                 pod_of=self.pod_of,
                 want_pod=lambda uid: self.sync.pod_queue.add(uid),
                 fence=self._fence,
+                listeners=(self.claim_classes.claim_changed, self.foreign.claim_changed)
+                if self.claim_classes and self.foreign
+                else (),
             )
             if dra is not None
             else None
@@ -164,7 +201,8 @@ class Binder:
             reporter=self.reporter,
             records=self.records,
             fence=self._fence,
-            **({"with_claims": self.dra.pending} if self.dra is not None else {}),
+            with_claims=self.dra.pending if self.dra is not None else _as_parsed,
+            with_node_claims=self.foreign.facts_with if self.foreign is not None else _as_made,
         )
         self.pods: Informer[Pod] = self.sync.pods
         self.nodes: Informer[Node] = self.sync.nodes
@@ -233,6 +271,8 @@ class Binder:
         if self.is_leader():
             self.placements.on_record(view)
             self.reporter.allocated(view)
+        if self.foreign is not None and view.record.state == "released":
+            self.foreign.record_released(view.record.node)
 
     def _synced(self) -> tuple[bool, str]:
         waiting = [
@@ -243,6 +283,10 @@ class Binder:
                 ("namespaces", self.sync.namespaces.synced),
                 ("claims", self.claims.loaded),
                 ("resource claims", self.dra is None or self.dra.informer.synced),
+                (
+                    "resource claim templates",
+                    self.claim_classes is None or self.claim_classes.templates.synced,
+                ),
                 ("assignment records", self.records.loaded),
             )
             if not done
@@ -264,6 +308,19 @@ class Binder:
 
     def pod_of(self, uid: str) -> Pod | None:
         return self.sync.pod_of(uid)
+
+    def _placed_claim(self, node: str, uid: str, claim: str) -> bool:
+        """Whether pod ``uid``'s live assignment record on ``node`` holds claim ``claim``
+        (``namespace/name``): its booking counts the claim's GPUs already."""
+        view = self.records.get(subjects.assignment_key(node, uid))
+        if view is None or view.record.state == "released":
+            return False
+        record = view.record
+        return any(
+            (held := claim_of_container(c.container)) is not None
+            and f"{record.namespace}/{held[0]}" == claim
+            for c in record.containers
+        )
 
     # --- run ---------------------------------------------------------------------------------
 
@@ -288,6 +345,10 @@ class Binder:
                 group.create_task(self.claims.run(), name="claims")
                 if self.dra is not None:
                     group.create_task(self.dra.informer.run(), name="resourceclaim-informer")
+                if self.claim_classes is not None:
+                    group.create_task(
+                        self.claim_classes.templates.run(), name="resourceclaimtemplate-informer"
+                    )
                 group.create_task(self.lookups.answer(), name="extender-lookups")
                 if self.elector is not None:
                     group.create_task(self.elector.run(), name="leader-election")
@@ -366,6 +427,9 @@ class Binder:
             group.create_task(self.placements.run(), name="binds")
             if self.slices is not None:
                 group.create_task(self.slices.run(), name="resourceslices")
+            if self.claim_classes is not None:
+                self.claim_classes.resync()
+                group.create_task(self.claim_classes.run(), name="claim-classes")
             group.create_task(
                 consume_(
                     durable=subjects.DURABLE_BINDER_REJECTIONS,

@@ -47,6 +47,7 @@ from services.binder.workqueue import WorkQueue
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.kubeobjects import Pod
+from shared.messages.nodes import NodeFacts
 from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
 from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
@@ -87,6 +88,7 @@ class ClusterSync:
         with_claims: Callable[[Pod, PodPending | InvalidPod], PodPending | InvalidPod] = (
             lambda _, parsed: parsed
         ),
+        with_node_claims: Callable[[NodeFacts], NodeFacts] = lambda facts: facts,
     ) -> None:
         self._with_claims = with_claims
         """Adds a pod's DRA claims to what is published of it (``draclaims.DraClaims``)."""
@@ -149,6 +151,7 @@ class ClusterSync:
             neighbours=self._neighbours,
             requeue=self.node_queue.add,
             later=self._later,
+            with_claims=with_node_claims,
         )
         """The node worker's side: each node's facts, published on change."""
         self._bound = BoundRecords(

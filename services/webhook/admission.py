@@ -7,8 +7,9 @@ the mutated pod):
   unset or ``default-scheduler`` (and not one of the extender schedulers the operator named) gets
   ``spec.schedulerName`` set to Tessera's; a container that gives a slice (memory, memory
   percentage or cores) without ``tessera.dev/gpu`` gets ``tessera.dev/gpu: 1`` in its limits
-  (and requests), as HAMi defaults its GPU count, unless the operator turned that off. The
-  answer is a JSONPatch.
+  (and requests), as HAMi defaults its GPU count, unless the operator turned that off. A pod
+  with a claim of class ``gpu.tessera.dev`` (``claims.py``) whose scheduler is unset or
+  ``default-scheduler`` gets Tessera's, extender or not. The answer is a JSONPatch.
 - **validate** (``/validate``): a pod of Tessera's schedulers asking for Tessera resources is
   refused when Tessera could never place it as written, with exactly the one line the binder
   would write on it (``shared.podspec``: the same parse, the same reasons); and when no node of
@@ -18,7 +19,8 @@ the mutated pod):
   ``kubectl apply`` sent its ``tessera.dev/gpu-memory`` in thousandths (``2000m``: the API server
   stores it as ``2``, but kubectl's last-applied annotation keeps the text). That includes a
   scheduling constraint Tessera's own scheduler does not implement (a field, operator or policy
-  a later Kubernetes adds), named by its field: refused, never ignored.
+  a later Kubernetes adds), named by its field: refused, never ignored. And a pod with a claim of
+  class ``gpu.tessera.dev`` on any scheduler but Tessera's is refused: one allocator per device.
 
 And on a pod's CREATE or UPDATE, whatever its scheduler: Tessera's own annotations
 (``tessera.dev/assignment``, ``bind-time``, ``assigned``) are written by Tessera only. A review
@@ -40,6 +42,13 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from services.webhook.claims import (
+    Lookup,
+    knows_nothing,
+    pod_claims,
+    unknown_warnings,
+    wrong_scheduler,
+)
 from shared import annotations as names
 from shared.capacity import GpuAsk, Models, NodeGpus, never_fits
 from shared.kubeobjects import Container, Pod
@@ -134,6 +143,8 @@ class AdmissionResponse(
     patch_type: str = ""
     patch: str = ""
     """Base64 of the JSONPatch."""
+    warnings: tuple[str, ...] = ()
+    """Shown to the client (kubectl prints them)."""
 
 
 class ReviewAnswer(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -151,6 +162,9 @@ class Review(msgspec.Struct, frozen=True, kw_only=True):
     outcome: Outcome
     reasons: tuple[str, ...] = ()
     """What was changed (mutate) or refused (validate), one entry per field."""
+    unknown: tuple[str, ...] = ()
+    """The pod's claims the claim index did not know, when they decided the review (the shell
+    may wait for the index and review again)."""
 
 
 class BadReview(msgspec.Struct, frozen=True, kw_only=True):
@@ -278,17 +292,35 @@ def _tessera_scheduled(pod: Pod, policy: AdmissionPolicy) -> bool:
     return scheduler == policy.scheduler_name or scheduler in policy.extender_scheduler_names
 
 
-def mutate(request: AdmissionRequest, policy: AdmissionPolicy) -> Review | BadReview:
-    """The mutating review (see the module docstring)."""
+def mutate(
+    request: AdmissionRequest, policy: AdmissionPolicy, claims: Lookup = knows_nothing
+) -> Review | BadReview:
+    """The mutating review (see the module docstring); ``claims``: the device classes of the
+    cluster's claims and templates (``claims.py``)."""
     pod = _reviewed_pod(request)
     if pod is None or isinstance(pod, BadReview):
         return pod or _allowed(request)
-    if pod.spec.node_name or not requests_tessera(pod):
+    if pod.spec.node_name:
         return _allowed(request)
+    found = pod_claims(pod, claims, pod.metadata.namespace or request.namespace)
+    if not requests_tessera(pod) and not found.tessera:
+        if not found.unknown:
+            return _allowed(request)
+        warnings = unknown_warnings(found, policy.scheduler_name)
+        response = AdmissionResponse(uid=request.uid, allowed=True, warnings=warnings)
+        return Review(
+            answer=ReviewAnswer(response=response),
+            outcome="allowed",
+            unknown=tuple(ref.describe() for ref in found.unknown),
+        )
     operations: list[dict[str, Any]] = []
     changes: list[str] = []
     scheduler = pod.spec.scheduler_name or DEFAULT_SCHEDULER
-    if scheduler == DEFAULT_SCHEDULER and scheduler not in policy.extender_scheduler_names:
+    # A pod with Tessera claims is never kube-scheduler's, not even as an extender's: it would
+    # allocate the claims' devices itself.
+    if scheduler == DEFAULT_SCHEDULER and (
+        found.tessera or scheduler not in policy.extender_scheduler_names
+    ):
         operations.append(
             {"op": "add", "path": "/spec/schedulerName", "value": policy.scheduler_name}
         )
@@ -395,17 +427,36 @@ def _as_applied(pod: Pod) -> InvalidPod | None:
     return InvalidPod(uid=meta.uid, namespace=meta.namespace, name=meta.name, errors=tuple(errors))
 
 
+def _denied(request: AdmissionRequest, message: str, fields: tuple[str, ...]) -> Review:
+    response = AdmissionResponse(
+        uid=request.uid,
+        allowed=False,
+        status=Status(code=422, reason="Invalid", message=message),
+    )
+    return Review(answer=ReviewAnswer(response=response), outcome="denied", reasons=fields)
+
+
 def validate(
-    request: AdmissionRequest, policy: AdmissionPolicy, cluster: Collection[NodeGpus] = ()
+    request: AdmissionRequest,
+    policy: AdmissionPolicy,
+    cluster: Collection[NodeGpus] = (),
+    claims: Lookup = knows_nothing,
 ) -> Review | BadReview:
     """The validating review (see the module docstring); ``cluster``: each node's GPUs (none
-    known: nothing is judged against the cluster)."""
+    known: nothing is judged against the cluster); ``claims``: the device classes of the
+    cluster's claims and templates."""
     refused = _annotations_refused(request, policy)
     if isinstance(refused, BadReview) or refused.outcome == "denied":
         return refused
     pod = _reviewed_pod(request)
     if pod is None or isinstance(pod, BadReview):
         return pod or _allowed(request)
+    if not pod.spec.node_name:
+        found = pod_claims(pod, claims, pod.metadata.namespace or request.namespace)
+        scheduler = pod.spec.scheduler_name or DEFAULT_SCHEDULER
+        wrong = wrong_scheduler(scheduler, found, policy.scheduler_name)
+        if wrong:
+            return _denied(request, wrong, ("spec.schedulerName",))
     if pod.spec.node_name or not _tessera_scheduled(pod, policy) or not requests_tessera(pod):
         return _allowed(request)
     # A pod of an extender scheduler is kube-scheduler's to place: constraints Tessera does not
@@ -419,13 +470,4 @@ def validate(
     )
     if invalid is None:
         return _allowed(request)
-    response = AdmissionResponse(
-        uid=request.uid,
-        allowed=False,
-        status=Status(code=422, reason="Invalid", message=invalid.reason),
-    )
-    return Review(
-        answer=ReviewAnswer(response=response),
-        outcome="denied",
-        reasons=tuple(error.field for error in invalid.errors),
-    )
+    return _denied(request, invalid.reason, tuple(error.field for error in invalid.errors))

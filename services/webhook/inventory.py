@@ -1,10 +1,12 @@
-"""The webhook's one NATS job: follow the inventories into a :class:`ClusterGpus`, read-only.
+"""The webhook's NATS jobs, read-only: follow the inventories into a :class:`ClusterGpus` and
+the claims' device classes into a :class:`~.claimindex.ClaimIndex`.
 
-Admission never waits on it. Until NATS answers and every inventory has been read, the webhook
-judges nothing against the cluster (it still refuses what ``shared.podspec`` refuses); when the
-watch breaks, it is opened again (every value delivered anew) on the same connection, which
-reconnects by itself. An inventory that does not decode or is not believed is ignored with a log
-line and counted; the node keeps what it had.
+Admission never waits on NATS (only, briefly, for a claim name the index does not know yet:
+``server.py``). Until NATS answers and every inventory has been read, the webhook judges nothing
+against the cluster (it still refuses what ``shared.podspec`` refuses); when a watch breaks, it
+is opened again (every value delivered anew) on the same connection, which reconnects by itself.
+An entry that does not decode or is not believed is ignored with a log line and counted; the node
+(or the claim) keeps what it had.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from services.webhook.capacity import ClusterGpus
+from services.webhook.claimindex import ClaimIndex, watch_claim_classes
 from shared import subjects
 from shared.config import NatsSecurity, Settings, redact_url
 from shared.runtime.bus import Bus
@@ -36,6 +40,7 @@ RETRY_S: Final = 2.0
 class InventoryMetrics:
     nodes: Gauge
     ignored: Counter
+    claim_classes: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> InventoryMetrics:
@@ -48,19 +53,28 @@ class InventoryMetrics:
             ),
             ignored=Counter(
                 "tessera_webhook_inventories_ignored_total",
-                "Inventory entries the webhook ignored: not decodable or not believable.",
+                "Inventory and claim-class entries the webhook ignored: not decodable or not "
+                "believable.",
+                registry=registry,
+            ),
+            claim_classes=Gauge(
+                "tessera_webhook_claim_classes",
+                "ResourceClaims and ResourceClaimTemplates whose device classes the webhook "
+                "knows (0 until the binder has listed them all).",
                 registry=registry,
             ),
         )
 
 
-async def follow_inventories(
+async def follow_nats(
     settings: Settings,
     security: NatsSecurity,
     cluster: ClusterGpus,
+    index: ClaimIndex,
     metrics: InventoryMetrics,
 ) -> None:
-    """Keep ``cluster`` up to date from NATS until cancelled (see the module docstring)."""
+    """Keep ``cluster`` and ``index`` up to date from NATS until cancelled (see the module
+    docstring)."""
     bus: Bus | None = None
     try:
         while bus is None:
@@ -86,21 +100,55 @@ async def follow_inventories(
                 )
                 await asyncio.sleep(RETRY_S)
         log.info("following the inventories", extra={"url": redact_url(settings.nats_url)})
-        while True:
-            try:
-                await _watch(bus, cluster, metrics)
-            except Exception as error:  # NATS trouble: watch again, every value anew
-                log.warning(
-                    "the inventory watch broke; watching again",
-                    extra={"error": f"{type(error).__name__}: {error}"},
-                )
+        connected = bus
+
+        def ignored(problem: str) -> None:
+            metrics.ignored.inc()
+            log.warning("claim classes ignored", extra={"reason": problem})
+
+        def inventories_again() -> None:
             cluster.restart()
             metrics.nodes.set(0)
-            await asyncio.sleep(RETRY_S)
+
+        def claim_classes_again() -> None:
+            index.restart()
+            metrics.claim_classes.set(0)
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(
+                _rewatch(
+                    "inventory", lambda: _watch(connected, cluster, metrics), inventories_again
+                )
+            )
+            group.create_task(
+                _rewatch(
+                    "claim-class",
+                    lambda: watch_claim_classes(
+                        connected, index, ignored, count=metrics.claim_classes.set
+                    ),
+                    claim_classes_again,
+                )
+            )
     finally:
         if bus is not None:
             with contextlib.suppress(Exception):
                 await bus.drain()
+
+
+async def _rewatch(
+    what: str, watch: Callable[[], Awaitable[None]], restart: Callable[[], None]
+) -> None:
+    """Run ``watch`` again and again: when it breaks, ``restart`` (every value comes anew)."""
+    while True:
+        try:
+            await watch()
+        except Exception as error:  # NATS trouble: watch again, every value anew
+            log.warning(
+                f"the {what} watch broke; watching again",
+                extra={"error": f"{type(error).__name__}: {error}"},
+            )
+        restart()
+        await asyncio.sleep(RETRY_S)
 
 
 async def _watch(bus: Bus, cluster: ClusterGpus, metrics: InventoryMetrics) -> None:

@@ -2,11 +2,15 @@
 (``admission.py``), ``/healthz``, ``/readyz`` and ``/metrics`` on the HTTP port as every service,
 and the serving certificate read again whenever its files change (a rotated Secret).
 
-Everything a review decides is in the pod and in what the webhook knows of the cluster's GPUs,
-which it follows from the inventories on NATS, read-only (``inventory.py``; none with an empty
-``--nats-url``). Admission never waits for NATS, and ``/readyz`` does not depend on it: without
-it, the webhook judges nothing against the cluster. A body that is not an AdmissionReview v1 is
-answered 400 with the reason; the API server then applies the webhook's ``failurePolicy``.
+Everything a review decides is in the pod and in what the webhook knows of the cluster's GPUs
+and claims, which it follows from the inventories and the binder's claim-class index on NATS,
+read-only (``inventory.py``; none with an empty ``--nats-url``). Admission never waits for NATS,
+and ``/readyz`` does not depend on it: without it, the webhook judges nothing against the
+cluster, and knows no claim. Only a pod naming a claim or template the index (once listed) does
+not know waits, up to ``--claim-wait-s``, for the index to learn it (created with the pod, an
+instant before); after that, or at once without an index, it is let through as written, with a
+warning to the client, logged and counted. A body that is not an AdmissionReview v1 is answered
+400 with the reason; the API server then applies the webhook's ``failurePolicy``.
 Exit codes: 0 after SIGTERM or SIGINT; 2 when a port cannot be bound, the certificate cannot be
 loaded or a NATS credential file cannot be read (one line names the setting).
 """
@@ -38,7 +42,8 @@ from services.webhook.admission import (
     validate,
 )
 from services.webhook.capacity import ClusterGpus
-from services.webhook.inventory import InventoryMetrics, follow_inventories
+from services.webhook.claimindex import ClaimIndex
+from services.webhook.inventory import InventoryMetrics, follow_nats
 from services.webhook.settings import WebhookSettings
 from shared.config import ConfigError, nats_security, option, url_secrets
 from shared.runtime.command import EXIT_CONFIG_ERROR
@@ -59,6 +64,7 @@ WEBHOOKS: Final = ("mutate", "validate")
 class WebhookMetrics:
     reviews: Counter
     seconds: Histogram
+    unknown_claims: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> WebhookMetrics:
@@ -75,6 +81,13 @@ class WebhookMetrics:
                 "Time to answer an AdmissionReview, by webhook.",
                 ["webhook"],
                 buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
+                registry=registry,
+            ),
+            unknown_claims=Counter(
+                "tessera_webhook_unknown_claims_total",
+                "Pods let through as written (with a warning) because a claim or template they "
+                "name was not in the binder's index of claim classes (within --claim-wait-s, or "
+                "at once when there is no index yet).",
                 registry=registry,
             ),
         )
@@ -119,11 +132,19 @@ class AdmissionApp:
     """The HTTPS side: one POST route per review."""
 
     def __init__(
-        self, *, policy: AdmissionPolicy, metrics: WebhookMetrics, cluster: ClusterGpus
+        self,
+        *,
+        policy: AdmissionPolicy,
+        metrics: WebhookMetrics,
+        cluster: ClusterGpus,
+        claims: ClaimIndex,
+        claim_wait_s: float,
     ) -> None:
         self._policy = policy
         self._metrics = metrics
         self._cluster = cluster
+        self._claims = claims
+        self._claim_wait_s = claim_wait_s
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -131,10 +152,35 @@ class AdmissionApp:
             app.router.add_post(f"/{webhook}", self._handler(webhook))
         return app
 
-    def _reviewed(self, webhook: str, request: AdmissionRequest) -> Review | BadReview:
-        if webhook == "mutate":
-            return mutate(request, self._policy)
-        return validate(request, self._policy, self._cluster.nodes())
+    async def _reviewed(self, webhook: str, request: AdmissionRequest) -> Review | BadReview:
+        lookup = self._claims.lookup
+        if webhook != "mutate":
+            return validate(request, self._policy, self._cluster.nodes(), lookup)
+        review = mutate(request, self._policy, lookup)
+        if isinstance(review, BadReview) or not review.unknown:
+            return review
+        if not self._claim_wait_s or not self._claims.known:
+            self._unknown(request, review)  # no index to wait for (NATS away): nothing will come
+            return review
+
+        # A claim or template the binder has not published yet (``kubectl apply`` of a template
+        # and its pod in one file): give the index a moment to learn it before deciding.
+        def decided() -> bool:
+            again = mutate(request, self._policy, lookup)
+            return isinstance(again, BadReview) or not again.unknown
+
+        await self._claims.learned(decided, self._claim_wait_s)
+        review = mutate(request, self._policy, lookup)
+        if not isinstance(review, BadReview) and review.unknown:
+            self._unknown(request, review)
+        return review
+
+    def _unknown(self, request: AdmissionRequest, review: Review) -> None:
+        self._metrics.unknown_claims.inc()
+        log.warning(
+            "pod admitted with claims the index does not know",
+            extra={"uid": request.uid, "claims": list(review.unknown)},
+        )
 
     def _handler(self, webhook: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
@@ -148,7 +194,9 @@ class AdmissionApp:
 
     async def _review(self, webhook: str, body: bytes) -> web.Response:
         request = read_review(body)
-        review = request if isinstance(request, BadReview) else self._reviewed(webhook, request)
+        review = (
+            request if isinstance(request, BadReview) else await self._reviewed(webhook, request)
+        )
         if isinstance(review, BadReview):
             self._metrics.reviews.labels(webhook=webhook, outcome="bad_request").inc()
             log.warning("bad AdmissionReview", extra={"webhook": webhook, "reason": review.reason})
@@ -213,9 +261,14 @@ async def run_webhook(
     readiness.set("https", False, "starting")
     health = HealthServer(readiness=readiness, registry=registry, service=NAME)
     cluster = ClusterGpus()
+    claims = ClaimIndex()
     admission = web.AppRunner(
         AdmissionApp(
-            policy=policy_of(settings), metrics=WebhookMetrics.create(registry), cluster=cluster
+            policy=policy_of(settings),
+            metrics=WebhookMetrics.create(registry),
+            cluster=cluster,
+            claims=claims,
+            claim_wait_s=settings.claim_wait_s if settings.nats_url else 0.0,
         ).app(),
         access_log=None,
     )
@@ -241,7 +294,7 @@ async def run_webhook(
     readiness.set("https", True, f"serving /mutate and /validate on port {tls_port}")
     follower = (
         asyncio.create_task(
-            follow_inventories(settings, security, cluster, InventoryMetrics.create(registry)),
+            follow_nats(settings, security, cluster, claims, InventoryMetrics.create(registry)),
             name="webhook-inventories",
         )
         if settings.nats_url

@@ -10,8 +10,9 @@ from shared.config import Settings
 
 
 class WebhookSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Admission webhook settings. NATS only to read the inventories (the cluster's GPUs); an
-    empty --nats-url reads none, and the webhook then judges no pod against the cluster."""
+    """Admission webhook settings. NATS only to read the inventories (the cluster's GPUs) and
+    the binder's index of claim classes; an empty --nats-url reads none, and the webhook then
+    judges no pod against the cluster and knows no claim."""
 
     tls_cert_file: Annotated[
         str,
@@ -62,6 +63,17 @@ class WebhookSettings(Settings, frozen=True, kw_only=True, forbid_unknown_fields
             "pod create or update by anyone else that sets, changes or removes one is refused"
         ),
     ] = ("system:serviceaccount:tessera-system:tessera-binder",)
+    claim_wait_s: Annotated[
+        float,
+        msgspec.Meta(
+            ge=0,
+            le=5,
+            description="how long a pod naming a ResourceClaim or ResourceClaimTemplate the "
+            "binder's index of claim classes does not know yet waits for it, to tell whether it "
+            "asks for gpu.tessera.dev devices (then its scheduler is set to Tessera's); after "
+            "that the pod is let through as written, with a warning; 0 = do not wait",
+        ),
+    ] = 2.0
     default_gpu_shares: Annotated[
         bool,
         msgspec.Meta(

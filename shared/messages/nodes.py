@@ -6,6 +6,21 @@ from shared.messages.base import Message
 from shared.messages.constraints import ExistingPod, Taint
 
 
+class ClaimedGpu(Message, frozen=True, kw_only=True):
+    """A share of one GPU that a ``gpu.tessera.dev`` ResourceClaim holds through an allocation
+    Tessera did not make for one of its pods (docs/design.md §14)."""
+
+    claim: str
+    """``namespace/name`` of the ResourceClaim."""
+    index: int
+    """The GPU's index (device ``gpu-<index>``)."""
+    memory_mib: int = 0
+    core_milli: int = 0
+    """Thousandths of the GPU's SMs (``compute: 25`` is 250)."""
+    exclusive: bool = False
+    """The whole GPU (an allocation consuming no stated capacity)."""
+
+
 class NodeFacts(Message, frozen=True, kw_only=True):
     """CPU and memory capacity and use, the labels that matter, and readiness of one node."""
 
@@ -39,3 +54,7 @@ class NodeFacts(Message, frozen=True, kw_only=True):
     """The node's running pods that are not Tessera's (the placer knows its own from their
     bookings): what other pods' affinity, anti-affinity and topology spread count. Terminating
     pods are left out, as kube-scheduler leaves them out of spreading."""
+    claimed: tuple[ClaimedGpu, ...] = ()
+    """GPU capacity held by ``gpu.tessera.dev`` claims allocated on the node by another
+    allocator (reserved for no Tessera pod): the placer counts it as used, so it is never
+    booked twice."""

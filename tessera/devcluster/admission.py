@@ -11,6 +11,8 @@ What the API server does with the answers, this does too:
 
 - a refusal is an error to the client: ``admission webhook "NAME" denied the request: MESSAGE``
   with the webhook's status code (at least 400) and reason;
+- an answer's ``warnings`` reach the client of a write that succeeds as ``Warning`` headers
+  (:data:`WARNINGS`), which kubectl prints;
 - a webhook that cannot be called (connection refused, TLS, timeout, an answer that is not a
   review of this request) fails the request with 500 ``failed calling webhook`` under
   ``failurePolicy: Fail`` (the default) and is skipped under ``Ignore``;
@@ -31,6 +33,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -41,6 +44,11 @@ from tessera.devcluster.resources import ApiError, Obj, ResourceType
 from tessera.devcluster.selectors import SelectorError, structured_label_selector
 
 log = logging.getLogger(__name__)
+
+WARNINGS: Final[ContextVar[list[str] | None]] = ContextVar("admission_warnings", default=None)
+"""The warnings the webhooks answered while admitting the request being served: the REST layer
+sets a list per request and returns it in ``Warning`` headers, as the API server does (kubectl
+prints them)."""
 
 DEFAULT_TIMEOUT_S: Final = 10
 REVIEW_VERSION: Final = "admission.k8s.io/v1"
@@ -186,6 +194,9 @@ class AdmissionChain:
                 f'Internal error occurred: failed calling webhook "{name}": failed to call '
                 f"webhook: {error}",
             ) from None
+        warnings = WARNINGS.get()
+        if warnings is not None:
+            warnings.extend(str(warning) for warning in response.get("warnings") or ())
         if not response.get("allowed"):
             raise denied(name, response.get("status"))
         patch = response.get("patch")

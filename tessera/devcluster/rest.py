@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 from aiohttp import web
 
-from tessera.devcluster import discovery, protobuf, resources, schema
+from tessera.devcluster import admission, discovery, protobuf, resources, schema
 from tessera.devcluster.controls import Write
 from tessera.devcluster.jsoncopy import clone
 from tessera.devcluster.resources import POD, ApiError, Obj, ResourceType
@@ -238,6 +238,8 @@ class RestFront:
         content_type = request.content_type
         body = await self._body(request)
         code, result = 200, None
+        warnings: list[str] = []
+        admission.WARNINGS.set(warnings)  # this request's task only
         try:
             if verb == "create" and target.subresource == "binding":
                 if not isinstance(body, dict):
@@ -312,7 +314,11 @@ class RestFront:
                 result,
             )
         )
-        return _json(answer, code)
+        response = _json(answer, code)
+        for warning in warnings:  # RFC 7234's form, as the API server writes admission warnings
+            text = warning.replace("\\", "\\\\").replace('"', '\\"')
+            response.headers.add("Warning", f'299 - "{text}"')
+        return response
 
     def _log(self, request: web.Request, pod: Obj) -> web.Response:
         """pods/log: one container's log as text (``container`` names it; a pod of one

@@ -25,6 +25,16 @@ BINDER_RIGHTS: dict[tuple[str, str, str | None], set[str]] = {
     ("events.k8s.io", "events", None): {"create", "patch"},
     ("coordination.k8s.io", "leases", NAMESPACE): {"get", "create", "update"},
 }
+# With gpuApi: dra (docs/design.md §14): follow claims and write their allocation (the finalizer
+# with a patch of the claim itself), follow templates for the webhook's index of claim classes,
+# publish ResourceSlices.
+DRA_RIGHTS: dict[tuple[str, str, str | None], set[str]] = {
+    ("resource.k8s.io", "resourceclaims", None): {"get", "list", "watch", "patch"},
+    ("resource.k8s.io", "resourceclaims/status", None): {"update", "patch"},
+    ("resource.k8s.io", "resourceclaims/binding", None): {"update", "patch"},
+    ("resource.k8s.io", "resourceclaimtemplates", None): {"list", "watch"},
+    ("resource.k8s.io", "resourceslices", None): {"list", "create", "update", "delete"},
+}
 KUBE_SCHEDULER_ROLES = {
     ("ClusterRole", "system:kube-scheduler", None),
     ("ClusterRole", "system:volume-scheduler", None),
@@ -63,7 +73,10 @@ def rights_by_service_account(
 def test_only_the_binder_has_rules_and_exactly_the_list(variant: str) -> None:
     objects = render(VARIANTS[variant])
     rights = rights_by_service_account(objects)
-    assert {name: dict(r) for name, r in rights.items()} == {component("binder"): BINDER_RIGHTS}
+    dra = DRA_RIGHTS if VARIANTS[variant].get("gpuApi") == "dra" else {}
+    assert {name: dict(r) for name, r in rights.items()} == {
+        component("binder"): {**BINDER_RIGHTS, **dra}
+    }
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

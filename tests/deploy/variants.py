@@ -96,6 +96,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-webhook": {"webhook": {"enabled": False}},
     "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
     "dashboard": {"dashboard": {"enabled": True}},
+    # DRA mode: the DRA node plugin on GPU nodes labelled tessera.dev/gpu-api=dra, the device
+    # plugin on the others (docs/design.md §14).
+    "dra": {"gpuApi": "dra"},
     # A demo cluster without GPUs (per-node services on every node: null drops the defaults):
     # fake inventory, tenancy and an operator's own profile.
     "fake-gpus-tenancy-profile": {

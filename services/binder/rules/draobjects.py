@@ -28,6 +28,13 @@ from shared.messages.resourceclaims import (
 DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 
 
+class OwnerReference(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
 class ClaimMeta(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="camel"):
     name: str = ""
     namespace: str = ""
@@ -35,6 +42,7 @@ class ClaimMeta(msgspec.Struct, frozen=True, gc=False, kw_only=True, rename="cam
     resource_version: str = ""
     finalizers: tuple[str, ...] | None = None
     deletion_timestamp: str | None = None
+    owner_references: tuple[OwnerReference, ...] | None = None
 
     @property
     def key(self) -> str:
@@ -121,6 +129,41 @@ class ResourceClaim(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     @property
     def reserved_uids(self) -> tuple[str, ...]:
         return tuple(c.uid for c in self.status.reserved_for or ())
+
+    @property
+    def made_for_a_pod(self) -> bool:
+        """Made by kube-controller-manager from a template for one pod (its controller)."""
+        return any(
+            ref.kind == "Pod" and ref.controller for ref in self.metadata.owner_references or ()
+        )
+
+
+class TemplateSpec(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    spec: ClaimSpec = ClaimSpec()
+
+
+class ResourceClaimTemplate(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    metadata: ClaimMeta
+    spec: TemplateSpec = TemplateSpec()
+
+
+class TemplateList(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    metadata: ListMeta = ListMeta()
+    items: tuple[ResourceClaimTemplate, ...] | None = None
+
+
+def device_classes(spec: ClaimSpec) -> tuple[str, ...]:
+    """Every device class a claim's requests name (``firstAvailable`` subrequests too),
+    sorted."""
+    found: set[str] = set()
+    for request in spec.devices.requests or ():
+        if request.exactly is not None and request.exactly.device_class_name:
+            found.add(request.exactly.device_class_name)
+        for sub in request.first_available or ():
+            name = sub.get("deviceClassName")
+            if isinstance(name, str) and name:
+                found.add(name)
+    return tuple(sorted(found))
 
 
 class ClaimList(msgspec.Struct, frozen=True, gc=False, kw_only=True):

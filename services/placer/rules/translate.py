@@ -67,13 +67,13 @@ from services.placer.core.model import (
 )
 from shared import annotations as names
 from shared.commits import record_of
-from shared.dra.claims import ClaimPlan, plan_claims
+from shared.dra.claims import ClaimPlan, claim_of_container, plan_claims
 from shared.dra.devices import DEFAULT_POLICY, DRA_API, NODE_API_LABEL
 from shared.messages.assignments import AssignmentRecord, settled
 from shared.messages.constraints import Constraints
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
-from shared.messages.nodes import NodeFacts
+from shared.messages.nodes import ClaimedGpu, NodeFacts
 from shared.messages.placement import PlacementRejected
 from shared.messages.placement import RejectionReason as WireReason
 from shared.messages.pods import PodPending, PodRestore
@@ -233,22 +233,43 @@ def _slices(booking: Booking) -> Iterable[BookedSlice]:
         yield from container.gpus
 
 
+def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list[ClaimedGpu]:
+    """What claims allocated by another allocator hold on the node (``NodeFacts.claimed``),
+    less any claim a booking here holds already (a claim Tessera allocated, its pod just gone
+    from the binder's view): counted once either way."""
+    if facts is None or not facts.claimed:
+        return []
+    booked = {
+        f"{b.namespace}/{named[0]}"
+        for b in bookings
+        for c in b.containers
+        if (named := claim_of_container(c.container)) is not None
+    }
+    return [gpu for gpu in facts.claimed if gpu.claim not in booked]
+
+
 def _gpu_states(
-    gpus: Sequence[GpuTelemetry], bookings: Sequence[Booking], slots: Sequence[int] | None
+    gpus: Sequence[GpuTelemetry],
+    bookings: Sequence[Booking],
+    slots: Sequence[int] | None,
+    claimed: Sequence[ClaimedGpu] = (),
 ) -> tuple[GpuState, ...]:
     memory: dict[int, int] = {}
     cores: dict[int, int] = {}
     shares: dict[int, int] = {}
     exclusive: set[int] = set()
     holders: dict[int, set[str]] = {}
-    for booking in bookings:
-        for piece in _slices(booking):
-            memory[piece.index] = memory.get(piece.index, 0) + piece.memory_mib
-            cores[piece.index] = cores.get(piece.index, 0) + piece.core_milli
-            shares[piece.index] = shares.get(piece.index, 0) + 1
-            holders.setdefault(piece.index, set()).add(booking.pod_uid)
-            if piece.exclusive:
-                exclusive.add(piece.index)
+    pieces: list[tuple[str, BookedSlice | ClaimedGpu]] = [
+        (b.pod_uid, piece) for b in bookings for piece in _slices(b)
+    ]
+    pieces += [(f"resourceclaims/{c.claim}", c) for c in claimed]
+    for holder, piece in pieces:
+        memory[piece.index] = memory.get(piece.index, 0) + piece.memory_mib
+        cores[piece.index] = cores.get(piece.index, 0) + piece.core_milli
+        shares[piece.index] = shares.get(piece.index, 0) + 1
+        holders.setdefault(piece.index, set()).add(holder)
+        if piece.exclusive:
+            exclusive.add(piece.index)
     index_of = {gpu.uuid: gpu.index for gpu in gpus}
     states = []
     for position, gpu in enumerate(gpus):
@@ -326,7 +347,7 @@ def node_state(
         memory_mib_total=memory_total,
         cpu_milli_reserved=other_cpu + cpu_booked,
         memory_mib_reserved=other_memory + memory_booked,
-        gpus=_gpu_states(gpus, bookings, slots),
+        gpus=_gpu_states(gpus, bookings, slots, foreign_claims(facts, bookings)),
         schedulable=placeable,
         gpu_task_kinds=tuple(sorted(kinds.items())),
         labels=facts.labels if facts is not None else {},

@@ -398,4 +398,6 @@ an init container (limits or requests). Other pods never reach the webhook.
 {{- define "tessera.webhookCondition" -}}
 {{- $asks := "c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('tessera.dev/'))) || (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('tessera.dev/'))))" -}}
 object.spec.containers.exists({{ $asks }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists({{ $asks }}))
+{{- /* DRA mode: a pod with claims, whose class only the webhook can tell (its index of claims). */}}
+{{- if eq .Values.gpuApi "dra" }} || has(object.spec.resourceClaims){{ end }}
 {{- end }}
