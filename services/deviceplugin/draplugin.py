@@ -7,7 +7,9 @@ are what it prepared, kept across its restarts: a restarted plugin asked again r
 spec from the records (the kubelet asks again for what it has no answer for), and removes what
 the kubelet unprepares by the claim's uid, whatever it remembers. A claim is prepared only as a
 placer committed it, so a plugin killed mid-burst and started again prepares nothing twice and
-nothing new.
+nothing new. Each record a prepared claim completes is moved on to ``allocated`` by
+compare-and-set (:class:`RecordWriter`); a write that loses or cannot be sent is left to the
+binder, which settles the record of a pod admitted while it was still ``bound``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from pathlib import Path
 from typing import Protocol
 
 from services.deviceplugin.rules.allocate import Refusal, ResponseOptions
-from services.deviceplugin.rules.prepare import ClaimRef, Prepared, plan_prepare
+from services.deviceplugin.rules.prepare import ClaimRef, Prepared, advanced_by, plan_prepare
+from shared import codec, subjects
+from shared.clock import Clock
 from shared.dra.devices import DRIVER
-from shared.messages.assignments import RecordView
+from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import Booking
+from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,30 @@ class NodeState(Protocol):
     def gpus(self) -> Mapping[str, GpuTelemetry]: ...
 
 
+class RecordWriter(Protocol):
+    """Moves an assignment record on."""
+
+    async def advance(self, view: RecordView, record: AssignmentRecord) -> bool:
+        """Write ``record`` over ``view`` by compare-and-set; whether it landed."""
+        ...
+
+
+class BusRecordWriter:
+    """:class:`RecordWriter` over the bus: a compare-and-set on the assignments bucket."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+
+    async def advance(self, view: RecordView, record: AssignmentRecord) -> bool:
+        try:
+            written = await self._bus.kv_update(
+                subjects.KV_ASSIGNMENTS, view.key, codec.encode(record), revision=view.revision
+            )
+        except (BusUnavailableError, OutcomeUnknownError):
+            return False  # the binder settles it; a write that did land is seen in the mirror
+        return written is not None
+
+
 def spec_path(cdi_dir: Path, claim_uid: str) -> Path:
     return cdi_dir / f"{DRIVER}-{claim_uid}.json"
 
@@ -51,10 +80,19 @@ class DraNodePlugin:
     """Implements ``draserver.DraCore`` for one node."""
 
     def __init__(
-        self, *, node: str, state: NodeState, cdi_dir: Path, options: ResponseOptions
+        self,
+        *,
+        node: str,
+        state: NodeState,
+        records: RecordWriter,
+        clock: Clock,
+        cdi_dir: Path,
+        options: ResponseOptions,
     ) -> None:
         self._node = node
         self._state = state
+        self._records = records
+        self._clock = clock
         self._cdi_dir = cdi_dir
         self._options = options
 
@@ -88,7 +126,22 @@ class DraNodePlugin:
                     extra={"claim": f"{claim.namespace}/{claim.name}", "reason": outcome.message},
                 )
             outcomes[claim.uid] = outcome
+        await self._advance([o for o in outcomes.values() if isinstance(o, Prepared)])
         return outcomes
+
+    async def _advance(self, prepared: Sequence[Prepared]) -> None:
+        moves = advanced_by(
+            prepared,
+            self._state.record_views(),
+            bookings=self._state.bookings,
+            now=self._clock.now(),
+        )
+        for view, record in moves:
+            if not await self._records.advance(view, record):
+                log.info(
+                    "record not moved on after prepare; the binder settles it once the pod runs",
+                    extra={"record": view.key},
+                )
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         errors: dict[str, str] = {}

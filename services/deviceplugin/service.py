@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from services.deviceplugin.allocating import Allocator
 from services.deviceplugin.commits import CommitMirror
 from services.deviceplugin.config import PluginConfig
-from services.deviceplugin.draplugin import DraNodePlugin
+from services.deviceplugin.draplugin import BusRecordWriter, DraNodePlugin
 from services.deviceplugin.draserver import GrpcDraServer
 from services.deviceplugin.grants import GrantBook, GrantFile, state_file
 from services.deviceplugin.inventory import InventoryFollower
@@ -272,7 +272,7 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
     report(False, "not registered with the kubelet yet")
 
     if config.api == "dra":
-        await _serve_dra(service, config, report)
+        await _serve_dra(service, config, report, bus=context.bus, clock=context.clock)
         return
     link = KubeletLink(
         plugin_dir=config.plugin_dir,
@@ -308,13 +308,23 @@ async def run_plugin(context: ServiceContext, config: PluginConfig) -> None:
 
 
 async def _serve_dra(
-    service: DevicePluginService, config: PluginConfig, report: Callable[[bool, str], None]
+    service: DevicePluginService,
+    config: PluginConfig,
+    report: Callable[[bool, str], None],
+    *,
+    bus: Bus,
+    clock: Clock,
 ) -> None:
     """The DRA side (docs/design.md §14): ``DRAPlugin`` v1 on ``<plugin dir>/<driver>/dra.sock``,
     registered through the kubelet's plugin registry; claims prepared from the records."""
     server = GrpcDraServer(
         DraNodePlugin(
-            node=config.node, state=service, cdi_dir=config.cdi_dir, options=config.response
+            node=config.node,
+            state=service,
+            records=BusRecordWriter(bus),
+            clock=clock,
+            cdi_dir=config.cdi_dir,
+            options=config.response,
         ),
         driver=DRIVER,
         endpoint=config.dra_plugin_dir / DRIVER / "dra.sock",

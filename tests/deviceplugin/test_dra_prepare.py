@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.deviceplugin.draplugin import DraNodePlugin, spec_path
 from services.deviceplugin.draserver import GrpcDraServer
 from services.deviceplugin.rules.allocate import ResponseOptions
-from services.deviceplugin.rules.prepare import ClaimRef, plan_prepare
+from services.deviceplugin.rules.prepare import ClaimRef, Prepared, advanced_by, plan_prepare
 from shared.dra.claims import ask_container
 from shared.dra.devices import DEVICE_CLASS, DRIVER
-from shared.messages.assignments import AssignmentRecord, RecordView
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import Booking
 from tessera.devcluster.cluster import SimulatedCluster
@@ -43,6 +44,7 @@ from tessera.devcluster.resources import (
 )
 from tests.devcluster import dra_builders as b
 from tests.harness import wire
+from tests.harness.clock import FakeClock
 from tests.harness.commits import booking_of
 from tests.harness.wait import eventually
 
@@ -55,18 +57,28 @@ class Committed:
     """This node's records and bookings: what the plugin's mirrors hold."""
 
     records: dict[str, AssignmentRecord] = field(default_factory=dict)
+    revisions: dict[str, int] = field(default_factory=dict)
     bookings: dict[str, Booking] = field(default_factory=dict)
     gpus: dict[str, GpuTelemetry] = field(default_factory=lambda: {g.uuid: g for g in GPUS})
 
     def record_views(self) -> Iterable[RecordView]:
         return [
-            RecordView(key=f"{NODE}.{k}", revision=1, record=r) for k, r in self.records.items()
+            RecordView(key=f"{NODE}.{k}", revision=self.revisions[k], record=r)
+            for k, r in self.records.items()
         ]
 
     def place(self, record: AssignmentRecord, *, commit: bool = True) -> None:
         self.records[record.pod_uid] = record
+        self.revisions[record.pod_uid] = self.revisions.get(record.pod_uid, 0) + 1
         if commit:
             self.bookings[record.pod_uid] = booking_of(record)
+
+    async def advance(self, view: RecordView, record: AssignmentRecord) -> bool:
+        """The records bucket's compare-and-set."""
+        if self.revisions.get(record.pod_uid) != view.revision:
+            return False
+        self.place(record, commit=False)
+        return True
 
 
 class Scene:
@@ -82,6 +94,8 @@ class Scene:
         plugin = DraNodePlugin(
             node=NODE,
             state=self.state,
+            records=self.state,
+            clock=FakeClock(),
             cdi_dir=self.kubelet.cdi_dir,
             options=ResponseOptions(isolation="hami-core", hami_core_library="/opt/libvgpu.so"),
         )
@@ -238,6 +252,12 @@ async def test_a_committed_claim_is_prepared_with_the_slice_env_and_unprepared(
     (device,) = scene.kubelet.dra.claims[("default", claim["metadata"]["name"])].devices[DRIVER]
     assert (device.pool, device.request_names) == (NODE, ("gpu",))
     assert scene.plugin.prepared() == {uid}
+    # Prepared is handed over: the record moved on as an Allocate would move it.
+    moved = scene.state.records[pod["metadata"]["uid"]]
+    assert moved.state == "allocated"
+    assert [(a.container, a.device_ids) for a in moved.allocated] == [
+        (ask_container(claim["metadata"]["name"], "gpu"), (f"{DRIVER}/gpu={uid}-gpu",))
+    ]
 
     # A restarted plugin keeps what it prepared: the spec stays, and it is removed on unprepare.
     await scene.stop_plugin()
@@ -291,3 +311,69 @@ def test_what_is_refused_and_why() -> None:
     assert "hold it on different GPUs" in plan(bound, other)
     sick = {**gpus, GPUS[0].uuid: wire.gpu(0, memory_mib=81920, health="unhealthy")}
     assert "not in node node-a's inventory or not healthy" in plan(bound, gpus=sick)
+
+
+def test_a_prepared_claim_moves_on_each_committed_bound_record_that_holds_it() -> None:
+    first = ClaimRef(namespace="default", name="c", uid="u-1")
+    second = ClaimRef(namespace="default", name="d", uid="u-2")
+    gpu_c = wire.container(ask_container("c", "gpu"), wire.share(0), devices=0)
+    gpu_d = wire.container(ask_container("d", "gpu"), wire.share(1), devices=0)
+    gpus = {g.uuid: g for g in GPUS}
+
+    def advance(
+        claims: list[ClaimRef], *records: AssignmentRecord, committed: bool = True
+    ) -> list[tuple[str, str, list[tuple[str, tuple[str, ...]]]]]:
+        views = [RecordView(key=r.pod_uid, revision=1, record=r) for r in records]
+        bookings = {r.pod_uid: booking_of(r) for r in records} if committed else {}
+        prepared = [
+            plan_prepare(
+                claim,
+                views,
+                node=NODE,
+                gpus=gpus,
+                options=ResponseOptions(),
+                bookings={r.pod_uid: booking_of(r) for r in records},
+            )
+            for claim in claims
+        ]
+        assert all(isinstance(p, Prepared) for p in prepared), prepared
+        return [
+            (view.key, moved.state, [(a.container, a.device_ids) for a in moved.allocated])
+            for view, moved in advanced_by(
+                [p for p in prepared if isinstance(p, Prepared)], views, bookings=bookings, now=5.0
+            )
+        ]
+
+    both = wire.record("p1", gpu_c, gpu_d, node=NODE, namespace="default", state="bound")
+    c_ids = (f"{DRIVER}/gpu=u-1-gpu",)
+    # A pod with two claims: allocated once both are prepared, as after two Allocates.
+    assert advance([first], both) == [("p1", "bound", [(gpu_c.container, c_ids)])]
+    half = msgspec.structs.replace(
+        both,
+        allocated=(
+            ContainerAllocation(container=gpu_c.container, device_ids=c_ids, allocated_at=4.0),
+        ),
+    )
+    assert advance([second], half) == [
+        (
+            "p1",
+            "allocated",
+            [(gpu_c.container, c_ids), (gpu_d.container, (f"{DRIVER}/gpu=u-2-gpu",))],
+        )
+    ]
+    # Both claims in one kubelet call: one write, allocated at once.
+    assert advance([first, second], both) == [
+        (
+            "p1",
+            "allocated",
+            [(gpu_c.container, c_ids), (gpu_d.container, (f"{DRIVER}/gpu=u-2-gpu",))],
+        )
+    ]
+    # A claim two pods share moves both records; an allocated one, or one no placer
+    # committed, is left as it is.
+    mate = wire.record("p2", gpu_c, node=NODE, namespace="default", state="bound")
+    one = wire.record("p3", gpu_c, node=NODE, namespace="default", state="bound")
+    assert [key for key, _, _ in advance([first], one, mate)] == ["p3", "p2"]
+    done = wire.record("p3", gpu_c, node=NODE, namespace="default", state="allocated")
+    assert advance([first], done) == []
+    assert advance([first], one, committed=False) == []

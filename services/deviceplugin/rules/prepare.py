@@ -9,6 +9,11 @@ claim's namespace, whose containers include the claim's asks (``resourceclaims/<
 applies). A claim several pods share is in each of their records, with the same slices; records
 that disagree are refused rather than one picked.
 
+Once prepared, each ``bound`` record holding the claim moves on as an Allocate would move it
+(:func:`advanced_by`): its claim's containers answered with their CDI device IDs, ``allocated``
+once every GPU container is, so the placers' hand-off counts, the binder and the dashboard see
+the pod's GPUs handed over when they are, as for a device-plugin pod.
+
 The answer is one CDI spec per claim (``gpu.tessera.dev/gpu``, one CDI device per request of the
 claim named ``<claim uid>-<request>``) whose env is what Allocate would hand a container holding
 the same slices (``allocate.slice_environment``: UUIDs, memory limit and total, compute share,
@@ -32,7 +37,7 @@ from services.deviceplugin.rules.allocate import (
 )
 from shared.dra.claims import claim_of_container
 from shared.dra.devices import DRIVER, device_name
-from shared.messages.assignments import RecordView
+from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import Booking
@@ -174,3 +179,52 @@ def plan_prepare(
         )
     spec = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": spec_devices}
     return Prepared(claim=claim, spec=spec, devices=tuple(devices), record=view.key)
+
+
+def advanced_by(
+    prepared: Iterable[Prepared],
+    views: Iterable[RecordView],
+    *,
+    bookings: Mapping[str, Booking],
+    now: float,
+) -> list[tuple[RecordView, AssignmentRecord]]:
+    """The ``bound`` records a placer committed that hold claims of ``prepared`` (one kubelet
+    call's: a pod's claims come together), each with those claims' containers answered (their
+    requests' CDI IDs, at ``now``) and ``allocated`` once no GPU container of the record waits;
+    what to write, by compare-and-set on each view."""
+    cdi_ids: dict[tuple[str, str, str], tuple[str, ...]] = {}
+    for claim in prepared:
+        for device in claim.devices:
+            key = (claim.claim.namespace, claim.claim.name, device.request)
+            cdi_ids[key] = tuple(dict.fromkeys((*cdi_ids.get(key, ()), *device.cdi_ids)))
+    moves = []
+    for view in views:
+        record = view.record
+        if record.state != "bound" or uncommitted(view, bookings=bookings) is not None:
+            continue
+        answered = {a.container for a in record.allocated}
+        added = []
+        for container in record.containers:
+            named = claim_of_container(container.container)
+            if named is None or not container.gpus or container.container in answered:
+                continue
+            ids = cdi_ids.get((record.namespace, *named))
+            if ids is not None:
+                added.append(
+                    ContainerAllocation(
+                        container=container.container, device_ids=ids, allocated_at=now
+                    )
+                )
+        if not added:
+            continue
+        allocated = record.allocated + tuple(added)
+        done_now = {a.container for a in allocated}
+        done = all(c.container in done_now for c in record.containers if c.gpus)
+        moved = msgspec.structs.replace(
+            record,
+            allocated=allocated,
+            state="allocated" if done else record.state,
+            allocated_at=now if done else record.allocated_at,
+        )
+        moves.append((view, moved))
+    return moves
