@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 
 from services.placer.core.fragmentation import HostKind, TypicalTask, host_kinds
+from services.placer.core.framework import Profile
 from services.placer.core.model import GpuState, NodeState
 from services.placer.core.plugins.fed_fgd import FedFragmentation, rarity
-from services.placer.core.profiles import ProfileError, ProfileSpec, ScoreSpec, build_profile
+from services.placer.core.profiles import (
+    DEFAULT_TYPICAL_TASKS,
+    ProfileError,
+    ProfileSpec,
+    ScoreSpec,
+    build_profile,
+)
 from services.placer.rules.state import ClusterView
 from shared.runtime.nats import NatsBus
 from tests.placer import wire
@@ -141,12 +148,33 @@ def test_the_placer_view_counts_node_kinds_as_the_simulator_does(pools: int) -> 
     # Every pool's nodes, grouped as the simulator groups its cluster's nodes.
     assert kinds == host_kinds(view.everywhere())
     assert [(k.gpus, k.count) for k in kinds] == [(4, 3), (8, 1)]
-    # A node joins, another leaves: the kinds follow, whatever pool either is in.
+    # A node joins, another leaves: the kinds follow, whatever pool either is in. Until its
+    # facts come, the new node's CPU and memory are unknown: it is not a kind yet.
     view.set_inventory(wire.inventory("big2", 8, at=NOW), now=NOW)
+    assert view.host_kinds() == kinds
     view.set_facts(wire.facts("big2", at=NOW))
     view.drop_inventory("a")
     assert [(k.gpus, k.count) for k in view.host_kinds()] == [(4, 2), (8, 2)]
     assert view.host_kinds() == host_kinds(view.everywhere())
+
+
+def fed_model(profile: Profile | None) -> FedFragmentation:
+    """The fed measure ``profile`` scores nodes with."""
+    assert profile is not None
+    ((score, _),) = profile.scores
+    model = score.model  # type: ignore[attr-defined]
+    assert isinstance(model, FedFragmentation)
+    return model
+
+
+def profile_weights(profile: Profile | None) -> list[float]:
+    """Each typical task's weight in ``profile``'s fed measure over its weight without hosts."""
+    model = fed_model(profile)
+    plain = FedFragmentation(model.tasks)
+    return [
+        weighed.weight / alone.weight
+        for weighed, alone in zip(model.weighted_tasks, plain.weighted_tasks, strict=True)
+    ]
 
 
 async def test_the_placer_compiles_its_profile_with_the_clusters_node_kinds(
@@ -160,15 +188,14 @@ async def test_the_placer_compiles_its_profile_with_the_clusters_node_kinds(
         assert service is not None
 
         def fed_hosts() -> list[tuple[int, int]]:
-            profile = service.profile
-            assert profile is not None
-            ((score, _),) = profile.scores
-            model = score.model  # type: ignore[attr-defined]
-            assert isinstance(model, FedFragmentation)
-            return [(kind.gpus, kind.count) for kind in model.hosts]
+            return [(kind.gpus, kind.count) for kind in fed_model(service.profile).hosts]
 
-        # 8 of the 20 GPUs hold the mix's 8-GPU task: scarce, weighed 2.5 x as in the simulator.
+        # 8 of the 20 GPUs hold the prior mix's 8-GPU task: scarce, weighed 2.5 x as in the
+        # simulator; every other task as without hosts.
         assert fed_hosts() == [(4, 3), (8, 1)]
+        assert profile_weights(service.profile) == pytest.approx(
+            [2.5 if t.gpu_count == 8 else 1.0 for t in DEFAULT_TYPICAL_TASKS]
+        )
         assert service.upkeep.hosts_compiled == service.view.host_kinds()
         builds = placer.metric("tessera_placer_profile_builds_total")
         await wire.put_node(bus, "big2", 8)

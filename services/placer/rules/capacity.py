@@ -71,11 +71,12 @@ class Capacities:
 
     def host_kinds(self) -> tuple[HostKind, ...]:
         """The known GPU nodes grouped by capacity, as ``fragmentation.host_kinds`` groups a
-        cluster's nodes (GPU memory aside): what the fed measure weighs scarce hosts by. Sorted,
-        so equal clusters give equal kinds whatever order their nodes came in."""
+        cluster's nodes (GPU memory aside): what the fed measure weighs scarce hosts by. A node
+        whose facts have not come yet (no CPU or memory known) is left out, so a node that joins
+        moves the kinds once. Sorted, so equal clusters give equal kinds in any order."""
         counts: Counter[HostKind] = Counter()
         for (cpu, memory, gpus), count in self._counts.items():
-            if gpus:
+            if gpus and cpu and memory:
                 models = tuple(sorted({model for model, _ in gpus}))
                 kind = HostKind(cpu_milli=cpu, memory_mib=memory, gpus=len(gpus), models=models)
                 counts[kind] += count
