@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-import msgspec
-
 from services.placer.core.facts import PodFacts
-from services.placer.core.fragmentation import HostKind
+from services.placer.core.fragmentation import HostKind, counted_kinds
 from services.placer.core.model import NodeState
 from shared.capacity import GpuAsk, Models, NodeGpus, gpus_fit, never_fits
 
@@ -73,17 +71,14 @@ class Capacities:
         """The known GPU nodes grouped by capacity, as ``fragmentation.host_kinds`` groups a
         cluster's nodes (GPU memory aside): what the fed measure weighs scarce hosts by. A node
         whose facts have not come yet (no CPU or memory known) is left out, so a node that joins
-        moves the kinds once. Sorted, so equal clusters give equal kinds in any order."""
+        moves the kinds once."""
         counts: Counter[HostKind] = Counter()
         for (cpu, memory, gpus), count in self._counts.items():
             if gpus and cpu and memory:
                 models = tuple(sorted({model for model, _ in gpus}))
                 kind = HostKind(cpu_milli=cpu, memory_mib=memory, gpus=len(gpus), models=models)
                 counts[kind] += count
-        return tuple(
-            msgspec.structs.replace(kind, count=count)
-            for kind, count in sorted(counts.items(), key=lambda kv: msgspec.structs.astuple(kv[0]))
-        )
+        return counted_kinds(counts)
 
     def too_large(self, pod: PodFacts) -> str:
         """Why no known node could hold ``pod`` even with nothing on it, naming the dimension
