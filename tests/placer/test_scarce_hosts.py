@@ -5,9 +5,21 @@ from __future__ import annotations
 import pytest
 
 from services.placer.core.fragmentation import HostKind, TypicalTask, host_kinds
+from services.placer.core.framework import Profile
 from services.placer.core.model import GpuState, NodeState
 from services.placer.core.plugins.fed_fgd import FedFragmentation, rarity
-from services.placer.core.profiles import ProfileError, ProfileSpec, ScoreSpec, build_profile
+from services.placer.core.profiles import (
+    DEFAULT_TYPICAL_TASKS,
+    ProfileError,
+    ProfileSpec,
+    ScoreSpec,
+    build_profile,
+)
+from services.placer.rules.state import ClusterView
+from shared.runtime.nats import NatsBus
+from tests.placer import wire
+from tests.placer.conftest import PlacerFactory, until
+from tests.placer.test_translate import NOW
 
 # The trace's two 8-GPU kinds: 64 G2 GPUs (96 cores, 384 GiB) and 16 G3 GPUs (128 cores, 768 GiB).
 G2 = HostKind(cpu_milli=96_000, memory_mib=393_216, gpus=8, models=("G2",), count=8)
@@ -110,3 +122,82 @@ def test_profile_takes_scarcity_with_hosts() -> None:
     ((score, _),) = profile.scores
     assert score.model.scarcity == 1  # type: ignore[attr-defined]
     assert score.model.hosts == (G2, G3)  # type: ignore[attr-defined]
+
+
+# --- the placer service: the cluster's node kinds, as its view counts them ---------------------
+
+
+def _view(pools: int, *nodes: tuple[str, int]) -> ClusterView:
+    """A loaded view holding ``(name, GPUs)`` nodes (the same CPU and memory), and a node
+    without GPUs; with ``pools``, the replica holding only pool 0."""
+    view = ClusterView(inventory_stale_s=30, task_mix_window=100, pools=pools)
+    for name, gpus in nodes:
+        view.set_inventory(wire.inventory(name, gpus, at=NOW), now=NOW)
+        view.set_facts(wire.facts(name, at=NOW))
+    view.set_facts(wire.facts("cpu-only", at=NOW))
+    view.set_inventory(wire.inventory("cpu-only", 0, at=NOW), now=NOW)
+    view.finish_load(NOW)
+    view.set_owned(frozenset({0}))
+    return view
+
+
+@pytest.mark.parametrize("pools", [1, 3])
+def test_the_placer_view_counts_node_kinds_as_the_simulator_does(pools: int) -> None:
+    view = _view(pools, ("a", 4), ("b", 4), ("c", 4), ("big", 8))
+    kinds = view.host_kinds()
+    # Every pool's nodes, grouped as the simulator groups its cluster's nodes.
+    assert kinds == host_kinds(view.everywhere())
+    assert [(k.gpus, k.count) for k in kinds] == [(4, 3), (8, 1)]
+    # A node joins, another leaves: the kinds follow, whatever pool either is in. Until its
+    # facts come, the new node's CPU and memory are unknown: it is not a kind yet.
+    view.set_inventory(wire.inventory("big2", 8, at=NOW), now=NOW)
+    assert view.host_kinds() == kinds
+    view.set_facts(wire.facts("big2", at=NOW))
+    view.drop_inventory("a")
+    assert [(k.gpus, k.count) for k in view.host_kinds()] == [(4, 2), (8, 2)]
+    assert view.host_kinds() == host_kinds(view.everywhere())
+
+
+def fed_model(profile: Profile | None) -> FedFragmentation:
+    """The fed measure ``profile`` scores nodes with."""
+    assert profile is not None
+    ((score, _),) = profile.scores
+    model = score.model  # type: ignore[attr-defined]
+    assert isinstance(model, FedFragmentation)
+    return model
+
+
+def profile_weights(profile: Profile | None) -> list[float]:
+    """Each typical task's weight in ``profile``'s fed measure over its weight without hosts."""
+    model = fed_model(profile)
+    plain = FedFragmentation(model.tasks)
+    return [
+        weighed.weight / alone.weight
+        for weighed, alone in zip(model.weighted_tasks, plain.weighted_tasks, strict=True)
+    ]
+
+
+async def test_the_placer_compiles_its_profile_with_the_clusters_node_kinds(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    for name in ("a", "b", "c"):
+        await wire.put_node(bus, name, 4)
+    await wire.put_node(bus, "big", 8)
+    async with start_placer(tuning={"mix_check_s": 0.02}) as placer:
+        service = placer.service
+        assert service is not None
+
+        def fed_hosts() -> list[tuple[int, int]]:
+            return [(kind.gpus, kind.count) for kind in fed_model(service.profile).hosts]
+
+        # 8 of the 20 GPUs hold the prior mix's 8-GPU task: scarce, weighed 2.5 x as in the
+        # simulator; every other task as without hosts.
+        assert fed_hosts() == [(4, 3), (8, 1)]
+        assert profile_weights(service.profile) == pytest.approx(
+            [2.5 if t.gpu_count == 8 else 1.0 for t in DEFAULT_TYPICAL_TASKS]
+        )
+        assert service.upkeep.hosts_compiled == service.view.host_kinds()
+        builds = placer.metric("tessera_placer_profile_builds_total")
+        await wire.put_node(bus, "big2", 8)
+        await until(lambda: fed_hosts() == [(4, 3), (8, 2)], what="the new node kind compiled")
+        assert placer.metric("tessera_placer_profile_builds_total") == builds + 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -66,6 +66,11 @@ def host_kinds(nodes: Iterable[NodeState]) -> tuple[HostKind, ...]:
             models=tuple(sorted({g.model for g in node.gpus})),
         )
         counts[kind] = counts.get(kind, 0) + 1
+    return counted_kinds(counts)
+
+
+def counted_kinds(counts: Mapping[HostKind, int]) -> tuple[HostKind, ...]:
+    """``counts``' kinds with their counts, sorted (equal clusters give equal kinds)."""
     return tuple(
         msgspec.structs.replace(kind, count=n)
         for kind, n in sorted(counts.items(), key=lambda kv: msgspec.structs.astuple(kv[0]))

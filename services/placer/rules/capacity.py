@@ -1,12 +1,14 @@
 """Node capacities as the placer's view counts them (pure): each node's capacity when empty
 (its *signature*), how many nodes have each, so that a pod too large for every node is told at
-once; and whether a node's new state gives back room a waiting pod could use."""
+once and the fed measure knows which hosts are scarce; and whether a node's new state gives
+back room a waiting pod could use."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from services.placer.core.facts import PodFacts
+from services.placer.core.fragmentation import HostKind, counted_kinds
 from services.placer.core.model import NodeState
 from shared.capacity import GpuAsk, Models, NodeGpus, gpus_fit, never_fits
 
@@ -64,6 +66,19 @@ class Capacities:
         self._counts[signature] -= 1
         if self._counts[signature] <= 0:
             del self._counts[signature]
+
+    def host_kinds(self) -> tuple[HostKind, ...]:
+        """The known GPU nodes grouped by capacity, as ``fragmentation.host_kinds`` groups a
+        cluster's nodes (GPU memory aside): what the fed measure weighs scarce hosts by. A node
+        whose facts have not come yet (no CPU or memory known) is left out, so a node that joins
+        moves the kinds once."""
+        counts: Counter[HostKind] = Counter()
+        for (cpu, memory, gpus), count in self._counts.items():
+            if gpus and cpu and memory:
+                models = tuple(sorted({model for model, _ in gpus}))
+                kind = HostKind(cpu_milli=cpu, memory_mib=memory, gpus=len(gpus), models=models)
+                counts[kind] += count
+        return counted_kinds(counts)
 
     def too_large(self, pod: PodFacts) -> str:
         """Why no known node could hold ``pod`` even with nothing on it, naming the dimension

@@ -24,6 +24,7 @@ does not pay, decision after decision, for the state of nodes another replica pl
 from __future__ import annotations
 
 from services.placer.core.facts import PodFacts
+from services.placer.core.fragmentation import HostKind
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import NodeState
 from services.placer.core.tenancy import Tenancy
@@ -119,6 +120,11 @@ class NodeIndexes:
     def too_large(self, pod: PodFacts) -> str:
         """Why no known node could hold ``pod`` even with nothing on it; empty when one could."""
         return self._signatures.too_large(pod)
+
+    def host_kinds(self) -> tuple[HostKind, ...]:
+        """Every pool's known GPU nodes by capacity (``Capacities.host_kinds``)."""
+        self.everywhere()  # with pools, the signatures follow ``everywhere``
+        return self._signatures.host_kinds()
 
     # --- changes -------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 
 from services.placer.core.facts import PodFacts, ShareAsk
+from services.placer.core.fragmentation import HostKind
 from services.placer.core.groups import TenancyConfig
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import NodeState, PodRequest, Reservation
@@ -427,3 +428,6 @@ class ClusterView:
 
     def too_large(self, pod: PodFacts) -> str:
         return self._derived.too_large(pod)
+
+    def host_kinds(self) -> tuple[HostKind, ...]:
+        return self._derived.host_kinds()

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from services.placer.config import ConfigFileError, parse_tenancy
-from services.placer.core.fragmentation import FragmentationModel, TypicalTask
+from services.placer.core.fragmentation import FragmentationModel, HostKind, TypicalTask
 from services.placer.core.profiles import BUILTIN, DEFAULT_TYPICAL_TASKS, ProfileSpec, build_profile
 from services.placer.rules import mix, stats
 from services.placer.shell.context import Shell, log
@@ -39,6 +39,8 @@ class Upkeep:
         self._held = held
         self._waiting = waiting
         self._typical: tuple[Any, ...] | None = None
+        self._hosts: tuple[HostKind, ...] = ()
+        """The cluster's node kinds the profile was compiled with (scarce hosts, ``fed_fgd``)."""
         self._compiled = (0, 0.0)
         """Decisions made and monotonic time at the last compile."""
         self._stats_model: tuple[tuple[TypicalTask, ...], FragmentationModel] | None = None
@@ -80,15 +82,22 @@ class Upkeep:
         """Whether the profile in use was compiled with the task mix learned so far."""
         return self._shell.profile is not None and self._typical == self._shell.view.mix.typical()
 
+    @property
+    def hosts_compiled(self) -> tuple[HostKind, ...]:
+        """The node kinds the profile in use was compiled with."""
+        return self._hosts
+
     def rebuild_profile(self) -> None:
-        """Compile the profile with the learned task mix, when the mix moved and a compile is
-        due (``mix.compile_due``)."""
+        """Compile the profile with the learned task mix and the cluster's node kinds (the fed
+        measure weighs tasks few nodes can hold more, as the simulator does), when either moved
+        and a compile is due (``mix.compile_due``)."""
         shell = self._shell
         typical = shell.view.mix.typical()
+        hosts = shell.view.host_kinds()
         decided, compiled_at = self._compiled
         now = shell.clock.monotonic()
         if shell.profile is not None and not mix.compile_due(
-            moved=typical != self._typical,
+            moved=typical != self._typical or hosts != self._hosts,
             decisions=shell.decisions - decided,
             judgements=shell.view.index.memo_size,
             elapsed_s=now - compiled_at,
@@ -99,9 +108,11 @@ class Upkeep:
         shell.profile = build_profile(
             service_profile(shell.config.profile),
             typical_tasks=typical,
+            hosts=hosts,
             **shell.view.tenancy.plugins(),
         )
         self._typical = typical
+        self._hosts = hosts
         shell.forget_failed()
         shell.metrics.profile_builds.inc()
         if old is not None:  # its memo is of no use any more
@@ -114,6 +125,7 @@ class Upkeep:
                 "profile": shell.config.profile_name,
                 "pods_seen": len(shell.view.mix),
                 "typical_tasks": len(typical),
+                "node_kinds": len(hosts),
             },
         )
 
