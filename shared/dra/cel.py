@@ -36,7 +36,7 @@ from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, base_functions
 
-from shared.dra.devices import DeviceDescription, Version
+from shared.dra.devices import MODEL, DeviceDescription, Version, qualified
 from shared.quantity import QuantityError, parse_quantity
 
 _SEMVER: Final = re.compile(
@@ -329,6 +329,78 @@ def compile_selector(expression: str) -> Selector | SelectorProblem:
             f"{', '.join(unknown)}",
         )
     return Selector(expression, _ENVIRONMENT.program(tree, functions=FUNCTIONS))
+
+
+_MODEL_PATHS: Final = frozenset(
+    {
+        ("device", "driver"),
+        ("device", "allowMultipleAllocations"),
+        ("device", "attributes", *qualified(MODEL).rsplit("/", 1)),
+    }
+)
+"""What a selector may read of a device and still be judged on a GPU's model alone: the same
+for every device of one model (the driver's name, the model)."""
+
+
+def _is_tree(node: Any, data: str | None = None) -> bool:
+    """Whether ``node`` is a parse tree node (of rule ``data``), not a token."""
+    return hasattr(node, "children") and (data is None or node.data == data)
+
+
+def _literal(tree: Any) -> str | None:
+    """The plain string literal ``tree`` (an index expression) is, else None."""
+    while _is_tree(tree) and tree.data != "literal" and len(tree.children) == 1:
+        tree = tree.children[0]
+    if not _is_tree(tree, "literal"):
+        return None
+    text = str(tree.children[0])
+    if len(text) < 2 or text[0] not in "\"'" or text[-1] != text[0] or "\\" in text:
+        return None  # raw, bytes, triple-quoted or escaped: not worth decoding here
+    body = text[1:-1]
+    return None if text[0] in body else body
+
+
+def _device_path(member: Any) -> tuple[str | None, ...] | None:
+    """The chain of field and index selections ``member`` makes from ``device`` (an index not
+    a plain string literal is None), or None when it does not start at ``device``."""
+    node = member.children[0]
+    if node.data == "primary":
+        ident = node.children[0]
+        if _is_tree(ident, "ident") and str(ident.children[0]) == "device":
+            return ("device",)
+        return None
+    if node.data not in ("member_dot", "member_index"):
+        return None
+    head = _device_path(node.children[0])
+    if head is None:
+        return None
+    if node.data == "member_dot":
+        return (*head, str(node.children[1]))
+    return (*head, _literal(node.children[1]))
+
+
+def _reads_model_only(tree: Any) -> bool:
+    if not _is_tree(tree):
+        return True
+    if tree.data == "member":
+        path = _device_path(tree)
+        if path is not None:
+            return path in _MODEL_PATHS
+    return all(_reads_model_only(child) for child in tree.children)
+
+
+@functools.lru_cache(maxsize=1024)
+def reads_model_only(expression: str) -> bool:
+    """Whether ``expression`` reads nothing of a device but its driver and ``model`` attribute
+    (each read named in full: ``device.attributes["gpu.tessera.dev"].model``), so that it gives
+    the same answer on every GPU of one model. False for one that reads anything else, or
+    reads a whole map (``device.attributes["gpu.tessera.dev"].exists(...)``, an index that is
+    not a plain string), or does not compile: such a selector is judged on each GPU."""
+    try:
+        tree = _ENVIRONMENT.compile(expression)
+    except CELParseError:
+        return False
+    return _reads_model_only(tree)
 
 
 def select(expressions: tuple[str, ...], device: DeviceDescription) -> bool | SelectorProblem:

@@ -292,6 +292,8 @@ def _gpu_states(
                 healthy=gpu.health == "healthy",
                 utilization_pct=utilization // UTILIZATION_STEP_PCT * UTILIZATION_STEP_PCT,
                 numa_node=-1 if gpu.numa_node is None else gpu.numa_node,
+                pci_bus_id=gpu.pci_bus_id,
+                pcie_root=gpu.pcie_root,
                 nvlink_peers=tuple(
                     sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of)
                 ),

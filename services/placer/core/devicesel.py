@@ -1,0 +1,109 @@
+"""DRA selectors judged GPU by GPU: a claim's CEL selectors that read more than the model.
+
+A selector that reads only a GPU's model gives the same answer on every GPU of that model, so it
+is judged with the model, shape by shape (``PodRequest.allows_model``). One that reads an
+attribute a shape does not hold (``uuid``, ``index``, the NUMA node, PCI bus or PCIe root) or
+that Tessera does not tell apart from one (``memoryMiB``, the ``memory`` and ``compute``
+capacities: judged here too, one rule for all) is judged here, on each GPU of a node as the
+device Tessera publishes for it (``shared.dra.devices``), as Kubernetes' allocator judges a
+device: the selectors in order, the first that is false or cannot be evaluated ends it
+(``selectorsMatch`` in ``k8s.io/dynamic-resource-allocation/structured``). A selector that
+cannot be evaluated on a GPU makes the node a refusal with that reason, never a guess.
+
+Pure and cached: the verdicts of a GPU depend on its attributes and the selectors only, and a
+burst of identical claims asks the same selectors of the same GPUs again and again.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from services.placer.core.model import GpuState
+from shared.dra import cel
+from shared.dra.devices import gpu_attributes, gpu_device
+
+Verdict = str | cel.SelectorProblem | None
+"""Of one GPU: None when it meets every selector, else the first selector it does not meet, or
+why one cannot be evaluated on it."""
+
+
+@functools.lru_cache(maxsize=65_536)
+def _verdict(
+    selectors: tuple[str, ...],
+    uuid: str,
+    model: str,
+    index: int,
+    memory_mib: int,
+    numa_node: int,
+    pci_bus_id: str,
+    pcie_root: str,
+) -> Verdict:
+    found = gpu_attributes(
+        uuid=uuid,
+        model=model,
+        index=index,
+        memory_mib=memory_mib,
+        numa_node=numa_node,
+        nvml_bus_id=pci_bus_id,
+        pcie_root=pcie_root,
+    )
+    variables = cel.activation(gpu_device(found, index=index, memory_mib=memory_mib))
+    for expression in selectors:
+        selector = cel.compile_selector(expression)
+        if isinstance(selector, cel.SelectorProblem):
+            return selector
+        outcome = selector.evaluate(variables)
+        if outcome is not True:
+            return outcome if isinstance(outcome, cel.SelectorProblem) else expression
+    return None
+
+
+def verdict(selectors: tuple[str, ...], gpu: GpuState) -> Verdict:
+    """Whether ``gpu`` meets every one of ``selectors`` (see :data:`Verdict`)."""
+    return _verdict(
+        selectors,
+        gpu.uuid,
+        gpu.model,
+        gpu.index,
+        gpu.memory_total_mib,
+        gpu.numa_node,
+        gpu.pci_bus_id,
+        gpu.pcie_root,
+    )
+
+
+def admitted(selectors: tuple[str, ...], gpus: Sequence[GpuState]) -> list[bool]:
+    """For each of ``gpus``, whether it meets every one of ``selectors``."""
+    return [verdict(selectors, gpu) is None for gpu in gpus]
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
+def unmet(selectors: tuple[str, ...], gpus: Sequence[GpuState], needed: int) -> str | None:
+    """Why fewer than ``needed`` of ``gpus`` meet ``selectors`` (which selector they did not
+    meet, or why one cannot be evaluated); None when enough do."""
+    verdicts = [verdict(selectors, gpu) for gpu in gpus]
+    problem = next((v for v in verdicts if isinstance(v, cel.SelectorProblem)), None)
+    if problem is not None:
+        return str(problem)
+    meeting = verdicts.count(None)
+    if meeting >= needed:
+        return None
+    failed: dict[str, int] = {}
+    for found in verdicts:
+        if isinstance(found, str):
+            failed[found] = failed.get(found, 0) + 1
+    ranked = sorted(failed.items(), key=lambda kv: (-kv[1], selectors.index(kv[0])))
+    if not gpus:
+        return "no GPUs to judge the selectors on"
+    if meeting == 0 and len(ranked) == 1:
+        return f"no GPU meets selector {ranked[0][0]!r}"
+    detail = ", ".join(f"{expression!r} on {_gpus(n)}" for expression, n in ranked)
+    if meeting == 0:
+        return f"no GPU meets every selector (not met: {detail})"
+    return (
+        f"{_gpus(meeting)} of {len(gpus)} meet the selectors, {needed} needed (not met: {detail})"
+    )

@@ -1,0 +1,86 @@
+"""``DeviceSelectors``: a DRA claim's selectors that read more than a GPU's model, node by node.
+
+A pod whose claims' selectors read only the model is judged shape by shape (the model is in a
+shape; ``PodRequest.allows_model``), and this rule has nothing to do for it: the shape memo's
+speed. One whose selectors read per-GPU attributes (``index``, ``uuid``, ``memoryMiB``, the
+NUMA node, the capacities: ``core/devicesel.py``) is judged on each node's own GPUs, as the
+node-aware rules of ``nodeaware.py`` are: its shape is judged as if every GPU were allowed, and
+this rule refuses a node where
+
+- a selector cannot be evaluated on a GPU: that reason, unresolvable (Kubernetes fails such an
+  allocation too);
+- fewer GPUs meet the selectors than a container's shares need: which selector they did not
+  meet, unresolvable;
+- the shares do not fit on the GPUs that meet them (and the pod's model and group allow): the fit
+  filter's reason, after the fit (a shape that does not fit keeps its own reason).
+
+The GPU choice then takes only GPUs that meet them (``framework.place_on_node``), with the same
+search on the same GPUs, so a node this rule passes always has its GPUs chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from services.placer.core.devicesel import admitted, unmet
+from services.placer.core.facts import PodFacts
+from services.placer.core.framework import NodeCheck, Refusal, gpu_admitted
+from services.placer.core.index import ClusterIndex
+from services.placer.core.model import NodeState
+from services.placer.core.plugins.fit import NO_GPU_ROOM, NO_IDLE_GPUS, GpuModel
+from services.placer.core.plugins.groups import GroupFilter
+from services.placer.core.search import assign
+from services.placer.core.shape import gpu_shape
+
+NAME = "DeviceSelectors"
+_FILTERS = (GpuModel(), GroupFilter())
+"""The GPU filters a profile runs (model, group): a GPU the selectors admit must pass them too."""
+
+
+class SelectorCheck(NodeCheck):
+    def __init__(self, pod: PodFacts, selectors: tuple[str, ...]) -> None:
+        self._pod = pod
+        self._selectors = selectors
+        self._needed = max((ask.shares for ask in pod.asks), default=0)
+
+    def refused(self) -> Mapping[str, Refusal] | None:
+        return None  # every node's GPUs are judged
+
+    def refuse(self, node: NodeState) -> Refusal | None:
+        pod, gpus = self._pod, node.gpus
+        why = unmet(self._selectors, gpus, self._needed)
+        if why is not None:
+            return Refusal(reason=why, unresolvable=True)
+        shapes = [gpu_shape(g) for g in gpus]
+        meets = admitted(self._selectors, gpus)
+        allowed = [
+            ok and gpu_admitted(pod, s, _FILTERS) for ok, s in zip(meets, shapes, strict=True)
+        ]
+        if sum(allowed) < self._needed:
+            return Refusal(
+                reason=f"too few GPUs that meet the selectors are of an allowed model or group "
+                f"({sum(allowed)}, {self._needed} needed)",
+                unresolvable=True,
+            )
+        # The order the node's shape has (and the GPU choice falls back to): the same search.
+        order = sorted(range(len(shapes)), key=shapes.__getitem__)
+        if assign(pod.asks, [shapes[i] for i in order], [allowed[i] for i in order]) is None:
+            whole = all(ask.whole for ask in pod.asks)
+            reason = NO_IDLE_GPUS if whole else NO_GPU_ROOM
+            return Refusal(
+                reason=f"{reason} on the GPUs that meet the selectors",
+                unresolvable=False,
+                stage="after_fit",
+            )
+        return None
+
+
+class DeviceSelectorRule:
+    name = NAME
+    weight = 0.0
+
+    def check(self, pod: PodFacts, cluster: ClusterIndex) -> NodeCheck | None:
+        selectors = pod.request.device_selectors
+        if not selectors or not pod.asks:
+            return None
+        return SelectorCheck(pod, selectors)
