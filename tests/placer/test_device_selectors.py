@@ -13,12 +13,16 @@ from services.placer.core.devicesel import admitted, unmet, verdict
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, GpuState, NodeState, PodRequest, Rejection
 from services.placer.core.profiles import build_profile
-from services.placer.rules import translate
+from services.placer.rules import decider, translate
 from shared.dra.cel import SelectorProblem, reads_model_only
 from shared.dra.claims import ClaimPlan, plan_claims
 from shared.dra.devices import DEVICE_CLASS, MemoryPolicy
 from shared.messages.resourceclaims import DeviceRequest, PodResourceClaim
+from tests.placer import wire
 from tests.placer.builders import node
+from tests.placer.test_gpu_api import DRA_LABELS, claim_pending
+from tests.placer.test_translate import NOW
+from tests.placer.test_view import PROFILE, view_of
 
 T = 'device.attributes["gpu.tessera.dev"]'
 K = 'device.attributes["resource.kubernetes.io"]'
@@ -223,3 +227,32 @@ def test_model_selectors_keep_the_shape_path() -> None:
     assert not pod.allows_model("H100")
     mixed = claim_pod(f'{T}.model == "A100"', f"{T}.index == 0")
     assert mixed.device_selectors == (f"{T}.index == 0",) and mixed.allows_model("A100")
+
+
+def test_the_placer_reads_each_gpus_attributes_from_its_inventory() -> None:
+    """Through the placer's view: the inventory's PCIe roots and NUMA nodes reach the selectors,
+    the decision takes the GPU that meets them, and the verdicts explain the other node."""
+    view = view_of(gpus=0)
+    for name, roots in (("n1", ("pci0000:00", "pci0000:00")), ("n2", ("pci0000:00", "pci0000:80"))):
+        listed = wire.inventory(name, 2, at=NOW)
+        gpus = tuple(
+            msgspec.structs.replace(g, pcie_root=root, numa_node=i)
+            for i, (g, root) in enumerate(zip(listed.gpus, roots, strict=True))
+        )
+        view.set_inventory(msgspec.structs.replace(listed, gpus=gpus), now=NOW)
+        view.set_facts(wire.facts(name, labels=DRA_LABELS, at=NOW))
+    view.finish_load(NOW)
+    selector = f'{K}.pcieRoot == "pci0000:80" && {K}.numaNode == 1'
+    pending = claim_pending("cp")
+    claim = pending.claims[0]
+    request = msgspec.structs.replace(claim.requests[0], selectors=(selector,))
+    pod = translate.pod_request(
+        msgspec.structs.replace(
+            pending, claims=(msgspec.structs.replace(claim, requests=(request,)),)
+        )
+    )
+    placed = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(placed, Decision) and placed.node == "n2"
+    assert [g.index for c in placed.reservation.containers for g in c.gpus] == [1]
+    verdicts = {v.node: (v.fits, v.reason) for v in decider.verdicts(view, PROFILE, pod)}
+    assert verdicts == {"n1": (False, f"no GPU meets selector {selector!r}"), "n2": (True, "")}
