@@ -20,6 +20,9 @@ cannot evaluate (``cel.bind``, the rest of the strings library, optional values,
 library's function) is a :class:`SelectorProblem` saying so, never a guess: the device does not
 match and the reason reaches the pod. So is a result that is not a bool, as Kubernetes refuses
 it. Not modelled: the API server's cost limit (``CELSelectorExpressionMaxCost``).
+
+:func:`reads_model_only` tells, from the parsed expression, whether a selector reads nothing of a
+device but its driver and model: the placer judges those by model, the others GPU by GPU.
 """
 
 from __future__ import annotations

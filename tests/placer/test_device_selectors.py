@@ -10,8 +10,10 @@ import pytest
 
 from services.placer.core.cycle import decide
 from services.placer.core.devicesel import admitted, unmet, verdict
+from services.placer.core.facts import pod_facts
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, GpuState, NodeState, PodRequest, Rejection
+from services.placer.core.plugins.deviceselectors import DeviceSelectorRule
 from services.placer.core.profiles import build_profile
 from services.placer.rules import decider, translate
 from shared.dra.cel import SelectorProblem, reads_model_only
@@ -256,3 +258,14 @@ def test_the_placer_reads_each_gpus_attributes_from_its_inventory() -> None:
     assert [g.index for c in placed.reservation.containers for g in c.gpus] == [1]
     verdicts = {v.node: (v.fits, v.reason) for v in decider.verdicts(view, PROFILE, pod)}
     assert verdicts == {"n1": (False, f"no GPU meets selector {selector!r}"), "n2": (True, "")}
+
+
+def test_a_model_selector_that_errors_is_the_reason() -> None:
+    """One that does not keeps the shape path: the rule has nothing to do for it."""
+    bad = f'{T}.model.matches("(")'
+    message = chosen(claim_pod(bad))
+    assert isinstance(message, str) and message.startswith(f"2 nodes: selector {bad!r}: "), message
+    assert DeviceSelectorRule().check(pod_facts(claim_pod(bad)), cluster()) is not None
+    fine = claim_pod(f'{T}.model.matches("A1")')
+    assert DeviceSelectorRule().check(pod_facts(fine), cluster()) is None
+    assert isinstance(chosen(fine), tuple)

@@ -10,6 +10,9 @@ device: the selectors in order, the first that is false or cannot be evaluated e
 (``selectorsMatch`` in ``k8s.io/dynamic-resource-allocation/structured``). A selector that
 cannot be evaluated on a GPU makes the node a refusal with that reason, never a guess.
 
+A selector that reads only the model and cannot be evaluated on some model
+(:func:`model_problem`) is a refusal of the nodes with GPUs of that model, with that reason.
+
 Pure and cached: the verdicts of a GPU depend on its attributes and the selectors only, and a
 burst of identical claims asks the same selectors of the same GPUs again and again.
 """
@@ -19,9 +22,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from services.placer.core.model import GpuState
+from services.placer.core.model import GpuState, model_selectors
 from shared.dra import cel
-from shared.dra.devices import gpu_attributes, gpu_device
+from shared.dra.devices import (
+    MODEL,
+    DeviceDescription,
+    device_name,
+    gpu_attributes,
+    gpu_device,
+    qualified,
+)
 
 Verdict = str | cel.SelectorProblem | None
 """Of one GPU: None when it meets every selector, else the first selector it does not meet, or
@@ -76,6 +86,19 @@ def verdict(selectors: tuple[str, ...], gpu: GpuState) -> Verdict:
 def admitted(selectors: tuple[str, ...], gpus: Sequence[GpuState]) -> list[bool]:
     """For each of ``gpus``, whether it meets every one of ``selectors``."""
     return [verdict(selectors, gpu) is None for gpu in gpus]
+
+
+@functools.lru_cache(maxsize=4096)
+def model_problem(selectors: tuple[str, ...], model: str) -> cel.SelectorProblem | None:
+    """Why a selector of ``selectors`` that reads only the model cannot be evaluated on a GPU
+    of ``model`` (a bad regular expression, a function on the wrong type), in order as
+    Kubernetes runs them; None when each can. The shape path admits no such GPU; this names
+    why."""
+    device = DeviceDescription(
+        name=device_name(0), attributes={qualified(MODEL): model}, capacity={}
+    )
+    found = cel.select(model_selectors(selectors), device)
+    return found if isinstance(found, cel.SelectorProblem) else None
 
 
 def _gpus(n: int) -> str:

@@ -156,7 +156,9 @@ def _claims(
         wanted.append((HOSTNAME_LABEL, plan.node))
     constraints = pod.constraints or Constraints()
     selector = tuple(sorted({*constraints.node_selector, *wanted}))
-    selectors = tuple(sorted({s for ask in plan.asks for s in ask.selectors}))
+    # In order (a class's before a request's), as Kubernetes runs them: the first false or
+    # erring one ends a GPU's judgement.
+    selectors = tuple(dict.fromkeys(s for ask in plan.asks for s in ask.selectors))
     return (
         claim_containers(plan),
         msgspec.structs.replace(constraints, node_selector=selector),

@@ -7,7 +7,9 @@ NUMA node, the capacities: ``core/devicesel.py``) is judged on each node's own G
 node-aware rules of ``nodeaware.py`` are: its shape is judged as if every GPU were allowed, and
 this rule refuses a node where
 
-- a selector cannot be evaluated on a GPU: that reason, unresolvable (Kubernetes fails such an
+- a selector that reads only the model cannot be evaluated on the model of one of its GPUs
+  (found for the cluster's models once per pod, so a pod without such a selector keeps the
+  shape path), or another selector on a GPU: that reason, unresolvable (Kubernetes fails such an
   allocation too);
 - fewer GPUs meet the selectors than a container's shares need: which selector they did not
   meet, unresolvable;
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.placer.core.devicesel import admitted, unmet
+from services.placer.core.devicesel import admitted, model_problem, unmet
 from services.placer.core.facts import PodFacts
 from services.placer.core.framework import NodeCheck, Refusal, gpu_admitted
 from services.placer.core.index import ClusterIndex
@@ -38,9 +40,12 @@ _FILTERS = (GpuModel(), GroupFilter())
 
 
 class SelectorCheck(NodeCheck):
-    def __init__(self, pod: PodFacts, selectors: tuple[str, ...]) -> None:
+    def __init__(
+        self, pod: PodFacts, selectors: tuple[str, ...], erring: frozenset[str] = frozenset()
+    ) -> None:
         self._pod = pod
         self._selectors = selectors
+        self._erring = erring
         self._needed = max((ask.shares for ask in pod.asks), default=0)
 
     def refused(self) -> Mapping[str, Refusal] | None:
@@ -48,6 +53,12 @@ class SelectorCheck(NodeCheck):
 
     def refuse(self, node: NodeState) -> Refusal | None:
         pod, gpus = self._pod, node.gpus
+        for gpu in gpus:
+            if gpu.model in self._erring:
+                problem = model_problem(pod.request.gpu_selectors, gpu.model)
+                return Refusal(reason=str(problem), unresolvable=True)
+        if not self._selectors:
+            return None
         why = unmet(self._selectors, gpus, self._needed)
         if why is not None:
             return Refusal(reason=why, unresolvable=True)
@@ -80,7 +91,12 @@ class DeviceSelectorRule:
     weight = 0.0
 
     def check(self, pod: PodFacts, cluster: ClusterIndex) -> NodeCheck | None:
-        selectors = pod.request.device_selectors
-        if not selectors or not pod.asks:
+        request = pod.request
+        if not request.gpu_selectors or not pod.asks:
             return None
-        return SelectorCheck(pod, selectors)
+        models = {m for found in {s.models for s in cluster.shapes} for m in found}
+        erring = frozenset(m for m in models if model_problem(request.gpu_selectors, m))
+        selectors = request.device_selectors
+        if not selectors and not erring:
+            return None  # judged by model alone, shape by shape
+        return SelectorCheck(pod, selectors, erring)
