@@ -382,28 +382,59 @@ def _device_path(member: Any) -> tuple[str | None, ...] | None:
     return (*head, _literal(node.children[1]))
 
 
-def _reads_model_only(tree: Any) -> bool:
+Path = tuple[str, ...]
+"""What a selector reads of a device: ``("device", "driver")``,
+``("device", "attributes", "<domain>", "<name>")``, ``("device", "capacity", ...)``."""
+_CONSTANT: Final = frozenset({"driver", "allowMultipleAllocations"})
+
+
+def _read(path: tuple[str | None, ...]) -> Path | None:
+    """The value ``path`` (from :func:`_device_path`) reads, when it names one in full with
+    plain strings (what follows it is evaluated on that value alone); else None."""
+    if None in path or len(path) < 2:
+        return None
+    if path[1] in _CONSTANT:
+        return ("device", str(path[1]))
+    if path[1] in ("attributes", "capacity") and len(path) >= 4:
+        return tuple(str(p) for p in path[:4])
+    return None
+
+
+def _reads(tree: Any, found: set[Path]) -> bool:
     if not _is_tree(tree):
         return True
     if tree.data == "member":
         path = _device_path(tree)
         if path is not None:
-            return path in _MODEL_PATHS
-    return all(_reads_model_only(child) for child in tree.children)
+            read = _read(path)
+            if read is None:
+                return False
+            found.add(read)
+            return True
+    return all(_reads(child, found) for child in tree.children)
 
 
 @functools.lru_cache(maxsize=1024)
-def reads_model_only(expression: str) -> bool:
-    """Whether ``expression`` reads nothing of a device but its driver and ``model`` attribute
-    (each read named in full: ``device.attributes["gpu.tessera.dev"].model``), so that it gives
-    the same answer on every GPU of one model. False for one that reads anything else, or
-    reads a whole map (``device.attributes["gpu.tessera.dev"].exists(...)``, an index that is
-    not a plain string), or does not compile: such a selector is judged on each GPU."""
+def reads(expression: str) -> frozenset[Path] | None:
+    """Every value of a device ``expression`` reads, each named in full
+    (``device.attributes["gpu.tessera.dev"].index``), so that it gives the same answer on any
+    two devices with the same values there (present or not); None when it reads anything else
+    (a whole map: ``device.attributes["gpu.tessera.dev"].exists(...)``, an index that is not a
+    plain string, ``device`` itself), or does not compile."""
     try:
         tree = _ENVIRONMENT.compile(expression)
     except CELParseError:
-        return False
-    return _reads_model_only(tree)
+        return None
+    found: set[Path] = set()
+    return frozenset(found) if _reads(tree, found) else None
+
+
+def reads_model_only(expression: str) -> bool:
+    """Whether ``expression`` reads nothing of a device but its driver and ``model`` attribute
+    (:func:`reads`), so that it gives the same answer on every GPU of one model: such a
+    selector is judged by model, any other GPU by GPU."""
+    found = reads(expression)
+    return found is not None and found <= _MODEL_PATHS
 
 
 def select(expressions: tuple[str, ...], device: DeviceDescription) -> bool | SelectorProblem:

@@ -16,7 +16,7 @@ from services.placer.core.model import Decision, GpuState, NodeState, PodRequest
 from services.placer.core.plugins.deviceselectors import DeviceSelectorRule
 from services.placer.core.profiles import build_profile
 from services.placer.rules import decider, translate
-from shared.dra.cel import SelectorProblem, reads_model_only
+from shared.dra.cel import SelectorProblem, reads, reads_model_only
 from shared.dra.claims import ClaimPlan, plan_claims
 from shared.dra.devices import DEVICE_CLASS, MemoryPolicy
 from shared.messages.resourceclaims import DeviceRequest, PodResourceClaim
@@ -269,3 +269,18 @@ def test_a_model_selector_that_errors_is_the_reason() -> None:
     fine = claim_pod(f'{T}.model.matches("A1")')
     assert DeviceSelectorRule().check(pod_facts(fine), cluster()) is None
     assert isinstance(chosen(fine), tuple)
+
+
+def test_what_a_selector_reads_decides_it_so_gpus_alike_there_share_one_evaluation() -> None:
+    numa = f"{K}.numaNode == 1 && {C}.memory.isGreaterThan(quantity('1Gi'))"
+    assert reads(numa) == frozenset(
+        {
+            ("device", "attributes", "resource.kubernetes.io", "numaNode"),
+            ("device", "capacity", "gpu.tessera.dev", "memory"),
+        }
+    )
+    assert reads(f'{T}.exists(k, k == "index")') is None  # the whole map
+    assert reads(f"{T}[{T}.model].size() > 0") is None  # an index that is not a plain string
+    # Many GPUs, two NUMA nodes: the verdicts agree with a full evaluation on each.
+    gpus = [gpu(index=i % 8, uuid=f"GPU-{i}", numa_node=i % 2) for i in range(64)]
+    assert admitted((numa,), gpus) == [i % 2 == 1 for i in range(64)]

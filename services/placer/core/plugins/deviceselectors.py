@@ -32,7 +32,7 @@ from services.placer.core.model import NodeState
 from services.placer.core.plugins.fit import NO_GPU_ROOM, NO_IDLE_GPUS, GpuModel
 from services.placer.core.plugins.groups import GroupFilter
 from services.placer.core.search import assign
-from services.placer.core.shape import gpu_shape
+from services.placer.core.shape import NodeShape, gpu_shape
 
 NAME = "DeviceSelectors"
 _FILTERS = (GpuModel(), GroupFilter())
@@ -90,12 +90,27 @@ class DeviceSelectorRule:
     name = NAME
     weight = 0.0
 
+    def __init__(self) -> None:
+        self._models: tuple[list[NodeShape], int, frozenset[str]] = ([], 0, frozenset())
+        """The GPU models of an index's shapes, kept with the list they were read from (held,
+        so that no other list takes its identity) and its length: shapes are only appended to
+        it (a compacted index makes a new list), so the same list as long holds the same."""
+
+    def _models_of(self, cluster: ClusterIndex) -> frozenset[str]:
+        shapes, seen, models = self._models
+        if shapes is not cluster.shapes or seen != len(shapes):
+            shapes = cluster.shapes
+            models = frozenset(m for found in {s.models for s in shapes} for m in found)
+            self._models = (shapes, len(shapes), models)
+        return models
+
     def check(self, pod: PodFacts, cluster: ClusterIndex) -> NodeCheck | None:
         request = pod.request
         if not request.gpu_selectors or not pod.asks:
             return None
-        models = {m for found in {s.models for s in cluster.shapes} for m in found}
-        erring = frozenset(m for m in models if model_problem(request.gpu_selectors, m))
+        erring = frozenset(
+            m for m in self._models_of(cluster) if model_problem(request.gpu_selectors, m)
+        )
         selectors = request.device_selectors
         if not selectors and not erring:
             return None  # judged by model alone, shape by shape
