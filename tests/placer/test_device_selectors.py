@@ -202,7 +202,7 @@ def test_a_pod_no_gpu_meets_waits_with_the_selector_named() -> None:
     )
     message = chosen(claim_pod(f"{K}.numaNode == 1", count=3))
     assert message == (
-        f"1 node: 1 GPU of 2 meet the selectors, 3 needed (not met: '{K}.numaNode == 1' on "
+        f"1 node: 1 GPU of 2 meets the selectors, 3 needed (not met: '{K}.numaNode == 1' on "
         f"1 GPU); 1 node: 2 GPUs of 4 meet the selectors, 3 needed (not met: "
         f"'{K}.numaNode == 1' on 2 GPUs)"
     )

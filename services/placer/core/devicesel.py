@@ -25,16 +25,14 @@ import functools
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from services.placer.core.model import GpuState, model_selectors
+from services.placer.core.model import GpuState, model_device, model_selectors
 from shared.dra import cel
 from shared.dra.devices import (
-    MODEL,
     AttributeValue,
     DeviceDescription,
     device_name,
     gpu_attributes,
     gpu_device,
-    qualified,
 )
 
 Verdict = str | cel.SelectorProblem | None
@@ -140,10 +138,7 @@ def model_problem(selectors: tuple[str, ...], model: str) -> cel.SelectorProblem
     of ``model`` (a bad regular expression, a function on the wrong type), in order as
     Kubernetes runs them; None when each can. The shape path admits no such GPU; this names
     why."""
-    device = DeviceDescription(
-        name=device_name(0), attributes={qualified(MODEL): model}, capacity={}
-    )
-    found = cel.select(model_selectors(selectors), device)
+    found = cel.select(model_selectors(selectors), model_device(model))
     return found if isinstance(found, cel.SelectorProblem) else None
 
 
@@ -173,6 +168,7 @@ def unmet(selectors: tuple[str, ...], gpus: Sequence[GpuState], needed: int) -> 
     detail = ", ".join(f"{expression!r} on {_gpus(n)}" for expression, n in ranked)
     if meeting == 0:
         return f"no GPU meets every selector (not met: {detail})"
+    verb = "meets" if meeting == 1 else "meet"
     return (
-        f"{_gpus(meeting)} of {len(gpus)} meet the selectors, {needed} needed (not met: {detail})"
+        f"{_gpus(meeting)} of {len(gpus)} {verb} the selectors, {needed} needed (not met: {detail})"
     )

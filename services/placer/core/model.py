@@ -164,14 +164,17 @@ class ContainerRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     memory_mib: int = 0
 
 
+def model_device(model: str) -> DeviceDescription:
+    """A device of which only its ``model`` is known: what selectors reading only the model
+    (:func:`model_selectors`) are judged on."""
+    return DeviceDescription(name=device_name(0), attributes={qualified(MODEL): model}, capacity={})
+
+
 @functools.lru_cache(maxsize=4096)
 def selects_model(selectors: tuple[str, ...], model: str) -> bool:
     """Whether a GPU of ``model`` satisfies every CEL selector that reads only the model (the
     others are judged on each GPU, ``devicesel.py``)."""
-    device = DeviceDescription(
-        name=device_name(0), attributes={qualified(MODEL): model}, capacity={}
-    )
-    return cel.select(model_selectors(selectors), device) is True
+    return cel.select(model_selectors(selectors), model_device(model)) is True
 
 
 @functools.lru_cache(maxsize=4096)
