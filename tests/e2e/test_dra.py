@@ -221,6 +221,8 @@ async def test_a_cel_model_selector_and_a_claim_over_quota(dra: LocalSystem) -> 
     assert phase(models["on-h100"]) == "Running"
     assert models["on-h100"]["spec"]["nodeName"] == "dra-h100"
     assert phase(models["nowhere"]) == "Pending"
+    said = pending_message(models["nowhere"])
+    assert f"no GPU model here meets selector {model('B200')!r}" in said, said
     assert claim_of(dra, models["nowhere"]).get("status", {}).get("allocation") is None
     quota = await settle(dra, "dra-quota", 2)
     assert sorted(phase(p) for p in quota) == ["Pending", "Running"]

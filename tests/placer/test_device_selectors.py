@@ -284,3 +284,39 @@ def test_what_a_selector_reads_decides_it_so_gpus_alike_there_share_one_evaluati
     # Many GPUs, two NUMA nodes: the verdicts agree with a full evaluation on each.
     gpus = [gpu(index=i % 8, uuid=f"GPU-{i}", numa_node=i % 2) for i in range(64)]
     assert admitted((numa,), gpus) == [i % 2 == 1 for i in range(64)]
+
+
+def test_a_model_selector_no_gpu_model_meets_is_named_in_the_pending_reason() -> None:
+    view = view_of("a", "b", gpus=2)  # A100s
+    for name in ("a", "b"):
+        view.set_facts(wire.facts(name, labels=DRA_LABELS, at=NOW))
+    wanted = f'{T}.model.startsWith("B200")'
+    pending = claim_pending("cp")
+    claim = pending.claims[0]
+    request = msgspec.structs.replace(claim.requests[0], selectors=(wanted,))
+    pod = translate.pod_request(
+        msgspec.structs.replace(
+            pending, claims=(msgspec.structs.replace(claim, requests=(request,)),)
+        )
+    )
+    waiting = decider.decide(view, PROFILE, pod, now=NOW)
+    assert isinstance(waiting, decider.Waiting)
+    assert [(r.reason, r.nodes) for r in waiting.rejection.reasons] == [
+        (
+            f"too few GPUs of an allowed model or group (no GPU model here meets selector "
+            f"{wanted!r})",
+            2,
+        )
+    ]
+    met = msgspec.structs.replace(request, selectors=(f'{T}.model.startsWith("A1")',))
+    placed = decider.decide(
+        view,
+        PROFILE,
+        translate.pod_request(
+            msgspec.structs.replace(
+                pending, claims=(msgspec.structs.replace(claim, requests=(met,)),)
+            )
+        ),
+        now=NOW,
+    )
+    assert isinstance(placed, Decision)

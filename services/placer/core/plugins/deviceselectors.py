@@ -16,23 +16,32 @@ this rule refuses a node where
 - the shares do not fit on the GPUs that meet them (and the pod's model and group allow): the fit
   filter's reason, after the fit (a shape that does not fit keeps its own reason).
 
+A pod refused everywhere with selectors on the model alone is told which of them no GPU model of
+the cluster meets (:func:`name_model_selectors`, from the placer's decider).
+
 The GPU choice then takes only GPUs that meet them (``framework.place_on_node``), with the same
 search on the same GPUs, so a node this rule passes always has its GPUs chosen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from services.placer.core.devicesel import admitted, model_problem, unmet
 from services.placer.core.facts import PodFacts
 from services.placer.core.framework import NodeCheck, Refusal, gpu_admitted
 from services.placer.core.index import ClusterIndex
-from services.placer.core.model import NodeState
-from services.placer.core.plugins.fit import NO_GPU_ROOM, NO_IDLE_GPUS, GpuModel
+from services.placer.core.model import (
+    NodeState,
+    RejectionReason,
+    model_device,
+    model_selectors,
+)
+from services.placer.core.plugins.fit import NO_GPU_ROOM, NO_IDLE_GPUS, TOO_FEW_ALLOWED, GpuModel
 from services.placer.core.plugins.groups import GroupFilter
 from services.placer.core.search import assign
 from services.placer.core.shape import NodeShape, gpu_shape
+from shared.dra import cel
 
 NAME = "DeviceSelectors"
 _FILTERS = (GpuModel(), GroupFilter())
@@ -115,3 +124,30 @@ class DeviceSelectorRule:
         if not selectors and not erring:
             return None  # judged by model alone, shape by shape
         return SelectorCheck(pod, selectors, erring)
+
+
+def first_unmet(selectors: tuple[str, ...], model: str) -> str | None:
+    """The first of ``selectors`` reading only the model that a GPU of ``model`` does not meet
+    (or cannot be judged on); None when it meets them all."""
+    device = model_device(model)
+    for expression in model_selectors(selectors):
+        if cel.select((expression,), device) is not True:
+            return expression
+    return None
+
+
+def name_model_selectors(
+    reasons: Sequence[RejectionReason], selectors: tuple[str, ...], models: Iterable[str]
+) -> tuple[RejectionReason, ...]:
+    """``reasons`` with the fit's "too few GPUs of an allowed model or group" saying which
+    selector reading only the model no GPU model of the cluster (``models``) meets, when one
+    does not: judged shape by shape, a node only knows its GPUs were not allowed."""
+    unmet = {first_unmet(selectors, m) for m in models} if selectors else set()
+    if not unmet or None in unmet:
+        return tuple(reasons)
+    named = ", ".join(repr(e) for e in model_selectors(selectors) if e in unmet)
+    said = f"{TOO_FEW_ALLOWED} (no GPU model here meets selector {named})"
+    return tuple(
+        RejectionReason(reason=said, nodes=r.nodes) if r.reason == TOO_FEW_ALLOWED else r
+        for r in reasons
+    )
