@@ -20,6 +20,9 @@ cannot evaluate (``cel.bind``, the rest of the strings library, optional values,
 library's function) is a :class:`SelectorProblem` saying so, never a guess: the device does not
 match and the reason reaches the pod. So is a result that is not a bool, as Kubernetes refuses
 it. Not modelled: the API server's cost limit (``CELSelectorExpressionMaxCost``).
+
+:func:`reads_model_only` tells, from the parsed expression, whether a selector reads nothing of a
+device but its driver and model: the placer judges those by model, the others GPU by GPU.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, base_functions
 
-from shared.dra.devices import DeviceDescription, Version
+from shared.dra.devices import MODEL, DeviceDescription, Version, qualified
 from shared.quantity import QuantityError, parse_quantity
 
 _SEMVER: Final = re.compile(
@@ -329,6 +332,109 @@ def compile_selector(expression: str) -> Selector | SelectorProblem:
             f"{', '.join(unknown)}",
         )
     return Selector(expression, _ENVIRONMENT.program(tree, functions=FUNCTIONS))
+
+
+_MODEL_PATHS: Final = frozenset(
+    {
+        ("device", "driver"),
+        ("device", "allowMultipleAllocations"),
+        ("device", "attributes", *qualified(MODEL).rsplit("/", 1)),
+    }
+)
+"""What a selector may read of a device and still be judged on a GPU's model alone: the same
+for every device of one model (the driver's name, the model)."""
+
+
+def _is_tree(node: Any, data: str | None = None) -> bool:
+    """Whether ``node`` is a parse tree node (of rule ``data``), not a token."""
+    return hasattr(node, "children") and (data is None or node.data == data)
+
+
+def _literal(tree: Any) -> str | None:
+    """The plain string literal ``tree`` (an index expression) is, else None."""
+    while _is_tree(tree) and tree.data != "literal" and len(tree.children) == 1:
+        tree = tree.children[0]
+    if not _is_tree(tree, "literal"):
+        return None
+    text = str(tree.children[0])
+    if len(text) < 2 or text[0] not in "\"'" or text[-1] != text[0] or "\\" in text:
+        return None  # raw, bytes, triple-quoted or escaped: not worth decoding here
+    body = text[1:-1]
+    return None if text[0] in body else body
+
+
+def _device_path(member: Any) -> tuple[str | None, ...] | None:
+    """The chain of field and index selections ``member`` makes from ``device`` (an index not
+    a plain string literal is None), or None when it does not start at ``device``."""
+    node = member.children[0]
+    if node.data == "primary":
+        ident = node.children[0]
+        if _is_tree(ident, "ident") and str(ident.children[0]) == "device":
+            return ("device",)
+        return None
+    if node.data not in ("member_dot", "member_index"):
+        return None
+    head = _device_path(node.children[0])
+    if head is None:
+        return None
+    if node.data == "member_dot":
+        return (*head, str(node.children[1]))
+    return (*head, _literal(node.children[1]))
+
+
+Path = tuple[str, ...]
+"""What a selector reads of a device: ``("device", "driver")``,
+``("device", "attributes", "<domain>", "<name>")``, ``("device", "capacity", ...)``."""
+_CONSTANT: Final = frozenset({"driver", "allowMultipleAllocations"})
+
+
+def _read(path: tuple[str | None, ...]) -> Path | None:
+    """The value ``path`` (from :func:`_device_path`) reads, when it names one in full with
+    plain strings (what follows it is evaluated on that value alone); else None."""
+    if None in path or len(path) < 2:
+        return None
+    if path[1] in _CONSTANT:
+        return ("device", str(path[1]))
+    if path[1] in ("attributes", "capacity") and len(path) >= 4:
+        return tuple(str(p) for p in path[:4])
+    return None
+
+
+def _reads(tree: Any, found: set[Path]) -> bool:
+    if not _is_tree(tree):
+        return True
+    if tree.data == "member":
+        path = _device_path(tree)
+        if path is not None:
+            read = _read(path)
+            if read is None:
+                return False
+            found.add(read)
+            return True
+    return all(_reads(child, found) for child in tree.children)
+
+
+@functools.lru_cache(maxsize=1024)
+def reads(expression: str) -> frozenset[Path] | None:
+    """Every value of a device ``expression`` reads, each named in full
+    (``device.attributes["gpu.tessera.dev"].index``), so that it gives the same answer on any
+    two devices with the same values there (present or not); None when it reads anything else
+    (a whole map: ``device.attributes["gpu.tessera.dev"].exists(...)``, an index that is not a
+    plain string, ``device`` itself), or does not compile."""
+    try:
+        tree = _ENVIRONMENT.compile(expression)
+    except CELParseError:
+        return None
+    found: set[Path] = set()
+    return frozenset(found) if _reads(tree, found) else None
+
+
+def reads_model_only(expression: str) -> bool:
+    """Whether ``expression`` reads nothing of a device but its driver and ``model`` attribute
+    (:func:`reads`), so that it gives the same answer on every GPU of one model: such a
+    selector is judged by model, any other GPU by GPU."""
+    found = reads(expression)
+    return found is not None and found <= _MODEL_PATHS
 
 
 def select(expressions: tuple[str, ...], device: DeviceDescription) -> bool | SelectorProblem:

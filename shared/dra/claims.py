@@ -14,7 +14,7 @@ What is honoured, and how:
   device twice; distinct ones are always a valid allocation).
 - CEL selectors of the request and of its DeviceClass: each is compiled here (one that does not
   parse, or calls what the evaluator lacks, is refused now); they are evaluated on each GPU when
-  it is chosen (:func:`admits`).
+  it is chosen (:func:`admits`; the placer: ``PodRequest.gpu_selectors``).
 - ``distinctAttribute`` on ``uuid`` or ``index`` (one GPU per value): within a request it holds
   already; across requests of one shape they become one ask of the summed count.
 - ``matchAttribute``: kept in the plan and checked on the chosen GPUs

@@ -154,34 +154,64 @@ def round_memory(mib: int, policy: MemoryPolicy) -> int:
     return minimum + max(0, -(-(mib - minimum) // step)) * step
 
 
-def attributes(gpu: GpuTelemetry) -> dict[str, AttributeValue]:
-    """The device attributes of ``gpu`` (fully qualified names)."""
+def gpu_attributes(
+    *,
+    uuid: str,
+    model: str,
+    index: int,
+    memory_mib: int,
+    numa_node: int | None = None,
+    nvml_bus_id: str = "",
+    pcie_root: str = "",
+) -> dict[str, AttributeValue]:
+    """The device attributes of a GPU (fully qualified names); the NUMA node, PCI bus and PCIe
+    root only when known."""
     found: dict[str, AttributeValue] = {
-        qualified(UUID): gpu.uuid[:ATTRIBUTE_MAX_LENGTH],
-        qualified(MODEL): gpu.model[:ATTRIBUTE_MAX_LENGTH],
-        qualified(INDEX): gpu.index,
-        qualified(MEMORY_MIB): gpu.memory_total_mib,
+        qualified(UUID): uuid[:ATTRIBUTE_MAX_LENGTH],
+        qualified(MODEL): model[:ATTRIBUTE_MAX_LENGTH],
+        qualified(INDEX): index,
+        qualified(MEMORY_MIB): memory_mib,
     }
-    if gpu.numa_node is not None and gpu.numa_node >= 0:
-        found[NUMA_NODE] = gpu.numa_node
-    bus = pci_bus_id(gpu.pci_bus_id) if gpu.pci_bus_id else None
+    if numa_node is not None and numa_node >= 0:
+        found[NUMA_NODE] = numa_node
+    bus = pci_bus_id(nvml_bus_id) if nvml_bus_id else None
     if bus is not None:
         found[PCI_BUS_ID] = bus
-    if gpu.pcie_root:
-        found[PCIE_ROOT] = gpu.pcie_root[:ATTRIBUTE_MAX_LENGTH]
+    if pcie_root:
+        found[PCIE_ROOT] = pcie_root[:ATTRIBUTE_MAX_LENGTH]
     return found
+
+
+def attributes(gpu: GpuTelemetry) -> dict[str, AttributeValue]:
+    """The device attributes of ``gpu`` (fully qualified names)."""
+    return gpu_attributes(
+        uuid=gpu.uuid,
+        model=gpu.model,
+        index=gpu.index,
+        memory_mib=gpu.memory_total_mib,
+        numa_node=gpu.numa_node,
+        nvml_bus_id=gpu.pci_bus_id,
+        pcie_root=gpu.pcie_root,
+    )
+
+
+def gpu_device(
+    found: dict[str, AttributeValue], *, index: int, memory_mib: int
+) -> DeviceDescription:
+    """The device of GPU ``index`` with attributes ``found`` and ``memory_mib`` of memory."""
+    return DeviceDescription(
+        name=device_name(index),
+        attributes=found,
+        capacity={
+            qualified(MEMORY): Fraction(memory_mib * MIB),
+            qualified(COMPUTE): Fraction(COMPUTE_TOTAL),
+        },
+    )
 
 
 def describe(gpu: GpuTelemetry) -> DeviceDescription:
     """``gpu`` as the device Tessera publishes for it."""
-    return DeviceDescription(
-        name=device_name(gpu.index),
-        attributes=attributes(gpu),
-        capacity={
-            qualified(MEMORY): Fraction(gpu.memory_total_mib * MIB),
-            qualified(COMPUTE): Fraction(COMPUTE_TOTAL),
-        },
-    )
+    return gpu_device(attributes(gpu), index=gpu.index, memory_mib=gpu.memory_total_mib)
 
 
 def _mib(value: str | int) -> int:

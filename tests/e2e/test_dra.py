@@ -221,6 +221,8 @@ async def test_a_cel_model_selector_and_a_claim_over_quota(dra: LocalSystem) -> 
     assert phase(models["on-h100"]) == "Running"
     assert models["on-h100"]["spec"]["nodeName"] == "dra-h100"
     assert phase(models["nowhere"]) == "Pending"
+    said = pending_message(models["nowhere"])
+    assert f"no GPU model here meets selector {model('B200')!r}" in said, said
     assert claim_of(dra, models["nowhere"]).get("status", {}).get("allocation") is None
     quota = await settle(dra, "dra-quota", 2)
     assert sorted(phase(p) for p in quota) == ["Pending", "Running"]
@@ -235,6 +237,35 @@ async def test_a_cel_model_selector_and_a_claim_over_quota(dra: LocalSystem) -> 
     check(dra, [models["on-h100"], *quota])
     for ns in ("dra-models", "dra-quota"):
         await clear(dra, ns)
+
+
+async def test_selectors_on_a_gpu_s_index_and_memory(dra: LocalSystem) -> None:
+    ns = "dra-attributes"
+    on = f'device.attributes["{DRIVER}"]'
+    submit(
+        dra,
+        ns,
+        [
+            # GPU 3 with 40 GB or more: only dra-a100's (dra-l4's GPU 3 has 24 GB).
+            dramix.template(
+                "third",
+                memory="8Gi",
+                compute="10",
+                selector=f"{on}.index == 3 && {on}.memoryMiB >= 40000",
+            ),
+            dramix.template("ninth", memory="8Gi", compute="10", selector=f"{on}.index == 9"),
+            dramix.claim_pod("on-third", [dramix.claimed("main")], {"gpu": "third"}),
+            dramix.claim_pod("nowhere", [dramix.claimed("main")], {"gpu": "ninth"}),
+        ],
+    )
+    pods = by_name(await settle(dra, ns, 2))
+    assert phase(pods["on-third"]) == "Running"
+    assert devices(claim_of(dra, pods["on-third"])) == [("dra-a100", "gpu-3")]
+    assert phase(pods["nowhere"]) == "Pending"
+    message = pending_message(pods["nowhere"])
+    assert f"no GPU meets selector '{on}.index == 9'" in message, message
+    check(dra, [pods["on-third"]])
+    await clear(dra, ns)
 
 
 async def test_an_unhealthy_gpu_is_tainted_and_not_used(dra: LocalSystem) -> None:

@@ -40,6 +40,7 @@ from typing import Final, Literal, Protocol, runtime_checkable
 
 import msgspec
 
+from services.placer.core import devicesel
 from services.placer.core.facts import PodFacts, ShareAsk, pod_facts
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import (
@@ -367,6 +368,11 @@ def place_on_node(
     chooser = profile.chooser_for(facts)
     gpus = [gpu_shape(g) for g in node.gpus]
     admitted = [gpu_admitted(facts, g, profile.gpu_filters) for g in gpus]
+    selectors = facts.request.device_selectors
+    if selectors:  # judged GPU by GPU (``plugins/deviceselectors.py`` passed the node)
+        admitted = [
+            a and m for a, m in zip(admitted, devicesel.admitted(selectors, node.gpus), strict=True)
+        ]
 
     def prefer(now: Sequence[GpuShape], candidates: list[int], chosen: Sequence[int]) -> list[int]:
         return chooser.order(facts, node, now, candidates, chosen, rng)

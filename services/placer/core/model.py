@@ -50,6 +50,10 @@ class GpuState(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     healthy: bool = True
     utilization_pct: int = 0
     numa_node: int = -1
+    pci_bus_id: str = ""
+    """As the inventory reports it (NVML's notation); with ``pcie_root``, only what a DRA
+    claim's selectors may read (``devicesel.py``): not in a shape."""
+    pcie_root: str = ""
     nvlink_peers: tuple[int, ...] = ()
     """Indices of GPUs on the same node reachable over NVLink."""
     groups: frozenset[str] = frozenset()
@@ -160,13 +164,29 @@ class ContainerRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     memory_mib: int = 0
 
 
+def model_device(model: str) -> DeviceDescription:
+    """A device of which only its ``model`` is known: what selectors reading only the model
+    (:func:`model_selectors`) are judged on."""
+    return DeviceDescription(name=device_name(0), attributes={qualified(MODEL): model}, capacity={})
+
+
 @functools.lru_cache(maxsize=4096)
 def selects_model(selectors: tuple[str, ...], model: str) -> bool:
-    """Whether a GPU of ``model`` satisfies every CEL selector (only its model is known here)."""
-    device = DeviceDescription(
-        name=device_name(0), attributes={qualified(MODEL): model}, capacity={}
-    )
-    return cel.select(selectors, device) is True
+    """Whether a GPU of ``model`` satisfies every CEL selector that reads only the model (the
+    others are judged on each GPU, ``devicesel.py``)."""
+    return cel.select(model_selectors(selectors), model_device(model)) is True
+
+
+@functools.lru_cache(maxsize=4096)
+def model_selectors(selectors: tuple[str, ...]) -> tuple[str, ...]:
+    """The selectors that read nothing of a GPU but its model (``cel.reads_model_only``)."""
+    return tuple(s for s in selectors if cel.reads_model_only(s))
+
+
+@functools.lru_cache(maxsize=4096)
+def device_selectors(selectors: tuple[str, ...]) -> tuple[str, ...]:
+    """The selectors that read more of a GPU than its model: judged GPU by GPU."""
+    return tuple(s for s in selectors if not cel.reads_model_only(s))
 
 
 class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -196,8 +216,9 @@ class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """``nodeSelector``, affinity, tolerations, topology spread; None: none stated."""
     gpu_selectors: tuple[str, ...] = ()
     """CEL selectors of the pod's DRA claims (docs/design.md §14): each GPU must satisfy them
-    all, judged on its ``model`` attribute (the one a GPU filter reads; a selector on another
-    attribute admits no GPU)."""
+    all. Those reading only the model are judged with it, shape by shape (a GPU filter);
+    the others (index, memory, NUMA node...) on each GPU of a node, node by node
+    (``devicesel.py``)."""
 
     def allows_model(self, model: str) -> bool:
         """Whether a GPU of ``model`` may hold this pod (``tessera.dev/gpu-model`` and
@@ -207,6 +228,11 @@ class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
         if self.gpu_selectors and not selects_model(self.gpu_selectors, model):
             return False
         return not any(model_matches(model, w) for w in self.gpu_models_excluded)
+
+    @property
+    def device_selectors(self) -> tuple[str, ...]:
+        """Its selectors judged GPU by GPU (see :attr:`gpu_selectors`)."""
+        return device_selectors(self.gpu_selectors) if self.gpu_selectors else ()
 
     @property
     def cpu_milli(self) -> int:

@@ -66,6 +66,7 @@ from services.placer.core.plugins.balance import BalanceArgs, BalanceScore
 from services.placer.core.plugins.bestfit import BestFitScore
 from services.placer.core.plugins.binpack import BinpackScore
 from services.placer.core.plugins.clustering import ClusteringScore
+from services.placer.core.plugins.deviceselectors import DeviceSelectorRule
 from services.placer.core.plugins.dotprod import DotProdScore
 from services.placer.core.plugins.fed_fgd import FedFragmentation
 from services.placer.core.plugins.fgd import FgdScore
@@ -244,6 +245,7 @@ NODE_RULES: dict[str, Callable[[], NodeRule]] = {
     "PodTopologySpread": TopologySpreadRule,
     "InterPodAffinity": InterPodAffinityRule,
     "GpuApi": GpuApiRule,
+    "DeviceSelectors": DeviceSelectorRule,
 }
 """Kubernetes' scheduling constraints every profile keeps, in kube-scheduler's filter order
 (which a node's reason follows when several rules refuse it)."""

@@ -34,6 +34,7 @@ from services.placer.core.facts import PodFacts, pod_facts
 from services.placer.core.framework import Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, PodRequest, Rejection, RejectionReason
+from services.placer.core.plugins import deviceselectors
 from services.placer.core.plugins.fit import CAPACITY_REASONS
 from services.placer.rules import translate
 from services.placer.rules.state import ClusterView
@@ -124,6 +125,10 @@ def decide(
     reasons = translate.refine_reasons(
         (*outcome.reasons, *_kept_out_reason(kept_out)), view.unplaceable()
     )
+    if pod.gpu_selectors:
+        shapes = view.everywhere().shapes
+        models = {m for found in {s.models for s in shapes} for m in found}
+        reasons = deviceselectors.name_model_selectors(reasons, pod.gpu_selectors, models)
     rejection = translate.rejection_of(outcome, reasons)
     wake: Wake = "grown" if outcome.unresolvable else "placed" if pod.counts_pods else "freed"
     return Waiting(rejection=rejection, final=False, wake=wake)

@@ -156,7 +156,9 @@ def _claims(
         wanted.append((HOSTNAME_LABEL, plan.node))
     constraints = pod.constraints or Constraints()
     selector = tuple(sorted({*constraints.node_selector, *wanted}))
-    selectors = tuple(sorted({s for ask in plan.asks for s in ask.selectors}))
+    # In order (a class's before a request's), as Kubernetes runs them: the first false or
+    # erring one ends a GPU's judgement.
+    selectors = tuple(dict.fromkeys(s for ask in plan.asks for s in ask.selectors))
     return (
         claim_containers(plan),
         msgspec.structs.replace(constraints, node_selector=selector),
@@ -292,6 +294,8 @@ def _gpu_states(
                 healthy=gpu.health == "healthy",
                 utilization_pct=utilization // UTILIZATION_STEP_PCT * UTILIZATION_STEP_PCT,
                 numa_node=-1 if gpu.numa_node is None else gpu.numa_node,
+                pci_bus_id=gpu.pci_bus_id,
+                pcie_root=gpu.pcie_root,
                 nvlink_peers=tuple(
                     sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of)
                 ),
