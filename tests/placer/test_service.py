@@ -32,7 +32,8 @@ from shared.messages.pods import PlacementHints
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery
 from shared.runtime.nats import NatsBus
-from tests.harness import kv
+from tests.harness import commits, kv
+from tests.harness import wire as harness_wire
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
 from tests.placer import wire
@@ -204,6 +205,37 @@ async def _run_decides(restart: bool, start_placer: PlacerFactory, bus: NatsBus)
     (record,) = live_of(await wire.cluster_state(bus), "x")
     gpus = [(g.index, g.memory_mib, g.cores) for c in record.containers for g in c.gpus]
     return [record.node, gpus]
+
+
+async def test_a_mix_moved_by_another_replica_is_compiled_with_no_decision_here(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    await wire.put_node(bus, "a", 4)
+    async with start_placer(tuning={"mix_check_s": 0.02}) as placer:
+        service = placer.service
+        assert service is not None
+        await _place_in_order(bus, ["p0"])
+        await until(
+            lambda: len(service.view.mix) == 1 and service.upkeep.mix_compiled,
+            what="p0's mix compiled",
+        )
+        # Another replica places q (a booking and claim this one only sees): the mix moves with
+        # no decision here, and no judgement was made since the last compile.
+        other = harness_wire.record(
+            "q",
+            harness_wire.container(
+                "main",
+                harness_wire.share(2, uuid=wire.gpu_uuid("a", 2), memory_mib=16_384, cores=50),
+            ),
+            node="a",
+            placer_id="placer-other",
+        )
+        await commits.commit(bus, other)
+        await until(
+            lambda: len(service.view.mix) == 2 and service.upkeep.mix_compiled,
+            timeout=10,
+            what="the mix another replica moved compiled (not after MIX_STALE_S)",
+        )
 
 
 async def test_a_mix_moved_by_every_pod_is_compiled_only_once_it_is_paid_for(

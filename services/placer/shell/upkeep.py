@@ -116,9 +116,14 @@ class Upkeep:
         shell.forget_failed()
         shell.metrics.profile_builds.inc()
         if old is not None:  # its memo is of no use any more
-            for stale in (old, *old.node_policies.values()):
-                for index in shell.view.indexes():
+            for index in shell.view.indexes():
+                for stale in (old, *old.node_policies.values()):
                     index.memos.pop(stale, None)
+                if not index.memos:
+                    # Judgements are counted from this compile on (``compile_due``): left at
+                    # the old memo's count, a mix moved with no decision here since (another
+                    # replica's placement) waited MIX_STALE_S to be compiled.
+                    index.memo_size = 0
         log.info(
             "profile compiled",
             extra={
