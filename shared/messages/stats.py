@@ -53,5 +53,8 @@ class ClusterStats(Message, frozen=True, kw_only=True):
     """Entries in the typical task mix the measure used (0 = the profile's built-in mix)."""
     pending_pods: int = 0
     """Pods in the placer's queue waiting for a fit."""
+    pods_reserved: int = 0
+    """Pods placed (booking and claim written) with no record of that commit yet: the
+    ``reserved`` stage, before the binder writes the record ``bound``."""
     tenants: tuple[TenantUsage, ...] = ()
     """Per tenant with a booking or a quota, by name (empty in statistics of older placers)."""

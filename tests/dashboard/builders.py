@@ -119,7 +119,9 @@ def deleted(uid: str, *, at: float = NOW) -> PodDeleted:
     return PodDeleted(uid=uid, namespace="ml", name=f"pod-{uid}", deleted_at=at)
 
 
-def stats(placer_id: str = "placer-0", *, pct: float = 3.5, at: float = NOW) -> ClusterStats:
+def stats(
+    placer_id: str = "placer-0", *, pct: float = 3.5, at: float = NOW, reserved: int = 0
+) -> ClusterStats:
     return ClusterStats(
         placer_id=placer_id,
         computed_at=at,
@@ -131,6 +133,7 @@ def stats(placer_id: str = "placer-0", *, pct: float = 3.5, at: float = NOW) -> 
         fragmented_milli=pct * 40,
         fragmentation_pct=pct,
         node_fragmented_milli={"n1": pct * 40},
+        pods_reserved=reserved,
     )
 
 

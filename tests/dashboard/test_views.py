@@ -94,6 +94,23 @@ def test_totals_count_free_only_on_healthy_gpus() -> None:
     assert (t.pods_allocated, t.pods_reserved, t.pods_bound) == (1, 1, 0)
 
 
+def test_reserved_pods_are_the_placers_count_of_claims_with_no_record_yet() -> None:
+    """A placed pod has no record before the binder writes it ``bound``: the freshest placer
+    statistics count those, beside any record still in the ``reserved`` state."""
+    state = two_gpu_node(
+        put(record("n1", "a", share("G0", 0, memory=10240, cores=25), state="reserved")),
+    )
+    assert cluster_view(state, now=NOW, policy=POLICY).totals.pods_reserved == 1
+    state = reduce_all(
+        state,
+        [
+            StatsChanged(key="placer-0", stats=stats("placer-0", at=NOW - 20, reserved=9)),
+            StatsChanged(key="placer-1", stats=stats("placer-1", at=NOW - 10, reserved=4)),
+        ],
+    )
+    assert cluster_view(state, now=NOW, policy=POLICY).totals.pods_reserved == 1 + 4
+
+
 def test_a_pod_without_gpus_is_not_counted_as_waiting_for_an_allocation() -> None:
     """A CPU-only pod Tessera placed stays ``bound`` for good (no device plugin allocates it):
     it is counted apart, never among the pods on GPUs."""

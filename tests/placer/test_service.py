@@ -876,12 +876,14 @@ async def test_cluster_statistics_are_published_for_the_dashboard(
         while True:
             entry = await bus.kv_get(subjects.KV_STATS, subjects.stats_key("placer-test"))
             figures = codec.decode(entry.value, ClusterStats) if entry else None
-            if figures is not None and figures.gpu_milli_allocated > 0:
+            # u1 is placed and stays reserved: no binder here writes its record.
+            if figures is not None and figures.gpu_milli_allocated > 0 and figures.pods_reserved:
                 break
             assert time.monotonic() < deadline, f"no statistics counting u1: {figures}"
             await asyncio.sleep(0.05)
         assert (figures.placer_id, figures.nodes, figures.gpus) == ("placer-test", 1, 2)
         assert figures.gpu_milli_capacity == 2000
         assert figures.gpu_milli_allocated == 250  # 25 % of the SMs outweighs 4 GiB of 80
+        assert figures.pods_reserved == 1
         assert set(figures.node_fragmented_milli) == {"gpu-1"}
         assert figures.profile == "tessera"

@@ -10,14 +10,60 @@ from services.placer.core.fragmentation import FragmentationModel, TypicalTask
 from services.placer.core.groups import TenantQuota
 from services.placer.core.model import NodeState
 from services.placer.rules import stats
-from shared.messages.ledger import BookedContainer, BookedSlice, Booking
+from services.placer.rules.repairs import RecordFacts
+from shared.messages.ledger import BookedContainer, BookedSlice, Booking, ClaimState, PodClaim
 from shared.messages.stats import ClusterStats, TenantUsage
+from shared.subjects import assignment_key
 from tests.placer.builders import node
 
 # One typical task: a half GPU with 4 cores. A GPU with less than 500 milli free strands it.
 HALF_GPU = FragmentationModel(
     (TypicalTask(cpu_milli=4_000, gpu_count=1, gpu_milli=500, weight=1.0),)
 )
+
+
+def placed(uid: str, node: str, commit: str, state: ClaimState = "placed") -> PodClaim:
+    booking = Booking(
+        pod_uid=uid,
+        namespace="ml",
+        name=uid,
+        node=node,
+        commit=commit,
+        decided_at=0.0,
+        placer_id="p1",
+    )
+    return PodClaim(pod_uid=uid, state=state, booking=booking, updated_at=0.0)
+
+
+def record_of(uid: str, node: str, commit: str) -> RecordFacts:
+    return RecordFacts(
+        key=assignment_key(node, uid),
+        node=node,
+        pod_uid=uid,
+        state="bound",
+        commit=commit,
+        decided_at=0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("claims", "records", "reserved"),
+    [
+        pytest.param([placed("p", "a", "c1")], [], 1, id="placed-no-record"),
+        pytest.param([placed("p", "a", "c1")], [record_of("p", "a", "c1")], 0, id="its-record"),
+        pytest.param(
+            [placed("p", "a", "c2")], [record_of("p", "a", "c1")], 1, id="an-older-commit-s-record"
+        ),
+        pytest.param([placed("p", "a", "c1", "requeued")], [], 0, id="requeued"),
+        pytest.param([placed("p", "a", "c1", "deleted")], [], 0, id="deleted"),
+    ],
+)
+def test_reserved_pods_are_placed_claims_with_no_record_of_their_commit(
+    claims: list[PodClaim], records: list[RecordFacts], reserved: int
+) -> None:
+    assert (
+        stats.reserved_pods({c.pod_uid: c for c in claims}, {r.key: r for r in records}) == reserved
+    )
 
 
 def figures(*nodes: NodeState) -> ClusterStats:

@@ -398,6 +398,10 @@ def totals(state: State, nodes: Iterable[NodeView]) -> Totals:
         for node in state.records
         for record in live_records(state, node)
     )
+    # Placed pods with no record yet are only in the ledger, which the dashboard does not
+    # follow (a message per placement): the placers count them in their statistics.
+    stats = freshest_stats(state)
+    pods["reserved"] += stats.pods_reserved if stats else 0
     return Totals(
         nodes=sums["nodes"],
         nodes_ready=sums["nodes_ready"],

@@ -15,8 +15,10 @@ from services.placer.core.fragmentation import FragmentationModel
 from services.placer.core.groups import TenantQuota
 from services.placer.core.model import GPU_MILLI, GpuState, NodeState
 from services.placer.core.shape import node_shape
-from shared.messages.ledger import Booking
+from services.placer.rules.repairs import RecordFacts
+from shared.messages.ledger import Booking, PodClaim
 from shared.messages.stats import ClusterStats, TenantUsage
+from shared.subjects import assignment_key
 
 
 def booked_milli(gpu: GpuState) -> int:
@@ -41,6 +43,7 @@ def cluster_stats(
     pending_pods: int,
     now: float,
     tenants: tuple[TenantUsage, ...] = (),
+    pods_reserved: int = 0,
 ) -> ClusterStats:
     """The statistics of ``nodes`` as one placer sees them at ``now``."""
     count = gpus = capacity = allocated = 0
@@ -71,8 +74,21 @@ def cluster_stats(
         node_fragmented_milli=per_node,
         typical_tasks=typical_tasks,
         pending_pods=pending_pods,
+        pods_reserved=pods_reserved,
         tenants=tenants,
     )
+
+
+def reserved_pods(claims: Mapping[str, PodClaim], records: Mapping[str, RecordFacts]) -> int:
+    """Pods whose claim names a booking no record of that commit follows yet (``reserved``)."""
+    count = 0
+    for uid, claim in claims.items():
+        booking = claim.booking
+        if claim.state != "placed" or booking is None:
+            continue
+        record = records.get(assignment_key(booking.node, uid))
+        count += record is None or record.commit != booking.commit
+    return count
 
 
 def tenant_usage(

@@ -155,6 +155,7 @@ class Upkeep:
                 profile=shell.config.profile_name,
                 typical_tasks=len(typical),
                 pending_pods=len(self._held.waiting),
+                pods_reserved=stats.reserved_pods(shell.view.claims, shell.view.records),
                 now=shell.clock.now(),
                 tenants=stats.tenant_usage(shell.view.ledgers(), shell.view.tenancy.config.quotas),
             )
