@@ -100,13 +100,30 @@ def settled(record: AssignmentRecord, *, now: float) -> AssignmentRecord:
     containers are unknown here (they went into the record an Allocate was served from), so the
     containers not answered yet get none."""
     answered = {a.container for a in record.allocated}
-    added = tuple(
-        ContainerAllocation(container=c.container, device_ids=(), allocated_at=now)
-        for c in record.containers
-        if c.gpus and c.container not in answered
+    return with_answers(
+        record,
+        tuple(
+            ContainerAllocation(container=c.container, device_ids=(), allocated_at=now)
+            for c in record.containers
+            if c.gpus and c.container not in answered
+        ),
+        now=now,
     )
+
+
+def with_answers(
+    record: AssignmentRecord, added: tuple[ContainerAllocation, ...], *, now: float
+) -> AssignmentRecord:
+    """``record`` with ``added`` answered too, ``allocated`` at ``now`` once every GPU-holding
+    container is answered."""
+    allocated = record.allocated + added
+    answered = {a.container for a in allocated}
+    done = all(c.container in answered for c in record.containers if c.gpus)
     return msgspec.structs.replace(
-        record, state="allocated", allocated=record.allocated + added, allocated_at=now
+        record,
+        allocated=allocated,
+        state="allocated" if done else record.state,
+        allocated_at=now if done else record.allocated_at,
     )
 
 

@@ -37,7 +37,12 @@ from services.deviceplugin.rules.allocate import (
 )
 from shared.dra.claims import claim_of_container
 from shared.dra.devices import DRIVER, device_name
-from shared.messages.assignments import AssignmentRecord, ContainerAllocation, RecordView
+from shared.messages.assignments import (
+    AssignmentRecord,
+    ContainerAllocation,
+    RecordView,
+    with_answers,
+)
 from shared.messages.base import ContainerSlices
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import Booking
@@ -215,16 +220,6 @@ def advanced_by(
                         container=container.container, device_ids=ids, allocated_at=now
                     )
                 )
-        if not added:
-            continue
-        allocated = record.allocated + tuple(added)
-        done_now = {a.container for a in allocated}
-        done = all(c.container in done_now for c in record.containers if c.gpus)
-        moved = msgspec.structs.replace(
-            record,
-            allocated=allocated,
-            state="allocated" if done else record.state,
-            allocated_at=now if done else record.allocated_at,
-        )
-        moves.append((view, moved))
+        if added:
+            moves.append((view, with_answers(record, tuple(added), now=now)))
     return moves
