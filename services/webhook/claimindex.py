@@ -14,12 +14,12 @@ not decode, or whose key does not match what it says, is ignored (counted by the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 from shared import codec, subjects
 from shared.messages.claimclasses import ClaimClasses, ClaimKind
 from shared.runtime.bus import Bus
+from shared.runtime.tasks import ChangeCounter
 
 
 class ClaimIndex:
@@ -31,7 +31,8 @@ class ClaimIndex:
         """The binder said every object is published."""
         self.synced = False
         """The watch's initial values are read."""
-        self._changed = asyncio.Event()
+        self.changed = ChangeCounter()
+        """Bumped by the feeder after each change it applied (:meth:`learned` waits on it)."""
 
     @property
     def known(self) -> bool:
@@ -45,7 +46,6 @@ class ClaimIndex:
 
     def apply(self, key: str, value: bytes | None) -> str:
         """Take one KV change (``value`` None: deleted); why it was ignored, or empty."""
-        self._changed.set()
         if key == subjects.CLAIM_CLASSES_LISTED:
             self.listed = value is not None
             return ""
@@ -63,7 +63,6 @@ class ClaimIndex:
 
     def mark_synced(self) -> None:
         self.synced = True
-        self._changed.set()
 
     def restart(self) -> None:
         """A new watch delivers every value again: know nothing until it has."""
@@ -75,15 +74,13 @@ class ClaimIndex:
         whether it holds."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while not known():
+        while True:
+            seen = self.changed.version  # noted before looking: no change is missed
+            if known():
+                return True
             left = deadline - loop.time()
-            if left <= 0:
-                return False
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await self._changed.wait()
-        return True
+            if left <= 0 or not await self.changed.wait_past(seen, timeout=left):
+                return known()
 
     def __len__(self) -> int:
         return len(self._classes)
@@ -99,11 +96,11 @@ async def watch_claim_classes(
         async for entry in watch:
             if entry is None:
                 index.mark_synced()
-                count(len(index) if index.known else 0)
-                continue
-            problem = index.apply(entry.key, None if entry.deleted else entry.value)
-            if problem:
-                ignored(problem)
+            else:
+                problem = index.apply(entry.key, None if entry.deleted else entry.value)
+                if problem:
+                    ignored(problem)
+            await index.changed.bump()
             count(len(index) if index.known else 0)
     finally:
         await watch.aclose()
