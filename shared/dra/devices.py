@@ -30,7 +30,7 @@ from typing import Final
 import msgspec
 
 from shared.messages.inventory import GpuTelemetry
-from shared.quantity import MIB, QuantityError, parse_quantity
+from shared.quantity import MIB, QuantityError, mebibytes, parse_quantity
 
 DRIVER: Final = "gpu.tessera.dev"
 """The driver's name, and the DeviceClass Tessera's chart creates."""
@@ -214,10 +214,6 @@ def describe(gpu: GpuTelemetry) -> DeviceDescription:
     return gpu_device(attributes(gpu), index=gpu.index, memory_mib=gpu.memory_total_mib)
 
 
-def _mib(value: str | int) -> int:
-    return math.ceil(parse_quantity(value) / MIB)
-
-
 def consumed(requests: dict[str, str], *, total_mib: int, policy: MemoryPolicy) -> Consumed | str:
     """What a request of ``requests`` (``capacity.requests``: capacity name -> quantity) takes of
     one GPU with ``total_mib``, rounded as its request policy says; the reason when the GPU
@@ -228,7 +224,7 @@ def consumed(requests: dict[str, str], *, total_mib: int, policy: MemoryPolicy) 
     wanted = {name.rsplit("/", 1)[-1]: value for name, value in requests.items()}
     window = memory_range(total_mib, policy)
     try:
-        memory = window.maximum if MEMORY not in wanted else _mib(wanted[MEMORY])
+        memory = window.maximum if MEMORY not in wanted else mebibytes(wanted[MEMORY])
         compute_asked = (
             Fraction(COMPUTE_TOTAL) if COMPUTE not in wanted else parse_quantity(wanted[COMPUTE])
         )

@@ -22,11 +22,10 @@ from collections.abc import Callable
 import msgspec
 
 from services.binder.rules.draobjects import ResourceClaim, Result, allocated_node
+from shared.commits import CORE_MILLI_PER_PERCENT
 from shared.dra.devices import COMPUTE, DRIVER, MEMORY, device_index
 from shared.messages.nodes import ClaimedGpu, NodeFacts
-from shared.quantity import MIB, QuantityError, parse_quantity
-
-GPU_MILLI = 1000
+from shared.quantity import QuantityError, mebibytes, parse_quantity
 
 
 def claimed_gpu(claim: str, result: Result) -> ClaimedGpu | None:
@@ -38,7 +37,7 @@ def claimed_gpu(claim: str, result: Result) -> ClaimedGpu | None:
     if MEMORY not in consumed and COMPUTE not in consumed:
         return ClaimedGpu(claim=claim, index=index, exclusive=True)
     try:
-        memory = math.ceil(parse_quantity(consumed.get(MEMORY, "0")) / MIB)
+        memory = mebibytes(consumed.get(MEMORY, "0"))
         compute = parse_quantity(consumed.get(COMPUTE, "0"))
     except QuantityError:  # the API server validated it: count the whole GPU rather than guess
         return ClaimedGpu(claim=claim, index=index, exclusive=True)
@@ -46,7 +45,7 @@ def claimed_gpu(claim: str, result: Result) -> ClaimedGpu | None:
         claim=claim,
         index=index,
         memory_mib=memory,
-        core_milli=math.ceil(compute * GPU_MILLI / 100),
+        core_milli=math.ceil(compute * CORE_MILLI_PER_PERCENT),
     )
 
 
