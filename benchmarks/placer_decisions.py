@@ -1,0 +1,84 @@
+"""The placer's decision path without its shell: what one pod costs the pure core and rules.
+
+    .venv/bin/python benchmarks/placer_decisions.py [--nodes 1000] [--gpus 8] [--pods 3000]
+
+A :class:`~services.placer.rules.state.ClusterView` of ``--nodes`` nodes of ``--gpus`` GPUs (the
+inventory and node facts ``placer_service.py`` writes), then ``--pods`` of its pods one by one,
+each as the service handles it minus the I/O: decided (``decider.decide`` with the service's
+profile), booked tentatively, the node's committed state derived twice (what a commit checks
+and writes), then the booking committed into the ledger. Prints CPU microseconds per pod (the
+process's CPU time, so that other processes on the machine weigh less) and a digest of every
+decision (node and GPU slices): equal digests mean equal decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from placer_service import facts, inventory, node_name, pod  # noqa: E402
+
+from services.placer.core.model import Decision  # noqa: E402
+from services.placer.core.profiles import build_profile  # noqa: E402
+from services.placer.rules import decider, translate  # noqa: E402
+from services.placer.rules.state import ClusterView  # noqa: E402
+from services.placer.shell.upkeep import service_profile  # noqa: E402
+
+NOW = 1_000_000.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--pods", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    view = ClusterView(inventory_stale_s=1e9, task_mix_window=1000)
+    for i in range(args.nodes):
+        name = node_name(i)
+        view.set_inventory(inventory(name, args.gpus, NOW), now=NOW)
+        view.set_facts(facts(name, NOW))
+    view.finish_load(NOW)
+    profile = build_profile(service_profile("tessera"), hosts=view.host_kinds())
+    rng = random.Random(args.seed)
+    pods = [pod(n, rng) for n in range(args.pods)]
+    digest = hashlib.sha256()
+    placed = 0
+    started = time.process_time()
+    for n, pending in enumerate(pods):
+        now = NOW + n * 0.004
+        decision = decider.decide(view, profile, translate.pod_request(pending), now=now)
+        if not isinstance(decision, Decision):
+            digest.update(f"{pending.uid} waits\n".encode())
+            continue
+        reservation = decision.reservation
+        booking = translate.booking_of(
+            reservation, pending, tenant="bench", commit=f"c{n}", decided_at=now, placer_id="p"
+        )
+        view.add_tentative(booking)
+        view.committed_state(booking.node)
+        view.committed_state(booking.node)
+        view.set_booking(booking.node, booking.pod_uid, booking, n + 1)
+        placed += 1
+        slices = [
+            (g.index, g.memory_mib, g.core_milli) for c in reservation.containers for g in c.gpus
+        ]
+        digest.update(f"{pending.uid} {reservation.node} {slices}\n".encode())
+    cpu = time.process_time() - started
+    print(
+        f"{args.nodes} nodes x {args.gpus} GPUs, {args.pods} pods ({placed} placed): "
+        f"{cpu / args.pods * 1e6:.0f} us CPU per pod; decisions {digest.hexdigest()[:16]}"
+    )
+
+
+if __name__ == "__main__":
+    main()
