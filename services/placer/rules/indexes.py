@@ -67,6 +67,8 @@ class NodeIndexes:
         self.grown = 0
         self._signatures = Capacities()
         self._now = 0.0
+        self._gpu_memos: dict[str, translate.GpuMemo] = {}
+        """Per node: what deriving its state last kept of its GPUs (``translate.GpuMemo``)."""
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -167,12 +169,16 @@ class NodeIndexes:
         self, name: str, entry: NodeEntry, bookings: tuple[Booking, ...] | list[Booking]
     ) -> NodeState:
         """Node ``name``'s state from ``entry`` with ``bookings`` on it."""
+        memo = self._gpu_memos.get(name)
+        if memo is None:
+            memo = self._gpu_memos[name] = translate.GpuMemo()
         state = translate.node_state(
             name,
             entry.inventory,
             entry.facts,
             bookings,
             placeable=not entry.reason,
+            memo=memo,
         )
         labels = entry.facts.labels if entry.facts is not None else {}
         return self._tenancy.annotate(state, labels=labels)
@@ -194,6 +200,7 @@ class NodeIndexes:
             if pooled and name in self._everywhere:
                 self._everywhere.remove(name)
             self._forget_signature(entry)
+            self._gpu_memos.pop(name, None)
             if not (entry.deleted or entry.ledger or entry.tentative or entry.records):
                 del self._nodes[name]
             return

@@ -47,7 +47,7 @@ Rules the node translation applies (docs/design.md §3 and §5, issue 10 item 7)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -230,11 +230,6 @@ def slot_limits(memory_mib: Sequence[int], total: int) -> list[int]:
     return slots
 
 
-def _slices(booking: Booking) -> Iterable[BookedSlice]:
-    for container in booking.containers:
-        yield from container.gpus
-
-
 def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list[ClaimedGpu]:
     """What claims allocated by another allocator hold on the node (``NodeFacts.claimed``),
     less any claim a booking here holds already (a claim Tessera allocated, its pod just gone
@@ -250,11 +245,60 @@ def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list
     return [gpu for gpu in facts.claimed if gpu.claim not in booked]
 
 
+class GpuMemo:
+    """What :func:`node_state` kept of one node's GPUs from its last call, so that the next one
+    builds only what changed (a node is derived again at each booking on it, its other GPUs
+    unchanged): the inventory's GPUs as the node's state counts them (sorted, memory units and
+    health applied), their slot limits and NVLink peers, and each GPU's state with the bookings'
+    sums it was built from. It holds while the inventory is the same object and the node's
+    allocatable devices are the same; the caller keeps one per node (``indexes.NodeIndexes``)."""
+
+    __slots__ = ("advertised", "gpus", "inventory", "peers", "slots", "states", "sums", "units")
+
+    def __init__(self) -> None:
+        self.reset(None, None, None)
+
+    def reset(
+        self, inventory: NodeInventory | None, advertised: int | None, units: int | None
+    ) -> None:
+        """Take the GPUs of ``inventory`` with these allocatable counts, no state built yet."""
+        self.inventory = inventory
+        self.advertised = advertised
+        self.units = units
+        gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
+        total = [g.memory_total_mib for g in gpus]
+        self.slots = slot_limits(total, advertised) if advertised else None
+        if units:
+            addressable = slot_limits(total, units)
+            gpus = [
+                msgspec.structs.replace(g, memory_total_mib=min(g.memory_total_mib, limit))
+                for g, limit in zip(gpus, addressable, strict=True)
+            ]
+        if advertised == 0 or units == 0:
+            # The kubelet's allocatable counts healthy devices: none means every GPU is unusable
+            # now (its device plugin is gone or lists nothing), and a pod bound there would be
+            # rejected at admission.
+            gpus = [msgspec.structs.replace(g, health="unhealthy") for g in gpus]
+        self.gpus = gpus
+        index_of = {gpu.uuid: gpu.index for gpu in gpus}
+        self.peers = [
+            tuple(sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of))
+            for gpu in gpus
+        ]
+        self.sums: list[tuple[int, int, int, bool, tuple[str, ...]] | None] = [None] * len(gpus)
+        """Per GPU: what the bookings hold of it (memory, cores, shares, exclusive, holders)
+        when its state in :attr:`states` was built."""
+        self.states: list[GpuState | None] = [None] * len(gpus)
+
+    def holds(
+        self, inventory: NodeInventory | None, advertised: int | None, units: int | None
+    ) -> bool:
+        """Whether this memo's GPUs are those of ``inventory`` with these allocatable counts."""
+        return self.inventory is inventory and self.advertised == advertised and self.units == units
+
+
 def _gpu_states(
-    gpus: Sequence[GpuTelemetry],
-    bookings: Sequence[Booking],
-    slots: Sequence[int] | None,
-    claimed: Sequence[ClaimedGpu] = (),
+    memo: GpuMemo, bookings: Sequence[Booking], claimed: Sequence[ClaimedGpu] = ()
 ) -> tuple[GpuState, ...]:
     memory: dict[int, int] = {}
     cores: dict[int, int] = {}
@@ -262,47 +306,73 @@ def _gpu_states(
     exclusive: set[int] = set()
     holders: dict[int, set[str]] = {}
     pieces: list[tuple[str, BookedSlice | ClaimedGpu]] = [
-        (b.pod_uid, piece) for b in bookings for piece in _slices(b)
+        (b.pod_uid, piece) for b in bookings for c in b.containers for piece in c.gpus
     ]
-    pieces += [(f"resourceclaims/{c.claim}", c) for c in claimed]
+    if claimed:
+        pieces += [(f"resourceclaims/{c.claim}", c) for c in claimed]
     for holder, piece in pieces:
-        memory[piece.index] = memory.get(piece.index, 0) + piece.memory_mib
-        cores[piece.index] = cores.get(piece.index, 0) + piece.core_milli
-        shares[piece.index] = shares.get(piece.index, 0) + 1
-        holders.setdefault(piece.index, set()).add(holder)
+        index = piece.index
+        memory[index] = memory.get(index, 0) + piece.memory_mib
+        cores[index] = cores.get(index, 0) + piece.core_milli
+        shares[index] = shares.get(index, 0) + 1
+        held = holders.get(index)
+        if held is None:
+            holders[index] = {holder}
+        else:
+            held.add(holder)
         if piece.exclusive:
-            exclusive.add(piece.index)
-    index_of = {gpu.uuid: gpu.index for gpu in gpus}
+            exclusive.add(index)
+    slots = memo.slots
     states = []
-    for position, gpu in enumerate(gpus):
-        reserved = memory.get(gpu.index, 0)
-        foreign = max(0, gpu.memory_used_mib - reserved)
-        foreign = -(-foreign // FOREIGN_STEP_MIB) * FOREIGN_STEP_MIB
-        utilization = min(100, max(0, gpu.utilization_pct))
-        states.append(
-            GpuState(
-                index=gpu.index,
-                uuid=gpu.uuid,
-                model=gpu.model,
-                memory_total_mib=gpu.memory_total_mib,
-                memory_reserved_mib=reserved,
-                memory_foreign_mib=foreign,
-                core_milli_reserved=cores.get(gpu.index, 0),
-                slots_total=slots[position] if slots is not None else 0,
-                slots_reserved=shares.get(gpu.index, 0) if slots is not None else 0,
-                exclusive=gpu.index in exclusive,
-                healthy=gpu.health == "healthy",
-                utilization_pct=utilization // UTILIZATION_STEP_PCT * UTILIZATION_STEP_PCT,
-                numa_node=-1 if gpu.numa_node is None else gpu.numa_node,
-                pci_bus_id=gpu.pci_bus_id,
-                pcie_root=gpu.pcie_root,
-                nvlink_peers=tuple(
-                    sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of)
-                ),
-                holders=tuple(sorted(holders.get(gpu.index, ()))),
-            )
+    for position, gpu in enumerate(memo.gpus):
+        index = gpu.index
+        held = holders.get(index)
+        sums = (
+            memory.get(index, 0),
+            cores.get(index, 0),
+            shares.get(index, 0),
+            index in exclusive,
+            tuple(sorted(held)) if held else (),
         )
+        state = memo.states[position]
+        if state is None or memo.sums[position] != sums:
+            slot = slots[position] if slots is not None else None
+            state = _gpu_state(gpu, sums, slot, memo.peers[position])
+            memo.sums[position] = sums
+            memo.states[position] = state
+        states.append(state)
     return tuple(states)
+
+
+def _gpu_state(
+    gpu: GpuTelemetry,
+    sums: tuple[int, int, int, bool, tuple[str, ...]],
+    slots: int | None,
+    peers: tuple[int, ...],
+) -> GpuState:
+    reserved, cores, shares, exclusive, holders = sums
+    foreign = max(0, gpu.memory_used_mib - reserved)
+    foreign = -(-foreign // FOREIGN_STEP_MIB) * FOREIGN_STEP_MIB
+    utilization = min(100, max(0, gpu.utilization_pct))
+    return GpuState(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        model=gpu.model,
+        memory_total_mib=gpu.memory_total_mib,
+        memory_reserved_mib=reserved,
+        memory_foreign_mib=foreign,
+        core_milli_reserved=cores,
+        slots_total=slots if slots is not None else 0,
+        slots_reserved=shares if slots is not None else 0,
+        exclusive=exclusive,
+        healthy=gpu.health == "healthy",
+        utilization_pct=utilization // UTILIZATION_STEP_PCT * UTILIZATION_STEP_PCT,
+        numa_node=-1 if gpu.numa_node is None else gpu.numa_node,
+        pci_bus_id=gpu.pci_bus_id,
+        pcie_root=gpu.pcie_root,
+        nvlink_peers=peers,
+        holders=holders,
+    )
 
 
 def node_state(
@@ -312,26 +382,20 @@ def node_state(
     bookings: Sequence[Booking],
     *,
     placeable: bool,
+    memo: GpuMemo | None = None,
 ) -> NodeState:
     """The core's state of node ``name`` (see the module docstring for each rule).
 
-    ``placeable``: :func:`placement_reason` found nothing against the node.
+    ``placeable``: :func:`placement_reason` found nothing against the node. ``memo``: what the
+    last call for this node kept (:class:`GpuMemo`); it is brought up to date. The state is the
+    same with or without it.
     """
-    gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
     advertised = facts.extended_allocatable.get(GPU_RESOURCE) if facts else None
-    slots = slot_limits([g.memory_total_mib for g in gpus], advertised) if advertised else None
     units = facts.extended_allocatable.get(GPU_MEMORY_RESOURCE) if facts else None
-    if units:
-        addressable = slot_limits([g.memory_total_mib for g in gpus], units)
-        gpus = [
-            msgspec.structs.replace(g, memory_total_mib=min(g.memory_total_mib, limit))
-            for g, limit in zip(gpus, addressable, strict=True)
-        ]
-    if advertised == 0 or units == 0:
-        # The kubelet's allocatable counts healthy devices: none means every GPU is unusable
-        # now (its device plugin is gone or lists nothing), and a pod bound there would be
-        # rejected at admission.
-        gpus = [msgspec.structs.replace(g, health="unhealthy") for g in gpus]
+    if memo is None:
+        memo = GpuMemo()
+    if not memo.holds(inventory, advertised, units):
+        memo.reset(inventory, advertised, units)
     cpu_booked = sum(b.cpu_milli for b in bookings)
     memory_booked = sum(b.memory_mib for b in bookings)
     if facts is not None:
@@ -351,7 +415,7 @@ def node_state(
         memory_mib_total=memory_total,
         cpu_milli_reserved=other_cpu + cpu_booked,
         memory_mib_reserved=other_memory + memory_booked,
-        gpus=_gpu_states(gpus, bookings, slots, foreign_claims(facts, bookings)),
+        gpus=_gpu_states(memo, bookings, foreign_claims(facts, bookings)),
         schedulable=placeable,
         gpu_task_kinds=tuple(sorted(kinds.items())),
         labels=facts.labels if facts is not None else {},
