@@ -6,7 +6,9 @@ A :class:`~services.placer.rules.state.ClusterView` of ``--nodes`` nodes of ``--
 inventory and node facts ``placer_service.py`` writes), then ``--pods`` of its pods one by one,
 each as the service handles it minus the I/O: decided (``decider.decide`` with the service's
 profile), booked tentatively, the node's committed state derived twice (what a commit checks
-and writes), then the booking committed into the ledger. Prints CPU microseconds per pod (the
+and writes), then the booking committed into the ledger; ``--hand-off`` pods later (a quarter
+of a second at 250 pods a second) its record is written ``allocated``, as the binder and the
+device plugin would, which takes it off its node's queue. Prints CPU microseconds per pod (the
 process's CPU time, so that other processes on the machine weigh less) and a digest of every
 decision (node and GPU slices): equal digests mean equal decisions.
 """
@@ -31,6 +33,10 @@ from services.placer.core.profiles import build_profile  # noqa: E402
 from services.placer.rules import decider, translate  # noqa: E402
 from services.placer.rules.state import ClusterView  # noqa: E402
 from services.placer.shell.upkeep import service_profile  # noqa: E402
+from shared import subjects  # noqa: E402
+from shared.commits import record_of  # noqa: E402
+from shared.messages.assignments import settled  # noqa: E402
+from shared.messages.ledger import Booking  # noqa: E402
 
 NOW = 1_000_000.0
 
@@ -40,6 +46,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--pods", type=int, default=3000)
+    parser.add_argument("--hand-off", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     view = ClusterView(inventory_stale_s=1e9, task_mix_window=1000)
@@ -53,9 +60,14 @@ def main() -> None:
     pods = [pod(n, rng) for n in range(args.pods)]
     digest = hashlib.sha256()
     placed = 0
+    booked: list[Booking] = []
     started = time.process_time()
     for n, pending in enumerate(pods):
         now = NOW + n * 0.004
+        if n >= args.hand_off and n - args.hand_off < len(booked):
+            done = booked[n - args.hand_off]
+            record = settled(record_of(done, bound_at=now), now=now)
+            view.set_record(subjects.assignment_key(done.node, done.pod_uid), record, n + 1)
         decision = decider.decide(view, profile, translate.pod_request(pending), now=now)
         if not isinstance(decision, Decision):
             digest.update(f"{pending.uid} waits\n".encode())
@@ -69,6 +81,7 @@ def main() -> None:
         view.committed_state(booking.node)
         view.set_booking(booking.node, booking.pod_uid, booking, n + 1)
         placed += 1
+        booked.append(booking)
         slices = [
             (g.index, g.memory_mib, g.core_milli) for c in reservation.containers for g in c.gpus
         ]
