@@ -13,6 +13,7 @@ nothing to say about is ranked here, shape by shape.
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 from collections.abc import Collection, Iterable, Iterator
@@ -102,7 +103,9 @@ class Ranking:
         shapes = cluster.shapes
         judge = profile.judge
         by_total = self._by_total
-        added = 0
+        fit = self._fitting.add
+        added = nodes = 0
+        # Once per decision over every shape of the index: locals only in the loop.
         for sid, ranks in cluster.groups.items():
             value = memo.get(sid)
             if value is None:
@@ -111,8 +114,8 @@ class Ranking:
             if value.__class__ is str:  # why the shape does not fit
                 continue
             total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
-            self._fitting.add(sid)
-            self._nodes += len(ranks)
+            fit(sid)
+            nodes += len(ranks)
             if total != total:  # NaN: it fits, but no comparison makes it the best
                 continue
             level = by_total.get(total)
@@ -120,6 +123,7 @@ class Ranking:
                 by_total[total] = [sid]
             else:
                 level.append(sid)
+        self._nodes += nodes
         cluster.memo_size += added
         if by_total:
             self._top = max(by_total)
@@ -268,7 +272,8 @@ def judge_together(
     one, knows the pod and enough of them are missing (:data:`BATCH_MIN`)."""
     if profile.batch is None:
         return
-    missing = list(dict.fromkeys(sid for sid in sids if sid not in memo))
+    # Over every shape of the index at each decision: filtered in C, not by a generator.
+    missing = list(dict.fromkeys(itertools.filterfalse(memo.__contains__, sids)))
     if len(missing) < BATCH_MIN:
         return
     judged = profile.batch.judge(pod, cluster, missing)
