@@ -22,6 +22,7 @@ from services.placer.core.facts import PodFacts
 from services.placer.core.framework import (
     AVOIDED,
     BATCH_MIN,
+    CATCH_UP_MIN,
     Judgement,
     Profile,
     place_on_node,
@@ -269,12 +270,13 @@ def judge_together(
     sids: Iterable[int],
 ) -> None:
     """Judge the shapes of ``sids`` the memo lacks with the profile's batch judge, when it has
-    one, knows the pod and enough of them are missing (:data:`BATCH_MIN`)."""
+    one, knows the pod and enough of them are missing (:data:`BATCH_MIN`, or
+    :data:`CATCH_UP_MIN` when the memo holds judgements already)."""
     if profile.batch is None:
         return
     # Over every shape of the index at each decision: filtered in C, not by a generator.
     missing = list(dict.fromkeys(itertools.filterfalse(memo.__contains__, sids)))
-    if len(missing) < BATCH_MIN:
+    if len(missing) < (CATCH_UP_MIN if memo else BATCH_MIN):
         return
     judged = profile.batch.judge(pod, cluster, missing)
     if judged is not None:
