@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -285,7 +286,7 @@ class GpuMemo:
             tuple(sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of))
             for gpu in gpus
         ]
-        self.sums: list[tuple[int, int, int, bool, tuple[str, ...]] | None] = [None] * len(gpus)
+        self.sums: list[GpuSums | None] = [None] * len(gpus)
         """Per GPU: what the bookings hold of it (memory, cores, shares, exclusive, holders)
         when its state in :attr:`states` was built."""
         self.states: list[GpuState | None] = [None] * len(gpus)
@@ -297,42 +298,45 @@ class GpuMemo:
         return self.inventory is inventory and self.advertised == advertised and self.units == units
 
 
+GpuSums = tuple[int, int, int, bool, tuple[str, ...]]
+"""What the bookings hold of one GPU: memory, cores, shares, exclusive, holders (sorted)."""
+_NOTHING_HELD: GpuSums = (0, 0, 0, False, ())
+
+
 def _gpu_states(
     memo: GpuMemo, bookings: Sequence[Booking], claimed: Sequence[ClaimedGpu] = ()
 ) -> tuple[GpuState, ...]:
-    memory: dict[int, int] = {}
-    cores: dict[int, int] = {}
-    shares: dict[int, int] = {}
-    exclusive: set[int] = set()
-    holders: dict[int, set[str]] = {}
+    # Per GPU index: [memory, cores, shares, exclusive, holders], one lookup a piece.
+    held: dict[int, list[Any]] = {}
     pieces: list[tuple[str, BookedSlice | ClaimedGpu]] = [
         (b.pod_uid, piece) for b in bookings for c in b.containers for piece in c.gpus
     ]
     if claimed:
         pieces += [(f"resourceclaims/{c.claim}", c) for c in claimed]
     for holder, piece in pieces:
-        index = piece.index
-        memory[index] = memory.get(index, 0) + piece.memory_mib
-        cores[index] = cores.get(index, 0) + piece.core_milli
-        shares[index] = shares.get(index, 0) + 1
-        held = holders.get(index)
-        if held is None:
-            holders[index] = {holder}
+        acc = held.get(piece.index)
+        if acc is None:
+            held[piece.index] = [
+                piece.memory_mib,
+                piece.core_milli,
+                1,
+                piece.exclusive,
+                {holder},
+            ]
         else:
-            held.add(holder)
-        if piece.exclusive:
-            exclusive.add(index)
+            acc[0] += piece.memory_mib
+            acc[1] += piece.core_milli
+            acc[2] += 1
+            acc[3] = acc[3] or piece.exclusive
+            acc[4].add(holder)
     slots = memo.slots
     states = []
     for position, gpu in enumerate(memo.gpus):
-        index = gpu.index
-        held = holders.get(index)
-        sums = (
-            memory.get(index, 0),
-            cores.get(index, 0),
-            shares.get(index, 0),
-            index in exclusive,
-            tuple(sorted(held)) if held else (),
+        found = held.get(gpu.index)
+        sums: GpuSums = (
+            _NOTHING_HELD
+            if found is None
+            else (found[0], found[1], found[2], found[3], tuple(sorted(found[4])))
         )
         state = memo.states[position]
         if state is None or memo.sums[position] != sums:
@@ -346,7 +350,7 @@ def _gpu_states(
 
 def _gpu_state(
     gpu: GpuTelemetry,
-    sums: tuple[int, int, int, bool, tuple[str, ...]],
+    sums: GpuSums,
     slots: int | None,
     peers: tuple[int, ...],
 ) -> GpuState:
