@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 
 import msgspec
@@ -298,6 +299,7 @@ def test_the_gpu_memo_derives_the_same_state_after_every_kind_of_change(order: s
         kept = translate.node_state("n1", inventory, facts, bookings, placeable=True, memo=memo)
         fresh = translate.node_state("n1", inventory, facts, bookings, placeable=True)
         assert kept == fresh, what
+    assert not gc.is_tracked(memo)  # a placer keeps one per node (tests/shared/test_untracked.py)
 
 
 def test_a_booking_round_trips_through_the_reservation_and_into_the_record() -> None:

@@ -246,18 +246,33 @@ def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list
     return [gpu for gpu in facts.claimed if gpu.claim not in booked]
 
 
-class GpuMemo:
+GpuSums = tuple[int, int, int, bool, tuple[str, ...]]
+"""What the bookings hold of one GPU: memory, cores, shares, exclusive, holders (sorted)."""
+_NOTHING_HELD: GpuSums = (0, 0, 0, False, ())
+
+
+class GpuMemo(msgspec.Struct, gc=False, kw_only=True):
     """What :func:`node_state` kept of one node's GPUs from its last call, so that the next one
     builds only what changed (a node is derived again at each booking on it, its other GPUs
     unchanged): the inventory's GPUs as the node's state counts them (sorted, memory units and
     health applied), their slot limits and NVLink peers, and each GPU's state with the bookings'
     sums it was built from. It holds while the inventory is the same object and the node's
-    allocatable devices are the same; the caller keeps one per node (``indexes.NodeIndexes``)."""
+    allocatable devices are the same; the caller keeps one per node (``indexes.NodeIndexes``).
 
-    __slots__ = ("advertised", "gpus", "inventory", "peers", "slots", "states", "sums", "units")
+    Invisible to the garbage collector, as a node's state is (``tests/shared/test_untracked.py``):
+    a placer keeps one per node, and what it holds are frozen values and tuples of them, so no
+    reference cycle can run through it though it changes."""
 
-    def __init__(self) -> None:
-        self.reset(None, None, None)
+    inventory: NodeInventory | None = None
+    advertised: int | None = None
+    units: int | None = None
+    gpus: tuple[GpuTelemetry, ...] = ()
+    slots: tuple[int, ...] | None = None
+    peers: tuple[tuple[int, ...], ...] = ()
+    sums: tuple[GpuSums, ...] = ()
+    """Per GPU: what the bookings held of it when its state in :attr:`states` was built (empty:
+    none built yet)."""
+    states: tuple[GpuState, ...] = ()
 
     def reset(
         self, inventory: NodeInventory | None, advertised: int | None, units: int | None
@@ -268,7 +283,7 @@ class GpuMemo:
         self.units = units
         gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
         total = [g.memory_total_mib for g in gpus]
-        self.slots = slot_limits(total, advertised) if advertised else None
+        self.slots = tuple(slot_limits(total, advertised)) if advertised else None
         if units:
             addressable = slot_limits(total, units)
             gpus = [
@@ -280,27 +295,20 @@ class GpuMemo:
             # now (its device plugin is gone or lists nothing), and a pod bound there would be
             # rejected at admission.
             gpus = [msgspec.structs.replace(g, health="unhealthy") for g in gpus]
-        self.gpus = gpus
+        self.gpus = tuple(gpus)
         index_of = {gpu.uuid: gpu.index for gpu in gpus}
-        self.peers = [
+        self.peers = tuple(
             tuple(sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of))
             for gpu in gpus
-        ]
-        self.sums: list[GpuSums | None] = [None] * len(gpus)
-        """Per GPU: what the bookings hold of it (memory, cores, shares, exclusive, holders)
-        when its state in :attr:`states` was built."""
-        self.states: list[GpuState | None] = [None] * len(gpus)
+        )
+        self.sums = ()
+        self.states = ()
 
     def holds(
         self, inventory: NodeInventory | None, advertised: int | None, units: int | None
     ) -> bool:
         """Whether this memo's GPUs are those of ``inventory`` with these allocatable counts."""
         return self.inventory is inventory and self.advertised == advertised and self.units == units
-
-
-GpuSums = tuple[int, int, int, bool, tuple[str, ...]]
-"""What the bookings hold of one GPU: memory, cores, shares, exclusive, holders (sorted)."""
-_NOTHING_HELD: GpuSums = (0, 0, 0, False, ())
 
 
 def _gpu_states(
@@ -329,8 +337,10 @@ def _gpu_states(
             acc[2] += 1
             acc[3] = acc[3] or piece.exclusive
             acc[4].add(holder)
-    slots = memo.slots
-    states = []
+    slots, peers = memo.slots, memo.peers
+    built_sums, built = memo.sums, memo.states
+    sums_now: list[GpuSums] = []
+    states: list[GpuState] = []
     for position, gpu in enumerate(memo.gpus):
         found = held.get(gpu.index)
         sums: GpuSums = (
@@ -338,14 +348,16 @@ def _gpu_states(
             if found is None
             else (found[0], found[1], found[2], found[3], tuple(sorted(found[4])))
         )
-        state = memo.states[position]
-        if state is None or memo.sums[position] != sums:
+        if built and built_sums[position] == sums:
+            state = built[position]
+        else:
             slot = slots[position] if slots is not None else None
-            state = _gpu_state(gpu, sums, slot, memo.peers[position])
-            memo.sums[position] = sums
-            memo.states[position] = state
+            state = _gpu_state(gpu, sums, slot, peers[position])
+        sums_now.append(sums)
         states.append(state)
-    return tuple(states)
+    memo.sums = tuple(sums_now)
+    memo.states = tuple(states)
+    return memo.states
 
 
 def _gpu_state(
