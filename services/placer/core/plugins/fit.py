@@ -63,8 +63,10 @@ class NodeFit:
             return None
         if len(pod.asks) == 1 and pod.asks[0].shares == 1:
             ask = pod.asks[0]
-            # Capacity first: it rules most GPUs out and costs less than the GPU filters.
-            for gpu in shape.gpus:
+            # Capacity first: it rules most GPUs out and costs less than the GPU filters. The
+            # most free GPU first (the shape's are least free first): any one will do, and it
+            # is the likeliest to fit (a whole GPU needs an idle one).
+            for gpu in reversed(shape.gpus):
                 if share_fits(ask, gpu) and gpu_admitted(pod, gpu, self.gpu_filters):
                     return None
             admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
