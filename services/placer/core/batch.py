@@ -53,7 +53,7 @@ from services.placer.core.framework import (
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import GPU_MILLI
 from services.placer.core.plugins.fed_fgd import FedFragmentation
-from services.placer.core.plugins.fgd import BY_MODEL_AND_GROUPS, FgdScore
+from services.placer.core.plugins.fgd import FgdScore
 from services.placer.core.plugins.fit import (
     INSUFFICIENT_CPU,
     INSUFFICIENT_MEMORY,
@@ -64,6 +64,7 @@ from services.placer.core.plugins.fit import (
     TOO_FEW_ALLOWED,
     UNHEALTHY_GPU,
     NodeFit,
+    by_kind,
 )
 from services.placer.core.shape import GpuShape, NodeShape
 
@@ -576,7 +577,7 @@ def batch_judge(profile: Profile) -> FgdBatch | None:
     if type(score.model) is not FedFragmentation or score.exact:
         return None
     gpu_filters = (*fit.gpu_filters, *score.gpu_filters)
-    if not all(isinstance(f, BY_MODEL_AND_GROUPS) for f in gpu_filters):
+    if not by_kind(gpu_filters):
         return None
     return FgdBatch(
         fit=fit,

@@ -12,22 +12,17 @@ profile keeps the truncation and changes the fragmentation measure instead, see 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 from services.placer.core.facts import PodFacts
 from services.placer.core.fragmentation import FILL_TIE, FragmentationModel
 from services.placer.core.framework import GpuFilter, gpu_admitted
 from services.placer.core.model import GPU_MILLI
-from services.placer.core.plugins.fit import GpuModel
+from services.placer.core.plugins.fit import admitted_gpus, by_kind
 from services.placer.core.plugins.gpu_choice import sigmoid
-from services.placer.core.plugins.groups import GroupFilter
 from services.placer.core.search import assign, share_fits
 from services.placer.core.shape import GpuShape, NodeShape
 
 NAME = "fgd"
-BY_MODEL_AND_GROUPS: Final = (GpuModel, GroupFilter)
-"""GPU filters that read only ``GpuShape.model`` and ``GpuShape.groups``: a GPU's admission is
-its model's and groups' (the GPUs of a node mostly share both)."""
 
 
 class FgdScore:
@@ -50,7 +45,7 @@ class FgdScore:
         self.step = step
         self.fill_waste = fill_waste
         self.name = name
-        self._by_kind = all(isinstance(f, BY_MODEL_AND_GROUPS) for f in self.gpu_filters)
+        self._by_kind = by_kind(self.gpu_filters)
 
     def _value(self, delta: float) -> float:
         value = 100.0 * sigmoid(delta / 1000.0)
@@ -101,7 +96,7 @@ class FgdScore:
             return 0.0 if best is None else best
         after = list(free)
         if pod.asks:
-            admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
+            admitted = admitted_gpus(pod, shape.gpus, self.gpu_filters, self._by_kind)
             positions = assign(pod.asks, shape.gpus, admitted) or ()
             flat = [ask for ask in pod.asks for _ in range(ask.shares)]
             for ask, i in zip(flat, positions, strict=False):
