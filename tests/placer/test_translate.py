@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from services.placer.core.model import RejectionReason
-from services.placer.rules import translate
+from services.placer.rules import gpustates, translate
 from shared.commits import record_of
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
@@ -156,7 +156,7 @@ def test_unhealthy_and_gone_gpus_take_no_new_work() -> None:
 def test_logical_devices_are_split_over_gpus_by_memory(
     memories: tuple[int, ...], total: int, expected: list[int]
 ) -> None:
-    assert translate.slot_limits(memories, total) == expected
+    assert gpustates.slot_limits(memories, total) == expected
     assert sum(expected) == (total if memories else 0)
 
 
@@ -294,7 +294,7 @@ def test_the_gpu_memo_derives_the_same_state_after_every_kind_of_change(order: s
         steps.reverse()
     elif order == "shuffled":
         random.Random(7).shuffle(steps)
-    memo = translate.GpuMemo()
+    memo = gpustates.GpuMemo()
     for what, inventory, facts, bookings in steps + steps:  # each change seen twice
         kept = translate.node_state("n1", inventory, facts, bookings, placeable=True, memo=memo)
         fresh = translate.node_state("n1", inventory, facts, bookings, placeable=True)

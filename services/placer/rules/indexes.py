@@ -30,6 +30,7 @@ from services.placer.core.model import NodeState
 from services.placer.core.tenancy import Tenancy
 from services.placer.rules import translate
 from services.placer.rules.capacity import Capacities, gives_room, signature_of
+from services.placer.rules.gpustates import GpuMemo
 from services.placer.rules.nodes import BookedUsage, NodeEntry, shown
 from services.placer.rules.poolplan import pool_of
 from shared.messages.ledger import Booking
@@ -67,8 +68,8 @@ class NodeIndexes:
         self.grown = 0
         self._signatures = Capacities()
         self._now = 0.0
-        self._gpu_memos: dict[str, translate.GpuMemo] = {}
-        """Per node: what deriving its state last kept of its GPUs (``translate.GpuMemo``)."""
+        self._gpu_memos: dict[str, GpuMemo] = {}
+        """Per node: what deriving its state last kept of its GPUs (``gpustates.GpuMemo``)."""
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -171,7 +172,7 @@ class NodeIndexes:
         """Node ``name``'s state from ``entry`` with ``bookings`` on it."""
         memo = self._gpu_memos.get(name)
         if memo is None:
-            memo = self._gpu_memos[name] = translate.GpuMemo()
+            memo = self._gpu_memos[name] = GpuMemo()
         state = translate.node_state(
             name,
             entry.inventory,

@@ -14,7 +14,7 @@ Rules the node translation applies (docs/design.md §3 and §5, issue 10 item 7)
   place of the core's generic "node unschedulable" count.
 - **Foreign memory.** Memory the GPU reports in use beyond what Tessera reserved on it is held by
   processes Tessera did not place, and is not free: ``foreign = used - reserved`` (at least 0),
-  rounded *up* to :data:`FOREIGN_STEP_MIB`, so a GPU's free memory is never more than what it
+  rounded *up* to ``gpustates.FOREIGN_STEP_MIB``, so a GPU's free memory is never more than what it
   reports free. (Tessera pods that have not yet touched their reservation make this an
   underestimate; their reservation is still counted in full.)
 - **Health.** A GPU the inventory reports ``unhealthy`` or ``gone`` takes no new work; what is
@@ -40,15 +40,14 @@ Rules the node translation applies (docs/design.md §3 and §5, issue 10 item 7)
 - **Labels, taints, pods.** A node's labels and taints come from its facts; its pods are the
   facts' pods (those Tessera did not place) and its bookings (those it did, with their labels
   and pod affinity), which is what node-aware rules read (``core/nodeaware.py``).
-- **Live readings.** GPU utilisation is rounded to :data:`UTILIZATION_STEP_PCT` (it only orders
-  GPUs; finer readings would make every node a shape of its own and defeat the shape memo).
+- **Live readings.** GPU utilisation is rounded to ``gpustates.UTILIZATION_STEP_PCT`` (it only
+  orders GPUs; finer readings would make every node a shape of its own and defeat the shape
+  memo).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import msgspec
 
@@ -58,7 +57,6 @@ from services.placer.core.model import (
     ContainerPlacement,
     ContainerRequest,
     GpuSlice,
-    GpuState,
     NodeState,
     PodOnNode,
     PodRequest,
@@ -66,21 +64,20 @@ from services.placer.core.model import (
     RejectionReason,
     Reservation,
 )
+from services.placer.rules.gpustates import GpuMemo, gpu_states
 from shared import annotations as names
 from shared.commits import record_of
 from shared.dra.claims import ClaimPlan, claim_of_container, plan_claims
 from shared.dra.devices import DEFAULT_POLICY, DRA_API, NODE_API_LABEL
 from shared.messages.assignments import AssignmentRecord, settled
 from shared.messages.constraints import Constraints
-from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.nodes import ClaimedGpu, NodeFacts
 from shared.messages.placement import PlacementRejected
 from shared.messages.placement import RejectionReason as WireReason
 from shared.messages.pods import PodPending, PodRestore
 
-FOREIGN_STEP_MIB = 256
-UTILIZATION_STEP_PCT = 10
 GPU_RESOURCE = names.GPU
 GPU_MEMORY_RESOURCE = names.GPU_MEMORY
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -216,21 +213,6 @@ def placement_reason(
     return ""
 
 
-def slot_limits(memory_mib: Sequence[int], total: int) -> list[int]:
-    """``total`` logical devices split over GPUs of ``memory_mib`` (largest remainder)."""
-    if not memory_mib:
-        return []
-    weights = [max(1, m) for m in memory_mib]
-    whole = sum(weights)
-    exact = [total * w / whole for w in weights]
-    slots = [math.floor(x) for x in exact]
-    left = total - sum(slots)
-    by_remainder = sorted(range(len(exact)), key=lambda i: (slots[i] - exact[i], i))
-    for i in by_remainder[:left]:
-        slots[i] += 1
-    return slots
-
-
 def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list[ClaimedGpu]:
     """What claims allocated by another allocator hold on the node (``NodeFacts.claimed``),
     less any claim a booking here holds already (a claim Tessera allocated, its pod just gone
@@ -244,151 +226,6 @@ def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list
         if (named := claim_of_container(c.container)) is not None
     }
     return [gpu for gpu in facts.claimed if gpu.claim not in booked]
-
-
-GpuSums = tuple[int, int, int, bool, tuple[str, ...]]
-"""What the bookings hold of one GPU: memory, cores, shares, exclusive, holders (sorted)."""
-_NOTHING_HELD: GpuSums = (0, 0, 0, False, ())
-
-
-class GpuMemo(msgspec.Struct, gc=False, kw_only=True):
-    """What :func:`node_state` kept of one node's GPUs from its last call, so that the next one
-    builds only what changed (a node is derived again at each booking on it, its other GPUs
-    unchanged): the inventory's GPUs as the node's state counts them (sorted, memory units and
-    health applied), their slot limits and NVLink peers, and each GPU's state with the bookings'
-    sums it was built from. It holds while the inventory is the same object and the node's
-    allocatable devices are the same; the caller keeps one per node (``indexes.NodeIndexes``).
-
-    Invisible to the garbage collector, as a node's state is (``tests/shared/test_untracked.py``):
-    a placer keeps one per node, and what it holds are frozen values and tuples of them, so no
-    reference cycle can run through it though it changes."""
-
-    inventory: NodeInventory | None = None
-    advertised: int | None = None
-    units: int | None = None
-    gpus: tuple[GpuTelemetry, ...] = ()
-    slots: tuple[int, ...] | None = None
-    peers: tuple[tuple[int, ...], ...] = ()
-    sums: tuple[GpuSums, ...] = ()
-    """Per GPU: what the bookings held of it when its state in :attr:`states` was built (empty:
-    none built yet)."""
-    states: tuple[GpuState, ...] = ()
-
-    def reset(
-        self, inventory: NodeInventory | None, advertised: int | None, units: int | None
-    ) -> None:
-        """Take the GPUs of ``inventory`` with these allocatable counts, no state built yet."""
-        self.inventory = inventory
-        self.advertised = advertised
-        self.units = units
-        gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
-        total = [g.memory_total_mib for g in gpus]
-        self.slots = tuple(slot_limits(total, advertised)) if advertised else None
-        if units:
-            addressable = slot_limits(total, units)
-            gpus = [
-                msgspec.structs.replace(g, memory_total_mib=min(g.memory_total_mib, limit))
-                for g, limit in zip(gpus, addressable, strict=True)
-            ]
-        if advertised == 0 or units == 0:
-            # The kubelet's allocatable counts healthy devices: none means every GPU is unusable
-            # now (its device plugin is gone or lists nothing), and a pod bound there would be
-            # rejected at admission.
-            gpus = [msgspec.structs.replace(g, health="unhealthy") for g in gpus]
-        self.gpus = tuple(gpus)
-        index_of = {gpu.uuid: gpu.index for gpu in gpus}
-        self.peers = tuple(
-            tuple(sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of))
-            for gpu in gpus
-        )
-        self.sums = ()
-        self.states = ()
-
-    def holds(
-        self, inventory: NodeInventory | None, advertised: int | None, units: int | None
-    ) -> bool:
-        """Whether this memo's GPUs are those of ``inventory`` with these allocatable counts."""
-        return self.inventory is inventory and self.advertised == advertised and self.units == units
-
-
-def _gpu_states(
-    memo: GpuMemo, bookings: Sequence[Booking], claimed: Sequence[ClaimedGpu] = ()
-) -> tuple[GpuState, ...]:
-    # Per GPU index: [memory, cores, shares, exclusive, holders], one lookup a piece.
-    held: dict[int, list[Any]] = {}
-    pieces: list[tuple[str, BookedSlice | ClaimedGpu]] = [
-        (b.pod_uid, piece) for b in bookings for c in b.containers for piece in c.gpus
-    ]
-    if claimed:
-        pieces += [(f"resourceclaims/{c.claim}", c) for c in claimed]
-    for holder, piece in pieces:
-        acc = held.get(piece.index)
-        if acc is None:
-            held[piece.index] = [
-                piece.memory_mib,
-                piece.core_milli,
-                1,
-                piece.exclusive,
-                {holder},
-            ]
-        else:
-            acc[0] += piece.memory_mib
-            acc[1] += piece.core_milli
-            acc[2] += 1
-            acc[3] = acc[3] or piece.exclusive
-            acc[4].add(holder)
-    slots, peers = memo.slots, memo.peers
-    built_sums, built = memo.sums, memo.states
-    sums_now: list[GpuSums] = []
-    states: list[GpuState] = []
-    for position, gpu in enumerate(memo.gpus):
-        found = held.get(gpu.index)
-        sums: GpuSums = (
-            _NOTHING_HELD
-            if found is None
-            else (found[0], found[1], found[2], found[3], tuple(sorted(found[4])))
-        )
-        if built and built_sums[position] == sums:
-            state = built[position]
-        else:
-            slot = slots[position] if slots is not None else None
-            state = _gpu_state(gpu, sums, slot, peers[position])
-        sums_now.append(sums)
-        states.append(state)
-    memo.sums = tuple(sums_now)
-    memo.states = tuple(states)
-    return memo.states
-
-
-def _gpu_state(
-    gpu: GpuTelemetry,
-    sums: GpuSums,
-    slots: int | None,
-    peers: tuple[int, ...],
-) -> GpuState:
-    reserved, cores, shares, exclusive, holders = sums
-    foreign = max(0, gpu.memory_used_mib - reserved)
-    foreign = -(-foreign // FOREIGN_STEP_MIB) * FOREIGN_STEP_MIB
-    utilization = min(100, max(0, gpu.utilization_pct))
-    return GpuState(
-        index=gpu.index,
-        uuid=gpu.uuid,
-        model=gpu.model,
-        memory_total_mib=gpu.memory_total_mib,
-        memory_reserved_mib=reserved,
-        memory_foreign_mib=foreign,
-        core_milli_reserved=cores,
-        slots_total=slots if slots is not None else 0,
-        slots_reserved=shares if slots is not None else 0,
-        exclusive=exclusive,
-        healthy=gpu.health == "healthy",
-        utilization_pct=utilization // UTILIZATION_STEP_PCT * UTILIZATION_STEP_PCT,
-        numa_node=-1 if gpu.numa_node is None else gpu.numa_node,
-        pci_bus_id=gpu.pci_bus_id,
-        pcie_root=gpu.pcie_root,
-        nvlink_peers=peers,
-        holders=holders,
-    )
 
 
 def node_state(
@@ -431,7 +268,7 @@ def node_state(
         memory_mib_total=memory_total,
         cpu_milli_reserved=other_cpu + cpu_booked,
         memory_mib_reserved=other_memory + memory_booked,
-        gpus=_gpu_states(memo, bookings, foreign_claims(facts, bookings)),
+        gpus=gpu_states(memo, bookings, foreign_claims(facts, bookings)),
         schedulable=placeable,
         gpu_task_kinds=tuple(sorted(kinds.items())),
         labels=facts.labels if facts is not None else {},
