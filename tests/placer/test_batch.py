@@ -11,7 +11,7 @@ from services.placer.core import ranking
 from services.placer.core.batch import FgdBatch, shape_rows
 from services.placer.core.facts import pod_facts
 from services.placer.core.fragmentation import TypicalTask
-from services.placer.core.framework import BATCH_MIN, Profile
+from services.placer.core.framework import BATCH_MIN, CATCH_UP_MIN, Profile
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import NodeState, PodRequest
 from services.placer.core.plugins.groups import GroupFilter
@@ -200,3 +200,33 @@ def test_decisions_judge_a_new_request_together_and_keep_the_shape_rows() -> Non
     assert all(rows.holds(sid) for sid in range(len(nodes)))
     index._compact()
     assert shape_rows(index) is not rows
+
+
+@pytest.mark.parametrize(
+    ("judged_before", "missing", "batched"),
+    [
+        pytest.param(False, BATCH_MIN - 1, False, id="new request, few shapes"),
+        pytest.param(False, BATCH_MIN, True, id="new request, enough shapes"),
+        pytest.param(True, BATCH_MIN, False, id="catching up on few shapes"),
+        pytest.param(True, CATCH_UP_MIN - 1, False, id="catching up, just too few"),
+        pytest.param(True, CATCH_UP_MIN, True, id="catching up on enough shapes"),
+    ],
+)
+def test_a_request_judged_before_catches_up_together_only_on_many_shapes(
+    judged_before: bool, missing: int, batched: bool
+) -> None:
+    """A request never judged takes the batch from BATCH_MIN shapes; one the memo knows
+    already (new shapes since its last decision) from CATCH_UP_MIN. Either way every shape is
+    judged as the scalar plugins judge it."""
+    profile = tessera(DEFAULT_TYPICAL_TASKS)
+    nodes = [node(f"n{i:03d}").gpu(used=i).gpu(used=2 * i).build() for i in range(missing + 1)]
+    index = ClusterIndex(nodes)
+    facts = pod_facts(pod("p").share(150).build())
+    memo = profile.judged(index, facts.request.shape_key())
+    if judged_before:
+        memo[0] = profile.judge(facts, index.shapes[0])
+    sids = list(range(1, len(nodes))) if judged_before else list(range(missing))
+    assert len(sids) == missing
+    found = ranking.judgements(facts, index, profile, sids)
+    assert [shape_rows(index).holds(sid) for sid in sids] == [batched] * missing
+    assert found == {sid: profile.judge(facts, index.shapes[sid]) for sid in sids}

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import random
+
 import msgspec
 import pytest
 
 from services.placer.core.model import RejectionReason
-from services.placer.rules import translate
+from services.placer.rules import gpustates, translate
 from shared.commits import record_of
 from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
+from shared.messages.nodes import ClaimedGpu, NodeFacts
 from shared.messages.pods import ContainerRequest, PlacementHints, PodPending
 from tests.placer import wire
 
@@ -152,7 +156,7 @@ def test_unhealthy_and_gone_gpus_take_no_new_work() -> None:
 def test_logical_devices_are_split_over_gpus_by_memory(
     memories: tuple[int, ...], total: int, expected: list[int]
 ) -> None:
-    assert translate.slot_limits(memories, total) == expected
+    assert gpustates.slot_limits(memories, total) == expected
     assert sum(expected) == (total if memories else 0)
 
 
@@ -228,6 +232,74 @@ def test_facts_count_bound_pods_so_their_cpu_is_not_counted_twice() -> None:
     # facts' 3000 include the bound pod's 2000: others hold 1000, Tessera 2000 + 1000.
     assert counted.cpu_milli_reserved == 1000 + 3000
     assert counted.memory_mib_reserved == 200 + 600
+
+
+def _units(facts: NodeFacts, units: int) -> NodeFacts:
+    return msgspec.structs.replace(facts, extended_allocatable={"tessera.dev/gpu-memory": units})
+
+
+_A, _B = booking("a", (0, 4096, 300)), booking("b", (0, 2048, 200), (1, 1024, 100))
+_WHOLE = booking("c", (2, wire.GPU_MIB, 1000), whole=True)
+_INVENTORY = wire.inventory("n1", 3)
+MEMO_STEPS: list[tuple[str, NodeInventory, NodeFacts, list[Booking]]] = [
+    ("no bookings", _INVENTORY, wire.facts("n1"), []),
+    ("booking added", _INVENTORY, wire.facts("n1"), [_A]),
+    ("booking resized", _INVENTORY, wire.facts("n1"), [booking("a", (0, 2048, 300))]),
+    ("booking added", _INVENTORY, wire.facts("n1"), [_A]),
+    ("another pod, the same amounts", _INVENTORY, wire.facts("n1"), [booking("d", (0, 4096, 300))]),
+    ("slots advertised, one pod", _INVENTORY, wire.facts("n1", slots=6), [_A]),
+    (
+        "the same amounts, two pods",
+        _INVENTORY,
+        wire.facts("n1", slots=6),
+        [booking("e", (0, 2048, 150)), booking("f", (0, 2048, 150))],
+    ),
+    ("booking on two GPUs added", _INVENTORY, wire.facts("n1"), [_A, _B]),
+    ("whole GPU booked", _INVENTORY, wire.facts("n1"), [_A, _B, _WHOLE]),
+    (
+        "the same amounts, not whole",
+        _INVENTORY,
+        wire.facts("n1"),
+        [_A, _B, booking("c", (2, wire.GPU_MIB, 1000))],
+    ),
+    ("booking removed", _INVENTORY, wire.facts("n1"), [_B, _WHOLE]),
+    ("booking written again", _INVENTORY, wire.facts("n1"), [booking("b", (0, 2048, 200))]),
+    ("memory used", wire.inventory("n1", 3, used_mib=(9000, 0, 0)), wire.facts("n1"), [_A]),
+    ("GPU unhealthy", wire.inventory("n1", 3, health={1: "unhealthy"}), wire.facts("n1"), [_A]),
+    ("GPU gone from the inventory", wire.inventory("n1", 2), wire.facts("n1"), [_A]),
+    ("slots advertised", _INVENTORY, wire.facts("n1", slots=6), [_A, _B]),
+    ("no devices advertised", _INVENTORY, wire.facts("n1", slots=0), [_A, _B]),
+    ("memory units", _INVENTORY, _units(wire.facts("n1"), 3 * 8192), [_A]),
+    ("facts changed", _INVENTORY, wire.facts("n1", cpu_milli=8000, labels={"a": "b"}), [_A]),
+    (
+        "foreign claim",
+        _INVENTORY,
+        msgspec.structs.replace(
+            wire.facts("n1"),
+            claimed=(ClaimedGpu(claim="ml/c1", index=1, memory_mib=512, core_milli=100),),
+        ),
+        [_A],
+    ),
+    ("no inventory", None, wire.facts("n1"), [_A]),  # type: ignore[list-item]
+]
+"""Each kind of change a node sees, one after the other."""
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
+def test_the_gpu_memo_derives_the_same_state_after_every_kind_of_change(order: str) -> None:
+    """A node derived again with the memo its earlier states left equals the node derived
+    afresh, whichever change came before (the memo rebuilds only the GPUs that changed)."""
+    steps = list(MEMO_STEPS)
+    if order == "backward":
+        steps.reverse()
+    elif order == "shuffled":
+        random.Random(7).shuffle(steps)
+    memo = gpustates.GpuMemo()
+    for what, inventory, facts, bookings in steps + steps:  # each change seen twice
+        kept = translate.node_state("n1", inventory, facts, bookings, placeable=True, memo=memo)
+        fresh = translate.node_state("n1", inventory, facts, bookings, placeable=True)
+        assert kept == fresh, what
+    assert not gc.is_tracked(memo)  # a placer keeps one per node (tests/shared/test_untracked.py)
 
 
 def test_a_booking_round_trips_through_the_reservation_and_into_the_record() -> None:

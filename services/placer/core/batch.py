@@ -63,10 +63,9 @@ from services.placer.core.plugins.fit import (
     NODE_UNSCHEDULABLE,
     TOO_FEW_ALLOWED,
     UNHEALTHY_GPU,
-    GpuModel,
     NodeFit,
+    by_kind,
 )
-from services.placer.core.plugins.groups import GroupFilter
 from services.placer.core.shape import GpuShape, NodeShape
 
 Ints = npt.NDArray[np.int64]
@@ -85,8 +84,6 @@ AMOUNT_LIMIT: Final = 2**40
 large fits anywhere, and in 64-bit arrays times 1,000 it could overflow (Python's ints do not)."""
 NEAR_INTEGER: Final = 1e-9
 """A score this close to an integer point is taken from the scalar code (see the docstring)."""
-_BY_MODEL_AND_GROUPS: Final = (GpuModel, GroupFilter)
-"""GPU filters that read only ``GpuShape.model`` and ``GpuShape.groups``."""
 
 
 class _Rows:
@@ -580,7 +577,7 @@ def batch_judge(profile: Profile) -> FgdBatch | None:
     if type(score.model) is not FedFragmentation or score.exact:
         return None
     gpu_filters = (*fit.gpu_filters, *score.gpu_filters)
-    if not all(isinstance(f, _BY_MODEL_AND_GROUPS) for f in gpu_filters):
+    if not by_kind(gpu_filters):
         return None
     return FgdBatch(
         fit=fit,

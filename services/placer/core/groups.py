@@ -311,20 +311,22 @@ def annotate(node: NodeState, membership: Membership) -> NodeState:
     node_groups = frozenset(
         name for name, members in membership.groups.items() if node.name in members
     )
-    gpus = tuple(
-        msgspec.structs.replace(
-            gpu,
-            groups=frozenset(
-                name for name in node_groups if gpu.index in membership.groups[name][node.name]
-            ),
+    if not node_groups and not node.groups and not any(gpu.groups for gpu in node.gpus):
+        return node  # no group holds the node (every node, with no groups configured)
+    changed = node_groups != node.groups
+    gpus = []
+    for gpu in node.gpus:
+        groups = frozenset(
+            name for name in node_groups if gpu.index in membership.groups[name][node.name]
         )
-        for gpu in node.gpus
-    )
-    if node_groups == node.groups and all(
-        a.groups == b.groups for a, b in zip(gpus, node.gpus, strict=True)
-    ):
+        if groups != gpu.groups:
+            # Only a GPU whose groups change is copied: the others stay the objects they were.
+            gpu = msgspec.structs.replace(gpu, groups=groups)
+            changed = True
+        gpus.append(gpu)
+    if not changed:
         return node
-    return msgspec.structs.replace(node, groups=node_groups, gpus=gpus)
+    return msgspec.structs.replace(node, groups=node_groups, gpus=tuple(gpus))
 
 
 # -- choice --------------------------------------------------------------------------------------

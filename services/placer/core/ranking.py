@@ -13,6 +13,7 @@ nothing to say about is ranked here, shape by shape.
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 from collections.abc import Collection, Iterable, Iterator
@@ -21,6 +22,7 @@ from services.placer.core.facts import PodFacts
 from services.placer.core.framework import (
     AVOIDED,
     BATCH_MIN,
+    CATCH_UP_MIN,
     Judgement,
     Profile,
     place_on_node,
@@ -102,7 +104,9 @@ class Ranking:
         shapes = cluster.shapes
         judge = profile.judge
         by_total = self._by_total
-        added = 0
+        fit = self._fitting.add
+        added = nodes = 0
+        # Once per decision over every shape of the index: locals only in the loop.
         for sid, ranks in cluster.groups.items():
             value = memo.get(sid)
             if value is None:
@@ -111,8 +115,8 @@ class Ranking:
             if value.__class__ is str:  # why the shape does not fit
                 continue
             total: float = value  # type: ignore[assignment]  # a total: no plugin normalises
-            self._fitting.add(sid)
-            self._nodes += len(ranks)
+            fit(sid)
+            nodes += len(ranks)
             if total != total:  # NaN: it fits, but no comparison makes it the best
                 continue
             level = by_total.get(total)
@@ -120,6 +124,7 @@ class Ranking:
                 by_total[total] = [sid]
             else:
                 level.append(sid)
+        self._nodes += nodes
         cluster.memo_size += added
         if by_total:
             self._top = max(by_total)
@@ -265,11 +270,13 @@ def judge_together(
     sids: Iterable[int],
 ) -> None:
     """Judge the shapes of ``sids`` the memo lacks with the profile's batch judge, when it has
-    one, knows the pod and enough of them are missing (:data:`BATCH_MIN`)."""
+    one, knows the pod and enough of them are missing (:data:`BATCH_MIN`, or
+    :data:`CATCH_UP_MIN` when the memo holds judgements already)."""
     if profile.batch is None:
         return
-    missing = list(dict.fromkeys(sid for sid in sids if sid not in memo))
-    if len(missing) < BATCH_MIN:
+    # Over every shape of the index at each decision: filtered in C, not by a generator.
+    missing = list(dict.fromkeys(itertools.filterfalse(memo.__contains__, sids)))
+    if len(missing) < (CATCH_UP_MIN if memo else BATCH_MIN):
         return
     judged = profile.batch.judge(pod, cluster, missing)
     if judged is not None:

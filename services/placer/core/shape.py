@@ -51,18 +51,28 @@ def gpu_free_milli(gpu: GpuState) -> int:
 
 
 def gpu_shape(gpu: GpuState) -> GpuShape:
+    # GpuState's properties read once each, inline: this runs for every GPU of every node
+    # state the index takes and of every node a decision lands on.
+    memory_total = gpu.memory_total_mib
+    memory_free = gpu.memory_free_mib
+    core_free = gpu.core_milli_free
+    exclusive = gpu.exclusive
+    healthy = gpu.healthy
+    groups = gpu.groups
     return GpuShape(
-        free_milli=gpu_free_milli(gpu),
+        free_milli=free_milli(memory_free, memory_total, core_free)
+        if healthy and not exclusive
+        else 0,
         model=gpu.model,
-        memory_total_mib=gpu.memory_total_mib,
-        memory_free_mib=gpu.memory_free_mib,
-        core_milli_free=gpu.core_milli_free,
+        memory_total_mib=memory_total,
+        memory_free_mib=memory_free,
+        core_milli_free=core_free,
         slots_free=gpu.slots_free,
-        idle=gpu.idle,
-        exclusive=gpu.exclusive,
-        healthy=gpu.healthy,
+        idle=gpu.core_milli_reserved == 0 and gpu.memory_reserved_mib == 0 and not exclusive,
+        exclusive=exclusive,
+        healthy=healthy,
         utilization_pct=gpu.utilization_pct,
-        groups=tuple(sorted(gpu.groups)),
+        groups=tuple(sorted(groups)) if groups else (),
     )
 
 

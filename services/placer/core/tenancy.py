@@ -124,6 +124,10 @@ class Tenancy:
             self.node_labels[node.name] = labels
         for members in self._members.values():
             members.pop(node.name, None)
+        if not self.config.groups and not self.config.permissions:
+            # No group and no tenant's permission (no tenancy file): nothing holds any node,
+            # as resolve would find, at every derive of a node.
+            return annotate(node, Membership())
         mine = resolve(self.config, (node,), node_labels=self.node_labels)
         for group, members in mine.groups.items():
             self._members.setdefault(group, {}).update(members)

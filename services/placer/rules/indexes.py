@@ -30,6 +30,7 @@ from services.placer.core.model import NodeState
 from services.placer.core.tenancy import Tenancy
 from services.placer.rules import translate
 from services.placer.rules.capacity import Capacities, gives_room, signature_of
+from services.placer.rules.gpustates import GpuMemo
 from services.placer.rules.nodes import BookedUsage, NodeEntry, shown
 from services.placer.rules.poolplan import pool_of
 from shared.messages.ledger import Booking
@@ -67,6 +68,8 @@ class NodeIndexes:
         self.grown = 0
         self._signatures = Capacities()
         self._now = 0.0
+        self._gpu_memos: dict[str, GpuMemo] = {}
+        """Per node: what deriving its state last kept of its GPUs (``gpustates.GpuMemo``)."""
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -167,12 +170,16 @@ class NodeIndexes:
         self, name: str, entry: NodeEntry, bookings: tuple[Booking, ...] | list[Booking]
     ) -> NodeState:
         """Node ``name``'s state from ``entry`` with ``bookings`` on it."""
+        memo = self._gpu_memos.get(name)
+        if memo is None:
+            memo = self._gpu_memos[name] = GpuMemo()
         state = translate.node_state(
             name,
             entry.inventory,
             entry.facts,
             bookings,
             placeable=not entry.reason,
+            memo=memo,
         )
         labels = entry.facts.labels if entry.facts is not None else {}
         return self._tenancy.annotate(state, labels=labels)
@@ -194,6 +201,7 @@ class NodeIndexes:
             if pooled and name in self._everywhere:
                 self._everywhere.remove(name)
             self._forget_signature(entry)
+            self._gpu_memos.pop(name, None)
             if not (entry.deleted or entry.ledger or entry.tentative or entry.records):
                 del self._nodes[name]
             return

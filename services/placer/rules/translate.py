@@ -14,7 +14,7 @@ Rules the node translation applies (docs/design.md §3 and §5, issue 10 item 7)
   place of the core's generic "node unschedulable" count.
 - **Foreign memory.** Memory the GPU reports in use beyond what Tessera reserved on it is held by
   processes Tessera did not place, and is not free: ``foreign = used - reserved`` (at least 0),
-  rounded *up* to :data:`FOREIGN_STEP_MIB`, so a GPU's free memory is never more than what it
+  rounded *up* to ``gpustates.FOREIGN_STEP_MIB``, so a GPU's free memory is never more than what it
   reports free. (Tessera pods that have not yet touched their reservation make this an
   underestimate; their reservation is still counted in full.)
 - **Health.** A GPU the inventory reports ``unhealthy`` or ``gone`` takes no new work; what is
@@ -40,14 +40,14 @@ Rules the node translation applies (docs/design.md §3 and §5, issue 10 item 7)
 - **Labels, taints, pods.** A node's labels and taints come from its facts; its pods are the
   facts' pods (those Tessera did not place) and its bookings (those it did, with their labels
   and pod affinity), which is what node-aware rules read (``core/nodeaware.py``).
-- **Live readings.** GPU utilisation is rounded to :data:`UTILIZATION_STEP_PCT` (it only orders
-  GPUs; finer readings would make every node a shape of its own and defeat the shape memo).
+- **Live readings.** GPU utilisation is rounded to ``gpustates.UTILIZATION_STEP_PCT`` (it only
+  orders GPUs; finer readings would make every node a shape of its own and defeat the shape
+  memo).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -57,7 +57,6 @@ from services.placer.core.model import (
     ContainerPlacement,
     ContainerRequest,
     GpuSlice,
-    GpuState,
     NodeState,
     PodOnNode,
     PodRequest,
@@ -65,21 +64,20 @@ from services.placer.core.model import (
     RejectionReason,
     Reservation,
 )
+from services.placer.rules.gpustates import GpuMemo, gpu_states
 from shared import annotations as names
 from shared.commits import record_of
 from shared.dra.claims import ClaimPlan, claim_of_container, plan_claims
 from shared.dra.devices import DEFAULT_POLICY, DRA_API, NODE_API_LABEL
 from shared.messages.assignments import AssignmentRecord, settled
 from shared.messages.constraints import Constraints
-from shared.messages.inventory import GpuTelemetry, NodeInventory
+from shared.messages.inventory import NodeInventory
 from shared.messages.ledger import BookedContainer, BookedSlice, Booking
 from shared.messages.nodes import ClaimedGpu, NodeFacts
 from shared.messages.placement import PlacementRejected
 from shared.messages.placement import RejectionReason as WireReason
 from shared.messages.pods import PodPending, PodRestore
 
-FOREIGN_STEP_MIB = 256
-UTILIZATION_STEP_PCT = 10
 GPU_RESOURCE = names.GPU
 GPU_MEMORY_RESOURCE = names.GPU_MEMORY
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -215,26 +213,6 @@ def placement_reason(
     return ""
 
 
-def slot_limits(memory_mib: Sequence[int], total: int) -> list[int]:
-    """``total`` logical devices split over GPUs of ``memory_mib`` (largest remainder)."""
-    if not memory_mib:
-        return []
-    weights = [max(1, m) for m in memory_mib]
-    whole = sum(weights)
-    exact = [total * w / whole for w in weights]
-    slots = [math.floor(x) for x in exact]
-    left = total - sum(slots)
-    by_remainder = sorted(range(len(exact)), key=lambda i: (slots[i] - exact[i], i))
-    for i in by_remainder[:left]:
-        slots[i] += 1
-    return slots
-
-
-def _slices(booking: Booking) -> Iterable[BookedSlice]:
-    for container in booking.containers:
-        yield from container.gpus
-
-
 def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list[ClaimedGpu]:
     """What claims allocated by another allocator hold on the node (``NodeFacts.claimed``),
     less any claim a booking here holds already (a claim Tessera allocated, its pod just gone
@@ -250,61 +228,6 @@ def foreign_claims(facts: NodeFacts | None, bookings: Sequence[Booking]) -> list
     return [gpu for gpu in facts.claimed if gpu.claim not in booked]
 
 
-def _gpu_states(
-    gpus: Sequence[GpuTelemetry],
-    bookings: Sequence[Booking],
-    slots: Sequence[int] | None,
-    claimed: Sequence[ClaimedGpu] = (),
-) -> tuple[GpuState, ...]:
-    memory: dict[int, int] = {}
-    cores: dict[int, int] = {}
-    shares: dict[int, int] = {}
-    exclusive: set[int] = set()
-    holders: dict[int, set[str]] = {}
-    pieces: list[tuple[str, BookedSlice | ClaimedGpu]] = [
-        (b.pod_uid, piece) for b in bookings for piece in _slices(b)
-    ]
-    pieces += [(f"resourceclaims/{c.claim}", c) for c in claimed]
-    for holder, piece in pieces:
-        memory[piece.index] = memory.get(piece.index, 0) + piece.memory_mib
-        cores[piece.index] = cores.get(piece.index, 0) + piece.core_milli
-        shares[piece.index] = shares.get(piece.index, 0) + 1
-        holders.setdefault(piece.index, set()).add(holder)
-        if piece.exclusive:
-            exclusive.add(piece.index)
-    index_of = {gpu.uuid: gpu.index for gpu in gpus}
-    states = []
-    for position, gpu in enumerate(gpus):
-        reserved = memory.get(gpu.index, 0)
-        foreign = max(0, gpu.memory_used_mib - reserved)
-        foreign = -(-foreign // FOREIGN_STEP_MIB) * FOREIGN_STEP_MIB
-        utilization = min(100, max(0, gpu.utilization_pct))
-        states.append(
-            GpuState(
-                index=gpu.index,
-                uuid=gpu.uuid,
-                model=gpu.model,
-                memory_total_mib=gpu.memory_total_mib,
-                memory_reserved_mib=reserved,
-                memory_foreign_mib=foreign,
-                core_milli_reserved=cores.get(gpu.index, 0),
-                slots_total=slots[position] if slots is not None else 0,
-                slots_reserved=shares.get(gpu.index, 0) if slots is not None else 0,
-                exclusive=gpu.index in exclusive,
-                healthy=gpu.health == "healthy",
-                utilization_pct=utilization // UTILIZATION_STEP_PCT * UTILIZATION_STEP_PCT,
-                numa_node=-1 if gpu.numa_node is None else gpu.numa_node,
-                pci_bus_id=gpu.pci_bus_id,
-                pcie_root=gpu.pcie_root,
-                nvlink_peers=tuple(
-                    sorted(index_of[peer] for peer in gpu.nvlink_peers if peer in index_of)
-                ),
-                holders=tuple(sorted(holders.get(gpu.index, ()))),
-            )
-        )
-    return tuple(states)
-
-
 def node_state(
     name: str,
     inventory: NodeInventory | None,
@@ -312,26 +235,20 @@ def node_state(
     bookings: Sequence[Booking],
     *,
     placeable: bool,
+    memo: GpuMemo | None = None,
 ) -> NodeState:
     """The core's state of node ``name`` (see the module docstring for each rule).
 
-    ``placeable``: :func:`placement_reason` found nothing against the node.
+    ``placeable``: :func:`placement_reason` found nothing against the node. ``memo``: what the
+    last call for this node kept (:class:`GpuMemo`); it is brought up to date. The state is the
+    same with or without it.
     """
-    gpus = sorted(inventory.gpus, key=lambda g: (g.index, g.uuid)) if inventory else []
     advertised = facts.extended_allocatable.get(GPU_RESOURCE) if facts else None
-    slots = slot_limits([g.memory_total_mib for g in gpus], advertised) if advertised else None
     units = facts.extended_allocatable.get(GPU_MEMORY_RESOURCE) if facts else None
-    if units:
-        addressable = slot_limits([g.memory_total_mib for g in gpus], units)
-        gpus = [
-            msgspec.structs.replace(g, memory_total_mib=min(g.memory_total_mib, limit))
-            for g, limit in zip(gpus, addressable, strict=True)
-        ]
-    if advertised == 0 or units == 0:
-        # The kubelet's allocatable counts healthy devices: none means every GPU is unusable
-        # now (its device plugin is gone or lists nothing), and a pod bound there would be
-        # rejected at admission.
-        gpus = [msgspec.structs.replace(g, health="unhealthy") for g in gpus]
+    if memo is None:
+        memo = GpuMemo()
+    if not memo.holds(inventory, advertised, units):
+        memo.reset(inventory, advertised, units)
     cpu_booked = sum(b.cpu_milli for b in bookings)
     memory_booked = sum(b.memory_mib for b in bookings)
     if facts is not None:
@@ -351,7 +268,7 @@ def node_state(
         memory_mib_total=memory_total,
         cpu_milli_reserved=other_cpu + cpu_booked,
         memory_mib_reserved=other_memory + memory_booked,
-        gpus=_gpu_states(gpus, bookings, slots, foreign_claims(facts, bookings)),
+        gpus=gpu_states(memo, bookings, foreign_claims(facts, bookings)),
         schedulable=placeable,
         gpu_task_kinds=tuple(sorted(kinds.items())),
         labels=facts.labels if facts is not None else {},

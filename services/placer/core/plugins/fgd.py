@@ -17,6 +17,7 @@ from services.placer.core.facts import PodFacts
 from services.placer.core.fragmentation import FILL_TIE, FragmentationModel
 from services.placer.core.framework import GpuFilter, gpu_admitted
 from services.placer.core.model import GPU_MILLI
+from services.placer.core.plugins.fit import admitted_gpus, by_kind
 from services.placer.core.plugins.gpu_choice import sigmoid
 from services.placer.core.search import assign, share_fits
 from services.placer.core.shape import GpuShape, NodeShape
@@ -44,6 +45,7 @@ class FgdScore:
         self.step = step
         self.fill_waste = fill_waste
         self.name = name
+        self._by_kind = by_kind(self.gpu_filters)
 
     def _value(self, delta: float) -> float:
         value = 100.0 * sigmoid(delta / 1000.0)
@@ -60,13 +62,28 @@ class FgdScore:
         if pod.fractional:
             ask = pod.asks[0]
             best: float | None = None
-            seen: GpuShape | None = None
+            previous: GpuShape | None = None
+            filters, by_kind = self.gpu_filters, self._by_kind
+            kind: tuple[str, tuple[str, ...]] | None = None
+            kind_admitted = True
             for i, gpu in enumerate(shape.gpus):
-                if gpu == seen or not share_fits(ask, gpu):
+                # A GPU equal to the one before it (the shape's GPUs are sorted) scores the
+                # same, wherever the share goes: only the first of them is judged.
+                if gpu == previous:
                     continue
-                if self.gpu_filters and not gpu_admitted(pod, gpu, self.gpu_filters):
+                previous = gpu
+                if not share_fits(ask, gpu):
                     continue
-                seen = gpu
+                if filters:
+                    if not by_kind:
+                        if not gpu_admitted(pod, gpu, filters):
+                            continue
+                    else:
+                        if (gpu.model, gpu.groups) != kind:
+                            kind = (gpu.model, gpu.groups)
+                            kind_admitted = gpu_admitted(pod, gpu, filters)
+                        if not kind_admitted:
+                            continue
                 after = list(free)
                 after[i] = max(0, after[i] - ask.milli_on(gpu.memory_total_mib))
                 value = self._value(
@@ -79,7 +96,7 @@ class FgdScore:
             return 0.0 if best is None else best
         after = list(free)
         if pod.asks:
-            admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
+            admitted = admitted_gpus(pod, shape.gpus, self.gpu_filters, self._by_kind)
             positions = assign(pod.asks, shape.gpus, admitted) or ()
             flat = [ask for ask in pod.asks for _ in range(ask.shares)]
             for ask, i in zip(flat, positions, strict=False):

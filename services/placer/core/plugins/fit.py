@@ -14,9 +14,11 @@ processes Tessera did not place counts as used.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from services.placer.core.facts import PodFacts
 from services.placer.core.framework import GpuFilter, gpu_admitted
+from services.placer.core.plugins.groups import GroupFilter
 from services.placer.core.search import assign, share_fits
 from services.placer.core.shape import GpuShape, NodeShape
 
@@ -44,6 +46,34 @@ class GpuModel:
         return pod.request.allows_model(gpu.model)
 
 
+BY_MODEL_AND_GROUPS: Final = (GpuModel, GroupFilter)
+"""GPU filters that read only ``GpuShape.model`` and ``GpuShape.groups``: a GPU's admission is
+its model's and groups' (the GPUs of a node mostly share both)."""
+
+
+def by_kind(gpu_filters: Sequence[GpuFilter]) -> bool:
+    """Whether every one of ``gpu_filters`` reads only a GPU's model and groups."""
+    return all(isinstance(f, BY_MODEL_AND_GROUPS) for f in gpu_filters)
+
+
+def admitted_gpus(
+    pod: PodFacts, gpus: Sequence[GpuShape], gpu_filters: Sequence[GpuFilter], kinds: bool
+) -> list[bool]:
+    """:func:`gpu_admitted` of each of ``gpus``; with ``kinds`` (:func:`by_kind`), asked once
+    per model and groups."""
+    if not kinds:
+        return [gpu_admitted(pod, g, gpu_filters) for g in gpus]
+    known: dict[tuple[str, tuple[str, ...]], bool] = {}
+    admitted = []
+    for gpu in gpus:
+        kind = (gpu.model, gpu.groups)
+        ok = known.get(kind)
+        if ok is None:
+            ok = known[kind] = gpu_admitted(pod, gpu, gpu_filters)
+        admitted.append(ok)
+    return admitted
+
+
 class NodeFit:
     """The built-in filter: schedulable, CPU, memory and GPU fit (see the module docstring)."""
 
@@ -51,6 +81,7 @@ class NodeFit:
 
     def __init__(self, gpu_filters: Sequence[GpuFilter] = ()) -> None:
         self.gpu_filters = tuple(gpu_filters)
+        self._by_kind = by_kind(self.gpu_filters)
 
     def filter(self, pod: PodFacts, shape: NodeShape) -> str | None:
         if not shape.schedulable:
@@ -63,13 +94,15 @@ class NodeFit:
             return None
         if len(pod.asks) == 1 and pod.asks[0].shares == 1:
             ask = pod.asks[0]
-            # Capacity first: it rules most GPUs out and costs less than the GPU filters.
-            for gpu in shape.gpus:
+            # Capacity first: it rules most GPUs out and costs less than the GPU filters. The
+            # most free GPU first (the shape's are least free first): any one will do, and it
+            # is the likeliest to fit (a whole GPU needs an idle one).
+            for gpu in reversed(shape.gpus):
                 if share_fits(ask, gpu) and gpu_admitted(pod, gpu, self.gpu_filters):
                     return None
-            admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
+            admitted = admitted_gpus(pod, shape.gpus, self.gpu_filters, self._by_kind)
         else:
-            admitted = [gpu_admitted(pod, g, self.gpu_filters) for g in shape.gpus]
+            admitted = admitted_gpus(pod, shape.gpus, self.gpu_filters, self._by_kind)
             if assign(pod.asks, shape.gpus, admitted) is not None:
                 return None
         return self._why_not(pod, shape, admitted)
