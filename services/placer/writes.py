@@ -105,7 +105,15 @@ class Store(KvWrites):
         attempted: int | None = None  # the node's revision the last write was guarded at
         failures = 0
         while True:
-            committed, now = self._view.committed_state(node), self._clock.now()
+            now = self._clock.now()
+            # The node's state is derived only when a booking of the batch is still to be
+            # checked: a retry whose bookings all landed (the claim's turn) needs none.
+            held = commit.booked_pods(ledger.value)
+            committed = (
+                self._view.committed_state(node)
+                if any(b.pod_uid not in held for b in batch)
+                else None
+            )
             if self._claims_with_bookings:
                 read = {uid: entry.value for uid, entry in claims.items()}
                 written, claimed, refused = commit.book_and_claim(

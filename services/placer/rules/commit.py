@@ -82,6 +82,11 @@ def booking_in(ledger: NodeLedger | None, pod_uid: str) -> Booking | None:
     return next((b for b in ledger.bookings if b.pod_uid == pod_uid), None)
 
 
+def booked_pods(ledger: NodeLedger | None) -> set[str]:
+    """The pods the ledger's node holds a booking of."""
+    return {b.pod_uid for b in ledger.bookings} if ledger is not None else set()
+
+
 def check_booking(committed: NodeState, booking: Booking) -> str:
     """Empty when ``booking`` fits on the node as the ledger holds it, else why it does not."""
     booked = book(committed, reservation_of(booking))
@@ -152,7 +157,7 @@ def added_bookings(ledger: NodeLedger | None, written: NodeLedger | None) -> lis
     what is left to write, each to its own key."""
     if written is None:
         return []
-    held = {b.pod_uid for b in (ledger.bookings if ledger else ())}
+    held = booked_pods(ledger)
     return [b for b in written.bookings if b.pod_uid not in held]
 
 

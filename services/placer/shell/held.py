@@ -88,6 +88,10 @@ class Held:
         self.direct: list[HeldPod] = []
         """Pods the queue refused to order (invalid): decided at once, to be rejected."""
         self.outcomes: OrderedDict[str, Outcome] = OrderedDict()
+        self._pending_shown: dict[str, int] = {}
+        depth = shell.metrics.queue_depth
+        self._depth_waiting = depth.labels(stage="waiting")
+        self._depth_deciding = depth.labels(stage="deciding")
 
     def enqueue(self, item: HeldPod) -> None:
         """Queue ``item`` to be decided (again)."""
@@ -272,8 +276,12 @@ class Held:
             outcome = self.outcomes.get(item.pod.uid)
             reason = outcome.reasons[0][0] if outcome and outcome.reasons else "unknown"
             by_reason[reason] = by_reason.get(reason, 0) + 1
-        metrics.pending.clear()
-        for reason, count in by_reason.items():
-            metrics.pending.labels(reason=reason).set(count)
-        metrics.queue_depth.labels(stage="waiting").set(len(self.waiting))
-        metrics.queue_depth.labels(stage="deciding").set(len(self.items) - len(self.waiting))
+        # Set again only when it changed: the retry loop counts at every change of the view,
+        # hundreds of times a second under a steady stream of pods, nearly always none waiting.
+        if by_reason != self._pending_shown:
+            metrics.pending.clear()
+            for reason, count in by_reason.items():
+                metrics.pending.labels(reason=reason).set(count)
+            self._pending_shown = by_reason
+        self._depth_waiting.set(len(self.waiting))
+        self._depth_deciding.set(len(self.items) - len(self.waiting))
