@@ -5,8 +5,8 @@
 A :class:`~services.placer.rules.state.ClusterView` of ``--nodes`` nodes of ``--gpus`` GPUs (the
 inventory and node facts ``placer_service.py`` writes), then ``--pods`` of its pods one by one,
 each as the service handles it minus the I/O: decided (``decider.decide`` with the service's
-profile), booked tentatively, the node's committed state derived twice (what a commit checks
-and writes), then the booking committed into the ledger; ``--hand-off`` pods later (a quarter
+profile), booked tentatively, the node's committed state derived (what a commit checks its
+booking on), then the booking committed into the ledger; ``--hand-off`` pods later (a quarter
 of a second at 250 pods a second) its record is written ``allocated``, as the binder and the
 device plugin would, which takes it off its node's queue. Each booking's claim is taken into
 the view as the ledger watch takes it, so the task mix is learned, and every five seconds of
@@ -88,11 +88,16 @@ class Compiler:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--pods", type=int, default=5500)
-    parser.add_argument("--hand-off", type=int, default=60)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=1000, help="nodes in the view")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    parser.add_argument("--pods", type=int, default=5500, help="pods decided, one by one")
+    parser.add_argument(
+        "--hand-off",
+        type=int,
+        default=60,
+        help="pods after its decision that a pod's record is written allocated",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the pods drawn")
     args = parser.parse_args()
     view = ClusterView(inventory_stale_s=1e9, task_mix_window=1000)
     for i in range(args.nodes):
@@ -126,7 +131,6 @@ def main() -> None:
             reservation, pending, tenant="bench", commit=f"c{n}", decided_at=now, placer_id="p"
         )
         view.add_tentative(booking)
-        view.committed_state(booking.node)
         view.committed_state(booking.node)
         view.set_booking(booking.node, booking.pod_uid, booking, n + 1)
         claim = PodClaim(pod_uid=booking.pod_uid, state="placed", booking=booking, updated_at=now)
