@@ -15,6 +15,7 @@ import pytest_asyncio
 
 from tessera.up.spec import plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
+from tests.e2e.helpers import started
 
 NODES = (
     "a100-1=4xA100-80GB,"
@@ -39,7 +40,7 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loca
     run_dir: Path = tmp_path_factory.mktemp("e2e")
     tenancy = run_dir / "tenancy.json"
     tenancy.write_text(json.dumps(TENANCY))
-    local = LocalSystem(
+    async with started(
         SystemOptions(
             nodes=plan_nodes(NODES),
             run_dir=run_dir,
@@ -49,12 +50,5 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loca
             tenancy_file=str(tenancy),
             ready_timeout_s=150.0,
         )
-    )
-    await local.start()
-    try:
+    ) as local:
         yield local
-    finally:
-        await local.stop()
-    # Every service did its job within its NATS permissions (one identity each, per node for
-    # the device plugins and inventories): the server refused nothing.
-    assert local.bus_violations() == []

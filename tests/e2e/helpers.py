@@ -8,7 +8,7 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from shared.runtime.bus import Bus
 from tessera.devcluster.resources import POD, ApiError
 from tessera.up import report
 from tessera.up.command import pod_state
-from tessera.up.system import LocalSystem
+from tessera.up.system import LocalSystem, SystemOptions
 from tests.harness.wait import eventually
 
 Obj = dict[str, Any]
@@ -27,6 +27,20 @@ Obj = dict[str, Any]
 
 until = functools.partial(eventually, timeout=60.0, interval=0.1)
 """Poll ``condition`` until it is truthy; its value."""
+
+
+@contextlib.asynccontextmanager
+async def started(options: SystemOptions) -> AsyncIterator[LocalSystem]:
+    """The whole system of ``options``, started; stopped on the way out, and then checked: every
+    service did its job within its NATS permissions (one identity each, per node for the device
+    plugins and inventories), the server refused nothing."""
+    local = LocalSystem(options)
+    await local.start()
+    try:
+        yield local
+    finally:
+        await local.stop()
+    assert local.bus_violations() == []
 
 
 def pods_of(system: LocalSystem, namespace: str) -> list[Obj]:

@@ -37,6 +37,7 @@ from tests.e2e.helpers import (
     phase,
     pods_of,
     settle,
+    started,
     until,
 )
 
@@ -72,7 +73,7 @@ async def dra(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSy
             }
         )
     )
-    local = LocalSystem(
+    async with started(
         SystemOptions(
             nodes=plan_nodes(NODES),
             run_dir=run_dir,
@@ -85,13 +86,8 @@ async def dra(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSy
             inventory_args=("--health-probe-period-s", "3600"),
             ready_timeout_s=150.0,
         )
-    )
-    await local.start()
-    try:
+    ) as local:
         yield local
-    finally:
-        await local.stop()
-    assert local.bus_violations() == []
 
 
 def submit(system: LocalSystem, namespace: str, objects: Sequence[Obj]) -> None:

@@ -19,7 +19,7 @@ from tessera.devcluster.resources import POD, RESOURCE_CLAIM
 from tessera.up.spec import plan_nodes
 from tessera.up.system import LocalSystem, SystemOptions
 from tests.devcluster.test_kubectl import kubectl
-from tests.e2e.helpers import pending_message, phase, until
+from tests.e2e.helpers import pending_message, phase, started, until
 from tests.test_readme_dra import dra_manifests
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(240)]
@@ -32,7 +32,7 @@ MERGE = "application/merge-patch+json"
 @pytest_asyncio.fixture(scope="module", loop_scope="package")
 async def system(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalSystem]:
     run_dir: Path = tmp_path_factory.mktemp("e2e-dra-admission")
-    local = LocalSystem(
+    async with started(
         SystemOptions(
             nodes=plan_nodes(f"{NODE}=1xA100-80GB:api=dra"),
             run_dir=run_dir,
@@ -41,13 +41,8 @@ async def system(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loca
             webhook=True,
             ready_timeout_s=150.0,
         )
-    )
-    await local.start()
-    try:
+    ) as local:
         yield local
-    finally:
-        await local.stop()
-    assert local.bus_violations() == []
 
 
 def readme(pod_name: str, scheduler: str | None = None) -> str:

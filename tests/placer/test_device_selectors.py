@@ -184,6 +184,19 @@ def chosen(pod: PodRequest) -> tuple[str, list[int]] | str:
     return outcome.node, [g.index for c in outcome.reservation.containers for g in c.gpus]
 
 
+def pending_with(*selectors: str) -> PodRequest:
+    """The placer's request for :func:`claim_pending`'s pod, its claim's request with
+    ``selectors`` (the path a pod's claims take from the binder to the decision)."""
+    pending = claim_pending("cp")
+    claim = pending.claims[0]
+    request = msgspec.structs.replace(claim.requests[0], selectors=selectors)
+    return translate.pod_request(
+        msgspec.structs.replace(
+            pending, claims=(msgspec.structs.replace(claim, requests=(request,)),)
+        )
+    )
+
+
 def test_the_placer_chooses_only_gpus_that_meet_per_gpu_selectors() -> None:
     assert chosen(claim_pod(f"{T}.memoryMiB >= 80000")) == ("big", [0])
     assert chosen(claim_pod(f"{T}.index == 3")) == ("small", [3])
@@ -245,14 +258,7 @@ def test_the_placer_reads_each_gpus_attributes_from_its_inventory() -> None:
         view.set_facts(wire.facts(name, labels=DRA_LABELS, at=NOW))
     view.finish_load(NOW)
     selector = f'{K}.pcieRoot == "pci0000:80" && {K}.numaNode == 1'
-    pending = claim_pending("cp")
-    claim = pending.claims[0]
-    request = msgspec.structs.replace(claim.requests[0], selectors=(selector,))
-    pod = translate.pod_request(
-        msgspec.structs.replace(
-            pending, claims=(msgspec.structs.replace(claim, requests=(request,)),)
-        )
-    )
+    pod = pending_with(selector)
     placed = decider.decide(view, PROFILE, pod, now=NOW)
     assert isinstance(placed, Decision) and placed.node == "n2"
     assert [g.index for c in placed.reservation.containers for g in c.gpus] == [1]
@@ -291,15 +297,7 @@ def test_a_model_selector_no_gpu_model_meets_is_named_in_the_pending_reason() ->
     for name in ("a", "b"):
         view.set_facts(wire.facts(name, labels=DRA_LABELS, at=NOW))
     wanted = f'{T}.model.startsWith("B200")'
-    pending = claim_pending("cp")
-    claim = pending.claims[0]
-    request = msgspec.structs.replace(claim.requests[0], selectors=(wanted,))
-    pod = translate.pod_request(
-        msgspec.structs.replace(
-            pending, claims=(msgspec.structs.replace(claim, requests=(request,)),)
-        )
-    )
-    waiting = decider.decide(view, PROFILE, pod, now=NOW)
+    waiting = decider.decide(view, PROFILE, pending_with(wanted), now=NOW)
     assert isinstance(waiting, decider.Waiting)
     assert [(r.reason, r.nodes) for r in waiting.rejection.reasons] == [
         (
@@ -308,15 +306,5 @@ def test_a_model_selector_no_gpu_model_meets_is_named_in_the_pending_reason() ->
             2,
         )
     ]
-    met = msgspec.structs.replace(request, selectors=(f'{T}.model.startsWith("A1")',))
-    placed = decider.decide(
-        view,
-        PROFILE,
-        translate.pod_request(
-            msgspec.structs.replace(
-                pending, claims=(msgspec.structs.replace(claim, requests=(met,)),)
-            )
-        ),
-        now=NOW,
-    )
+    placed = decider.decide(view, PROFILE, pending_with(f'{T}.model.startsWith("A1")'), now=NOW)
     assert isinstance(placed, Decision)
