@@ -27,12 +27,13 @@ BUCKETS = ("inventory", "nodes", "ledger", "claims", "records", "tenants", "wait
 """Every bucket a replica loads before it is ready."""
 
 POOLED_BATCH_S = 0.1
-"""With node pools, the ledger and the records are watched in batches this far apart
-(``Bus.kv_watch``): most of their changes are other replicas' writes on nodes this replica does
-not decide on, and a replica woken for each of them paid about 150 us of CPU a wake-up on a
-machine with more processes than cores (``benchmarks/RESULTS.md``). What it decides on stays
-exact: a booking is a compare-and-set, and one that lost reads the entry afresh. Claims are
-still sent as they are written: one tells a replica at once that a pod it holds was placed."""
+"""With node pools, the ledger, the claims and the records are watched in batches this far apart
+(``Bus.kv_watch``): most of their changes are other replicas' writes on nodes and pods this
+replica does not decide on, and a replica woken for each of them paid about 150 us of CPU a
+wake-up on a machine with more processes than cores (``benchmarks/RESULTS.md``). What it decides
+on stays exact: a booking is a compare-and-set, and one that lost reads the entry afresh; a
+claim is create-only, so a waiting pod another replica placed in the last batch's time, if
+decided here again, loses its claim and gives its booking back."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Watches:
                 "claims",
                 lambda: {subjects.claim_key(uid) for uid in view.claims},
                 lambda key: view.forget_claim(subjects.claim_uid(key)),
+                batch_s=batch_s,
                 keys=subjects.CLAIM_KEYS,
             ),
             _Follow(
