@@ -145,6 +145,52 @@ async def test_pods_spread_over_three_consumers_are_handed_over_as_they_come(
     await publisher.drain()
 
 
+async def test_a_steady_stream_costs_one_pull_a_batch_not_one_a_pod(
+    nats_server: NatsServer,
+) -> None:
+    """A placer at 250 pods/s sent a pull for nearly every pod (and heard "nothing there" to
+    many): two of its seven messages a pod. A pull that brought a message stays for the next
+    ones, so pods streamed in one by one cost one pull a batch, and each is still handed over
+    as it comes. The pulls are counted as the server gets them, on their subject."""
+    publisher = await NatsBus.connect(nats_server.url, name="publisher")
+    worker = await NatsBus.connect(nats_server.url, name="placer")
+    consumer = await worker.pull_consumer(
+        stream=subjects.STREAM_PODS, durable="steady", subject=subjects.PODS_PENDING
+    )
+    observer = await nats.connect(nats_server.url, name="observer")
+    pulls: list[bytes] = []
+
+    async def count(msg: NatsMsg) -> None:
+        pulls.append(msg.data)
+
+    await observer.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM_PODS}.steady", cb=count)
+    await observer.flush()
+    loop = asyncio.get_running_loop()
+    sent: dict[bytes, float] = {}
+    waited: list[float] = []
+    pods, batch = 100, 16
+
+    async def take() -> None:
+        while len(waited) < pods:
+            for delivery in await consumer.fetch(batch, timeout=1.0):
+                waited.append(loop.time() - sent[delivery.data])
+                await delivery.ack()
+
+    taking = asyncio.create_task(take())
+    for n in range(pods):
+        sent[f"pod-{n}".encode()] = loop.time()
+        await publisher.js_publish(subjects.PODS_PENDING, f"pod-{n}".encode())
+        await asyncio.sleep(0.004)
+    await asyncio.wait_for(taking, timeout=20)
+    # A probe and a pull of one before the first pod, then a pull a batch (and one more for
+    # each pull that expired on a slow machine); a pull a pod was over a hundred.
+    assert len(pulls) <= 2 + pods // batch + 3, pulls
+    assert sorted(waited)[pods * 9 // 10] < 0.01, "pods were held before being handed over"
+    await observer.close()
+    await worker.drain()
+    await publisher.drain()
+
+
 async def test_durable_consumer_redelivers_unacked_then_resumes_after_restart(
     nats_server: NatsServer,
 ) -> None:
@@ -925,8 +971,8 @@ async def test_a_consumer_attached_again_in_vain_keeps_delivering_once_it_is_bac
             consumer = await attach(worker)
             await admin._js.delete_consumer(subjects.STREAM_PODS, "elected")
             await admin.js_publish(subjects.PODS_PENDING, b"pod")
-            with pytest.raises(TimeoutError):  # no responder, and the worker cannot create it
-                await consumer.fetch(1, timeout=1.0)
+            with pytest.raises(BusUnavailableError, match="elected cannot be attached now"):
+                await consumer.fetch(1, timeout=1.0)  # no responder; the worker cannot create it
             await attach(admin)  # the consumer's leader is elected
             delivered: list[bytes] = []
             for _ in range(5):

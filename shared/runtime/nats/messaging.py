@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
 
 import nats.errors
 import nats.js.errors
@@ -26,8 +27,10 @@ from shared.runtime.bus import (
 from shared.runtime.nats.connection import log
 from shared.runtime.nats.store import _DISCONNECTED, _MISSING, NatsStore, unavailable
 
-GATHER_S: Final = 0.05
-"""How long a pull of several messages waits for them (``_NatsPullConsumer._pull``)."""
+PROBE_ANSWER_S = 1.0
+"""How long the server's answer to a pull that does not wait (``no_wait``) is waited for."""
+_Attach = Callable[[], Awaitable[None]]
+"""Attach a durable consumer again (create it when the server has none)."""
 
 # Errors that only mean the subscription or connection is already gone.
 _GONE = (
@@ -69,65 +72,143 @@ class _NatsSubscription:
 
 
 class _NatsPullConsumer:
-    """A durable pull consumer, attached again when the server no longer has it (or its
-    stream): the placers' and the binder's work must go on after NATS lost its store.
+    """A durable pull consumer, read through pulls that outlive one fetch.
 
-    The subscription is replaced only once its successor is attached. Attaching again fails
-    while a cluster elects the consumer's leader (the server answers the pull with "no
-    responders" meanwhile); a subscription dropped before that left every later pull request
-    with a reply subject nobody listened on, which the server discards, so the consumer never
-    delivered again: a placer took no pod after one of three servers was killed.
+    A fetch hands over each message as it comes: the first one ends it. How it asks:
+
+    - after a quiet spell, first for what is there, up to the batch, without waiting;
+    - then, if nothing was there, for the next message, one only;
+    - while messages come, for a batch that stays for the next ones: it lasts the fetch's
+      timeout, and what it brings after a fetch ended waits for the next fetch, which asks the
+      server again only once that pull was answered in full, expired or was refused.
+
+    So a steady stream of pods costs one pull a batch, not one or two a pod (the pull, and the
+    server's "nothing there" to it), and a fetch never takes more than its batch. The server
+    takes turns among the pulls waiting on one durable: when a burst comes after a quiet spell,
+    each waiting replica takes one pod and the first to ask again takes all there is, so a small
+    burst is decided in order by one replica rather than dealt out pod by pod to replicas that
+    decide at once on views without each other's choices (two replicas dealt a node's four
+    slices and a two-GPU claim packed the slices onto two GPUs, leaving the claim no pair).
+
+    Replies come to this consumer's own inbox, a subscription kept for its lifetime, each pull's
+    statuses to a subject of its own, so a late status of an expired pull ends nothing (messages
+    come with their own subject and count against the last pull: one that came late only makes
+    the next pull come sooner).
+
+    The consumer is attached again when the server says it is gone (with its stream, when NATS
+    lost its store): the placers' and the binder's work must go on. While a cluster elects the
+    consumer's leader, attaching again fails; the inbox stays, so the consumer delivers again
+    as soon as it is back (a subscription dropped before its successor was attached once left
+    every later pull unheard, and a placer took no pod after one of three servers was killed).
     """
 
-    def __init__(
-        self, sub: Any, attach: Callable[[], Awaitable[Any]], restore: Callable[[], Awaitable[None]]
-    ) -> None:
-        self._sub = sub
+    def __init__(self, nc: NatsClient, inbox: str, next_subject: str, attach: _Attach) -> None:
+        self._nc = nc
+        self._inbox = inbox
+        self._next_subject = next_subject
         self._attach = attach
-        self._restore = restore
+        self._sub: NatsSubscription | None = None
+        self._arrived: deque[NatsMsg] = deque()
+        self._changed = asyncio.Event()
+        self._pulls = 0
+        """How many pulls were sent: the last one's replies come to ``<inbox>.<pulls>``."""
+        self._left = 0
+        """How many messages the last pull may still bring (0: it is over)."""
+        self._until = 0.0
+        """When the last pull expires (the loop's clock): over then, answered or not (a pull
+        is lost with the connection)."""
+        self._missing = False
+        """The server said the consumer is gone: attach it again before the next pull."""
+        self._brought = False
+        """Whether the last pull brought a message (messages are coming)."""
+        self._refused = ""
+        """Why the server refused the last pull (the fetch that waits on it raises it)."""
+
+    @classmethod
+    async def start(
+        cls, nc: NatsClient, *, stream: str, durable: str, attach: _Attach
+    ) -> _NatsPullConsumer:
+        inbox = nc.new_inbox()
+        consumer = cls(nc, inbox, f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}", attach)
+        consumer._sub = await nc.subscribe(f"{inbox}.*", cb=consumer._take)
+        return consumer
+
+    async def _take(self, msg: NatsMsg) -> None:
+        status = (msg.headers or {}).get(js_api.Header.STATUS)
+        if status is None:  # a message comes with its own subject: counted to the last pull
+            self._arrived.append(msg)
+            self._left -= 1
+            self._brought = True
+        elif status == "100":  # a heartbeat (none is asked for)
+            return
+        elif msg.subject == f"{self._inbox}.{self._pulls}":
+            # 404/408: nothing more; 409: refused, or deleted; 503: nobody there
+            self._left = 0
+            description = (msg.headers or {}).get(js_api.Header.DESCRIPTION, "")
+            if status == "503" or "deleted" in description.lower():
+                self._missing = True
+            elif status not in ("404", "408"):
+                self._refused = f"status {status} {description}".strip()
+        self._changed.set()
 
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
-        try:
-            msgs = await self._pull(batch, timeout)
-        except TimeoutError:  # nats-py's TimeoutError, and at times a bare asyncio one: no message
-            return []
-        except _DISCONNECTED:
-            raise BusUnavailableError("not connected to NATS; nothing was fetched") from None
-        except (*_MISSING, nats.js.errors.NotFoundError):
-            await self._restore()
-            attached = await self._attach()  # may fail: the current subscription stays
-            with contextlib.suppress(*_GONE):
-                await self._sub.unsubscribe()
-            self._sub = attached
-            log.warning("durable consumer attached again (it was gone from the server)")
-            return []
-        return [_delivery(m, jetstream=True) for m in msgs]
-
-    async def _pull(self, batch: int, timeout: float) -> list[NatsMsg]:
-        """What is there, up to ``batch``; else the next message, as soon as it comes.
-
-        A pull of several messages that finds none waits, and nats-py then holds what comes
-        until the batch is full, the pull expires or the server says nothing more is there,
-        which it may say only when the next message comes: with a steady stream of pods spread
-        over three placers, a tenth of the pods waited 15-20 ms for the one after them and
-        the last ones of a stream up to the whole second of the pull. So a batch is waited for
-        only :data:`GATHER_S`, and the longer wait is a pull of one, which nats-py hands over
-        the moment it comes."""
-        if batch == 1 or timeout <= GATHER_S:
-            return list(await self._sub.fetch(batch, timeout=timeout))
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        with contextlib.suppress(TimeoutError):
-            return list(await self._sub.fetch(batch, timeout=GATHER_S))
-        left = timeout - (loop.time() - started)
-        if left <= 0:
-            return []
-        return list(await self._sub.fetch(1, timeout=left))
+        deadline = loop.time() + timeout
+        probe = True
+        while not self._arrived:
+            now = loop.time()
+            if now >= deadline:
+                return []
+            if self._missing:
+                await self._attach()  # may fail (an election): the next fetch tries again
+                self._missing = False
+                log.warning("durable consumer attached again (it was gone from the server)")
+            if self._left <= 0 or now >= self._until:
+                if self._brought:  # messages are coming: a pull that stays for the next ones
+                    await self._pull(batch, deadline - now)
+                elif probe:  # after a quiet spell: whatever is there, up to the batch
+                    probe = False
+                    await self._pull(batch, PROBE_ANSWER_S, no_wait=True)
+                else:
+                    await self._pull(1, deadline - now)
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(min(deadline, self._until)):
+                    await self._changed.wait()
+            if self._refused:  # asked again at once, it would be refused again: back off
+                refused, self._refused = self._refused, ""
+                raise BusUnavailableError(f"the pull was refused ({refused}); nothing fetched")
+        taken = [self._arrived.popleft() for _ in range(min(batch, len(self._arrived)))]
+        return [_delivery(m, jetstream=True) for m in taken]
+
+    async def _pull(self, batch: int, expires_s: float, *, no_wait: bool = False) -> None:
+        if not self._nc.is_connected:
+            raise BusUnavailableError("not connected to NATS; nothing was fetched")
+        self._pulls += 1
+        self._left = batch
+        self._brought = False
+        self._until = asyncio.get_running_loop().time() + expires_s
+        ask: dict[str, object] = {"batch": batch}
+        if no_wait:  # with an expiry too, the server would wait for it, no_wait or not
+            ask["no_wait"] = True
+        else:
+            ask["expires"] = int(expires_s * 1e9)
+        try:
+            await self._nc.publish(
+                self._next_subject, json.dumps(ask).encode(), reply=f"{self._inbox}.{self._pulls}"
+            )
+        except _DISCONNECTED:
+            self._left = 0
+            raise BusUnavailableError("not connected to NATS; nothing was fetched") from None
 
     async def close(self) -> None:
-        # Unsubscribing before drain avoids nats-py's DrainTimeoutError on open pull subscriptions.
-        with contextlib.suppress(*_GONE):
-            await self._sub.unsubscribe()
+        """Stop pulling; what a pull brought and no fetch took goes back at once (nak)."""
+        if self._sub is not None:
+            with contextlib.suppress(*_GONE):
+                await self._sub.unsubscribe()
+        while self._arrived:
+            with contextlib.suppress(*_GONE, *_DISCONNECTED):
+                await self._arrived.popleft().nak()
 
 
 class NatsMessaging(NatsStore):
@@ -195,28 +276,35 @@ class NatsMessaging(NatsStore):
         max_ack_pending: int | None = None,
     ) -> PullConsumer:
 
-        async def attach() -> Any:
-            return await self._js.pull_subscribe(
-                subject,
-                durable=durable,
-                stream=stream,
-                config=js_api.ConsumerConfig(
-                    ack_policy=js_api.AckPolicy.EXPLICIT,
-                    ack_wait=ack_wait,
-                    max_deliver=max_deliver,
-                    max_ack_pending=max_ack_pending,
-                ),
-            )
+        config = js_api.ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            filter_subject=subject,
+            ack_policy=js_api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+            max_ack_pending=max_ack_pending,
+        )
 
-        async def restore() -> None:
-            await self.restore_topology(reason=f"consumer {durable} was gone")
-
-        with unavailable(f"consumer {durable} cannot be attached now"):
+        async def create() -> None:
             try:
-                sub = await attach()
+                await self._js.consumer_info(stream, durable)
             except nats.js.errors.NotFoundError:
-                await restore()
-                sub = await attach()
-        consumer = _NatsPullConsumer(sub, attach, restore)
+                await self._js.add_consumer(stream, config=config)
+
+        async def attach() -> None:
+            """The consumer again, after the server said it is gone (with its stream, when
+            NATS lost its store)."""
+            with unavailable(f"consumer {durable} cannot be attached now"):
+                try:
+                    await create()
+                except (*_MISSING, nats.js.errors.NotFoundError):
+                    await self.restore_topology(reason=f"consumer {durable} was gone")
+                    await create()
+
+        await attach()
+        consumer = await _NatsPullConsumer.start(
+            self._nc, stream=stream, durable=durable, attach=attach
+        )
         self._consumers.append(consumer)
         return consumer
