@@ -191,6 +191,44 @@ async def test_a_steady_stream_costs_one_pull_a_batch_not_one_a_pod(
     await publisher.drain()
 
 
+async def test_what_a_pull_brought_and_no_fetch_took_goes_to_another_reader(
+    nats_server: NatsServer,
+) -> None:
+    """A pull stays for the messages after the fetch that asked. A reader that stops taking (a
+    placer replica left without a node pool) would keep what it brought until the ack wait
+    (30 s for pods); it gives them back instead, and another reader takes them."""
+    publisher = await NatsBus.connect(nats_server.url, name="publisher")
+    workers = [await NatsBus.connect(nats_server.url, name=f"placer-{n}") for n in range(2)]
+    first, second = [
+        await worker.pull_consumer(
+            stream=subjects.STREAM_PODS, durable="handed", subject=subjects.PODS_PENDING
+        )
+        for worker in workers
+    ]
+    publishing = asyncio.create_task(publisher.js_publish(subjects.PODS_PENDING, b"pod-0"))
+    taken = await first.fetch(8, timeout=2.0)
+    await publishing
+    fetching = asyncio.create_task(first.fetch(8, timeout=2.0))  # a pull that stays
+    await asyncio.sleep(0.2)
+    await publisher.js_publish(subjects.PODS_PENDING, b"pod-1")
+    taken += await fetching  # the first reader stops taking here
+    for n in (2, 3):
+        await publisher.js_publish(subjects.PODS_PENDING, f"pod-{n}".encode())
+    await asyncio.sleep(0.3)  # brought by the pull that stayed, and not taken
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    handed: list[Delivery] = []
+    while len(handed) < 2 and loop.time() - started < 10:
+        handed += await second.fetch(8, timeout=1.0)
+    assert [d.data for d in taken] == [b"pod-0", b"pod-1"]
+    assert sorted(d.data for d in handed) == [b"pod-2", b"pod-3"]
+    assert all(d.num_delivered == 2 for d in handed), "given back, then delivered again"
+    assert loop.time() - started < 5, "given back long before the ack wait"
+    for worker in workers:
+        await worker.drain()
+    await publisher.drain()
+
+
 async def test_durable_consumer_redelivers_unacked_then_resumes_after_restart(
     nats_server: NatsServer,
 ) -> None:

@@ -29,6 +29,10 @@ from shared.runtime.nats.store import _DISCONNECTED, _MISSING, NatsStore, unavai
 
 PROBE_ANSWER_S = 1.0
 """How long the server's answer to a pull that does not wait (``no_wait``) is waited for."""
+UNTAKEN_S = 2.0
+"""Messages a pull brought that no fetch took this long are given back (nak): the consumer's
+reader stopped taking (a placer replica left without a node pool, or deciding a backlog), and
+another reader can take them now rather than after the ack wait."""
 _Attach = Callable[[], Awaitable[None]]
 """Attach a durable consumer again (create it when the server has none)."""
 
@@ -123,6 +127,11 @@ class _NatsPullConsumer:
         """Whether the last pull brought a message (messages are coming)."""
         self._refused = ""
         """Why the server refused the last pull (the fetch that waits on it raises it)."""
+        self._fetching = False
+        self._fetched_at = 0.0
+        """When the last fetch ended (the loop's clock)."""
+        self._untaken: asyncio.TimerHandle | None = None
+        self._giving_back: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def start(
@@ -139,6 +148,8 @@ class _NatsPullConsumer:
             self._arrived.append(msg)
             self._left -= 1
             self._brought = True
+            if not self._fetching and self._untaken is None:
+                self._untaken = asyncio.get_running_loop().call_later(UNTAKEN_S, self._give_back)
         elif status == "100":  # a heartbeat (none is asked for)
             return
         elif msg.subject == f"{self._inbox}.{self._pulls}":
@@ -151,7 +162,37 @@ class _NatsPullConsumer:
                 self._refused = f"status {status} {description}".strip()
         self._changed.set()
 
+    def _give_back(self) -> None:
+        """Give back what no fetch took for :data:`UNTAKEN_S` (checked again if one did)."""
+        self._untaken = None
+        if self._fetching or not self._arrived:
+            return
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self._fetched_at
+        if idle < UNTAKEN_S:
+            self._untaken = loop.call_later(UNTAKEN_S - idle, self._give_back)
+            return
+        untaken = list(self._arrived)
+        self._arrived.clear()
+        task = loop.create_task(self._nak(untaken))
+        self._giving_back.add(task)
+        task.add_done_callback(self._giving_back.discard)
+
+    @staticmethod
+    async def _nak(messages: list[NatsMsg]) -> None:
+        for msg in messages:
+            with contextlib.suppress(*_GONE, *_DISCONNECTED):
+                await msg.nak()
+
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]:
+        self._fetching = True
+        try:
+            return await self._fetch(batch, timeout)
+        finally:
+            self._fetching = False
+            self._fetched_at = asyncio.get_running_loop().time()
+
+    async def _fetch(self, batch: int, timeout: float) -> list[Delivery]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         probe = True
@@ -206,9 +247,11 @@ class _NatsPullConsumer:
         if self._sub is not None:
             with contextlib.suppress(*_GONE):
                 await self._sub.unsubscribe()
-        while self._arrived:
-            with contextlib.suppress(*_GONE, *_DISCONNECTED):
-                await self._arrived.popleft().nak()
+        if self._untaken is not None:
+            self._untaken.cancel()
+        untaken = list(self._arrived)
+        self._arrived.clear()
+        await self._nak(untaken)
 
 
 class NatsMessaging(NatsStore):
