@@ -7,7 +7,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import nats
 import pytest
@@ -28,6 +28,7 @@ from shared.runtime.bus import (
 )
 from shared.runtime.lifecycle import bus_identity, connect_nats
 from shared.runtime.nats import NatsBus
+from shared.runtime.nats.messaging import _NatsPullConsumer
 from shared.runtime.nats.watchers import WATCH_SILENT_HEARTBEATS, PushedWatch, sequences
 from tests.harness.nats import NatsServer
 from tests.harness.wait import eventually
@@ -965,6 +966,45 @@ async def test_a_pushed_watch_hands_on_messages_in_order_or_fails(
     assert data == [i for i in arriving if isinstance(i, int)][: len(data)]
     if not fails:
         assert len(data) == sum(isinstance(i, int) for i in arriving)
+
+
+@pytest.mark.parametrize(
+    ("status", "description", "then"),
+    [
+        pytest.param("408", "Request Timeout", "pulled again", id="expired"),
+        pytest.param("404", "No Messages", "pulled again", id="nothing there"),
+        pytest.param("409", "Leadership Change", "pulled again", id="a new leader"),
+        pytest.param("409", "Server Shutdown", "pulled again", id="a server stopping"),
+        pytest.param("409", "Consumer Deleted", "attached again", id="consumer deleted"),
+        pytest.param("503", "", "attached again", id="nobody answers"),
+        pytest.param("409", "Exceeded MaxWaiting", "backs off", id="refused"),
+    ],
+)
+async def test_a_pulls_status_ends_it_and_says_what_comes_next(
+    status: str, description: str, then: str
+) -> None:
+    """A status on the last pull's subject ends that pull; what the fetch does next depends on
+    it. The same status of an earlier pull, arriving late, ends nothing."""
+
+    async def attach() -> None:
+        return None
+
+    consumer = _NatsPullConsumer(cast(Any, None), "_INBOX.t", "next", attach)
+    consumer._pulls, consumer._left = 3, 5
+    headers = {"Status": status, "Description": description}
+    late = NatsMsg(_client=cast(Any, None), subject="_INBOX.t.2", data=b"", headers=headers)
+    await consumer._take(late)
+    assert consumer._left == 5, "a late status of an earlier pull ended the current one"
+    current = NatsMsg(_client=cast(Any, None), subject="_INBOX.t.3", data=b"", headers=headers)
+    await consumer._take(current)
+    outcome = (
+        "attached again"
+        if consumer._missing
+        else "backs off"
+        if consumer._refused
+        else "pulled again"
+    )
+    assert (consumer._left, outcome) == (0, then)
 
 
 def _limited(*denied: str) -> str:

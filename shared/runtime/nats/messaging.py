@@ -33,6 +33,8 @@ UNTAKEN_S = 2.0
 """Messages a pull brought that no fetch took this long are given back (nak): the consumer's
 reader stopped taking (a placer replica left without a node pool, or deciding a backlog), and
 another reader can take them now rather than after the ack wait."""
+_PULL_ENDED = ("Leadership Change", "Server Shutdown")
+"""A pull's 409 that only ends it: asked again, the next leader or server answers."""
 _Attach = Callable[[], Awaitable[None]]
 """Attach a durable consumer again (create it when the server has none)."""
 
@@ -153,12 +155,12 @@ class _NatsPullConsumer:
         elif status == "100":  # a heartbeat (none is asked for)
             return
         elif msg.subject == f"{self._inbox}.{self._pulls}":
-            # 404/408: nothing more; 409: refused, or deleted; 503: nobody there
+            # 404/408: nothing more; 409: refused, deleted, or moved on; 503: nobody there
             self._left = 0
             description = (msg.headers or {}).get(js_api.Header.DESCRIPTION, "")
             if status == "503" or "deleted" in description.lower():
                 self._missing = True
-            elif status not in ("404", "408"):
+            elif status not in ("404", "408") and description not in _PULL_ENDED:
                 self._refused = f"status {status} {description}".strip()
         self._changed.set()
 
