@@ -34,12 +34,8 @@ async def started(options: SystemOptions) -> AsyncIterator[LocalSystem]:
     """The whole system of ``options``, started; stopped on the way out, and then checked: every
     service did its job within its NATS permissions (one identity each, per node for the device
     plugins and inventories), the server refused nothing."""
-    local = LocalSystem(options)
-    await local.start()
-    try:
+    async with LocalSystem(options) as local:
         yield local
-    finally:
-        await local.stop()
     assert local.bus_violations() == []
 
 
