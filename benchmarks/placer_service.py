@@ -585,9 +585,11 @@ async def run_cluster(
                     )
                 conflicts = await counter_sum(placers, "tessera_placer_commit_conflicts_total")
                 fallbacks = await counter_sum(placers, "tessera_placer_pool_fallbacks_total")
+                retries = await counter_sum(placers, "tessera_placer_commit_retries_total")
                 return {
                     "handed_off": hand_off.written,
                     "conflicts": conflicts,
+                    "retries": retries,
                     "fallbacks": fallbacks,
                     "replicas": replicas,
                     "ready_s": ready_s,
@@ -718,7 +720,8 @@ async def main(args: argparse.Namespace) -> None:
         )
         pods = int(args.rate * args.seconds) + args.burst
         print(
-            f"  compare-and-sets lost: {r['conflicts']:.0f}; pods decided outside the deciding "
+            f"  compare-and-sets lost: {r['conflicts']:.0f}; pods decided again after their "
+            f"commit was refused: {r['retries']:.0f}; pods decided outside the deciding "
             f"replica's pools: {r['fallbacks']:.0f} (of {pods}); records handed off: "
             f"{r['handed_off']:.0f}",
             flush=True,

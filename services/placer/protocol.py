@@ -68,8 +68,8 @@ class CommitProtocol:
         """Charge the tenant's quota (when it has one), then book on the node (``commit.py``
         steps 0 and 1; and 2, the claim, in the booking's batch where the store takes one:
         ``Store.book``). Returns ("", "") when booked, else what refused it and why.
-        ``request``: the pod as pending (for its claim); ``seen``: the bookings on the node when
-        it was decided (``Store.book``).
+        ``request``: the pod as pending (for its claim); ``seen``: the bookings its decision counted
+        on the node (``Store.book``).
 
         A charge whose booking did not land is given back at once (what is charged always covers
         what is booked, never much more); a booking whose answer was lost but which landed keeps

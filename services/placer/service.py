@@ -314,7 +314,9 @@ class PlacerService:
         if not self.view.owns(booking.node):
             self.metrics.pool_fallbacks.inc()
         ledger, _ = self.view.ledger(booking.node)
-        seen = frozenset(b.commit for b in ledger.bookings) if ledger else frozenset()
+        seen = self.view.tentative_commits(booking.node).union(
+            b.commit for b in (ledger.bookings if ledger else ())
+        )
         self.view.add_tentative(booking)
         item.stage = "committing"
         self._in_flight += 1
@@ -356,8 +358,8 @@ class PlacerService:
         book: bool = True,
         seen: frozenset[str] | None = None,
     ) -> None:
-        """Commit ``booking`` (``book``: it is not in the ledger yet; ``seen``: the bookings on
-        its node when it was decided, so that a decision another placer overtook is made
+        """Commit ``booking`` (``book``: it is not in the ledger yet; ``seen``: the bookings its
+        decision counted on its node, so that a decision made on a state that is gone is made
         again)."""
         uid = booking.pod_uid
         try:

@@ -59,8 +59,8 @@ class Store(KvWrites):
 
         Returns "" when booked (or already booked by this commit; or not booked because the
         pod's claim names another commit or says the pod is gone: claiming tells), else why
-        not: the node as the ledger holds it cannot take it, or (``seen``: the bookings on the
-        node when the booking was decided) another placer booked its GPUs since. Raises
+        not: the node as the ledger holds it cannot take it, or (``seen``: the bookings the
+        decision counted on the node) the node changed since (``commit.stale_by``). Raises
         :class:`ConflictError` when the node's entry changed first (the view then holds the new
         entry: decide again); a claim that changed first is read again and the batch retried.
 
@@ -114,15 +114,23 @@ class Store(KvWrites):
                 if any(b.pod_uid not in held for b in batch)
                 else None
             )
+            pending = self._view.tentative_commits(node)
             if self._claims_with_bookings:
                 read = {uid: entry.value for uid, entry in claims.items()}
                 written, claimed, refused = commit.book_and_claim(
-                    ledger.value, committed, batch, read, requests, now=now, seen=seen
+                    ledger.value,
+                    committed,
+                    batch,
+                    read,
+                    requests,
+                    now=now,
+                    seen=seen,
+                    pending=pending,
                 )
             else:
                 claimed = {}
                 written, refused = commit.book_all(
-                    ledger.value, committed, batch, now=now, seen=seen
+                    ledger.value, committed, batch, now=now, seen=seen, pending=pending
                 )
             added = commit.added_bookings(ledger.value, written)
             if added and attempted not in (None, ledger.revision):
@@ -143,6 +151,10 @@ class Store(KvWrites):
                 for uid, claim in claimed.items()
             ]
             if not writes:
+                # Off the view at once: a decision beside one of them, written next, is stale.
+                for b in batch:
+                    if b.commit in refused:
+                        self._view.drop_tentative(node, b.pod_uid)
                 return refused
             if added:
                 attempted = ledger.revision

@@ -161,39 +161,109 @@ def by(placer: str, held: Booking) -> Booking:
     return msgspec.structs.replace(held, placer_id=placer)
 
 
-# Another placer's booking on GPU 0 ("theirs") landed after "mine" was decided on GPU 0.
+# Another placer's booking on GPU 0 ("theirs") landed after "mine" was decided; "old", a third
+# placer's, was on the node already and every decision saw it.
 THEIRS = by("placer-b", booking("theirs", (0, 4096, 100)))
+SAME = "commit c-theirs of placer-b booked the same GPUs after this decision"
+BOTH_STARTED = "commit c-theirs of placer-b started sharing another idle GPU after this decision"
+
+
+def old_on(gpu: int) -> Booking:
+    return by("placer-c", booking("old", (gpu, 4096, 100)))
 
 
 @pytest.mark.parametrize(
-    ("mine", "seen", "refused"),
+    ("mine", "seen", "old", "refused"),
     [
-        pytest.param(booking("mine", (0, 4096, 100)), frozenset[str](), True, id="overtaken"),
-        pytest.param(booking("mine", (0, 4096, 100)), None, False, id="no-decision-state"),
+        pytest.param(booking("mine", (0, 4096, 100)), set(), None, SAME, id="overtaken"),
+        pytest.param(booking("mine", (0, 4096, 100)), None, None, "", id="no-decision-state"),
+        pytest.param(booking("mine", (0, 4096, 100)), {THEIRS.commit}, None, "", id="seen-it"),
         pytest.param(
-            booking("mine", (0, 4096, 100)), frozenset({THEIRS.commit}), False, id="seen-it"
+            booking("mine", (1, 4096, 100)), set(), None, BOTH_STARTED, id="both-started-a-gpu"
         ),
-        pytest.param(booking("mine", (1, 4096, 100)), frozenset[str](), False, id="other-gpu"),
+        pytest.param(booking("mine", (1, 4096, 100)), set(), 0, "", id="theirs-joined-one"),
+        pytest.param(booking("mine", (1, 4096, 100)), set(), 1, "", id="mine-joined-one"),
         pytest.param(
-            by("placer-b", booking("mine", (0, 4096, 100))), frozenset[str](), False, id="own"
+            booking("mine", (1, 16384, 1000), whole=True), set(), None, "", id="mine-whole"
+        ),
+        pytest.param(by("placer-b", booking("mine", (0, 4096, 100))), set(), None, "", id="own"),
+    ],
+)
+def test_a_decision_another_placer_overtook_on_its_node_is_refused(
+    mine: Booking, seen: set[str] | None, old: int | None, refused: str
+) -> None:
+    """It still fits, but its GPUs were chosen on a state that is gone, where that may change
+    the choice: the same GPU (two spread pods on one GPU), or two GPUs each started by one
+    replica (two slices a GPU apart that one GPU would hold). A GPU shared already, or taken
+    whole, would have been chosen as it was."""
+    held = (THEIRS,) if old is None else (old_on(old), THEIRS)
+    ledger = NodeLedger(node="n1", bookings=held)
+    state = translate.node_state(
+        "n1", wire.inventory("n1", 2), wire.facts("n1"), list(held), placeable=True
+    )
+    counted = {c.commit for c in held[:-1]} | (seen or set())
+    decided_on = {} if seen is None else {mine.commit: frozenset(counted)}
+    written, why = commit.book_all(ledger, state, [mine], now=NOW, seen=decided_on)
+    assert why == ({mine.commit: refused} if refused else {})
+    assert (written is None) == bool(refused)
+
+
+MINE = booking("mine", (1, 4096, 100))
+BESIDE = booking("beside", (0, 4096, 100))  # this placer's, decided before "mine"
+NO_ROOM = booking("no-room", (0, 16384, 100))  # more than GPU 0 has left beside THEIRS
+GONE = "commit {} that this decision counted on the node is not booked"
+
+
+@pytest.mark.parametrize(
+    ("batch", "counted", "pending", "refused"),
+    [
+        pytest.param([MINE], {THEIRS.commit}, set(), {}, id="counted-and-booked"),
+        pytest.param(
+            [MINE], {THEIRS.commit, BESIDE.commit}, {BESIDE.commit}, {}, id="counted-still-writing"
+        ),
+        pytest.param(
+            [BESIDE, MINE],
+            {THEIRS.commit, BESIDE.commit},
+            {BESIDE.commit, MINE.commit},
+            {},
+            id="counted-written-first",
+        ),
+        pytest.param(
+            [MINE],
+            {THEIRS.commit, BESIDE.commit},
+            {MINE.commit},
+            {MINE.commit: GONE.format(BESIDE.commit)},
+            id="counted-given-back",
+        ),
+        pytest.param(
+            [NO_ROOM, MINE],
+            {THEIRS.commit, NO_ROOM.commit},
+            {NO_ROOM.commit, MINE.commit},
+            {
+                NO_ROOM.commit: "GPU 0: 16384 MiB asked, 12288 free",
+                MINE.commit: GONE.format(NO_ROOM.commit),
+            },
+            id="counted-refused-in-the-batch",
         ),
     ],
 )
-def test_a_decision_another_placer_overtook_on_its_gpus_is_refused(
-    mine: Booking, seen: frozenset[str] | None, refused: bool
+def test_a_decision_beside_a_booking_that_did_not_land_is_refused(
+    batch: list[Booking], counted: set[str], pending: set[str], refused: dict[str, str]
 ) -> None:
-    """It still fits, but it was chosen on a state that is gone (two spread pods on one GPU)."""
+    """This placer's decisions count its own bookings still being written; when one of those is
+    refused or given back, a decision that counted it chose its GPUs beside a booking that is
+    not there (slices packed beside another slice that went elsewhere)."""
     ledger = NodeLedger(node="n1", bookings=(THEIRS,))
     state = translate.node_state(
         "n1", wire.inventory("n1", 2), wire.facts("n1"), [THEIRS], placeable=True
     )
-    decided_on = {} if seen is None else {mine.commit: seen}
-    written, why = commit.book_all(ledger, state, [mine], now=NOW, seen=decided_on)
-    assert (written is None) == refused
-    if refused:
-        assert why == {
-            mine.commit: "commit c-theirs of placer-b booked the same GPUs after this decision"
-        }
+    seen = {b.commit: frozenset(counted - {b.commit}) for b in batch}
+    written, why = commit.book_all(
+        ledger, state, batch, now=NOW, seen=seen, pending=frozenset(pending)
+    )
+    assert why == refused
+    booked = [b.pod_uid for b in written.bookings] if written is not None else ["theirs"]
+    assert booked == ["theirs", *(b.pod_uid for b in batch if b.commit not in refused)]
 
 
 def test_unbooking_takes_only_the_named_commit() -> None:

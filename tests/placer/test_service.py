@@ -703,6 +703,38 @@ async def test_spread_pods_decided_by_two_replicas_at_once_get_a_gpu_each(
             await settled(bus, lambda s: not s.placements(), what=f"round {round_} gone")
 
 
+async def test_slices_decided_by_two_replicas_at_once_share_a_gpu_as_from_one(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    """Packing across replicas: on a four-GPU node, a whole GPU, a pair and four quarter-GPU
+    slices all fit only when the slices share one GPU, whichever replica decides each. A
+    decision made before another replica booked on the node is made again on the node as it is
+    (it used to keep its GPUs when they were others, and two replicas could pack two slices
+    each onto a GPU of their own, leaving the pair no room)."""
+    await wire.put_node(bus, "n1", 4)
+    async with start_placer(placer_id="one"), start_placer(placer_id="two"):
+        for round_ in range(8):
+            slices = [wire.pending(f"r{round_}-s{i}", memory_mib=2048) for i in range(4)]
+            whole = wire.pending(f"r{round_}-whole", memory_mib=None, cores=None)
+            pair = wire.pending(f"r{round_}-pair", shares=2, memory_mib=None, cores=None)
+            pods = [*slices, whole, pair]
+            await asyncio.gather(*(wire.publish_pod(bus, pod) for pod in pods))
+            state = await settled(
+                bus, placed(*(p.uid for p in pods)), what=f"round {round_} placed"
+            )
+            sliced = {
+                g.index
+                for r in state.placements()
+                if "-s" in r.pod_uid
+                for c in r.containers
+                for g in c.gpus
+            }
+            assert len(sliced) == 1, f"round {round_}: slices on GPUs {sorted(sliced)}"
+            for pod in pods:
+                await wire.delete_pod(bus, pod.uid)
+            await settled(bus, lambda s: not s.placements(), what=f"round {round_} gone")
+
+
 async def test_a_pod_deleted_before_its_pending_message_is_never_placed(
     bus: NatsBus, start_placer: PlacerFactory
 ) -> None:

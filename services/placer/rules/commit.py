@@ -16,9 +16,9 @@ charge comes first:
    the one this replica holds: a compare-and-set on the node's bookings as a whole, one booking
    per write; the bookings of several decisions for N are checked together, :func:`book_all`).
    The booking takes the capacity. :func:`book_all` books it on N as the ledger holds it (never on
-   this replica's guesses), and refuses it when another placer booked its GPUs after the
-   decision (:func:`stale_by`); a lost compare-and-set means another writer changed N first:
-   N is read again and P decided again.
+   this replica's guesses), and refuses it when N changed since the decision in a way that
+   may change its choice of GPUs (:func:`stale_by`); a lost compare-and-set means another
+   writer changed N first: N is read again and P decided again.
 2. **Claim** (``claim.<P>``, create-only, or compare-and-set from ``requeued``): the claim names
    the one booking that places P. On a replicated store steps 1 and 2 are one atomic batch
    (:func:`book_and_claim`): two replicas that decided P at once on two nodes cannot both land
@@ -100,6 +100,7 @@ def book_all(
     *,
     now: float,
     seen: Mapping[str, frozenset[str]] | None = None,
+    pending: frozenset[str] = frozenset(),
 ) -> tuple[NodeLedger | None, dict[str, str]]:
     """The node's ledger with every booking of ``bookings`` that fits, one after the other, on
     the node as the ledger holds it (``committed``); None when there is nothing to write.
@@ -108,16 +109,18 @@ def book_all(
     ledger counts as booked (a retry). Several decisions for one node are committed by one
     compare-and-set this way (written together).
 
-    ``seen``: for a booking's commit, the bookings (commit ids) on the node when it was decided.
-    The write goes at the entry's latest revision, not the decision's, so a decision may have
-    been made before another placer booked on the same GPUs: it would still fit, but was chosen
-    on a state that is gone (two ``spread`` pods on one GPU). It is refused (:func:`stale_by`)
-    and decided again on the node as it is.
+    ``seen``: for a booking's commit, the bookings (commit ids) its decision counted on the
+    node: those in the ledger and this replica's own still being written (``pending`` now).
+    The write goes at the entry's latest revision, not the decision's, so a decision may rest
+    on a state that is gone: it may still fit, but its GPUs were chosen for that state. Where
+    that may change the choice it is refused (:func:`stale_by`) and decided again on the node as
+    it is.
     """
     refused: dict[str, str] = {}
     accepted: list[Booking] = []
     state = committed
     held = {b.pod_uid: b.commit for b in (ledger.bookings if ledger else ())}
+    live = {*held.values(), *pending}
     for booking in bookings:
         if booking.pod_uid in held:
             if held[booking.pod_uid] != booking.commit:
@@ -129,12 +132,13 @@ def book_all(
             refused[booking.commit] = "node left the cluster"
             continue
         known = (seen or {}).get(booking.commit)
-        newer = stale_by(ledger, booking, known) if known is not None else None
-        if newer is not None:
-            refused[booking.commit] = (
-                f"commit {newer.commit} of {newer.placer_id} booked the same GPUs after this "
-                "decision"
-            )
+        stale = (
+            stale_by(ledger, booking, known, live.difference(refused), accepted)
+            if known is not None
+            else ""
+        )
+        if stale:
+            refused[booking.commit] = stale
             continue
         booked = book(state, reservation_of(booking))
         if isinstance(booked, str):
@@ -170,18 +174,20 @@ def book_and_claim(
     *,
     now: float,
     seen: Mapping[str, frozenset[str]] | None = None,
+    pending: frozenset[str] = frozenset(),
 ) -> tuple[NodeLedger | None, dict[str, PodClaim], dict[str, str]]:
     """What one atomic batch writes to commit ``bookings`` on one node (steps 1 and 2): the
     node's ledger with those that fit (:func:`book_all`; None: unchanged) and, by pod UID, the
     claim naming each one booked; and why each refused booking (by commit id) was refused.
 
-    ``claims``: each pod's claim as last read; ``requests``: each commit's pod as pending. A
+    ``claims``: each pod's claim as last read; ``requests``: each commit's pod as pending;
+    ``seen`` and ``pending``: as :func:`book_all` takes them. A
     booking whose pod's claim names another commit, or says the pod is gone, is neither booked
     nor refused: committing it goes on to find that in the claim (``claim_verdict``). One whose
     claim names it already (a retry whose batch landed) has nothing left to write.
     """
     to_book = [b for b in bookings if claim_verdict(claims.get(b.pod_uid), b) in ("create", "take")]
-    written, refused = book_all(ledger, committed, to_book, now=now, seen=seen)
+    written, refused = book_all(ledger, committed, to_book, now=now, seen=seen, pending=pending)
     claimed = {
         b.pod_uid: placed_claim(b, requests.get(b.commit), now=now)
         for b in to_book
@@ -190,19 +196,53 @@ def book_and_claim(
     return written, claimed, refused
 
 
-def stale_by(ledger: NodeLedger | None, booking: Booking, seen: frozenset[str]) -> Booking | None:
-    """A booking of another placer on one of ``booking``'s GPUs that its decision did not see
-    (not in ``seen``), or None. This placer's own bookings never count: each of its decisions
-    counts the ones before it (tentative in its view) and is counted by the ones after."""
-    if ledger is None:
-        return None
-    gpus = {s.uuid for c in booking.containers for s in c.gpus}
-    for other in ledger.bookings:
+def stale_by(
+    ledger: NodeLedger | None,
+    booking: Booking,
+    seen: frozenset[str],
+    live: set[str],
+    beside: Sequence[Booking] = (),
+) -> str:
+    """Why the state ``booking`` was decided on (``seen``) is gone, or "".
+
+    - A booking of another placer that the decision did not see, on one of its GPUs (two
+      ``spread`` pods on one GPU); or, where both started sharing a GPU idle in that state,
+      on another: slices packed by two replicas, each onto a GPU of its own, where one GPU
+      would hold them all and the other stay whole.
+    - A booking the decision counted that is no longer ``live`` (in the ledger or still being
+      written): refused or given back, its GPUs were chosen beside it.
+
+    ``beside``: this placer's bookings accepted before it in the same write. Its own bookings
+    decided later never count: each of its decisions counts the ones before it and is counted
+    by the ones after."""
+    held = ledger.bookings if ledger else ()
+    counted = {g for b in (*held, *beside) if b.commit in seen for g in _gpus(b)}
+    mine = _gpus(booking)
+    started = _started(booking, counted)
+    for other in held:
         if other.placer_id == booking.placer_id or other.commit in seen:
             continue
-        if any(s.uuid in gpus for c in other.containers for s in c.gpus):
-            return other
-    return None
+        if mine & _gpus(other):
+            return (
+                f"commit {other.commit} of {other.placer_id} booked the same GPUs after this "
+                "decision"
+            )
+        if started and _started(other, counted):
+            return (
+                f"commit {other.commit} of {other.placer_id} started sharing another idle GPU "
+                "after this decision"
+            )
+    gone = min(seen - live, default="")
+    return f"commit {gone} that this decision counted on the node is not booked" if gone else ""
+
+
+def _gpus(booking: Booking) -> set[str]:
+    return {s.uuid for c in booking.containers for s in c.gpus}
+
+
+def _started(booking: Booking, held: set[str]) -> bool:
+    """Whether ``booking`` shares a GPU none of ``held`` was on."""
+    return any(not s.exclusive and s.uuid not in held for c in booking.containers for s in c.gpus)
 
 
 def with_booking(ledger: NodeLedger | None, booking: Booking, *, now: float) -> NodeLedger:

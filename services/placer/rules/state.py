@@ -163,6 +163,11 @@ class ClusterView:
             found.extend(b for b in (ledger.bookings if ledger else ()) if b.pod_uid == pod_uid)
         return found
 
+    def tentative_commits(self, node: str) -> frozenset[str]:
+        """The commits of this replica's bookings on ``node`` decided and not yet written."""
+        entry = self._nodes.get(node)
+        return frozenset(b.commit for b in entry.tentative.values()) if entry else frozenset()
+
     def tentative(self, node: str, pod_uid: str) -> Booking | None:
         entry = self._nodes.get(node)
         return entry.tentative.get(pod_uid) if entry else None
