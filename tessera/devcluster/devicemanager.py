@@ -22,6 +22,7 @@ import grpc
 
 from services.deviceplugin._proto import api_pb2, api_pb2_grpc
 from shared.quantity import QuantityError, parse_quantity
+from tessera.devcluster import grpccalls
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NODE, ApiError, Obj
 
@@ -303,9 +304,13 @@ class DeviceManager:
                 ids = await self._devices_to_allocate(plugin, needed)
                 self._allocated.setdefault(uid, {}).setdefault(resource, set()).update(ids)
                 try:
-                    response = await plugin.stub.Allocate(
-                        api_pb2.AllocateRequest(
-                            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
+                    response = await grpccalls.answer(
+                        plugin.stub.Allocate(
+                            api_pb2.AllocateRequest(
+                                container_requests=[
+                                    api_pb2.ContainerAllocateRequest(devices_ids=ids)
+                                ]
+                            )
                         )
                     )
                 except grpc.aio.AioRpcError as error:
@@ -342,13 +347,15 @@ class DeviceManager:
             )
         if plugin.preferred:
             try:
-                answer = await plugin.stub.GetPreferredAllocation(
-                    api_pb2.PreferredAllocationRequest(
-                        container_requests=[
-                            api_pb2.ContainerPreferredAllocationRequest(
-                                available_deviceIDs=available, allocation_size=needed
-                            )
-                        ]
+                answer = await grpccalls.answer(
+                    plugin.stub.GetPreferredAllocation(
+                        api_pb2.PreferredAllocationRequest(
+                            container_requests=[
+                                api_pb2.ContainerPreferredAllocationRequest(
+                                    available_deviceIDs=available, allocation_size=needed
+                                )
+                            ]
+                        )
                     )
                 )
             except grpc.aio.AioRpcError as error:

@@ -13,9 +13,10 @@
   ``spec.resourceClaims`` the claim's name is resolved (from ``status.resourceClaimStatuses`` for
   a template), the claim fetched, checked to be owned by the pod (for a template) and reserved
   for it; each driver of its allocation must be registered. The claims not prepared yet are sent
-  to each driver in one ``NodePrepareResources`` call (several claims batched). An RPC error, an
-  error for a claim, or a claim missing from the answer fails the pod's start; whatever is not
-  prepared is sent again on the next try. Each claim is prepared once for all pods that use it.
+  to each driver in one ``NodePrepareResources`` call (several claims batched). An RPC error
+  (also a call cut off by its plugin deregistering: ``grpccalls``), an error for a claim, or a
+  claim missing from the answer fails the pod's start; whatever is not prepared is sent again on
+  the next try. Each claim is prepared once for all pods that use it.
 - **CDI**: each container gets the CDI device names of the claims (and requests) it lists in
   ``resources.claims``, which ``cdi.py`` resolves against the node's CDI spec directories.
 - **Unprepare** (``unprepareResources``): when a pod ends, claims no other pod on the node uses
@@ -44,7 +45,7 @@ from services.deviceplugin._proto.dra.v1 import api_pb2 as dra_pb2
 from services.deviceplugin._proto.dra.v1 import api_pb2_grpc as dra_grpc
 from services.deviceplugin._proto.pluginregistration.v1 import api_pb2 as registration_pb2
 from services.deviceplugin._proto.pluginregistration.v1 import api_pb2_grpc as registration_grpc
-from tessera.devcluster import cdi, dra
+from tessera.devcluster import cdi, dra, grpccalls
 from tessera.devcluster.devicemanager import ContainerRecord
 from tessera.devcluster.objects import ApiObjects
 from tessera.devcluster.resources import RESOURCE_CLAIM, Obj
@@ -388,7 +389,9 @@ class DraManager:
             claims=[dra_pb2.Claim(namespace=i.namespace, uid=i.uid, name=i.name) for i in infos]
         )
         try:
-            response = await getattr(plugin.stub, method)(request, timeout=self.call_timeout_s)
+            response = await grpccalls.answer(
+                getattr(plugin.stub, method)(request, timeout=self.call_timeout_s)
+            )
         except grpc.aio.AioRpcError as error:
             raise DraError(f"{method}: {_rpc_text(error)}") from None
         by_uid = {i.uid: i for i in infos}

@@ -396,7 +396,10 @@ class SimulatedKubelet(DeviceManager):
         why, and the pod is looked at again after ``retry_s``."""
         if (record.waiting_reason, record.waiting_message) != (reason, note):
             # Once per distinct reason: a recorder counts repeats instead of writing them again.
-            log.info("pod waits", extra={"node": self.name, "pod": record.key, "reason": reason})
+            log.info(
+                "pod waits",
+                extra={"node": self.name, "pod": record.key, "reason": reason, "note": note},
+            )
             record_event(
                 self.api,
                 pod,

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from dataclasses import dataclass, field
@@ -83,6 +84,8 @@ class _Plugin(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
             if claim.name in driver.errors:
                 answer.claims[claim.uid].error = driver.errors[claim.name]
                 continue
+            if driver.held is not None:
+                await driver.held.wait()
             devices = await driver.prepare(claim)
             answer.claims[claim.uid].devices.extend(devices)
         return answer
@@ -134,6 +137,8 @@ class TestDriver:
         """Claim name -> the error to answer for it."""
         self.no_spec: set[str] = set()
         """Claims whose CDI spec is not written (their names do not resolve)."""
+        self.held: asyncio.Event | None = None
+        """When set, NodePrepareResources answers only once the event is set."""
         self._servers: list[Any] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -148,14 +153,23 @@ class TestDriver:
         dra_grpc.add_DRAPluginServicer_to_server(_Plugin(self), plugin)
         plugin.add_insecure_port(f"unix://{self.endpoint}")
         await plugin.start()
+        self._servers = [plugin, await self._serve_registration()]
+
+    async def _serve_registration(self) -> Any:
         registration = grpc.aio.server()
         registration_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)
-        for path in (self.registration_socket,):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.registration_socket.unlink()
         registration.add_insecure_port(f"unix://{self.registration_socket}")
         await registration.start()
-        self._servers = [plugin, registration]
+        return registration
+
+    async def register_again(self) -> None:
+        """A new registration socket in place of the old, the plugin still serving (as a
+        restarted plugin's): the kubelet deregisters the plugin, then registers it again."""
+        plugin, registration = self._servers
+        await registration.stop(0)
+        self._servers = [plugin, await self._serve_registration()]
 
     async def stop(self) -> None:
         """What a plugin that exits does: its sockets go away."""

@@ -7,6 +7,7 @@ The test plays the scheduler (Tessera's binder will, in its DRA mode): it alloca
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import uuid
@@ -369,6 +370,37 @@ async def test_a_plugin_that_restarts_registers_again(scene: Scene) -> None:
     await scene.driver.start()
     await scene.until(pod, "Running")
     assert scene.kubelet.dra.registrations == registrations + 1
+    scene.api.delete(POD, "default", pod["metadata"]["name"])
+    await scene.until(pod, "gone")
+
+
+async def test_a_plugin_registering_again_mid_prepare_fails_that_call_and_the_pod_starts(
+    scene: Scene,
+) -> None:
+    # The kubelet closes the old registration's channel, which cancels the call in flight: the
+    # call fails as Go's client fails it, and the node's pod worker carries on.
+    scene.driver.held = release = asyncio.Event()
+    try:
+        pod = scene.pod(unique("mid"), [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])
+        claim = await scene.generated(pod)
+        scene.allocate(claim, pod, b.result("gpu-0"))
+        scene.bind(pod)
+        name = claim["metadata"]["name"]
+        await eventually(
+            lambda: any(name in call for call in scene.driver.calls.prepared), what="a prepare"
+        )
+        registrations = scene.kubelet.dra.registrations
+        await scene.driver.register_again()
+        notes = await eventually(lambda: scene.events(pod, "FailedPrepareDynamicResources"))
+        assert notes[0].endswith(
+            "NodePrepareResources: rpc error: code = Cancelled desc = grpc: the client "
+            "connection is closing"
+        ), notes
+        assert scene.kubelet.dra.registrations == registrations + 1
+    finally:
+        scene.driver.held = None
+        release.set()
+    await scene.until(pod, "Running")
     scene.api.delete(POD, "default", pod["metadata"]["name"])
     await scene.until(pod, "gone")
 
