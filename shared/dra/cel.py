@@ -295,7 +295,14 @@ class Selector:
         return SelectorProblem(expression=self.expression, problem=f"cannot evaluate: {text}")
 
 
-_ENVIRONMENT: Final = celpy.Environment()
+@functools.cache
+def _environment() -> celpy.Environment:
+    """celpy's environment, made at the first compile: making it builds a Lark parser of CEL's
+    grammar (0.1-0.2 s of CPU), which every placer, binder and device plugin paid at start
+    although only DRA selectors need it."""
+    return celpy.Environment()
+
+
 _MACROS: Final = frozenset({"has", "all", "exists", "exists_one", "map", "filter", "dyn"})
 KNOWN_FUNCTIONS: Final = frozenset(base_functions) | frozenset(FUNCTIONS) | _MACROS
 """Every function and macro a selector may call here."""
@@ -317,7 +324,7 @@ def compile_selector(expression: str) -> Selector | SelectorProblem:
     """The selector ready to evaluate, or why the expression does not parse. Cached: a burst of
     identical claims repeats a few expressions."""
     try:
-        tree = _ENVIRONMENT.compile(expression)
+        tree = _environment().compile(expression)
     except CELParseError as error:
         near = str(error).strip().splitlines()
         detail = f" near {near[0].strip()!r}" if near else ""
@@ -331,7 +338,7 @@ def compile_selector(expression: str) -> Selector | SelectorProblem:
             problem=f"cannot be evaluated: Tessera's CEL evaluator does not implement "
             f"{', '.join(unknown)}",
         )
-    return Selector(expression, _ENVIRONMENT.program(tree, functions=FUNCTIONS))
+    return Selector(expression, _environment().program(tree, functions=FUNCTIONS))
 
 
 _MODEL_PATHS: Final = frozenset(
@@ -422,7 +429,7 @@ def reads(expression: str) -> frozenset[Path] | None:
     (a whole map: ``device.attributes["gpu.tessera.dev"].exists(...)``, an index that is not a
     plain string, ``device`` itself), or does not compile."""
     try:
-        tree = _ENVIRONMENT.compile(expression)
+        tree = _environment().compile(expression)
     except CELParseError:
         return None
     found: set[Path] = set()
