@@ -239,6 +239,7 @@ class PlacerService:
         ``look_ahead``: place first the board's waiting pods ordered before it that fit now.
         """
         uid = item.pod.uid
+        self.upkeep.follow_node_kinds()
         claim = self.view.claim(uid)
         if claim is not None and claim.state == "placed" and claim.booking is not None:
             del self.held.items[uid]

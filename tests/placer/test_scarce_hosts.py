@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from services.placer.core.fragmentation import HostKind, TypicalTask, host_kinds
@@ -43,6 +44,7 @@ CPU_ONLY = TypicalTask(cpu_milli=4_000, gpu_count=0, gpu_milli=0, weight=1)
         (G3_MODEL, 1.0, 5.0),  # the model, not the size, picks the hosts
         (NOWHERE, 1.0, 1.0),  # fits nowhere: left as it is
         (CPU_ONLY, 1.0, 1.0),  # no GPU: no host to be scarce
+        (msgspec.structs.replace(G3_ONLY, assumed=True), 1.0, 1.0),  # no pod asked for it
     ],
 )
 def test_rarity(task: TypicalTask, exponent: float, expected: float) -> None:
@@ -190,14 +192,42 @@ async def test_the_placer_compiles_its_profile_with_the_clusters_node_kinds(
         def fed_hosts() -> list[tuple[int, int]]:
             return [(kind.gpus, kind.count) for kind in fed_model(service.profile).hosts]
 
-        # 8 of the 20 GPUs hold the prior mix's 8-GPU task: scarce, weighed 2.5 x as in the
-        # simulator; every other task as without hosts.
+        # Only "big" holds the prior mix's 8-GPU task, but no pod asked for one: a guess, not
+        # weighed more.
         assert fed_hosts() == [(4, 3), (8, 1)]
-        assert profile_weights(service.profile) == pytest.approx(
-            [2.5 if t.gpu_count == 8 else 1.0 for t in DEFAULT_TYPICAL_TASKS]
-        )
+        assert profile_weights(service.profile) == [1.0] * len(DEFAULT_TYPICAL_TASKS)
         assert service.upkeep.hosts_compiled == service.view.host_kinds()
+        # A pod of 8 GPUs placed: 8 of the 20 GPUs hold the task it stands for, scarce and
+        # weighed 2.5 x as in the simulator; the prior's guess and every other task as before.
+        await wire.publish_pod(bus, wire.pending("eight", shares=8, memory_mib=None, cores=None))
+        await until(lambda: len(fed_model(service.profile).tasks) > 7, what="the pod learned")
+        seen = [not t.assumed for t in fed_model(service.profile).tasks]
+        assert seen.count(True) == 1
+        assert profile_weights(service.profile) == pytest.approx([2.5 if s else 1.0 for s in seen])
         builds = placer.metric("tessera_placer_profile_builds_total")
         await wire.put_node(bus, "big2", 8)
         await until(lambda: fed_hosts() == [(4, 3), (8, 2)], what="the new node kind compiled")
         assert placer.metric("tessera_placer_profile_builds_total") == builds + 1
+
+
+async def test_nodes_known_after_the_placer_is_ready_are_in_its_first_decision(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    # The replica turns ready before the nodes' inventories come (as in ``tessera up``); no
+    # mix check runs meanwhile, so only the decision itself can have compiled the kinds in.
+    async with start_placer(tuning={"mix_check_s": 3600.0}) as placer:
+        service = placer.service
+        assert service is not None
+        assert service.upkeep.hosts_compiled == ()
+        for name in ("a", "b", "c"):
+            await wire.put_node(bus, name, 4)
+        await wire.put_node(bus, "big", 8)
+        await until(lambda: len(service.view.host_kinds()) == 2, what="the nodes in the view")
+        assert service.upkeep.hosts_compiled == ()
+        await wire.publish_pod(bus, wire.pending("u1", memory_mib=4096, cores=25))
+        await until(lambda: "u1" in service.view.claims, what="u1 placed")
+        assert [(kind.gpus, kind.count) for kind in fed_model(service.profile).hosts] == [
+            (4, 3),
+            (8, 1),
+        ]
+        assert placer.metric("tessera_placer_profile_builds_total") == 2

@@ -525,6 +525,17 @@ def test_the_mix_is_the_prior_until_pods_are_seen_then_the_newest_pods() -> None
     assert len(learned) == 299
 
 
+def test_a_task_of_the_mix_no_pod_asked_for_is_marked_assumed() -> None:
+    learned = mix.TaskMix(window=100)
+    assert all(t.assumed for t in learned.typical())  # the prior alone: a guess
+    for n in range(20):
+        learned.observe(f"p{n}", spec(300 if n % 2 else 250), at=float(n))
+    assumed = {(t.gpu_milli, t.gpu_count): t.assumed for t in learned.typical()}
+    assert assumed[(300, 1)] is False  # seen only
+    assert assumed[(250, 1)] is False  # seen, and the prior's too (merged)
+    assert assumed[(1000, 8)] is True  # the prior's only
+
+
 def test_the_mix_is_the_same_whatever_order_the_pods_were_seen_in() -> None:
     pods = [(f"p{n}", spec(random.Random(n).choice((250, 500, 1000))), float(n)) for n in range(50)]
     one, two = mix.TaskMix(window=30), mix.TaskMix(window=30)

@@ -41,6 +41,9 @@ class TypicalTask(msgspec.Struct, frozen=True, kw_only=True):
     weight: float
     memory_mib: int = 0
     """Typical memory ask, 0 = unknown (read by ``plugins/fed_fgd.py``; FGD ignores it)."""
+    assumed: bool = False
+    """No pod seen asked for it: a prior's guess in a learned mix (``rules/mix.py``), which the
+    fed measure's scarce hosts do not weigh more."""
 
 
 class HostKind(msgspec.Struct, frozen=True, kw_only=True):

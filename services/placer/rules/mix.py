@@ -16,7 +16,8 @@ from what it places:
 - **Prior.** Until enough pods were seen the learned mix is noisy, so it is blended with
   :data:`~.core.profiles.DEFAULT_TYPICAL_TASKS` (a generic shared-GPU cluster) counted as
   :data:`PRIOR_PODS` pods: with ``n`` pods in the window the learned mix weighs
-  ``n / (n + 200)``: nothing at start, half at 200 pods, 91 % at a full window of 2,000.
+  ``n / (n + 200)``: nothing at start, half at 200 pods, 91 % at a full window of 2,000. A task
+  only the prior gives is ``assumed``: the fed measure keeps no scarce hosts for it.
 - **Stability.** Weights are rounded to :data:`WEIGHT_STEP`, so the mix (and the compiled profile,
   whose shape memo starts over with it) changes only when the proportions really move.
 """
@@ -78,23 +79,30 @@ def task_spec(
 def blend(
     learned: Sequence[TypicalTask], seen: int, prior: Sequence[TypicalTask], prior_pods: int
 ) -> tuple[TypicalTask, ...]:
-    """``learned`` (from ``seen`` pods) and ``prior`` weighed by pods, weights rounded."""
+    """``learned`` (from ``seen`` pods) and ``prior`` weighed by pods, weights rounded; a task
+    only the prior gives is marked ``assumed``."""
     learned_share = seen / (seen + prior_pods) if seen + prior_pods else 0.0
     prior_total = sum(t.weight for t in prior) or 1.0
     learned_total = sum(t.weight for t in learned) or 1.0
     weighted = [
         *(
-            (t, (1 - learned_share) * t.weight / prior_total)
+            (t, (1 - learned_share) * t.weight / prior_total, True)
             for t in prior
             if learned_share < 1 and t.weight > 0
         ),
-        *((t, learned_share * t.weight / learned_total) for t in learned),
+        *((t, learned_share * t.weight / learned_total, False) for t in learned),
     ]
     merged: dict[TypicalTask, float] = {}
-    for task, weight in weighted:
-        key = msgspec.structs.replace(task, weight=0.0)
+    seen_specs: set[TypicalTask] = set()
+    for task, weight, assumed in weighted:
+        key = msgspec.structs.replace(task, weight=0.0, assumed=False)
         merged[key] = merged.get(key, 0.0) + weight
-    steps = {task: round(weight / WEIGHT_STEP) for task, weight in merged.items()}
+        if not assumed:
+            seen_specs.add(key)
+    steps = {
+        msgspec.structs.replace(task, assumed=task not in seen_specs): round(weight / WEIGHT_STEP)
+        for task, weight in merged.items()
+    }
     return tuple(
         msgspec.structs.replace(task, weight=n * WEIGHT_STEP)
         for task, n in sorted(

@@ -43,6 +43,8 @@ class Upkeep:
         """The cluster's node kinds the profile was compiled with (scarce hosts, ``fed_fgd``)."""
         self._compiled = (0, 0.0)
         """Decisions made and monotonic time at the last compile."""
+        self._grown = -1
+        """``ClusterView.grown`` when the node kinds were last looked at."""
         self._stats_model: tuple[tuple[TypicalTask, ...], FragmentationModel] | None = None
         self._tenancy_text: bytes | None = None
 
@@ -86,6 +88,16 @@ class Upkeep:
     def hosts_compiled(self) -> tuple[HostKind, ...]:
         """The node kinds the profile in use was compiled with."""
         return self._hosts
+
+    def follow_node_kinds(self) -> None:
+        """Look at the node kinds again now if a node's capacity moved (``ClusterView.grown``),
+        not at the next mix check: a replica turns ready before the nodes' inventories come, and
+        the first pods it decides must be decided with the kinds, as the simulator decides them.
+        Called before each decision; one comparison when nothing moved."""
+        grown = self._shell.view.grown
+        if grown != self._grown:
+            self._grown = grown
+            self.rebuild_profile()
 
     def rebuild_profile(self) -> None:
         """Compile the profile with the learned task mix and the cluster's node kinds (the fed

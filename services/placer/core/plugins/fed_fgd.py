@@ -53,7 +53,10 @@ GPUs are stranded. Found by looking at where the unallocated GPUs of the Alibaba
    that fits elsewhere no longer takes a whole G3 node from it. Multi-GPU mixes, seeds 42..46,
    mix learned online: multigpu30 / 40 / 50 3.48 / 3.10 / 2.82 -> 3.46 / 3.03 / 2.72; every
    task weighed so (no threshold): 3.50 / 3.15 / 2.74; exponent 2: 3.51 / 3.22 / 2.84. The five
-   stored traces did not move (benchmarks/RESULTS.md).
+   stored traces did not move (benchmarks/RESULTS.md). A task of a learned mix that no pod
+   asked for (the prior's, ``TypicalTask.assumed``) is not weighed so: on a small cluster, where
+   one node is a kind of its own, the prior's 8-GPU task kept the one 8-GPU node free for pods
+   that never came.
 
 Plugin and GPU choice ``fgd-fed`` are FGD's own score and GPU choice (``plugins/fgd.py``,
 ``gpu_choice.Fgd``) over this model, with the fill-waste tie-break of ``fragmentation.py``:
@@ -245,10 +248,14 @@ def rarity(
     scarce_from: float = SCARCE_FROM,
 ) -> tuple[float, ...]:
     """Per typical task, ``(all GPUs / GPUs of the nodes an empty one of which fits it) **
-    exponent``: 1 for a task any GPU node can run, large for one only a few nodes can."""
+    exponent``: 1 for a task any GPU node can run, large for one only a few nodes can, 1 for a
+    task no pod was seen asking for (``TypicalTask.assumed``)."""
     total = sum(h.gpus * h.count for h in hosts)
     factors = []
     for t in tasks:
+        if t.assumed:  # a guess about the tasks: no reason to keep hosts for it
+            factors.append(1.0)
+            continue
         fitting = sum(
             h.gpus * h.count
             for h in hosts
