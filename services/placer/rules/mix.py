@@ -76,6 +76,11 @@ def task_spec(
     )
 
 
+def _spec_of(task: TypicalTask) -> TypicalTask:
+    """``task`` without its weight and mark: what tasks of the same spec merge on."""
+    return msgspec.structs.replace(task, weight=0.0, assumed=False)
+
+
 def blend(
     learned: Sequence[TypicalTask], seen: int, prior: Sequence[TypicalTask], prior_pods: int
 ) -> tuple[TypicalTask, ...]:
@@ -86,25 +91,20 @@ def blend(
     learned_total = sum(t.weight for t in learned) or 1.0
     weighted = [
         *(
-            (t, (1 - learned_share) * t.weight / prior_total, True)
+            (t, (1 - learned_share) * t.weight / prior_total)
             for t in prior
             if learned_share < 1 and t.weight > 0
         ),
-        *((t, learned_share * t.weight / learned_total, False) for t in learned),
+        *((t, learned_share * t.weight / learned_total) for t in learned),
     ]
     merged: dict[TypicalTask, float] = {}
-    seen_specs: set[TypicalTask] = set()
-    for task, weight, assumed in weighted:
-        key = msgspec.structs.replace(task, weight=0.0, assumed=False)
+    for task, weight in weighted:
+        key = _spec_of(task)
         merged[key] = merged.get(key, 0.0) + weight
-        if not assumed:
-            seen_specs.add(key)
-    steps = {
-        msgspec.structs.replace(task, assumed=task not in seen_specs): round(weight / WEIGHT_STEP)
-        for task, weight in merged.items()
-    }
+    steps = {task: round(weight / WEIGHT_STEP) for task, weight in merged.items()}
+    learned_specs = {_spec_of(t) for t in learned}
     return tuple(
-        msgspec.structs.replace(task, weight=n * WEIGHT_STEP)
+        msgspec.structs.replace(task, weight=n * WEIGHT_STEP, assumed=task not in learned_specs)
         for task, n in sorted(
             steps.items(), key=lambda kv: (kv[0].gpu_count, kv[0].gpu_milli, kv[0].cpu_milli)
         )

@@ -94,9 +94,7 @@ class Upkeep:
         not at the next mix check: a replica turns ready before the nodes' inventories come, and
         the first pods it decides must be decided with the kinds, as the simulator decides them.
         Called before each decision; one comparison when nothing moved."""
-        grown = self._shell.view.grown
-        if grown != self._grown:
-            self._grown = grown
+        if self._shell.view.grown != self._grown:
             self.rebuild_profile()
 
     def rebuild_profile(self) -> None:
@@ -106,6 +104,7 @@ class Upkeep:
         shell = self._shell
         typical = shell.view.mix.typical()
         hosts = shell.view.host_kinds()
+        self._grown = shell.view.grown  # after ``host_kinds``, which may derive nodes
         decided, compiled_at = self._compiled
         now = shell.clock.monotonic()
         if shell.profile is not None and not mix.compile_due(
