@@ -4,8 +4,9 @@
 latest version of a pod's record, the node's records the gate may wait for, whether a record
 that holds a pod back is one a device plugin would grant (it matches its booking, read once per
 revision) and the write of a ``bound`` record (create-only, or compare-and-set at the revision
-read). A write whose outcome is unknown is *in doubt*: until it is read back, the gate counts
-the record as bound, so two pods are never bound with the same devices on one node.
+read; its outcome read from the mirror's watch, ``RecordMirror.write``). A write whose outcome
+is unknown is *in doubt*: until it is read back, the gate counts the record as bound, so two
+pods are never bound with the same devices on one node.
 """
 
 from __future__ import annotations
@@ -129,11 +130,9 @@ class GateRecords:
         data = codec.encode(record)
         try:
             if revision:
-                landed = await self._bus.kv_update(
-                    subjects.KV_ASSIGNMENTS, key, data, revision=revision
-                )
+                landed = await self._records.write(key, data, revision=revision)
             else:
-                landed = await self._bus.kv_create(subjects.KV_ASSIGNMENTS, key, data)
+                landed = await self._records.create(key, data)
         except Exception as error:
             log.warning(
                 "record write outcome unknown; reading it back",

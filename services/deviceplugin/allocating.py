@@ -187,11 +187,11 @@ class Allocator:
                 continue
             key = plan.taken.key
             try:
-                revision = await self._bus.kv_update(
-                    subjects.KV_ASSIGNMENTS,
+                revision = await self._records.write(
                     key,
                     codec.encode(plan.record),
                     revision=plan.taken.revision,
+                    seen_s=self._config.record_wait_s,
                 )
             except BusUnavailableError:
                 # Nothing was sent: wait (bounded) for NATS to come back and plan again, so a

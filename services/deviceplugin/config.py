@@ -21,6 +21,8 @@ class PluginConfig:
     """Socket file name in ``plugin_dir``."""
     pre_start: bool = False
     record_wait_s: float = 2.0
+    """How long one Allocate waits for the records watch to show a record (or its own write
+    of it) before reading the bucket itself."""
     nats_wait_s: float = 15.0
     """How long one Allocate waits for a lost NATS connection to come back before refusing."""
     kubelet_poll_s: float = 1.0

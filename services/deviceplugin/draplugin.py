@@ -25,13 +25,11 @@ from typing import Protocol
 
 from services.deviceplugin.rules.allocate import Refusal, ResponseOptions
 from services.deviceplugin.rules.prepare import ClaimRef, Prepared, advanced_by, plan_prepare
-from shared import codec, subjects
 from shared.clock import Clock
 from shared.dra.devices import DRIVER
 from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.inventory import GpuTelemetry
 from shared.messages.ledger import Booking
-from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
 
 log = logging.getLogger(__name__)
 
@@ -54,22 +52,6 @@ class RecordWriter(Protocol):
     async def advance(self, view: RecordView, record: AssignmentRecord) -> bool:
         """Write ``record`` over ``view`` by compare-and-set; whether it landed."""
         ...
-
-
-class BusRecordWriter:
-    """:class:`RecordWriter` over the bus: a compare-and-set on the assignments bucket."""
-
-    def __init__(self, bus: Bus) -> None:
-        self._bus = bus
-
-    async def advance(self, view: RecordView, record: AssignmentRecord) -> bool:
-        try:
-            written = await self._bus.kv_update(
-                subjects.KV_ASSIGNMENTS, view.key, codec.encode(record), revision=view.revision
-            )
-        except (BusUnavailableError, OutcomeUnknownError):
-            return False  # the binder settles it; a write that did land is seen in the mirror
-        return written is not None
 
 
 def spec_path(cdi_dir: Path, claim_uid: str) -> Path:

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from services.deviceplugin.allocating import Allocator
 from services.deviceplugin.commits import CommitMirror
 from services.deviceplugin.config import PluginConfig
-from services.deviceplugin.draplugin import BusRecordWriter, DraNodePlugin
+from services.deviceplugin.draplugin import DraNodePlugin
 from services.deviceplugin.draserver import GrpcDraServer
 from services.deviceplugin.grants import GrantBook, GrantFile, state_file
 from services.deviceplugin.inventory import InventoryFollower
@@ -52,10 +52,10 @@ from services.deviceplugin.server import (
 from shared import codec, subjects
 from shared.clock import Clock
 from shared.dra.devices import DRIVER
-from shared.messages.assignments import RecordView
+from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.inventory import GpuTelemetry, NodeInventory
 from shared.messages.ledger import Booking
-from shared.runtime.bus import Bus, Delivery
+from shared.runtime.bus import Bus, BusUnavailableError, Delivery, OutcomeUnknownError
 from shared.runtime.edge import Edge
 from shared.runtime.health import Readiness
 from shared.runtime.lifecycle import ServiceContext
@@ -135,6 +135,20 @@ class DevicePluginService:
     @property
     def bookings(self) -> Mapping[str, Booking]:
         return self._commits.bookings
+
+    async def advance(self, view: RecordView, record: AssignmentRecord) -> bool:
+        """``draplugin.RecordWriter``: ``record`` over ``view``, its outcome read from the
+        records watch (``RecordMirror.write``)."""
+        try:
+            written = await self._records.mirror.write(
+                view.key,
+                codec.encode(record),
+                revision=view.revision,
+                seen_s=self._config.record_wait_s,
+            )
+        except (BusUnavailableError, OutcomeUnknownError):
+            return False  # the binder settles it; a write that did land is seen in the mirror
+        return written is not None
 
     @property
     def gpus(self) -> Mapping[str, GpuTelemetry]:
@@ -321,7 +335,7 @@ async def _serve_dra(
         DraNodePlugin(
             node=config.node,
             state=service,
-            records=BusRecordWriter(bus),
+            records=service,
             clock=clock,
             cdi_dir=config.cdi_dir,
             options=config.response,

@@ -250,6 +250,19 @@ class Bus(Protocol):
         """Compare-and-set: write only if the key is still at ``revision``; None on conflict."""
         ...
 
+    async def kv_send(
+        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+    ) -> bool:
+        """Compare-and-set with no answer: ``value`` is stored only if the key is still at
+        ``revision``, and the server says nothing either way (one message fewer through it than
+        :meth:`kv_update`). For a writer that watches the key anyway: the first version of the
+        key its watch shows above ``revision`` is this write if it landed, the one that beat it
+        if not (``shared.runtime.records.RecordMirror.write``). ``create``: ``revision`` is the
+        key's deletion the writer saw last (0: none), and one of a store that was lost counts as
+        none. False when it was not sent because it cannot land (``revision`` is of a store that
+        was lost); raises :class:`BusUnavailableError` while disconnected (nothing was sent)."""
+        ...
+
     async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
         """Write all of ``writes`` (to distinct keys) or none: each a compare-and-set or a
         create-only write, landing together. Returns their new revisions, in order; None when

@@ -12,6 +12,10 @@ of each key (released ones included) stays the reference a rewrite is checked ag
 revision an older version arriving late (our own write racing the watch) cannot undercut; deleted
 keys leave a tombstone of their revision for the same reason.
 
+A writer that mirrors a key writes it with :meth:`RecordMirror.write`: a compare-and-set the
+server does not answer (``Bus.kv_send``), whose outcome is the first version of the key the watch
+shows above the revision written over, as the watch shows that version anyway.
+
 Served (``views``, ``get``, ``on_node``): accepted, neither released nor refused since;
 ``latest`` is the last version accepted, released ones included.
 ``changed`` bumps on every change, so a waiter (the binder's ambiguity gate, an Allocate waiting
@@ -20,14 +24,16 @@ for its record) notes the version, looks, and waits past it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Final, NamedTuple
 
 from shared import codec, subjects, validation
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord, RecordView
-from shared.runtime.bus import Bus, Delivery, KvEntry
+from shared.runtime.bus import Bus, Delivery, KvEntry, OutcomeUnknownError
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
 from shared.runtime.tasks import ChangeCounter
@@ -37,6 +43,28 @@ log = logging.getLogger(__name__)
 TOMBSTONES = 100_000
 """Revisions of deleted keys remembered, so an older version arriving late (our own write racing
 the watch) cannot bring a record back."""
+
+WRITE_SEEN_S: Final = 2.0
+"""How long :meth:`RecordMirror.write` waits for the watch to show a version above the one it
+wrote over; the watch of a NATS cluster can stay silent for seconds (then the write is read
+back)."""
+
+
+CONNECTION_CHECK_S: Final = 0.05
+"""How often a write waiting for its version looks whether the NATS connection is still up
+(nats-py reconnects a second or more after it noticed a loss)."""
+
+
+class _Awaited(NamedTuple):
+    """A write of :meth:`RecordMirror.write` waiting for the watch to show what became of it."""
+
+    above: int
+    """The revision it wrote over."""
+    value: bytes
+    epoch: str
+    """The store's epoch when it was sent."""
+    outcome: asyncio.Future[int | None]
+
 
 Check = Callable[[str, AssignmentRecord, RecordView | None], str | None]
 """Why a record read under a key cannot be taken, given the last version accepted (None: it can)."""
@@ -101,6 +129,9 @@ class RecordMirror:
         self._gone: OrderedDict[str, int] = OrderedDict()
         self.changed = changed if changed is not None else ChangeCounter()
         self.loaded = False
+        self._writes: dict[str, list[_Awaited]] = {}
+        """Key -> the writes of :meth:`write` waiting for a version above the revision each
+        wrote over."""
 
     # --- reading -------------------------------------------------------------------------------
 
@@ -124,6 +155,88 @@ class RecordMirror:
         """The newest revision of ``key`` taken in (released or deleted ones included; 0: none)."""
         known = self._accepted.get(key)
         return max(known.revision if known is not None else 0, self._gone.get(key, 0))
+
+    # --- writing -------------------------------------------------------------------------------
+
+    async def write(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        seen_s: float = WRITE_SEEN_S,
+        create: bool = False,
+    ) -> int | None:
+        """Compare-and-set ``value`` over version ``revision`` of ``key``, unanswered
+        (``Bus.kv_send``): the revision it landed at, or None when another version came first.
+
+        The server stores a key's versions in order and a compare-and-set lands only on the one
+        it names, so the first version the watch shows above ``revision`` is this write or the
+        one that beat it. Raises ``OutcomeUnknownError`` when the watch showed none within
+        ``seen_s`` (silent, or watched again: its initial values show a key's latest version
+        only), or showed one after the bus took another store's epoch (what it shows is of
+        that store): the caller reads the key back, as for a write whose answer was lost."""
+        if max(self.revision(key), self._rejected.get(key, 0)) > revision:
+            return None  # a later version is here already: this write could only lose
+        outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        awaited = _Awaited(revision, value, self._bus.store_epoch, outcome)
+        self._writes.setdefault(key, []).append(awaited)
+        try:
+            sent = await self._bus.kv_send(
+                subjects.KV_ASSIGNMENTS, key, value, revision=revision, create=create
+            )
+            if not sent:
+                return None
+            return await self._outcome(key, awaited, seen_s)
+        finally:
+            waiting = self._writes[key]
+            waiting.remove(awaited)
+            if not waiting:
+                del self._writes[key]
+
+    async def _outcome(self, key: str, awaited: _Awaited, seen_s: float) -> int | None:
+        """What the watch shows became of ``awaited`` within ``seen_s``. A connection that drops
+        meanwhile makes it unknown at once, as it does a write waiting for its answer: nats-py
+        sends what was written but not flushed again once it reconnects, maybe to a new store,
+        and a caller reading it back must not take that for this write landing where it was
+        meant to."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seen_s
+        while not awaited.outcome.done():
+            remaining = deadline - loop.time()
+            if not self._bus.connected or remaining <= 0:
+                why = "the NATS connection dropped" if remaining > 0 else f"{seen_s:g} s passed"
+                raise OutcomeUnknownError(
+                    f"{why} before a version of {key} above revision {awaited.above} was seen; "
+                    "the write may or may not have landed (read it back)"
+                )
+            await asyncio.wait((awaited.outcome,), timeout=min(remaining, CONNECTION_CHECK_S))
+        return awaited.outcome.result()
+
+    async def create(self, key: str, value: bytes, *, seen_s: float = WRITE_SEEN_S) -> int | None:
+        """Create-only :meth:`write`: over no version of ``key``, or over the deletion of it this
+        mirror saw last (as ``kv_create`` writes over a delete marker; one of a store that was
+        lost is no deletion in the store of now); None when a version is there."""
+        if key in self._accepted or key in self._rejected:
+            return None
+        gone = self._gone.get(key, 0)
+        return await self.write(key, value, revision=gone, seen_s=seen_s, create=True)
+
+    def _settle(self, key: str, revision: int, value: bytes | None) -> None:
+        """The watch shows ``key`` at ``revision`` (``value`` None: deleted): the outcome of each
+        write waiting for a version above the one it wrote over."""
+        for awaited in self._writes.get(key, ()):
+            outcome = awaited.outcome
+            if revision <= awaited.above or outcome.done():
+                continue
+            if self._bus.store_epoch != awaited.epoch:
+                outcome.set_exception(
+                    OutcomeUnknownError(
+                        f"NATS lost its store while {key} was written; read it back"
+                    )
+                )
+            else:
+                outcome.set_result(revision if value == awaited.value else None)
 
     # --- taking versions in --------------------------------------------------------------------
 
@@ -232,6 +345,8 @@ class RecordMirror:
         )
 
     async def _on_entry(self, entry: KvEntry) -> None:
+        if self._writes:
+            self._settle(entry.key, entry.revision, None if entry.deleted else entry.value)
         if entry.deleted:
             await self.delete(entry.key, entry.revision)
         else:

@@ -45,11 +45,13 @@ class RacingBus:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bus, name)
 
-    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+    async def kv_send(
+        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+    ) -> bool:
         competitor, self._competitor = self._competitor, None
         if competitor is not None:
             await competitor(self._bus, key, revision)
-        return await self._bus.kv_update(bucket, key, value, revision=revision)
+        return await self._bus.kv_send(bucket, key, value, revision=revision, create=create)
 
 
 async def rewrite_unchanged(bus: NatsBus, key: str, revision: int) -> None:
@@ -254,7 +256,9 @@ class UnreachableKvBus:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bus, name)
 
-    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+    async def kv_send(
+        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+    ) -> bool:
         raise TimeoutError("nats: timeout")
 
 

@@ -13,6 +13,7 @@ its own store), for streams and buckets with three replicas.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,10 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+import nats
+import nats.js.errors
+
+from shared import subjects
 from shared.runtime.nats import NatsBus
 from tessera.up.system import PORT_TAKEN, nats_server_binary
 from tests.harness.wait import eventually
@@ -227,3 +232,17 @@ async def connect_when_ready(url: str, *, name: str, replicas: int) -> NatsBus:
     bus = await eventually(attempt, timeout=60, interval=0.5, what="JetStream ready")
     assert bus is not None
     return bus
+
+
+async def replace_store(server: NatsServer) -> NatsBus:
+    """Every Tessera stream deleted and created again by another client, with a new epoch (an
+    operator's ``nats stream rm``, or a store a client did not see go): the connection of every
+    other client stays up. Returns that client."""
+    admin = await nats.connect(server.url)
+    try:
+        for stream in (*subjects.STREAMS, *(f"KV_{b}" for b in subjects.KV_BUCKETS)):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await admin.jetstream().delete_stream(stream)
+    finally:
+        await admin.close()
+    return await NatsBus.connect(server.url, name="other")

@@ -266,6 +266,14 @@ class GatedBus:
             lambda: self.kv.update(bucket, key, value, revision),
         )
 
+    async def kv_send(
+        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+    ) -> bool:
+        await self._through(
+            f"send {bucket}/{key}@{revision}", lambda: self.kv.update(bucket, key, value, revision)
+        )
+        return True
+
     async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
         keys = ",".join(write.key for write in writes)
         return await self._through(  # type: ignore[no-any-return]

@@ -287,6 +287,36 @@ async def test_kv_compare_and_set_conflict_is_data(bus: NatsBus) -> None:
     assert entry == KvEntry(key=key, value=b"bound", revision=rev2)
 
 
+async def test_a_sent_write_lands_only_at_its_revision_and_nothing_answers_it(
+    nats_server: NatsServer, bus: NatsBus
+) -> None:
+    """``kv_send``: the same compare-and-set as ``kv_update``, with no reply through the server
+    (a writer that watches the key learns the outcome there)."""
+    bucket = subjects.KV_ASSIGNMENTS
+    key = subjects.assignment_key("gpu-node.example.com", "uid-1")
+    rev1 = await bus.kv_create(bucket, key, b"bound")
+    assert rev1 is not None
+    replies = await nats.connect(nats_server.url)
+    answered: list[str] = []
+
+    async def count(msg: NatsMsg) -> None:
+        answered.append(msg.subject)
+
+    await replies.subscribe("_INBOX.>", cb=count)
+    await replies.flush()
+    try:
+        assert await bus.kv_send(bucket, key, b"allocated", revision=rev1)
+        assert await bus.kv_send(bucket, key, b"lost the race", revision=rev1)
+        await asyncio.sleep(0.3)
+        assert answered == [], "the server answered a write that asked for no answer"
+        entry = await bus.kv_get(bucket, key)  # a read is answered: one reply
+        assert entry == KvEntry(key=key, value=b"allocated", revision=rev1 + 1)
+        assert await bus.kv_update(bucket, key, b"released", revision=rev1 + 1) == rev1 + 2
+        await eventually(lambda: len(answered) == 2, what="the read's and the update's answers")
+    finally:
+        await replies.close()
+
+
 async def test_kv_writes_of_one_batch_land_all_or_none(bus: NatsBus) -> None:
     bucket = subjects.KV_LEDGER
     node, claim = subjects.booking_key("n1", "uid-0"), subjects.claim_key("uid-1")

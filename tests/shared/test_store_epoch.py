@@ -4,16 +4,14 @@ reports (a real nats-server)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncGenerator
 
-import nats
 import pytest
 
 from shared import subjects
 from shared.runtime.bus import BusUnavailableError, KvEntry
 from shared.runtime.nats import NatsBus
-from tests.harness.nats import NatsServer
+from tests.harness.nats import NatsServer, replace_store
 
 BUCKET = subjects.KV_LEDGER
 
@@ -24,20 +22,6 @@ async def _initial(watch: AsyncGenerator[KvEntry | None, None]) -> list[KvEntry]
     while (entry := await asyncio.wait_for(anext(watch), timeout=10)) is not None:
         values.append(entry)
     return values
-
-
-async def _replace_store(server: NatsServer) -> NatsBus:
-    """Every Tessera stream deleted and created again by another client, with a new epoch (an
-    operator's ``nats stream rm``, or a store a client did not see go): the connection of every
-    other client stays up. Returns that client."""
-    admin = await nats.connect(server.url)
-    try:
-        for stream in (*subjects.STREAMS, *(f"KV_{b}" for b in subjects.KV_BUCKETS)):
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await admin.jetstream().delete_stream(stream)
-    finally:
-        await admin.close()
-    return await NatsBus.connect(server.url, name="other")
 
 
 async def test_a_watch_reads_one_store_and_the_bus_says_which(nats_server: NatsServer) -> None:
@@ -53,7 +37,7 @@ async def test_a_watch_reads_one_store_and_the_bus_says_which(nats_server: NatsS
     first = watcher.kv_watch(BUCKET)
     try:
         assert [e.key for e in await _initial(first)] == ["book.n1.a"]
-        other = await _replace_store(nats_server)
+        other = await replace_store(nats_server)
         assert other.store_epoch != old
         await other.kv_put(BUCKET, "book.n1.b", b"b")
 
@@ -98,7 +82,7 @@ async def test_a_watch_that_loses_its_store_tells_the_client_of_the_new_one(
     other: NatsBus | None = None
     try:
         assert await _initial(watch) == []
-        other = await _replace_store(nats_server)
+        other = await replace_store(nats_server)
         with pytest.raises(BusUnavailableError):
             await asyncio.wait_for(anext(watch), timeout=10)
         again = watcher.kv_watch(BUCKET)

@@ -19,7 +19,7 @@ import nats.js.errors
 from nats.aio.msg import Msg as NatsMsg
 
 from shared.runtime.bus import BusUnavailableError, KvEntry, KvWrite
-from shared.runtime.nats.store import NatsStore, unavailable
+from shared.runtime.nats.store import _DISCONNECTED, NatsStore, unavailable
 from shared.runtime.nats.watchers import (
     WATCH_BATCH,
     WATCH_SILENT_HEARTBEATS,
@@ -75,6 +75,28 @@ class NatsKv(NatsStore):
             return self._revision(int(await self._write(lambda: kv.update(key, value, last=last))))
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
+
+    async def kv_send(
+        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+    ) -> bool:
+        """A core publish to the key's subject carrying the expected last sequence and no reply
+        subject: JetStream checks the expectation as for any write and, with nobody to answer,
+        answers nobody."""
+        await self._checked_bucket(bucket)
+        last = self._sequence(revision) if revision else 0
+        if last is None:  # read from a store that was lost: that entry has moved on for good
+            if not create:
+                return False
+            last = 0  # the deletion went with its store
+        if not self.connected:
+            raise BusUnavailableError("not connected to NATS; nothing was sent")
+        try:
+            await self._nc.publish(
+                f"$KV.{bucket}.{key}", value, headers=_expectation(bucket, last, "")
+            )
+        except _DISCONNECTED:
+            raise BusUnavailableError("not connected to NATS; nothing was sent") from None
+        return True
 
     async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
         """One JetStream atomic batch (nats-server 2.12+, the bucket's stream ``allow_atomic``):
