@@ -168,7 +168,7 @@ class EventRecorder:
             if answer is not None:
                 log.warning(
                     "event refused",
-                    extra={"reason": reason, "code": answer.code, "message": answer.message},
+                    extra={"reason": reason, "code": answer.code, "detail": answer.message},
                 )
             self.metrics.events.labels(outcome="failed").inc()
             if self._series.get(key) is series:

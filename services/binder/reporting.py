@@ -144,7 +144,7 @@ class Reporter:
                 self._explained.pop(meta.uid, None)
                 log.info(
                     "pending pod not explained",
-                    extra={"pod": meta.key, "code": answer.code, "message": answer.message},
+                    extra={"pod": meta.key, "code": answer.code, "detail": answer.message},
                 )
                 return
             self._metrics.explained.labels(cause=cause).inc()
@@ -245,7 +245,7 @@ class Reporter:
                 extra={
                     "pod": f"{record.namespace}/{record.name}",
                     "code": answer.code,
-                    "message": answer.message,
+                    "detail": answer.message,
                 },
             )
 

@@ -324,7 +324,7 @@ class NatsStore(NatsConnection):
             self.topology_restores += 1
             log.warning(
                 "NATS had lost streams or buckets; created them again",
-                extra={"reason": reason, "created": created},
+                extra={"reason": reason, "recreated": created},
             )
 
     async def _look_for_lost_store(self, reason: str) -> None:
