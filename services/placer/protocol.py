@@ -144,17 +144,19 @@ class CommitProtocol:
             return "claimed elsewhere"
         return "restored"
 
-    async def keep_booked(self, booking: Booking) -> None:
+    async def keep_booked(self, booking: Booking) -> str:
         """The pod is placed by ``booking`` already (a redelivery, another replica won): make
-        sure it is booked (a release of another commit of the pod may have raced it)."""
+        sure it is booked (a release of another commit of the pod may have raced it). Returns
+        why it could not be booked again ("" when it is booked)."""
         if booking.commit in {b.commit for b in self.view.bookings_of(booking.pod_uid)}:
-            return
+            return ""
         refused = await self.store.rebook(booking)
         if refused:
             log.error(
                 "a placed pod's booking is missing and cannot be booked again",
                 extra={"pod_uid": booking.pod_uid, "node": booking.node, "reason": refused},
             )
+        return refused
 
     # --- releasing -----------------------------------------------------------------------------
 

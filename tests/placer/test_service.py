@@ -28,7 +28,7 @@ from shared.messages.ledger import (
     TenantLedger,
 )
 from shared.messages.placement import PlacementRejected
-from shared.messages.pods import PlacementHints
+from shared.messages.pods import PlacementHints, PodPending
 from shared.messages.stats import ClusterStats
 from shared.runtime.bus import Delivery
 from shared.runtime.nats import NatsBus
@@ -148,6 +148,42 @@ async def test_a_deleted_pod_gives_its_gpus_back_once(
         # The GPU is free again: a whole-GPU pod fits.
         await wire.publish_pod(bus, wire.pending("u2", shares=1, memory_mib=None, cores=None))
         await settled(bus, placed("u2"), what="u2 placed on the freed GPU")
+
+
+async def test_a_placed_pod_that_cannot_be_booked_again_comes_back_until_it_can(
+    bus: NatsBus, start_placer: PlacerFactory
+) -> None:
+    """A pod placed already, its booking gone and its GPU taken meanwhile (after NATS lost its
+    store, a node's inventory may not be back yet): its message was acked although the pod was
+    neither booked nor placed again, and it stayed Pending for good (a three-server store-loss
+    chaos run). It comes back until it can be booked again."""
+    await wire.put_node(bus, "n1", 1)
+
+    def whole(uid: str, version: str = "1") -> PodPending:
+        pod = wire.pending(uid, shares=1, memory_mib=None, cores=None)
+        return msgspec.structs.replace(pod, resource_version=version)
+
+    async with start_placer(reconcile_interval_s=3600.0) as placer:
+        await wire.publish_pod(bus, whole("u1"))
+        await settled(bus, placed("u1"), what="u1 placed")
+        await bus.kv_delete(subjects.KV_LEDGER, subjects.booking_key("n1", "u1"))
+        await wire.publish_pod(bus, whole("u2"))
+        await settled(bus, placed("u2"), what="u2 placed on the GPU u1's booking left")
+
+        await wire.publish_pod(bus, whole("u1", "2"))
+        await asyncio.sleep(3.0)  # redelivered every second meanwhile
+        pods = await bus._js.stream_info(subjects.STREAM_PODS)
+        assert pods.state.messages >= 1, "u1's message was acked without u1 booked"
+        assert placer.metric("tessera_placer_decisions_total", outcome="duplicate") == 0
+
+        await wire.delete_pod(bus, "u2")
+        await settled(bus, placed("u1"), what="u1 booked again once its GPU was free")
+
+        async def every_message_handled() -> bool:
+            return (await bus._js.stream_info(subjects.STREAM_PODS)).state.messages == 0
+
+        await until(every_message_handled, what="u1's message acked once it was booked")
+        assert placer.metric("tessera_placer_decisions_total", outcome="duplicate") == 1
 
 
 async def test_a_redelivered_pod_changes_nothing(bus: NatsBus, start_placer: PlacerFactory) -> None:

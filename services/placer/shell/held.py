@@ -163,13 +163,17 @@ class Held:
             log.info("handed back held pods", extra={"messages": len(held)})
 
     async def finish_placed(self, booking: Booking, deliveries: list[Delivery]) -> None:
-        """Ack the messages of a pod placed already (by ``booking``), once it is booked."""
+        """Ack the messages of a pod placed already (by ``booking``), once it is booked. One
+        that cannot be booked again now (after NATS lost its store, a node's inventory may not
+        be back yet) comes back later: acked, its pod was neither booked nor placed again."""
         try:
-            await self._shell.protocol.keep_booked(booking)
+            refused = await self._shell.protocol.keep_booked(booking)
         except Exception as error:
+            refused = f"{type(error).__name__}: {error}"
+        if refused:
             log.warning(
                 "cannot finish an already placed pod yet; its message comes back",
-                extra={"pod_uid": booking.pod_uid, "error": f"{type(error).__name__}: {error}"},
+                extra={"pod_uid": booking.pod_uid, "error": refused},
             )
             for delivery in deliveries:
                 with contextlib.suppress(Exception):
