@@ -165,7 +165,8 @@ class Held:
     async def finish_placed(self, booking: Booking, deliveries: list[Delivery]) -> None:
         """Ack the messages of a pod placed already (by ``booking``), once it is booked. One
         that cannot be booked again now (after NATS lost its store, a node's inventory may not
-        be back yet) comes back later: acked, its pod was neither booked nor placed again."""
+        be back yet) is handed back to come again later: acked, its pod would be neither booked
+        nor placed again."""
         try:
             refused = await self._shell.protocol.keep_booked(booking)
         except Exception as error:
