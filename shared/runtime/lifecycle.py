@@ -46,6 +46,7 @@ from shared.config import (
 from shared.runtime.bus import (
     NODE_WATCH_HEARTBEAT_S,
     WATCH_HEARTBEAT_S,
+    WRITE_COALESCE_S,
     Bus,
     ConnectionMonitor,
     ConnectionStatus,
@@ -92,6 +93,9 @@ class BusIdentity:
     create_epoch: bool = True
     """Whether it may give a new store its epoch (``shared.permissions.creates_store``)."""
     watch_heartbeat_s: float = WATCH_HEARTBEAT_S
+    write_coalesce_s: float = 0.0
+    """How long a write to the socket waits for the publishes after it (``shared.runtime.bus.
+    WRITE_COALESCE_S``)."""
 
 
 async def connect_nats(
@@ -112,13 +116,15 @@ async def connect_nats(
         update_topology=identity.update_topology,
         create_epoch=identity.create_epoch,
         watch_heartbeat_s=identity.watch_heartbeat_s,
+        write_coalesce_s=identity.write_coalesce_s,
     )
 
 
 def bus_identity(name: str, settings: Settings) -> BusIdentity:
     """How service ``name`` connects (see :class:`BusIdentity`). Names that are not a Tessera
     role get nats-py's defaults; the per-node roles watch with a slower heartbeat
-    (``shared.runtime.bus.NODE_WATCH_HEARTBEAT_S``)."""
+    (``shared.runtime.bus.NODE_WATCH_HEARTBEAT_S``) and write at once, the others gather their
+    writes (``WRITE_COALESCE_S``)."""
     if not permissions.is_role(name):
         return BusIdentity()
     role = typing.cast(permissions.Role, name)
@@ -131,6 +137,7 @@ def bus_identity(name: str, settings: Settings) -> BusIdentity:
         update_topology=permissions.may_update_topology(role),
         create_epoch=permissions.creates_store(role),
         watch_heartbeat_s=NODE_WATCH_HEARTBEAT_S if per_node else WATCH_HEARTBEAT_S,
+        write_coalesce_s=0.0 if per_node else WRITE_COALESCE_S,
     )
 
 

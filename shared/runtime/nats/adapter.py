@@ -7,10 +7,10 @@ import contextlib
 from typing import Any
 
 import nats.errors
-from nats.aio.client import Client as NatsClient
 
 from shared.config import NatsSecurity, redact_url
 from shared.runtime.bus import WATCH_HEARTBEAT_S
+from shared.runtime.nats.client import CoalescingClient
 from shared.runtime.nats.connection import (
     DEFAULT_INBOX_PREFIX,
     NatsRefusedError,
@@ -44,6 +44,7 @@ class NatsBus(NatsKv, NatsMessaging):
         update_topology: bool = True,
         create_epoch: bool = True,
         watch_heartbeat_s: float = WATCH_HEARTBEAT_S,
+        write_coalesce_s: float = 0.0,
     ) -> NatsBus:
         """Connect once, then reconnect forever after any later loss; ensure streams and buckets
         (``replicas`` copies of each; none when ``topology`` is False: a client that only asks
@@ -57,7 +58,8 @@ class NatsBus(NatsKv, NatsMessaging):
         give a new store its epoch (``shared.permissions.creates_store``); one that may not
         waits, its connection refused as not ready, until a client that may has.
         ``watch_heartbeat_s``: the server's idle heartbeat on each KV watch
-        (``shared.runtime.bus``).
+        (``shared.runtime.bus``). ``write_coalesce_s``: how long a write to the socket waits for
+        the publishes after it (``shared.runtime.nats.client``; 0: none).
 
         Raises:
             NatsRefusedError: the server refused the credentials or the TLS handshake failed.
@@ -86,7 +88,7 @@ class NatsBus(NatsKv, NatsMessaging):
             if bus is not None:
                 bus._on_closed()
 
-        client = NatsClient()
+        client = CoalescingClient(coalesce_s=write_coalesce_s)
 
         def next_attempt(servers: list[Any], info: dict[str, Any]) -> tuple[Any, float]:
             # nats-py leaves the transport of a refused attempt open and replaces it with the
