@@ -81,6 +81,22 @@ async def test_a_close_during_the_wait_still_sends_what_was_published(
         await receiver.close()
 
 
+async def test_a_flush_returns_once_the_server_has_what_was_published_before_it(
+    nats_server: NatsServer,
+) -> None:
+    receiver, got = await _receiver(nats_server)
+    client = CoalescingClient(coalesce_s=0.25)
+    await client.connect(nats_server.url)
+    try:
+        await client.publish(SUBJECT, b"before the flush")
+        await client.flush()
+        await receiver.flush()  # the server sent the receiver what it had before this
+        assert got == [b"before the flush"]
+    finally:
+        await client.close()
+        await receiver.close()
+
+
 @pytest.mark.parametrize(
     ("role", "settings", "coalesce_s"),
     [

@@ -10,14 +10,19 @@ pods' bookings, claims and acks) go out in one write, and nats-server reads them
 The wait delays each message by up to ``coalesce_s``; the per-node services, whose device
 plugin answers the kubelet's Allocate, connect without it (``shared.runtime.lifecycle``).
 The flusher is nats-py's loop (``Client._flusher`` of the version the lock pins) with the wait
-added; ``tests/shared/test_bus.py`` counts the writes, so a nats-py that stopped calling it would
-fail there rather than silently write message by message.
+added; ``tests/shared/test_nats_writes.py`` counts the writes, so a nats-py that stopped calling
+it would fail there rather than silently write message by message. nats-py writes a PING (a
+``flush()``, its keep-alive) straight to the socket, ahead of what is still pending; here it
+queues behind it, so a ``flush()`` still returns only once the server has read every publish
+made before it.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from nats.aio.client import PING_PROTO
 from nats.aio.client import Client as NatsClient
 
 
@@ -58,3 +63,11 @@ class CoalescingClient(NatsClient):
                 for future in asked:
                     if not future.done():  # one may have been cancelled (nats-py issue 624)
                         future.set_result(None)
+
+    async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+        self._pongs.append(future)
+        self._pending.append(PING_PROTO)  # behind the publishes before it, in the same write
+        self._pending_data_size += len(PING_PROTO)
+        await self._flush_pending()
