@@ -94,9 +94,11 @@ WRITE_COALESCE_S = 0.0005
 """How long the control plane's NATS client (placers, binder) waits after a publish before it
 writes to the socket, so that the publishes of that moment go out in one write
 (``shared.runtime.nats.client``). In a 1,000-pod burst (``benchmarks/e2e.py --nodes 100 --pods
-1000``) it cut the control plane's CPU per pod by about a tenth and raised pods/s; at a steady
-250 pods/s, where little is written at once, it adds about 1.5 ms to a decision (3 to 4 writes in
-a row). The per-node services write little and the device plugin answers the kubelet: none."""
+1000``) it cut the control plane's CPU per pod by 4-8 % and raised pods/s; at a steady 250
+pods/s, where little is written at once, a decision's three or four writes in a row may each wait
+(``benchmarks/placer_service.py``: p50 3.1 -> 4.5 ms with every client of the run waiting, no
+change beyond noise with the placer alone). The per-node services write little and the device
+plugin answers the kubelet: none."""
 
 
 async def _noop() -> None:

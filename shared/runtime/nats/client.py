@@ -13,7 +13,7 @@ The flusher is nats-py's loop (``Client._flusher`` of the version the lock pins)
 added; ``tests/shared/test_nats_writes.py`` counts the writes, so a nats-py that stopped calling
 it would fail there rather than silently write message by message. nats-py writes a PING (a
 ``flush()``, its keep-alive) straight to the socket, ahead of what is still pending; here it
-queues behind it, so a ``flush()`` still returns only once the server has read every publish
+queues behind that, so a ``flush()`` still returns only once the server has read every publish
 made before it.
 """
 
