@@ -729,7 +729,8 @@ async def test_not_connected_until_the_reconnect_callback_ran() -> None:
     a write in between was failed as 'the connection dropped before the answer' (seen in CI
     right after a server restart). The nats-py callbacks are driven here in that order."""
     with NatsServer() as server:
-        bus = await NatsBus.connect(server.url, name="between")
+        # The write in between waits a request timeout for the store check, then is refused.
+        bus = await NatsBus.connect(server.url, name="between", request_timeout=0.5)
         bus._on_disconnect()  # the lost connection's callback ran; nats-py is up again already
         assert not bus.connected
         with pytest.raises(BusUnavailableError):
