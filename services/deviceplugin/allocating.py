@@ -137,6 +137,7 @@ class Allocator:
         deadline = start + self._config.record_wait_s
         nats_deadline = start + self._config.nats_wait_s
         conflicts = 0
+        behind = False  # the watch had not delivered what a fresh read found
         while True:
             seen = self._records.changed.version
             plan = allocate.plan_allocation(
@@ -157,6 +158,7 @@ class Allocator:
                 if unconfirmed and await self._commits.reread(unconfirmed):
                     continue  # the node's bookings may have lagged: plan again
                 if plan.kind == "no_record" and await self._reread():
+                    behind = True
                     continue  # the bucket held what the watch had not delivered: plan again
                 if (plan.kind == "no_record" or unconfirmed) and not self._bus.connected:
                     # The record (or its booking) may be waiting in KV while NATS restarts: wait
@@ -179,6 +181,7 @@ class Allocator:
                 changed = await self._records.changed.wait_past(seen, timeout=pause)
                 if not changed and not unconfirmed:
                     if plan.kind == "no_record" and await self._reread(now=True):
+                        behind = True
                         continue  # the watch stayed silent, the bucket did not: plan again
                     if plan.kind == "no_record" and await self._restoring(start):
                         deadline = self._clock.monotonic() + self._config.record_wait_s
@@ -192,6 +195,7 @@ class Allocator:
                     codec.encode(plan.record),
                     revision=plan.taken.revision,
                     seen_s=self._config.record_wait_s,
+                    answered=behind,  # a silent watch would not show the write either
                 )
             except BusUnavailableError:
                 # Nothing was sent: wait (bounded) for NATS to come back and plan again, so a

@@ -166,6 +166,7 @@ class RecordMirror:
         revision: int,
         seen_s: float = WRITE_SEEN_S,
         create: bool = False,
+        answered: bool = False,
     ) -> int | None:
         """Compare-and-set ``value`` over version ``revision`` of ``key``, unanswered
         (``Bus.kv_send``): the revision it landed at, or None when another version came first.
@@ -175,9 +176,23 @@ class RecordMirror:
         one that beat it. Raises ``OutcomeUnknownError`` when the watch showed none within
         ``seen_s`` (silent, or watched again: its initial values show a key's latest version
         only), or showed one after the bus took another store's epoch (what it shows is of
-        that store): the caller reads the key back, as for a write whose answer was lost."""
+        that store): the caller reads the key back, as for a write whose answer was lost.
+
+        ``answered``: a write the server answers (``Bus.kv_update``, ``kv_create``) instead, for
+        a caller that found the watch behind (a version it had to read afresh): waiting for that
+        watch to show the write would take ``seen_s`` when it is silent."""
         if max(self.revision(key), self._rejected.get(key, 0)) > revision:
             return None  # a later version is here already: this write could only lose
+        if answered:
+            bucket = subjects.KV_ASSIGNMENTS
+            landed = await (
+                self._bus.kv_create(bucket, key, value)
+                if create
+                else self._bus.kv_update(bucket, key, value, revision=revision)
+            )
+            if landed is not None:
+                await self.take(KvEntry(key=key, value=value, revision=landed))
+            return landed
         outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         awaited = _Awaited(revision, value, self._bus.store_epoch, outcome)
         self._writes.setdefault(key, []).append(awaited)

@@ -159,9 +159,21 @@ class SilentWatchBus:
     def __init__(self, bus: NatsBus) -> None:
         self._bus = bus
         self.silenced = False
+        self.record_writes: list[str] = []
+        """How each record write went: ``sent`` (unanswered) or ``updated`` (answered)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bus, name)
+
+    async def kv_send(
+        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+    ) -> bool:
+        self.record_writes.append("sent")
+        return await self._bus.kv_send(bucket, key, value, revision=revision, create=create)
+
+    async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
+        self.record_writes.append("updated")
+        return await self._bus.kv_update(bucket, key, value, revision=revision)
 
     def kv_watch(
         self, bucket: str, keys: str = ">", *, batch_s: float = 0.0
@@ -193,6 +205,9 @@ async def test_a_record_a_silent_watch_never_delivered_is_read_afresh_at_allocat
         result = await service.allocate([(f"{uuid(0)}::0",)])
         assert isinstance(result, list) and isinstance(result[0], ContainerGrant), result
         assert registry.get_sample_value("tessera_deviceplugin_records_reread_total") == 1
+        # Answered: the silent watch would not show an unanswered write either, and the
+        # Allocate would wait record_wait_s for it before reading it back.
+        assert silent.record_writes == ["updated"]
     stored = await get_record(bus, "late")
     assert stored.state == "allocated"
 

@@ -162,3 +162,20 @@ async def test_a_write_whose_connection_dropped_is_of_unknown_outcome_at_once(
     finally:
         nats_server.start()
         await eventually(lambda: bus.connected, timeout=30, what="the reconnect")
+
+
+async def test_an_answered_write_is_taken_in_without_the_watch_and_loses_to_a_later_version(
+    bus: NatsBus,
+) -> None:
+    """``answered``: for a writer that found the watch behind; nothing here follows the key."""
+    created = await bus.kv_create(subjects.KV_ASSIGNMENTS, KEY, codec.encode(BOUND))
+    assert created is not None
+    mirror = mirror_of(bus)  # not following: only what the write itself takes in
+    landed = await mirror.write(KEY, allocated(1.0), revision=created, answered=True)
+    assert landed is not None and landed > created
+    view = mirror.latest(KEY)
+    assert view is not None and (view.revision, view.record.state) == (landed, "allocated")
+    stale = mirror_of(bus)  # knows nothing of it: the server refuses the write
+    assert await stale.write(KEY, allocated(2.0), revision=created, answered=True) is None
+    value, revision = await stored(bus)
+    assert (value.bound_at, revision) == (1.0, landed)
