@@ -180,10 +180,11 @@ class RecordMirror:
 
         ``answered``: a write the server answers (``Bus.kv_update``, ``kv_create``) instead, for
         a caller that found the watch behind (a version it had to read afresh): waiting for that
-        watch to show the write would take ``seen_s`` when it is silent."""
+        watch to show the write would take ``seen_s`` when it is silent. A mirror whose watch has
+        not loaded (or does not run) writes so too: nothing would show it the write."""
         if max(self.revision(key), self._rejected.get(key, 0)) > revision:
             return None  # a later version is here already: this write could only lose
-        if answered:
+        if answered or not self.loaded:
             bucket = subjects.KV_ASSIGNMENTS
             landed = await (
                 self._bus.kv_create(bucket, key, value)

@@ -49,6 +49,14 @@ async def following(mirror: RecordMirror) -> AsyncIterator[None]:
             await watch
 
 
+async def gone_silent(bus: NatsBus) -> RecordMirror:
+    """A mirror whose watch loaded the records and then went silent (stopped)."""
+    mirror = mirror_of(bus)
+    async with following(mirror):
+        pass
+    return mirror
+
+
 async def stored(bus: NatsBus) -> tuple[AssignmentRecord, int]:
     entry = await bus.kv_get(subjects.KV_ASSIGNMENTS, KEY)
     assert entry is not None
@@ -105,11 +113,11 @@ async def test_a_write_no_watch_showed_in_time_is_of_unknown_outcome(
     caller must read the key back, which shows whether it landed."""
     created = await bus.kv_create(subjects.KV_ASSIGNMENTS, KEY, codec.encode(BOUND))
     assert created is not None
-    if not lands:
+    mirror = await gone_silent(bus)
+    if not lands:  # a version the silent watch does not show
         assert await bus.kv_update(
             subjects.KV_ASSIGNMENTS, KEY, codec.encode(BOUND), revision=created
         )
-    mirror = mirror_of(bus)
     with pytest.raises(OutcomeUnknownError, match=f"0.3 s passed before a version of {KEY}"):
         await mirror.write(KEY, allocated(1.0), revision=created, seen_s=0.3)
     value, _ = await stored(bus)
@@ -150,7 +158,7 @@ async def test_a_write_whose_connection_dropped_is_of_unknown_outcome_at_once(
     once the wait is over (the caller reads it back when NATS is back, as for a lost answer)."""
     created = await bus.kv_create(subjects.KV_ASSIGNMENTS, KEY, codec.encode(BOUND))
     assert created is not None
-    mirror = mirror_of(bus)  # not following: no version of the key is ever shown
+    mirror = await gone_silent(bus)  # no version of the key is ever shown
     write = asyncio.create_task(mirror.write(KEY, allocated(1.0), revision=created, seen_s=60))
     await asyncio.sleep(0.2)
     assert not write.done()
@@ -164,14 +172,16 @@ async def test_a_write_whose_connection_dropped_is_of_unknown_outcome_at_once(
         await eventually(lambda: bus.connected, timeout=30, what="the reconnect")
 
 
+@pytest.mark.parametrize("loaded", [True, False], ids=["asked-answered", "watch-never-loaded"])
 async def test_an_answered_write_is_taken_in_without_the_watch_and_loses_to_a_later_version(
-    bus: NatsBus,
+    bus: NatsBus, loaded: bool
 ) -> None:
-    """``answered``: for a writer that found the watch behind; nothing here follows the key."""
+    """``answered``: for a writer that found the watch behind; and every write of a mirror whose
+    watch never loaded (nothing would show it). No watch follows the key here."""
     created = await bus.kv_create(subjects.KV_ASSIGNMENTS, KEY, codec.encode(BOUND))
     assert created is not None
-    mirror = mirror_of(bus)  # not following: only what the write itself takes in
-    landed = await mirror.write(KEY, allocated(1.0), revision=created, answered=True)
+    mirror = await gone_silent(bus) if loaded else mirror_of(bus)
+    landed = await mirror.write(KEY, allocated(1.0), revision=created, answered=loaded)
     assert landed is not None and landed > created
     view = mirror.latest(KEY)
     assert view is not None and (view.revision, view.record.state) == (landed, "allocated")
