@@ -61,7 +61,7 @@ from shared.kubeobjects import Pod
 from shared.messages.assignments import AssignmentRecord, RecordView
 from shared.messages.bindings import BindingResult, BindOutcome
 from shared.messages.ledger import Booking
-from shared.runtime.bus import Bus
+from shared.runtime.bus import Bus, BusUnavailableError
 from shared.runtime.consumer import retry_delay
 from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint
@@ -98,9 +98,12 @@ class PlacementBinder:
         is_extender_pod: Callable[[Pod], bool],
         fence: Callable[[str], None],
         is_leader: Callable[[], bool],
+        restored: Callable[[], bool],
         dra: ClaimAllocation | None = None,
     ) -> None:
         self._dra = dra
+        self._restored = restored
+        """Whether the store in use is restored (``StoreRestorer.restored``)."""
         self._bus = bus
         self._gateway = reader
         self._writer = writer
@@ -260,6 +263,8 @@ class PlacementBinder:
         pod = f"{booking.namespace}/{booking.name}"
         while True:
             checkpoint()
+            if not self._restored():
+                raise BusUnavailableError("NATS lost its store; binding waits for its restore")
             plan, version, extender = await self._plan(booking)
             if not isinstance(plan, Wait):
                 break

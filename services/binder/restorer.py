@@ -77,28 +77,42 @@ class StoreRestorer:
         self._bound_pods = bound_pods
         self._republish = republish
         self._epoch = ""
+        self._done = ""
+        """The store epoch last found restored (by this binder or the one before)."""
+
+    def restored(self) -> bool:
+        """Whether the store in use is restored: until then a binder must not bind, or a pod
+        held at the ambiguity gate behind a bound pod whose record the loss took would pass
+        it (and the device plugin serve the bound pod's Allocate from the other's record)."""
+        return bool(self._done) and self._done == self._bus.store_epoch
 
     async def run(self) -> None:
         """Restore each epoch that is not restored yet, forever (cancelled with leadership)."""
         while True:
-            epoch = self._bus.store_epoch
-            if epoch:
-                if self._epoch and epoch != self._epoch:
-                    log.warning(
-                        "NATS lost its store: republishing pending pods and node facts",
-                        extra={"epoch": epoch},
-                    )
-                    self._republish()
-                self._epoch = epoch
-                try:
-                    if await self._restored_epoch() != epoch:
-                        await self._restore(epoch)
-                except Exception as error:  # NATS away: tried again at the next check
-                    log.warning(
-                        "cannot restore the NATS store yet",
-                        extra={"epoch": epoch, "error": f"{type(error).__name__}: {error}"},
-                    )
+            await self.check()
             await self._clock.sleep(CHECK_S)
+
+    async def check(self) -> None:
+        """Restore the store in use unless it is restored already."""
+        epoch = self._bus.store_epoch
+        if not epoch:
+            return
+        if self._epoch and epoch != self._epoch:
+            log.warning(
+                "NATS lost its store: republishing pending pods and node facts",
+                extra={"epoch": epoch},
+            )
+            self._republish()
+        self._epoch = epoch
+        try:
+            if await self._restored_epoch() != epoch:
+                await self._restore(epoch)
+            self._done = epoch
+        except Exception as error:  # NATS away: tried again at the next check
+            log.warning(
+                "cannot restore the NATS store yet",
+                extra={"epoch": epoch, "error": f"{type(error).__name__}: {error}"},
+            )
 
     async def _granted(self, node: str) -> NodeGrants | None:
         """What ``node``'s device plugin says it granted; None when it does not answer."""

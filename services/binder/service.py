@@ -222,6 +222,7 @@ class Binder:
             is_extender_pod=lambda pod: is_extender_pod(pod, config.extender_scheduler_names),
             fence=self._fence,
             is_leader=self.is_leader,
+            restored=lambda: self.restorer.restored(),
             dra=self.dra,
         )
         self.slices = (

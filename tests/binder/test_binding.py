@@ -41,7 +41,7 @@ from tests.binder.conftest import test_settings as binder_settings
 from tests.harness.commits import commit
 from tests.harness.kv import create_committed, put_record
 from tests.harness.lossy import LostAnswerBus
-from tests.harness.nats import NatsServer
+from tests.harness.nats import NatsServer, replace_store
 
 
 @dataclass
@@ -85,6 +85,7 @@ async def built_binder(
             metrics=metrics,
             readiness=Readiness(),
         )
+        await parts.restorer.check()  # the store in use is restored (nothing bound to restore)
         yield IdleBinder(parts=parts, registry=registry)
     finally:
         with contextlib.suppress(Exception):
@@ -114,6 +115,31 @@ async def test_a_placement_is_bound_by_writing_its_record(
     bound = await stored(bus, placement)
     assert bound is not None
     assert bound == msgspec.structs.replace(placement, bound_at=bound.bound_at)
+
+
+async def test_nothing_is_bound_into_a_store_not_restored_yet(
+    nats_server: NatsServer, api: ApiServer, bus: NatsBus, idle_binder: IdleBinder
+) -> None:
+    """NATS lost its store: until the binder has restored into the new one what is bound, it
+    binds nothing. A pod held at the ambiguity gate behind a bound pod whose record the loss
+    took passed the gate, and the device plugin served the bound pod's Allocate from the other
+    pod's record (a store-loss chaos run: a container with another pod's slice)."""
+    binder = idle_binder.parts
+    placement = await placed(api, bus)
+    other = await replace_store(nats_server)
+    try:
+        await bus.restore_topology(reason="the store was replaced (test)")
+        assert bus.store_epoch == other.store_epoch
+        await commit(bus, placement)  # placed again in the new store
+        with pytest.raises(BusUnavailableError, match="waits for its restore"):
+            await binder.placements.bind(booking(placement))
+        assert api.writes_to("pods/binding") == []
+        assert await stored(bus, placement) is None
+        await binder.restorer.check()
+        await binder.placements.bind(booking(placement))
+        assert [w.code for w in api.writes_to("pods/binding")] == [201]
+    finally:
+        await other.drain()
 
 
 async def test_a_placement_seen_twice_is_bound_once(
