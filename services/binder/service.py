@@ -206,6 +206,15 @@ class Binder:
         )
         self.pods: Informer[Pod] = self.sync.pods
         self.nodes: Informer[Node] = self.sync.nodes
+        self.restorer = StoreRestorer(
+            bus=bus,
+            clock=clock,
+            identity=self.identity,
+            metrics=metrics,
+            recorder=self.recorder,
+            bound_pods=self.sync.bound_pods,
+            republish=self.sync.resync,
+        )
         self.placements = PlacementBinder(
             bus=bus,
             reader=gateway,
@@ -222,7 +231,7 @@ class Binder:
             is_extender_pod=lambda pod: is_extender_pod(pod, config.extender_scheduler_names),
             fence=self._fence,
             is_leader=self.is_leader,
-            restored=lambda: self.restorer.restored(),
+            restored=self.restorer.restored,
             dra=self.dra,
         )
         self.slices = (
@@ -234,15 +243,6 @@ class Binder:
             )
             if dra is not None
             else None
-        )
-        self.restorer = StoreRestorer(
-            bus=bus,
-            clock=clock,
-            identity=self.identity,
-            metrics=metrics,
-            recorder=self.recorder,
-            bound_pods=self.sync.bound_pods,
-            republish=self.sync.resync,
         )
         self.lookups = PodLookups(
             config=config,

@@ -4,6 +4,8 @@ client``), against a real nats-server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import nats
 import pytest
@@ -22,16 +24,29 @@ SUBJECT = "tessera.test.writes"
 PUBLISHERS = 20
 
 
-async def _receiver(server: NatsServer) -> tuple[NatsClient, list[bytes]]:
-    receiver = await nats.connect(server.url)
+@contextlib.asynccontextmanager
+async def sending(
+    server: NatsServer, coalesce_s: float
+) -> AsyncIterator[tuple[CoalescingClient, NatsClient, list[bytes]]]:
+    """A coalescing client and a plain receiver subscribed to :data:`SUBJECT` (what it got),
+    both closed after (a client closed already is left so)."""
     got: list[bytes] = []
 
     async def take(msg: NatsMsg) -> None:
         got.append(msg.data)
 
-    await receiver.subscribe(SUBJECT, cb=take)
-    await receiver.flush()
-    return receiver, got
+    receiver = await nats.connect(server.url)
+    try:
+        await receiver.subscribe(SUBJECT, cb=take)
+        await receiver.flush()
+        client = CoalescingClient(coalesce_s=coalesce_s)
+        await client.connect(server.url)
+        try:
+            yield client, receiver, got
+        finally:
+            await client.close()
+    finally:
+        await receiver.close()
 
 
 @pytest.mark.parametrize(
@@ -44,10 +59,7 @@ async def _receiver(server: NatsServer) -> tuple[NatsClient, list[bytes]]:
 async def test_publishes_of_one_moment_go_out_in_one_write(
     nats_server: NatsServer, coalesce_s: float, most_writes: int, fewest_writes: int
 ) -> None:
-    receiver, got = await _receiver(nats_server)
-    client = CoalescingClient(coalesce_s=coalesce_s)
-    await client.connect(nats_server.url)
-    try:
+    async with sending(nats_server, coalesce_s) as (client, _, got):
         await client.flush()
         before = client.socket_writes
 
@@ -61,40 +73,26 @@ async def test_publishes_of_one_moment_go_out_in_one_write(
         await eventually(lambda: got == sent, what="every message, in order")
         writes = client.socket_writes - before
         assert fewest_writes <= writes <= most_writes
-    finally:
-        await client.close()
-        await receiver.close()
 
 
 async def test_a_close_during_the_wait_still_sends_what_was_published(
     nats_server: NatsServer,
 ) -> None:
-    receiver, got = await _receiver(nats_server)
-    client = CoalescingClient(coalesce_s=5.0)
-    await client.connect(nats_server.url)
-    try:
+    async with sending(nats_server, 5.0) as (client, _, got):
         await client.publish(SUBJECT, b"last words")
         async with asyncio.timeout(2.0):  # not held for the wait
             await client.close()
         await eventually(lambda: got == [b"last words"], what="the message published last")
-    finally:
-        await receiver.close()
 
 
 async def test_a_flush_returns_once_the_server_has_what_was_published_before_it(
     nats_server: NatsServer,
 ) -> None:
-    receiver, got = await _receiver(nats_server)
-    client = CoalescingClient(coalesce_s=0.25)
-    await client.connect(nats_server.url)
-    try:
+    async with sending(nats_server, 0.25) as (client, receiver, got):
         await client.publish(SUBJECT, b"before the flush")
         await client.flush()
         await receiver.flush()  # the server sent the receiver what it had before this
         assert got == [b"before the flush"]
-    finally:
-        await client.close()
-        await receiver.close()
 
 
 @pytest.mark.parametrize(
