@@ -30,7 +30,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from services.placer.metrics import PlacerMetrics
 from services.placer.rules.state import ClusterView
@@ -39,7 +39,7 @@ from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
 from shared.messages.pods import PodPending
-from shared.runtime.bus import Bus, Delivery, KvWrite
+from shared.runtime.bus import Bus, Delivery, KvWrite, OutcomeUnknownError
 from shared.runtime.edge import Edge
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,13 @@ def node_lock_key(node: str) -> str:
 def tenant_lock_key(tenant: str) -> str:
     return f"tenant/{tenant}"
 
+
+ECHO_SEEN_S: Final = 2.0
+"""How long an unanswered write (:meth:`KvWrites.transact`'s ``unanswered``) waits for its watch
+to show a version above the one it wrote over, before it reads the entry back."""
+
+CONNECTION_CHECK_S: Final = 0.05
+"""How often such a write, waiting, looks whether the NATS connection is still up."""
 
 MAX_ATTEMPTS = 16
 """Writes of one entry in a row that lose to another writer before the step gives up (each loss
@@ -89,10 +96,20 @@ class Kind(Generic[T]):
 @dataclass
 class Write:
     """One write of :meth:`Store.transact` on its way: its bytes, and the revision its watch
-    delivery showed it landed at (0 until then)."""
+    delivery showed it landed at (0 until then). An unanswered one also has the revision it
+    wrote over, the store's epoch it was sent into, and its outcome as the watch shows it: the
+    revision it landed at, None when another version came first, ``UNKNOWN`` when the version
+    seen is of another store."""
 
     data: bytes
     landed: int = 0
+    above: int = 0
+    epoch: str = ""
+    outcome: asyncio.Future[int | None] | None = None
+
+
+UNKNOWN: Final = -1
+"""An unanswered write's outcome when the watch showed a version of another store."""
 
 
 class KvWrites:
@@ -125,6 +142,9 @@ class KvWrites:
         """Commit id -> its pod as pending, for its claim (while it is booked)."""
         self._writing: dict[tuple[str, str], Write] = {}
         """(bucket, key) -> what this replica is writing there, until the answer comes."""
+        self.claims_watched = False
+        """Whether the claims' watch has loaded, so that it shows :meth:`watched` every version
+        of a claim: only then does a claim go unanswered (``transact``'s ``unanswered``)."""
         self.bookings = Kind(subjects.KV_LEDGER, "ledger", Booking, self._apply_booking)
         self.claims = Kind(subjects.KV_CLAIMS, "claims", PodClaim, self._apply_claim)
         self.records = Kind(
@@ -185,6 +205,21 @@ class KvWrites:
         write.landed = revision
         return True
 
+    def watched(self, bucket: str, key: str, value: bytes | None, revision: int) -> None:
+        """The watch shows ``key`` at ``revision`` (``value`` None: deleted): the outcome of this
+        replica's unanswered write there, if one waits for a version above the one it wrote
+        over. The server stores a key's versions in order and a compare-and-set lands only on
+        the one it names, so the first version above is this write or the one that beat it."""
+        write = self._writing.get((bucket, key))
+        if write is None or write.outcome is None or write.outcome.done():
+            return
+        if revision <= write.above:
+            return
+        if self._bus.store_epoch != write.epoch:
+            write.outcome.set_result(UNKNOWN)
+        else:
+            write.outcome.set_result(revision if value == write.data else None)
+
     async def transact(
         self,
         kind: Kind[T],
@@ -192,14 +227,19 @@ class KvWrites:
         change: Callable[[T | None], T | None],
         *,
         start: Entry[T] | None = None,
+        unanswered: bool = False,
     ) -> Entry[T]:
         """Bring entry ``key`` to what ``change`` says (see the module docstring).
 
         ``start``: the cached entry to try first (saves a read on the fast path). Raises
-        :class:`GaveUpError` when it kept changing.
+        :class:`GaveUpError` when it kept changing. ``unanswered``: the first write goes with no
+        answer from the server where a watch shows this replica the key (a claim, with
+        ``claims_watched``): its outcome is the first version the watch shows above the one it
+        wrote over (:meth:`watched`), one message fewer through the server than an answered
+        write; shown none in time, the entry is read back as for a lost answer.
         """
         current = start if start is not None else await self.read(kind, key)
-        for _ in range(MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             wanted = change(current.value)
             if wanted is None:
                 return current
@@ -207,7 +247,9 @@ class KvWrites:
             slot = (kind.bucket, key)
             write = self._writing[slot] = Write(data)
             try:
-                if current.revision == 0 or current.value is None:
+                if unanswered and attempt == 0 and self.claims_watched:
+                    revision = await self._send(kind.bucket, key, current, write)
+                elif current.revision == 0 or current.value is None:
                     revision = await self._bus.kv_create(kind.bucket, key, data)
                 else:
                     revision = await self._bus.kv_update(
@@ -234,6 +276,44 @@ class KvWrites:
             kind.apply(key, wanted, revision)
             return Entry(wanted, revision)
         raise GaveUpError(f"{kind.bucket} entry {key} kept changing under {MAX_ATTEMPTS} writes")
+
+    async def _send(self, bucket: str, key: str, current: Entry[Any], write: Write) -> int | None:
+        """Send ``write`` over ``current`` unanswered (``Bus.kv_send``) and wait for the watch to
+        show what became of it: the revision it landed at, or None when another version came
+        first (or it could not land: ``current`` is of a store that was lost). Raises
+        ``OutcomeUnknownError`` when the watch showed none within :data:`ECHO_SEEN_S`, showed
+        one of another store, or the connection dropped meanwhile (nats-py sends what it had
+        not flushed again once reconnected, maybe into a new store)."""
+        write.above = current.revision
+        write.epoch = self._bus.store_epoch
+        outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        write.outcome = outcome
+        sent = await self._bus.kv_send(
+            bucket, key, write.data, revision=current.revision, create=current.value is None
+        )
+        if not sent:
+            return None
+        deadline = asyncio.ensure_future(self._clock.sleep(ECHO_SEEN_S))
+        try:
+            while not outcome.done():
+                if deadline.done() or not self._bus.connected:
+                    why = (
+                        f"no version above {write.above} shown in {ECHO_SEEN_S:g} s"
+                        if deadline.done()
+                        else "the NATS connection dropped"
+                    )
+                    raise OutcomeUnknownError(f"{bucket} {key} sent unanswered: {why}")
+                await asyncio.wait(
+                    (outcome, deadline),
+                    timeout=CONNECTION_CHECK_S,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+        finally:
+            deadline.cancel()
+        landed = outcome.result()
+        if landed == UNKNOWN:
+            raise OutcomeUnknownError(f"{bucket} {key} was sent into a store since lost")
+        return landed
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)

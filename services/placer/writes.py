@@ -381,6 +381,7 @@ class Store(KvWrites):
             subjects.claim_key(booking.pod_uid),
             change,
             start=self._cached_claim(booking.pod_uid),
+            unanswered=True,
         )
         if verdict in ("create", "take"):
             verdict = "mine"

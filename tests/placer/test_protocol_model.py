@@ -72,6 +72,7 @@ from services.binder.rules.plan import stranded
 from services.placer.core.groups import TenancyConfig, TenantQuota
 from services.placer.core.model import Decision
 from services.placer.core.profiles import build_profile
+from services.placer.kvwrites import ECHO_SEEN_S
 from services.placer.metrics import PlacerMetrics
 from services.placer.protocol import CommitProtocol
 from services.placer.rules import decider, translate
@@ -269,9 +270,11 @@ class GatedBus:
     async def kv_send(
         self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
     ) -> bool:
-        await self._through(
-            f"send {bucket}/{key}@{revision}", lambda: self.kv.update(bucket, key, value, revision)
-        )
+        """Unanswered: it lands (at ``revision`` only) or is lost on the way, and says nothing;
+        the writer learns which from its watch (:meth:`ProtocolMachine.watch_catches_up`)."""
+        fate = await self.gates.wait(self.replica, f"send {bucket}/{key}@{revision}")
+        if fate != "lost":
+            self.kv.update(bucket, key, value, revision)
         return True
 
     async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
@@ -468,6 +471,7 @@ class ProtocolMachine(RuleBasedStateMachine):
             metrics=metrics,
             claims_with_bookings=self.claims_with_bookings,
         )
+        store.claims_watched = True  # its watch is the machine's delivery of its inbox
         protocol = CommitProtocol(
             store=store, bus=bus, view=view, clock=self.clock, metrics=metrics
         )
@@ -662,10 +666,16 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(replica=st.integers(0, REPLICAS - 1))
     def watch_catches_up(self, replica: int) -> None:
-        r = self.replicas[replica]
+        self._run(self._catch_up(self.replicas[replica]))
+
+    async def _catch_up(self, r: Replica) -> None:
+        """The replica's watches deliver what changed since they last did, as the service's
+        handlers take it: the outcome of a write sent unanswered, then the view."""
         changes, r.inbox = r.inbox, []
         for change in changes:
+            r.store.watched(*change)
             apply_entry(r.view, *change)
+        await self._settle()
 
     @rule(replica=st.integers(0, REPLICAS - 1))
     def kill_and_restart(self, replica: int) -> None:
@@ -734,9 +744,15 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.gates.pending = []
 
             async def drain() -> None:
-                for replica in self.replicas:
-                    if replica.tasks:
-                        await asyncio.gather(*replica.tasks, return_exceptions=True)
+                # The watches catch up and time passes until nothing is in flight: a write sent
+                # unanswered learns its outcome from its watch, or reads back when none came.
+                for _ in range(100):
+                    if not any(replica.tasks for replica in self.replicas):
+                        return
+                    for replica in self.replicas:
+                        await self._catch_up(replica)
+                    await self.clock.advance(ECHO_SEEN_S)
+                raise AssertionError("work still in flight after 100 rounds")
 
             self._run(drain())
             redelivered = sorted(pod for pod, count in self.unacked.items() if count > 0)
@@ -745,13 +761,23 @@ class ProtocolMachine(RuleBasedStateMachine):
                 self.unacked[pod] = 0
                 self.decide(replica=0, pod=pod)
 
+            async def reconciled(number: int) -> None:
+                """A fresh view of everything, then repair (its claims answered by its watch,
+                which catches up as :func:`drain` goes)."""
+                replica = self.replicas[number] = self._replica(number)
+                repair = asyncio.get_running_loop().create_task(
+                    replica.protocol.reconcile(grace_s=0.0)
+                )
+                replica.tasks[repair] = None
+                repair.add_done_callback(lambda done: replica.tasks.pop(done, None))
+                await drain()
+                repair.result()
+
             async def finish() -> None:
                 await drain()
-                for number in range(REPLICAS):  # fresh views of everything, then repair
-                    self.replicas[number] = self._replica(number)
-                    await self.replicas[number].protocol.reconcile(grace_s=0.0)
-                    self.replicas[number] = self._replica(number)
-                    await self.replicas[number].protocol.reconcile(grace_s=0.0)
+                for number in range(REPLICAS):
+                    await reconciled(number)
+                    await reconciled(number)
 
             self._run(finish())
             self.binder_watch()  # the binder's reconciliation: every placed claim bound
@@ -997,13 +1023,15 @@ def test_a_roll_forward_that_finds_its_pod_deleted_fences_the_record_first() -> 
     for replica in (0, 1):
         machine.watch_catches_up(replica=replica)
         machine.reconcile(replica=replica)  # both roll p1's commit forward: its claim waits
-    _let_next(machine, 1, "create tessera-ledger/claim.p1")
+    _let_next(machine, 1, "send tessera-ledger/claim.p1")  # unanswered
+    machine.watch_catches_up(replica=1)  # its claim, landed
     machine.binder_watch()
     machine.binder_binds(pod="p1")
     machine.delete(pod="p1", really=0, replica=2)
     _let_next(machine, 2, "get tessera-ledger/claim.p1")
     _let_next(machine, 2, "update tessera-ledger/claim.p1")  # the tombstone; its fence waits
-    _let_next(machine, 0, "create tessera-ledger/claim.p1")  # exists: read back, says deleted
+    _let_next(machine, 0, "send tessera-ledger/claim.p1")  # exists: refused, unanswered
+    machine.time_passes(seconds=ECHO_SEEN_S)  # its watch showed nothing: read back, says deleted
     _let_next(machine, 0, "get tessera-ledger/claim.p1")
     while any(op.replica == 0 for op in machine.gates.pending):  # the release, ahead of r2's
         _let_next(machine, 0)

@@ -54,6 +54,8 @@ class _Follow:
     """Changes asked for in batches this far apart (``Bus.kv_watch``); 0: each as written."""
     keys: str = ">"
     """Which of the bucket's keys (a filter)."""
+    on_loaded: Callable[[], object] = lambda: None
+    """Called each time the watch's initial values are in."""
 
 
 def kv_delivery(entry: KvEntry, bucket: str) -> Delivery:
@@ -103,6 +105,7 @@ class Watches:
                 lambda key: view.forget_claim(subjects.claim_uid(key)),
                 batch_s=batch_s,
                 keys=subjects.CLAIM_KEYS,
+                on_loaded=self._claims_loaded,
             ),
             _Follow(
                 subjects.KV_ASSIGNMENTS,
@@ -152,6 +155,7 @@ class Watches:
                     follow.forget(key)
             shell.loaded_from[follow.name] = epoch
             loaded.set()
+            follow.on_loaded()
             if lost and shell.restored:  # the last watch back on a restored store
                 shell.work.set()
 
@@ -230,8 +234,15 @@ class Watches:
         else:
             view.set_booking(node, uid, booking, entry.revision)
 
+    def _claims_loaded(self) -> None:
+        # From now on every version of a claim reaches ``_on_claim``, so the store may write a
+        # claim unanswered and take its outcome from there.
+        self._shell.store.claims_watched = True
+
     async def _on_claim(self, entry: KvEntry) -> None:
         view = self._shell.view
+        value = None if entry.deleted else entry.value
+        self._shell.store.watched(subjects.KV_CLAIMS, entry.key, value, entry.revision)
         uid = subjects.claim_uid(entry.key)
         if entry.revision <= view.claim_revisions.get(uid, 0):
             return
