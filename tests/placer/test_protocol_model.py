@@ -5,9 +5,11 @@ the real core) against one in-memory KV whose every operation waits at a gate. T
 which waiting operation runs next and how it ends: it lands, it lands but the answer is lost (a
 timeout: the writer must read back), or it is lost on the way. Each replica's view of the KV
 follows by watch events the machine delivers late and in bulk, so decisions are taken on stale
-views as in a real cluster. Replicas decide pods (two may decide the same pod at once), delete
-them, see bindings fail, time reservations out, run reconciliation, and are killed mid-step and
-restarted from KV.
+views as in a real cluster. A claim written after its booking (not in its batch) goes with no
+answer: the replica learns its outcome when the machine delivers its watch events, or reads it
+back once 2 s of the machine's clock passed with none. Replicas decide pods (two may decide the
+same pod at once), delete them, see bindings fail, time reservations out, run reconciliation,
+and are killed mid-step and restarted from KV.
 
 The binder takes its work from the pods' claims as it mirrors them (late, like the replicas'
 views): it binds a placed claim's booking by writing its record ``bound`` with the rules the real
@@ -23,7 +25,8 @@ After every step: no GPU is over-committed in the ledger or by live records (mem
 logical slots, exclusivity), no pod has two live records, every live record is booked, and no
 tenant is over its quota: its charges add up to no more than the quota, every live record of its
 pods is charged, so its live records hold no more than the quota. When the machine ends,
-everything in flight is let through, pod messages never acked are delivered again, every replica
+everything in flight is let through (the watches catching up and time passing until nothing
+is), pod messages never acked are delivered again, every replica
 reconciles, the binder's mirror catches up and it binds what is left, and then every booking is
 claimed and recorded, every placed claim booked and recorded, and every charge is a live
 record's: nothing lost, nothing left half done.
