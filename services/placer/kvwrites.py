@@ -39,7 +39,8 @@ from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantCharge, TenantLedger
 from shared.messages.pods import PodPending
-from shared.runtime.bus import Bus, Delivery, KvWrite, OutcomeUnknownError
+from shared.runtime.bus import Bus, Delivery, KvWrite
+from shared.runtime.echo import EchoWait
 from shared.runtime.edge import Edge
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,6 @@ def tenant_lock_key(tenant: str) -> str:
 ECHO_SEEN_S: Final = 2.0
 """How long an unanswered write (:meth:`KvWrites.transact`'s ``unanswered``) waits for its watch
 to show a version above the one it wrote over, before it reads the entry back."""
-
-CONNECTION_CHECK_S: Final = 0.05
-"""How often such a write, waiting, looks whether the NATS connection is still up."""
 
 MAX_ATTEMPTS = 16
 """Writes of one entry in a row that lose to another writer before the step gives up (each loss
@@ -96,20 +94,11 @@ class Kind(Generic[T]):
 @dataclass
 class Write:
     """One write of :meth:`Store.transact` on its way: its bytes, and the revision its watch
-    delivery showed it landed at (0 until then). An unanswered one also has the revision it
-    wrote over, the store's epoch it was sent into, and its outcome as the watch shows it: the
-    revision it landed at, None when another version came first, ``UNKNOWN`` when the version
-    seen is of another store."""
+    delivery showed it landed at (0 until then); an unanswered one, its wait for the watch."""
 
     data: bytes
     landed: int = 0
-    above: int = 0
-    epoch: str = ""
-    outcome: asyncio.Future[int | None] | None = None
-
-
-UNKNOWN: Final = -1
-"""An unanswered write's outcome when the watch showed a version of another store."""
+    echo: EchoWait | None = None
 
 
 class KvWrites:
@@ -207,18 +196,10 @@ class KvWrites:
 
     def watched(self, bucket: str, key: str, value: bytes | None, revision: int) -> None:
         """The watch shows ``key`` at ``revision`` (``value`` None: deleted): the outcome of this
-        replica's unanswered write there, if one waits for a version above the one it wrote
-        over. The server stores a key's versions in order and a compare-and-set lands only on
-        the one it names, so the first version above is this write or the one that beat it."""
+        replica's unanswered write there, if one waits (``shared.runtime.echo``)."""
         write = self._writing.get((bucket, key))
-        if write is None or write.outcome is None or write.outcome.done():
-            return
-        if revision <= write.above:
-            return
-        if self._bus.store_epoch != write.epoch:
-            write.outcome.set_result(UNKNOWN)
-        else:
-            write.outcome.set_result(revision if value == write.data else None)
+        if write is not None and write.echo is not None:
+            write.echo.settle(revision, value, epoch=self._bus.store_epoch)
 
     async def transact(
         self,
@@ -278,42 +259,19 @@ class KvWrites:
         raise GaveUpError(f"{kind.bucket} entry {key} kept changing under {MAX_ATTEMPTS} writes")
 
     async def _send(self, bucket: str, key: str, current: Entry[Any], write: Write) -> int | None:
-        """Send ``write`` over ``current`` unanswered (``Bus.kv_send``) and wait for the watch to
-        show what became of it: the revision it landed at, or None when another version came
-        first (or it could not land: ``current`` is of a store that was lost). Raises
-        ``OutcomeUnknownError`` when the watch showed none within :data:`ECHO_SEEN_S`, showed
-        one of another store, or the connection dropped meanwhile (nats-py sends what it had
-        not flushed again once reconnected, maybe into a new store)."""
-        write.above = current.revision
-        write.epoch = self._bus.store_epoch
-        outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        write.outcome = outcome
+        """Send ``write`` over ``current`` unanswered (``Bus.kv_send``) and wait up to
+        :data:`ECHO_SEEN_S` of this replica's clock for the watch to show what became of it
+        (``EchoWait.result``, which raises ``OutcomeUnknownError`` when it cannot tell); None
+        also when it could not land (``current`` is of a store that was lost)."""
+        echo = write.echo = EchoWait(
+            key, above=current.revision, value=write.data, epoch=self._bus.store_epoch
+        )
         sent = await self._bus.kv_send(
             bucket, key, write.data, revision=current.revision, create=current.value is None
         )
         if not sent:
             return None
-        deadline = asyncio.ensure_future(self._clock.sleep(ECHO_SEEN_S))
-        try:
-            while not outcome.done():
-                if deadline.done() or not self._bus.connected:
-                    why = (
-                        f"no version above {write.above} shown in {ECHO_SEEN_S:g} s"
-                        if deadline.done()
-                        else "the NATS connection dropped"
-                    )
-                    raise OutcomeUnknownError(f"{bucket} {key} sent unanswered: {why}")
-                await asyncio.wait(
-                    (outcome, deadline),
-                    timeout=CONNECTION_CHECK_S,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-        finally:
-            deadline.cancel()
-        landed = outcome.result()
-        if landed == UNKNOWN:
-            raise OutcomeUnknownError(f"{bucket} {key} was sent into a store since lost")
-        return landed
+        return await echo.result(self._bus, seen_s=ECHO_SEEN_S, sleep=self._clock.sleep)
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)

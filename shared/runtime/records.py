@@ -24,16 +24,16 @@ for its record) notes the version, looks, and waits past it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import Final
 
 from shared import codec, subjects, validation
 from shared.clock import Clock
 from shared.messages.assignments import AssignmentRecord, RecordView
-from shared.runtime.bus import Bus, Delivery, KvEntry, OutcomeUnknownError
+from shared.runtime.bus import Bus, Delivery, KvEntry
+from shared.runtime.echo import EchoWait
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
 from shared.runtime.tasks import ChangeCounter
@@ -48,22 +48,6 @@ WRITE_SEEN_S: Final = 2.0
 """How long :meth:`RecordMirror.write` waits for the watch to show a version above the one it
 wrote over; the watch of a NATS cluster can stay silent for seconds (then the write is read
 back)."""
-
-
-CONNECTION_CHECK_S: Final = 0.05
-"""How often a write waiting for its version looks whether the NATS connection is still up
-(nats-py reconnects a second or more after it noticed a loss)."""
-
-
-class _Awaited(NamedTuple):
-    """A write of :meth:`RecordMirror.write` waiting for the watch to show what became of it."""
-
-    above: int
-    """The revision it wrote over."""
-    value: bytes
-    epoch: str
-    """The store's epoch when it was sent."""
-    outcome: asyncio.Future[int | None]
 
 
 Check = Callable[[str, AssignmentRecord, RecordView | None], str | None]
@@ -129,7 +113,7 @@ class RecordMirror:
         self._gone: OrderedDict[str, int] = OrderedDict()
         self.changed = changed if changed is not None else ChangeCounter()
         self.loaded = False
-        self._writes: dict[str, list[_Awaited]] = {}
+        self._writes: dict[str, list[EchoWait]] = {}
         """Key -> the writes of :meth:`write` waiting for a version above the revision each
         wrote over."""
 
@@ -194,8 +178,7 @@ class RecordMirror:
             if landed is not None:
                 await self.take(KvEntry(key=key, value=value, revision=landed))
             return landed
-        outcome: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        awaited = _Awaited(revision, value, self._bus.store_epoch, outcome)
+        awaited = EchoWait(key, above=revision, value=value, epoch=self._bus.store_epoch)
         self._writes.setdefault(key, []).append(awaited)
         try:
             sent = await self._bus.kv_send(
@@ -203,31 +186,12 @@ class RecordMirror:
             )
             if not sent:
                 return None
-            return await self._outcome(key, awaited, seen_s)
+            return await awaited.result(self._bus, seen_s=seen_s)
         finally:
             waiting = self._writes[key]
             waiting.remove(awaited)
             if not waiting:
                 del self._writes[key]
-
-    async def _outcome(self, key: str, awaited: _Awaited, seen_s: float) -> int | None:
-        """What the watch shows became of ``awaited`` within ``seen_s``. A connection that drops
-        meanwhile makes it unknown at once, as it does a write waiting for its answer: nats-py
-        sends what was written but not flushed again once it reconnects, maybe to a new store,
-        and a caller reading it back must not take that for this write landing where it was
-        meant to."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seen_s
-        while not awaited.outcome.done():
-            remaining = deadline - loop.time()
-            if not self._bus.connected or remaining <= 0:
-                why = "the NATS connection dropped" if remaining > 0 else f"{seen_s:g} s passed"
-                raise OutcomeUnknownError(
-                    f"{why} before a version of {key} above revision {awaited.above} was seen; "
-                    "the write may or may not have landed (read it back)"
-                )
-            await asyncio.wait((awaited.outcome,), timeout=min(remaining, CONNECTION_CHECK_S))
-        return awaited.outcome.result()
 
     async def create(self, key: str, value: bytes, *, seen_s: float = WRITE_SEEN_S) -> int | None:
         """Create-only :meth:`write`: over no version of ``key``, or over the deletion of it this
@@ -242,17 +206,7 @@ class RecordMirror:
         """The watch shows ``key`` at ``revision`` (``value`` None: deleted): the outcome of each
         write waiting for a version above the one it wrote over."""
         for awaited in self._writes.get(key, ()):
-            outcome = awaited.outcome
-            if revision <= awaited.above or outcome.done():
-                continue
-            if self._bus.store_epoch != awaited.epoch:
-                outcome.set_exception(
-                    OutcomeUnknownError(
-                        f"NATS lost its store while {key} was written; read it back"
-                    )
-                )
-            else:
-                outcome.set_result(revision if value == awaited.value else None)
+            awaited.settle(revision, value, epoch=self._bus.store_epoch)
 
     # --- taking versions in --------------------------------------------------------------------
 

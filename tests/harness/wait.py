@@ -1,10 +1,12 @@
-"""Waiting in tests: poll a condition (sync or async) until it holds, on the test's event loop."""
+"""Waiting in tests: poll a condition (sync or async) until it holds, on the test's event loop;
+run work in the background until a condition holds."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
@@ -56,3 +58,19 @@ async def eventually(
                 f"last: {value!r}"
             )
         await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    work: Coroutine[Any, Any, object], *, until: Callable[[], object], what: str
+) -> AsyncIterator[None]:
+    """``work`` as a task from entry, once ``until`` holds (:func:`eventually`, naming ``what``),
+    to exit, when it is cancelled and awaited."""
+    task = asyncio.create_task(work)
+    try:
+        await eventually(until, what=what)
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

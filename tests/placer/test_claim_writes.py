@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -31,7 +30,7 @@ from shared.runtime.follow import follow
 from shared.runtime.metrics import EdgeMetrics
 from shared.runtime.nats import NatsBus
 from tests.harness.clock import FakeClock
-from tests.harness.wait import eventually
+from tests.harness.wait import eventually, running
 from tests.placer.test_translate import booking
 from tests.placer.test_view import view_of
 
@@ -81,8 +80,9 @@ def store_over(bus: object, clock: FakeClock, view: ClusterView | None = None) -
     )
 
 
-@contextlib.asynccontextmanager
-async def watching_claims(bus: NatsBus, store: Store, clock: FakeClock) -> AsyncIterator[None]:
+def watching_claims(
+    bus: NatsBus, store: Store, clock: FakeClock
+) -> contextlib.AbstractAsyncContextManager[None]:
     """The claims' watch as the placer runs it: each version to ``Store.watched``."""
 
     async def on_entry(entry: KvEntry) -> None:
@@ -92,23 +92,15 @@ async def watching_claims(bus: NatsBus, store: Store, clock: FakeClock) -> Async
     async def on_loaded(_: set[str]) -> None:
         store.claims_watched = True
 
-    watch = asyncio.create_task(
-        follow(
-            bus,
-            subjects.KV_CLAIMS,
-            on_entry=on_entry,
-            on_loaded=on_loaded,
-            clock=clock,
-            keys=subjects.CLAIM_KEYS,
-        )
+    watch = follow(
+        bus,
+        subjects.KV_CLAIMS,
+        on_entry=on_entry,
+        on_loaded=on_loaded,
+        clock=clock,
+        keys=subjects.CLAIM_KEYS,
     )
-    try:
-        await eventually(lambda: store.claims_watched, what="the claims watched")
-        yield
-    finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+    return running(watch, until=lambda: store.claims_watched, what="the claims watched")
 
 
 async def stored_claim(bus: NatsBus) -> PodClaim:

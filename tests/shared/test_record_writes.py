@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -21,7 +20,7 @@ from shared.runtime.nats import NatsBus
 from shared.runtime.records import RecordMirror
 from tests.deviceplugin.builders import NODE, container, record, share
 from tests.harness.nats import NatsServer, replace_store
-from tests.harness.wait import eventually
+from tests.harness.wait import eventually, running
 
 KEY = subjects.assignment_key(NODE, "pod-1")
 BOUND = record("pod-1", container("main", share(0)))
@@ -37,16 +36,8 @@ def mirror_of(bus: NatsBus) -> RecordMirror:
     return RecordMirror(bus=bus, edge=edge, clock=clock, keys=subjects.assignment_keys_of(NODE))
 
 
-@contextlib.asynccontextmanager
-async def following(mirror: RecordMirror) -> AsyncIterator[None]:
-    watch = asyncio.create_task(mirror.run())
-    try:
-        await eventually(lambda: mirror.loaded, what="the records loaded")
-        yield
-    finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+def following(mirror: RecordMirror) -> contextlib.AbstractAsyncContextManager[None]:
+    return running(mirror.run(), until=lambda: mirror.loaded, what="the records loaded")
 
 
 async def gone_silent(bus: NatsBus) -> RecordMirror:
