@@ -52,6 +52,7 @@ from shared.messages.pods import PodDeleted, PodPending
 from shared.podspec import InvalidPod, parse_pending
 from shared.runtime.bus import Bus, BusUnavailableError, OutcomeUnknownError
 from shared.runtime.consumer import RETRY_S
+from shared.runtime.grouped import GroupedPublisher
 from shared.runtime.records import RecordMirror
 from shared.runtime.tasks import checkpoint
 from shared.scheduling import gated_message, scheduling_gates, uses_namespace_selector
@@ -134,6 +135,9 @@ class ClusterSync:
         self._ours: dict[str, str] = {}
         self._gone: dict[str, PodRef] = {}
         self._published_pending: dict[str, PodPending] = {}
+        self._pods_out = GroupedPublisher(bus=bus, stream=subjects.STREAM_PODS)
+        """``PodPending`` and ``PodDeleted``, in groups: under a burst the workers publish
+        together and a group is answered once."""
         # CPU and memory requested per node, and each bound pod's share of it.
         self._requested: dict[str, Requested] = {}
         self._contribution: dict[str, tuple[str, Requested]] = {}
@@ -342,7 +346,7 @@ class ClusterSync:
             return
         self._fence("publish PodPending")
         try:
-            await self._bus.js_publish(
+            await self._pods_out.publish(
                 subjects.PODS_PENDING,
                 codec.encode(parsed),
                 msg_id=f"pending.{uid}.{parsed.resource_version}",
@@ -381,7 +385,7 @@ class ClusterSync:
             deleted_at=self._clock.now(),
         )
         try:
-            await self._bus.js_publish(
+            await self._pods_out.publish(
                 subjects.PODS_DELETED, codec.encode(message), msg_id=f"deleted.{uid}"
             )
         except (BusUnavailableError, OutcomeUnknownError):

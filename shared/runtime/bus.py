@@ -154,6 +154,15 @@ class KvWrite:
     guard: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """One message of :meth:`Bus.js_publish_all`; ``msg_id`` de-duplicates it."""
+
+    subject: str
+    data: bytes
+    msg_id: str
+
+
 Handler = Callable[[Delivery], Awaitable[None]]
 
 
@@ -225,6 +234,12 @@ class Bus(Protocol):
         headers: Mapping[str, str] | None = None,
     ) -> int:
         """Publish durably; returns the stream sequence. ``msg_id`` de-duplicates retries."""
+        ...
+
+    async def js_publish_all(self, stream: str, publications: Sequence[Publication]) -> None:
+        """Publish ``publications`` durably, in order, to ``stream`` (their subjects are its):
+        when it returns, each is stored (or was already: its ``msg_id``). Raises as
+        :meth:`js_publish`; some may be stored then. Where it can, one answer answers for all."""
         ...
 
     async def pull_consumer(

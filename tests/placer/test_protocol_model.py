@@ -85,7 +85,14 @@ from shared import codec, commits, subjects
 from shared.messages.assignments import AssignmentRecord, released, settled
 from shared.messages.ledger import Booking, NodeLedger, PodClaim, TenantLedger
 from shared.messages.pods import PodPending
-from shared.runtime.bus import Handler, KvEntry, KvWrite, PullConsumer, Subscription
+from shared.runtime.bus import (
+    Handler,
+    KvEntry,
+    KvWrite,
+    Publication,
+    PullConsumer,
+    Subscription,
+)
 from shared.runtime.edge import Edge
 from shared.runtime.metrics import EdgeMetrics
 from tests.harness.clock import FakeClock
@@ -312,6 +319,9 @@ class GatedBus:
         )
 
     # Not used by the protocol's steps.
+    async def js_publish_all(self, stream: str, publications: Sequence[Publication]) -> None:
+        raise NotImplementedError
+
     async def publish(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
     ) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import nats.errors
 import nats.js.errors
@@ -21,6 +22,8 @@ from shared.runtime.bus import (
     Delivery,
     Handler,
     NoResponderError,
+    OutcomeUnknownError,
+    Publication,
     PullConsumer,
     Subscription,
 )
@@ -35,6 +38,9 @@ reader stopped taking (a placer replica left without a node pool, or deciding a 
 another reader can take them now rather than after the ack wait."""
 _PULL_ENDED = ("Leadership Change", "Server Shutdown")
 """A pull's 409 that only ends it: asked again, the next leader or server answers."""
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a message whose ``Nats-Expected-Last-Sequence`` is not the
+stream's last sequence: it was not stored."""
 _Attach = Callable[[], Awaitable[None]]
 """Attach a durable consumer again (create it when the server has none)."""
 
@@ -256,6 +262,10 @@ class _NatsPullConsumer:
         await self._nak(untaken)
 
 
+def _publication_headers(publication: Publication, stream: str) -> dict[str, str]:
+    return {"Nats-Msg-Id": publication.msg_id, "Nats-Expected-Stream": stream}
+
+
 class NatsMessaging(NatsStore):
     """The Bus's messaging: core subjects and the JetStream work streams."""
 
@@ -264,6 +274,9 @@ class NatsMessaging(NatsStore):
     ) -> None:
         super().__init__(client, request_timeout=request_timeout, replicas=replicas)
         self._consumers: list[_NatsPullConsumer] = []
+        self._stored_last: dict[str, int] = {}
+        """Stream -> the sequence this client's last answered ``js_publish_all`` message was
+        stored at (absent: unknown, or a call is under way)."""
 
     async def publish(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
@@ -309,6 +322,59 @@ class NatsMessaging(NatsStore):
             lambda: self._js.publish(subject, data, headers=all_headers or None)
         )
         return int(ack.seq)
+
+    async def js_publish_all(self, stream: str, publications: Sequence[Publication]) -> None:
+        """Every message but the last goes as a core publish with no reply subject; the last
+        expects the stream's last sequence to be the one this client's last answered message
+        was stored at plus those before it (``Nats-Expected-Last-Sequence``). The server stores
+        it only when each of them was stored and nothing else came between, and its answer then
+        answers for them all. Where the expectation fails (another publisher came between, one
+        was a duplicate or lost, or no sequence is known yet), each is published again,
+        answered; those already stored are then duplicates."""
+        last = self._stored_last.pop(stream, None)
+        if last is not None and len(publications) > 1:
+            *leading, trailing = publications
+            if not self._nc.is_connected:
+                raise BusUnavailableError("not connected to NATS; nothing was sent")
+            for sent, publication in enumerate(leading):
+                try:
+                    await self._nc.publish(
+                        publication.subject,
+                        publication.data,
+                        headers=_publication_headers(publication, stream),
+                    )
+                except _DISCONNECTED:
+                    if not sent:
+                        raise BusUnavailableError(
+                            "not connected to NATS; nothing was sent"
+                        ) from None
+                    raise OutcomeUnknownError(
+                        f"the NATS connection dropped after {sent} of {len(publications)} "
+                        "messages; publish them again"
+                    ) from None
+            headers = _publication_headers(trailing, stream)
+            headers["Nats-Expected-Last-Sequence"] = str(last + len(leading))
+            try:
+                ack = await self._write(
+                    lambda: self._js.publish(trailing.subject, trailing.data, headers=headers)
+                )
+            except nats.js.errors.APIError as error:
+                if error.err_code != WRONG_LAST_SEQUENCE:
+                    raise
+            else:
+                self._stored_last[stream] = int(ack.seq)
+                return
+        for publication in publications:
+            headers = _publication_headers(publication, stream)
+            ack = await self._write(
+                functools.partial(
+                    self._js.publish, publication.subject, publication.data, headers=headers
+                )
+            )
+            if ack.duplicate:  # stored earlier: its sequence need not be the stream's last
+                self._stored_last.pop(stream, None)
+            else:
+                self._stored_last[stream] = int(ack.seq)
 
     async def pull_consumer(
         self,
