@@ -253,9 +253,17 @@ def node_bookings(node: str) -> str:
 
 def booking_of_key(key: str) -> tuple[str, str]:
     """Invert :func:`booking_key`: (node, pod UID); ValueError for a key that is not one."""
+    booking = booked_at(key)
+    if booking is None:
+        raise ValueError(f"not a booking key: {key!r}")
+    return booking
+
+
+def booked_at(key: str) -> tuple[str, str] | None:
+    """(node, pod UID) of a booking key; None for another key of the bucket (a pod's claim)."""
     tokens = key.split(".")
     if len(tokens) != 3 or f"{tokens[0]}." != _BOOKING_PREFIX or not all(tokens[1:]):
-        raise ValueError(f"not a booking key: {key!r}")
+        return None
     return node_from_token(tokens[1]), tokens[2]
 
 

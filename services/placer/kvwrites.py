@@ -134,6 +134,10 @@ class KvWrites:
         self.claims_watched = False
         """Whether the claims' watch has loaded, so that it shows :meth:`watched` every version
         of a claim: only then does a claim go unanswered (``transact``'s ``unanswered``)."""
+        self.bookings_watched = False
+        """Likewise for the bookings' watch and a booking (``Store.book``)."""
+        self._booking_echoes: dict[str, EchoWait] = {}
+        """Node -> the wait of this replica's unanswered booking there (:meth:`send_booking`)."""
         self.bookings = Kind(subjects.KV_LEDGER, "ledger", Booking, self._apply_booking)
         self.claims = Kind(subjects.KV_CLAIMS, "claims", PodClaim, self._apply_claim)
         self.records = Kind(
@@ -200,6 +204,10 @@ class KvWrites:
         write = self._writing.get((bucket, key))
         if write is not None and write.echo is not None:
             write.echo.settle(revision, value, epoch=self._bus.store_epoch)
+        booked = subjects.booked_at(key) if bucket == subjects.KV_LEDGER else None
+        echo = None if booked is None else self._booking_echoes.get(booked[0])
+        if echo is not None:  # any booking of the node: the first above the guard is the outcome
+            echo.settle(revision, value if key == echo.key else None, epoch=self._bus.store_epoch)
 
     async def transact(
         self,
@@ -272,6 +280,28 @@ class KvWrites:
         if not sent:
             return None
         return await echo.result(self._bus, seen_s=ECHO_SEEN_S, sleep=self._clock.sleep)
+
+    async def send_booking(self, node: str, write: KvWrite) -> int | None:
+        """Send the guarded booking ``write`` unanswered (``Bus.kv_send``): the first version of
+        any of ``node``'s bookings the watch shows above the guard's revision is this booking
+        (landed) or the one that beat it; as :meth:`_send` otherwise."""
+        echo = self._booking_echoes[node] = EchoWait(
+            write.key, above=write.revision, value=write.value, epoch=self._bus.store_epoch
+        )
+        try:
+            sent = await self._bus.kv_send(
+                subjects.KV_LEDGER,
+                write.key,
+                write.value,
+                revision=write.revision,
+                guard=write.guard,
+            )
+            if not sent:
+                return None
+            return await echo.result(self._bus, seen_s=ECHO_SEEN_S, sleep=self._clock.sleep)
+        finally:
+            if self._booking_echoes.get(node) is echo:
+                del self._booking_echoes[node]
 
     def _lock(self, key: str) -> asyncio.Lock:
         lock = self._locks.get(key)

@@ -98,8 +98,9 @@ class Store(KvWrites):
         """Write the bookings of ``batch`` that fit (and their claims: see :meth:`book`), each
         to its own key, the first guarded at the node's revision the decisions saw: with the
         claims, in one atomic batch; without, one booking at a time, each guarded at the
-        revision the one before landed at. After a write that lost or whose answer was lost,
-        what it wrote is read again."""
+        revision the one before landed at, and (a first try, with ``bookings_watched``) sent
+        unanswered, its outcome shown by the bookings' watch (``KvWrites.send_booking``). After
+        a write that lost or whose answer was lost, what it wrote is read again."""
         ledger = self._cached_ledger(node)
         claims = {b.pod_uid: self._cached_claim(b.pod_uid) for b in batch}
         attempted: int | None = None  # the node's revision the last write was guarded at
@@ -164,7 +165,12 @@ class Store(KvWrites):
             }
             self._writing.update({slot: echo for slot, (echo, _) in echoes.items()})
             try:
-                revisions = await self._bus.kv_write_all(subjects.KV_LEDGER, writes)
+                revisions: tuple[int, ...] | None
+                if added and len(writes) == 1 and not failures and self.bookings_watched:
+                    revision = await self.send_booking(node, writes[0])
+                    revisions = None if revision is None else (revision,)
+                else:
+                    revisions = await self._bus.kv_write_all(subjects.KV_LEDGER, writes)
             except Exception as error:
                 # The write may have landed or not: only a read can tell.
                 self._metrics.unknown_outcomes.labels(entry="ledger").inc()

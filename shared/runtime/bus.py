@@ -276,7 +276,14 @@ class Bus(Protocol):
         ...
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         """Compare-and-set with no answer: ``value`` is stored only if the key is still at
         ``revision``, and the server says nothing either way (one message fewer through it than
@@ -284,8 +291,11 @@ class Bus(Protocol):
         key its watch shows above ``revision`` is this write if it landed, the one that beat it
         if not (``shared.runtime.records.RecordMirror.write``). ``create``: ``revision`` is the
         key's deletion the writer saw last (0: none), and one of a store that was lost counts as
-        none. False when it was not sent because it cannot land (``revision`` is of a store that
-        was lost); raises :class:`BusUnavailableError` while disconnected (nothing was sent)."""
+        none. ``guard``: ``revision`` is the latest among every key the filter matches, as for
+        :class:`KvWrite`; the first version of any of them the watch shows above it is this
+        write or the one that beat it. False when it was not sent because it cannot land
+        (``revision`` is of a store that was lost); raises :class:`BusUnavailableError` while
+        disconnected (nothing was sent)."""
         ...
 
     async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:

@@ -6,7 +6,8 @@ names, so the first version the watch shows above the one written over is this w
 or the one that beat it (lost). Shown none in time, shown one of another store, or the
 connection dropped meanwhile, the outcome is unknown and the writer reads the key back, as for a
 write whose answer was lost. Used by the record mirror (``shared.runtime.records``) and the
-placer's claims (``services.placer.kvwrites``).
+placer's claims and bookings (``services.placer.kvwrites``; a booking is guarded by its node's
+bookings, and any of them shown first above the guard settles it).
 """
 
 from __future__ import annotations

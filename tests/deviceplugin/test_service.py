@@ -46,12 +46,21 @@ class RacingBus:
         return getattr(self._bus, name)
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         competitor, self._competitor = self._competitor, None
         if competitor is not None:
             await competitor(self._bus, key, revision)
-        return await self._bus.kv_send(bucket, key, value, revision=revision, create=create)
+        return await self._bus.kv_send(
+            bucket, key, value, revision=revision, create=create, guard=guard
+        )
 
 
 async def rewrite_unchanged(bus: NatsBus, key: str, revision: int) -> None:
@@ -166,10 +175,19 @@ class SilentWatchBus:
         return getattr(self._bus, name)
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         self.record_writes.append("sent")
-        return await self._bus.kv_send(bucket, key, value, revision=revision, create=create)
+        return await self._bus.kv_send(
+            bucket, key, value, revision=revision, create=create, guard=guard
+        )
 
     async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
         self.record_writes.append("updated")
@@ -272,7 +290,14 @@ class UnreachableKvBus:
         return getattr(self._bus, name)
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         raise TimeoutError("nats: timeout")
 

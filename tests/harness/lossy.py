@@ -30,15 +30,26 @@ class LostAnswerBus:
         return getattr(self._bus, name)
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         if self._lose_next and bucket == subjects.KV_ASSIGNMENTS:
             self._lose_next = False
             self._unseen.add(value)
             if self._lands:
-                await self._bus.kv_send(bucket, key, value, revision=revision, create=create)
+                await self._bus.kv_send(
+                    bucket, key, value, revision=revision, create=create, guard=guard
+                )
             return True
-        return await self._bus.kv_send(bucket, key, value, revision=revision, create=create)
+        return await self._bus.kv_send(
+            bucket, key, value, revision=revision, create=create, guard=guard
+        )
 
     def kv_watch(
         self, bucket: str, keys: str = ">", *, batch_s: float = 0.0

@@ -52,12 +52,21 @@ class CountingBus:
         return getattr(self._bus, name)
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         self.writes["unanswered"] += 1
         if self._ahead is not None:
             assert await self._bus.kv_create(bucket, key, codec.encode(self._ahead))
-        return await self._bus.kv_send(bucket, key, value, revision=revision, create=create)
+        return await self._bus.kv_send(
+            bucket, key, value, revision=revision, create=create, guard=guard
+        )
 
     async def kv_create(self, bucket: str, key: str, value: bytes) -> int | None:
         self.writes["answered"] += 1
@@ -157,7 +166,14 @@ class HandBus:
         return self.entries.get(key)
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         self.writes["unanswered"] += 1
         self.sent.append(value)

@@ -5,11 +5,11 @@ the real core) against one in-memory KV whose every operation waits at a gate. T
 which waiting operation runs next and how it ends: it lands, it lands but the answer is lost (a
 timeout: the writer must read back), or it is lost on the way. Each replica's view of the KV
 follows by watch events the machine delivers late and in bulk, so decisions are taken on stale
-views as in a real cluster. A claim written after its booking (not in its batch) goes with no
-answer: the replica learns its outcome when the machine delivers its watch events, or reads it
-back once 2 s of the machine's clock passed with none. Replicas decide pods (two may decide the
-same pod at once), delete them, see bindings fail, time reservations out, run reconciliation,
-and are killed mid-step and restarted from KV.
+views as in a real cluster. A claim written after its booking (not in its batch), and that
+booking, go with no answer: the replica learns the outcome when the machine delivers its watch
+events, or reads it back once 2 s of the machine's clock passed with none. Replicas decide pods
+(two may decide the same pod at once), delete them, see bindings fail, time reservations out,
+run reconciliation, and are killed mid-step and restarted from KV.
 
 The binder takes its work from the pods' claims as it mirrors them (late, like the replicas'
 views): it binds a placed claim's booking by writing its record ``bound`` with the rules the real
@@ -278,12 +278,21 @@ class GatedBus:
         )
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         """Unanswered: it lands (at ``revision`` only) or is lost on the way, and says nothing;
         the writer learns which from its watch (:meth:`ProtocolMachine.watch_catches_up`)."""
         fate = await self.gates.wait(self.replica, f"send {bucket}/{key}@{revision}")
-        if fate != "lost":
+        if fate != "lost" and guard:
+            self.kv.write_all(bucket, [KvWrite(key, value, revision, guard=guard)])
+        elif fate != "lost":
             self.kv.update(bucket, key, value, revision)
         return True
 
@@ -484,7 +493,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             metrics=metrics,
             claims_with_bookings=self.claims_with_bookings,
         )
-        store.claims_watched = True  # its watch is the machine's delivery of its inbox
+        # Its watches are the machine's delivery of its inbox.
+        store.claims_watched = store.bookings_watched = True
         protocol = CommitProtocol(
             store=store, bus=bus, view=view, clock=self.clock, metrics=metrics
         )
@@ -858,6 +868,13 @@ class UnguardedMachine(ProtocolMachine):
     guards = False
 
 
+class SerialUnguardedMachine(SerialProtocolMachine):
+    """:class:`UnguardedMachine` on a single server: each booking written on its own, sent
+    unanswered."""
+
+    guards = False
+
+
 class StaleBindMachine(ProtocolMachine):
     """The binder writes its record over whatever the key holds, trusting the revision its
     mirror last saw (a put, not a create or a compare-and-set)."""
@@ -929,24 +946,35 @@ def _let_next(machine: ProtocolMachine, replica: int, what: str = "") -> None:
     machine.nothing_over_committed_and_one_record_per_pod()
 
 
-def _two_replicas_book_one_gpu_on_stale_views(machine: ProtocolMachine) -> None:
+def _two_replicas_book_one_gpu_on_stale_views(machine: ProtocolMachine, booking: str) -> None:
     """Replica 0 books ``p2`` (a whole GPU) on node ``a``; replica 1, which has not seen it,
     decides ``p0`` onto the same GPU and books it. With its guard, replica 1's booking finds
     the node's bookings moved on, reads them again and decides anew; without, it lands."""
     with _driving(machine):
         machine.decide(replica=0, pod="p2")
-        _let_next(machine, 0, "batch tessera-ledger")
+        _let_next(machine, 0, booking)
         machine.decide(replica=1, pod="p0")
         while machine.gates.pending:
             _let_next(machine, machine.gates.pending[0].replica)
 
 
-def test_a_booking_that_skips_the_node_s_guard_is_caught() -> None:
+@pytest.mark.parametrize(
+    ("unguarded", "guarded", "booking"),
+    [
+        (UnguardedMachine, ProtocolMachine, "batch tessera-ledger"),
+        (SerialUnguardedMachine, SerialProtocolMachine, "send tessera-ledger/book."),
+    ],
+    ids=["in the claim's batch", "unanswered"],
+)
+def test_a_booking_that_skips_the_node_s_guard_is_caught(
+    unguarded: type[ProtocolMachine], guarded: type[ProtocolMachine], booking: str
+) -> None:
     """Two replicas book one GPU, each on its own view: caught without the guard (a GPU held
-    whole and shared), safe with it."""
+    whole and shared), safe with it; a booking in its claim's batch as one sent unanswered on
+    its own."""
     with pytest.raises(AssertionError, match="GPU 0"):
-        _two_replicas_book_one_gpu_on_stale_views(UnguardedMachine())
-    _two_replicas_book_one_gpu_on_stale_views(ProtocolMachine())
+        _two_replicas_book_one_gpu_on_stale_views(unguarded(), booking)
+    _two_replicas_book_one_gpu_on_stale_views(guarded(), booking)
 
 
 def _bind_after_a_reserve_timeout(machine: ProtocolMachine) -> None:
@@ -1106,11 +1134,13 @@ def test_a_fence_written_over_another_commit_s_fence_keeps_both(
     machine.decide(pod="p0", replica=0)
     for _ in range(2):
         machine.let_some_through(steps=[(0, "land")])
+        machine.watch_catches_up(replica=0)  # what became of a write sent unanswered
     machine.binder_watch()
     machine.binder_binds(pod="p0")
     machine.binder_withdraws(pod="p0")
     while machine.gates.pending:
         machine.let_some_through(steps=[(0, "land")])
+        machine.watch_catches_up(replica=0)
     machine.binder_watch()
     machine.binder_binds(pod="p0")
     records = list(machine._state().records.values())

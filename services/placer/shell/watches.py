@@ -96,6 +96,7 @@ class Watches:
                 durable=True,
                 batch_s=batch_s,
                 keys=subjects.BOOKING_KEYS,
+                on_loaded=lambda: self._bookings_loaded(pushed=not batch_s),
             ),
             _Follow(
                 subjects.KV_CLAIMS,
@@ -213,8 +214,16 @@ class Watches:
                 return
             self._shell.view.set_facts(facts)
 
+    def _bookings_loaded(self, *, pushed: bool) -> None:
+        # As for the claims (``_claims_loaded``), but only where each change is pushed as it is
+        # written: a node's bookings are written one after another, and each would wait for a
+        # batched watch's next batch (a burst on 100 nodes ran at two thirds of its pace).
+        self._shell.store.bookings_watched = pushed
+
     async def _on_booking(self, entry: KvEntry) -> None:
         view = self._shell.view
+        value = None if entry.deleted else entry.value
+        self._shell.store.watched(subjects.KV_LEDGER, entry.key, value, entry.revision)
         node, uid = subjects.booking_of_key(entry.key)
         if entry.revision <= view.booking_revision(node, uid):
             return  # our own write coming back (or older): nothing new, nothing to decode

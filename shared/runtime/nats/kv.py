@@ -19,7 +19,7 @@ import nats.js.errors
 from nats.aio.msg import Msg as NatsMsg
 
 from shared.runtime.bus import BusUnavailableError, KvEntry, KvWrite
-from shared.runtime.nats.store import _DISCONNECTED, NatsStore, unavailable
+from shared.runtime.nats.store import _DISCONNECTED, WRONG_LAST_SEQUENCE, NatsStore, unavailable
 from shared.runtime.nats.watchers import (
     WATCH_BATCH,
     WATCH_SILENT_HEARTBEATS,
@@ -77,7 +77,14 @@ class NatsKv(NatsStore):
             return None
 
     async def kv_send(
-        self, bucket: str, key: str, value: bytes, *, revision: int, create: bool = False
+        self,
+        bucket: str,
+        key: str,
+        value: bytes,
+        *,
+        revision: int,
+        create: bool = False,
+        guard: str = "",
     ) -> bool:
         """A core publish to the key's subject carrying the expected last sequence and no reply
         subject: JetStream checks the expectation as for any write and, with nobody to answer,
@@ -85,14 +92,14 @@ class NatsKv(NatsStore):
         await self._checked_bucket(bucket)
         last = self._sequence(revision) if revision else 0
         if last is None:  # read from a store that was lost: that entry has moved on for good
-            if not create:
+            if guard or not create:
                 return False
             last = 0  # the deletion went with its store
         if not self.connected:
             raise BusUnavailableError("not connected to NATS; nothing was sent")
         try:
             await self._nc.publish(
-                f"$KV.{bucket}.{key}", value, headers=_expectation(bucket, last, "")
+                f"$KV.{bucket}.{key}", value, headers=_expectation(bucket, last, guard)
             )
         except _DISCONNECTED:
             raise BusUnavailableError("not connected to NATS; nothing was sent") from None
@@ -138,7 +145,7 @@ class NatsKv(NatsStore):
                 return tuple(self._revision(first + n) for n in range(len(writes)))
             if error.get("code") == 503:  # no stream leader now (a cluster electing)
                 raise BusUnavailableError(f"bucket {bucket}: {error.get('description')}")
-            if error.get("err_code") != 10071:  # not "wrong last sequence"
+            if error.get("err_code") != WRONG_LAST_SEQUENCE:
                 raise nats.js.errors.APIError(
                     code=error.get("code"),
                     err_code=error.get("err_code"),
@@ -163,7 +170,7 @@ class NatsKv(NatsStore):
                 )
             )
         except nats.js.errors.APIError as error:
-            if error.err_code == 10071:  # wrong last sequence
+            if error.err_code == WRONG_LAST_SEQUENCE:
                 return None
             raise
         return self._revision(int(ack.seq))
@@ -234,7 +241,7 @@ class NatsKv(NatsStore):
                 lambda: self._js.publish(f"$KV.{bucket}.{key}", b"", headers=headers)
             )
         except nats.js.errors.APIError as error:
-            if error.err_code in (10071, 10164):  # wrong last sequence: the key moved on
+            if error.err_code in (WRONG_LAST_SEQUENCE, 10164):  # the key moved on
                 return None
             raise
         return self._revision(int(ack.seq))

@@ -28,7 +28,13 @@ from shared.runtime.bus import (
     Subscription,
 )
 from shared.runtime.nats.connection import log
-from shared.runtime.nats.store import _DISCONNECTED, _MISSING, NatsStore, unavailable
+from shared.runtime.nats.store import (
+    _DISCONNECTED,
+    _MISSING,
+    WRONG_LAST_SEQUENCE,
+    NatsStore,
+    unavailable,
+)
 
 PROBE_ANSWER_S = 1.0
 """How long the server's answer to a pull that does not wait (``no_wait``) is waited for."""
@@ -38,9 +44,6 @@ reader stopped taking (a placer replica left without a node pool, or deciding a 
 another reader can take them now rather than after the ack wait."""
 _PULL_ENDED = ("Leadership Change", "Server Shutdown")
 """A pull's 409 that only ends it: asked again, the next leader or server answers."""
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code for a message whose ``Nats-Expected-Last-Sequence`` is not the
-stream's last sequence: it was not stored."""
 _Attach = Callable[[], Awaitable[None]]
 """Attach a durable consumer again (create it when the server has none)."""
 

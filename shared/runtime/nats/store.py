@@ -59,6 +59,10 @@ _MISSING = (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavaila
 JetStream publish nobody stores, a pull request nobody answers."""
 
 
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a message whose expected last sequence (of the stream, or of a
+subject) is not the server's: it was not stored."""
+
 _REFUSALS = (10077, 10047)
 """JetStream error codes of a message it refused to store: the stream's store failed (message,
 byte or per-subject limit reached with ``discard: new``), insufficient resources."""
