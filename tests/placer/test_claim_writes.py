@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -24,7 +25,7 @@ from services.placer.rules.state import ClusterView
 from services.placer.writes import Store
 from shared import codec, subjects
 from shared.messages.ledger import PodClaim
-from shared.runtime.bus import KvEntry
+from shared.runtime.bus import KvEntry, KvWrite
 from shared.runtime.edge import Edge
 from shared.runtime.follow import follow
 from shared.runtime.metrics import EdgeMetrics
@@ -39,11 +40,16 @@ OTHER = msgspec.structs.replace(MINE, commit="other-commit", node="node-b")
 KEY = subjects.claim_key(MINE.pod_uid)
 
 
-class CountingBus:
-    """A real ``NatsBus`` that counts the writes made through it, by kind; ``ahead``: a claim
-    another commit writes just before this bus's unanswered write reaches the server."""
+Competitor = Callable[[NatsBus, str, int, str], Awaitable[None]]
+"""Another writer's write that reaches the server just before an unanswered one: given the bus,
+and the key, revision and guard the unanswered write is sent with."""
 
-    def __init__(self, bus: NatsBus, *, ahead: PodClaim | None = None) -> None:
+
+class CountingBus:
+    """A real ``NatsBus`` that counts the writes made (and nodes read back) through it, by kind;
+    ``ahead``: what another writer writes just before this bus's unanswered write."""
+
+    def __init__(self, bus: NatsBus, *, ahead: Competitor | None = None) -> None:
         self._bus = bus
         self._ahead = ahead
         self.writes: Counter[str] = Counter()
@@ -63,7 +69,7 @@ class CountingBus:
     ) -> bool:
         self.writes["unanswered"] += 1
         if self._ahead is not None:
-            assert await self._bus.kv_create(bucket, key, codec.encode(self._ahead))
+            await self._ahead(self._bus, key, revision, guard)
         return await self._bus.kv_send(
             bucket, key, value, revision=revision, create=create, guard=guard
         )
@@ -75,6 +81,21 @@ class CountingBus:
     async def kv_update(self, bucket: str, key: str, value: bytes, *, revision: int) -> int | None:
         self.writes["answered"] += 1
         return await self._bus.kv_update(bucket, key, value, revision=revision)
+
+    async def kv_write_all(self, bucket: str, writes: Sequence[KvWrite]) -> tuple[int, ...] | None:
+        self.writes["answered"] += 1
+        return await self._bus.kv_write_all(bucket, writes)
+
+    async def kv_list(self, bucket: str, keys: str) -> list[KvEntry]:
+        self.writes["reads"] += 1
+        return await self._bus.kv_list(bucket, keys)
+
+
+def claimed_first(claim: PodClaim) -> Competitor:
+    async def create(bus: NatsBus, key: str, revision: int, guard: str) -> None:
+        assert await bus.kv_create(subjects.KV_CLAIMS, key, codec.encode(claim))
+
+    return create
 
 
 def store_over(bus: object, clock: FakeClock, view: ClusterView | None = None) -> Store:
@@ -89,27 +110,30 @@ def store_over(bus: object, clock: FakeClock, view: ClusterView | None = None) -
     )
 
 
-def watching_claims(
-    bus: NatsBus, store: Store, clock: FakeClock
+def watching(
+    bus: NatsBus, store: Store, clock: FakeClock, keys: str
 ) -> contextlib.AbstractAsyncContextManager[None]:
-    """The claims' watch as the placer runs it: each version to ``Store.watched``."""
+    """The placer's watch of the ledger bucket's ``keys`` (the claims', or the bookings'
+    without node pools) as it runs it: each version to ``Store.watched``; loaded, the store
+    sends those writes unanswered."""
+    loaded = False
 
     async def on_entry(entry: KvEntry) -> None:
         value = None if entry.deleted else entry.value
-        store.watched(subjects.KV_CLAIMS, entry.key, value, entry.revision)
+        store.watched(subjects.KV_LEDGER, entry.key, value, entry.revision)
 
     async def on_loaded(_: set[str]) -> None:
-        store.claims_watched = True
+        nonlocal loaded
+        loaded = True
+        if keys == subjects.CLAIM_KEYS:
+            store.claims_watched = True
+        else:
+            store.bookings_watched = True
 
     watch = follow(
-        bus,
-        subjects.KV_CLAIMS,
-        on_entry=on_entry,
-        on_loaded=on_loaded,
-        clock=clock,
-        keys=subjects.CLAIM_KEYS,
+        bus, subjects.KV_LEDGER, on_entry=on_entry, on_loaded=on_loaded, clock=clock, keys=keys
     )
-    return running(watch, until=lambda: store.claims_watched, what="the claims watched")
+    return running(watch, until=lambda: loaded, what=f"{keys} watched")
 
 
 async def stored_claim(bus: NatsBus) -> PodClaim:
@@ -122,7 +146,7 @@ async def test_a_claim_goes_unanswered_and_lands_as_its_watch_shows(bus: NatsBus
     counting = CountingBus(bus)
     clock = FakeClock()
     store = store_over(counting, clock)
-    async with watching_claims(bus, store, clock):
+    async with watching(bus, store, clock, subjects.CLAIM_KEYS):
         verdict, claim = await store.claim(MINE, None)
     assert verdict == "mine" and claim is not None and claim.booking == MINE
     assert counting.writes == {"unanswered": 1}
@@ -133,10 +157,10 @@ async def test_a_claim_another_commit_made_first_is_lost_to_it(bus: NatsBus) -> 
     """The other commit's claim reaches the server just before this one: the server refuses
     this create and answers nobody; the watch shows the other claim, which is read back."""
     other = placed_claim(OTHER, None, now=1.0)
-    counting = CountingBus(bus, ahead=other)
+    counting = CountingBus(bus, ahead=claimed_first(other))
     clock = FakeClock()
     store = store_over(counting, clock)
-    async with watching_claims(bus, store, clock):
+    async with watching(bus, store, clock, subjects.CLAIM_KEYS):
         verdict, claim = await store.claim(MINE, None)
     assert verdict == "lost" and claim == other
     assert counting.writes == {"unanswered": 1}
