@@ -16,7 +16,7 @@ from shared import subjects
 from shared.runtime.bus import Publication
 from shared.runtime.grouped import GroupedPublisher
 from shared.runtime.nats import NatsBus
-from tests.harness.nats import NatsServer
+from tests.harness.nats import NatsServer, replace_store
 
 STREAM = subjects.STREAM_PODS
 BUS_NAME = "tessera-test"
@@ -172,3 +172,20 @@ async def test_a_publisher_that_gives_up_waiting_leaves_the_others_theirs(
         b"2",
         b"3",
     }  # the cancelled one may have gone too
+
+
+async def test_a_new_store_s_stream_is_not_expected_to_go_on_from_the_old_one(
+    bus: NatsBus, nats_server: NatsServer
+) -> None:
+    """NATS lost its store: the new stream counts from 1 again, so the sequence last seen
+    stored in the old one says nothing; the next group goes one message at a time."""
+    await bus.js_publish_all(STREAM, pods("a", "b", "c"))
+    other = await replace_store(nats_server)
+    await bus.restore_topology(reason="a write found no stream (test)")
+    assert bus.store_epoch == other.store_epoch
+    await other.js_publish(subjects.PODS_PENDING, b"x", msg_id="id.x")  # the new stream's 1
+    async with answers_counted(nats_server) as answers:
+        await bus.js_publish_all(STREAM, pods("d", "e"))
+    assert answers == [2], "each answered, none expected to follow the old store's sequence"
+    assert await stored(nats_server) == [b"x", b"d", b"e"]
+    await other.drain()

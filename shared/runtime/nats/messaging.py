@@ -277,9 +277,9 @@ class NatsMessaging(NatsStore):
     ) -> None:
         super().__init__(client, request_timeout=request_timeout, replicas=replicas)
         self._consumers: list[_NatsPullConsumer] = []
-        self._stored_last: dict[str, int] = {}
-        """Stream -> the sequence this client's last answered ``js_publish_all`` message was
-        stored at (absent: unknown, or a call is under way)."""
+        self._stored_last: dict[tuple[str, str], int] = {}
+        """(Stream, store epoch) -> the sequence this client's last answered ``js_publish_all``
+        message was stored at (absent: unknown, or a call is under way)."""
 
     async def publish(
         self, subject: str, data: bytes, *, headers: Mapping[str, str] | None = None
@@ -334,7 +334,8 @@ class NatsMessaging(NatsStore):
         answers for them all. Where the expectation fails (another publisher came between, one
         was a duplicate or lost, or no sequence is known yet), each is published again,
         answered; those already stored are then duplicates."""
-        last = self._stored_last.pop(stream, None)
+        stored = (stream, self.store_epoch)  # a new store's stream counts from 1 again
+        last = self._stored_last.pop(stored, None)
         if last is not None and len(publications) > 1:
             *leading, trailing = publications
             if not self._nc.is_connected:
@@ -365,7 +366,7 @@ class NatsMessaging(NatsStore):
                 if error.err_code != WRONG_LAST_SEQUENCE:
                     raise
             else:
-                self._stored_last[stream] = int(ack.seq)
+                self._stored_last[stored] = int(ack.seq)
                 return
         for publication in publications:
             headers = _publication_headers(publication, stream)
@@ -375,9 +376,9 @@ class NatsMessaging(NatsStore):
                 )
             )
             if ack.duplicate:  # stored earlier: its sequence need not be the stream's last
-                self._stored_last.pop(stream, None)
+                self._stored_last.pop(stored, None)
             else:
-                self._stored_last[stream] = int(ack.seq)
+                self._stored_last[stored] = int(ack.seq)
 
     async def pull_consumer(
         self,
