@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -58,6 +57,7 @@ from tessera.devcluster.resources import (
 )
 from tessera.up import report
 from tessera.up.identities import Identities, Identity
+from tessera.up.ports import free_port
 from tessera.up.processes import Child, StartError, Supervisor, python_command
 from tessera.up.spec import NodePlan
 
@@ -155,12 +155,6 @@ def register_webhook(api: ApiObjects, url: str, *, ca_pem: bytes) -> None:
                 ],
             },
         )
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def gpu_capacities(plan: NodePlan) -> tuple[GpuCapacity, ...]:

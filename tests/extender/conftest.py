@@ -5,7 +5,6 @@ them (``golden/``)."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,6 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def golden(name: str) -> Any:
     return json.loads((GOLDEN / f"{name}.json").read_text())
-
-
-def free_port() -> int:
-    """A port free right now (``--extender-port 0`` means off, so tests pick one)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def post(port: int, verb: str, body: Any) -> tuple[int, Any]:

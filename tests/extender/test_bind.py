@@ -16,10 +16,11 @@ from shared.messages.pods import PodPending
 from shared.runtime.nats import NatsBus
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NAMESPACE, NODE, POD
+from tessera.up.ports import free_port
 from tests.binder.builders import container, node, pod
 from tests.binder.conftest import BinderFactory, collect, eventually
 from tests.binder.test_constraints import ANTI, anti_affinity, namespace
-from tests.extender.conftest import free_port, golden, post
+from tests.extender.conftest import golden, post
 from tests.harness import kv
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory

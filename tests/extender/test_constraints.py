@@ -12,7 +12,8 @@ import msgspec
 
 from shared.messages.constraints import Taint
 from shared.runtime.nats import NatsBus
-from tests.extender.conftest import free_port, golden, post
+from tessera.up.ports import free_port
+from tests.extender.conftest import golden, post
 from tests.harness import kv
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory

@@ -19,7 +19,8 @@ from shared.messages.ledger import PodClaim
 from shared.messages.pods import PodPending
 from shared.podspec import parse_pending
 from shared.runtime.nats import NatsBus
-from tests.extender.conftest import free_port, golden, post
+from tessera.up.ports import free_port
+from tests.extender.conftest import golden, post
 from tests.harness import kv
 from tests.placer import wire
 from tests.placer.conftest import PlacerFactory, until

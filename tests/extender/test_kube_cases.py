@@ -28,8 +28,9 @@ from shared.messages.constraints import Taint
 from shared.messages.namespaces import NamespaceLabels, NamespacesListed
 from shared.messages.nodes import NodeFacts
 from shared.runtime.nats import NatsBus
+from tessera.up.ports import free_port
 from tests.binder.conftest import eventually
-from tests.extender.conftest import free_port, golden, post
+from tests.extender.conftest import golden, post
 from tests.harness import kv
 from tests.placer import kube_cases as k
 from tests.placer import wire

@@ -15,11 +15,12 @@ from pathlib import Path
 from tessera.devcluster.apiserver import ApiServer
 from tessera.devcluster.resources import NAMESPACE, NODE, POD
 from tessera.up.identities import Identities
+from tessera.up.ports import free_port
 from tests.binder.builders import container, node, pod
 from tests.binder.conftest import eventually
 from tests.binder.test_command import ROOT, Process
 from tests.binder.test_constraints import anti_affinity, namespace
-from tests.extender.conftest import free_port, post
+from tests.extender.conftest import post
 from tests.harness import kv
 from tests.harness.nats import NatsServer, environment_without_proxies
 from tests.placer import wire

@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ import nats.js.errors
 
 from shared import subjects
 from shared.runtime.nats import NatsBus
+from tessera.up.ports import free_port
 from tessera.up.system import PORT_TAKEN, nats_server_binary
 from tests.harness.wait import eventually
 
@@ -147,13 +147,6 @@ def environment_without_proxies() -> dict[str, str]:
     env = dict(os.environ)
     env["NO_PROXY"] = "127.0.0.1,localhost"
     return env
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now (a cluster's routes must be known before its servers)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class NatsCluster:
