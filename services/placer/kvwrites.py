@@ -269,17 +269,18 @@ class KvWrites:
     async def _send(self, bucket: str, key: str, current: Entry[Any], write: Write) -> int | None:
         """Send ``write`` over ``current`` unanswered (``Bus.kv_send``) and wait up to
         :data:`ECHO_SEEN_S` of this replica's clock for the watch to show what became of it
-        (``EchoWait.result``, which raises ``OutcomeUnknownError`` when it cannot tell); None
+        (``EchoWait.send``, which raises ``OutcomeUnknownError`` when it cannot tell); None
         also when it could not land (``current`` is of a store that was lost)."""
         echo = write.echo = EchoWait(
             key, above=current.revision, value=write.data, epoch=self._bus.store_epoch
         )
-        sent = await self._bus.kv_send(
-            bucket, key, write.data, revision=current.revision, create=current.value is None
+        return await echo.send(
+            self._bus,
+            bucket,
+            seen_s=ECHO_SEEN_S,
+            create=current.value is None,
+            sleep=self._clock.sleep,
         )
-        if not sent:
-            return None
-        return await echo.result(self._bus, seen_s=ECHO_SEEN_S, sleep=self._clock.sleep)
 
     async def send_booking(self, node: str, write: KvWrite) -> int | None:
         """Send the guarded booking ``write`` unanswered (``Bus.kv_send``): the first version of
@@ -289,16 +290,13 @@ class KvWrites:
             write.key, above=write.revision, value=write.value, epoch=self._bus.store_epoch
         )
         try:
-            sent = await self._bus.kv_send(
+            return await echo.send(
+                self._bus,
                 subjects.KV_LEDGER,
-                write.key,
-                write.value,
-                revision=write.revision,
+                seen_s=ECHO_SEEN_S,
                 guard=write.guard,
+                sleep=self._clock.sleep,
             )
-            if not sent:
-                return None
-            return await echo.result(self._bus, seen_s=ECHO_SEEN_S, sleep=self._clock.sleep)
         finally:
             if self._booking_echoes.get(node) is echo:
                 del self._booking_echoes[node]

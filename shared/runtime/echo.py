@@ -47,6 +47,28 @@ class EchoWait:
         else:
             self.outcome.set_result(revision if value == self.value else None)
 
+    async def send(
+        self,
+        bus: Bus,
+        bucket: str,
+        *,
+        seen_s: float,
+        create: bool = False,
+        guard: str = "",
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> int | None:
+        """Send the write over ``above`` with no answer (``Bus.kv_send``; ``create``, ``guard``
+        as there), then wait for what the watch shows (:meth:`result`). None also when it was
+        not sent because it cannot land (``above`` is of a store that was lost). The wait is
+        registered where the watch settles it before this is called: the watch may show the
+        write before ``kv_send`` returns."""
+        sent = await bus.kv_send(
+            bucket, self.key, self.value, revision=self.above, create=create, guard=guard
+        )
+        if not sent:
+            return None
+        return await self.result(bus, seen_s=seen_s, sleep=sleep)
+
     async def result(
         self,
         bus: Bus,

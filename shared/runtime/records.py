@@ -181,12 +181,9 @@ class RecordMirror:
         awaited = EchoWait(key, above=revision, value=value, epoch=self._bus.store_epoch)
         self._writes.setdefault(key, []).append(awaited)
         try:
-            sent = await self._bus.kv_send(
-                subjects.KV_ASSIGNMENTS, key, value, revision=revision, create=create
+            return await awaited.send(
+                self._bus, subjects.KV_ASSIGNMENTS, seen_s=seen_s, create=create
             )
-            if not sent:
-                return None
-            return await awaited.result(self._bus, seen_s=seen_s)
         finally:
             waiting = self._writes[key]
             waiting.remove(awaited)
