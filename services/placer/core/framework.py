@@ -34,6 +34,7 @@ group restriction is a ``Filter`` on ``NodeShape.groups`` plus a ``GpuFilter`` o
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol, runtime_checkable
@@ -122,10 +123,12 @@ class GpuChooser(Protocol):
     ``node.gpus[i]``), ``candidates`` the positions the share fits on that its container does not
     use yet, ``chosen`` the positions of the pod's earlier shares. The search over GPUs
     (``search.py``) takes the first candidate and goes on to the next only when the first leaves a
-    later share no room. Must be deterministic given ``rng``.
+    later share no room. Must be deterministic given ``rng`` (None unless :attr:`draws`).
     """
 
     name: str
+    draws: bool
+    """Whether :meth:`order` reads ``rng``: a pod's RNG is seeded only for choosers that do."""
 
     def order(
         self,
@@ -134,7 +137,7 @@ class GpuChooser(Protocol):
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]: ...
 
 
@@ -350,7 +353,11 @@ def _with_request(facts: PodFacts, pod: PodRequest) -> PodFacts:
 
 
 def gpu_admitted(facts: PodFacts, gpu: GpuShape, gpu_filters: Sequence[GpuFilter]) -> bool:
-    return all(f.admits_gpu(facts, gpu) for f in gpu_filters)
+    # A loop rather than ``all`` over a generator: asked for GPU after GPU of every shape judged.
+    for gpu_filter in gpu_filters:  # noqa: SIM110
+        if not gpu_filter.admits_gpu(facts, gpu):
+            return False
+    return True
 
 
 def _slice_for(ask: ShareAsk, gpu: GpuState) -> GpuSlice:
@@ -363,8 +370,14 @@ def _slice_for(ask: ShareAsk, gpu: GpuState) -> GpuSlice:
     )
 
 
+def rng_for(pod: PodRequest) -> random.Random:
+    """The pod's own RNG, for draws among equals: seeded by its UID, so any replica, restarted
+    or not, draws alike."""
+    return random.Random(zlib.crc32(pod.uid.encode()))
+
+
 def place_on_node(
-    facts: PodFacts, node: NodeState, profile: Profile, rng: random.Random
+    facts: PodFacts, node: NodeState, profile: Profile, rng: random.Random | None
 ) -> Reservation | None:
     """Choose GPUs for every share of ``facts`` on ``node``: the search over GPUs
     (``search.py``) in the order of the profile's chooser.
@@ -382,6 +395,9 @@ def place_on_node(
         admitted = [
             a and m for a, m in zip(admitted, devicesel.admitted(selectors, node.gpus), strict=True)
         ]
+
+    if rng is None and chooser.draws:
+        rng = rng_for(facts.request)
 
     def prefer(now: Sequence[GpuShape], candidates: list[int], chosen: Sequence[int]) -> list[int]:
         return chooser.order(facts, node, now, candidates, chosen, rng)

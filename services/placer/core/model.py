@@ -223,6 +223,8 @@ class PodRequest(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     def allows_model(self, model: str) -> bool:
         """Whether a GPU of ``model`` may hold this pod (``tessera.dev/gpu-model`` and
         ``-exclude``; see :func:`model_matches`; and the claims' selectors)."""
+        if not (self.gpu_models or self.gpu_selectors or self.gpu_models_excluded):
+            return True  # most pods name no model: asked for GPU after GPU of every shape judged
         if self.gpu_models and not any(model_matches(model, w) for w in self.gpu_models):
             return False
         if self.gpu_selectors and not selects_model(self.gpu_selectors, model):

@@ -44,11 +44,12 @@ from services.placer.core.framework import (
     NodeRule,
     Profile,
     Refusal,
+    rng_for,
 )
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import Decision, Rejection, RejectionReason
 from services.placer.core.plugins.fit import CAPACITY_REASONS, NODE_UNSCHEDULABLE
-from services.placer.core.ranking import Ranking, decision_on, judge_together, rng_for
+from services.placer.core.ranking import Ranking, decision_on, judge_together
 
 
 class Ranker(Protocol):

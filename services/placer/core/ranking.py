@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import zlib
 from collections.abc import Collection, Iterable, Iterator
 
 from services.placer.core.facts import PodFacts
@@ -26,18 +25,14 @@ from services.placer.core.framework import (
     Judgement,
     Profile,
     place_on_node,
+    rng_for,
 )
 from services.placer.core.index import ClusterIndex
 from services.placer.core.model import (
     Decision,
-    PodRequest,
     Rejection,
     RejectionReason,
 )
-
-
-def rng_for(pod: PodRequest) -> random.Random:
-    return random.Random(zlib.crc32(pod.uid.encode()))
 
 
 def schedule(
@@ -232,7 +227,7 @@ def decision_on(
     """The decision for the node at ``rank``, its GPUs chosen (``extra``: scores beside the
     profile's, the node-aware rules')."""
     node = cluster.node(cluster.name_at(rank))
-    reservation = place_on_node(pod, node, profile, rng or rng_for(pod.request))
+    reservation = place_on_node(pod, node, profile, rng)
     if reservation is None:  # the fit filter said yes, so this is a bug
         raise AssertionError(f"node {node.name} passed the filters but no GPUs could be chosen")
     return Decision(

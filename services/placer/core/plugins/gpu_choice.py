@@ -34,6 +34,7 @@ from services.placer.core.shape import GpuShape
 
 class Binpack:
     name = "binpack"
+    draws = False
 
     def order(
         self,
@@ -42,7 +43,7 @@ class Binpack:
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]:
         return sorted(
             candidates,
@@ -52,6 +53,7 @@ class Binpack:
 
 class Spread:
     name = "spread"
+    draws = False
 
     def order(
         self,
@@ -60,7 +62,7 @@ class Spread:
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]:
         return sorted(
             candidates,
@@ -70,6 +72,7 @@ class Spread:
 
 class FirstFit:
     name = "first-fit"
+    draws = False
 
     def order(
         self,
@@ -78,13 +81,14 @@ class FirstFit:
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]:
         return sorted(candidates, key=lambda i: node.gpus[i].index)
 
 
 class Colocate:
     name = "colocate"
+    draws = False
 
     def order(
         self,
@@ -93,7 +97,7 @@ class Colocate:
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]:
         serving = set(chosen)
         uid = pod.request.uid
@@ -109,6 +113,7 @@ class Colocate:
 
 class Topology:
     name = "topology"
+    draws = False
 
     def order(
         self,
@@ -117,7 +122,7 @@ class Topology:
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]:
         static = node.gpus
         if not chosen:
@@ -146,6 +151,7 @@ class Topology:
 
 class Fgd:
     name = "fgd"
+    draws = False
 
     def __init__(
         self,
@@ -167,7 +173,7 @@ class Fgd:
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]:
         index = [g.index for g in node.gpus]
         ordered = sorted(candidates, key=index.__getitem__)
@@ -194,6 +200,7 @@ class Fgd:
 
 class Random:
     name = "random"
+    draws = True
 
     def order(
         self,
@@ -202,8 +209,10 @@ class Random:
         gpus: Sequence[GpuShape],
         candidates: Sequence[int],
         chosen: Sequence[int],
-        rng: random.Random,
+        rng: random.Random | None,
     ) -> list[int]:
+        if rng is None:
+            raise AssertionError("the random GPU choice draws, so place_on_node seeds an RNG")
         ordered = sorted(candidates, key=lambda i: node.gpus[i].index)
         first = rng.choice(ordered)
         return [first, *(i for i in ordered if i != first)]
