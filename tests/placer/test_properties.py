@@ -343,10 +343,18 @@ def test_one_ranking_picks_under_any_avoided_nodes_what_judging_every_node_picks
     # Each fitting node avoided alone, then the drawn sets, then every fitting node but one.
     alone = [{name} for name in fitting]
     but_one = [set(fitting) - {name} for name in fitting]
-    for avoid in [set(), *alone, *avoids, *but_one]:
+    # Before each pick the node is asked (as the decider asks it), in turn under the same nodes
+    # avoided (the pick takes that answer) and under the last pick's (the pick chooses anew).
+    previous: set[str] = set()
+    for turn, avoid in enumerate([set(), *alone, *avoids, *but_one]):
+        asked = avoid if turn % 2 == 0 else previous
+        told = ranking.node(avoid=asked)
         picked = ranking.pick(now=3.0, avoid=avoid)
+        previous = avoid
         fresh = ClusterIndex(cluster_nodes)  # no memo shared with the ranking
         assert picked == schedule(prepared.facts, fresh, chosen, now=3.0, avoid=avoid)
+        if asked == avoid:
+            assert told == (picked.node if isinstance(picked, Decision) else None)
         usable = {name: j for name, j in fitting.items() if name not in avoid}
         if not usable:
             assert isinstance(picked, Rejection)

@@ -54,6 +54,11 @@ def schedule(
     return Ranking(pod, cluster, profile).pick(now=now, rng=rng, avoid=avoid)
 
 
+_Chosen = tuple[int, float, int, random.Random | None]
+"""A choice of :meth:`Ranking._choose`: the node's rank, its total, how many nodes were to choose
+from, and the RNG drawn from."""
+
+
 class Ranking:
     """One pod's judged shapes on one index, best total first: :meth:`pick` chooses a node
     under any set of nodes to avoid, exactly as :func:`schedule` would, without going over the
@@ -70,6 +75,7 @@ class Ranking:
         "_order",
         "_pod",
         "_profile",
+        "_told",
         "_top",
     )
 
@@ -90,6 +96,10 @@ class Ranking:
         """The shapes that fit."""
         self._nodes = 0
         """How many nodes fit."""
+        self._told: tuple[frozenset[str], _Chosen | None] | None = None
+        """The nodes avoided and the choice of the last :meth:`node`: a :meth:`pick` right
+        after it with the same and no RNG of its own takes that choice (the decider asks which
+        node, then places the pod there) rather than choosing, and drawing, again."""
         if not profile.normalizing:
             self._rank_shapes()
 
@@ -163,6 +173,7 @@ class Ranking:
         """The node :meth:`pick` would choose with ``avoid``, without choosing its GPUs; None
         when no node is left to choose."""
         chosen = self._choose(avoid, None)
+        self._told = (frozenset(avoid), chosen)
         return None if chosen is None else self._cluster.name_at(chosen[0])
 
     def pick(
@@ -170,15 +181,17 @@ class Ranking:
     ) -> Decision | Rejection:
         """:func:`schedule`'s decision with ``avoid`` (and ``rng``)."""
         pod, cluster, profile = self._pod, self._cluster, self._profile
-        chosen = self._choose(avoid, rng)
+        told, self._told = self._told, None
+        if rng is None and told is not None and told[0] == frozenset(avoid):
+            chosen = told[1]  # its RNG, if it drew, is as a fresh choice would leave it
+        else:
+            chosen = self._choose(avoid, rng)
         if chosen is None:
             return _rejection(pod, cluster, self._memo, now)
         rank, best, feasible, rng = chosen
         return decision_on(pod, cluster, profile, rank, best, {}, feasible, rng, now=now)
 
-    def _choose(
-        self, avoid: Collection[str], rng: random.Random | None
-    ) -> tuple[int, float, int, random.Random | None] | None:
+    def _choose(self, avoid: Collection[str], rng: random.Random | None) -> _Chosen | None:
         """The chosen node's rank, its total, how many nodes were to choose from, and the RNG
         drawn from (the GPU choice goes on with it); None when no node is left."""
         pod, cluster, profile = self._pod, self._cluster, self._profile
