@@ -145,6 +145,16 @@ class FedFragmentation(FragmentationModel):
         # distinct copies tuples exist, so each is kept once (the fed memo's keys share them).
         self._copies_memo: dict[tuple[int, int, int], tuple[int, ...]] = {}
         self._copies_interned: dict[tuple[int, ...], tuple[int, ...]] = {}
+        # The last node's models, free CPU and memory, GPU count, and their key parts: an FGD
+        # score asks for one node after another GPU's share, the same but the GPUs' free milli.
+        self._last_node: tuple[frozenset[str], int, int, int, str, tuple[int, ...]] = (
+            frozenset(),
+            -1,
+            -1,
+            -1,
+            "",
+            (),
+        )
 
     @property
     def memory(self) -> tuple[int, ...]:
@@ -165,11 +175,28 @@ class FedFragmentation(FragmentationModel):
     ) -> float:
         """``F_n`` for a node with these GPU models, free CPU and memory, and per-GPU free milli."""
         ordered = tuple(sorted(free_milli, reverse=True))
-        key = (
-            models_key(models),
-            self._copies(cpu_milli_free, memory_mib_free, len(ordered)),
-            ordered,
-        )
+        last = self._last_node
+        if (
+            last[0] is models
+            and last[1] == cpu_milli_free
+            and last[2] == memory_mib_free
+            and last[3] == len(ordered)
+        ):
+            key = (last[4], last[5], ordered)
+        else:
+            key = (
+                models_key(models),
+                self._copies(cpu_milli_free, memory_mib_free, len(ordered)),
+                ordered,
+            )
+            self._last_node = (
+                models,
+                cpu_milli_free,
+                memory_mib_free,
+                len(ordered),
+                key[0],
+                key[1],
+            )
         value = self._fed_memo.get(key)
         if value is None:
             value = self._fed_memo.put(

@@ -66,6 +66,9 @@ class FgdScore:
             filters, by_kind = self.gpu_filters, self._by_kind
             kind: tuple[str, tuple[str, ...]] | None = None
             kind_admitted = True
+            # The share's milli, by the GPU's memory (a node's GPUs mostly share one size).
+            memory_total, milli = -1, 0
+            fill_waste = self.fill_waste
             for i, gpu in enumerate(shape.gpus):
                 # A GPU equal to the one before it (the shape's GPUs are sorted) scores the
                 # same, wherever the share goes: only the first of them is judged.
@@ -84,13 +87,16 @@ class FgdScore:
                             kind_admitted = gpu_admitted(pod, gpu, filters)
                         if not kind_admitted:
                             continue
+                if gpu.memory_total_mib != memory_total:
+                    memory_total = gpu.memory_total_mib
+                    milli = ask.milli_on(memory_total)
                 after = list(free)
-                after[i] = max(0, after[i] - ask.milli_on(gpu.memory_total_mib))
+                after[i] = max(0, after[i] - milli)
                 value = self._value(
                     before - model.node(shape.models, cpu_after, memory_after, after)
                 )
-                if self.fill_waste is not None:
-                    value += FILL_TIE * (self.fill_waste[free[i]] - self.fill_waste[after[i]])
+                if fill_waste is not None:
+                    value += FILL_TIE * (fill_waste[free[i]] - fill_waste[after[i]])
                 if best is None or value > best:
                     best = value
             return 0.0 if best is None else best
