@@ -411,16 +411,8 @@ class Binder:
         )
         self.placements.reconcile()
         self.reporter.reconcile()
+        reconcile(records=self.records, pod_of=self.pod_of, end_pod=self.sync.end_later)
         async with asyncio.TaskGroup() as group:
-            group.create_task(
-                reconcile(
-                    records=self.records,
-                    pod_of=self.pod_of,
-                    end_pod=self.sync.end_pod,
-                    clock=self._clock,
-                ),
-                name="reconcile",
-            )
             for i in range(self.config.workers):
                 group.create_task(self.sync.work_pods(), name=f"pods-{i}")
                 group.create_task(self.sync.work_nodes(), name=f"nodes-{i}")

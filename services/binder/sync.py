@@ -315,7 +315,7 @@ class ClusterSync:
             ref = self._gone.get(uid) or (
                 PodRef(pod.metadata.namespace, pod.metadata.name, None) if pod else None
             )
-            if ref is not None and not await self.end_pod(uid, ref):
+            if ref is not None and not await self._end_pod(uid, ref):
                 return  # its record is kept for a waiting pod: ended again later
             self._gone.pop(uid, None)
             self._published_pending.pop(uid, None)
@@ -362,7 +362,14 @@ class ClusterSync:
         self._published_pending[uid] = fingerprint
         self._metrics.pods_published.labels(kind="pending").inc()
 
-    async def end_pod(self, uid: str, ref: PodRef) -> bool:
+    def end_later(self, uid: str, ref: PodRef) -> None:
+        """End pod ``uid``, found gone elsewhere (a new leader's reconciliation), through the pod
+        workers as one the informer saw go: one pod is ended by one worker at a time, so
+        ``PodDeleted`` goes out once however many found it gone."""
+        self._gone.setdefault(uid, ref)
+        self.pod_queue.add(uid)
+
+    async def _end_pod(self, uid: str, ref: PodRef) -> bool:
         """The pod is gone or finished: withdraw its record if its GPUs were never all
         allocated (``plan.withdrawable``), then publish ``PodDeleted``. Withdrawing first closes
         the window in which a device plugin could serve another pod's Allocate from that record
